@@ -1,0 +1,28 @@
+"""fak: run coding agents on your own GPU.
+
+fak serves a GGUF model from its own forward pass (a CPU reference backend and CUDA kernels),
+exposes it through an OpenAI-compatible gateway that adjudicates every tool call against a policy,
+and drives its own coding agent on SWE-bench Verified.
+"""
+
+from fak._native import __version__
+from fak.errors import (
+    BackendError,
+    ContextLengthError,
+    FakError,
+    GGUFError,
+    KVCacheFullError,
+    ModelError,
+    UnsupportedError,
+)
+
+__all__ = [
+    "__version__",
+    "FakError",
+    "GGUFError",
+    "UnsupportedError",
+    "ModelError",
+    "ContextLengthError",
+    "KVCacheFullError",
+    "BackendError",
+]

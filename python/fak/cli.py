@@ -1,0 +1,17 @@
+"""The ``fak`` command. Each sub-command lives in its own module and registers itself here."""
+
+from __future__ import annotations
+
+import click
+
+from fak import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="fak")
+def main() -> None:
+    """fak: a coding model served from fak's own kernels, its coding agent, and a tool-call policy."""
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,59 @@
+//! fak's one error type. Every fallible Rust path returns [`FakError`]; the PyO3 boundary
+//! (`rust/src/python/errors.rs`) maps each variant to one class of the `fak.FakError` tree.
+
+use thiserror::Error;
+
+/// All errors raised by the Rust core.
+#[derive(Debug, Error)]
+pub enum FakError {
+    /// A GGUF file is malformed or unsupported. `offset` is the byte offset in the file where the
+    /// problem was found (the start of the field that could not be read or was invalid).
+    #[error("GGUF error at byte offset {offset}: {msg}")]
+    Gguf { msg: String, offset: u64 },
+
+    /// An operating-system I/O failure (open, mmap, read).
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+
+    /// A tensor type, architecture or feature that fak does not implement.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+
+    /// The model file is readable but inconsistent (missing tensor, wrong shape, bad hyper-parameter).
+    #[error("model error: {0}")]
+    Model(String),
+
+    /// A prompt (plus requested tokens) that does not fit in the context window.
+    #[error("context length exceeded: {n_tokens} tokens requested but the context holds {n_ctx} tokens; shorten the prompt or raise n_ctx")]
+    ContextLength { n_tokens: usize, n_ctx: usize },
+
+    /// The paged KV cache has no free block for a sequence.
+    #[error("KV cache full: {needed} more blocks needed, {free} free; lower concurrency or raise the KV cache size")]
+    KvCacheFull { needed: usize, free: usize },
+
+    /// A caller-supplied argument is out of range. Surfaces in Python as `ValueError`.
+    #[error("invalid value for {param}: {msg}")]
+    InvalidArgument { param: String, msg: String },
+
+    /// A compute backend failed (CUDA driver error, kernel load, no usable GPU).
+    #[error("{backend} backend: {msg}")]
+    Backend { backend: String, msg: String },
+}
+
+impl FakError {
+    /// Shorthand for a [`FakError::Gguf`] at `offset`.
+    pub fn gguf(offset: u64, msg: impl Into<String>) -> Self {
+        FakError::Gguf { msg: msg.into(), offset }
+    }
+    /// Shorthand for a [`FakError::InvalidArgument`].
+    pub fn invalid(param: impl Into<String>, msg: impl Into<String>) -> Self {
+        FakError::InvalidArgument { param: param.into(), msg: msg.into() }
+    }
+    /// Shorthand for a [`FakError::Model`].
+    pub fn model(msg: impl Into<String>) -> Self {
+        FakError::Model(msg.into())
+    }
+}
+
+/// Result alias used across the crate.
+pub type Result<T, E = FakError> = std::result::Result<T, E>;

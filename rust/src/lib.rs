@@ -1,0 +1,13 @@
+//! fak's Rust core: GGUF reading, quantized block formats, the model forward pass on pluggable
+//! backends (CPU reference, CUDA), and the engine (sequences, KV cache, sampling).
+//!
+//! Everything here is plain Rust that `cargo test` builds without Python; the PyO3 boundary is the
+//! `python` module, compiled only with the `python` feature (maturin turns it on).
+
+pub mod error;
+pub mod quant;
+
+#[cfg(feature = "python")]
+mod python;
+
+pub use error::{FakError, Result};
