@@ -1,0 +1,307 @@
+"""Request and response schemas of ``POST /v1/chat/completions`` (OpenAI Chat Completions API).
+
+Field names, types and ranges follow OpenAI's API reference for ``/v1/chat/completions``. The
+top-level request forbids unknown fields (OpenAI answers 400 "Unrecognized request argument");
+messages and tools accept unknown fields, because clients send back the assistant messages they
+received (with ``refusal``, ``annotations``, ``audio`` ...). Extensions, as in vLLM and llama.cpp:
+``top_k``, ``min_p``, ``repetition_penalty`` in the request; ``fak_policy`` in the response.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from fak.gateway.schemas import StreamOptions, Usage
+
+__all__ = [
+    "ContentPart",
+    "ChatMessage",
+    "MessageToolCall",
+    "MessageFunctionCall",
+    "FunctionDefinition",
+    "Tool",
+    "NamedToolChoice",
+    "ResponseFormat",
+    "ChatCompletionRequest",
+    "ToolCallFunction",
+    "ChatToolCall",
+    "ChatResponseMessage",
+    "TopLogprob",
+    "TokenLogprob",
+    "ChoiceLogprobs",
+    "ChatChoice",
+    "PolicyVerdictInfo",
+    "FakPolicyInfo",
+    "ChatCompletion",
+    "ChunkFunction",
+    "ChunkToolCall",
+    "ChatDelta",
+    "ChatChunkChoice",
+    "ChatCompletionChunk",
+]
+
+Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
+PositiveTokens = Annotated[int, Meta(ge=1)]
+
+
+# ---------------------------------------------------------------------------------------- request
+
+
+class ContentPart(msgspec.Struct):
+    """One part of a message's content; only ``text`` (and ``refusal`` for assistants) is served."""
+
+    type: str
+    text: str | None = None
+    refusal: str | None = None
+
+
+class MessageFunctionCall(msgspec.Struct):
+    """``function`` of an assistant tool call: the name and the arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+class MessageToolCall(msgspec.Struct):
+    """A tool call of an earlier assistant turn, as the client sends it back."""
+
+    id: str
+    function: MessageFunctionCall
+    type: Literal["function"] = "function"
+
+
+class ChatMessage(msgspec.Struct):
+    """One conversation message.
+
+    ``system``/``developer``/``user`` carry ``content``; ``assistant`` carries ``content`` and/or
+    ``tool_calls``; ``tool`` carries the tool's output in ``content`` and the ``tool_call_id`` it
+    answers.
+    """
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+
+
+class FunctionDefinition(msgspec.Struct):
+    """A callable function: name (``[a-zA-Z0-9_-]{1,64}``), description, JSON Schema of its parameters."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(msgspec.Struct):
+    """A tool the model may call (only ``type: "function"`` exists)."""
+
+    function: FunctionDefinition
+    type: Literal["function"] = "function"
+
+
+class NamedFunction(msgspec.Struct):
+    """``{"name": ...}`` of a named tool choice."""
+
+    name: str
+
+
+class NamedToolChoice(msgspec.Struct):
+    """``tool_choice`` that forces one function: ``{"type": "function", "function": {"name": ...}}``."""
+
+    function: NamedFunction
+    type: Literal["function"] = "function"
+
+
+class ResponseFormat(msgspec.Struct):
+    """``response_format``: only ``{"type": "text"}`` is served (no constrained decoding)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
+    """Body of ``POST /v1/chat/completions``.
+
+    Ranges as OpenAI documents them: ``temperature`` 0..2, ``top_p`` 0..1, penalties -2..2,
+    ``top_logprobs`` 0..20, at most 4 ``stop`` sequences. ``n`` must be 1 (checked by the server
+    with a clear message). ``max_completion_tokens`` wins over the deprecated ``max_tokens``;
+    without either, generation may use the rest of the context window.
+    """
+
+    messages: Annotated[list[ChatMessage], Meta(min_length=1)]
+    model: str
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, Meta(ge=0, le=20)] | None = None
+    max_tokens: PositiveTokens | None = None
+    max_completion_tokens: PositiveTokens | None = None
+    n: Annotated[int, Meta(ge=1, le=128)] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    seed: int | None = None
+    stop: str | Annotated[list[str], Meta(max_length=4)] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    temperature: Annotated[float, Meta(ge=0.0, le=2.0)] | None = None
+    top_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    tools: list[Tool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    # extensions (vLLM / llama.cpp server names)
+    top_k: Annotated[int, Meta(ge=-1)] | None = None
+    min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
+
+
+# --------------------------------------------------------------------------------------- response
+
+
+class ToolCallFunction(msgspec.Struct):
+    """``function`` of a returned tool call; ``arguments`` is a JSON string (as OpenAI returns it)."""
+
+    name: str
+    arguments: str
+
+
+class ChatToolCall(msgspec.Struct):
+    """A tool call in a response message."""
+
+    id: str
+    function: ToolCallFunction
+    type: str = "function"
+
+
+class ChatResponseMessage(msgspec.Struct):
+    """The assistant message of a choice. ``content`` is ``None`` when only tool calls remain."""
+
+    content: str | None
+    role: str = "assistant"
+    refusal: str | None = None
+    tool_calls: list[ChatToolCall] | UnsetType = UNSET
+
+
+class TopLogprob(msgspec.Struct):
+    """One alternative token at a position: its text, log-probability (natural log) and UTF-8 bytes."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(msgspec.Struct):
+    """The chosen token at a position with its ``top_logprobs`` alternatives."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(msgspec.Struct):
+    """``logprobs`` of a choice: one entry per generated token."""
+
+    content: list[TokenLogprob] | None
+    refusal: list[TokenLogprob] | None = None
+
+
+class ChatChoice(msgspec.Struct):
+    """One choice (the gateway serves ``n == 1``)."""
+
+    index: int
+    message: ChatResponseMessage
+    finish_reason: str | None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class PolicyVerdictInfo(msgspec.Struct):
+    """One policy decision on a proposed tool call (fak extension).
+
+    ``tool_call_id`` is the id of the call when it was kept (``None`` for denied calls, which are
+    removed, and for ```bash`` text blocks).
+    """
+
+    tool: str
+    allowed: bool
+    reason: str
+    rule: str | None = None
+    tool_call_id: str | None = None
+
+
+class FakPolicyInfo(msgspec.Struct):
+    """The ``fak_policy`` extension object: the verdicts of this response's tool calls."""
+
+    verdicts: list[PolicyVerdictInfo]
+
+
+class ChatCompletion(msgspec.Struct):
+    """Response of a non-streaming chat completion."""
+
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+    object: str = "chat.completion"
+    system_fingerprint: str | None = None
+    fak_policy: FakPolicyInfo | UnsetType = UNSET
+
+
+class ChunkFunction(msgspec.Struct):
+    """``function`` of a streamed tool-call delta (present parts only)."""
+
+    name: str | UnsetType = UNSET
+    arguments: str | UnsetType = UNSET
+
+
+class ChunkToolCall(msgspec.Struct):
+    """A streamed tool-call delta. The gateway sends each call whole, in one delta."""
+
+    index: int
+    function: ChunkFunction
+    id: str | UnsetType = UNSET
+    type: str | UnsetType = UNSET
+
+
+class ChatDelta(msgspec.Struct):
+    """The ``delta`` of a chunk: only the fields that changed are present."""
+
+    role: str | UnsetType = UNSET
+    content: str | None | UnsetType = UNSET
+    tool_calls: list[ChunkToolCall] | UnsetType = UNSET
+
+
+class ChatChunkChoice(msgspec.Struct):
+    """One choice of a streamed chunk."""
+
+    index: int
+    delta: ChatDelta
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(msgspec.Struct):
+    """One server-sent event of a streaming chat completion.
+
+    With ``stream_options.include_usage`` every chunk has ``usage: null`` and a last chunk has
+    ``choices: []`` and the usage, as in OpenAI's stream format.
+    """
+
+    id: str
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    object: str = "chat.completion.chunk"
+    system_fingerprint: str | None = None
+    usage: Usage | None | UnsetType = UNSET
+    fak_policy: FakPolicyInfo | UnsetType = UNSET

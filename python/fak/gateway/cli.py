@@ -1,0 +1,116 @@
+"""``fak serve``: run the OpenAI-compatible gateway over a GGUF model or an upstream server.
+
+Engine mode: ``fak serve --gguf MODEL.gguf``. Proxy mode: ``fak serve --base-url URL``.
+``--policy FILE`` adjudicates every tool call; ``--policy FILE --policy-check`` only validates the
+file (prints ``OK`` or each error, exits 0/1). See ``docs/gateway.md``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+__all__ = ["serve"]
+
+DEFAULT_AUDIT_LOG = "fak-audit.jsonl"
+
+
+def _load_policy(policy_path: Path | None, audit_path: Path | None) -> tuple[Any, Any]:
+    if policy_path is None:
+        if audit_path is not None:
+            raise click.UsageError("--audit-log records policy decisions: it needs --policy.")
+        return None, None
+    from fak.policy import AuditLog, Policy, PolicyError
+
+    try:
+        policy = Policy.load(policy_path)
+    except PolicyError as exc:
+        raise click.ClickException(f"invalid policy {policy_path}: {exc}") from None
+    audit = AuditLog(audit_path or Path(DEFAULT_AUDIT_LOG))
+    return policy, audit
+
+
+def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_batch: int) -> Any:
+    from fak.engine import Engine
+    from fak.errors import FakError
+
+    try:
+        return Engine(str(gguf), backend=backend, n_ctx=n_ctx, threads=threads, max_batch=max_batch)
+    except (FakError, OSError, ValueError) as exc:
+        raise click.ClickException(f"could not load {gguf}: {exc}") from None
+
+
+@click.command("serve")
+@click.option("--gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="GGUF model to serve (engine mode).")
+@click.option("--engine", "engine_kind", type=click.Choice(["inkernel"]), default="inkernel", show_default=True,
+              help="Inference engine: fak's own (the only one).")
+@click.option("--backend", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Compute backend; 'cuda' fails loudly without a GPU.")
+@click.option("--addr", default="127.0.0.1:8080", show_default=True, help="HOST:PORT to listen on.")
+@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Tool-call policy file (JSON); every tool call is adjudicated.")
+@click.option("--policy-check", is_flag=True, help="Validate --policy, print OK or the errors, exit 0/1.")
+@click.option("--audit-log", "audit_path", type=click.Path(dir_okay=False, path_type=Path),
+              help=f"JSONL audit log of policy decisions [default with --policy: ./{DEFAULT_AUDIT_LOG}].")
+@click.option("--api-key", envvar="FAK_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1 (env FAK_API_KEY).")
+@click.option("--max-concurrency", type=click.IntRange(min=1), default=64, show_default=True,
+              help="Requests generating at once.")
+@click.option("--max-queue", type=click.IntRange(min=0), default=256, show_default=True,
+              help="Requests waiting for a slot; beyond this, 429.")
+@click.option("--n-ctx", type=click.IntRange(min=16), default=4096, show_default=True,
+              help="Context window in tokens.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads of the engine.")
+@click.option("--model-name", help="Model id clients send and /v1/models lists [default: the engine's].")
+@click.option("--base-url", help="Upstream OpenAI base URL (…/v1): proxy mode instead of --gguf.")
+@click.option("--upstream-key", envvar="FAK_UPSTREAM_KEY", help="API key for the upstream (env FAK_UPSTREAM_KEY).")
+@click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
+              default="info", show_default=True)
+def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_path: Path | None,
+          policy_check: bool, audit_path: Path | None, api_key: str | None, max_concurrency: int,
+          max_queue: int, n_ctx: int, threads: int | None, model_name: str | None, base_url: str | None,
+          upstream_key: str | None, log_level: str) -> None:
+    """Serve OpenAI's API (chat, completions, models, health, metrics) with a tool-call policy."""
+    if policy_check:
+        if policy_path is None:
+            raise click.UsageError("--policy-check needs --policy FILE.")
+        from fak.policy import check_main
+
+        sys.exit(check_main(policy_path))
+    if (gguf is None) == (base_url is None):
+        raise click.UsageError("give exactly one of --gguf MODEL (engine mode) or --base-url URL (proxy mode).")
+    if upstream_key and base_url is None:
+        raise click.UsageError("--upstream-key only applies with --base-url.")
+
+    from fak.gateway.app import GatewayConfig, create_app
+    from fak.gateway.proxy import Upstream
+    from fak.gateway.server import parse_addr, serve_forever
+
+    try:
+        parse_addr(addr)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--addr") from None
+    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    policy, audit = _load_policy(policy_path, audit_path)
+    config = GatewayConfig(model_name=model_name, api_key=api_key, max_concurrency=max_concurrency,
+                           max_queue=max_queue)
+    engine = None
+    if gguf is not None:
+        engine = _load_engine(gguf, backend, n_ctx, threads, max_batch=max_concurrency)
+        app = create_app(config, engine=engine, policy=policy, audit=audit)
+        what = f"{app.state.gateway.model_name} ({gguf.name}, backend {getattr(engine, 'backend', backend)})"
+    else:
+        assert base_url is not None
+        app = create_app(config, upstream=Upstream(base_url, upstream_key), policy=policy, audit=audit)
+        what = f"proxy to {base_url}"
+    click.echo(f"fak serve: {what} on http://{addr}/v1"
+               + (f", policy {policy_path}" if policy_path else ", no policy"), err=True)
+    try:
+        serve_forever(app, addr, log_level=log_level)
+    finally:
+        if engine is not None:
+            engine.close()

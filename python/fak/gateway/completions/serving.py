@@ -1,0 +1,202 @@
+"""Serving logic of ``POST /v1/completions`` in engine mode.
+
+The prompt is tokenized with the model's special tokens added (BOS where the model wants one),
+or taken as token ids; the generated text goes through the same text-tool policy filter as chat
+(``X-Fak-Text-Tools: bash``), so a raw-completion agent is adjudicated too. ``echo`` prepends the
+prompt text. Logprobs use the legacy format (``tokens``, ``token_logprobs``, ``top_logprobs``,
+``text_offset``).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
+
+from fak.gateway.chat_completions.protocol import FakPolicyInfo
+from fak.gateway.completions.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
+from fak.gateway.disconnect import ClientDisconnected, run_until_disconnect
+from fak.gateway.engine_api import EngineRun, TokenLogprobs, check_context, sampling_kwargs, token_logprobs
+from fak.gateway.errors import APIError, bad_request, error_response
+from fak.gateway.policy_filter import AssistantOutputFilter, ContentOut, PolicyGate, request_context
+from fak.gateway.schemas import Usage, decode_body, new_id, now
+from fak.gateway.sse import DONE, SSE_HEADERS, sse_error, sse_event
+
+__all__ = ["CompletionServing", "validate_completion_request", "prompt_of"]
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
+SYSTEM_FINGERPRINT = "fp_fak"
+
+
+def validate_completion_request(req: CompletionRequest) -> None:
+    """Checks beyond the schema, shared by engine and proxy mode.
+
+    Raises:
+        APIError: 400 naming the field at fault.
+    """
+    if req.n is not None and req.n != 1:
+        raise bad_request(f"n={req.n} is not supported: one choice per request (n=1).", param="n",
+                          code="unsupported_value")
+    if req.best_of is not None and req.best_of != 1:
+        raise bad_request("best_of must be 1.", param="best_of", code="unsupported_value")
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("stream_options is only allowed when stream is true.", param="stream_options")
+    if isinstance(req.prompt, list):
+        kinds = {type(x) for x in req.prompt}
+        if kinds == {str} and len(req.prompt) != 1:
+            raise bad_request("Batched prompts are not supported: send one prompt per request.",
+                              param="prompt", code="unsupported_value")
+        if len(kinds) > 1:
+            raise bad_request("prompt must be a string or a list of token ids, not a mix.", param="prompt")
+        if kinds == {int} and any(t < 0 for t in req.prompt):  # type: ignore[operator]
+            raise bad_request("Token ids must be non-negative.", param="prompt")
+
+
+def prompt_of(req: CompletionRequest) -> str | list[int]:
+    """The single prompt: text, or token ids."""
+    if isinstance(req.prompt, str):
+        return req.prompt
+    if all(isinstance(x, str) for x in req.prompt):
+        return str(req.prompt[0])
+    return [int(x) for x in req.prompt]
+
+
+class CompletionServing:
+    """Engine-mode text completions (see module docstring)."""
+
+    def __init__(self, gateway: Any) -> None:
+        self.gw = gateway
+        self.engine = gateway.engine
+
+    async def handle(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        """Serve one request (body not yet read)."""
+        t_arrival = time.perf_counter()
+        req = decode_body(await request.body(), CompletionRequest)
+        validate_completion_request(req)
+        if req.suffix:
+            raise bad_request("suffix is not supported.", param="suffix", code="unsupported_parameter")
+        if req.logit_bias:
+            raise bad_request("logit_bias is not supported.", param="logit_bias", code="unsupported_parameter")
+        self.gw.check_model(req.model)
+        prompt = prompt_of(req)
+        ctx = request_context(request.headers, user=req.user, first_messages=[prompt if isinstance(prompt, str)
+                                                                              else prompt[:512]])
+        gate = PolicyGate(self.gw.policy, self.gw.audit, ctx, on_verdict=self.gw.metrics.count_verdict)
+        if isinstance(prompt, str):
+            prompt_ids = self.engine.tokenize(prompt, add_special=True, parse_special=True)
+            prompt_text = prompt
+        else:
+            n_vocab = getattr(self.engine, "n_vocab", None)
+            if n_vocab is not None and any(t >= n_vocab for t in prompt):
+                raise bad_request(f"Token ids must be below the vocabulary size {n_vocab}.", param="prompt")
+            prompt_ids = prompt
+            prompt_text = self.engine.detokenize(prompt) if req.echo else ""
+        if not prompt_ids:
+            raise bad_request("The prompt is empty.", param="prompt")
+        requested = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
+        max_tokens = check_context(len(prompt_ids), requested, self.engine.n_ctx, param="prompt")
+        sampling = sampling_kwargs(req, max_tokens)
+        if req.logprobs is not None:
+            sampling["logprobs"] = req.logprobs
+        run = EngineRun(self.engine, prompt_ids, sampling, self.gw.admission, self.gw.metrics, t_arrival)
+        filt = AssistantOutputFilter(gate)
+        echo = prompt_text if req.echo else ""
+        try:
+            await run_until_disconnect(request, run.start())
+        except ClientDisconnected:
+            await run.aclose()
+            return Response(b"", status_code=499)
+        if req.stream:
+            include_usage = bool(req.stream_options and req.stream_options.include_usage)
+            return Stream(self._stream(run, filt, gate, req, len(prompt_ids), echo, include_usage),
+                          media_type="text/event-stream", headers=SSE_HEADERS,
+                          background=BackgroundTask(run.aclose))
+        try:
+            body = await run_until_disconnect(request, self._complete(run, filt, gate, req, len(prompt_ids), echo))
+        except ClientDisconnected:
+            return Response(b"", status_code=499)
+        except APIError as err:
+            return error_response(err)
+        finally:
+            await run.aclose()
+        return Response(body, media_type="application/json")
+
+    def _logprobs(self, entries: list[TokenLogprobs], offset: int) -> CompletionLogprobs:
+        tokens, lps, tops, offsets = [], [], [], []
+        for e in entries:
+            tok = self.engine.detokenize([e.token_id])
+            tokens.append(tok)
+            lps.append(e.logprob)
+            tops.append({self.engine.detokenize([tid]): lp for tid, lp in e.top} if e.top else None)
+            offsets.append(offset)
+            offset += len(tok)
+        return CompletionLogprobs(tokens=tokens, token_logprobs=lps, top_logprobs=tops, text_offset=offsets)
+
+    async def _complete(self, run: EngineRun, filt: AssistantOutputFilter, gate: PolicyGate,
+                        req: CompletionRequest, n_prompt: int, echo: str) -> bytes:
+        parts = [echo]
+        entries: list[TokenLogprobs] = []
+        async for delta in run.deltas():
+            parts += [ev.text for ev in filt.feed(delta.text) if isinstance(ev, ContentOut)]
+            if req.logprobs is not None:
+                entries += token_logprobs(delta)
+        parts += [ev.text for ev in filt.finish() if isinstance(ev, ContentOut)]
+        choice = CompletionChoice(text="".join(parts), index=0, finish_reason=run.finish_reason or "stop",
+                                  logprobs=self._logprobs(entries, len(echo)) if req.logprobs is not None else None)
+        resp = Completion(id=new_id("cmpl"), created=now(), model=self.gw.model_name, choices=[choice],
+                          usage=Usage(n_prompt, run.n_completion, n_prompt + run.n_completion),
+                          system_fingerprint=SYSTEM_FINGERPRINT)
+        if gate.active:
+            resp.fak_policy = FakPolicyInfo(verdicts=gate.verdicts)
+        return msgspec.json.encode(resp)
+
+    async def _stream(self, run: EngineRun, filt: AssistantOutputFilter, gate: PolicyGate,
+                      req: CompletionRequest, n_prompt: int, echo: str, include_usage: bool) -> AsyncIterator[bytes]:
+        cid, created, model = new_id("cmpl"), now(), self.gw.model_name
+        usage_null: Any = None if include_usage else msgspec.UNSET
+        offset = len(echo)
+        pending: list[TokenLogprobs] = []
+
+        def chunk(text: str, finish: str | None = None, verdict: Any = None) -> bytes:
+            nonlocal offset, pending
+            lp = None
+            if req.logprobs is not None and (pending or finish):
+                lp = self._logprobs(pending, offset)
+                pending = []
+            offset += len(text)
+            c = Completion(id=cid, created=created, model=model, system_fingerprint=SYSTEM_FINGERPRINT,
+                           usage=usage_null, choices=[CompletionChoice(text=text, index=0, finish_reason=finish,
+                                                                       logprobs=lp)])
+            if verdict is not None:
+                c.fak_policy = FakPolicyInfo(verdicts=[verdict])
+            return sse_event(c)
+
+        try:
+            if echo:
+                yield chunk(echo)
+                offset = len(echo)
+            async for delta in run.deltas():
+                if req.logprobs is not None:
+                    pending += token_logprobs(delta)
+                for ev in filt.feed(delta.text):
+                    if isinstance(ev, ContentOut) and (ev.text or ev.verdict):
+                        yield chunk(ev.text, verdict=ev.verdict)
+            for ev in filt.finish():
+                if isinstance(ev, ContentOut) and (ev.text or ev.verdict):
+                    yield chunk(ev.text, verdict=ev.verdict)
+            yield chunk("", finish=run.finish_reason or "stop")
+            if include_usage:
+                yield sse_event(Completion(id=cid, created=created, model=model, choices=[],
+                                           system_fingerprint=SYSTEM_FINGERPRINT,
+                                           usage=Usage(n_prompt, run.n_completion, n_prompt + run.n_completion)))
+            yield DONE
+        except APIError as err:
+            yield sse_error(err)
+            yield DONE
+        finally:
+            await run.aclose()

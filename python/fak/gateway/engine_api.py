@@ -1,0 +1,294 @@
+"""The gateway's view of ``fak.Engine`` and one generation run through it.
+
+The gateway is a thin client of ``fak.Engine`` (contract in ARCHITECTURE.md): it renders the
+chat template, tokenizes, checks the context window, and streams ``Delta`` objects from
+``Engine.astream``; the engine batches concurrent sequences itself (continuous batching).
+``EngineRun`` holds one request's admission slot and async iterator; closing it (end of stream,
+client disconnect, error) closes the iterator, which cancels the sequence and frees its KV cache.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import anyio
+
+from fak.errors import ContextLengthError, FakError, KVCacheFullError
+from fak.gateway.admission import Admission
+from fak.gateway.errors import APIError, bad_request
+
+log = logging.getLogger("fak.gateway")
+
+__all__ = [
+    "EngineLike",
+    "EngineRun",
+    "TokenLogprobs",
+    "check_context",
+    "sampling_kwargs",
+    "engine_error",
+    "token_logprobs",
+]
+
+
+class EngineLike(Protocol):
+    """The part of ``fak.Engine`` the gateway uses."""
+
+    model_name: str
+    n_ctx: int
+    backend: str
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]: ...
+
+    def detokenize(self, ids: list[int]) -> str: ...
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            add_generation_prompt: bool = True) -> str: ...
+
+    def astream(self, prompt: str | list[int], **sampling: Any) -> AsyncIterator[Any]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
+def check_context(n_prompt: int, max_tokens: int | None, n_ctx: int, *, param: str) -> int:
+    """Validate prompt + completion against the context window; return the completion budget.
+
+    Without ``max_tokens`` the completion may use the rest of the window (as vLLM does).
+
+    Raises:
+        APIError: 400 ``context_length_exceeded`` (OpenAI's wording and code).
+    """
+    if max_tokens is None:
+        if n_prompt >= n_ctx:
+            raise APIError(
+                400, f"This model's maximum context length is {n_ctx} tokens. However, your messages "
+                f"resulted in {n_prompt} tokens. Please reduce the length of the messages.",
+                param=param, code="context_length_exceeded")
+        return n_ctx - n_prompt
+    if n_prompt + max_tokens > n_ctx:
+        raise APIError(
+            400, f"This model's maximum context length is {n_ctx} tokens. However, you requested "
+            f"{n_prompt + max_tokens} tokens ({n_prompt} in the messages, {max_tokens} in the completion). "
+            "Please reduce the length of the messages or completion.",
+            param=param, code="context_length_exceeded")
+    return max_tokens
+
+
+def sampling_kwargs(req: Any, max_tokens: int) -> dict[str, Any]:
+    """``Engine.astream`` sampling keywords from a chat or completion request.
+
+    Only what the client set is passed (the engine's defaults apply otherwise). ``top_p == 0``
+    means greedy; ``top_k`` -1 or 0 means off; ``repetition_penalty`` maps to the engine's
+    ``repeat_penalty``; a negative ``seed`` is taken modulo 2**64.
+    """
+    s: dict[str, Any] = {"max_tokens": max_tokens}
+    if req.temperature is not None:
+        s["temperature"] = req.temperature
+    if req.top_p is not None:
+        if req.top_p == 0.0:
+            s["temperature"] = 0.0
+        else:
+            s["top_p"] = req.top_p
+    if req.top_k is not None:
+        s["top_k"] = max(req.top_k, 0)
+    if req.min_p is not None:
+        s["min_p"] = req.min_p
+    if req.presence_penalty is not None:
+        s["presence_penalty"] = req.presence_penalty
+    if req.frequency_penalty is not None:
+        s["frequency_penalty"] = req.frequency_penalty
+    if req.repetition_penalty is not None:
+        s["repeat_penalty"] = req.repetition_penalty
+    if req.seed is not None:
+        s["seed"] = req.seed % (1 << 64)
+    if req.stop:
+        s["stop"] = req.stop
+    return s
+
+
+def engine_error(exc: BaseException) -> APIError:
+    """Map an exception raised by the engine for one request to the client's error."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ContextLengthError):
+        return APIError(400, str(exc), param="messages", code="context_length_exceeded")
+    if isinstance(exc, KVCacheFullError):
+        return APIError(503, f"The KV cache is full ({exc}); retry when running requests finish.",
+                        type="server_error", code="kv_cache_full", headers={"Retry-After": "1"})
+    if isinstance(exc, (ValueError, TypeError, OverflowError)):
+        return bad_request(f"Invalid sampling parameters: {exc}", code="invalid_value")
+    if isinstance(exc, FakError):
+        log.error("engine error: %s", exc)
+        return APIError(500, f"The engine failed: {exc}", type="server_error", code="engine_error")
+    log.error("unexpected engine failure", exc_info=exc)
+    return APIError(500, f"The engine failed ({type(exc).__name__}); see the gateway log.",
+                     type="server_error", code="engine_error")
+
+
+@dataclass(slots=True)
+class TokenLogprobs:
+    """Log-probabilities (natural log) at one generated position."""
+
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]]
+
+
+def _top_list(top: Any) -> list[tuple[int, float]]:
+    if top is None:
+        return []
+    if isinstance(top, dict):
+        return [(int(k), float(v)) for k, v in top.items()]
+    out = []
+    for item in top:
+        if isinstance(item, (tuple, list)):
+            out.append((int(item[0]), float(item[1])))
+        else:
+            out.append((int(item.token_id), float(item.logprob)))
+    return out
+
+
+def token_logprobs(delta: Any) -> list[TokenLogprobs]:
+    """Per-token log-probabilities of a ``Delta`` (``[]`` when the engine sent none).
+
+    Accepts the engine's per-token entries as ``(token_id, logprob, top)`` tuples, objects with
+    ``token_id``/``logprob``/``top_logprobs`` attributes, or dicts with those keys; ``top`` as a
+    list of ``(token_id, logprob)`` pairs or a ``{token_id: logprob}`` dict.
+    """
+    entries = getattr(delta, "logprobs", None)
+    if not entries:
+        return []
+    ids = list(getattr(delta, "token_ids", []) or [])
+    out = []
+    for i, entry in enumerate(entries):
+        if isinstance(entry, dict):
+            tid, lp, top = entry.get("token_id", ids[i] if i < len(ids) else -1), entry["logprob"], entry.get("top_logprobs")
+        elif isinstance(entry, (tuple, list)):
+            if len(entry) >= 3:
+                tid, lp, top = entry[0], entry[1], entry[2]
+            else:
+                tid, lp, top = ids[i], entry[0], entry[1] if len(entry) > 1 else None
+        else:
+            tid = getattr(entry, "token_id", ids[i] if i < len(ids) else -1)
+            lp, top = entry.logprob, getattr(entry, "top_logprobs", None)
+        lpf = float(lp)
+        out.append(TokenLogprobs(int(tid), lpf if math.isfinite(lpf) else -9999.0, _top_list(top)))
+    return out
+
+
+@dataclass
+class EngineRun:
+    """One request's generation: admission slot, engine iterator, timing and token counts.
+
+    Args:
+        engine: the engine.
+        prompt_ids: prompt token ids.
+        sampling: keyword arguments for ``Engine.astream``.
+        admission: the gateway's admission control.
+        metrics: ``GatewayMetrics`` (or ``None``).
+        t_arrival: ``time.perf_counter()`` at request arrival (for time to first token).
+
+    ``start()`` takes a slot and waits for the first delta (so errors before the first token
+    still get a proper HTTP status); ``deltas()`` yields every delta; ``aclose()`` is idempotent
+    and shielded from cancellation, so a disconnect cannot skip freeing the sequence.
+    """
+
+    engine: EngineLike
+    prompt_ids: list[int]
+    sampling: dict[str, Any]
+    admission: Admission
+    metrics: Any = None
+    t_arrival: float = field(default_factory=time.perf_counter)
+    n_completion: int = 0
+    finish_reason: str | None = None
+    _it: Any = None
+    _first: Any = None
+    _has_first: bool = False
+    _slot: bool = False
+    _closed: bool = False
+    _t_first: float | None = None
+    _t_last: float | None = None
+
+    async def start(self) -> None:
+        """Acquire a slot, submit the sequence, wait for its first delta.
+
+        Raises:
+            APIError: 429 (queue full), 400/503/500 mapped from the engine's error.
+        """
+        await self.admission.acquire()
+        self._slot = True
+        if self.metrics is not None:
+            self.metrics.prompt_tokens.inc(len(self.prompt_ids))
+        try:
+            self._it = self.engine.astream(self.prompt_ids, **self.sampling)
+            try:
+                self._first = await self._it.__anext__()
+                self._has_first = True
+            except StopAsyncIteration:
+                self._has_first = False
+        except BaseException as exc:
+            await self.aclose()
+            if isinstance(exc, Exception):
+                raise engine_error(exc) from None
+            raise
+
+    def _account(self, delta: Any) -> None:
+        n = len(getattr(delta, "token_ids", ()) or ())
+        if n:
+            now = time.perf_counter()
+            if self._t_first is None:
+                self._t_first = now
+                if self.metrics is not None:
+                    self.metrics.ttft.observe(now - self.t_arrival)
+            self._t_last = now
+            self.n_completion += n
+        if getattr(delta, "finish_reason", None):
+            self.finish_reason = delta.finish_reason
+
+    async def deltas(self) -> AsyncIterator[Any]:
+        """Every delta of the generation, the first one included.
+
+        Raises:
+            APIError: an engine failure after the first token.
+        """
+        if self._has_first:
+            self._has_first = False
+            self._account(self._first)
+            yield self._first
+        if self._it is None or self._closed:
+            return
+        try:
+            async for delta in self._it:
+                self._account(delta)
+                yield delta
+        except Exception as exc:  # noqa: BLE001 - mapped for the client
+            raise engine_error(exc) from None
+
+    async def aclose(self) -> None:
+        """Close the engine iterator (cancels an unfinished sequence) and release the slot."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            it, self._it = self._it, None
+            if it is not None:
+                close = getattr(it, "aclose", None)
+                if close is not None:
+                    try:
+                        await close()
+                    except Exception:  # noqa: BLE001
+                        log.exception("closing the engine stream failed")
+            if self._slot:
+                self._slot = False
+                self.admission.release()
+        if self.metrics is not None:
+            self.metrics.completion_tokens.inc(self.n_completion)
+            if self._t_first is not None and self._t_last is not None and self.n_completion > 1:
+                self.metrics.tpot.observe((self._t_last - self._t_first) / (self.n_completion - 1))
+            self.metrics.e2e.observe(time.perf_counter() - self.t_arrival)
+            if self.finish_reason is None:
+                self.metrics.cancelled.inc()

@@ -1,0 +1,309 @@
+"""Adjudicate every tool call before a response leaves the gateway.
+
+``PolicyGate`` asks the policy (``fak.policy.Policy.decide``) about one proposed call, appends the
+decision to the audit log and counts it in the metrics. A denied call is never sent: the client
+gets a note in the message content instead (``denial_note``), and the ``fak_policy`` extension
+object lists every verdict of the response. A policy that raises fails closed (deny).
+
+``AssistantOutputFilter`` is the engine-mode pipeline from generated text to what the client
+sees: Qwen2.5 ``<tool_call>`` blocks → tool calls (``toolcalls``), fenced ```bash blocks →
+``bash`` calls for text-protocol agents (``text_tools``), each adjudicated by the gate. Proxy mode
+(``proxy``) uses the gate and the text-tool parser on the upstream's structured output.
+
+Conversation and workspace (request headers, see ``docs/gateway.md``):
+``X-Fak-Conversation`` (else the request's ``user``, else a hash of the first messages) keys the
+policy's per-conversation call budgets; ``X-Fak-Workspace`` (an absolute path) is the root for
+path scopes, else the policy file's own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from fak.gateway.chat_completions.protocol import PolicyVerdictInfo
+from fak.gateway.errors import bad_request
+from fak.gateway.segmenter import Block, Text
+from fak.gateway.text_tools import TEXT_TOOLS_HEADER, BashBlockParser, bash_command, parse_text_tools_header
+from fak.gateway.toolcalls import ParsedToolCall, ToolCallParser
+
+log = logging.getLogger("fak.gateway.policy")
+
+__all__ = [
+    "CONVERSATION_HEADER",
+    "WORKSPACE_HEADER",
+    "RequestContext",
+    "request_context",
+    "PolicyLike",
+    "AuditLike",
+    "PolicyGate",
+    "denial_note",
+    "ContentOut",
+    "ToolCallOut",
+    "AssistantOutputFilter",
+]
+
+CONVERSATION_HEADER = "x-fak-conversation"
+WORKSPACE_HEADER = "x-fak-workspace"
+
+
+class PolicyLike(Protocol):
+    """What the gateway needs of ``fak.policy.Policy``."""
+
+    def decide(self, tool: str, arguments: Any, *, conversation: str = "",
+               workspace_root: str | None = None) -> Any: ...
+
+
+class AuditLike(Protocol):
+    """What the gateway needs of ``fak.policy.AuditLog``."""
+
+    def record(self, *, conversation: str, tool: str, arguments: Any, verdict: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """Per-request policy context: conversation key, workspace root, text tools enabled."""
+
+    conversation: str
+    workspace_root: str | None = None
+    text_tools: frozenset[str] = frozenset()
+
+
+def _conversation_hash(first_messages: list[Any]) -> str:
+    blob = json.dumps(first_messages, sort_keys=True, ensure_ascii=False, default=str)
+    return "h-" + hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def request_context(headers: Mapping[str, str], *, user: str | None,
+                    first_messages: list[Any]) -> RequestContext:
+    """Build the policy context of a request from its headers, ``user`` and first messages.
+
+    Args:
+        headers: request headers (case-insensitive mapping).
+        user: the request's ``user`` field.
+        first_messages: JSON-able form of the first one or two messages (system + first user),
+            hashed into the conversation key when neither header nor ``user`` is given.
+
+    Raises:
+        APIError: 400 for a relative ``X-Fak-Workspace`` or an unknown ``X-Fak-Text-Tools`` value.
+    """
+    conversation = headers.get(CONVERSATION_HEADER) or user or _conversation_hash(first_messages)
+    workspace = headers.get(WORKSPACE_HEADER)
+    if workspace is not None:
+        if not os.path.isabs(workspace):
+            raise bad_request(f"X-Fak-Workspace must be an absolute path, got {workspace!r}",
+                              param="X-Fak-Workspace")
+    text_tools = parse_text_tools_header(headers.get(TEXT_TOOLS_HEADER))
+    return RequestContext(conversation=conversation, workspace_root=workspace, text_tools=text_tools)
+
+
+def denial_note(tool: str, reason: str, rule: str | None) -> str:
+    """The text a client sees in place of a denied call: which tool, why, which rule."""
+    where = f" (rule: {rule})" if rule else ""
+    return f"[fak policy] Tool call `{tool}` was denied: {reason}{where}."
+
+
+class PolicyGate:
+    """Adjudicates the tool calls of one response.
+
+    Args:
+        policy: a ``fak.policy.Policy`` (or ``None``: every call allowed, nothing recorded).
+        audit: a ``fak.policy.AuditLog`` or ``None``.
+        ctx: the request's ``RequestContext``.
+        on_verdict: ``callback(tool, allowed)`` for metrics.
+
+    ``verdicts`` collects a ``PolicyVerdictInfo`` per decision, in order.
+    """
+
+    def __init__(self, policy: PolicyLike | None, audit: AuditLike | None, ctx: RequestContext,
+                 on_verdict: Any = None) -> None:
+        self.policy = policy
+        self.audit = audit
+        self.ctx = ctx
+        self.on_verdict = on_verdict
+        self.verdicts: list[PolicyVerdictInfo] = []
+
+    @property
+    def active(self) -> bool:
+        """Whether a policy is configured."""
+        return self.policy is not None
+
+    def decide(self, tool: str, arguments: str | dict[str, Any], *,
+               tool_call_id: str | None = None) -> PolicyVerdictInfo | None:
+        """Decide one call; ``None`` when no policy is configured (allowed, not recorded).
+
+        A policy that raises is a deny (fail closed) with the error as the reason.
+        """
+        if self.policy is None:
+            return None
+        try:
+            verdict = self.policy.decide(tool, arguments, conversation=self.ctx.conversation,
+                                         workspace_root=self.ctx.workspace_root)
+            allowed, reason, rule = bool(verdict.allowed), str(verdict.reason), verdict.rule
+        except Exception as exc:  # noqa: BLE001 - fail closed on any policy failure
+            log.exception("policy failed on tool %r; denying", tool)
+            verdict = None
+            allowed, reason, rule = False, f"policy error ({type(exc).__name__}: {exc})", "policy-error"
+        if self.audit is not None:
+            try:
+                self.audit.record(conversation=self.ctx.conversation, tool=tool, arguments=arguments,
+                                  verdict=verdict if verdict is not None else _FailClosed(reason, rule))
+            except Exception:  # noqa: BLE001 - an audit failure must not leak the call either
+                log.exception("audit log write failed")
+        if self.on_verdict is not None:
+            self.on_verdict(tool, allowed)
+        info = PolicyVerdictInfo(tool=tool, allowed=allowed, reason=reason,
+                                 rule=None if rule is None else str(rule),
+                                 tool_call_id=tool_call_id if allowed else None)
+        self.verdicts.append(info)
+        return info
+
+
+@dataclass(frozen=True, slots=True)
+class _FailClosed:
+    """Verdict recorded when the policy itself failed."""
+
+    reason: str
+    rule: str | None
+    allowed: bool = False
+
+
+@dataclass(slots=True)
+class ContentOut:
+    """Text for the message content (may be a denial note). ``verdict`` set for notes and bash blocks."""
+
+    text: str
+    verdict: PolicyVerdictInfo | None = None
+
+
+@dataclass(slots=True)
+class ToolCallOut:
+    """An allowed tool call, ready to send. ``index`` counts sent calls from 0."""
+
+    call: ParsedToolCall
+    index: int
+    verdict: PolicyVerdictInfo | None = None
+
+
+@dataclass
+class AssistantOutputFilter:
+    """Generated text → content and tool calls the client may see (engine mode).
+
+    Args:
+        gate: the request's ``PolicyGate``.
+        parse_tools: parse ``<tool_call>`` blocks (the request has tools and ``tool_choice``
+            is not ``"none"``).
+        prefix: assistant text already in the prompt (forced tool-call opening).
+        parallel_tool_calls: ``False`` keeps only the first sent call.
+
+    ``feed``/``finish`` return ``ContentOut``/``ToolCallOut`` events in order. Whitespace that
+    only separates tool calls is dropped (as OpenAI returns ``content: null`` beside calls).
+    """
+
+    gate: PolicyGate
+    parse_tools: bool = False
+    prefix: str = ""
+    parallel_tool_calls: bool = True
+    _tools: ToolCallParser | None = field(default=None, init=False)
+    _bash: BashBlockParser | None = field(default=None, init=False)
+    _held_ws: str = field(default="", init=False)
+    _n_calls: int = field(default=0, init=False)
+    _content_tail: str = field(default="", init=False)
+    _any_content: bool = field(default=False, init=False)
+
+    def __post_init__(self) -> None:
+        if self.parse_tools:
+            self._tools = ToolCallParser(self.prefix)
+        if "bash" in self.gate.ctx.text_tools:
+            self._bash = BashBlockParser()
+
+    @property
+    def n_tool_calls(self) -> int:
+        """Tool calls sent so far."""
+        return self._n_calls
+
+    def feed(self, text: str) -> list[ContentOut | ToolCallOut]:
+        """Consume one generated text delta."""
+        if self._tools is None:
+            return self._text(text)
+        return self._pieces(self._tools.feed(text))
+
+    def finish(self) -> list[ContentOut | ToolCallOut]:
+        """End of generation: flush held text, adjudicate unterminated blocks."""
+        out: list[ContentOut | ToolCallOut] = []
+        if self._tools is not None:
+            out += self._pieces(self._tools.finish())
+        if self._held_ws and self._n_calls == 0:
+            out += self._text(self._held_ws)
+        self._held_ws = ""
+        out += self._flush_bash()
+        return out
+
+    # -- internals
+
+    def _pieces(self, pieces: list[Text | ParsedToolCall]) -> list[ContentOut | ToolCallOut]:
+        out: list[ContentOut | ToolCallOut] = []
+        for piece in pieces:
+            if isinstance(piece, Text):
+                if not piece.text.strip():
+                    self._held_ws += piece.text
+                    continue
+                text, self._held_ws = self._held_ws + piece.text, ""
+                out += self._text(text)
+            else:
+                self._held_ws = ""
+                out += self._flush_bash()
+                out += self._call(piece)
+        return out
+
+    def _call(self, call: ParsedToolCall) -> list[ContentOut | ToolCallOut]:
+        if not self.parallel_tool_calls and self._n_calls >= 1:
+            return []
+        verdict = self.gate.decide(call.name, call.arguments, tool_call_id=call.id)
+        if verdict is None or verdict.allowed:
+            event = ToolCallOut(call, self._n_calls, verdict)
+            self._n_calls += 1
+            return [event]
+        return [self._note(verdict)]
+
+    def _note(self, verdict: PolicyVerdictInfo) -> ContentOut:
+        text = denial_note(verdict.tool, verdict.reason, verdict.rule)
+        if self._any_content and not self._content_tail.endswith("\n"):
+            text = "\n" + text
+        return self._content(text, verdict)
+
+    def _content(self, text: str, verdict: PolicyVerdictInfo | None = None) -> ContentOut:
+        if text:
+            self._any_content = True
+            self._content_tail = text[-1:]
+        return ContentOut(text, verdict)
+
+    def _text(self, text: str) -> list[ContentOut | ToolCallOut]:
+        if self._bash is None:
+            return [self._content(text)] if text else []
+        return self._bash_pieces(self._bash.feed(text))
+
+    def _flush_bash(self) -> list[ContentOut | ToolCallOut]:
+        if self._bash is None:
+            return []
+        out = self._bash_pieces(self._bash.finish())
+        self._bash = BashBlockParser()
+        return out
+
+    def _bash_pieces(self, pieces: list[Text | Block]) -> list[ContentOut | ToolCallOut]:
+        out: list[ContentOut | ToolCallOut] = []
+        for piece in pieces:
+            if isinstance(piece, Text):
+                out.append(self._content(piece.text))
+                continue
+            verdict = self.gate.decide("bash", {"command": bash_command(piece)})
+            if verdict is None or verdict.allowed:
+                out.append(self._content(piece.raw, verdict))
+            else:
+                out.append(self._note(verdict))
+        return out

@@ -1,0 +1,511 @@
+"""Proxy mode: the same API in front of an upstream OpenAI-compatible server, same policy.
+
+``fak serve --base-url URL`` forwards ``/v1/chat/completions``, ``/v1/completions`` and
+``/v1/models`` to ``URL`` (an OpenAI base URL, ``.../v1``) with httpx. Requests are validated
+with the gateway's own schemas first (the same 400s as engine mode), then the client's body is
+sent unchanged, with the upstream key (``--upstream-key``) instead of the client's.
+
+Responses come back through the policy: every upstream tool call is adjudicated, a denied call
+is removed and replaced by a note in the content, ``fak_policy`` lists the verdicts, and
+``finish_reason`` ``"tool_calls"`` becomes ``"stop"`` when no call is left. Streams are relayed
+event by event; when a policy is active, tool-call deltas are held until each call is complete
+(the next call starts, or the choice finishes), then adjudicated and sent whole in one delta. With
+no policy and no text tools the upstream's events pass through byte for byte.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import httpx
+import msgspec
+from litestar import Request, Response
+from litestar.background_tasks import BackgroundTask
+from litestar.response import Stream
+
+from fak.gateway.admission import Admission
+from fak.gateway.chat_completions.protocol import ChatCompletionRequest
+from fak.gateway.chat_completions.serving import first_messages_key, validate_chat_request
+from fak.gateway.completions.protocol import CompletionRequest
+from fak.gateway.completions.serving import prompt_of, validate_completion_request
+from fak.gateway.disconnect import ClientDisconnected, run_until_disconnect
+from fak.gateway.errors import APIError, error_response
+from fak.gateway.policy_filter import AssistantOutputFilter, ContentOut, PolicyGate, denial_note, request_context
+from fak.gateway.schemas import decode_body
+from fak.gateway.sse import DONE, SSE_HEADERS, sse_error, sse_event
+
+log = logging.getLogger("fak.gateway.proxy")
+
+__all__ = ["Upstream", "ProxyChatServing", "ProxyCompletionServing", "PolicyRelay"]
+
+
+class Upstream:
+    """The upstream server: base URL, key, and one pooled ``httpx.AsyncClient``.
+
+    Args:
+        base_url: OpenAI base URL of the upstream (``http://host:port/v1``).
+        api_key: sent as ``Authorization: Bearer`` to the upstream, or ``None``.
+        timeout: seconds to connect; reads wait up to ``read_timeout`` between bytes.
+        transport: an httpx transport (tests), else a network one.
+    """
+
+    def __init__(self, base_url: str, api_key: str | None = None, *, timeout: float = 10.0,
+                 read_timeout: float = 600.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.api_key = api_key
+        self._timeout = httpx.Timeout(read_timeout, connect=timeout)
+        self._transport = transport
+        self._client: httpx.AsyncClient | None = None
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        """The shared client (created on first use)."""
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self._timeout, transport=self._transport,
+                                             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        return self._client
+
+    async def aclose(self) -> None:
+        """Close the connection pool."""
+        if self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    def headers(self) -> dict[str, str]:
+        """Headers of an upstream request."""
+        h = {"Content-Type": "application/json"}
+        if self.api_key:
+            h["Authorization"] = f"Bearer {self.api_key}"
+        return h
+
+    def url(self, path: str) -> str:
+        """``base_url`` + ``path`` (``/chat/completions``)."""
+        return self.base_url + path
+
+    async def send(self, method: str, path: str, body: bytes | None = None, *, stream: bool = False) -> httpx.Response:
+        """Send one request; connection failures become 502/504 ``APIError``s."""
+        req = self.client.build_request(method, self.url(path), content=body, headers=self.headers())
+        try:
+            return await self.client.send(req, stream=stream)
+        except httpx.TimeoutException as exc:
+            raise APIError(504, f"The upstream server at {self.base_url} timed out ({type(exc).__name__}).",
+                           type="server_error", code="upstream_timeout") from None
+        except httpx.HTTPError as exc:
+            raise APIError(502, f"The upstream server at {self.base_url} could not be reached ({exc!s}).",
+                           type="server_error", code="upstream_unavailable") from None
+
+
+def upstream_error(resp: httpx.Response, body: bytes) -> Response[Any]:
+    """The upstream's error, passed through when it is OpenAI-shaped, else wrapped as a 502."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict) and isinstance(data.get("error"), dict):
+        return Response(body, status_code=resp.status_code, media_type="application/json")
+    text = body[:500].decode("utf-8", "replace")
+    return error_response(APIError(502, f"The upstream server answered {resp.status_code}: {text}",
+                                   type="server_error", code="upstream_error"))
+
+
+def _content_tail(text: str) -> str:
+    return text[-1:] if text else ""
+
+
+@dataclass
+class _PendingCall:
+    id: str | None = None
+    name: str = ""
+    arguments: str = ""
+
+
+@dataclass
+class _ChoiceState:
+    """Relay state of one choice index."""
+
+    filt: AssistantOutputFilter | None
+    calls: dict[int, _PendingCall] = field(default_factory=dict)
+    current: int | None = None
+    sent: int = 0
+    seen: int = 0
+    tail: str = ""
+    any_content: bool = False
+
+
+class PolicyRelay:
+    """Applies the policy and text tools to upstream output, whole or streamed.
+
+    Args:
+        gate: the request's ``PolicyGate``.
+        text_tools: adjudicate ```bash blocks in content.
+    """
+
+    def __init__(self, gate: PolicyGate, *, text_tools: bool) -> None:
+        self.gate = gate
+        self.text_tools = text_tools
+        self._choices: dict[int, _ChoiceState] = {}
+        self._envelope: dict[str, Any] = {}
+
+    @property
+    def active(self) -> bool:
+        """Whether anything can change the upstream's output."""
+        return self.gate.active or self.text_tools
+
+    def _state(self, index: int) -> _ChoiceState:
+        st = self._choices.get(index)
+        if st is None:
+            st = _ChoiceState(filt=AssistantOutputFilter(self.gate) if self.text_tools else None)
+            self._choices[index] = st
+        return st
+
+    def _note(self, st: _ChoiceState, tool: str, reason: str, rule: str | None) -> str:
+        note = denial_note(tool, reason, rule)
+        if st.any_content and st.tail != "\n":
+            note = "\n" + note
+        st.tail, st.any_content = _content_tail(note), True
+        return note
+
+    # -- whole responses
+
+    def filter_message(self, message: dict[str, Any], choice: dict[str, Any]) -> None:
+        """Adjudicate a non-streamed ``choices[i].message`` in place."""
+        st = self._state(int(choice.get("index", 0)))
+        content = message.get("content")
+        if isinstance(content, str) and st.filt is not None:
+            events = st.filt.feed(content) + st.filt.finish()
+            content = "".join(ev.text for ev in events if isinstance(ev, ContentOut))
+        text = content if isinstance(content, str) else ""
+        st.tail, st.any_content = _content_tail(text), bool(text)
+        kept = []
+        notes = []
+        for tc in message.get("tool_calls") or []:
+            fn = tc.get("function") or {}
+            name, args = str(fn.get("name", "")), fn.get("arguments", "")
+            verdict = self.gate.decide(name, args if isinstance(args, (str, dict)) else json.dumps(args),
+                                       tool_call_id=tc.get("id"))
+            if verdict is None or verdict.allowed:
+                kept.append(tc)
+            else:
+                notes.append(self._note(st, name, verdict.reason, verdict.rule))
+        if message.get("tool_calls"):
+            if kept:
+                message["tool_calls"] = kept
+            else:
+                message.pop("tool_calls", None)
+                if choice.get("finish_reason") == "tool_calls":
+                    choice["finish_reason"] = "stop"
+        if notes:
+            text += "".join(notes)
+        if notes or st.filt is not None:
+            message["content"] = text if (text or not kept) else None
+
+    def filter_text_choice(self, choice: dict[str, Any]) -> None:
+        """Text tools on a ``/v1/completions`` choice, in place."""
+        st = self._state(int(choice.get("index", 0)))
+        if st.filt is not None and isinstance(choice.get("text"), str):
+            events = st.filt.feed(choice["text"]) + st.filt.finish()
+            choice["text"] = "".join(ev.text for ev in events if isinstance(ev, ContentOut))
+
+    # -- streams
+
+    def _chunk(self, index: int, delta: dict[str, Any], verdicts: list[Any] | None = None) -> bytes:
+        chunk = dict(self._envelope)
+        chunk["choices"] = [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
+        if "usage" in chunk:
+            chunk["usage"] = None
+        if verdicts:
+            chunk["fak_policy"] = {"verdicts": [msgspec.to_builtins(v) for v in verdicts]}
+        return sse_event(chunk)
+
+    def _decide_pending(self, index: int, st: _ChoiceState, key: int) -> list[bytes]:
+        call = st.calls.pop(key)
+        st.seen += 1
+        verdict = self.gate.decide(call.name, call.arguments, tool_call_id=call.id)
+        if verdict is None or verdict.allowed:
+            delta = {"tool_calls": [{"index": st.sent, "id": call.id, "type": "function",
+                                     "function": {"name": call.name, "arguments": call.arguments}}]}
+            st.sent += 1
+            return [self._chunk(index, delta, [verdict] if verdict else None)]
+        return [self._chunk(index, {"content": self._note(st, call.name, verdict.reason, verdict.rule)}, [verdict])]
+
+    def _flush_calls(self, index: int, st: _ChoiceState) -> list[bytes]:
+        out = []
+        for key in sorted(st.calls):
+            out += self._decide_pending(index, st, key)
+        st.current = None
+        return out
+
+    def _absorb_calls(self, index: int, st: _ChoiceState, deltas: list[dict[str, Any]]) -> list[bytes]:
+        out: list[bytes] = []
+        for tc in deltas:
+            key = tc.get("index")
+            tid = tc.get("id")
+            if key is None:
+                cur = st.calls.get(st.current) if st.current is not None else None
+                if cur is not None and (not tid or tid == cur.id):
+                    key = st.current
+                else:
+                    key = max([*st.calls, st.current if st.current is not None else -1]) + 1
+            if st.current is not None and key != st.current and st.current in st.calls:
+                out += self._decide_pending(index, st, st.current)
+            st.current = key
+            call = st.calls.setdefault(key, _PendingCall())
+            if tid:
+                call.id = tid
+            fn = tc.get("function") or {}
+            name = fn.get("name")
+            if name and name != call.name:
+                call.name = name if not call.name else call.name + name
+            args = fn.get("arguments")
+            if isinstance(args, str):
+                call.arguments += args
+        return out
+
+    def relay_event(self, data: str) -> list[bytes]:
+        """One upstream ``data:`` payload → the events to send (possibly none, possibly several)."""
+        try:
+            chunk = json.loads(data)
+        except ValueError:
+            return [f"data: {data}\n\n".encode()]
+        if not isinstance(chunk, dict) or "error" in chunk or not isinstance(chunk.get("choices"), list):
+            return [f"data: {data}\n\n".encode()]
+        self._envelope = {k: v for k, v in chunk.items() if k not in ("choices", "fak_policy")}
+        before: list[bytes] = []
+        verdicts: list[Any] = []
+        keep_choices = []
+        modified = False
+        for choice in chunk["choices"]:
+            if not isinstance(choice, dict):
+                keep_choices.append(choice)
+                continue
+            index = int(choice.get("index", 0))
+            st = self._state(index)
+            delta = choice.get("delta") or {}
+            if "text" in choice and st.filt is not None and isinstance(choice["text"], str):  # completions
+                events = st.filt.feed(choice["text"])
+                if choice.get("finish_reason"):
+                    events += st.filt.finish()
+                choice["text"] = "".join(ev.text for ev in events if isinstance(ev, ContentOut))
+                verdicts += [ev.verdict for ev in events if isinstance(ev, ContentOut) and ev.verdict]
+                modified = True
+            if self.gate.active and delta.get("tool_calls"):
+                before += self._absorb_calls(index, st, delta.pop("tool_calls"))
+                modified = True
+            content = delta.get("content")
+            if isinstance(content, str) and st.filt is not None:
+                events = st.filt.feed(content)
+                delta["content"] = "".join(ev.text for ev in events if isinstance(ev, ContentOut))
+                verdicts += [ev.verdict for ev in events if isinstance(ev, ContentOut) and ev.verdict]
+                modified = True
+            if choice.get("finish_reason"):
+                if st.filt is not None and "text" not in choice:
+                    tail = st.filt.finish()
+                    text = "".join(ev.text for ev in tail if isinstance(ev, ContentOut))
+                    vs = [ev.verdict for ev in tail if isinstance(ev, ContentOut) and ev.verdict]
+                    if text or vs:
+                        before.append(self._chunk(index, {"content": text}, vs))
+                before += self._flush_calls(index, st)
+                if choice["finish_reason"] == "tool_calls" and st.sent == 0:
+                    choice["finish_reason"] = "stop"
+                    modified = True
+            c = delta.get("content")
+            if isinstance(c, str) and c:
+                st.tail, st.any_content = c[-1], True
+            if "text" not in choice and not delta and not choice.get("finish_reason") and modified:
+                continue  # everything in this choice's delta was held back
+            if "text" in choice and not choice["text"] and not choice.get("finish_reason") and modified:
+                continue
+            if "delta" in choice:
+                choice["delta"] = delta
+            keep_choices.append(choice)
+        if not modified:
+            return before + [f"data: {data}\n\n".encode()]
+        out = before
+        if keep_choices or not chunk["choices"]:
+            chunk["choices"] = keep_choices
+            if verdicts:
+                chunk["fak_policy"] = {"verdicts": [msgspec.to_builtins(v) for v in verdicts]}
+            out.append(sse_event(chunk))
+        return out
+
+    def finish(self) -> list[bytes]:
+        """Upstream stream ended: adjudicate whatever is still held."""
+        out: list[bytes] = []
+        for index, st in sorted(self._choices.items()):
+            if st.filt is not None:
+                tail = st.filt.finish()
+                text = "".join(ev.text for ev in tail if isinstance(ev, ContentOut))
+                vs = [ev.verdict for ev in tail if isinstance(ev, ContentOut) and ev.verdict]
+                if text or vs:
+                    out.append(self._chunk(index, {"content": text}, vs))
+            out += self._flush_calls(index, st)
+        return out
+
+
+class _ProxyServing:
+    """Shared request flow of the proxied endpoints."""
+
+    path = ""
+    request_type: type = ChatCompletionRequest
+
+    def __init__(self, gateway: Any, upstream: Upstream) -> None:
+        self.gw = gateway
+        self.upstream = upstream
+
+    def _validate(self, req: Any) -> None:
+        raise NotImplementedError
+
+    def _context_key(self, req: Any) -> list[Any]:
+        raise NotImplementedError
+
+    def _filter_whole(self, relay: PolicyRelay, data: dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    async def handle(self, request: Request[Any, Any, Any]) -> Response[Any]:
+        """Validate, forward, adjudicate, answer."""
+        t0 = time.perf_counter()
+        body = await request.body()
+        req = decode_body(body, self.request_type)
+        self._validate(req)
+        ctx = request_context(request.headers, user=req.user, first_messages=self._context_key(req))
+        gate = PolicyGate(self.gw.policy, self.gw.audit, ctx, on_verdict=self.gw.metrics.count_verdict)
+        relay = PolicyRelay(gate, text_tools="bash" in ctx.text_tools)
+        admission: Admission = self.gw.admission
+
+        async def start() -> httpx.Response:
+            await admission.acquire()
+            try:
+                return await self.upstream.send("POST", self.path, body, stream=bool(req.stream))
+            except BaseException:
+                admission.release()
+                raise
+
+        try:
+            resp = await run_until_disconnect(request, start())
+        except ClientDisconnected:
+            return Response(b"", status_code=499)
+        released = False
+
+        async def done() -> None:
+            nonlocal released
+            with anyio.CancelScope(shield=True):
+                await resp.aclose()
+                if not released:
+                    released = True
+                    admission.release()
+                    self.gw.metrics.e2e.observe(time.perf_counter() - t0)
+
+        if not req.stream:
+            try:
+                raw = resp.content
+                if resp.status_code != 200:
+                    return upstream_error(resp, raw)
+                try:
+                    data = json.loads(raw)
+                except ValueError:
+                    return error_response(APIError(502, "The upstream server sent a body that is not JSON.",
+                                                   type="server_error", code="upstream_error"))
+                self._count_usage(data)
+                if relay.active and isinstance(data, dict):
+                    self._filter_whole(relay, data)
+                    if gate.active:
+                        data["fak_policy"] = {"verdicts": [msgspec.to_builtins(v) for v in gate.verdicts]}
+                    raw = msgspec.json.encode(data)
+                return Response(raw, media_type="application/json")
+            finally:
+                await done()
+        if resp.status_code != 200:
+            try:
+                raw = await resp.aread()
+            finally:
+                await done()
+            return upstream_error(resp, raw)
+        return Stream(self._relay(resp, relay, done), media_type="text/event-stream", headers=SSE_HEADERS,
+                      background=BackgroundTask(done))
+
+    def _count_usage(self, data: Any) -> None:
+        usage = data.get("usage") if isinstance(data, dict) else None
+        if isinstance(usage, dict):
+            pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            if isinstance(pt, int) and pt >= 0:
+                self.gw.metrics.prompt_tokens.inc(pt)
+            if isinstance(ct, int) and ct >= 0:
+                self.gw.metrics.completion_tokens.inc(ct)
+
+    async def _relay(self, resp: httpx.Response, relay: PolicyRelay, done: Any) -> AsyncIterator[bytes]:
+        saw_done = False
+        try:
+            async for line in resp.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    for event in relay.finish():
+                        yield event
+                    saw_done = True
+                    yield DONE
+                    break
+                if '"usage"' in data:
+                    try:
+                        self._count_usage(json.loads(data))
+                    except ValueError:
+                        pass
+                if not relay.active:
+                    yield f"data: {data}\n\n".encode()
+                    continue
+                for event in relay.relay_event(data):
+                    yield event
+            if not saw_done:
+                for event in relay.finish():
+                    yield event
+        except httpx.HTTPError as exc:
+            for event in relay.finish():
+                yield event
+            yield sse_error(APIError(502, f"The upstream stream failed: {exc!s}", type="server_error",
+                                     code="upstream_error"))
+            yield DONE
+        finally:
+            await done()
+
+
+class ProxyChatServing(_ProxyServing):
+    """Proxied ``/v1/chat/completions``."""
+
+    path = "/chat/completions"
+    request_type = ChatCompletionRequest
+
+    def _validate(self, req: Any) -> None:
+        validate_chat_request(req)
+
+    def _context_key(self, req: Any) -> list[Any]:
+        return first_messages_key(req.messages)
+
+    def _filter_whole(self, relay: PolicyRelay, data: dict[str, Any]) -> None:
+        for choice in data.get("choices") or []:
+            if isinstance(choice, dict) and isinstance(choice.get("message"), dict):
+                relay.filter_message(choice["message"], choice)
+
+
+class ProxyCompletionServing(_ProxyServing):
+    """Proxied ``/v1/completions`` (text tools only: completions carry no tool calls)."""
+
+    path = "/completions"
+    request_type = CompletionRequest
+
+    def _validate(self, req: Any) -> None:
+        validate_completion_request(req)
+
+    def _context_key(self, req: Any) -> list[Any]:
+        prompt = prompt_of(req)
+        return [prompt if isinstance(prompt, str) else prompt[:512]]
+
+    def _filter_whole(self, relay: PolicyRelay, data: dict[str, Any]) -> None:
+        for choice in data.get("choices") or []:
+            if isinstance(choice, dict):
+                relay.filter_text_choice(choice)

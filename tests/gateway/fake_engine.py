@@ -1,0 +1,205 @@
+"""A deterministic stand-in for ``fak.Engine`` (same contract, no model) for gateway tests.
+
+Tokens are Unicode characters (token id = code point; Qwen's three chat specials get ids above
+the Unicode range), the chat template is Qwen2.5's layout (including its tool block and
+``<tool_call>``/``<tool_response>`` rendering), and the reply is a pure function of the prompt:
+
+- ``script``: ``[(trigger, reply), ...]``; the trigger found *last* in the prompt picks the reply
+  (so a later turn's trigger wins in a multi-turn conversation).
+- a prompt ending in the gateway's forced ``<tool_call>`` pre-fill gets a valid call completed;
+- otherwise a pseudo-random sentence seeded by the prompt's SHA-256.
+
+Streaming is an async generator that yields ``chunk`` tokens per ``Delta``, sleeping ``delay``
+seconds between deltas; closing it early (``aclose``) counts as a cancellation and frees the
+sequence's KV blocks, like the real engine. ``stats()`` has the contract's keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fak.errors import ContextLengthError, KVCacheFullError
+
+SPECIALS = {"<|im_start|>": 0x110001, "<|im_end|>": 0x110002, "<|endoftext|>": 0x110003}
+SPECIAL_TEXT = {v: k for k, v in SPECIALS.items()}
+WORDS = ("alpha", "beta", "gamma", "delta", "kernel", "token", "cache", "batch", "prefill", "decode",
+         "rope", "norm", "tensor", "block", "query", "value", "model", "agent", "policy", "gate")
+
+
+@dataclass
+class Delta:
+    """``fak.Engine`` stream delta: new text, its token ids, finish reason, per-token logprobs."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
+
+
+@dataclass
+class FakeEngine:
+    """See the module docstring. ``requests`` records ``(prompt_ids, sampling)`` of each stream."""
+
+    script: list[tuple[str, str]] = field(default_factory=list)
+    n_ctx: int = 4096
+    delay: float = 0.0
+    chunk: int = 1
+    kv_block_size: int = 16
+    kv_blocks_total: int = 4096
+    model_name: str = "fake-qwen"
+    backend: str = "cpu"
+    n_vocab: int = 0x110004
+    running: int = 0
+    kv_blocks_used: int = 0
+    cancelled: int = 0
+    finished: int = 0
+    requests: list[tuple[list[int], dict[str, Any]]] = field(default_factory=list)
+
+    # -- tokenizer
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        ids: list[int] = []
+        i = 0
+        while i < len(text):
+            if parse_special and text[i] == "<":
+                for name, tid in SPECIALS.items():
+                    if text.startswith(name, i):
+                        ids.append(tid)
+                        i += len(name)
+                        break
+                else:
+                    ids.append(ord(text[i]))
+                    i += 1
+            else:
+                ids.append(ord(text[i]))
+                i += 1
+        return ids
+
+    def detokenize(self, ids: list[int]) -> str:
+        return "".join(SPECIAL_TEXT.get(i, chr(i) if i < 0x110000 else "") for i in ids)
+
+    # -- chat template (Qwen2.5 layout)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+                            add_generation_prompt: bool = True) -> str:
+        out = []
+        msgs = list(messages)
+        if tools:
+            system = msgs.pop(0)["content"] if msgs and msgs[0]["role"] == "system" else "You are a helpful assistant."
+            block = "\n".join(json.dumps(t, sort_keys=True) for t in tools)
+            out.append(f"<|im_start|>system\n{system}\n\n# Tools\n\n<tools>\n{block}\n</tools>\n\n"
+                       "For each function call, return a json object with function name and arguments within "
+                       "<tool_call></tool_call> XML tags<|im_end|>\n")
+        for m in msgs:
+            if m["role"] == "tool":
+                out.append(f"<|im_start|>user\n<tool_response>\n{m['content']}\n</tool_response><|im_end|>\n")
+            elif m["role"] == "assistant" and m.get("tool_calls"):
+                calls = "".join(
+                    "\n<tool_call>\n" + json.dumps({"name": c["function"]["name"],
+                                                    "arguments": c["function"]["arguments"]}) + "\n</tool_call>"
+                    for c in m["tool_calls"])
+                out.append(f"<|im_start|>assistant\n{m['content']}{calls}<|im_end|>\n")
+            else:
+                if m["role"] not in ("system", "user", "assistant"):
+                    raise ValueError(f"unknown role {m['role']}")
+                out.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
+        if add_generation_prompt:
+            out.append("<|im_start|>assistant\n")
+        return "".join(out)
+
+    # -- generation
+
+    def reply_for(self, prompt_text: str) -> str:
+        """The full reply this engine gives to ``prompt_text`` (before stop strings/max_tokens)."""
+        if prompt_text.endswith("<tool_call>\n"):
+            name = "unknown"
+            start = prompt_text.find('"name": "')
+            if start >= 0:
+                name = prompt_text[start + 9: prompt_text.index('"', start + 9)]
+            return json.dumps({"name": name, "arguments": {"forced": True}}) + "\n</tool_call>"
+        if prompt_text.endswith('"arguments": '):
+            return '{"forced": true}}\n</tool_call>'
+        best, best_pos = None, -1
+        for trigger, reply in self.script:
+            pos = prompt_text.rfind(trigger)
+            if pos > best_pos:
+                best, best_pos = reply, pos
+        if best is not None:
+            return best
+        digest = hashlib.sha256(prompt_text.encode()).digest()
+        n = 6 + digest[0] % 10
+        return " ".join(WORDS[b % len(WORDS)] for b in digest[1:1 + n]).capitalize() + "."
+
+    def _check_sampling(self, sampling: dict[str, Any]) -> None:
+        allowed = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
+                   "frequency_penalty", "seed", "stop", "logprobs"}
+        unknown = set(sampling) - allowed
+        if unknown:
+            raise TypeError(f"unknown sampling keys {sorted(unknown)}")
+        if sampling.get("temperature", 0.0) < 0:
+            raise ValueError("temperature must be >= 0")
+        if not 0 <= sampling.get("seed", 0) < 2**64:
+            raise ValueError("seed out of range")
+
+    def _blocks(self, n_tokens: int) -> int:
+        return math.ceil(n_tokens / self.kv_block_size)
+
+    async def astream(self, prompt: str | list[int], **sampling: Any) -> AsyncIterator[Delta]:
+        """Stream the reply; ``aclose()`` before the end cancels (frees KV blocks)."""
+        self._check_sampling(sampling)
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
+        if len(ids) >= self.n_ctx:
+            raise ContextLengthError(f"prompt of {len(ids)} tokens does not fit the context of {self.n_ctx}")
+        self.requests.append((ids, dict(sampling)))
+        max_tokens = int(sampling.get("max_tokens") or (self.n_ctx - len(ids)))
+        text = self.reply_for(self.detokenize(ids))
+        finish = "stop"
+        stops = sampling.get("stop") or []
+        for s in [stops] if isinstance(stops, str) else stops:
+            cut = text.find(s)
+            if cut >= 0:
+                text = text[:cut]
+        if len(text) > max_tokens:
+            text, finish = text[:max_tokens], "length"
+        n_lp = sampling.get("logprobs")
+        blocks = self._blocks(len(ids) + 1)
+        if self.kv_blocks_used + blocks > self.kv_blocks_total:
+            raise KVCacheFullError(f"need {blocks} blocks, {self.kv_blocks_total - self.kv_blocks_used} free")
+        self.running += 1
+        self.kv_blocks_used += blocks
+        done = False
+        try:
+            await asyncio.sleep(self.delay)
+            pos = 0
+            while pos < len(text) or not done:
+                piece = text[pos: pos + self.chunk]
+                pos += len(piece)
+                grow = self._blocks(len(ids) + pos + 1) - blocks
+                if grow > 0:
+                    self.kv_blocks_used += grow
+                    blocks += grow
+                last = pos >= len(text)
+                token_ids = [ord(c) for c in piece]
+                lps = None
+                if n_lp is not None:
+                    lps = [(t, -0.25, [(t, -0.25), (ord("x"), -2.0)][: max(n_lp, 0)]) for t in token_ids]
+                done = last
+                yield Delta(piece, token_ids, finish if last else None, lps)
+                if not last:
+                    await asyncio.sleep(self.delay)
+            self.finished += 1
+        finally:
+            if not done:
+                self.cancelled += 1
+            self.running -= 1
+            self.kv_blocks_used -= blocks
+
+    def stats(self) -> dict[str, Any]:
+        return {"running": self.running, "waiting": 0, "kv_blocks_used": self.kv_blocks_used,
+                "kv_blocks_total": self.kv_blocks_total}
