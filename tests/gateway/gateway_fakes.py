@@ -1,4 +1,6 @@
-"""A deterministic stand-in for ``fak.Engine`` (same contract, no model) for gateway tests.
+"""Fakes for gateway tests: ``FakeEngine`` (``fak.Engine``'s contract, no model) and ``FakePolicy``.
+
+FakeEngine is a deterministic stand-in for ``fak.Engine``.
 
 Tokens are Unicode characters (token id = code point; Qwen's three chat specials get ids above
 the Unicode range), the chat template is Qwen2.5's layout (including its tool block and
@@ -25,6 +27,34 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fak.errors import ContextLengthError, KVCacheFullError
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather of a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+BASH_TOOL = {"type": "function", "function": {
+    "name": "bash", "description": "Run a shell command.",
+    "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}
+
+SCRIPT = [
+    ("weather", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+    ("two calls", 'Let me check both.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+                  '</tool_call>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'),
+    ("broken", '<tool_call>\n{"name": "get_weather", "arguments": {"city": \n</tool_call>'),
+    ("unterminated", '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}'),
+    ("<tool_response>", "It is sunny in Paris."),
+    ("clean up", 'Cleaning.\n<tool_call>\n{"name": "bash", "arguments": {"command": "rm -rf /"}}\n</tool_call>\n'
+                 '<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>'),
+    ("list files", "I will list the files.\n```bash\nls -la\n```"),
+    ("wipe disk", "Wiping now.\n```bash\nsudo rm -rf /\n```\nDone."),
+    ("never close", "Here:\n```bash\nsudo reboot"),
+]
+
+
+def audit_lines(path: Any) -> list[dict[str, Any]]:
+    """The JSON lines of an audit log file."""
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
 
 SPECIALS = {"<|im_start|>": 0x110001, "<|im_end|>": 0x110002, "<|endoftext|>": 0x110003}
 SPECIAL_TEXT = {v: k for k, v in SPECIALS.items()}
@@ -203,3 +233,63 @@ class FakeEngine:
     def stats(self) -> dict[str, Any]:
         return {"running": self.running, "waiting": 0, "kv_blocks_used": self.kv_blocks_used,
                 "kv_blocks_total": self.kv_blocks_total}
+
+
+# ------------------------------------------------------------------------------------- policy
+
+
+@dataclass(frozen=True)
+class FakeVerdict:
+    """``fak.policy.Verdict`` shape."""
+
+    allowed: bool
+    reason: str
+    rule: str | None
+
+
+@dataclass
+class FakePolicy:
+    """A minimal policy with ``fak.policy.Policy.decide``'s signature.
+
+    Denies: any tool named in ``deny_tools``; ``bash`` commands containing any of ``deny_words``;
+    calls beyond ``budget`` per conversation. Records every ``(tool, arguments, conversation,
+    workspace_root)`` it was asked about.
+    """
+
+    deny_tools: tuple[str, ...] = ("delete_file",)
+    deny_words: tuple[str, ...] = ("rm -rf", "sudo")
+    budget: int | None = None
+    calls: list[tuple[str, Any, str, str | None]] = field(default_factory=list)
+
+    def decide(self, tool: str, arguments: Any, *, conversation: str = "",
+               workspace_root: str | None = None) -> FakeVerdict:
+        self.calls.append((tool, arguments, conversation, workspace_root))
+        if tool in self.deny_tools:
+            return FakeVerdict(False, f"tool {tool} is not allowed", f"tools.{tool}")
+        if tool == "bash":
+            args = json.loads(arguments) if isinstance(arguments, str) else arguments
+            command = str(args.get("command", ""))
+            for word in self.deny_words:
+                if word in command:
+                    return FakeVerdict(False, f"command matches deny pattern {word!r}", "bash.command.deny")
+        if self.budget is not None:
+            used = sum(1 for c in self.calls if c[2] == conversation)
+            if used > self.budget:
+                return FakeVerdict(False, f"call budget of {self.budget} exhausted", "budget")
+        return FakeVerdict(True, "allowed", None)
+
+
+@dataclass
+class FakeAudit:
+    """``fak.policy.AuditLog.record`` writing JSON lines to ``path``."""
+
+    path: Any
+
+    def record(self, *, conversation: str, tool: str, arguments: Any, verdict: Any) -> None:
+        line = {"conversation": conversation, "tool": tool,
+                "arguments_sha256": hashlib.sha256(
+                    (arguments if isinstance(arguments, str) else json.dumps(arguments, sort_keys=True)).encode()
+                ).hexdigest(),
+                "allowed": verdict.allowed, "reason": verdict.reason, "rule": verdict.rule}
+        with open(self.path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(line) + "\n")
