@@ -45,7 +45,7 @@ SCRIPT = [
     ("clean up", 'Cleaning.\n<tool_call>\n{"name": "bash", "arguments": {"command": "rm -rf /"}}\n</tool_call>\n'
                  '<tool_call>\n{"name": "bash", "arguments": {"command": "ls -la"}}\n</tool_call>'),
     ("list files", "I will list the files.\n```bash\nls -la\n```"),
-    ("wipe disk", "Wiping now.\n```bash\nsudo rm -rf /\n```\nDone."),
+    ("wipe disk", "Wiping now.\n```bash\nsudo shutdown -h now\n```\nDone."),
     ("never close", "Here:\n```bash\nsudo reboot"),
 ]
 

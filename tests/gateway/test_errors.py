@@ -152,11 +152,15 @@ class _FailingEngine(FakeEngine):
         if self.after is None and self.error is not None:
             raise self.error
         n = 0
-        async for delta in super().astream(prompt, **sampling):
-            if self.after is not None and n == self.after:
-                raise self.error  # type: ignore[misc]
-            n += 1
-            yield delta
+        inner = super().astream(prompt, **sampling)
+        try:
+            async for delta in inner:
+                if self.after is not None and n == self.after:
+                    raise self.error  # type: ignore[misc]
+                n += 1
+                yield delta
+        finally:
+            await inner.aclose()
 
 
 @pytest.mark.parametrize("error,status,code", [

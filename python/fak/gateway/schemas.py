@@ -100,7 +100,11 @@ def openapi_operation(request: type | None, response: type | None, *,
     err = _SchemaRef(ErrorResponse.__name__)
 
     class _Operation(Operation):
-        def __post_init__(self) -> None:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._document()
+
+        def _document(self) -> None:
             if req_ref is not None:
                 self.request_body = RequestBody(
                     content={"application/json": MediaType(schema=req_ref.ref())}, required=True)
