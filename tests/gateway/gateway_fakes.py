@@ -26,6 +26,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from litestar import Litestar, Request, Response, get, post
+from litestar.response import Stream
+
 from fak.errors import ContextLengthError, KVCacheFullError
 
 WEATHER_TOOL = {"type": "function", "function": {
@@ -293,3 +296,120 @@ class FakeAudit:
                 "allowed": verdict.allowed, "reason": verdict.reason, "rule": verdict.rule}
         with open(self.path, "a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")
+
+
+# ------------------------------------------------------------------------------------ upstream
+
+
+@dataclass
+class UpstreamReply:
+    """What the fake upstream answers: content and ``(name, arguments)`` tool calls."""
+
+    content: str | None = None
+    tool_calls: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+
+
+@dataclass
+class FakeUpstream:
+    """An OpenAI-compatible server emitting scripted content and tool calls (vLLM's stream style).
+
+    ``script`` maps a trigger found in the last message to a reply. Streams send content in
+    3-character deltas, each tool call as a header delta (index, id, type, name, ``""``) then
+    4-character argument pieces, then a finish chunk, an optional usage chunk and ``[DONE]``.
+    ``omit_index`` drops ``index`` from tool-call deltas (some servers do). ``seen`` records
+    ``(path, headers, body)`` of every request.
+    """
+
+    script: dict[str, UpstreamReply] = field(default_factory=dict)
+    omit_index: bool = False
+    delay: float = 0.0
+    seen: list[tuple[str, dict[str, str], bytes]] = field(default_factory=list)
+    disconnects: int = 0
+
+    def reply(self, body: dict[str, Any]) -> UpstreamReply:
+        last = body["messages"][-1]["content"] if "messages" in body else body.get("prompt", "")
+        for trigger, reply in self.script.items():
+            if trigger in str(last):
+                return reply
+        return UpstreamReply(content="Upstream says hi.")
+
+    def app(self) -> Any:
+        fake = self
+
+        @get("/v1/models")
+        async def models() -> dict[str, Any]:
+            return {"object": "list", "data": [{"id": "up-model", "object": "model", "created": 0, "owned_by": "up"}]}
+
+        @post("/v1/chat/completions", status_code=200)
+        async def chat(request: Request) -> Response[Any]:
+            raw = await request.body()
+            fake.seen.append(("/v1/chat/completions", dict(request.headers), raw))
+            body = json.loads(raw)
+            if body["model"] == "missing":
+                return Response({"error": {"message": "no such model", "type": "invalid_request_error",
+                                           "param": "model", "code": "model_not_found"}}, status_code=404)
+            rep = fake.reply(body)
+            calls = [{"id": f"call_up{i}", "type": "function",
+                      "function": {"name": n, "arguments": json.dumps(a)}} for i, (n, a) in enumerate(rep.tool_calls)]
+            finish = "tool_calls" if calls else "stop"
+            if not body.get("stream"):
+                msg: dict[str, Any] = {"role": "assistant", "content": rep.content}
+                if calls:
+                    msg["tool_calls"] = calls
+                return Response({"id": "chatcmpl-up", "object": "chat.completion", "created": 1, "model": "up-model",
+                                 "choices": [{"index": 0, "message": msg, "logprobs": None, "finish_reason": finish}],
+                                 "usage": {"prompt_tokens": 7, "completion_tokens": 9, "total_tokens": 16}})
+            usage = bool((body.get("stream_options") or {}).get("include_usage"))
+
+            def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+                c: dict[str, Any] = {"id": "chatcmpl-up", "object": "chat.completion.chunk", "created": 1,
+                                     "model": "up-model", "choices": [{"index": 0, "delta": delta, "logprobs": None,
+                                                                       "finish_reason": finish_reason}]}
+                if usage:
+                    c["usage"] = None
+                return b"data: " + json.dumps(c).encode() + b"\n\n"
+
+            async def events() -> Any:
+                try:
+                    yield chunk({"role": "assistant", "content": ""})
+                    text = rep.content or ""
+                    for i in range(0, len(text), 3):
+                        await asyncio.sleep(fake.delay)
+                        yield chunk({"content": text[i:i + 3]})
+                    for i, call in enumerate(calls):
+                        head: dict[str, Any] = {"index": i, "id": call["id"], "type": "function",
+                                                "function": {"name": call["function"]["name"], "arguments": ""}}
+                        if fake.omit_index:
+                            head.pop("index")
+                        yield chunk({"tool_calls": [head]})
+                        args = call["function"]["arguments"]
+                        for j in range(0, len(args), 4):
+                            await asyncio.sleep(fake.delay)
+                            piece: dict[str, Any] = {"index": i, "function": {"arguments": args[j:j + 4]}}
+                            if fake.omit_index:
+                                piece.pop("index")
+                            yield chunk({"tool_calls": [piece]})
+                    yield chunk({}, finish)
+                    if usage:
+                        yield b"data: " + json.dumps({"id": "chatcmpl-up", "object": "chat.completion.chunk",
+                                                      "created": 1, "model": "up-model", "choices": [],
+                                                      "usage": {"prompt_tokens": 7, "completion_tokens": 9,
+                                                                "total_tokens": 16}}).encode() + b"\n\n"
+                    yield b"data: [DONE]\n\n"
+                except BaseException:
+                    fake.disconnects += 1
+                    raise
+
+            return Stream(events(), media_type="text/event-stream")
+
+        @post("/v1/completions", status_code=200)
+        async def completions(request: Request) -> Response[Any]:
+            raw = await request.body()
+            fake.seen.append(("/v1/completions", dict(request.headers), raw))
+            body = json.loads(raw)
+            rep = fake.reply(body)
+            return Response({"id": "cmpl-up", "object": "text_completion", "created": 1, "model": "up-model",
+                             "choices": [{"index": 0, "text": rep.content, "logprobs": None, "finish_reason": "stop"}],
+                             "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}})
+
+        return Litestar([models, chat, completions])
