@@ -61,3 +61,33 @@ def http() -> Iterator[httpx.Client]:
     """One shared httpx client (creating one per call costs ~0.1 s of TLS set-up)."""
     with httpx.Client(timeout=60) as c:
         yield c
+
+
+def _real_engine_class() -> Any:
+    try:
+        from fak.engine import Engine
+    except ImportError as exc:  # the engine lands on main from branch `pyengine`
+        pytest.skip(f"fak.Engine is not available in this checkout ({exc})")
+    return Engine
+
+
+@pytest.fixture(scope="session")
+def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """The real ``fak.Engine`` over a tiny synthetic Qwen2-layout model (fast on CPU)."""
+    engine_cls = _real_engine_class()
+    try:
+        from fak.synth import write_tiny_model
+    except ImportError as exc:
+        pytest.skip(f"fak.synth is not available in this checkout ({exc})")
+    path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
+    write_tiny_model(path)
+    with engine_cls(str(path), backend="cpu", n_ctx=512, max_batch=64) as engine:
+        yield engine
+
+
+@pytest.fixture(scope="session")
+def engine_05b(model_05b: Any) -> Iterator[Any]:
+    """The real ``fak.Engine`` over Qwen2.5-Coder-0.5B-Instruct on CPU."""
+    engine_cls = _real_engine_class()
+    with engine_cls(str(model_05b), backend="cpu", n_ctx=1024, max_batch=16) as engine:
+        yield engine
