@@ -1,0 +1,124 @@
+"""``fak serve``: argument checks, ``--policy-check``, and real servers started as subprocesses.
+
+Each server test runs ``python -m fak.cli serve ...`` on a free loopback port, waits for
+``/health``, talks to it with the official client, and stops it with SIGTERM.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from click.testing import CliRunner
+
+from fak.cli import main
+from fak.gateway import BackgroundServer
+from gateway_fakes import FakeUpstream, UpstreamReply
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def fak_serve(*args: str, timeout: float = 120.0) -> Iterator[str]:
+    """Run ``fak serve ARGS --addr 127.0.0.1:PORT``; yield its base URL (``.../v1``)."""
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "fak.cli", "serve", *args, "--addr", f"127.0.0.1:{port}",
+                             "--log-level", "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"fak serve exited {proc.returncode}: {proc.stdout.read().decode()}")  # type: ignore[union-attr]
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("fak serve did not become healthy")
+            time.sleep(0.1)
+        yield url + "/v1"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.mark.parametrize("args,message", [
+    ([], "exactly one of --gguf"),
+    (["--base-url", "http://x/v1", "--gguf", __file__], "exactly one of --gguf"),
+    (["--policy-check"], "--policy-check needs --policy"),
+    (["--base-url", "http://x/v1", "--audit-log", "a.jsonl"], "--audit-log records policy decisions"),
+    (["--gguf", __file__, "--upstream-key", "k"], "--upstream-key only applies"),
+    (["--base-url", "http://x/v1", "--addr", "nohost"], "HOST:PORT"),
+    (["--base-url", "http://x/v1", "--max-concurrency", "0"], "--max-concurrency"),
+])
+def test_usage_errors(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(main, ["serve", *args])
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+
+
+def test_serve_is_registered() -> None:
+    result = CliRunner().invoke(main, ["--help"])
+    assert result.exit_code == 0 and "serve" in result.output
+
+
+def test_proxy_mode_end_to_end() -> None:
+    fake = FakeUpstream(script={"weather": UpstreamReply(tool_calls=[("get_weather", {"city": "Oslo"})])})
+    with BackgroundServer(fake.app()) as upstream, \
+            fak_serve("--base-url", upstream.base_url, "--upstream-key", "up", "--api-key", "k") as base:
+        client = openai.OpenAI(base_url=base, api_key="k", max_retries=0)
+        r = client.chat.completions.create(model="up-model", messages=[{"role": "user", "content": "weather?"}])
+        assert r.choices[0].message.tool_calls[0].function.name == "get_weather"
+        assert fake.seen[-1][1]["authorization"] == "Bearer up"
+        with pytest.raises(openai.AuthenticationError):
+            openai.OpenAI(base_url=base, api_key="bad", max_retries=0).models.list()
+
+
+def test_engine_mode_end_to_end(tmp_path: Path) -> None:
+    pytest.importorskip("fak.engine", reason="fak.Engine lands from branch pyengine")
+    synth = pytest.importorskip("fak.synth", reason="fak.synth lands from branch synth")
+    path = tmp_path / "tiny.gguf"
+    synth.write_tiny_model(path)
+    with fak_serve("--gguf", str(path), "--backend", "cpu", "--n-ctx", "256", "--model-name", "tiny") as base:
+        client = openai.OpenAI(base_url=base, api_key="x", max_retries=0)
+        r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=8, temperature=0)
+        assert r.usage.completion_tokens >= 1 and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_policy_check(tmp_path: Path) -> None:
+    policy = pytest.importorskip("fak.policy", reason="fak.policy lands from branch policy")
+    good = REPO / "examples" / "swebench-coding-agent-policy.json"
+    if not good.exists():
+        pytest.skip("examples/swebench-coding-agent-policy.json lands with fak.policy")
+    result = CliRunner().invoke(main, ["serve", "--policy", str(good), "--policy-check"])
+    assert result.exit_code == 0 and "OK" in result.output, result.output
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"version": 1, "default": "maybe"}')
+    result = CliRunner().invoke(main, ["serve", "--policy", str(bad), "--policy-check"])
+    assert result.exit_code == 1 and "OK" not in result.output
+    assert policy.check_main(bad) == 1
