@@ -5,6 +5,7 @@
 //! `python` module, compiled only with the `python` feature (maturin turns it on).
 
 pub mod error;
+pub mod gguf;
 pub mod quant;
 
 #[cfg(feature = "python")]
