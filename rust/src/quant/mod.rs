@@ -248,6 +248,9 @@ pub fn dequantize_row(t: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
 }
 
 #[cfg(test)]
+mod dequant_tests;
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
