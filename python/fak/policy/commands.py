@@ -312,11 +312,15 @@ def is_shell(name: str) -> bool:
     return SHELL_RE.match(name) is not None
 
 
+_INTERPRETER_RE = re.compile(
+    r"(?:sh|bash|dash|zsh|ksh|mksh|ash|yash|posh|fish|csh|tcsh|rbash|ksh93)(?:[0-9.]+)?\Z"
+    r"|(?:python|pypy)(?:[0-9.]*)(?:-dbg|m)?\Z"
+    r"|(?:perl|ruby|node|nodejs|php|lua|luajit)(?:[0-9.]+)?\Z")
+
+
 def is_interpreter(name: str) -> bool:
     """True for interpreters that can read a program from standard input."""
-    return (SHELL_RE.match(name) is not None or _PYTHON_RE.match(name) is not None
-            or name in _OTHER_INTERPRETERS or re.match(r"(?:perl|ruby|php|lua|node)[0-9.]+\Z",
-                                                       name) is not None)
+    return _INTERPRETER_RE.match(name) is not None
 
 
 def interpreter_program(name: str, argv: list[str], dyn: list[bool]) -> tuple[str, int | None]:
@@ -362,7 +366,7 @@ def interpreter_program(name: str, argv: list[str], dyn: list[bool]) -> tuple[st
         if i >= len(argv):
             return "stdin", None
         return ("stdin", None) if argv[i] in STDIN_PATHS else ("file", i)
-    spec = _OTHER_INTERPRETERS.get(re.sub(r"[0-9.]+\Z", "", name))
+    spec = _OTHER_INTERPRETERS.get(name.rstrip("0123456789."))
     if spec is None:
         return "none", None
     prog, with_arg = spec

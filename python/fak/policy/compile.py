@@ -67,6 +67,23 @@ class CompiledBudget:
 
 
 @dataclass(frozen=True, slots=True)
+class ArgumentPlan:
+    """The deny rules of one argument, split by kind, each with its position in the tool's deny
+    list (the first matching position decides). ``raw_screen``/``norm_screen``: one regex that
+    matches when any rule of that kind might (``None``: try each rule)."""
+
+    argument: str
+    first: CompiledRule
+    first_index: int
+    raw: tuple[tuple[int, CompiledRule], ...]
+    raw_screen: re.Pattern[str] | None
+    normalized: tuple[tuple[int, CompiledRule], ...]
+    norm_screen: re.Pattern[str] | None
+    checks: tuple[tuple[int, CompiledRule], ...]
+    first_shell_index: int
+
+
+@dataclass(frozen=True, slots=True)
 class CompiledTool:
     """One tool's rules. ``screens`` maps ``(argument, kind)`` to one regex that matches when
     any of that argument's regex rules of that kind matches (``None`` when they cannot be merged,
@@ -79,7 +96,7 @@ class CompiledTool:
     allowed_verdict: Verdict
     scopes: tuple[CompiledScope, ...]
     deny: tuple[CompiledRule, ...]
-    screens: dict[tuple[str, int], re.Pattern[str] | None]
+    plans: tuple[ArgumentPlan, ...]
     shell_arguments: frozenset[str]
     allow: tuple[CompiledRule, ...]
     allow_miss: Verdict | None
@@ -110,10 +127,8 @@ def _rule(rule: Rule, rule_id: str) -> CompiledRule:
 
 
 def _screen(patterns: list[str]) -> re.Pattern[str] | None:
-    if not patterns:
+    if len(patterns) <= 1:
         return None
-    if len(patterns) == 1:
-        return re.compile(patterns[0])
     try:
         return re.compile("|".join(f"(?:{p})" for p in patterns))
     except re.error:
@@ -135,14 +150,19 @@ def _tool(name: str, t: ToolPolicy) -> CompiledTool:
     if t.allow is not None:
         allow = tuple(_rule(r, f"{base}.allow.rules[{i}]") for i, r in enumerate(t.allow.rules))
         allow_miss = Verdict(False, t.allow.reason, f"{base}.allow")
-    screens: dict[tuple[str, int], re.Pattern[str] | None] = {}
-    groups: dict[tuple[str, int], list[str]] = {}
-    for r in t.deny:
-        if r.regex is not None:
-            kind = NORMALIZED if r.match == "normalized" else RAW
-            groups.setdefault((r.argument, kind), []).append(r.regex)
-    for key, pats in groups.items():
-        screens[key] = _screen(pats)
+    plans = []
+    for arg in dict.fromkeys(r.argument for r in deny):
+        mine = [(i, r) for i, r in enumerate(deny) if r.argument == arg]
+        raw = tuple((i, r) for i, r in mine if r.kind == RAW)
+        norm = tuple((i, r) for i, r in mine if r.kind == NORMALIZED)
+        checks = tuple((i, r) for i, r in mine if r.kind == CHECK)
+        shell_idx = [i for i, r in mine if r.kind != RAW]
+        plans.append(ArgumentPlan(
+            argument=arg, first=mine[0][1], first_index=mine[0][0],
+            raw=raw, raw_screen=_screen([r.rx.pattern for _, r in raw]),  # type: ignore[union-attr]
+            normalized=norm,
+            norm_screen=_screen([r.rx.pattern for _, r in norm]),  # type: ignore[union-attr]
+            checks=checks, first_shell_index=shell_idx[0] if shell_idx else 1 << 30))
     shell_args = frozenset(r.argument for r in (*deny, *allow) if r.kind != RAW)
     unp = t.on_unparseable
     return CompiledTool(
@@ -155,7 +175,7 @@ def _tool(name: str, t: ToolPolicy) -> CompiledTool:
                                    tuple(real_root(r) for r in s.extra_roots))
                      for i, s in enumerate(t.paths)),
         deny=deny,
-        screens=screens,
+        plans=tuple(plans),
         shell_arguments=shell_args,
         allow=allow,
         allow_miss=allow_miss,

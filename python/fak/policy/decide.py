@@ -31,14 +31,15 @@ import msgspec
 
 from fak.errors import FakError
 from fak.policy import schema
-from fak.policy.compile import (CHECK, NORMALIZED, RAW, CompiledBudget, CompiledPolicy,
-                                CompiledTool, Verdict, compile_policy)
+from fak.policy.compile import (NORMALIZED, RAW, CompiledBudget, CompiledPolicy, CompiledTool,
+                                Verdict, compile_policy)
 from fak.policy.paths import real_root, resolve, within
 from fak.policy.shell import Analysis, ShellSyntaxError, analyze
 
 _decode_json = msgspec.json.Decoder().decode
 _NOT_OBJECT = Verdict(False, "tool-call arguments must be a JSON object", "arguments")
 _TOTAL = None  # key of the all-tools count in a conversation's counters
+_NO_RULE = 1 << 30
 
 
 class PolicyError(FakError, ValueError):
@@ -141,69 +142,81 @@ class Policy:
             v = _check_scope(scope, args, root)
             if v is not None:
                 return v
-        analyses: dict[str, Analysis | ShellSyntaxError] = {}
-        hits: dict[tuple[str, int], bool] = {}
-        for rule in ct.deny:
-            arg = rule.argument
-            value = args.get(arg)
-            if value is None:
+        best = _NO_RULE
+        verdict: Verdict | None = None
+        analyses: dict[str, Analysis | ShellSyntaxError] | None = {} if ct.allow else None
+        for plan in ct.plans:
+            value = args.get(plan.argument)
+            if value is None or plan.first_index >= best:
                 continue
             if type(value) is not str:
-                return Verdict(False, f"{rule.reason}: argument `{arg}` must be a string",
-                               rule.rule_id)
-            kind = rule.kind
-            if kind == RAW:
-                key = (arg, RAW)
-                hit = hits.get(key)
-                if hit is None:
-                    screen = ct.screens.get(key)
-                    hit = hits[key] = screen is None or screen.search(value) is not None
-                if hit:
+                best = plan.first_index
+                verdict = Verdict(False, f"{plan.first.reason}: argument `{plan.argument}` must "
+                                         f"be a string", plan.first.rule_id)
+                continue
+            if plan.raw and (plan.raw_screen is None or plan.raw_screen.search(value)):
+                for idx, rule in plan.raw:
+                    if idx >= best:
+                        break
                     m = rule.rx.search(value)  # type: ignore[union-attr]
                     if m is not None:
-                        return Verdict(False, f"{rule.reason} (`{_short(m.group())}`)",
-                                       rule.rule_id)
+                        best = idx
+                        verdict = Verdict(False, f"{rule.reason} (`{_short(m.group())}`)",
+                                          rule.rule_id)
+                        break
+            if plan.first_shell_index >= best:
                 continue
-            an = analyses.get(arg)
-            if an is None:
-                try:
-                    an = analyses[arg] = analyze(value)
-                except ShellSyntaxError as e:
-                    an = analyses[arg] = e
-            if isinstance(an, ShellSyntaxError):
+            try:
+                an: Analysis | None = analyze(value)
+                lines = an.lines  # type: ignore[union-attr]
+            except ShellSyntaxError as e:
+                if analyses is not None:
+                    analyses[plan.argument] = e
                 if not ct.unparseable_allows:
-                    return Verdict(False, f"{ct.unparseable_reason}: `{arg}` is not valid "
-                                          f"shell ({an})", ct.unparseable_rule)
-                if kind == NORMALIZED and rule.rx.search(value):  # type: ignore[union-attr]
-                    return Verdict(False, rule.reason, rule.rule_id)
-                continue
-            if kind == NORMALIZED:
-                key = (arg, NORMALIZED)
-                hit = hits.get(key)
-                if hit is None:
-                    screen = ct.screens.get(key)
-                    if screen is None:
-                        hit = True
+                    best = plan.first_shell_index
+                    verdict = Verdict(False, f"{ct.unparseable_reason}: `{plan.argument}` is "
+                                             f"not valid shell ({e})", ct.unparseable_rule)
+                    continue
+                an = None
+                lines = (value,)   # lenient: normalized regexes see the raw text
+            if analyses is not None and an is not None:
+                analyses[plan.argument] = an
+            norm = plan.normalized
+            if norm and lines:
+                screen = plan.norm_screen
+                if screen is not None:
+                    for line in lines:
+                        if screen.search(line) is not None:
+                            break
                     else:
-                        hit = False
-                        for line in an.lines:
-                            if screen.search(line) is not None:
-                                hit = True
-                                break
-                    hits[key] = hit
-                if hit:
+                        norm = ()
+                for idx, rule in norm:
+                    if idx >= best:
+                        break
                     rx = rule.rx
-                    for line in an.lines:
+                    for line in lines:
                         if rx.search(line) is not None:  # type: ignore[union-attr]
-                            return Verdict(False, f"{rule.reason} (`{_short(line)}`)",
-                                           rule.rule_id)
-                continue
-            found = rule.check(an, root, rule.extra_roots)  # type: ignore[misc]
-            if found is not None:
-                return Verdict(False, f"{rule.reason} ({found})", rule.rule_id)
+                            best = idx
+                            verdict = Verdict(False, f"{rule.reason} (`{_short(line)}`)",
+                                              rule.rule_id)
+                            break
+                    else:
+                        continue
+                    break
+            if an is not None:
+                for idx, rule in plan.checks:
+                    if idx >= best:
+                        break
+                    found = rule.check(an, root, rule.extra_roots)  # type: ignore[misc]
+                    if found is not None:
+                        best = idx
+                        verdict = Verdict(False, f"{rule.reason} ({found})", rule.rule_id)
+                        break
+        if verdict is not None:
+            return verdict
         verdict = ct.allowed_verdict
         if ct.allow:
-            verdict = self._allow_list(ct, args, analyses)
+            verdict = self._allow_list(ct, args, analyses or {})
             if not verdict.allowed:
                 return verdict
         return self._charge(conversation, tool, ct, verdict)

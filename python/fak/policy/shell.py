@@ -65,6 +65,24 @@ _ASSIGN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(?:\[[^\]]*\])?\+?=")
 _FD_REDIR = re.compile(r"([0-9]+)(?=[<>])")
 _SIMPLE = re.compile(r"[^'\"\\$`;&|<>(){}*?\[#\n\r\x0b\x0c=]*")
 _REDIR_OPS = ("<<<", "<<-", "<<", "<>", "<&", "<", ">>", ">&", ">|", ">")
+# One token of the common subset, matched in C: a word made of unquoted plain text, '...' and
+# "..." without expansions or escapes; a plain control operator; a plain redirection operator.
+# Anything else (and anything this does not match) goes through the character-level lexer.
+_FAST_TOK = re.compile(r"""[ \t]*(?:
+    ([0-9]*)(>>|>&|>(?![|(&])|<(?![<>&(]))
+  | ((?:[^ \t\n'"\\$`;&|<>(){}*?\[\#]+|'[^']*'|"[^"\\$`]*")+)(?=[ \t\n;&|<>()]|\Z)
+  | (&&|\|\||;(?![;&])|\|(?!&)|&(?![>])|\n)
+)""", re.X)
+_UNQUOTE = re.compile(r"'([^']*)'|\"([^\"]*)\"")
+# The same subset over a whole line (findall); group 5 catches any other character, which sends
+# the line to the full parser.
+_FAST_LINE = re.compile(_FAST_TOK.pattern[:-2] + "  | (.)\n)", re.X | re.S)
+
+
+def _unquote_piece(m: re.Match[str]) -> str:
+    a = m.group(1)
+    return a if a is not None else m.group(2)
+
 
 # tokens: (kind, ...)
 _EOF, _WORD, _OP, _REDIR, _ARITH = 0, 1, 2, 3, 4
@@ -142,11 +160,12 @@ class SimpleCommand:
     ``find -exec`` action, the starting points that ``{}`` stands under (``None`` otherwise);
     ``program``: for an interpreter, where its program comes from (``"string"``, ``"stdin"``,
     ``"heredoc"``, ``"herestring"``, ``"file"``, ``"module"``, ``"procsub"``, ``"dynamic"``,
-    ``"none"``), else ``None``; ``note``: why the command is only known at run time, else
-    ``None``."""
+    ``"none"``), else ``None``; ``program_index``: the word holding the ``-c`` string, the
+    script or the ``-m`` module, if any; ``note``: why the command is only known at run time,
+    else ``None``."""
 
     __slots__ = ("argv", "dyn", "flags", "name", "line", "redirects", "stdin", "cwds", "via",
-                 "unknown_operands", "find_roots", "program", "note")
+                 "unknown_operands", "find_roots", "program", "program_index", "note")
 
     def __init__(self, argv: list[str], dyn: list[bool], flags: list[int],
                  redirects: list[Redirect], stdin: str, cwds: tuple, via: str,
@@ -161,6 +180,7 @@ class SimpleCommand:
         self.unknown_operands = unknown_operands
         self.find_roots = find_roots
         self.program: str | None = None
+        self.program_index: int | None = None
         self.note: str | None = None
         if argv:
             a0 = argv[0]
@@ -184,10 +204,20 @@ class Analysis:
 
     def __init__(self, commands: tuple[SimpleCommand, ...]):
         self.commands = commands
-        self.lines = tuple(c.line for c in commands if c.argv)
+        if len(commands) == 1:
+            self.lines = (commands[0].line,) if commands[0].argv else ()
+        else:
+            self.lines = tuple(c.line for c in commands if c.argv)
 
     def __repr__(self) -> str:
         return f"Analysis({list(self.lines)!r})"
+
+
+_EMPTY = Analysis(())
+_ROOT_CWD = ("",)
+# command names whose arguments hold other commands or change the directory
+_SPECIAL = frozenset({*_cmds.WRAPPERS, "busybox", "flock", "sg", "git", "find", "eval", "source",
+                      ".", "trap", "alias", "cd", "pushd", "popd"})
 
 
 class _Ctx:
@@ -208,23 +238,156 @@ def analyze(src: str) -> Analysis:
     """Every simple command in the shell command line ``src``, normalized.
 
     Raises :class:`ShellSyntaxError` when ``src`` is not valid shell (bash would run nothing)
-    or the analysis cannot follow it. Runs in microseconds for typical commands (a single regex
-    check sends quote-free, operator-free commands through ``str.split``)."""
-    ctx = _Ctx()
+    or the analysis cannot follow it. Runs in microseconds for typical commands: a line made only
+    of plain or quoted words, control operators and simple redirections is tokenized by one
+    regex in C (:func:`_analyze_line`); anything else goes through the full lexer and parser
+    (:func:`analyze_full`), and both give the same result on the lines the first accepts."""
     if src.isascii() and _SIMPLE.fullmatch(src) is not None:
         words = src.split()
         if not words:
-            return Analysis(())
-        if words[0] not in _KEYWORDS:
-            p = _Parser(ctx, src, len(src), 0, "", "", None)
-            p._emit(words, [False] * len(words), [0] * len(words), [], "", "", None,
-                    False, None, 0)
-            return Analysis(tuple(ctx.commands))
+            return _EMPTY
+        if words[0] not in _KEYWORDS and _classify(words) == _PLAIN:
+            n = len(words)
+            cmd = SimpleCommand(words, [False] * n, [0] * n, [], "", _ROOT_CWD, "")
+            _set_program(cmd)
+            return Analysis((cmd,))
+    fast = _analyze_line(src)
+    if fast is not None:
+        return fast
+    return analyze_full(src)
+
+
+def analyze_full(src: str) -> Analysis:
+    """:func:`analyze` through the full lexer and parser, whatever the line looks like."""
+    ctx = _Ctx()
     _Parser(ctx, src, 0, 0, "", "", None).run()
+    return _done(ctx)
+
+
+def _done(ctx: _Ctx) -> Analysis:
     if ctx.cwd_unknown or (ctx.deferred and ctx.cd_seen):
         for c in ctx.commands:
             c.cwds = (None,)
     return Analysis(tuple(ctx.commands))
+
+
+_PLAIN, _CD, _PARSE = 0, 1, 2
+
+
+def _classify(argv: list[str]) -> int:
+    """How a command of static words is analyzed: ``_PLAIN`` (no other command runs; an
+    interpreter's program source is a function of its words, see :func:`_set_program`),
+    ``_CD`` (changes the directory) or ``_PARSE`` (wrappers, ``eval``, ``bash -c`` strings, git
+    global options, ``find -exec``, ...: the parser's semantic expansion)."""
+    a0 = argv[0]
+    name = (a0.rstrip("/").rsplit("/", 1)[-1] or a0) if "/" in a0 else a0
+    if name in _SPECIAL:
+        if name == "git":
+            return _PLAIN if len(argv) < 2 or not argv[1].startswith("-") else _PARSE
+        if name == "find":
+            return _PARSE if any(a.startswith(("-exec", "-ok")) for a in argv) else _PLAIN
+        if name == "cd" or name == "pushd" or name == "popd":
+            return _CD
+        return _PARSE
+    if _cmds.is_shell(name):
+        kind, _ = _cmds.interpreter_program(name, argv, [False] * len(argv))
+        if kind == "string":
+            return _PARSE
+    return _PLAIN
+
+
+def _set_program(cmd: SimpleCommand) -> None:
+    """Fill ``cmd.program`` for an interpreter whose words are all static and whose standard
+    input is not a here-document (what the fast paths produce)."""
+    if _cmds.is_interpreter(cmd.name):
+        cmd.program, cmd.program_index = _cmds.interpreter_program(cmd.name, cmd.argv, cmd.dyn)
+
+
+def _stdin_of(redirects: list[Redirect], stdin: str) -> str:
+    for r in redirects:
+        if r.fd in (None, 0):
+            op = r.op
+            if op == "<" or op == "<>":
+                stdin = "procsub" if r.procsub else "file"
+            elif op == "<<" or op == "<<-":
+                stdin = "heredoc"
+            elif op == "<<<":
+                stdin = "herestring"
+    return stdin
+
+
+def _analyze_line(src: str) -> Analysis | None:
+    """The common subset in one pass: ``None`` when the line needs the full parser (any
+    expansion, escape, glob, brace, comment, here-document, keyword or assignment)."""
+    specs: list[tuple[list[str], list[Redirect], str]] = []
+    words: list[str] = []
+    redirects: list[Redirect] = []
+    pipe = False
+    target: tuple[str, str] | None = None
+    special = False
+    for fd, rop, word, op, bad in _FAST_LINE.findall(src):
+        if word:
+            if "'" in word or '"' in word:
+                text = _UNQUOTE.sub(_unquote_piece, word)
+                plain = False
+            else:
+                text = word
+                plain = True
+            if target is not None:
+                redirects.append(Redirect(target[1], int(target[0]) if target[0] else None,
+                                          text, False, False))
+                target = None
+                continue
+            if not words and ((plain and text in _KEYWORDS) or "=" in text):
+                return None
+            words.append(text)
+        elif op:
+            if target is not None:
+                return None
+            if words or redirects:
+                specs.append((words, redirects, "pipe" if pipe else ""))
+                words = []
+                redirects = []
+            elif op == "|":
+                return None
+            pipe = op == "|"
+        elif rop:
+            if target is not None:
+                return None
+            target = (fd, rop)
+        else:
+            return None
+    if target is not None:
+        return None
+    if words or redirects:
+        specs.append((words, redirects, "pipe" if pipe else ""))
+    if not specs:
+        return _EMPTY
+    kinds = [_classify(argv) if argv else _PLAIN for argv, _, _ in specs]
+    if _PARSE in kinds:
+        ctx = _Ctx()
+        p = _Parser(ctx, src, len(src), 0, "", "", None)
+        for argv, redirects, stdin in specs:
+            n = len(argv)
+            p._emit(argv, [False] * n, [0] * n, redirects, _stdin_of(redirects, stdin), "",
+                    None, False, None, 0)
+        return _done(ctx)
+    cwds: tuple = _ROOT_CWD
+    ctx = None
+    out = []
+    for (argv, redirects, stdin), kind in zip(specs, kinds):
+        n = len(argv)
+        cmd = SimpleCommand(argv, [False] * n, [0] * n, redirects, _stdin_of(redirects, stdin),
+                            cwds, "")
+        out.append(cmd)
+        if kind == _CD:
+            if ctx is None:
+                ctx = _Ctx()
+            _apply_cd(ctx, cmd)
+            cwds = tuple(ctx.cwds)
+        elif argv:
+            _set_program(cmd)
+    return Analysis(tuple(out))
 
 
 def _combine_cwd(c: str | None, target: str, dynamic: bool) -> str | None:
@@ -273,6 +436,25 @@ class _Parser:
 
     def _next_tok(self) -> tuple:
         s = self.s
+        m = _FAST_TOK.match(s, self.i)
+        if m is not None:
+            k = m.lastindex
+            self.i = m.end()
+            if k == 3:
+                raw = m.group(3)
+                if "'" in raw or '"' in raw:
+                    return (_WORD, _UNQUOTE.sub(_unquote_piece, raw), False, 0, False,
+                            m.start(3))
+                return (_WORD, raw, False, 0, True, m.start(3))
+            if k == 4:
+                op = m.group(4)
+                if op == "\n":
+                    if self.pending:
+                        self._read_heredocs()
+                    return _NL_TOK
+                return (_OP, op)
+            fd = m.group(1)
+            return (_REDIR, m.group(2), int(fd) if fd else None)
         n = self.n
         while True:
             i = self.i
@@ -881,16 +1063,7 @@ class _Parser:
         if not words and not redirects:
             self.pipe_next = False
             return
-        stdin = self._stdin_now()
-        for r in redirects:
-            if r.fd in (None, 0):
-                op = r.op
-                if op == "<" or op == "<>":
-                    stdin = "procsub" if r.procsub else "file"
-                elif op == "<<" or op == "<<-":
-                    stdin = "heredoc"
-                elif op == "<<<":
-                    stdin = "herestring"
+        stdin = _stdin_of(redirects, self._stdin_now())
         self.words = []
         self.redirects = []
         self.pipe_next = False
@@ -1027,6 +1200,7 @@ class _Parser:
     def _interpreter(self, cmd: SimpleCommand) -> None:
         name, argv, dyn = cmd.name, cmd.argv, cmd.dyn
         kind, idx = _cmds.interpreter_program(name, argv, dyn)
+        cmd.program_index = idx
         shell = _cmds.is_shell(name)
         if kind == "string":
             if dyn[idx]:
@@ -1103,6 +1277,8 @@ class _Parser:
 
     def _git(self, cmd: SimpleCommand, hops: int) -> None:
         argv, dyn = cmd.argv, cmd.dyn
+        if len(argv) < 2 or (not dyn[1] and not argv[1].startswith("-")):
+            return      # no global options: no aliases, no configuration, nothing to rewrite
         call = _cmds.parse_git(argv, dyn)
         for key, value, vdyn in call.config:
             if _cmds.GIT_COMMAND_KEYS.match(key) or (key.lower().startswith("alias.")
@@ -1161,33 +1337,38 @@ class _Parser:
                        cmd.unknown_operands, roots, hops + 1)
 
     def _cd(self, cmd: SimpleCommand) -> None:
-        ctx = self.ctx
-        ctx.cd_seen = True
-        if ctx.loop_depth > 0:
-            ctx.cwd_unknown = True
-        if cmd.name == "popd":
-            return      # back to a directory already tracked
-        argv, dyn = cmd.argv, cmd.dyn
-        ops = [i for i in range(1, len(argv)) if dyn[i] or not (
-            argv[i] in ("-L", "-P", "-e", "-@", "-n", "--"))]
-        if not ops:
-            targets = [("~", False)]
+        _apply_cd(self.ctx, cmd)
+
+
+def _apply_cd(ctx: _Ctx, cmd: SimpleCommand) -> None:
+    """Record the directories a ``cd``/``pushd``/``popd`` may move to (``ctx.cwds`` only
+    grows: every later command may run in any of them)."""
+    ctx.cd_seen = True
+    if ctx.loop_depth > 0:
+        ctx.cwd_unknown = True
+    if cmd.name == "popd":
+        return      # back to a directory already tracked
+    argv, dyn = cmd.argv, cmd.dyn
+    ops = [i for i in range(1, len(argv)) if dyn[i] or not (
+        argv[i] in ("-L", "-P", "-e", "-@", "-n", "--"))]
+    if not ops:
+        targets = [("~", False)]
+    else:
+        t = argv[ops[0]]
+        if not dyn[ops[0]] and (t == "-" or (cmd.name == "pushd" and t[:1] in "+-"
+                                               and t[1:].isdigit())):
+            targets = [("", True)]
         else:
-            t = argv[ops[0]]
-            if not dyn[ops[0]] and (t == "-" or (cmd.name == "pushd" and t[:1] in "+-"
-                                                   and t[1:].isdigit())):
-                targets = [("", True)]
-            else:
-                targets = [(t, dyn[ops[0]])]
-        new = list(ctx.cwds)
-        for t, d in targets:
-            for c in ctx.cwds:
-                v = _combine_cwd(c, t, d)
-                if v not in new:
-                    new.append(v)
-        if len(new) > MAX_CWDS:
-            new = new[:MAX_CWDS] + [None]
-        ctx.cwds = new
+            targets = [(t, dyn[ops[0]])]
+    new = list(ctx.cwds)
+    for t, d in targets:
+        for c in ctx.cwds:
+            v = _combine_cwd(c, t, d)
+            if v not in new:
+                new.append(v)
+    if len(new) > MAX_CWDS:
+        new = new[:MAX_CWDS] + [None]
+    ctx.cwds = new
 
 
 def _brace_expand(text: str) -> list[str]:

@@ -225,11 +225,11 @@ def dynamic_command(a: Analysis, root: str | None, extra: tuple[str, ...]) -> st
     return None
 
 
-def _python_module(argv: list[str], dyn: list[bool]) -> tuple[str, int] | None:
-    kind, idx = _cmds.interpreter_program(argv[0].rsplit("/", 1)[-1], argv, dyn)
-    if kind != "module" or idx is None:
+def _python_module(c: SimpleCommand) -> tuple[str, int] | None:
+    idx = c.program_index
+    if idx is None:
         return None
-    word = argv[idx]
+    word = c.argv[idx]
     if word.startswith("-"):
         word = word[word.index("m") + 1:]
     return word, idx + 1
@@ -246,7 +246,7 @@ def pip_install_remote(a: Analysis, root: str | None, extra: tuple[str, ...]) ->
         elif name == "uv" and len(argv) > 1 and argv[1] == "pip":
             start = 2
         elif c.program == "module":
-            mod = _python_module(argv, dyn)
+            mod = _python_module(c)
             if mod is not None and mod[0] == "pip":
                 start = mod[1]
         if start is None or start >= len(argv):
