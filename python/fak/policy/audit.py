@@ -6,7 +6,8 @@ arguments' canonical JSON: ``json.dumps(obj, sort_keys=True, separators=(",", ":
 ensure_ascii=False)`` encoded as UTF-8; arguments that are not valid JSON are hashed as their raw
 UTF-8 text), ``verdict`` (``"allow"``/``"deny"``), ``reason`` and ``rule``. The arguments
 themselves are not stored: they may hold file contents or secrets; the digest lets an auditor
-match a line to a trajectory that has them.
+match a line to a trajectory that has them. A denial's reason quotes the part that matched (the
+offending command line, at most 160 characters), since that is what the client is told.
 """
 
 from __future__ import annotations

@@ -288,6 +288,30 @@ def _unwrap_flock(argv: list[str], dyn: list[bool]) -> Unwrapped | None:
     return Unwrapped(start=nxt)
 
 
+_TAR_COMMAND_OPTS = ("--to-command", "--use-compress-program", "--rsh-command", "--info-script",
+                     "--new-volume-script", "-I", "-F")
+
+
+def tar_programs(argv: list[str], dyn: list[bool]) -> list[tuple[str, bool]]:
+    """Shell commands GNU tar runs from its options (``--to-command=CMD``,
+    ``--checkpoint-action=exec=CMD``, ``--use-compress-program``/``-I``, ``--rsh-command``,
+    ``--info-script``/``-F``, ``--new-volume-script``): ``[(command, dynamic)]``."""
+    out: list[tuple[str, bool]] = []
+    for i in range(1, len(argv)):
+        a = argv[i]
+        if a.startswith("--checkpoint-action="):
+            action = a.split("=", 1)[1]
+            if action.startswith("exec="):
+                out.append((action[5:], dyn[i]))
+            continue
+        for opt in _TAR_COMMAND_OPTS:
+            if a == opt and i + 1 < len(argv):
+                out.append((argv[i + 1], dyn[i + 1]))
+            elif opt.startswith("--") and a.startswith(opt + "="):
+                out.append((a[len(opt) + 1:], dyn[i]))
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # Interpreters
 
@@ -550,13 +574,35 @@ def deleted_operands(name: str, argv: list[str], dyn: list[bool]) -> list[int]:
 
 
 WRITERS = frozenset({"tee", "cp", "mv", "install", "ln", "touch", "mkdir", "truncate", "dd", "sed",
-                     "chmod", "chown", "chgrp", "rsync"})
+                     "chmod", "chown", "chgrp", "rsync", "tar", "unzip", "git"})
 
 
 def written_operands(name: str, argv: list[str], dyn: list[bool]) -> list[int]:
     """Indices of the paths a writing command writes or replaces (coreutils ``tee``, ``cp``,
     ``mv`` (sources too: they disappear), ``install``, ``ln``, ``touch``, ``mkdir``,
-    ``truncate``, ``dd of=``, ``sed -i``, ``chmod``/``chown``/``chgrp``)."""
+    ``truncate``, ``dd of=``, ``sed -i``, ``chmod``/``chown``/``chgrp``, the extraction
+    directory of ``tar -C``/``unzip -d``, and the repository/work tree of ``git -C``/
+    ``--git-dir``/``--work-tree``, which git may write)."""
+    if name == "tar":
+        return [i + 1 if argv[i] in ("-C", "--directory") else i
+                for i in range(1, len(argv))
+                if (argv[i] in ("-C", "--directory") and i + 1 < len(argv))
+                or argv[i].startswith("--directory=")]
+    if name == "unzip":
+        return [i + 1 if argv[i] == "-d" else i for i in range(1, len(argv))
+                if (argv[i] == "-d" and i + 1 < len(argv)) or (argv[i].startswith("-d")
+                                                                and len(argv[i]) > 2)]
+    if name == "git":
+        out = []
+        for i in range(1, len(argv)):
+            a = argv[i]
+            if not a.startswith("-") or dyn[i]:
+                break
+            if a in ("-C", "--git-dir", "--work-tree") and i + 1 < len(argv):
+                out.append(i + 1)
+            elif a.startswith(("--git-dir=", "--work-tree=")):
+                out.append(i)
+        return out
     if name == "tee":
         return getopt(argv, dyn, 1, long_arg=frozenset())[1]
     if name in ("cp", "mv", "install", "ln", "rsync"):
@@ -599,8 +645,14 @@ def written_operands(name: str, argv: list[str], dyn: list[bool]) -> list[int]:
 
 
 def dd_target(word: str) -> str:
-    """The path of a ``dd`` ``of=PATH`` operand."""
-    return word[3:] if word.startswith("of=") else word
+    """The path in an operand like ``of=PATH`` (dd), ``--directory=PATH`` (tar), ``-dPATH``
+    (unzip) or ``--git-dir=PATH`` (git)."""
+    for prefix in ("of=", "--directory=", "--git-dir=", "--work-tree="):
+        if word.startswith(prefix):
+            return word[len(prefix):]
+    if word.startswith("-d") and len(word) > 2:
+        return word[2:]
+    return word
 
 
 _PIP_REMOTE_OPTS = _f("-i", "--index-url", "--extra-index-url", "-f", "--find-links",

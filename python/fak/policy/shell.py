@@ -217,7 +217,7 @@ _EMPTY = Analysis(())
 _ROOT_CWD = ("",)
 # command names whose arguments hold other commands or change the directory
 _SPECIAL = frozenset({*_cmds.WRAPPERS, "busybox", "flock", "sg", "git", "find", "eval", "source",
-                      ".", "trap", "alias", "cd", "pushd", "popd"})
+                      ".", "trap", "alias", "cd", "pushd", "popd", "tar"})
 
 
 class _Ctx:
@@ -286,6 +286,9 @@ def _classify(argv: list[str]) -> int:
             return _PLAIN if len(argv) < 2 or not argv[1].startswith("-") else _PARSE
         if name == "find":
             return _PARSE if any(a.startswith(("-exec", "-ok")) for a in argv) else _PLAIN
+        if name == "tar":
+            return _PARSE if any(a.startswith(("--to", "--checkpoint-a", "--use", "--rsh", "--info",
+                                               "--new", "-I", "-F")) for a in argv) else _PLAIN
         if name == "cd" or name == "pushd" or name == "popd":
             return _CD
         return _PARSE
@@ -1127,6 +1130,12 @@ class _Parser:
             return
         if name == "git":
             self._git(cmd, hops)
+        elif name == "tar":
+            for prog, pdyn in _cmds.tar_programs(argv, dyn):
+                if pdyn:
+                    cmd.note = "tar runs a command computed at run time"
+                else:
+                    self._parse_string(prog, "tar", "", deferred=True)
         elif name == "find":
             self._find(cmd, hops)
         elif name == "eval":

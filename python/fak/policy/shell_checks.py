@@ -144,6 +144,8 @@ def rm_outside_workspace(a: Analysis, root: str | None, extra: tuple[str, ...]) 
                     return f"{_short(c.line)}: {why}"
         elif name == "find":
             call = _cmds.parse_find(c.argv, c.dyn)
+            if call.delete and call.follow:
+                return f"{_short(c.line)}: -delete while following symlinks (-L) may leave the workspace"
             if call.delete:
                 for i in call.starts or []:
                     why = _path_problem(c, c.argv[i], c.dyn[i], False, root, extra, False)
@@ -166,11 +168,15 @@ def write_outside_workspace(a: Analysis, root: str | None, extra: tuple[str, ...
                     return f"{_short(c.line or 'redirection')} {r.op}{_short(r.target, 60)}: {why}"
         name = c.name
         if name in _cmds.WRITERS:
+            if name == "ln":
+                why = _link_targets(c, root, extra)
+                if why:
+                    return why
             ops = _cmds.written_operands(name, c.argv, c.dyn)
             if ops and c.unknown_operands and name != "tee":
                 return f"{_short(c.line)}: operands come from data read at run time"
             for i in ops:
-                word = _cmds.dd_target(c.argv[i]) if name == "dd" else c.argv[i]
+                word = _cmds.dd_target(c.argv[i])
                 if word in HARMLESS_WRITE_TARGETS:
                     continue
                 if c.find_roots is not None and "{}" in word:
@@ -179,6 +185,28 @@ def write_outside_workspace(a: Analysis, root: str | None, extra: tuple[str, ...
                                     False)
                 if why:
                     return f"{_short(c.line)}: {why}"
+    return None
+
+
+def _link_targets(c: SimpleCommand, root: str | None, extra: tuple[str, ...]) -> str | None:
+    """``ln``: a link whose target resolves outside the workspace is a way out of it (a later
+    ``rm -rf link/`` in the same command would follow it before this check could see it)."""
+    opts, ops = _cmds.getopt(c.argv, c.dyn, 1, short_arg="tS",
+                             long_arg=frozenset({"target-directory", "suffix"}))
+    has_target_dir = any(o[0] in ("-t", "--target-directory") for o in opts)
+    targets = ops if has_target_dir else ops[:-1] if len(ops) >= 2 else ops
+    symbolic = any(o[0] in ("-s", "--symbolic") for o in opts)
+    dest = ops[-1] if len(ops) >= 2 and not has_target_dir else None
+    for i in targets:
+        word = c.argv[i]
+        why = _path_problem(c, word, c.dyn[i], False, root, extra, False)
+        if why is None and symbolic and dest is not None and not word.startswith(("/", "~")):
+            # a relative symlink target is resolved from the link's own folder
+            base = os.path.dirname(c.argv[dest].rstrip("/")) or "."
+            why = _path_problem(c, os.path.join(base, word), c.dyn[i] or c.dyn[dest], False,
+                                root, extra, False)
+        if why:
+            return f"{_short(c.line)}: link target {why}"
     return None
 
 
