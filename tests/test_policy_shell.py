@@ -328,3 +328,54 @@ def test_unwrap_and_git() -> None:
     assert w is not None and w.programs == [4]
     call = parse_git(["git", "-C", "x", "-c", "alias.p=push", "--git-dir=y", "p"], f[:7])
     assert call.sub == 6 and call.aliases == {"p": "push"}
+
+
+# ------------------------------------------------------------------------------ robustness
+
+ADVERSARIAL = [
+    "a" * 20000 + "{", "x" * 5000 + "$", "{" * 5000 + "x", "echo " + "${" * 3000,
+    "echo " + "$(" * 50, '"' * 10001, "a," * 5000 + "{", "((" * 3000, "((" * 3000 + "))" * 3000,
+    "x=(" * 1000, "'" * 9999, "`" * 999, "\\" * 10000, "; " * 5000, "| " * 3000 + "x",
+    "cd a; " * 500 + "rm x", "echo {1..9}{1..9}{1..9}", "a=$(" * 30, "<<E\n" * 500,
+    "bash -c " + "'" * 3, "$'" + "\\x" * 4000,
+]
+
+
+@pytest.mark.parametrize("src", ADVERSARIAL, ids=[f"adv{i}" for i in range(len(ADVERSARIAL))])
+def test_adversarial_inputs_terminate(src: str) -> None:
+    """Inputs built to make a lexer backtrack or recurse: each must end (guarded by an alarm,
+    a liveness check rather than a speed assertion) with an analysis or a ShellSyntaxError."""
+    import signal
+
+    def alarm(*_):
+        raise TimeoutError(f"analysis of {src[:30]!r}... did not finish")
+
+    old = signal.signal(signal.SIGALRM, alarm)
+    signal.alarm(20)
+    try:
+        try:
+            analyze(src)
+        except ShellSyntaxError:
+            pass
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+
+
+SHELLISH = "ab $(){}[]'\"\\`|&;<>#~*?=-/.\n\t01rmgitpush"
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.text(alphabet=SHELLISH, max_size=60))
+def test_decide_never_raises(text: str) -> None:
+    from fak.policy import Policy, Verdict
+    global _EXAMPLE_POLICY
+    try:
+        policy = _EXAMPLE_POLICY
+    except NameError:
+        policy = _EXAMPLE_POLICY = Policy.load(
+            Path(__file__).resolve().parents[1] / "examples" / "swebench-coding-agent-policy.json")
+    v = policy.decide("bash", {"command": text}, workspace_root="/nonexistent-ws")
+    assert isinstance(v, Verdict) and v.reason
+    fast, full = dump(text)
+    assert fast == full

@@ -207,7 +207,10 @@ class Policy:
                 for idx, rule in plan.checks:
                     if idx >= best:
                         break
-                    found = rule.check(an, root, rule.extra_roots)  # type: ignore[misc]
+                    try:
+                        found = rule.check(an, root, rule.extra_roots)  # type: ignore[misc]
+                    except (OSError, ValueError, RecursionError) as e:
+                        found = f"could not be checked: {type(e).__name__}: {e}"
                     if found is not None:
                         best = idx
                         verdict = Verdict(False, f"{rule.reason} ({found})", rule.rule_id)

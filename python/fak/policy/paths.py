@@ -96,6 +96,8 @@ def resolve(path: str, cwd: str | None, root: str | None) -> str | None:
     if "\0" in path:
         return None
     if path.startswith("~"):
+        if path.startswith(("~+", "~-")):
+            return None             # $PWD / $OLDPWD of the shell: unknown here
         path = os.path.expanduser(path)
         if path.startswith("~"):
             return None

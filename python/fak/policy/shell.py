@@ -67,16 +67,20 @@ _SIMPLE = re.compile(r"[^'\"\\$`;&|<>(){}*?\[#\n\r\x0b\x0c=]*")
 _REDIR_OPS = ("<<<", "<<-", "<<", "<>", "<&", "<", ">>", ">&", ">|", ">")
 # One token of the common subset, matched in C: a word made of unquoted plain text, '...' and
 # "..." without expansions or escapes; a plain control operator; a plain redirection operator.
-# Anything else (and anything this does not match) goes through the character-level lexer.
+# Anything else goes through the character-level lexer. The word is matched greedily with no
+# trailing assertion (an assertion after a nested quantifier backtracks exponentially when it
+# fails); whether it ends at a metacharacter is checked after the match.
 _FAST_TOK = re.compile(r"""[ \t]*(?:
     ([0-9]*)(>>|>&|>(?![|(&])|<(?![<>&(]))
-  | ((?:[^ \t\n'"\\$`;&|<>(){}*?\[\#]+|'[^']*'|"[^"\\$`]*")+)(?=[ \t\n;&|<>()]|\Z)
+  | ((?:[^ \t\n'"\\$`;&|<>(){}*?\[\#]+|'[^']*'|"[^"\\$`]*")+)
   | (&&|\|\||;(?![;&])|\|(?!&)|&(?![>])|\n)
 )""", re.X)
+_WORD_END = frozenset(" \t\n;&|<>()")
 _UNQUOTE = re.compile(r"'([^']*)'|\"([^\"]*)\"")
 # The same subset over a whole line (findall); group 5 catches any other character, which sends
 # the line to the full parser.
 _FAST_LINE = re.compile(_FAST_TOK.pattern[:-2] + "  | (.)\n)", re.X | re.S)
+_MAX_BRACES = 64         # unquoted { in one word (brace scanning is quadratic in them)
 
 
 def _unquote_piece(m: re.Match[str]) -> str:
@@ -251,10 +255,13 @@ def analyze(src: str) -> Analysis:
             cmd = SimpleCommand(words, [False] * n, [0] * n, [], "", _ROOT_CWD, "")
             _set_program(cmd)
             return Analysis((cmd,))
-    fast = _analyze_line(src)
-    if fast is not None:
-        return fast
-    return analyze_full(src)
+    try:
+        fast = _analyze_line(src)
+        if fast is not None:
+            return fast
+        return analyze_full(src)
+    except RecursionError:
+        raise ShellSyntaxError("expansions nested too deeply") from None
 
 
 def analyze_full(src: str) -> Analysis:
@@ -440,7 +447,8 @@ class _Parser:
     def _next_tok(self) -> tuple:
         s = self.s
         m = _FAST_TOK.match(s, self.i)
-        if m is not None:
+        if m is not None and (m.lastindex != 3 or m.end() >= self.n
+                              or s[m.end()] in _WORD_END):
             k = m.lastindex
             self.i = m.end()
             if k == 3:
@@ -720,7 +728,8 @@ class _Parser:
 
     def _arith(self, i: int) -> int | None:
         """End (after ``))``) of an arithmetic expansion/command whose body starts at ``i``, or
-        ``None`` when the text is not arithmetic (``((cd x); ls)`` is a nested subshell)."""
+        ``None`` when the text is not arithmetic (``((cd x); ls)`` is a nested subshell).
+        Raises :class:`ShellSyntaxError` when no ``))`` closes it before the end."""
         s = self.s
         n = self.n
         depth = 0
@@ -752,8 +761,11 @@ class _Parser:
                     i = j + 1
                 else:
                     i += 1
-        except ShellSyntaxError:
-            pass
+            else:
+                raise self._err("unterminated ((")
+        except ShellSyntaxError as e:
+            if str(e).startswith("unterminated (("):
+                raise
         del self.ctx.commands[save:]
         return None
 
@@ -1389,6 +1401,8 @@ def _brace_expand(text: str) -> list[str]:
 
 
 def _expand_marked(t: str) -> list[str]:
+    if t.count(_LB) > _MAX_BRACES:
+        raise ShellSyntaxError(f"more than {_MAX_BRACES} braces in one word")
     i = t.find(_LB)
     while i >= 0:
         depth = 0
