@@ -3,10 +3,10 @@ denies each tool call a model proposes, and an audit log of the decisions.
 
 >>> from fak.policy import Policy, AuditLog
 >>> policy = Policy.load("examples/swebench-coding-agent-policy.json")
->>> v = policy.decide("bash", '{"command": "rm -rf /"}', conversation="c1",
+>>> v = policy.decide("bash", '{"command": "sudo rm -rf /"}', conversation="c1",
 ...                   workspace_root="/tmp/ws")
 >>> v.allowed, v.rule
-(False, 'tools.bash.deny[...]')
+(False, 'tools.bash.deny[0]')
 
 Modules, one job each: :mod:`~fak.policy.schema` (the file format and its validation),
 :mod:`~fak.policy.compile` (rules → compiled regexes, checks, roots), :mod:`~fak.policy.shell`

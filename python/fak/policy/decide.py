@@ -139,11 +139,11 @@ class Policy:
             if r is not None:
                 root = real_root(os.fspath(r))
         for scope in ct.scopes:
-            v = _check_scope(scope, args, root)
-            if v is not None:
-                return v
+            out = _check_scope(scope, args, root)
+            if out is not None:
+                return out
         best = _NO_RULE
-        verdict: Verdict | None = None
+        denied: Verdict | None = None
         analyses: dict[str, Analysis | ShellSyntaxError] | None = {} if ct.allow else None
         for plan in ct.plans:
             value = args.get(plan.argument)
@@ -151,7 +151,7 @@ class Policy:
                 continue
             if type(value) is not str:
                 best = plan.first_index
-                verdict = Verdict(False, f"{plan.first.reason}: argument `{plan.argument}` must "
+                denied = Verdict(False, f"{plan.first.reason}: argument `{plan.argument}` must "
                                          f"be a string", plan.first.rule_id)
                 continue
             if plan.raw and (plan.raw_screen is None or plan.raw_screen.search(value)):
@@ -161,7 +161,7 @@ class Policy:
                     m = rule.rx.search(value)  # type: ignore[union-attr]
                     if m is not None:
                         best = idx
-                        verdict = Verdict(False, f"{rule.reason} (`{_short(m.group())}`)",
+                        denied = Verdict(False, f"{rule.reason} (`{_short(m.group())}`)",
                                           rule.rule_id)
                         break
             if plan.first_shell_index >= best:
@@ -174,7 +174,7 @@ class Policy:
                     analyses[plan.argument] = e
                 if not ct.unparseable_allows:
                     best = plan.first_shell_index
-                    verdict = Verdict(False, f"{ct.unparseable_reason}: `{plan.argument}` is "
+                    denied = Verdict(False, f"{ct.unparseable_reason}: `{plan.argument}` is "
                                              f"not valid shell ({e})", ct.unparseable_rule)
                     continue
                 an = None
@@ -197,7 +197,7 @@ class Policy:
                     for line in lines:
                         if rx.search(line) is not None:  # type: ignore[union-attr]
                             best = idx
-                            verdict = Verdict(False, f"{rule.reason} (`{_short(line)}`)",
+                            denied = Verdict(False, f"{rule.reason} (`{_short(line)}`)",
                                               rule.rule_id)
                             break
                     else:
@@ -213,10 +213,10 @@ class Policy:
                         found = f"could not be checked: {type(e).__name__}: {e}"
                     if found is not None:
                         best = idx
-                        verdict = Verdict(False, f"{rule.reason} ({found})", rule.rule_id)
+                        denied = Verdict(False, f"{rule.reason} ({found})", rule.rule_id)
                         break
-        if verdict is not None:
-            return verdict
+        if denied is not None:
+            return denied
         verdict = ct.allowed_verdict
         if ct.allow:
             verdict = self._allow_list(ct, args, analyses or {})

@@ -35,27 +35,27 @@ class _Base(msgspec.Struct, forbid_unknown_fields=True, frozen=True, kw_only=Tru
     pass
 
 
-class DefaultRule(_Base):
+class DefaultRule(_Base, frozen=True):
     """The verdict for a tool the file does not list."""
 
     verdict: VerdictName
     reason: Reason
 
 
-class Budget(_Base):
+class Budget(_Base, frozen=True):
     """At most ``max_calls`` allowed calls per conversation."""
 
     max_calls: Count
     reason: Reason
 
 
-class Budgets(_Base):
+class Budgets(_Base, frozen=True):
     """Budgets over all tools together."""
 
     total: Budget | None = None
 
 
-class PathScope(_Base):
+class PathScope(_Base, frozen=True):
     """The argument ``argument`` names a path that must resolve inside the workspace root (or
     one of ``extra_roots``); ``optional``: a missing argument is fine (the tool has a default)."""
 
@@ -65,7 +65,7 @@ class PathScope(_Base):
     extra_roots: list[str] = []
 
 
-class Rule(_Base):
+class Rule(_Base, frozen=True):
     """One argument rule: ``regex`` (searched in the raw value or in each normalized shell
     command line, per ``match``) or ``check`` (a named semantic check); ``extra_roots`` only for
     checks that resolve paths."""
@@ -78,21 +78,21 @@ class Rule(_Base):
     extra_roots: list[str] = []
 
 
-class AllowList(_Base):
+class AllowList(_Base, frozen=True):
     """When present, every call must match one of ``rules`` (else denied with ``reason``)."""
 
     reason: Reason
     rules: Annotated[list[Rule], msgspec.Meta(min_length=1)]
 
 
-class OnUnparseable(_Base):
+class OnUnparseable(_Base, frozen=True):
     """What to do when an argument that shell rules inspect is not valid shell."""
 
     verdict: VerdictName
     reason: Reason
 
 
-class ToolPolicy(_Base):
+class ToolPolicy(_Base, frozen=True):
     """Everything about one tool."""
 
     allowed: bool = True
@@ -105,7 +105,7 @@ class ToolPolicy(_Base):
     on_unparseable: OnUnparseable | None = None
 
 
-class PolicyFile(_Base):
+class PolicyFile(_Base, frozen=True):
     """A whole policy file."""
 
     version: Literal[1]
@@ -262,7 +262,7 @@ def _check_rule(value: dict, path: str, errors: list[str]) -> None:
     if "match" in value:
         errors.append(f"{_loc(path, 'match')}: only regex rules have `match` (checks always "
                       f"read the normalized shell commands)")
-    known = CHECKS.get(check)
+    known = CHECKS.get(str(check))
     if known is None:
         errors.append(f"{_loc(path, 'check')}: unknown check {check!r} (known: "
                       f"{', '.join(sorted(CHECKS))})")

@@ -208,6 +208,7 @@ class Analysis:
 
     def __init__(self, commands: tuple[SimpleCommand, ...]):
         self.commands = commands
+        self.lines: tuple[str, ...]
         if len(commands) == 1:
             self.lines = (commands[0].line,) if commands[0].argv else ()
         else:
@@ -375,15 +376,15 @@ def _analyze_line(src: str) -> Analysis | None:
         return _EMPTY
     kinds = [_classify(argv) if argv else _PLAIN for argv, _, _ in specs]
     if _PARSE in kinds:
-        ctx = _Ctx()
-        p = _Parser(ctx, src, len(src), 0, "", "", None)
+        full = _Ctx()
+        p = _Parser(full, src, len(src), 0, "", "", None)
         for argv, redirects, stdin in specs:
             n = len(argv)
             p._emit(argv, [False] * n, [0] * n, redirects, _stdin_of(redirects, stdin), "",
                     None, False, None, 0)
-        return _done(ctx)
+        return _done(full)
     cwds: tuple = _ROOT_CWD
-    ctx = None
+    ctx: _Ctx | None = None
     out = []
     for (argv, redirects, stdin), kind in zip(specs, kinds):
         n = len(argv)
@@ -1220,8 +1221,9 @@ class _Parser:
 
     def _interpreter(self, cmd: SimpleCommand) -> None:
         name, argv, dyn = cmd.name, cmd.argv, cmd.dyn
-        kind, idx = _cmds.interpreter_program(name, argv, dyn)
-        cmd.program_index = idx
+        kind, found = _cmds.interpreter_program(name, argv, dyn)
+        cmd.program_index = found
+        idx = -1 if found is None else found
         shell = _cmds.is_shell(name)
         if kind == "string":
             if dyn[idx]:
@@ -1319,10 +1321,11 @@ class _Parser:
         seen: set[str] = set()
         while not sub_dyn and name.lower() in call.aliases and name.lower() not in seen:
             seen.add(name.lower())
-            value = call.aliases[name.lower()]
-            if value is None:
+            alias = call.aliases[name.lower()]
+            if alias is None:
                 sub_dyn = True
                 break
+            value = alias
             if value.startswith("!"):
                 return      # a shell alias: analyzed above with the -c values
             words = self._split_words(value, "git alias")
@@ -1427,10 +1430,11 @@ def _expand_marked(t: str) -> list[str]:
             bounds = [i, *commas, end]
             alts = [t[bounds[k] + 1:bounds[k + 1]] for k in range(len(bounds) - 1)]
         else:
-            alts = _sequence(t[i + 1:end].translate(_UNMARK))
-            if alts is None:
+            seq = _sequence(t[i + 1:end].translate(_UNMARK))
+            if seq is None:
                 i = t.find(_LB, i + 1)
                 continue
+            alts = seq
         results: list[str] = []
         for a in alts:
             results.extend(_expand_marked(pre + a + post))
