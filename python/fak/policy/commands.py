@@ -630,6 +630,9 @@ def written_operands(name: str, argv: list[str], dyn: list[bool]) -> list[int]:
     if name == "dd":
         return [i for i in range(1, len(argv)) if argv[i].startswith("of=") or dyn[i]]
     if name == "sed":
+        if not any(a.startswith("-") and not a.startswith("--") and "i" in a
+                   or a.startswith("--in-place") for a in argv[1:]):
+            return []
         opts, ops = getopt(argv, dyn, 1, short_arg="efl", short_opt="i",
                            long_arg=_f("expression", "file", "line-length"))
         if not any(o[0] in ("-i", "--in-place") for o in opts):

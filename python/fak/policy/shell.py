@@ -251,11 +251,11 @@ def analyze(src: str) -> Analysis:
         words = src.split()
         if not words:
             return _EMPTY
-        if words[0] not in _KEYWORDS and _classify(words) == _PLAIN:
+        if words[0] not in _KEYWORDS:
             n = len(words)
             cmd = SimpleCommand(words, [False] * n, [0] * n, [], "", _ROOT_CWD, "")
-            _set_program(cmd)
-            return Analysis((cmd,))
+            if _classify_command(cmd) == _PLAIN:
+                return Analysis((cmd,))
     try:
         fast = _analyze_line(src)
         if fast is not None:
@@ -282,13 +282,15 @@ def _done(ctx: _Ctx) -> Analysis:
 _PLAIN, _CD, _PARSE = 0, 1, 2
 
 
-def _classify(argv: list[str]) -> int:
+def _classify_command(cmd: SimpleCommand) -> int:
     """How a command of static words is analyzed: ``_PLAIN`` (no other command runs; an
-    interpreter's program source is a function of its words, see :func:`_set_program`),
-    ``_CD`` (changes the directory) or ``_PARSE`` (wrappers, ``eval``, ``bash -c`` strings, git
-    global options, ``find -exec``, ...: the parser's semantic expansion)."""
-    a0 = argv[0]
-    name = (a0.rstrip("/").rsplit("/", 1)[-1] or a0) if "/" in a0 else a0
+    interpreter's ``program`` is filled in here, a function of its words), ``_CD`` (changes the
+    directory) or ``_PARSE`` (wrappers, ``eval``, ``bash -c`` strings, git global options,
+    ``find -exec``, tar command options, ...: the parser's semantic expansion)."""
+    argv = cmd.argv
+    if not argv:
+        return _PLAIN
+    name = cmd.name
     if name in _SPECIAL:
         if name == "git":
             return _PLAIN if len(argv) < 2 or not argv[1].startswith("-") else _PARSE
@@ -300,18 +302,12 @@ def _classify(argv: list[str]) -> int:
         if name == "cd" or name == "pushd" or name == "popd":
             return _CD
         return _PARSE
-    if _cmds.is_shell(name):
-        kind, _ = _cmds.interpreter_program(name, argv, [False] * len(argv))
-        if kind == "string":
+    if _cmds.is_interpreter(name):
+        kind, idx = _cmds.interpreter_program(name, argv, cmd.dyn)
+        if kind == "string" and _cmds.is_shell(name):
             return _PARSE
+        cmd.program, cmd.program_index = kind, idx
     return _PLAIN
-
-
-def _set_program(cmd: SimpleCommand) -> None:
-    """Fill ``cmd.program`` for an interpreter whose words are all static and whose standard
-    input is not a here-document (what the fast paths produce)."""
-    if _cmds.is_interpreter(cmd.name):
-        cmd.program, cmd.program_index = _cmds.interpreter_program(cmd.name, cmd.argv, cmd.dyn)
 
 
 def _stdin_of(redirects: list[Redirect], stdin: str) -> str:
@@ -338,8 +334,16 @@ def _analyze_line(src: str) -> Analysis | None:
     special = False
     for fd, rop, word, op, bad in _FAST_LINE.findall(src):
         if word:
-            if "'" in word or '"' in word:
-                text = _UNQUOTE.sub(_unquote_piece, word)
+            sq = "'" in word
+            dq = '"' in word
+            if sq or dq:
+                # quotes here only delimit whole pieces; with one kind, dropping it is exact
+                if not dq:
+                    text = word.replace("'", "")
+                elif not sq:
+                    text = word.replace('"', "")
+                else:
+                    text = _UNQUOTE.sub(_unquote_piece, word)
                 plain = False
             else:
                 text = word
@@ -374,31 +378,25 @@ def _analyze_line(src: str) -> Analysis | None:
         specs.append((words, redirects, "pipe" if pipe else ""))
     if not specs:
         return _EMPTY
-    kinds = [_classify(argv) if argv else _PLAIN for argv, _, _ in specs]
+    cmds = [SimpleCommand(argv, [False] * len(argv), [0] * len(argv), redirects,
+                          _stdin_of(redirects, stdin), _ROOT_CWD, "")
+            for argv, redirects, stdin in specs]
+    kinds = [_classify_command(c) for c in cmds]
     if _PARSE in kinds:
         full = _Ctx()
         p = _Parser(full, src, len(src), 0, "", "", None)
-        for argv, redirects, stdin in specs:
-            n = len(argv)
-            p._emit(argv, [False] * n, [0] * n, redirects, _stdin_of(redirects, stdin), "",
-                    None, False, None, 0)
+        for c in cmds:
+            p._emit(c.argv, c.dyn, c.flags, c.redirects, c.stdin, "", None, False, None, 0)
         return _done(full)
-    cwds: tuple = _ROOT_CWD
-    ctx: _Ctx | None = None
-    out = []
-    for (argv, redirects, stdin), kind in zip(specs, kinds):
-        n = len(argv)
-        cmd = SimpleCommand(argv, [False] * n, [0] * n, redirects, _stdin_of(redirects, stdin),
-                            cwds, "")
-        out.append(cmd)
-        if kind == _CD:
-            if ctx is None:
-                ctx = _Ctx()
-            _apply_cd(ctx, cmd)
-            cwds = tuple(ctx.cwds)
-        elif argv:
-            _set_program(cmd)
-    return Analysis(tuple(out))
+    if _CD in kinds:
+        ctx = _Ctx()
+        cwds: tuple = _ROOT_CWD
+        for c, kind in zip(cmds, kinds):
+            c.cwds = cwds
+            if kind == _CD:
+                _apply_cd(ctx, c)
+                cwds = tuple(ctx.cwds)
+    return Analysis(tuple(cmds))
 
 
 def _combine_cwd(c: str | None, target: str, dynamic: bool) -> str | None:
