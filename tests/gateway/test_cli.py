@@ -6,6 +6,7 @@ Each server test runs ``python -m fak.cli serve ...`` on a free loopback port, w
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -36,12 +37,13 @@ def free_port() -> int:
 
 
 @contextmanager
-def fak_serve(*args: str, timeout: float = 120.0) -> Iterator[str]:
+def fak_serve(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> Iterator[str]:
     """Run ``fak serve ARGS --addr 127.0.0.1:PORT``; yield its base URL (``.../v1``)."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     proc = subprocess.Popen([sys.executable, "-m", "fak.cli", "serve", *args, "--addr", f"127.0.0.1:{port}",
-                             "--log-level", "warning"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                             "--log-level", "warning"], env=env, cwd=cwd, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + timeout
@@ -96,6 +98,21 @@ def test_proxy_mode_end_to_end() -> None:
         assert fake.seen[-1][1]["authorization"] == "Bearer up"
         with pytest.raises(openai.AuthenticationError):
             openai.OpenAI(base_url=base, api_key="bad", max_retries=0).models.list()
+
+
+def test_proxy_mode_with_policy_and_default_audit_log(tmp_path: Path) -> None:
+    pytest.importorskip("fak.policy")
+    fake = FakeUpstream(script={"go": UpstreamReply(tool_calls=[("bash", {"command": "sudo su"}),
+                                                                ("bash", {"command": "ls"})])})
+    policy = REPO / "examples" / "swebench-coding-agent-policy.json"
+    with BackgroundServer(fake.app()) as upstream, \
+            fak_serve("--base-url", upstream.base_url, "--policy", str(policy), cwd=tmp_path) as base:
+        client = openai.OpenAI(base_url=base, api_key="x", max_retries=0)
+        r = client.chat.completions.create(model="up-model", messages=[{"role": "user", "content": "go"}],
+                                           extra_headers={"X-Fak-Workspace": str(tmp_path)})
+        assert [tc.function.arguments for tc in r.choices[0].message.tool_calls] == ['{"command": "ls"}']
+    lines = (tmp_path / "fak-audit.jsonl").read_text().splitlines()
+    assert [json.loads(x)["verdict"] for x in lines] == ["deny", "allow"]
 
 
 def test_engine_mode_end_to_end(tmp_path: Path) -> None:
