@@ -131,52 +131,54 @@ def engine_error(exc: BaseException) -> APIError:
 
 @dataclass(slots=True)
 class TokenLogprobs:
-    """Log-probabilities (natural log) at one generated position."""
+    """Log-probabilities (natural log) at one generated position.
+
+    ``token`` is the engine's text of the token when it sent one (else ``None``: detokenize);
+    ``top`` lists ``(token_id, logprob, token_text | None)`` alternatives, most likely first.
+    """
 
     token_id: int
     logprob: float
-    top: list[tuple[int, float]]
+    top: list[tuple[int, float, str | None]]
+    token: str | None = None
 
 
-def _top_list(top: Any) -> list[tuple[int, float]]:
+def _finite(x: Any) -> float:
+    v = float(x)
+    return v if math.isfinite(v) else -9999.0  # JSON has no -inf (OpenAI reports -9999.0 too)
+
+
+def _top_list(top: Any) -> list[tuple[int, float, str | None]]:
     if top is None:
         return []
     if isinstance(top, dict):
-        return [(int(k), float(v)) for k, v in top.items()]
+        return [(int(k), _finite(v), None) for k, v in top.items()]
     out = []
     for item in top:
         if isinstance(item, (tuple, list)):
-            out.append((int(item[0]), float(item[1])))
+            out.append((int(item[0]), _finite(item[1]), None))
         else:
-            out.append((int(item.token_id), float(item.logprob)))
+            out.append((int(item.token_id), _finite(item.logprob), getattr(item, "token", None)))
     return out
 
 
 def token_logprobs(delta: Any) -> list[TokenLogprobs]:
     """Per-token log-probabilities of a ``Delta`` (``[]`` when the engine sent none).
 
-    Accepts the engine's per-token entries as ``(token_id, logprob, top)`` tuples, objects with
-    ``token_id``/``logprob``/``top_logprobs`` attributes, or dicts with those keys; ``top`` as a
-    list of ``(token_id, logprob)`` pairs or a ``{token_id: logprob}`` dict.
+    ``fak.Engine`` sends ``TokenLogprob(token_id, token, logprob, top_logprobs=[TopLogprob(token_id,
+    token, logprob)])``; ``(token_id, logprob, top)`` tuples (with ``top`` as ``(id, logprob)``
+    pairs or an ``{id: logprob}`` dict) are accepted too.
     """
     entries = getattr(delta, "logprobs", None)
     if not entries:
         return []
-    ids = list(getattr(delta, "token_ids", []) or [])
     out = []
-    for i, entry in enumerate(entries):
-        if isinstance(entry, dict):
-            tid, lp, top = entry.get("token_id", ids[i] if i < len(ids) else -1), entry["logprob"], entry.get("top_logprobs")
-        elif isinstance(entry, (tuple, list)):
-            if len(entry) >= 3:
-                tid, lp, top = entry[0], entry[1], entry[2]
-            else:
-                tid, lp, top = ids[i], entry[0], entry[1] if len(entry) > 1 else None
+    for entry in entries:
+        if isinstance(entry, (tuple, list)):
+            out.append(TokenLogprobs(int(entry[0]), _finite(entry[1]), _top_list(entry[2] if len(entry) > 2 else None)))
         else:
-            tid = getattr(entry, "token_id", ids[i] if i < len(ids) else -1)
-            lp, top = entry.logprob, getattr(entry, "top_logprobs", None)
-        lpf = float(lp)
-        out.append(TokenLogprobs(int(tid), lpf if math.isfinite(lpf) else -9999.0, _top_list(top)))
+            out.append(TokenLogprobs(int(entry.token_id), _finite(entry.logprob),
+                                     _top_list(getattr(entry, "top_logprobs", None)), getattr(entry, "token", None)))
     return out
 
 

@@ -255,14 +255,19 @@ class ChatServing:
 
     # -- logprobs
 
+    def _text(self, token_id: int, text: str | None) -> str:
+        return text if text is not None else self.engine.detokenize([token_id])
+
     def _chat_logprobs(self, entries: list[TokenLogprobs]) -> list[TokenLogprob]:
         out = []
         for e in entries:
-            token = self.engine.detokenize([e.token_id])
-            out.append(TokenLogprob(
-                token=token, logprob=e.logprob, bytes=list(token.encode("utf-8")),
-                top_logprobs=[TopLogprob(token=(t := self.engine.detokenize([tid])), logprob=lp,
-                                         bytes=list(t.encode("utf-8"))) for tid, lp in e.top]))
+            token = self._text(e.token_id, e.token)
+            tops = []
+            for tid, lp, text in e.top:
+                t = self._text(tid, text)
+                tops.append(TopLogprob(token=t, logprob=lp, bytes=list(t.encode("utf-8"))))
+            out.append(TokenLogprob(token=token, logprob=e.logprob, bytes=list(token.encode("utf-8")),
+                                    top_logprobs=tops))
         return out
 
     # -- non-streaming

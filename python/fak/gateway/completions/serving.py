@@ -129,10 +129,11 @@ class CompletionServing:
     def _logprobs(self, entries: list[TokenLogprobs], offset: int) -> CompletionLogprobs:
         tokens, lps, tops, offsets = [], [], [], []
         for e in entries:
-            tok = self.engine.detokenize([e.token_id])
+            tok = e.token if e.token is not None else self.engine.detokenize([e.token_id])
             tokens.append(tok)
             lps.append(e.logprob)
-            tops.append({self.engine.detokenize([tid]): lp for tid, lp in e.top} if e.top else None)
+            tops.append({(t if t is not None else self.engine.detokenize([tid])): lp for tid, lp, t in e.top}
+                        if e.top else None)
             offsets.append(offset)
             offset += len(tok)
         return CompletionLogprobs(tokens=tokens, token_logprobs=lps, top_logprobs=tops, text_offset=offsets)
