@@ -81,7 +81,7 @@ def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         pytest.skip(f"fak.synth is not available in this checkout ({exc})")
     path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
     write_tiny_model(path)
-    with engine_cls(str(path), backend="cpu", n_ctx=512, max_batch=64) as engine:
+    with engine_cls(str(path), backend="cpu", n_ctx=512, max_batch=64, kv_cache_tokens=64 * 512) as engine:
         yield engine
 
 
@@ -89,5 +89,5 @@ def tiny_engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def engine_05b(model_05b: Any) -> Iterator[Any]:
     """The real ``fak.Engine`` over Qwen2.5-Coder-0.5B-Instruct on CPU."""
     engine_cls = _real_engine_class()
-    with engine_cls(str(model_05b), backend="cpu", n_ctx=1024, max_batch=16) as engine:
+    with engine_cls(str(model_05b), backend="cpu", n_ctx=1024, max_batch=16, kv_cache_tokens=16 * 1024) as engine:
         yield engine

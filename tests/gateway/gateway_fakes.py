@@ -50,6 +50,8 @@ SCRIPT = [
     ("list files", "I will list the files.\n```bash\nls -la\n```"),
     ("wipe disk", "Wiping now.\n```bash\nsudo shutdown -h now\n```\nDone."),
     ("never close", "Here:\n```bash\nsudo reboot"),
+    ("no markers", '{"name": "get_weather", "arguments": {"city": "Lima"}}'),
+    ("json answer", '{"answer": 4}'),
 ]
 
 

@@ -106,3 +106,47 @@ def test_segmenter_unclosed_block_on_finish() -> None:
     assert seg.feed("x<a>open") == [Text("x")]
     assert seg.finish() == [Block("open", "<a>open", False)]
     assert seg.finish() == []
+
+
+NAMES = frozenset({"get_weather", "bash"})
+BARE_CASES = [
+    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', [("get_weather", {"city": "Paris"})], None),
+    ('  \n{"name": "bash", "arguments": {"command": "ls"}}\n', [("bash", {"command": "ls"})], None),
+    ('```json\n{"name": "bash", "arguments": {"command": "ls"}}\n```', [("bash", {"command": "ls"})], None),
+    ('{"name": "bash", "arguments": {"command": "ls"}}\n{"name": "bash", "arguments": {"command": "pwd"}}',
+     [("bash", {"command": "ls"}), ("bash", {"command": "pwd"})], None),
+    ('[{"name": "bash", "arguments": {"command": "ls"}}]', [("bash", {"command": "ls"})], None),
+    # not calls: unknown tool, extra text, other JSON, code fences of other languages
+    ('{"name": "rm_everything", "arguments": {}}', [], '{"name": "rm_everything", "arguments": {}}'),
+    ('{"name": "bash", "arguments": {"command": "ls"}} and more', [],
+     '{"name": "bash", "arguments": {"command": "ls"}} and more'),
+    ('{"answer": 4}', [], '{"answer": 4}'),
+    ("```python\nprint(1)\n```", [], "```python\nprint(1)\n```"),
+    ("Sure: {\"name\": \"bash\"}", [], "Sure: {\"name\": \"bash\"}"),
+]
+
+
+@pytest.mark.parametrize("text,calls,content", BARE_CASES)
+def test_bare_json_calls_any_split(text: str, calls: list, content: str | None) -> None:
+    for parts in _splits(text):
+        parser = ToolCallParser(tool_names=NAMES)
+        pieces: list = []
+        for part in parts:
+            pieces += parser.feed(part)
+        pieces += parser.finish()
+        got = [(p.name, json.loads(p.arguments)) for p in pieces if isinstance(p, ParsedToolCall)]
+        assert got == calls, parts
+        if content is not None:
+            assert "".join(p.text for p in pieces if isinstance(p, Text)) == content, parts
+
+
+def test_bare_json_needs_tool_names() -> None:
+    parser = ToolCallParser()
+    pieces = parser.feed('{"name": "bash", "arguments": {}}') + parser.finish()
+    assert pieces == [Text('{"name": "bash", "arguments": {}}')]
+
+
+def test_plain_answers_are_not_held_back() -> None:
+    parser = ToolCallParser(tool_names=NAMES)
+    assert parser.feed("Hel") == [Text("Hel")]
+    assert parser.feed("lo") == [Text("lo")]

@@ -199,6 +199,7 @@ class AssistantOutputFilter:
         parse_tools: parse ``<tool_call>`` blocks (the request has tools and ``tool_choice``
             is not ``"none"``).
         prefix: assistant text already in the prompt (forced tool-call opening).
+        tool_names: the offered tools (bare-JSON calls naming them are accepted).
         parallel_tool_calls: ``False`` keeps only the first sent call.
 
     ``feed``/``finish`` return ``ContentOut``/``ToolCallOut`` events in order. Whitespace that
@@ -209,6 +210,7 @@ class AssistantOutputFilter:
     parse_tools: bool = False
     prefix: str = ""
     parallel_tool_calls: bool = True
+    tool_names: frozenset[str] = frozenset()
     _tools: ToolCallParser | None = field(default=None, init=False)
     _bash: BashBlockParser | None = field(default=None, init=False)
     _held_ws: str = field(default="", init=False)
@@ -218,7 +220,7 @@ class AssistantOutputFilter:
 
     def __post_init__(self) -> None:
         if self.parse_tools:
-            self._tools = ToolCallParser(self.prefix)
+            self._tools = ToolCallParser(self.prefix, self.tool_names)
         if "bash" in self.gate.ctx.text_tools:
             self._bash = BashBlockParser()
 

@@ -11,6 +11,11 @@ deltas included) and turns each into a ``ParsedToolCall`` with the arguments re-
 string, which is how OpenAI's API returns ``function.arguments``. A block whose JSON does not
 parse, or lacks a string ``name``, is returned as ordinary text (content), markers included: a
 malformed call is the model's output, never a server error.
+
+Small models sometimes drop the markers and answer with the bare object (or a ```json fence
+around it). Given the offered tool names, the parser also accepts an answer that is *entirely*
+such objects naming offered tools (``parse_bare_calls``). To decide, an answer that starts with
+``{``, ``[`` or ```json is held until the end of the generation.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ __all__ = [
     "parse_tool_call_json",
     "extract_tool_calls",
     "arguments_to_json",
+    "parse_bare_calls",
 ]
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -95,6 +101,51 @@ def parse_tool_call_json(inner: str) -> tuple[str, str] | None:
     return name, args_json
 
 
+def _call_of(obj: Any, tool_names: frozenset[str]) -> tuple[str, str] | None:
+    if not isinstance(obj, dict) or obj.get("name") not in tool_names:
+        return None
+    args_json = arguments_to_json(obj.get("arguments", obj.get("parameters", {})))
+    return None if args_json is None else (obj["name"], args_json)
+
+
+def parse_bare_calls(text: str, tool_names: frozenset[str]) -> list[ParsedToolCall] | None:
+    """Calls written without ``<tool_call>`` markers: the whole ``text`` is one or more JSON
+    objects ``{"name": <an offered tool>, "arguments": {...}}`` (or a JSON list of them),
+    optionally inside one ```json fence. ``None`` if anything else is in the text.
+    """
+    body = text.strip()
+    if body.startswith("```"):
+        newline = body.find("\n")
+        if newline < 0 or not body.endswith("```"):
+            return None
+        header = body[3:newline].strip()
+        if header not in ("", "json"):
+            return None
+        body = body[newline + 1:-3].strip()
+    decoder = json.JSONDecoder()
+    objects: list[Any] = []
+    pos = 0
+    while pos < len(body):
+        try:
+            obj, end = decoder.raw_decode(body, pos)
+        except ValueError:
+            return None
+        objects += obj if isinstance(obj, list) else [obj]
+        pos = end
+        while pos < len(body) and body[pos] in " \t\r\n,":
+            pos += 1
+    calls = []
+    for obj in objects:
+        parsed = _call_of(obj, tool_names)
+        if parsed is None:
+            return None
+        calls.append(ParsedToolCall(parsed[0], parsed[1], text))
+    return calls or None
+
+
+_JSON_FENCE = "```json"
+
+
 class ToolCallParser:
     """Streaming parser: text deltas in, ``Text`` and ``ParsedToolCall`` pieces out.
 
@@ -102,13 +153,33 @@ class ToolCallParser:
         prefix: text the prompt already put in the assistant turn (a forced ``<tool_call>``
             opening for ``tool_choice="required"`` or a named function); parsed as if the model
             had written it.
+        tool_names: the offered tools; when given (and no ``prefix``), an answer made only of
+            bare call objects naming them is accepted too (``parse_bare_calls``).
     """
 
-    def __init__(self, prefix: str = "") -> None:
+    def __init__(self, prefix: str = "", tool_names: frozenset[str] | None = None) -> None:
         self._seg = BlockSegmenter(TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
         self._pending: list[Text | ParsedToolCall] = []
+        self._tool_names = tool_names or frozenset()
+        # "lead": deciding whether the answer may be bare JSON; "bare": holding it; "marked": normal
+        self._mode = "lead" if self._tool_names and not prefix else "marked"
+        self._held = ""
         if prefix:
             self._pending = self._convert(self._seg.feed(prefix))
+
+    def _lead(self, delta: str) -> list[Text | ParsedToolCall]:
+        self._held += delta
+        head = self._held.lstrip()
+        if not head:
+            return []
+        if head[0] in "{[" or head.startswith(_JSON_FENCE):
+            self._mode = "bare"
+            return []
+        if len(head) < len(_JSON_FENCE) and _JSON_FENCE.startswith(head):
+            return []
+        self._mode = "marked"
+        text, self._held = self._held, ""
+        return self._convert(self._seg.feed(text))
 
     @staticmethod
     def _convert(pieces: list[Text | Block]) -> list[Text | ParsedToolCall]:
@@ -126,13 +197,26 @@ class ToolCallParser:
 
     def feed(self, delta: str) -> list[Text | ParsedToolCall]:
         """Consume a text delta; return the pieces it completes."""
+        if self._mode == "lead":
+            return self._lead(delta)
+        if self._mode == "bare":
+            self._held += delta
+            return []
         out = self._pending + self._convert(self._seg.feed(delta))
         self._pending = []
         return out
 
     def finish(self) -> list[Text | ParsedToolCall]:
         """End of generation. An unterminated block still counts as a call if its JSON is whole."""
-        out = self._pending + self._convert(self._seg.finish())
+        out: list[Text | ParsedToolCall] = []
+        if self._mode != "marked":
+            held, self._held = self._held, ""
+            self._mode = "marked"
+            bare = parse_bare_calls(held, self._tool_names) if held.strip() else None
+            if bare is not None:
+                return list(bare)
+            out += self._convert(self._seg.feed(held))
+        out = self._pending + out + self._convert(self._seg.finish())
         self._pending = []
         return out
 

@@ -171,6 +171,26 @@ def test_unterminated_call_with_whole_json_is_a_call(client: openai.OpenAI) -> N
     assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"city": "Oslo"}
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_bare_json_call_of_an_offered_tool(client: openai.OpenAI, stream: bool) -> None:
+    """Small models sometimes drop the <tool_call> markers: a bare call object still counts."""
+    kwargs = dict(model=MODEL, messages=user("no markers"), tools=[WEATHER_TOOL])
+    if stream:
+        got = collect_stream(client.chat.completions.create(stream=True, **kwargs))
+        assert got["content"] == "" and got["finish_reason"] == "tool_calls"
+        assert [(c["name"], json.loads(c["arguments"])) for c in got["tool_calls"].values()] == [
+            ("get_weather", {"city": "Lima"})]
+    else:
+        r = client.chat.completions.create(**kwargs)
+        assert r.choices[0].message.content is None and r.choices[0].finish_reason == "tool_calls"
+        assert json.loads(r.choices[0].message.tool_calls[0].function.arguments) == {"city": "Lima"}
+    # other JSON answers stay content; without tools nothing is parsed
+    r = client.chat.completions.create(model=MODEL, messages=user("json answer"), tools=[WEATHER_TOOL])
+    assert r.choices[0].message.content == '{"answer": 4}' and r.choices[0].message.tool_calls is None
+    r = client.chat.completions.create(model=MODEL, messages=user("no markers"))
+    assert r.choices[0].message.tool_calls is None
+
+
 def test_tool_choice_none_hides_tools_and_parses_nothing(client: openai.OpenAI, fake_engine: FakeEngine) -> None:
     r = client.chat.completions.create(model=MODEL, messages=user("weather?"), tools=[WEATHER_TOOL],
                                        tool_choice="none")

@@ -223,7 +223,8 @@ class ChatServing:
         run = EngineRun(self.engine, prompt_ids, chat_sampling(req, max_tokens), self.gw.admission,
                         self.gw.metrics, t_arrival)
         filt = AssistantOutputFilter(gate, parse_tools=use_tools, prefix=prefix,
-                                     parallel_tool_calls=req.parallel_tool_calls is not False)
+                                     parallel_tool_calls=req.parallel_tool_calls is not False,
+                                     tool_names=frozenset(t.function.name for t in req.tools or []))
         try:
             await run_until_disconnect(request, run.start())
         except ClientDisconnected:
