@@ -343,19 +343,22 @@ class ChatServing:
 
         try:
             yield chunk(ChatDelta(role="assistant", content=""))
-            async for delta in run.deltas():
-                if req.logprobs:
-                    pending_lp += token_logprobs(delta)
-                for event in events_out(filt.feed(delta.text)):
-                    yield event
-            for event in events_out(filt.finish()):
-                yield event
-            yield chunk(ChatDelta(), finish=_finish_reason(run.finish_reason, sent_calls > 0), lp=pending_lp)
+            async for group in run.batches():
+                out: list[bytes] = []
+                for delta in group:
+                    if req.logprobs:
+                        pending_lp += token_logprobs(delta)
+                    out += events_out(filt.feed(delta.text))
+                if out:
+                    yield b"".join(out)
+            tail = events_out(filt.finish())
+            tail.append(chunk(ChatDelta(), finish=_finish_reason(run.finish_reason, sent_calls > 0), lp=pending_lp))
             if include_usage:
-                yield sse_event(ChatCompletionChunk(
+                tail.append(sse_event(ChatCompletionChunk(
                     id=cid, created=created, model=model, system_fingerprint=SYSTEM_FINGERPRINT, choices=[],
-                    usage=Usage(n_prompt, run.n_completion, n_prompt + run.n_completion)))
-            yield DONE
+                    usage=Usage(n_prompt, run.n_completion, n_prompt + run.n_completion))))
+            tail.append(DONE)
+            yield b"".join(tail)
         except APIError as err:
             yield sse_error(err)
             yield DONE

@@ -181,21 +181,24 @@ class CompletionServing:
             if echo:
                 yield chunk(echo)
                 offset = len(echo)
-            async for delta in run.deltas():
-                if req.logprobs is not None:
-                    pending += token_logprobs(delta)
-                for ev in filt.feed(delta.text):
-                    if isinstance(ev, ContentOut) and (ev.text or ev.verdict):
-                        yield chunk(ev.text, verdict=ev.verdict)
-            for ev in filt.finish():
-                if isinstance(ev, ContentOut) and (ev.text or ev.verdict):
-                    yield chunk(ev.text, verdict=ev.verdict)
-            yield chunk("", finish=run.finish_reason or "stop")
+            async for group in run.batches():
+                out: list[bytes] = []
+                for delta in group:
+                    if req.logprobs is not None:
+                        pending += token_logprobs(delta)
+                    out += [chunk(ev.text, verdict=ev.verdict) for ev in filt.feed(delta.text)
+                            if isinstance(ev, ContentOut) and (ev.text or ev.verdict)]
+                if out:
+                    yield b"".join(out)
+            tail = [chunk(ev.text, verdict=ev.verdict) for ev in filt.finish()
+                    if isinstance(ev, ContentOut) and (ev.text or ev.verdict)]
+            tail.append(chunk("", finish=run.finish_reason or "stop"))
             if include_usage:
-                yield sse_event(Completion(id=cid, created=created, model=model, choices=[],
-                                           system_fingerprint=SYSTEM_FINGERPRINT,
-                                           usage=Usage(n_prompt, run.n_completion, n_prompt + run.n_completion)))
-            yield DONE
+                tail.append(sse_event(Completion(id=cid, created=created, model=model, choices=[],
+                                                 system_fingerprint=SYSTEM_FINGERPRINT,
+                                                 usage=Usage(n_prompt, run.n_completion, n_prompt + run.n_completion))))
+            tail.append(DONE)
+            yield b"".join(tail)
         except APIError as err:
             yield sse_error(err)
             yield DONE
