@@ -46,7 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
-import httpx  # noqa: E402
+import httpx
 
 TEXT_PROMPTS = ["def add(a, b):", "import numpy as", "for i in range(", "class Stack:", "# sort a list",
                 "SELECT * FROM", "def fib(n):", "print('hello"]

@@ -26,10 +26,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from fak.errors import ContextLengthError, KVCacheFullError
 from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
-
-from fak.errors import ContextLengthError, KVCacheFullError
 
 WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather of a city.",
@@ -347,6 +346,19 @@ class FakeUpstream:
             raw = await request.body()
             fake.seen.append(("/v1/chat/completions", dict(request.headers), raw))
             body = json.loads(raw)
+            if body["model"] == "garbage" and body.get("stream"):
+                async def garbage() -> Any:
+                    yield b'data: {"choices": [{"index": "x", "delta": {"tool_calls": [5, {"index": "a"}]}}]}\n\n'
+                    yield b"data: not json\n\n"
+                    yield b'data: {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "c1", '
+                    yield b'"function": {"name": "bash", "arguments": "{\\"command\\": \\"ls\\"}"}}]}}]}\n\n'
+                    yield b'data: {"choices": "nope"}\n\n'
+                    yield b'data: {"choices": [{"index": {}, "delta": {}, "finish_reason": "tool_calls"}]}\n\n'
+                    yield b"data: [DONE]\n\n"
+                return Stream(garbage(), media_type="text/event-stream")
+            if body["model"] == "garbage":
+                return Response({"choices": [{"index": 0, "message": {"role": "assistant", "tool_calls": "nope"}},
+                                             7, {"message": None}]})
             if body["model"] == "missing":
                 return Response({"error": {"message": "no such model", "type": "invalid_request_error",
                                            "param": "model", "code": "model_not_found"}}, status_code=404)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
 from fak.gateway.admission import Admission, QueueFullError
 
 

@@ -16,13 +16,11 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import httpx
 import openai
 import pytest
 from click.testing import CliRunner
-
 from fak.cli import main
 from fak.gateway import BackgroundServer
 from gateway_fakes import FakeUpstream, UpstreamReply

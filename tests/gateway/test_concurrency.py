@@ -16,7 +16,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from fak.gateway import BackgroundServer, GatewayConfig, create_app
 from gateway_fakes import FakeEngine
 

@@ -12,7 +12,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from fak.errors import KVCacheFullError
 from gateway_fakes import WEATHER_TOOL, FakeEngine
 

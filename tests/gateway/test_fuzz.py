@@ -19,10 +19,9 @@ from typing import Any
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
-
 from fak.gateway import BackgroundServer, GatewayConfig, create_app
 from gateway_fakes import SCRIPT, FakeEngine, FakePolicy
+from hypothesis import HealthCheck, settings
 
 MAX_EXAMPLES = 60
 MODEL = "fake-qwen"

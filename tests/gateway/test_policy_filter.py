@@ -16,8 +16,14 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
-from gateway_fakes import BASH_TOOL, SCRIPT, FakeAudit, FakeEngine, FakePolicy, audit_lines
+from gateway_fakes import (
+    BASH_TOOL,
+    SCRIPT,
+    FakeAudit,
+    FakeEngine,
+    FakePolicy,
+    audit_lines,
+)
 
 MODEL = "fake-qwen"
 DELETE_TOOL = {"type": "function", "function": {"name": "delete_file", "parameters": {"type": "object"}}}

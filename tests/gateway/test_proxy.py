@@ -15,9 +15,15 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from fak.gateway import BackgroundServer, Upstream
-from gateway_fakes import BASH_TOOL, FakeAudit, FakePolicy, FakeUpstream, UpstreamReply, audit_lines
+from gateway_fakes import (
+    BASH_TOOL,
+    FakeAudit,
+    FakePolicy,
+    FakeUpstream,
+    UpstreamReply,
+    audit_lines,
+)
 
 UP_SCRIPT = {
     "weather": UpstreamReply(tool_calls=[("get_weather", {"city": "Paris"})]),
@@ -186,3 +192,22 @@ def test_client_disconnect_closes_upstream(start_gateway: Any, upstream: Any) ->
     while (upstream.disconnects == 0 or srv.app.state.gateway.admission.running) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert upstream.disconnects == 1 and srv.app.state.gateway.admission.running == 0
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_malformed_upstream_never_crashes_or_leaks(start_gateway: Any, upstream: Any, http: httpx.Client,
+                                                 stream: bool) -> None:
+    srv = proxy(start_gateway, upstream, policy=FakePolicy())
+    r = http.post(srv.base_url + "/chat/completions", json={
+        "model": "garbage", "stream": stream, "messages": [{"role": "user", "content": "x"}]})
+    assert r.status_code in (200, 502), r.text
+    if stream:
+        assert r.text.endswith("data: [DONE]\n\n")
+        for event in r.text.split("\n\n"):
+            if event.startswith("data: {") and '"tool_calls"' in event:
+                # whatever reached the client was adjudicated (the policy saw it) and is whole
+                assert '"arguments":"{\\"command\\": \\"ls\\"}"' in event
+    else:
+        assert r.json().get("error", {}).get("code", "upstream_error") == "upstream_error"
+    assert srv.app.state.gateway.admission.running == 0
+    assert http.get(srv.url + "/health").status_code == 200

@@ -14,10 +14,15 @@ from typing import Any
 
 import openai
 import pytest
-
 from fak.gateway import BackgroundServer, Upstream
 from fak.policy import AuditLog, Policy
-from gateway_fakes import BASH_TOOL, FakeEngine, FakeUpstream, UpstreamReply, audit_lines
+from gateway_fakes import (
+    BASH_TOOL,
+    FakeEngine,
+    FakeUpstream,
+    UpstreamReply,
+    audit_lines,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = REPO / "examples" / "swebench-coding-agent-policy.json"

@@ -10,9 +10,13 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from fak.gateway.segmenter import Block, BlockSegmenter, Text
-from fak.gateway.toolcalls import ParsedToolCall, ToolCallParser, extract_tool_calls, parse_tool_call_json
+from fak.gateway.toolcalls import (
+    ParsedToolCall,
+    ToolCallParser,
+    extract_tool_calls,
+    parse_tool_call_json,
+)
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 

@@ -21,7 +21,11 @@ from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 from litestar.types import Message, Scope
 
 from fak.gateway.admission import Admission
-from fak.gateway.chat_completions.protocol import ChatCompletion, ChatCompletionChunk, ChatCompletionRequest
+from fak.gateway.chat_completions.protocol import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+)
 from fak.gateway.chat_completions.routes import create_chat_completion
 from fak.gateway.completions.protocol import Completion, CompletionRequest
 from fak.gateway.completions.routes import create_completion
@@ -33,10 +37,15 @@ from fak.gateway.metrics.routes import metrics
 from fak.gateway.models.protocol import ModelCard, ModelList
 from fak.gateway.models.routes import list_models
 from fak.gateway.policy_filter import AuditLike, PolicyLike
-from fak.gateway.proxy import ProxyChatServing, ProxyCompletionServing, Upstream, upstream_error
+from fak.gateway.proxy import (
+    ProxyChatServing,
+    ProxyCompletionServing,
+    Upstream,
+    upstream_error,
+)
 from fak.gateway.schemas import component_schemas
 
-__all__ = ["GatewayConfig", "Gateway", "create_app"]
+__all__ = ["Gateway", "GatewayConfig", "create_app"]
 
 
 @dataclass(frozen=True)
@@ -126,7 +135,7 @@ class Gateway:
         return Health(status="ok", mode=self.mode, model=self.model_name, engine=stats)
 
     async def aclose(self) -> None:
-        """Release the upstream connection pool (the engine belongs to the caller)."""
+        """Release the upstream connection pool (the engine and the audit log belong to the caller)."""
         if self.upstream is not None:
             await self.upstream.aclose()
 
@@ -137,7 +146,7 @@ def _auth_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHand
     if not key or not connection.url.path.startswith("/v1/"):
         return
     header = connection.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+    scheme, _sep, token = header.partition(" ")
     if not header:
         raise APIError(401, "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
                        type="authentication_error", code="invalid_api_key")

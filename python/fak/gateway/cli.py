@@ -120,3 +120,5 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
     finally:
         if engine is not None:
             engine.close()
+        if audit is not None:
+            audit.close()

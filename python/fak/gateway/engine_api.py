@@ -30,8 +30,8 @@ __all__ = [
     "EngineRun",
     "TokenLogprobs",
     "check_context",
-    "sampling_kwargs",
     "engine_error",
+    "sampling_kwargs",
     "token_logprobs",
 ]
 
@@ -154,7 +154,7 @@ def _top_list(top: Any) -> list[tuple[int, float, str | None]]:
         return []
     if isinstance(top, dict):
         return [(int(k), _finite(v), None) for k, v in top.items()]
-    out = []
+    out: list[tuple[int, float, str | None]] = []
     for item in top:
         if isinstance(item, (tuple, list)):
             out.append((int(item[0]), _finite(item[1]), None))
@@ -332,7 +332,7 @@ class EngineRun:
                 if close is not None:
                     try:
                         await close()
-                    except Exception:  # noqa: BLE001
+                    except Exception:
                         log.exception("closing the engine stream failed")
             if self._slot:
                 self._slot = False

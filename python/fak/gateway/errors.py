@@ -20,6 +20,7 @@ from typing import Any
 import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.types import ExceptionHandlersMap
 
 log = logging.getLogger("fak.gateway")
 
@@ -163,7 +164,7 @@ def _handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Respo
                                    type="server_error", code="internal_error"))
 
 
-def exception_handlers() -> dict[type[Exception], Any]:
+def exception_handlers() -> ExceptionHandlersMap:
     """Litestar ``exception_handlers`` mapping every error to an OpenAI error object."""
     return {
         APIError: _handle_api_error,

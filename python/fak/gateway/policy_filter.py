@@ -29,7 +29,12 @@ from typing import Any, Protocol
 from fak.gateway.chat_completions.protocol import PolicyVerdictInfo
 from fak.gateway.errors import bad_request
 from fak.gateway.segmenter import Block, Text
-from fak.gateway.text_tools import TEXT_TOOLS_HEADER, BashBlockParser, bash_command, parse_text_tools_header
+from fak.gateway.text_tools import (
+    TEXT_TOOLS_HEADER,
+    BashBlockParser,
+    bash_command,
+    parse_text_tools_header,
+)
 from fak.gateway.toolcalls import ParsedToolCall, ToolCallParser
 
 log = logging.getLogger("fak.gateway.policy")
@@ -37,15 +42,15 @@ log = logging.getLogger("fak.gateway.policy")
 __all__ = [
     "CONVERSATION_HEADER",
     "WORKSPACE_HEADER",
-    "RequestContext",
-    "request_context",
-    "PolicyLike",
-    "AuditLike",
-    "PolicyGate",
-    "denial_note",
-    "ContentOut",
-    "ToolCallOut",
     "AssistantOutputFilter",
+    "AuditLike",
+    "ContentOut",
+    "PolicyGate",
+    "PolicyLike",
+    "RequestContext",
+    "ToolCallOut",
+    "denial_note",
+    "request_context",
 ]
 
 CONVERSATION_HEADER = "x-fak-conversation"
@@ -145,7 +150,7 @@ class PolicyGate:
             verdict = self.policy.decide(tool, arguments, conversation=self.ctx.conversation,
                                          workspace_root=self.ctx.workspace_root)
             allowed, reason, rule = bool(verdict.allowed), str(verdict.reason), verdict.rule
-        except Exception as exc:  # noqa: BLE001 - fail closed on any policy failure
+        except Exception as exc:
             log.exception("policy failed on tool %r; denying", tool)
             verdict = None
             allowed, reason, rule = False, f"policy error ({type(exc).__name__}: {exc})", "policy-error"
@@ -153,7 +158,7 @@ class PolicyGate:
             try:
                 self.audit.record(conversation=self.ctx.conversation, tool=tool, arguments=arguments,
                                   verdict=verdict if verdict is not None else _FailClosed(reason, rule))
-            except Exception:  # noqa: BLE001 - an audit failure must not leak the call either
+            except Exception:
                 log.exception("audit log write failed")
         if self.on_verdict is not None:
             self.on_verdict(tool, allowed)

@@ -31,18 +31,27 @@ from litestar.response import Stream
 
 from fak.gateway.admission import Admission
 from fak.gateway.chat_completions.protocol import ChatCompletionRequest
-from fak.gateway.chat_completions.serving import first_messages_key, validate_chat_request
+from fak.gateway.chat_completions.serving import (
+    first_messages_key,
+    validate_chat_request,
+)
 from fak.gateway.completions.protocol import CompletionRequest
 from fak.gateway.completions.serving import prompt_of, validate_completion_request
 from fak.gateway.disconnect import ClientDisconnected, run_until_disconnect
 from fak.gateway.errors import APIError, error_response
-from fak.gateway.policy_filter import AssistantOutputFilter, ContentOut, PolicyGate, denial_note, request_context
+from fak.gateway.policy_filter import (
+    AssistantOutputFilter,
+    ContentOut,
+    PolicyGate,
+    denial_note,
+    request_context,
+)
 from fak.gateway.schemas import decode_body
 from fak.gateway.sse import DONE, SSE_HEADERS, sse_error, sse_event
 
 log = logging.getLogger("fak.gateway.proxy")
 
-__all__ = ["Upstream", "ProxyChatServing", "ProxyCompletionServing", "PolicyRelay"]
+__all__ = ["PolicyRelay", "ProxyChatServing", "ProxyCompletionServing", "Upstream"]
 
 
 class Upstream:
@@ -244,11 +253,16 @@ class PolicyRelay:
     def _absorb_calls(self, index: int, st: _ChoiceState, deltas: list[dict[str, Any]]) -> list[bytes]:
         out: list[bytes] = []
         for tc in deltas:
-            key = tc.get("index")
+            if not isinstance(tc, dict):
+                continue
+            raw_key = tc.get("index")
             tid = tc.get("id")
-            if key is None:
+            key: int
+            if isinstance(raw_key, int) and not isinstance(raw_key, bool):
+                key = raw_key
+            else:  # servers that omit the index: a new id (or none yet) starts a new call
                 cur = st.calls.get(st.current) if st.current is not None else None
-                if cur is not None and (not tid or tid == cur.id):
+                if cur is not None and st.current is not None and (not tid or tid == cur.id):
                     key = st.current
                 else:
                     key = max([*st.calls, st.current if st.current is not None else -1]) + 1
@@ -371,7 +385,7 @@ class _ProxyServing:
         """Validate, forward, adjudicate, answer."""
         t0 = time.perf_counter()
         body = await request.body()
-        req = decode_body(body, self.request_type)
+        req: Any = decode_body(body, self.request_type)
         self._validate(req)
         ctx = request_context(request.headers, user=req.user, first_messages=self._context_key(req))
         gate = PolicyGate(self.gw.policy, self.gw.audit, ctx, on_verdict=self.gw.metrics.count_verdict)
@@ -413,7 +427,12 @@ class _ProxyServing:
                                                    type="server_error", code="upstream_error"))
                 self._count_usage(data)
                 if relay.active and isinstance(data, dict):
-                    self._filter_whole(relay, data)
+                    try:
+                        self._filter_whole(relay, data)
+                    except Exception:  # noqa: BLE001 - never pass on what could not be adjudicated
+                        log.exception("adjudicating the upstream response failed")
+                        return error_response(APIError(502, "The upstream sent a response the gateway could "
+                                                       "not read.", type="server_error", code="upstream_error"))
                     if gate.active:
                         data["fak_policy"] = {"verdicts": [msgspec.to_builtins(v) for v in gate.verdicts]}
                     raw = msgspec.json.encode(data)
@@ -469,6 +488,11 @@ class _ProxyServing:
                 yield event
             yield sse_error(APIError(502, f"The upstream stream failed: {exc!s}", type="server_error",
                                      code="upstream_error"))
+            yield DONE
+        except Exception as exc:  # noqa: BLE001 - a malformed upstream stream; held calls are dropped
+            log.exception("relaying the upstream stream failed")
+            yield sse_error(APIError(502, f"The upstream sent a stream the gateway could not relay "
+                                          f"({type(exc).__name__}).", type="server_error", code="upstream_error"))
             yield DONE
         finally:
             await done()

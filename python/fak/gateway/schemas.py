@@ -15,18 +15,19 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
-from litestar.openapi.spec import OpenAPIMediaType as MediaType, OpenAPIResponse, Operation, Reference, RequestBody
+from litestar.openapi.spec import OpenAPIMediaType as MediaType
+from litestar.openapi.spec import OpenAPIResponse, Operation, Reference, RequestBody
 
 from fak.gateway.errors import ErrorResponse, decode_error
 
 __all__ = [
-    "Usage",
     "StreamOptions",
-    "decode_body",
+    "Usage",
     "component_schemas",
-    "openapi_operation",
+    "decode_body",
     "new_id",
     "now",
+    "openapi_operation",
 ]
 
 T = TypeVar("T")

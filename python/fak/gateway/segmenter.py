@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Text", "Block", "BlockSegmenter"]
+__all__ = ["Block", "BlockSegmenter", "Text"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ from typing import Any
 
 import uvicorn
 
-__all__ = ["parse_addr", "bind", "serve_forever", "BackgroundServer"]
+__all__ = ["BackgroundServer", "bind", "parse_addr", "serve_forever"]
 
 
 def parse_addr(addr: str) -> tuple[str, int]:

@@ -8,7 +8,7 @@ import msgspec
 
 from fak.gateway.errors import APIError
 
-__all__ = ["DONE", "SSE_HEADERS", "sse_event", "sse_error"]
+__all__ = ["DONE", "SSE_HEADERS", "sse_error", "sse_event"]
 
 DONE = b"data: [DONE]\n\n"
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}

@@ -29,15 +29,15 @@ from typing import Any
 from fak.gateway.segmenter import Block, BlockSegmenter, Text
 
 __all__ = [
-    "TOOL_CALL_OPEN",
     "TOOL_CALL_CLOSE",
+    "TOOL_CALL_OPEN",
     "ParsedToolCall",
     "ToolCallParser",
-    "new_tool_call_id",
-    "parse_tool_call_json",
-    "extract_tool_calls",
     "arguments_to_json",
+    "extract_tool_calls",
+    "new_tool_call_id",
     "parse_bare_calls",
+    "parse_tool_call_json",
 ]
 
 TOOL_CALL_OPEN = "<tool_call>"

@@ -14,7 +14,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from gateway_fakes import BASH_TOOL, WEATHER_TOOL, FakeEngine
 
 MODEL = "fake-qwen"

@@ -8,7 +8,6 @@ from typing import Any
 import httpx
 import openai
 import pytest
-
 from gateway_fakes import FakeEngine
 
 MODEL = "fake-qwen"

@@ -6,9 +6,8 @@ from typing import Any
 
 import httpx
 import openai
-from prometheus_client.parser import text_string_to_metric_families
-
 from gateway_fakes import FakeEngine, FakePolicy
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def scrape(http: httpx.Client, url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

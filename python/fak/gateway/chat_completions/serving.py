@@ -47,7 +47,13 @@ from fak.gateway.chat_completions.protocol import (
     TopLogprob,
 )
 from fak.gateway.disconnect import ClientDisconnected, run_until_disconnect
-from fak.gateway.engine_api import EngineRun, TokenLogprobs, check_context, sampling_kwargs, token_logprobs
+from fak.gateway.engine_api import (
+    EngineRun,
+    TokenLogprobs,
+    check_context,
+    sampling_kwargs,
+    token_logprobs,
+)
 from fak.gateway.errors import APIError, bad_request, error_response
 from fak.gateway.policy_filter import (
     AssistantOutputFilter,
@@ -64,10 +70,10 @@ log = logging.getLogger("fak.gateway")
 
 __all__ = [
     "ChatServing",
-    "validate_chat_request",
-    "template_messages",
     "first_messages_key",
     "forced_prefix",
+    "template_messages",
+    "validate_chat_request",
 ]
 
 SYSTEM_FINGERPRINT = "fp_fak"
@@ -248,7 +254,7 @@ class ChatServing:
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         try:
             return self.engine.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
-        except Exception as exc:  # noqa: BLE001 - template errors are about the request's messages
+        except Exception as exc:
             if type(exc).__module__.startswith("jinja2") or isinstance(exc, (ValueError, TypeError, KeyError)):
                 raise bad_request(f"The model's chat template rejected the messages: {exc}",
                                   param="messages") from None

@@ -15,7 +15,7 @@ from msgspec import UNSET, Meta, UnsetType
 from fak.gateway.chat_completions.protocol import FakPolicyInfo
 from fak.gateway.schemas import StreamOptions, Usage
 
-__all__ = ["CompletionRequest", "CompletionLogprobs", "CompletionChoice", "Completion"]
+__all__ = ["Completion", "CompletionChoice", "CompletionLogprobs", "CompletionRequest"]
 
 Penalty = Annotated[float, Meta(ge=-2.0, le=2.0)]
 

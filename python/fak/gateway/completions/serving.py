@@ -19,15 +19,31 @@ from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
 from fak.gateway.chat_completions.protocol import FakPolicyInfo
-from fak.gateway.completions.protocol import Completion, CompletionChoice, CompletionLogprobs, CompletionRequest
+from fak.gateway.completions.protocol import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+)
 from fak.gateway.disconnect import ClientDisconnected, run_until_disconnect
-from fak.gateway.engine_api import EngineRun, TokenLogprobs, check_context, sampling_kwargs, token_logprobs
+from fak.gateway.engine_api import (
+    EngineRun,
+    TokenLogprobs,
+    check_context,
+    sampling_kwargs,
+    token_logprobs,
+)
 from fak.gateway.errors import APIError, bad_request, error_response
-from fak.gateway.policy_filter import AssistantOutputFilter, ContentOut, PolicyGate, request_context
+from fak.gateway.policy_filter import (
+    AssistantOutputFilter,
+    ContentOut,
+    PolicyGate,
+    request_context,
+)
 from fak.gateway.schemas import Usage, decode_body, new_id, now
 from fak.gateway.sse import DONE, SSE_HEADERS, sse_error, sse_event
 
-__all__ = ["CompletionServing", "validate_completion_request", "prompt_of"]
+__all__ = ["CompletionServing", "prompt_of", "validate_completion_request"]
 
 DEFAULT_MAX_TOKENS = 16  # OpenAI's documented default for /v1/completions
 SYSTEM_FINGERPRINT = "fp_fak"
@@ -127,7 +143,10 @@ class CompletionServing:
         return Response(body, media_type="application/json")
 
     def _logprobs(self, entries: list[TokenLogprobs], offset: int) -> CompletionLogprobs:
-        tokens, lps, tops, offsets = [], [], [], []
+        tokens: list[str] = []
+        lps: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        offsets: list[int] = []
         for e in entries:
             tok = e.token if e.token is not None else self.engine.detokenize([e.token_id])
             tokens.append(tok)

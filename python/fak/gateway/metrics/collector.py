@@ -12,11 +12,17 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["GatewayMetrics", "KNOWN_ENDPOINTS"]
+__all__ = ["KNOWN_ENDPOINTS", "GatewayMetrics"]
 
 # `*_created` timestamp series double the exposition size and no dashboard uses them.
 disable_created_metrics()
