@@ -92,10 +92,11 @@ def make_workspace(mirror: Path, base_commit: str, dest: Path) -> Workspace:
         raise RepoError(f"cloning {mirror} into {dest} failed: {proc.stderr.strip()}")
     try:
         git(dest, "-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", base_commit)
+        git(dest, "remote", "remove", "origin", check=False)  # remote-tracking refs go with it
         refs = git(dest, "for-each-ref", "--format=%(refname)").stdout.split()
         if refs:
-            git(dest, "update-ref", "--stdin", input="".join(f"delete {r}\n" for r in refs))
-        git(dest, "remote", "remove", "origin", check=False)
+            git(dest, "update-ref", "--no-deref", "--stdin",
+                input="".join(f"delete {r}\n" for r in refs))
         git(dest, "reflog", "expire", "--expire=now", "--all", check=False)
         git(dest, "config", "user.email", "agent@fak.invalid")
         git(dest, "config", "user.name", "fak agent")
