@@ -71,8 +71,9 @@ def register_specs(specs: dict[str, dict[str, dict[str, Any]]]) -> None:
     ``swebench.harness.log_parsers.MAP_REPO_TO_PARSER`` in this process, so the package's own
     grading code (``get_logs_eval``) finds them.
     """
-    from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
     from swebench.harness import log_parsers
+    from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
+    from swebench.harness.log_parsers import python as python_parsers
 
     for repo, versions in specs.items():
         MAP_REPO_VERSION_TO_SPECS.setdefault(repo, {}).update(versions)
@@ -80,7 +81,11 @@ def register_specs(specs: dict[str, dict[str, dict[str, Any]]]) -> None:
         for spec in versions.values():
             parser = spec.get("log_parser")
             if parser:
-                log_parsers.MAP_REPO_TO_PARSER[repo] = getattr(log_parsers, parser)
+                fn = getattr(python_parsers, parser, None)
+                if fn is None:
+                    raise EnvError(f"unknown log parser {parser!r} (see "
+                                   "swebench.harness.log_parsers.python)")
+                log_parsers.MAP_REPO_TO_PARSER[repo] = fn
 
 
 def get_spec(repo: str, version: str) -> dict[str, Any]:
