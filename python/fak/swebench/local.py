@@ -10,8 +10,9 @@ Per prediction (the harness's ``run_instance`` + eval script, ``swebench`` 4.1.0
    ``patch_apply_failed`` (the harness also counts it as an error);
 4. the env of (repo, version) built or reused (``fak.swebench.envs``); ``pre_install`` (minus
    machine-changing steps) and ``install`` run in the clone, with network;
-5. with **no network** (``unshare -n``, loopback up, plus for ``psf/requests`` a black-hole
-   interface for 10.0.0.0/8 so that its connect-timeout tests time out as on the internet): the
+5. with **no network** (``unshare -n``, loopback up, plus for ``psf/requests`` a tarpit for
+   10.0.0.0/8 inside the namespace so that its connect-timeout tests time out as on the
+   internet, ``NETNS_SETUP``): the
    test files reset to ``base_commit``, ``test_patch`` applied, then the spec's ``test_cmd`` on the
    test files of ``test_patch`` (``get_test_directives``) between the harness's
    ``>>>>> Start Test Output`` / ``>>>>> End Test Output`` markers;
@@ -46,9 +47,13 @@ APPLY_FAIL = ">>>>> Patch Apply Failed"
 #: commands run inside the test network namespace before the tests, per repository
 NETNS_SETUP: dict[str, list[str]] = {
     "psf/requests": [
-        # connect timeouts: packets to 10/8 vanish in a dummy interface (never leave the namespace)
-        "ip link add fak-tarpit type dummy 2>/dev/null && ip addr add 10.255.255.254/8 dev "
-        "fak-tarpit && ip link set fak-tarpit up",
+        # connect timeouts (its tests dial 10.255.255.1 expecting no answer): a veth pair inside
+        # the namespace, a static neighbour entry, and frames that the peer drops (wrong MAC);
+        # nothing leaves the namespace.
+        "ip link add fak-tarpit type veth peer name fak-tarpit1 && "
+        "ip addr add 10.255.255.254/8 dev fak-tarpit && ip link set fak-tarpit up && "
+        "ip link set fak-tarpit1 up && "
+        "ip neigh replace 10.255.255.1 lladdr 02:00:00:00:00:01 dev fak-tarpit nud permanent",
     ],
 }
 

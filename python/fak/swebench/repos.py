@@ -6,9 +6,10 @@ Without one, the repository is cloned once from ``https://github.com/OWNER/NAME`
 mirror under the cache folder (``~/.cache/fak/repos``, or ``$FAK_REPOS_CACHE``) and reused.
 
 A workspace is a local clone of the mirror checked out (detached) at ``base_commit`` in which every
-branch, tag and remote is then deleted, so the model cannot see the repository's later history with
-``git log --all`` (the official harness does the same with its instance images). The objects of
-later commits stay in the clone's object store, reachable only by hash.
+branch, the remote, and every tag not in ``base_commit``'s history are then deleted, so the model
+cannot see the repository's later history with ``git log --all`` (the official harness does the
+same with its instance images; tags of the past stay, as there: ``setuptools_scm`` versions need
+them). The objects of later commits stay in the clone's object store, reachable only by hash.
 """
 
 from __future__ import annotations
@@ -93,7 +94,11 @@ def make_workspace(mirror: Path, base_commit: str, dest: Path) -> Workspace:
     try:
         git(dest, "-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", base_commit)
         git(dest, "remote", "remove", "origin", check=False)  # remote-tracking refs go with it
-        refs = git(dest, "for-each-ref", "--format=%(refname)").stdout.split()
+        # keep the tags of base_commit's history (setuptools_scm versions need them), as the
+        # harness keeps tags older than base_commit; drop every branch and every later tag
+        kept = set(git(dest, "tag", "--merged", base_commit, "--format=%(refname)").stdout.split())
+        refs = [r for r in git(dest, "for-each-ref", "--format=%(refname)").stdout.split()
+                if r not in kept]
         if refs:
             git(dest, "update-ref", "--no-deref", "--stdin",
                 input="".join(f"delete {r}\n" for r in refs))
