@@ -3,7 +3,7 @@
 Rows keep the official field names of ``princeton-nlp/SWE-bench_Verified`` (``repo``,
 ``instance_id``, ``base_commit``, ``patch``, ``test_patch``, ``problem_statement``, ``version``,
 ``FAIL_TO_PASS``, ``PASS_TO_PASS``, ``environment_setup_commit``, ...). ``FAIL_TO_PASS`` and
-``PASS_TO_PASS`` are JSON-encoded strings in the dataset; ``test_list`` decodes either form.
+``PASS_TO_PASS`` are JSON-encoded strings in the dataset; ``parse_test_list`` decodes either form.
 
 Sources: a ``.json`` file (a list of rows), a ``.jsonl`` file (one row per line), or a Hugging Face
 dataset name (``princeton-nlp/SWE-bench_Verified`` or ``name:split``) through the ``datasets``
@@ -36,7 +36,7 @@ class DatasetError(ValueError):
     """A dataset, filter or difficulty file that cannot be used; the message says why."""
 
 
-def test_list(value: Any) -> list[str]:
+def parse_test_list(value: Any) -> list[str]:
     """``FAIL_TO_PASS`` / ``PASS_TO_PASS`` as a list of test names (JSON string or list)."""
     if value is None or value == "":
         return []

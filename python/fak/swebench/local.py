@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from fak.agent.trajectory import write_json_atomic
-from fak.swebench.dataset import test_list
+from fak.swebench.dataset import parse_test_list
 from fak.swebench.envs import SYSTEM_COMMAND, Env, EnvBuilder, EnvError, get_spec
 from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
 
@@ -135,8 +135,8 @@ class LocalGrader:
                 rc, timed_out = self._run_tests(env, ws.root, script, repo, log_dir / "test_output.txt")
             spec_obj = TestSpec(instance_id=iid, repo=repo, version=version, repo_script_list=[],
                                 eval_script_list=[], env_script_list=[], arch="x86_64",
-                                FAIL_TO_PASS=test_list(row.get("FAIL_TO_PASS")),
-                                PASS_TO_PASS=test_list(row.get("PASS_TO_PASS")), language="py",
+                                FAIL_TO_PASS=parse_test_list(row.get("FAIL_TO_PASS")),
+                                PASS_TO_PASS=parse_test_list(row.get("PASS_TO_PASS")), language="py",
                                 docker_specs={}, namespace=None)
             report = get_eval_report(spec_obj, pred, str(log_dir / "test_output.txt"),
                                      include_tests_status=True)
