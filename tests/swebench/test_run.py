@@ -193,3 +193,25 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished(tiny, scripted, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] is True
     assert summary["exit_reasons"] == {"interrupted": 1, "submitted": 1}
+
+
+def test_live_table_renders_instances_and_totals(tiny, scripted, tmp_path):
+    import io
+
+    from rich.console import Console
+
+    from fak.swebench.dataset import load_rows
+    from fak.swebench.run import Fleet, FleetConfig
+
+    server = scripted({"fak-test__calc-1": tools_script_fix_add(),
+                       "fak-test__calc-2": tools_script_fix_shout()})
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=160, color_system=None)
+    cfg = FleetConfig(gateway=server.url, model="scripted-1", output=tmp_path / "out", workers=2,
+                      repos_dir=tiny["repos"], live=True)
+    summary = Fleet(cfg, load_rows(tiny["dataset"]), console=console).run()
+    assert summary["exit_reasons"] == {"submitted": 2}
+    screen = buf.getvalue()
+    for text in ("instance", "status", "step", "tokens", "tok/s", "last tool", "verdicts",
+                 "fak-test__calc-1", "fak-test__calc-2", "submitted", "total 2/2 done"):
+        assert text in screen, text

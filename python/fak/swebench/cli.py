@@ -56,9 +56,13 @@ def run_cmd(agent_name: str, gateway: str, model: str, dataset: str, filter_spec
             keep_workspaces: bool, live: bool | None) -> None:
     """Run the fleet agent on SWE-bench instances; writes predictions.json, trajectories and a
     summary under --output."""
+    import logging
+
     from fak.agent.exceptions import SandboxError
     from fak.swebench.dataset import DatasetError, select
     from fak.swebench.run import Fleet, FleetConfig
+
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the table
 
     try:
         rows, labels = select(dataset, filter_spec, difficulty_file, list(difficulty_labels))
