@@ -8,7 +8,9 @@ with ``--specs`` and graded with the package's own ``parse_log_pytest``.
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from tiny import GOLD, run_fak
@@ -126,3 +128,45 @@ def test_harness_mode_without_docker_prints_command(tiny, tmp_path, monkeypatch)
     for part in ("--dataset_name", str(tiny["dataset"]), "--predictions_path", str(preds),
                  "--run_id r9", "--max_workers 3", "--report_dir", sys.executable):
         assert part in cmd_line
+
+
+def test_harness_mode_runs_official_command_and_reads_its_report(tiny, tmp_path, monkeypatch):
+    """With a Docker engine and the package present, the official module runs in the output
+    folder and its run report is read. Both are stand-ins here (no Docker engine on this machine):
+    a `docker` that answers `info`, and a `swebench.harness.run_evaluation` that records its argv
+    and writes a report the way the real one does (``{model}.{run_id}.json`` in its cwd)."""
+    import os
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "docker").chmod(0o755)
+    fake = tmp_path / "fake" / "swebench" / "harness"
+    fake.mkdir(parents=True)
+    (fake.parent / "__init__.py").write_text("")
+    (fake / "__init__.py").write_text("")
+    (fake / "run_evaluation.py").write_text(
+        "import json, sys, os\n"
+        "json.dump({'argv': sys.argv[1:], 'cwd': os.getcwd()}, open('argv.json', 'w'))\n"
+        "a = sys.argv[1:]\n"
+        "run_id = a[a.index('--run_id') + 1]\n"
+        "json.dump({'total_instances': 2, 'submitted_instances': 2, 'resolved_instances': 1,\n"
+        "           'error_instances': 0, 'empty_patch_instances': 0},\n"
+        "          open(f'my__model.{run_id}.json', 'w'))\n")
+    preds = tmp_path / "preds.json"
+    preds.write_text(json.dumps([{"instance_id": k, "model_name_or_path": "my/model",
+                                  "model_patch": v} for k, v in GOLD.items()]))
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    out = tmp_path / "ev"
+    env_py = f"{tmp_path / 'fake'}:{Path(__file__).resolve().parents[2] / 'python'}"
+    proc = subprocess.run([sys.executable, "-m", "fak.cli", "swebench", "eval", "--predictions",
+                           str(preds), "--dataset", str(tiny["dataset"]), "--run-id", "r7",
+                           "--workers", "2", "--output", str(out)], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": env_py}, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "resolved 1/2" in proc.stdout
+    recorded = json.loads((out / "argv.json").read_text())
+    assert recorded["cwd"] == str(out.resolve())
+    assert recorded["argv"] == ["--dataset_name", str(tiny["dataset"]), "--predictions_path",
+                                str(preds.resolve()), "--run_id", "r7", "--max_workers", "2",
+                                "--report_dir", str(out.resolve())]

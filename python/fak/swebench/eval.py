@@ -52,11 +52,13 @@ def docker_available() -> bool:
 
 
 def swebench_available() -> bool:
+    """True when ``swebench.harness.run_evaluation`` can be found (not run) by this Python."""
+    import importlib.util
+
     try:
-        import swebench.harness.run_evaluation  # noqa: F401
-    except Exception:  # noqa: BLE001 - any import failure means: not usable
+        return importlib.util.find_spec("swebench.harness.run_evaluation") is not None
+    except Exception:  # noqa: BLE001 - a broken parent package means: not usable
         return False
-    return True
 
 
 def run_harness(predictions: Path, dataset: str, run_id: str, workers: int, output: Path,
