@@ -215,3 +215,32 @@ def test_live_table_renders_instances_and_totals(tiny, scripted, tmp_path):
     for text in ("instance", "status", "step", "tokens", "tok/s", "last tool", "verdicts",
                  "fak-test__calc-1", "fak-test__calc-2", "submitted", "total 2/2 done"):
         assert text in screen, text
+
+
+def test_task_env_runs_bash_in_the_tasks_venv_and_keeps_setup_out_of_the_patch(tiny, scripted,
+                                                                              tmp_path):
+    from tiny import SPECS, VERSION
+
+    spec = dict(SPECS["fak-test/calc"][VERSION],
+                pre_install=["printf '# set-up line\\n' >> text.py"])
+    specs = tmp_path / "specs.json"
+    specs.write_text(json.dumps({"fak-test/calc": {VERSION: spec}}))
+    server = scripted({"fak-test__calc-1": [
+        {"tool_calls": [{"name": "bash", "arguments": {
+            "command": "python -c 'import sys; print(sys.prefix)'; python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -1"}}]},
+        *tools_script_fix_add()]})
+    out = tmp_path / "out"
+    proc = run_fak(*_run_args(tiny, server, out, "--filter", "fak-test__calc-1", "--allow-exec",
+                              "--task-env", "--specs", str(specs), "--envs", str(tmp_path / "envs")),
+                   timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    traj = json.loads((out / "trajectories" / "fak-test__calc-1.traj.json").read_text())
+    assert traj["exit_reason"] == "submitted", traj["exit_message"]
+    lines = traj["steps"][0]["actions"][0]["output"].splitlines()
+    assert lines[0] == str((out / "envs" / "fak-test__calc-1").resolve())
+    assert "2 passed" in lines[-1]  # pytest from the task env ran the repo's tests
+    assert traj["info"]["task_env"]["env"] == "fak-test__calc__0.1"
+    patch = json.loads((out / "predictions.json").read_text())[0]["model_patch"]
+    assert "set-up line" not in patch and "+    return a + b" in patch
+    fresh = _apply_to_fresh_clone(tiny, patch, tmp_path / "fresh")
+    assert "return a + b" in (fresh / "calc.py").read_text()

@@ -138,7 +138,8 @@ class ToolBox:
 
     ``allow_exec`` enables ``bash``; ``exec_timeout_s`` bounds one command (seconds);
     ``max_output_chars`` bounds what goes back to the model; ``unsafe_network`` runs bash without
-    ``unshare -n`` (only when asked). Raises ``SandboxError`` at construction when exec is allowed,
+    ``unshare -n`` (only when asked); ``env_overrides`` are set in bash's environment (the task's
+    virtual environment: ``PATH``, ``VIRTUAL_ENV``). Raises ``SandboxError`` at construction when exec is allowed,
     isolation is required and ``unshare -n`` does not work here.
     """
 
@@ -148,6 +149,7 @@ class ToolBox:
     max_output_chars: int = 10_000
     unsafe_network: bool = False
     max_read_lines: int = 400
+    env_overrides: dict[str, str] = field(default_factory=dict)
     max_list_entries: int = 300
     max_search_matches: int = 100
 
@@ -343,6 +345,7 @@ class ToolBox:
             "GIT_PAGER": "cat", "PIP_NO_INPUT": "1", "PYTHONDONTWRITEBYTECODE": "1",
             "PYTHONUNBUFFERED": "1",
         }
+        env.update(self.env_overrides)
         script = command if self.unsafe_network else f"ip link set lo up 2>/dev/null\n{command}"
         argv = [*_sandbox_prefix(self.unsafe_network), "bash", "-c", script]
         proc = subprocess.Popen(argv, cwd=self.workspace.root, env=env, stdin=subprocess.DEVNULL,

@@ -47,13 +47,21 @@ def swebench() -> None:
 @click.option("--observation-window", type=int, default=0, show_default=True,
               help="Cut tool outputs older than N turns in what is sent (0: keep all).")
 @click.option("--keep-workspaces", is_flag=True, help="Keep each instance's clone under OUTPUT/workspaces.")
+@click.option("--task-env", is_flag=True,
+              help="bash runs in the task's own Python env (venv per repo/version from the harness "
+                   "specs, the repo installed; needs PyPI at set-up).")
+@click.option("--envs", "envs_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Env cache for --task-env (default ~/.cache/fak/swebench-envs).")
+@click.option("--specs", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Extra harness specs JSON {repo: {version: spec}} for --task-env.")
 @click.option("--live/--no-live", default=None, help="Live table (default: when on a terminal).")
 def run_cmd(agent_name: str, gateway: str, model: str, dataset: str, filter_spec: str | None,
             difficulty_file: str | None, difficulty_labels: tuple[str, ...], allow_exec: bool,
             unsafe_network: bool, max_steps: int, workers: int, repos_dir: Path | None,
             output: Path, protocol: str, run_id: str | None, exec_timeout: float,
             temperature: float, max_tokens: int, observation_window: int,
-            keep_workspaces: bool, live: bool | None) -> None:
+            keep_workspaces: bool, task_env: bool, envs_dir: Path | None, specs: Path | None,
+            live: bool | None) -> None:
     """Run the fleet agent on SWE-bench instances; writes predictions.json, trajectories and a
     summary under --output."""
     import logging
@@ -76,7 +84,12 @@ def run_cmd(agent_name: str, gateway: str, model: str, dataset: str, filter_spec
                       exec_timeout_s=exec_timeout,
                       sampling={"temperature": temperature, "max_tokens": max_tokens},
                       observation_window=observation_window, keep_workspaces=keep_workspaces,
-                      live=live, dataset=str(dataset), labels=labels)
+                      live=live, dataset=str(dataset), labels=labels, task_env=task_env,
+                      envs_dir=envs_dir)
+    if specs:
+        from fak.swebench.envs import register_specs
+
+        register_specs(json.loads(specs.read_text()))
     try:
         fleet = Fleet(cfg, rows)
     except (SandboxError, ValueError) as e:

@@ -289,3 +289,42 @@ class EnvBuilder:
         for r in reqs:  # one at a time, to find what cannot be installed
             if not self._pip(env, [r], log):
                 env.unreproduced.append(f"pip install {r} failed")
+
+
+def _purelib(python: Path) -> Path:
+    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return Path(out)
+
+
+def make_overlay(env: Env, dest: Path, workspace: Path, log_path: Path) -> Env:
+    """A per-instance venv at ``dest`` layered over the shared ``env`` (a ``.pth`` file puts the
+    shared site-packages on its path), with the task repository installed from ``workspace`` by
+    the spec's ``pre_install`` (machine-changing steps skipped) and ``install`` steps.
+
+    Several instances of one (repo, version) can then run at once, each with its own editable
+    install. Needs the network (pip). Raises ``EnvError`` when the venv cannot be made.
+    """
+    shutil.rmtree(dest, ignore_errors=True)
+    base_python = find_python(str(env.spec["python"]))
+    cmd = [str(base_python), "-m", "venv", "--without-pip", str(dest)]
+    if env.spec.get("system_site_packages"):
+        cmd.insert(3, "--system-site-packages")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EnvError(f"python -m venv failed for {dest}: {proc.stderr.strip()[-800:]}")
+    overlay = Env(env.key, dest, dest / "bin" / "python", env.spec, list(env.unreproduced), log_path)
+    (_purelib(overlay.python) / "_fak_shared_env.pth").write_text(f"{_purelib(env.python)}\n")
+    steps = [c for c in env.spec.get("pre_install", []) if not SYSTEM_COMMAND.search(c)]
+    if env.spec.get("install"):
+        steps.append(env.spec["install"])
+    with log_path.open("w") as log:
+        for cmd in steps:
+            log.write(f"$ {cmd}\n")
+            log.flush()
+            rc = subprocess.run(["bash", "-c", cmd], cwd=workspace, env=overlay.environ(),
+                                stdout=log, stderr=subprocess.STDOUT).returncode
+            log.write(f"[exit {rc}]\n")
+            if rc != 0:
+                overlay.unreproduced.append(f"step failed: {cmd}")
+    return overlay

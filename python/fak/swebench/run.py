@@ -9,6 +9,9 @@ Output folder (``--output``)::
                                 throughput, and one line per instance
     workspaces/<id>/            the clone the agent worked in (removed when done unless
                                 ``keep_workspaces``)
+    envs/<id>/                  with ``task_env``: the instance's venv over the shared
+                                (repo, version) env, the repository installed in it; bash runs
+                                with it first on PATH (removed when done unless ``keep_workspaces``)
 
 An instance is *finished* when its agent ended by ``submitted``, ``max_steps`` or ``error``: its
 prediction is written (possibly an empty patch) and a re-run with the same output skips it.
@@ -49,6 +52,8 @@ from fak.agent import (
 from fak.agent.exceptions import SandboxError
 from fak.agent.tools import check_network_isolation
 from fak.agent.trajectory import write_json_atomic
+from fak.agent.workspace import WorkspaceError, git
+from fak.swebench.envs import EnvBuilder, EnvError, make_overlay
 from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
 
 FINISHED_REASONS = ("submitted", "max_steps", "error")
@@ -77,6 +82,8 @@ class FleetConfig:
     live: bool | None = None  # None: when stdout is a terminal
     dataset: str = ""
     labels: dict[str, str] = field(default_factory=dict)
+    task_env: bool = False
+    envs_dir: Path | None = None
 
 
 @dataclass
@@ -121,6 +128,7 @@ class Fleet:
         self.todo = [r for r in rows if r["instance_id"] not in done]
         self.states = {r["instance_id"]: InstanceState(r["instance_id"]) for r in self.todo}
         self.started_at = time.time()
+        self._env_builder = EnvBuilder(config.envs_dir)
         # the protocol is checked once, before any work (text protocol needs --allow-exec)
         get_protocol(config.protocol, allow_exec=config.allow_exec)
         if config.allow_exec and not config.unsafe_network:
@@ -150,7 +158,12 @@ class Fleet:
             with self._repo_locks.setdefault(row["repo"], threading.Lock()):
                 mirror = ensure_mirror(row["repo"], cfg.repos_dir, commit=row["base_commit"])
             ws = make_workspace(mirror, row["base_commit"], ws_dir)
-        except RepoError as e:
+            diff_base = row["base_commit"]
+            bash_env: dict[str, str] = {}
+            if cfg.task_env:
+                state.stats.status = "env"
+                bash_env, diff_base = self._task_env(row, mirror, ws, traj)
+        except (RepoError, EnvError, WorkspaceError) as e:
             state.exit_reason, state.message = "setup_error", str(e)
             state.stats.status = "setup_error"
             traj.data.update(exit_reason="setup_error", exit_message=str(e))
@@ -168,7 +181,7 @@ class Fleet:
             self._models[iid] = model
         try:
             toolbox = ToolBox(ws, allow_exec=cfg.allow_exec, exec_timeout_s=cfg.exec_timeout_s,
-                              unsafe_network=cfg.unsafe_network)
+                              unsafe_network=cfg.unsafe_network, env_overrides=bash_env)
             agent = Agent(model, toolbox, protocol,
                           AgentConfig(max_steps=cfg.max_steps,
                                       observation_window=cfg.observation_window),
@@ -176,7 +189,7 @@ class Fleet:
             agent.stats = state.stats
             data = agent.run(problem_statement=row.get("problem_statement", ""),
                              repo=row["repo"], workspace=str(ws.root))
-            patch = ws.diff(row["base_commit"])
+            patch = ws.diff(diff_base)
             data["patch"] = patch
             data["info"]["difficulty"] = cfg.labels.get(iid)
             traj.save()
@@ -192,6 +205,27 @@ class Fleet:
             self._record(iid, patch)
         if not cfg.keep_workspaces:
             shutil.rmtree(ws_dir, ignore_errors=True)
+            shutil.rmtree(self.out / "envs" / iid, ignore_errors=True)
+
+    def _task_env(self, row: dict[str, Any], mirror: Path, ws: Any,
+                  traj: Trajectory) -> tuple[dict[str, str], str]:
+        """Build (or reuse) the (repo, version) env, layer a per-instance venv over it with the
+        repository installed, and commit what the setup changed, as the harness's instance image
+        does. Returns (bash environment overrides, the commit to diff against)."""
+        key = EnvBuilder.key(row["repo"], str(row["version"]))
+        with self._env_builder.lock(key):
+            env = self._env_builder.ensure(row["repo"], str(row["version"]), mirror,
+                                           row.get("environment_setup_commit") or row["base_commit"])
+        iid = row["instance_id"]
+        overlay = make_overlay(env, self.out / "envs" / iid, ws.root,
+                               self.out / "envs" / f"{iid}.install.log")
+        git(ws.root, "commit", "--quiet", "--allow-empty", "--no-verify", "-am", "fak: task setup")
+        setup_commit = git(ws.root, "rev-parse", "HEAD").stdout.strip()
+        traj.data["info"]["task_env"] = {"env": env.key, "overlay": str(overlay.path),
+                                         "setup_commit": setup_commit,
+                                         "unreproduced": overlay.unreproduced}
+        environ = overlay.environ()
+        return {"PATH": environ["PATH"], "VIRTUAL_ENV": environ["VIRTUAL_ENV"]}, setup_commit
 
     def _record(self, iid: str, patch: str) -> None:
         with self._lock:
