@@ -206,5 +206,9 @@ def test_protocol_parsing():
         text.parse({"content": "```bash\nls\n```\n```bash\npwd\n```"})
     assert text.parse({"content": "```bash\n  submit \n```"})[0].name == "submit"
     assert text.parse({"content": "```sh\nls -la\n```"})[0].arguments == {"command": "ls -la"}
+    structured = {"content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "bash", "arguments": json.dumps({"command": "submit"})}}]}
+    assert text.parse(structured)[0].name == "submit"  # a gateway that parsed the block
+    assert "tool_calls" not in text.history_message(structured)
     with pytest.raises(ValueError, match="--allow-exec"):
         TextProtocol(allow_exec=False)

@@ -5,6 +5,7 @@ with ``X-Fak-Text-Tools: bash`` so that its policy adjudicates the block as a ``
 
 from __future__ import annotations
 
+import json
 import re
 import uuid
 from typing import Any
@@ -30,9 +31,26 @@ class TextProtocol(AgentProtocol):
     def headers(self) -> dict[str, str]:
         return {"X-Fak-Text-Tools": "bash"}
 
+    @staticmethod
+    def history_message(message: dict[str, Any]) -> dict[str, Any]:
+        """Only the text: in this protocol the conversation carries no tool_calls."""
+        return {"role": "assistant", "content": message.get("content") or ""}
+
     def parse(self, message: dict[str, Any]) -> list[Action]:
         content = message.get("content") or ""
         blocks = _BLOCK.findall(content)
+        if not blocks:
+            # a gateway that parsed the block into a structured bash call
+            for call in message.get("tool_calls") or []:
+                fn = call.get("function") or {}
+                if fn.get("name") == "bash":
+                    try:
+                        command = str(json.loads(fn.get("arguments") or "{}").get("command", ""))
+                    except (ValueError, AttributeError):
+                        command = ""
+                    if command.strip():
+                        blocks = [command]
+                        break
         if not blocks:
             raise FormatError("no ```bash block found")
         if len(blocks) > 1:
