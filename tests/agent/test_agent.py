@@ -198,7 +198,8 @@ def test_protocol_parsing():
         tools.parse({"content": "I think the bug is in add"})
     with pytest.raises(FormatError, match="not valid JSON"):
         tools.parse({"tool_calls": [{"id": "1", "function": {"name": "read", "arguments": "{bad"}}]})
-    acts = tools.parse({"content": 'ok <tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>'})
+    acts = tools.parse({"content": 'ok <tool_call>\n{"name": "read", "arguments": '
+                                   '{"path": "a.py"}}\n</tool_call>'})
     assert [(a.name, a.arguments) for a in acts] == [("read", {"path": "a.py"})]
     assert tools.observation(acts[0], "x", None, 10)["role"] == "user"  # no id to answer
     text = TextProtocol(allow_exec=True)

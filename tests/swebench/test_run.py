@@ -227,7 +227,8 @@ def test_task_env_runs_bash_in_the_tasks_venv_and_keeps_setup_out_of_the_patch(t
     specs.write_text(json.dumps({"fak-test/calc": {VERSION: spec}}))
     server = scripted({"fak-test__calc-1": [
         {"tool_calls": [{"name": "bash", "arguments": {
-            "command": "python -c 'import sys; print(sys.prefix)'; python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -1"}}]},
+            "command": "python -c 'import sys; print(sys.prefix)'; "
+                       "python -m pytest -q -p no:cacheprovider tests 2>&1 | tail -1"}}]},
         *tools_script_fix_add()]})
     out = tmp_path / "out"
     proc = run_fak(*_run_args(tiny, server, out, "--filter", "fak-test__calc-1", "--allow-exec",

@@ -139,8 +139,8 @@ class ToolBox:
     ``allow_exec`` enables ``bash``; ``exec_timeout_s`` bounds one command (seconds);
     ``max_output_chars`` bounds what goes back to the model; ``unsafe_network`` runs bash without
     ``unshare -n`` (only when asked); ``env_overrides`` are set in bash's environment (the task's
-    virtual environment: ``PATH``, ``VIRTUAL_ENV``). Raises ``SandboxError`` at construction when exec is allowed,
-    isolation is required and ``unshare -n`` does not work here.
+    virtual environment: ``PATH``, ``VIRTUAL_ENV``). Raises ``SandboxError`` at construction
+    when exec is allowed, isolation is required and ``unshare -n`` does not work here.
     """
 
     workspace: Workspace
