@@ -20,6 +20,12 @@ def tiny(tmp_path: Path) -> dict:
     return make_instances(tmp_path / "tiny")
 
 
+@pytest.fixture(scope="session")
+def envs(tmp_path_factory) -> Path:
+    """One env cache for the session: the tiny repo's env is built once (pip upgrade) and reused."""
+    return tmp_path_factory.mktemp("envs")
+
+
 @pytest.fixture()
 def scripted():
     """Factory: ``scripted(script) -> ScriptedServer`` (started; stopped after the test)."""

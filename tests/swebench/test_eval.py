@@ -12,14 +12,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from tiny import GOLD, run_fak
 
 
-@pytest.fixture(scope="module")
-def envs(tmp_path_factory):
-    """One env cache for the module: the tiny env is built once and reused."""
-    return tmp_path_factory.mktemp("envs")
 
 
 def _preds(path, patches: dict[str, str]):

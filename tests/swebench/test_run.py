@@ -218,7 +218,7 @@ def test_live_table_renders_instances_and_totals(tiny, scripted, tmp_path):
 
 
 def test_task_env_runs_bash_in_the_tasks_venv_and_keeps_setup_out_of_the_patch(tiny, scripted,
-                                                                              tmp_path):
+                                                                              tmp_path, envs):
     from tiny import SPECS, VERSION
 
     spec = dict(SPECS["fak-test/calc"][VERSION],
@@ -232,7 +232,7 @@ def test_task_env_runs_bash_in_the_tasks_venv_and_keeps_setup_out_of_the_patch(t
         *tools_script_fix_add()]})
     out = tmp_path / "out"
     proc = run_fak(*_run_args(tiny, server, out, "--filter", "fak-test__calc-1", "--allow-exec",
-                              "--task-env", "--specs", str(specs), "--envs", str(tmp_path / "envs")),
+                              "--task-env", "--specs", str(specs), "--envs", str(envs)),
                    timeout=300)
     assert proc.returncode == 0, proc.stderr
     traj = json.loads((out / "trajectories" / "fak-test__calc-1.traj.json").read_text())

@@ -20,7 +20,7 @@ What the official harness does in its conda images, and what is done here instea
   not run (``SYSTEM_COMMAND``): they are listed in the report as not reproduced.
 
 A package that pip cannot install is recorded in ``unreproduced`` (the env is still used). An env is
-rebuilt when its spec changes (hash in ``.fak-env.json``).
+rebuilt when the spec keys it is built from (``ENV_KEYS``) change (hash in ``.fak-env.json``).
 
 Specs for repositories the package does not know (tests' tiny repositories) are added with
 ``register_specs({repo: {version: spec}})``; a spec may name its log parser (``"log_parser":
@@ -56,6 +56,9 @@ CONDA_ONLY = {"python", "pip", "conda", "mkl", "mkl-service", "libgcc", "libgcc-
               "zlib", "openssl", "ca-certificates", "certifi-conda", "llvm-openmp", "_openmp_mutex"}
 SYSTEM_COMMAND = re.compile(r"^\s*(sudo\s+)?(apt-get|apt|yum|dnf|wget|curl|locale-gen|conda|"
                             r"QHULL_|mkdir -p \"\$QHULL|tar -xvzf \"\$QHULL)|/etc/|locale-gen")
+
+#: the spec keys an env is built from (its cache key); pre_install/install run per instance
+ENV_KEYS = ("python", "packages", "pip_packages", "system_site_packages")
 
 _REGISTERED: dict[str, dict[str, dict[str, Any]]] = {}
 
@@ -226,7 +229,8 @@ class EnvBuilder:
         key = self.key(repo, version)
         path = self.root / key
         stamp = path / ".fak-env.json"
-        digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:16]
+        env_part = {k: spec.get(k) for k in ENV_KEYS}  # install steps run per instance, not here
+        digest = hashlib.sha256(json.dumps(env_part, sort_keys=True).encode()).hexdigest()[:16]
         if stamp.exists():
             meta = json.loads(stamp.read_text())
             if meta.get("spec_hash") == digest:
