@@ -245,3 +245,19 @@ def test_task_env_runs_bash_in_the_tasks_venv_and_keeps_setup_out_of_the_patch(t
     assert "set-up line" not in patch and "+    return a + b" in patch
     fresh = _apply_to_fresh_clone(tiny, patch, tmp_path / "fresh")
     assert "return a + b" in (fresh / "calc.py").read_text()
+
+
+def test_setup_errors_are_reported_and_not_recorded(tiny, scripted, tmp_path):
+    server = scripted({})
+    empty_repos = tmp_path / "no-mirrors"
+    empty_repos.mkdir()
+    out = tmp_path / "out"
+    proc = run_fak("swebench", "run", "--gateway", server.url, "--model", "m", "--dataset",
+                   str(tiny["dataset"]), "--repos", str(empty_repos), "--output", str(out),
+                   "--no-live", timeout=60)
+    assert proc.returncode == 1
+    assert "'setup_error': 2" in proc.stdout
+    summary = json.loads((out / "summary.json").read_text())
+    assert all("no mirror of fak-test/calc" in i["message"] for i in summary["instances"])
+    assert not (out / "predictions.json").exists()
+    assert server.requests == []

@@ -104,6 +104,8 @@ def run_cmd(agent_name: str, gateway: str, model: str, dataset: str, filter_spec
                f"({summary['n_skipped_finished']} skipped) · exit reasons {summary['exit_reasons']} · "
                f"steps {t['steps']} · tokens {t['prompt_tokens']}+{t['completion_tokens']} · "
                f"denied {t['denied']} · {summary['wall_s']:.1f} s → {output / 'predictions.json'}")
+    if summary["n_run"] and not summary["n_finished"]:
+        sys.exit(1)  # nothing could run (repositories missing, gateway down): say so to scripts
 
 
 @swebench.command("eval")
