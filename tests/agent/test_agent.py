@@ -158,6 +158,7 @@ def test_denied_call_left_in_reply_never_executes(repo, scripted, tmp_path):
     assert actions[0]["name"] == "write" and actions[0]["denied"] and not actions[0]["executed"]
     assert actions[0]["verdict"]["rule"] == "r1"
     assert actions[1]["name"] == "list" and actions[1]["executed"] and "calc.py" in actions[1]["output"]
+    assert actions[1]["verdict"]["allowed"] is True and actions[1]["verdict"]["rule"] == "r0"
     assert data["exit_reason"] == "submitted"
     tool_msgs = [m for m in data["messages"] if m["role"] == "tool"]
     assert tool_msgs[0]["content"].startswith("[fak policy] denied write")

@@ -96,6 +96,16 @@ def _blocking_verdict(action: Action, denied: list[dict[str, Any]]) -> dict[str,
     return None
 
 
+def _matching_verdict(action: Action, verdicts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The verdict recorded for ``action`` (same tool; same digest when one is comparable)."""
+    same_tool = [v for v in verdicts if v.get("tool") == action.name]
+    for v in same_tool:
+        digest = str(v.get("arguments_digest") or "").removeprefix("sha256:").lower()
+        if digest == action.digest:
+            return v
+    return same_tool[0] if len(same_tool) == 1 else None
+
+
 class Agent:
     """One agent on one task. ``stop`` (a ``threading.Event``) interrupts it between steps."""
 
@@ -210,6 +220,7 @@ class Agent:
         record["actions"].append(entry)
         self.stats.last_tool = action.name
         verdict = _blocking_verdict(action, denied)
+        entry["verdict"] = verdict or _matching_verdict(action, record["verdicts"])
         if verdict is not None:
             entry.update(denied=True, verdict=verdict, ok=False,
                          output=f"[fak policy] denied {action.name}: {verdict.get('reason')}")
