@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod errors;
 mod gguf;
+mod ops;
 
 pub(crate) use errors::to_py;
 
@@ -24,5 +25,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
     gguf::register(m)?;
+    ops::register(m)?;
     Ok(())
 }
