@@ -17,6 +17,10 @@ from fak.gateway.cli import serve  # noqa: E402 - sub-commands register after th
 
 main.add_command(serve)
 
+from fak.swebench.cli import swebench  # noqa: E402 - sub-commands register after the group
+
+main.add_command(swebench)
+
 
 if __name__ == "__main__":  # pragma: no cover
     main()
