@@ -141,3 +141,26 @@ def test_proxy_with_real_policy(start_gateway: Any, tmp_path: Path, stream: bool
     assert "sudo su" not in without_notes(content) and "privilege escalation is not allowed" in content
     assert [(x["verdict"], x["conversation"]) for x in audit_lines(audit_path)] == [
         ("deny", "proxy-1"), ("allow", "proxy-1")]
+
+
+@pytest.mark.parametrize("reply", [
+    "```sh\nsudo su\n```",
+    "```Shell\nsudo su\n```",
+    "```python\nx = '```bash\nsudo su\n```'\n```",
+    "Try this ```bash sudo su```",
+    "```bash\nsudo su",
+])
+def test_text_tools_fence_evasions(start_gateway: Any, tmp_path: Path, reply: str) -> None:
+    """Every fence an agent would run is adjudicated, whatever its spelling or nesting."""
+    srv = start_gateway(engine=FakeEngine(script=[("go", reply)], chunk=3), policy=Policy.load(POLICY))
+    client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+    for stream in (False, True):
+        kwargs = dict(model="fake-qwen", messages=[{"role": "user", "content": "go"}],
+                      extra_headers={"X-Fak-Text-Tools": "bash", "X-Fak-Workspace": str(tmp_path)})
+        if stream:
+            content = "".join(ch.delta.content or "" for c in client.chat.completions.create(stream=True, **kwargs)
+                              for ch in c.choices)
+        else:
+            content = client.chat.completions.create(**kwargs).choices[0].message.content
+        assert "sudo su" not in without_notes(content), (reply, stream, content)
+        assert "privilege escalation is not allowed" in content
