@@ -23,6 +23,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import msgspec
 from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
@@ -221,8 +222,15 @@ class ChatServing:
         use_tools = bool(req.tools) and req.tool_choice != "none"
         tools = [msgspec.to_builtins(t) for t in req.tools] if use_tools and req.tools else None
         prefix = forced_prefix(req) if use_tools else ""
-        prompt = self._render(template_messages(req.messages), tools) + prefix
-        prompt_ids = self.engine.tokenize(prompt, add_special=False, parse_special=True)
+        messages = template_messages(req.messages)
+
+        def prompt_tokens() -> list[int]:
+            prompt = self._render(messages, tools) + prefix
+            return self.engine.tokenize(prompt, add_special=False, parse_special=True)
+
+        # A long conversation takes milliseconds to render and tokenize: off the event loop, so
+        # the other streams keep flowing meanwhile.
+        prompt_ids = await anyio.to_thread.run_sync(prompt_tokens)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
         max_tokens = check_context(len(prompt_ids), requested, self.engine.n_ctx, param="messages")
 

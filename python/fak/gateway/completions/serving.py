@@ -13,6 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import anyio
 import msgspec
 from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
@@ -104,7 +105,9 @@ class CompletionServing:
                                                                               else prompt[:512]])
         gate = PolicyGate(self.gw.policy, self.gw.audit, ctx, on_verdict=self.gw.metrics.count_verdict)
         if isinstance(prompt, str):
-            prompt_ids = self.engine.tokenize(prompt, add_special=True, parse_special=True)
+            text = prompt
+            prompt_ids = await anyio.to_thread.run_sync(
+                lambda: self.engine.tokenize(text, add_special=True, parse_special=True))
             prompt_text = prompt
         else:
             n_vocab = getattr(self.engine, "n_vocab", None)
