@@ -18,9 +18,7 @@ mod scalar;
 mod simd;
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
+mod x86;
 
 pub use act::{BlockQ8K, BlockQ8_0, BlockQ8_1};
 pub use simd::{available_levels, detected_level, SimdLevel};
@@ -30,7 +28,7 @@ use crate::{FakError, Result};
 use rayon::prelude::*;
 
 /// Activation rows a kernel call handles at once (the prefill micro-tile height).
-pub const MAX_ROWS: usize = 4;
+pub const MAX_ROWS: usize = 8;
 
 /// Computes `out[r] = W_row · a_row(r)` for `r < nr` (`nr` ≤ [`MAX_ROWS`]), where the weight row
 /// starts at `w` and holds `nb` blocks (elements for the float formats) and activation row `r`
@@ -111,11 +109,11 @@ pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: u
         }
         Plan::F32(kern) => drive(kern, w, x, k, shape, y),
         Plan::F16(kern) => {
-            let a = quantize_rows(x, k, 1, |x, o: &mut [u16]| o.iter_mut().zip(x).for_each(|(o, &v)| *o = blocks::f32_to_f16_bits(v)));
+            let a = quantize_rows(x, k, 1, |x, o: &mut [f32]| o.iter_mut().zip(x).for_each(|(o, &v)| *o = blocks::f16_bits_to_f32(blocks::f32_to_f16_bits(v))));
             drive(kern, w, &a, k, shape, y);
         }
         Plan::BF16(kern) => {
-            let a = quantize_rows(x, k, 1, |x, o: &mut [u16]| o.iter_mut().zip(x).for_each(|(o, &v)| *o = blocks::f32_to_bf16_bits(v)));
+            let a = quantize_rows(x, k, 1, |x, o: &mut [f32]| o.iter_mut().zip(x).for_each(|(o, &v)| *o = blocks::bf16_bits_to_f32(blocks::f32_to_bf16_bits(v))));
             drive(kern, w, &a, k, shape, y);
         }
     }
@@ -157,24 +155,18 @@ enum Plan {
     Q8_1(Kernel<BlockQ8_1>),
     Q8K(Kernel<BlockQ8K>),
     F32(Kernel<f32>),
-    F16(Kernel<u16>),
-    BF16(Kernel<u16>),
+    /// F16 weights; activations rounded to f16 (ggml's `vec_dot_type`), held as f32.
+    F16(Kernel<f32>),
+    /// BF16 weights; activations rounded to bf16, held as f32.
+    BF16(Kernel<f32>),
 }
 
 fn plan(t: GgmlType, level: SimdLevel) -> Option<Plan> {
     #[cfg(target_arch = "x86_64")]
     {
-        let p = match level {
-            SimdLevel::Avx512 => avx512::plan(t),
-            SimdLevel::Avx2 => avx2::plan(t),
-            SimdLevel::Scalar => None,
-        };
-        if p.is_some() {
-            return p;
-        }
-        // A level without its own kernel for `t` runs the next lower level's.
-        if level == SimdLevel::Avx512 {
-            if let Some(p) = avx2::plan(t) {
+        // A type without a SIMD kernel (Q2_K, Q3_K) runs the scalar one.
+        if level >= SimdLevel::Avx2 {
+            if let Some(p) = x86::plan(t, level == SimdLevel::Avx512) {
                 return Some(p);
             }
         }
@@ -210,8 +202,8 @@ scalar_kernel!(k_q4_k, scalar::dot_q4_k, BlockQ8K, blocks::q4_k::BYTES);
 scalar_kernel!(k_q5_k, scalar::dot_q5_k, BlockQ8K, blocks::q5_k::BYTES);
 scalar_kernel!(k_q6_k, scalar::dot_q6_k, BlockQ8K, blocks::q6_k::BYTES);
 scalar_kernel!(k_f32, scalar::dot_f32, f32, 4);
-scalar_kernel!(k_f16, scalar::dot_f16, u16, 2);
-scalar_kernel!(k_bf16, scalar::dot_bf16, u16, 2);
+scalar_kernel!(k_f16, scalar::dot_f16, f32, 2);
+scalar_kernel!(k_bf16, scalar::dot_bf16, f32, 2);
 
 fn scalar_plan(t: GgmlType) -> Option<Plan> {
     use GgmlType as G;

@@ -1,0 +1,528 @@
+//! x86-64 SIMD kernels: one source (the `kernels!` macro) compiled twice, for AVX2+FMA+F16C and for
+//! AVX-512 (VL/BW + VNNI). Both work on 256-bit vectors (Zen 4 splits 512-bit ops in two, so wider
+//! vectors would not add throughput); the AVX-512 build gets 32 vector registers, VNNI's
+//! `vpdpbusd` / `vpdpwssd` (one instruction where AVX2 needs `maddubs`+`madd`+`add`) and
+//! mask-register bit expansion.
+//!
+//! The integer structure is ggml's x86 `ggml_vec_dot_*` (ggml-cpu `arch/x86/quants.c`): exact i32
+//! sums per block (32-element formats) or per super-block with 6-bit sub-block scales (k-quants),
+//! converted to f32 and scaled by `d_w·d_x` in 8 float lanes. The weight offsets (−8 for Q4_0,
+//! −16 for Q5_0, −32 for Q6_K) are applied exactly in integers through the activation sums
+//! (`Σq`, `bsums`) instead of per element.
+//!
+//! Each kernel handles `R` ≤ 4 activation rows per weight row: the weight block is unpacked once and
+//! dotted with every row (the prefill micro-tile); `R = 1` is the decode GEMV.
+
+#![allow(clippy::missing_safety_doc)]
+
+use super::Plan;
+use crate::quant::GgmlType;
+
+/// ISA-specific integer dot helpers for the AVX2 build.
+macro_rules! helpers_avx2 {
+    () => {
+        /// Lanes of 4-element sums `Σ u·s` (`u` unsigned bytes ≤ 127, `s` signed bytes) added to `acc`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn dot_us(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+            _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+        }
+        /// `acc + Σ_pairs (u·s pair sums) · sc16`: the pair sums (i16, no saturation for `u` ≤ 63)
+        /// weighted by the i16 sub-block scales in `sc16`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn dot_us_scaled(acc: __m256i, u: __m256i, s: __m256i, sc16: __m256i) -> __m256i {
+            _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), sc16))
+        }
+        /// `acc + madd(a16, b16)`.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn madd_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+            _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
+        }
+        /// Expands 32 bits into 32 bytes: 0xFF where the bit is set (ggml `bytes_from_bits_32`).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn bits_to_bytes(bits: u32) -> __m256i {
+            let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+            let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(bits as i32), shuf);
+            let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+            _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
+        }
+    };
+}
+
+/// ISA-specific integer dot helpers for the AVX-512 VNNI build.
+macro_rules! helpers_avx512 {
+    () => {
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn dot_us(acc: __m256i, u: __m256i, s: __m256i) -> __m256i {
+            _mm256_dpbusd_epi32(acc, u, s)
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn dot_us_scaled(acc: __m256i, u: __m256i, s: __m256i, sc16: __m256i) -> __m256i {
+            _mm256_dpwssd_epi32(acc, _mm256_maddubs_epi16(u, s), sc16)
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn madd_acc(acc: __m256i, a: __m256i, b: __m256i) -> __m256i {
+            _mm256_dpwssd_epi32(acc, a, b)
+        }
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn bits_to_bytes(bits: u32) -> __m256i {
+            _mm256_movm_epi8(bits)
+        }
+    };
+}
+
+/// A [`Kernel`] entry point that dispatches on the row count to a const-generic kernel: every
+/// count up to 8 where the level has 32 vector registers (`wide`), else up to 4 and 5..8 as 4 + rest.
+macro_rules! entry {
+    ($wide:tt, $name:ident, $a:ty, $f:ident $(, $c:expr)*) => {
+        pub(in super::super) unsafe fn $name(w: *const u8, a: *const $a, st: usize, nb: usize, nr: usize, out: *mut f32) {
+            debug_assert!(nr >= 1 && nr <= MAX_ROWS);
+            entry!(@dispatch $wide, w, a, st, nb, nr, out, $f $(, $c)*)
+        }
+    };
+    (@dispatch true, $w:ident, $a:ident, $st:ident, $nb:ident, $nr:ident, $out:ident, $f:ident $(, $c:expr)*) => {
+        match $nr {
+            1 => $f::<1 $(, $c)*>($w, $a, $st, $nb, $out),
+            2 => $f::<2 $(, $c)*>($w, $a, $st, $nb, $out),
+            3 => $f::<3 $(, $c)*>($w, $a, $st, $nb, $out),
+            4 => $f::<4 $(, $c)*>($w, $a, $st, $nb, $out),
+            5 => $f::<5 $(, $c)*>($w, $a, $st, $nb, $out),
+            6 => $f::<6 $(, $c)*>($w, $a, $st, $nb, $out),
+            7 => $f::<7 $(, $c)*>($w, $a, $st, $nb, $out),
+            _ => $f::<8 $(, $c)*>($w, $a, $st, $nb, $out),
+        }
+    };
+    (@dispatch false, $w:ident, $a:ident, $st:ident, $nb:ident, $nr:ident, $out:ident, $f:ident $(, $c:expr)*) => {{
+        let first = $nr.min(4);
+        match first {
+            1 => $f::<1 $(, $c)*>($w, $a, $st, $nb, $out),
+            2 => $f::<2 $(, $c)*>($w, $a, $st, $nb, $out),
+            3 => $f::<3 $(, $c)*>($w, $a, $st, $nb, $out),
+            _ => $f::<4 $(, $c)*>($w, $a, $st, $nb, $out),
+        }
+        if $nr > 4 {
+            let (a2, out2) = ($a.add(4 * $st), $out.add(4));
+            match $nr - 4 {
+                1 => $f::<1 $(, $c)*>($w, a2, $st, $nb, out2),
+                2 => $f::<2 $(, $c)*>($w, a2, $st, $nb, out2),
+                3 => $f::<3 $(, $c)*>($w, a2, $st, $nb, out2),
+                _ => $f::<4 $(, $c)*>($w, a2, $st, $nb, out2),
+            }
+        }
+    }};
+}
+
+macro_rules! kernels {
+    ($feat:literal, $helpers:ident, $wide:tt) => {
+        use core::arch::x86_64::*;
+        use super::super::blocks;
+        use super::super::act::{BlockQ8K, BlockQ8_0, BlockQ8_1};
+        use super::super::MAX_ROWS;
+
+        $helpers!();
+
+        /// f16 bits → f32 with F16C.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn f16(p: *const u8) -> f32 {
+            let h = (p as *const u16).read_unaligned();
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+        }
+
+        /// Sum of the 8 float lanes.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn hsum(v: __m256) -> f32 {
+            let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+            _mm_cvtss_f32(s)
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn load(p: *const u8) -> __m256i {
+            _mm256_loadu_si256(p as *const __m256i)
+        }
+
+        /// An i32 vector holding `v` in lane 0 and zeros elsewhere (exact integer offset injection).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn lane0(v: i32) -> __m256i {
+            _mm256_setr_epi32(v, 0, 0, 0, 0, 0, 0, 0)
+        }
+
+        /// 32 4-bit values of a 16-byte block as bytes: low nibbles then high nibbles.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn nibbles32(p: *const u8) -> __m256i {
+            let t = _mm_loadu_si128(p as *const __m128i);
+            let both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+            _mm256_and_si256(both, _mm256_set1_epi8(0xF))
+        }
+
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn store<const R: usize>(acc: &[__m256; R], extra: &[f32; R], out: *mut f32) {
+            for r in 0..R {
+                *out.add(r) = hsum(acc[r]) + extra[r];
+            }
+        }
+
+        // ------------------------------------------------------------ 32-element block formats
+
+        /// One Q4_0 / Q5_0 (`Q5`) block `i` · Q8_0 for `R` rows into `acc`:
+        /// `Σ u·q8 − off·Σq8` exactly in i32 lanes, `u` the unsigned 4/5-bit values.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn blk_q4_0_q5_0<const R: usize, const Q5: bool>(b: *const u8, a: *const BlockQ8_0, st: usize, i: usize, acc: &mut [__m256; R]) {
+            let qs_off = if Q5 { blocks::q5_0::QS } else { blocks::q4_0::QS };
+            let off = if Q5 { -16 } else { -8 };
+            let dw = f16(b);
+            let mut u = nibbles32(b.add(qs_off));
+            if Q5 {
+                let qh = (b.add(blocks::q5_0::QH) as *const u32).read_unaligned();
+                u = _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
+            }
+            for r in 0..R {
+                let y = &*a.add(r * st + i);
+                let dot = dot_us(lane0(off * y.sum), u, load(y.qs.as_ptr() as *const u8));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), _mm256_cvtepi32_ps(dot), acc[r]);
+            }
+        }
+
+        /// Q4_0 / Q5_0 (`Q5`) weights · Q8_0; two accumulator sets break the FMA latency chain.
+        #[target_feature(enable = $feat)]
+        unsafe fn q4_0_q5_0<const R: usize, const Q5: bool>(w: *const u8, a: *const BlockQ8_0, st: usize, nb: usize, out: *mut f32) {
+            let bytes = if Q5 { blocks::q5_0::BYTES } else { blocks::q4_0::BYTES };
+            let mut acc0 = [_mm256_setzero_ps(); R];
+            let mut acc1 = [_mm256_setzero_ps(); R];
+            let mut i = 0;
+            while i + 2 <= nb {
+                blk_q4_0_q5_0::<R, Q5>(w.add(i * bytes), a, st, i, &mut acc0);
+                blk_q4_0_q5_0::<R, Q5>(w.add((i + 1) * bytes), a, st, i + 1, &mut acc1);
+                i += 2;
+            }
+            if i < nb {
+                blk_q4_0_q5_0::<R, Q5>(w.add(i * bytes), a, st, i, &mut acc0);
+            }
+            for r in 0..R {
+                acc0[r] = _mm256_add_ps(acc0[r], acc1[r]);
+            }
+            store(&acc0, &[0.0; R], out);
+        }
+
+        /// One Q4_1 / Q5_1 block `i` · Q8_1 for `R` rows: `d_w·d_x·Σ u·q8` into `acc`, `m·s` into `summs`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn blk_q4_1_q5_1<const R: usize, const Q5: bool>(b: *const u8, a: *const BlockQ8_1, st: usize, i: usize, acc: &mut [__m256; R], summs: &mut [f32; R]) {
+            let qs_off = if Q5 { blocks::q5_1::QS } else { blocks::q4_1::QS };
+            let dw = f16(b);
+            let m = f16(b.add(2));
+            let mut u = nibbles32(b.add(qs_off));
+            if Q5 {
+                let qh = (b.add(blocks::q5_1::QH) as *const u32).read_unaligned();
+                u = _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
+            }
+            for r in 0..R {
+                let y = &*a.add(r * st + i);
+                summs[r] += m * y.s;
+                let dot = dot_us(_mm256_setzero_si256(), u, load(y.qs.as_ptr() as *const u8));
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), _mm256_cvtepi32_ps(dot), acc[r]);
+            }
+        }
+
+        /// Q4_1 / Q5_1 (`Q5`) weights · Q8_1.
+        #[target_feature(enable = $feat)]
+        unsafe fn q4_1_q5_1<const R: usize, const Q5: bool>(w: *const u8, a: *const BlockQ8_1, st: usize, nb: usize, out: *mut f32) {
+            let bytes = if Q5 { blocks::q5_1::BYTES } else { blocks::q4_1::BYTES };
+            let mut acc0 = [_mm256_setzero_ps(); R];
+            let mut acc1 = [_mm256_setzero_ps(); R];
+            let mut summs = [0.0f32; R];
+            let mut i = 0;
+            while i + 2 <= nb {
+                blk_q4_1_q5_1::<R, Q5>(w.add(i * bytes), a, st, i, &mut acc0, &mut summs);
+                blk_q4_1_q5_1::<R, Q5>(w.add((i + 1) * bytes), a, st, i + 1, &mut acc1, &mut summs);
+                i += 2;
+            }
+            if i < nb {
+                blk_q4_1_q5_1::<R, Q5>(w.add(i * bytes), a, st, i, &mut acc0, &mut summs);
+            }
+            for r in 0..R {
+                acc0[r] = _mm256_add_ps(acc0[r], acc1[r]);
+            }
+            store(&acc0, &summs, out);
+        }
+
+        /// One Q8_0 block `i` · Q8_0 for `R` rows (signed × signed through |w| and sign(x, w)).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn blk_q8_0<const R: usize>(b: *const u8, a: *const BlockQ8_0, st: usize, i: usize, acc: &mut [__m256; R]) {
+            let dw = f16(b);
+            let q = load(b.add(blocks::q8_0::QS));
+            let aq = _mm256_sign_epi8(q, q);
+            for r in 0..R {
+                let y = &*a.add(r * st + i);
+                let sx = _mm256_sign_epi8(load(y.qs.as_ptr() as *const u8), q);
+                let dot = dot_us(_mm256_setzero_si256(), aq, sx);
+                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), _mm256_cvtepi32_ps(dot), acc[r]);
+            }
+        }
+
+        /// Q8_0 weights · Q8_0.
+        #[target_feature(enable = $feat)]
+        unsafe fn q8_0<const R: usize>(w: *const u8, a: *const BlockQ8_0, st: usize, nb: usize, out: *mut f32) {
+            let bytes = blocks::q8_0::BYTES;
+            let mut acc0 = [_mm256_setzero_ps(); R];
+            let mut acc1 = [_mm256_setzero_ps(); R];
+            let mut i = 0;
+            while i + 2 <= nb {
+                blk_q8_0::<R>(w.add(i * bytes), a, st, i, &mut acc0);
+                blk_q8_0::<R>(w.add((i + 1) * bytes), a, st, i + 1, &mut acc1);
+                i += 2;
+            }
+            if i < nb {
+                blk_q8_0::<R>(w.add(i * bytes), a, st, i, &mut acc0);
+            }
+            for r in 0..R {
+                acc0[r] = _mm256_add_ps(acc0[r], acc1[r]);
+            }
+            store(&acc0, &[0.0; R], out);
+        }
+
+        // ------------------------------------------------------------ k-quants
+
+        /// The 8 scales (`sc`) and 8 mins (`mn`) of a Q4_K/Q5_K block as bytes (ggml's utmp trick).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn k4_scales(p: *const u8) -> (u64, u64) {
+            const KMASK1: u32 = 0x3f3f3f3f;
+            const KMASK2: u32 = 0x0f0f0f0f;
+            const KMASK3: u32 = 0x03030303;
+            let u0 = (p as *const u32).read_unaligned();
+            let u1 = (p.add(4) as *const u32).read_unaligned();
+            let u2 = (p.add(8) as *const u32).read_unaligned();
+            let sc_lo = u0 & KMASK1;
+            let sc_hi = (u2 & KMASK2) | (((u0 >> 6) & KMASK3) << 4);
+            let mn_lo = u1 & KMASK1;
+            let mn_hi = ((u2 >> 4) & KMASK2) | (((u1 >> 6) & KMASK3) << 4);
+            ((sc_lo as u64) | ((sc_hi as u64) << 32), (mn_lo as u64) | ((mn_hi as u64) << 32))
+        }
+
+        /// Sub-block scale `j` of 8 byte scales, broadcast as i16 (pairs for `madd`).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn bcast16(scales: u64, j: usize) -> __m256i {
+            _mm256_set1_epi16(((scales >> (8 * j)) & 0xff) as i16)
+        }
+
+        /// Mins duplicated per pair of bsums: [m0, m0, m1, m1, ..., m7, m7] as i16.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn mins_pairs(mins: u64) -> __m256i {
+            let m8 = _mm_cvtsi64_si128(mins as i64);
+            _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8))
+        }
+
+        /// Q4_K / Q5_K (`Q5`) weights · Q8_K.
+        #[target_feature(enable = $feat)]
+        unsafe fn q4k_q5k<const R: usize, const Q5: bool>(w: *const u8, a: *const BlockQ8K, st: usize, nb: usize, out: *mut f32) {
+            let bytes = if Q5 { blocks::q5_k::BYTES } else { blocks::q4_k::BYTES };
+            let qs_off = if Q5 { blocks::q5_k::QS } else { blocks::q4_k::QS };
+            let m4 = _mm256_set1_epi8(0xF);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for i in 0..nb {
+                let b = w.add(i * bytes);
+                let d = f16(b);
+                let dmin = f16(b.add(2));
+                let (sc, mn) = k4_scales(b.add(4));
+                let hbits = if Q5 { load(b.add(blocks::q5_k::QH)) } else { _mm256_setzero_si256() };
+                let mut sumi = [_mm256_setzero_si256(); R];
+                for j in 0..4 {
+                    let q = load(b.add(qs_off + 32 * j));
+                    let mut lo = _mm256_and_si256(q, m4);
+                    let mut hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                    if Q5 {
+                        let bl = _mm256_set1_epi8(1 << (2 * j));
+                        let bh = _mm256_set1_epi8((1u8 << (2 * j + 1)) as i8);
+                        let sixteen = _mm256_set1_epi8(0x10);
+                        lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bl), bl), sixteen));
+                        hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bh), bh), sixteen));
+                    }
+                    let s_lo = bcast16(sc, 2 * j);
+                    let s_hi = bcast16(sc, 2 * j + 1);
+                    for r in 0..R {
+                        let y = (*a.add(r * st + i)).qs.as_ptr() as *const u8;
+                        sumi[r] = dot_us_scaled(sumi[r], lo, load(y.add(64 * j)), s_lo);
+                        sumi[r] = dot_us_scaled(sumi[r], hi, load(y.add(64 * j + 32)), s_hi);
+                    }
+                }
+                let mp = mins_pairs(mn);
+                for r in 0..R {
+                    let y = &*a.add(r * st + i);
+                    let msum = madd_acc(_mm256_setzero_si256(), load(y.bsums.as_ptr() as *const u8), mp);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * y.d), _mm256_cvtepi32_ps(msum), acc[r]);
+                }
+            }
+            store(&acc, &[0.0; R], out);
+        }
+
+        /// Q6_K weights · Q8_K: `Σ_sub sc·Σ u·q8 − 32·Σ_sub sc·bsum`, `u` = 6-bit unsigned.
+        #[target_feature(enable = $feat)]
+        unsafe fn q6k<const R: usize>(w: *const u8, a: *const BlockQ8K, st: usize, nb: usize, out: *mut f32) {
+            use blocks::q6_k::*;
+            let m4 = _mm256_set1_epi8(0xF);
+            let m3 = _mm256_set1_epi8(0x30);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for i in 0..nb {
+                let b = w.add(i * BYTES);
+                let d = f16(b.add(D));
+                let sc8 = _mm_loadu_si128(b.add(SCALES) as *const __m128i);
+                // -32·sc as i16, to weight the 16 bsums: the exact −32 offset of every element.
+                let sc16 = _mm256_cvtepi8_epi16(sc8);
+                let off16 = _mm256_slli_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), sc16), 5);
+                let mut sumi = [_mm256_setzero_si256(); R];
+                for r in 0..R {
+                    let y = &*a.add(r * st + i);
+                    sumi[r] = madd_acc(sumi[r], load(y.bsums.as_ptr() as *const u8), off16);
+                }
+                for n in 0..2 {
+                    let ql0 = load(b.add(QL + 64 * n));
+                    let ql1 = load(b.add(QL + 64 * n + 32));
+                    let qh = load(b.add(QH + 32 * n));
+                    let q0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m3));
+                    let q1 = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m3));
+                    let q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m3));
+                    let q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m3));
+                    let qv = [q0, q1, q2, q3];
+                    for t in 0..4 {
+                        // Sub-blocks 8n+2t and 8n+2t+1: [sc_a ×8, sc_b ×8] as i16.
+                        let sa = (sc8_byte(b, 8 * n + 2 * t)) as i16;
+                        let sb = (sc8_byte(b, 8 * n + 2 * t + 1)) as i16;
+                        let s16 = _mm256_set_m128i(_mm_set1_epi16(sb), _mm_set1_epi16(sa));
+                        for r in 0..R {
+                            let y = (*a.add(r * st + i)).qs.as_ptr() as *const u8;
+                            sumi[r] = dot_us_scaled(sumi[r], qv[t], load(y.add(128 * n + 32 * t)), s16);
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let y = &*a.add(r * st + i);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                }
+            }
+            store(&acc, &[0.0; R], out);
+        }
+
+        #[inline(always)]
+        unsafe fn sc8_byte(b: *const u8, i: usize) -> i8 {
+            *b.add(blocks::q6_k::SCALES + i) as i8
+        }
+
+        // ------------------------------------------------------------ float formats
+
+        /// 8 weights of a float format (`KIND` 0 = f32, 1 = f16, 2 = bf16) as f32.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn load_wf<const KIND: u8>(p: *const u8) -> __m256 {
+            match KIND {
+                0 => _mm256_loadu_ps(p as *const f32),
+                1 => _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+                _ => _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128(p as *const __m128i)), 16)),
+            }
+        }
+
+        /// F32 / F16 / BF16 weights (`KIND` 0/1/2) · f32 activations (already rounded to the
+        /// weight's type by the caller, as ggml converts them to `vec_dot_type`).
+        #[target_feature(enable = $feat)]
+        unsafe fn float<const R: usize, const KIND: u8>(w: *const u8, a: *const f32, st: usize, n: usize, out: *mut f32) {
+            let esz = if KIND == 0 { 4 } else { 2 };
+            let mut acc0 = [_mm256_setzero_ps(); R];
+            let mut acc1 = [_mm256_setzero_ps(); R];
+            let mut i = 0;
+            while i + 16 <= n {
+                let w0 = load_wf::<KIND>(w.add(i * esz));
+                let w1 = load_wf::<KIND>(w.add((i + 8) * esz));
+                for r in 0..R {
+                    let x = a.add(r * st + i);
+                    acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), acc0[r]);
+                    acc1[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(8)), acc1[r]);
+                }
+                i += 16;
+            }
+            let mut tail = [0.0f32; R];
+            while i < n {
+                let p = w.add(i * esz);
+                let wv = match KIND {
+                    0 => (p as *const f32).read_unaligned(),
+                    1 => f16(p),
+                    _ => blocks::bf16_bits_to_f32((p as *const u16).read_unaligned()),
+                };
+                for r in 0..R {
+                    tail[r] += wv * *a.add(r * st + i);
+                }
+                i += 1;
+            }
+            for r in 0..R {
+                acc0[r] = _mm256_add_ps(acc0[r], acc1[r]);
+            }
+            store(&acc0, &tail, out);
+        }
+
+        // ------------------------------------------------------------ Kernel entry points
+
+        entry!($wide, k_q4_0, BlockQ8_0, q4_0_q5_0, false);
+        entry!($wide, k_q5_0, BlockQ8_0, q4_0_q5_0, true);
+        entry!($wide, k_q4_1, BlockQ8_1, q4_1_q5_1, false);
+        entry!($wide, k_q5_1, BlockQ8_1, q4_1_q5_1, true);
+        entry!($wide, k_q8_0, BlockQ8_0, q8_0);
+        entry!($wide, k_q4_k, BlockQ8K, q4k_q5k, false);
+        entry!($wide, k_q5_k, BlockQ8K, q4k_q5k, true);
+        entry!($wide, k_q6_k, BlockQ8K, q6k);
+        // Float activations are 4 bytes per element: more than 4 rows would spill out of L1.
+        entry!(false, k_f32, f32, float, 0);
+        entry!(false, k_f16, f32, float, 1);
+        entry!(false, k_bf16, f32, float, 2);
+    };
+}
+
+pub(super) mod avx2 {
+    kernels!("avx2,fma,f16c", helpers_avx2, false);
+}
+
+pub(super) mod avx512 {
+    kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", helpers_avx512, true);
+}
+
+/// The kernels of one x86 level for type `t`, or `None` where that level has none (the caller
+/// falls back to a lower level).
+pub(super) fn plan(t: GgmlType, avx512: bool) -> Option<Plan> {
+    use GgmlType as G;
+    macro_rules! pick {
+        ($k:ident) => {
+            if avx512 { avx512::$k } else { avx2::$k }
+        };
+    }
+    Some(match t {
+        G::Q4_0 => Plan::Q8_0(pick!(k_q4_0)),
+        G::Q5_0 => Plan::Q8_0(pick!(k_q5_0)),
+        G::Q8_0 => Plan::Q8_0(pick!(k_q8_0)),
+        G::Q4_1 => Plan::Q8_1(pick!(k_q4_1)),
+        G::Q5_1 => Plan::Q8_1(pick!(k_q5_1)),
+        G::Q4_K => Plan::Q8K(pick!(k_q4_k)),
+        G::Q5_K => Plan::Q8K(pick!(k_q5_k)),
+        G::Q6_K => Plan::Q8K(pick!(k_q6_k)),
+        G::F32 => Plan::F32(pick!(k_f32)),
+        G::F16 => Plan::F16(pick!(k_f16)),
+        G::BF16 => Plan::BF16(pick!(k_bf16)),
+        _ => return None,
+    })
+}
