@@ -94,28 +94,14 @@ pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: u
         return Ok(());
     }
     let shape = Shape { n_out, nb, row_bytes, n_rows };
+    let q = Quantizers::at(level);
     match plan {
-        Plan::Q8_0(kern) => {
-            let a = quantize_rows(x, k, QK8_BLOCK, act::quantize_row_q8_0);
-            drive(kern, w, &a, nb, shape, y);
-        }
-        Plan::Q8_1(kern) => {
-            let a = quantize_rows(x, k, QK8_BLOCK, act::quantize_row_q8_1);
-            drive(kern, w, &a, nb, shape, y);
-        }
-        Plan::Q8K(kern) => {
-            let a = quantize_rows(x, k, act::QK_K, act::quantize_row_q8_k);
-            drive(kern, w, &a, nb, shape, y);
-        }
+        Plan::Q8_0(kern) => drive(kern, w, &quantize_rows(x, k, QK8_BLOCK, q.q8_0), nb, shape, y),
+        Plan::Q8_1(kern) => drive(kern, w, &quantize_rows(x, k, QK8_BLOCK, q.q8_1), nb, shape, y),
+        Plan::Q8K(kern) => drive(kern, w, &quantize_rows(x, k, act::QK_K, q.q8_k), nb, shape, y),
         Plan::F32(kern) => drive(kern, w, x, k, shape, y),
-        Plan::F16(kern) => {
-            let a = quantize_rows(x, k, 1, |x, o: &mut [f32]| o.iter_mut().zip(x).for_each(|(o, &v)| *o = blocks::f16_bits_to_f32(blocks::f32_to_f16_bits(v))));
-            drive(kern, w, &a, k, shape, y);
-        }
-        Plan::BF16(kern) => {
-            let a = quantize_rows(x, k, 1, |x, o: &mut [f32]| o.iter_mut().zip(x).for_each(|(o, &v)| *o = blocks::bf16_bits_to_f32(blocks::f32_to_bf16_bits(v))));
-            drive(kern, w, &a, k, shape, y);
-        }
+        Plan::F16(kern) => drive(kern, w, &quantize_rows(x, k, 1, q.f16), k, shape, y),
+        Plan::BF16(kern) => drive(kern, w, &quantize_rows(x, k, 1, q.bf16), k, shape, y),
     }
     Ok(())
 }
@@ -148,6 +134,40 @@ pub fn quantize_activations(vec_dot_type: GgmlType, x: &[f32]) -> Result<Vec<u8>
 }
 
 const QK8_BLOCK: usize = act::QK8;
+
+/// Row quantizers of one SIMD level (all levels give bit-identical results).
+struct Quantizers {
+    q8_0: fn(&[f32], &mut [BlockQ8_0]),
+    q8_1: fn(&[f32], &mut [BlockQ8_1]),
+    q8_k: fn(&[f32], &mut [BlockQ8K]),
+    f16: fn(&[f32], &mut [f32]),
+    bf16: fn(&[f32], &mut [f32]),
+}
+
+impl Quantizers {
+    fn at(level: SimdLevel) -> Quantizers {
+        #[cfg(target_arch = "x86_64")]
+        if level >= SimdLevel::Avx2 {
+            // SAFETY (each wrapper): `matmul_at` only accepts levels the CPU supports, and every
+            // level from Avx2 up includes AVX2 + F16C.
+            return Quantizers {
+                q8_0: |x, o| unsafe { x86::quant::row_q8_0(x, o) },
+                q8_1: |x, o| unsafe { x86::quant::row_q8_1(x, o) },
+                q8_k: |x, o| unsafe { x86::quant::row_q8_k(x, o) },
+                f16: |x, o| unsafe { x86::quant::row_f16(x, o) },
+                bf16: |x, o| unsafe { x86::quant::row_bf16(x, o) },
+            };
+        }
+        let _ = level;
+        Quantizers {
+            q8_0: act::quantize_row_q8_0,
+            q8_1: act::quantize_row_q8_1,
+            q8_k: act::quantize_row_q8_k,
+            f16: |x, o| o.iter_mut().zip(x).for_each(|(o, &v)| *o = blocks::f16_bits_to_f32(blocks::f32_to_f16_bits(v))),
+            bf16: |x, o| o.iter_mut().zip(x).for_each(|(o, &v)| *o = blocks::bf16_bits_to_f32(blocks::f32_to_bf16_bits(v))),
+        }
+    }
+}
 
 /// The kernel for a weight type at a level, tagged with its activation type.
 enum Plan {
@@ -226,7 +246,7 @@ fn scalar_plan(t: GgmlType) -> Option<Plan> {
 }
 
 /// Quantizes `x` (`[n_rows, k]`) row by row into `k / qk` blocks per row, in parallel when large.
-fn quantize_rows<A: Default + Clone + Send>(x: &[f32], k: usize, qk: usize, f: impl Fn(&[f32], &mut [A]) + Sync) -> Vec<A> {
+fn quantize_rows<A: Default + Clone + Send>(x: &[f32], k: usize, qk: usize, f: fn(&[f32], &mut [A])) -> Vec<A> {
     let per_row = k / qk;
     let n_rows = x.len() / k;
     let mut a = vec![A::default(); per_row * n_rows];

@@ -174,3 +174,43 @@ fn simd_level_name_is_known() {
     assert!(["scalar", "avx2", "avx512"].contains(&simd_level()));
     assert!(available_levels().contains(&SimdLevel::Scalar));
 }
+
+#[test]
+fn simd_quantizers_are_bit_exact() {
+    let mut rng = Rng(77);
+    let mut x: Vec<f32> = (0..4096).map(|i| rng.unit() * (1 + i % 13) as f32).collect();
+    x[..256].fill(0.0); // an all-zero block
+    x[300] = 40.0; // largest element positive: Q8_K maps it to -127
+    x[700] = -40.0;
+    x[1000] = 3.0; // ties: +3 and -3 of equal magnitude, the first wins
+    x[1001] = -3.0;
+    for (i, v) in x[2048..2080].iter_mut().enumerate() {
+        *v = (i as f32 - 16.0) * 0.5; // exact halves after scaling: round half to even
+    }
+    let q = Quantizers::at(detected_level());
+    let s = Quantizers::at(SimdLevel::Scalar);
+    let (mut a, mut b) = (vec![BlockQ8_0::default(); 128], vec![BlockQ8_0::default(); 128]);
+    (q.q8_0)(&x, &mut a);
+    (s.q8_0)(&x, &mut b);
+    for (u, v) in a.iter().zip(&b) {
+        assert_eq!((u.d.to_bits(), u.sum, u.qs), (v.d.to_bits(), v.sum, v.qs));
+    }
+    let (mut a, mut b) = (vec![BlockQ8_1::default(); 128], vec![BlockQ8_1::default(); 128]);
+    (q.q8_1)(&x, &mut a);
+    (s.q8_1)(&x, &mut b);
+    for (u, v) in a.iter().zip(&b) {
+        assert_eq!((u.d.to_bits(), u.s.to_bits(), u.qs), (v.d.to_bits(), v.s.to_bits(), v.qs));
+    }
+    let (mut a, mut b) = (vec![BlockQ8K::default(); 16], vec![BlockQ8K::default(); 16]);
+    (q.q8_k)(&x, &mut a);
+    (s.q8_k)(&x, &mut b);
+    for (u, v) in a.iter().zip(&b) {
+        assert_eq!((u.d.to_bits(), u.qs, u.bsums), (v.d.to_bits(), v.qs, v.bsums));
+    }
+    for f in [(q.f16, s.f16), (q.bf16, s.bf16)] {
+        let (mut a, mut b) = (vec![0.0f32; x.len() - 3], vec![0.0f32; x.len() - 3]);
+        (f.0)(&x[3..], &mut a);
+        (f.1)(&x[3..], &mut b);
+        assert!(a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits()));
+    }
+}

@@ -526,3 +526,148 @@ pub(super) fn plan(t: GgmlType, avx512: bool) -> Option<Plan> {
         _ => return None,
     })
 }
+
+/// Activation quantizers with AVX2 (+F16C), bit-identical to the scalar ones in `act` (same
+/// operations per element: one f32 multiply, round half to even, saturating packs; `max` is
+/// order-independent). Used at both x86 levels.
+pub(super) mod quant {
+    use super::super::act::{BlockQ8K, BlockQ8_0, BlockQ8_1, QK8, QK_K};
+    use core::arch::x86_64::*;
+
+    const RNE: i32 = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hmax(v: __m256) -> f32 {
+        let m = _mm_max_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+        let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+        _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn hsum_i32(v: __m256i) -> i32 {
+        let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+        let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+        let s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0b10_11_00_01));
+        _mm_cvtsi128_si32(s)
+    }
+
+    /// f32 → nearest f16 → f32 (F16C, round half to even).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn round_f16(v: f32) -> f32 {
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(_mm_set_ss(v))))
+    }
+
+    /// 32 i32 lanes (4 vectors, in order) → 32 saturated i8 stored at `dst`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn pack_store(r: [__m256i; 4], dst: *mut i8) {
+        let a = _mm256_packs_epi32(r[0], r[1]);
+        let b = _mm256_packs_epi32(r[2], r[3]);
+        let p = _mm256_packs_epi16(a, b);
+        let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256(dst as *mut __m256i, p);
+    }
+
+    /// One block of 32: (f16-rounded d, f32 d, Σq) with the quants stored to `qs`.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q8_32(x: *const f32, qs: *mut i8) -> (f32, f32, i32) {
+        let sign = _mm256_set1_ps(-0.0);
+        let v = [_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8)), _mm256_loadu_ps(x.add(16)), _mm256_loadu_ps(x.add(24))];
+        let m01 = _mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1]));
+        let m23 = _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3]));
+        let amax = hmax(_mm256_max_ps(m01, m23));
+        let d = amax / 127.0;
+        let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+        let mut r = [_mm256_setzero_si256(); 4];
+        for (ri, vi) in r.iter_mut().zip(v) {
+            *ri = _mm256_cvtps_epi32(_mm256_round_ps::<RNE>(_mm256_mul_ps(vi, id)));
+        }
+        let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3])));
+        pack_store(r, qs);
+        (round_f16(d), d, sum)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in super::super) unsafe fn row_q8_0(x: &[f32], out: &mut [BlockQ8_0]) {
+        for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK8)) {
+            let (dh, _, sum) = q8_32(xs.as_ptr(), b.qs.as_mut_ptr());
+            b.d = dh;
+            b.sum = sum;
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in super::super) unsafe fn row_q8_1(x: &[f32], out: &mut [BlockQ8_1]) {
+        for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK8)) {
+            let (dh, d, sum) = q8_32(xs.as_ptr(), b.qs.as_mut_ptr());
+            b.d = dh;
+            b.s = round_f16(d * sum as f32);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in super::super) unsafe fn row_q8_k(x: &[f32], out: &mut [BlockQ8K]) {
+        let sign = _mm256_set1_ps(-0.0);
+        for (b, xs) in out.iter_mut().zip(x.chunks_exact(QK_K)) {
+            let p = xs.as_ptr();
+            let mut m = _mm256_setzero_ps();
+            for j in 0..QK_K / 8 {
+                m = _mm256_max_ps(m, _mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(8 * j))));
+            }
+            let amax = hmax(m);
+            if amax == 0.0 {
+                *b = BlockQ8K::default();
+                continue;
+            }
+            // The first element of largest magnitude (ggml keeps the first on ties), with its sign.
+            let am = _mm256_set1_ps(amax);
+            let mut max = 0.0f32;
+            for j in 0..QK_K / 8 {
+                let eq = _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_EQ_OQ>(_mm256_andnot_ps(sign, _mm256_loadu_ps(p.add(8 * j))), am));
+                if eq != 0 {
+                    max = xs[8 * j + eq.trailing_zeros() as usize];
+                    break;
+                }
+            }
+            let iscale = -127.0f32 / max;
+            let is = _mm256_set1_ps(iscale);
+            let c127 = _mm256_set1_epi32(127);
+            for g in 0..QK_K / 32 {
+                let mut r = [_mm256_setzero_si256(); 4];
+                for (t, rt) in r.iter_mut().enumerate() {
+                    let v = _mm256_loadu_ps(p.add(32 * g + 8 * t));
+                    *rt = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_round_ps::<RNE>(_mm256_mul_ps(v, is))), c127);
+                }
+                b.bsums[2 * g] = hsum_i32(_mm256_add_epi32(r[0], r[1])) as i16;
+                b.bsums[2 * g + 1] = hsum_i32(_mm256_add_epi32(r[2], r[3])) as i16;
+                pack_store(r, b.qs.as_mut_ptr().add(32 * g));
+            }
+            b.d = 1.0 / iscale;
+        }
+    }
+
+    /// x rounded to f16 (F16C, half to even), as f32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in super::super) unsafe fn row_f16(x: &[f32], out: &mut [f32]) {
+        let n8 = x.len() / 8 * 8;
+        for i in (0..n8).step_by(8) {
+            let v = _mm256_loadu_ps(x.as_ptr().add(i));
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_cvtph_ps(_mm256_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT }>(v)));
+        }
+        for i in n8..x.len() {
+            out[i] = round_f16(x[i]);
+        }
+    }
+
+    /// x rounded to bf16 (ggml's rounding), as f32; the scalar loop vectorizes under AVX2.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(in super::super) unsafe fn row_bf16(x: &[f32], out: &mut [f32]) {
+        for (o, &v) in out.iter_mut().zip(x) {
+            *o = super::super::blocks::bf16_bits_to_f32(super::super::blocks::f32_to_bf16_bits(v));
+        }
+    }
+}
