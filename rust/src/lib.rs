@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod error;
+pub mod gguf;
 pub mod quant;
 
 #[cfg(feature = "python")]
