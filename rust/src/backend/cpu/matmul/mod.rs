@@ -269,33 +269,52 @@ struct Shape {
 /// A raw pointer to `y` shared by the tasks; each writes a disjoint set of columns.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint elements (their own column range) and `drive` joins them all
+// SAFETY: tasks write disjoint elements (their own tile of y) and `drive` joins them all
 // before `y`'s borrow ends.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// Weight rows per rayon task: enough tasks to balance the pool (≈ 8 per thread), each with at
-/// least ~16 KiB of weights so the per-task cost stays small against a memory-bound decode.
-fn rows_per_task(n_out: usize, row_bytes: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
-    let by_balance = n_out.div_ceil(8 * threads);
-    let by_bytes = (16 * 1024usize).div_ceil(row_bytes.max(1));
-    by_balance.max(by_bytes).clamp(1, n_out).next_multiple_of(4).min(n_out)
+/// How the work is cut into rayon tasks: `out_chunk` weight rows × `row_block` activation rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tiling {
+    out_chunk: usize,
+    row_block: usize,
+}
+
+/// Enough tasks to balance the pool (≈ 8 per thread); for a decode (`n_rows` ≤ [`MAX_ROWS`]) each
+/// task also gets ≥ ~16 KiB of weights so its fixed cost stays small against a memory-bound pass.
+/// When the weight rows alone cannot make enough tasks (a small `n_out` in a prefill), the
+/// activation rows are split too.
+fn tiling(n_out: usize, row_bytes: usize, n_rows: usize, threads: usize) -> Tiling {
+    let threads = threads.max(1);
+    let want = 8 * threads;
+    let by_balance = n_out.div_ceil(want);
+    let min_rows = if n_rows <= MAX_ROWS { (16 * 1024usize).div_ceil(row_bytes.max(1)) } else { 4 };
+    let out_chunk = by_balance.max(min_rows).next_multiple_of(4).min(n_out).max(1);
+    let out_tasks = n_out.div_ceil(out_chunk);
+    let mut row_block = n_rows.max(1);
+    if out_tasks < 2 * threads && n_rows > 2 * MAX_ROWS {
+        let splits = (2 * threads).div_ceil(out_tasks);
+        row_block = n_rows.div_ceil(splits).next_multiple_of(MAX_ROWS);
+    }
+    Tiling { out_chunk, row_block }
 }
 
 fn drive<A: Sync>(kern: Kernel<A>, w: &[u8], a: &[A], a_stride: usize, s: Shape, y: &mut [f32]) {
     debug_assert_eq!(a.len(), a_stride * s.n_rows);
     debug_assert_eq!(w.len(), s.n_out * s.row_bytes);
-    let chunk = rows_per_task(s.n_out, s.row_bytes);
-    let n_tasks = s.n_out.div_ceil(chunk);
+    let t = tiling(s.n_out, s.row_bytes, s.n_rows, rayon::current_num_threads());
+    let out_tasks = s.n_out.div_ceil(t.out_chunk);
+    let row_tasks = s.n_rows.div_ceil(t.row_block);
     let yp = OutPtr(y.as_mut_ptr());
-    let task = |t: usize| {
+    let task = |id: usize| {
         let yp = yp;
-        let o0 = t * chunk;
-        let o1 = (o0 + chunk).min(s.n_out);
+        let (oc, rb) = (id % out_tasks, id / out_tasks);
+        let (o0, o1) = (oc * t.out_chunk, ((oc + 1) * t.out_chunk).min(s.n_out));
+        let (ra, rz) = (rb * t.row_block, ((rb + 1) * t.row_block).min(s.n_rows));
         let mut out = [0.0f32; MAX_ROWS];
-        for r0 in (0..s.n_rows).step_by(MAX_ROWS) {
-            let nr = MAX_ROWS.min(s.n_rows - r0);
+        for r0 in (ra..rz).step_by(MAX_ROWS) {
+            let nr = MAX_ROWS.min(rz - r0);
             let ar = &a[r0 * a_stride..];
             for o in o0..o1 {
                 // SAFETY: `w` holds n_out whole rows (checked by `matmul_at`), `ar` holds `nr` rows
@@ -303,13 +322,14 @@ fn drive<A: Sync>(kern: Kernel<A>, w: &[u8], a: &[A], a_stride: usize, s: Shape,
                 // hands out kernels of levels the CPU supports.
                 unsafe { kern(w.as_ptr().add(o * s.row_bytes), ar.as_ptr(), a_stride, s.nb, nr, out.as_mut_ptr()) };
                 for (i, v) in out[..nr].iter().enumerate() {
-                    // SAFETY: (r0 + i) < n_rows and o < n_out, so the index is inside `y`; column o
-                    // belongs to this task only.
+                    // SAFETY: (r0 + i) < n_rows and o < n_out, so the index is inside `y`; the
+                    // element (r0 + i, o) belongs to this task's tile only.
                     unsafe { *yp.0.add((r0 + i) * s.n_out + o) = *v };
                 }
             }
         }
     };
+    let n_tasks = out_tasks * row_tasks;
     if n_tasks == 1 {
         task(0);
     } else {

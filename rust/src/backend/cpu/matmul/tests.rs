@@ -214,3 +214,27 @@ fn simd_quantizers_are_bit_exact() {
         assert!(a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits()));
     }
 }
+
+#[test]
+fn tiling_covers_and_balances() {
+    // Decode: whole activation rows, chunks of >= 16 KiB of weights.
+    let t = tiling(1536, 864, 1, 2);
+    assert_eq!(t.row_block, 1);
+    assert!(t.out_chunk * 864 >= 16 * 1024 && t.out_chunk % 4 == 0);
+    // Prefill of a small n_out: the activation rows are split so both threads get work.
+    let t = tiling(128, 616, 512, 2);
+    assert!(128usize.div_ceil(t.out_chunk) * 512usize.div_ceil(t.row_block) >= 4, "{t:?}");
+    assert_eq!(t.row_block % MAX_ROWS, 0);
+    // Degenerate shapes stay valid.
+    for (n_out, n_rows) in [(1, 1), (1, 1000), (3, 9), (100_000, 1)] {
+        let t = tiling(n_out, 100, n_rows, 4);
+        assert!(t.out_chunk >= 1 && t.out_chunk <= n_out && t.row_block >= 1, "{n_out} {n_rows} {t:?}");
+    }
+}
+
+#[test]
+fn small_n_out_prefill_split_over_rows_matches_scalar() {
+    for &(t, f) in FORMATS.iter().filter(|(t, _)| matches!(t, GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::F16)) {
+        check_levels(t, f, 6, 512, 100, 11);
+    }
+}

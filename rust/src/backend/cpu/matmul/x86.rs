@@ -398,19 +398,26 @@ macro_rules! kernels {
                     let ql0 = load(b.add(QL + 64 * n));
                     let ql1 = load(b.add(QL + 64 * n + 32));
                     let qh = load(b.add(QH + 32 * n));
-                    let q0 = _mm256_or_si256(_mm256_and_si256(ql0, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 4), m3));
-                    let q1 = _mm256_or_si256(_mm256_and_si256(ql1, m4), _mm256_and_si256(_mm256_slli_epi16(qh, 2), m3));
-                    let q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql0, 4), m4), _mm256_and_si256(qh, m3));
-                    let q3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(ql1, 4), m4), _mm256_and_si256(_mm256_srli_epi16(qh, 2), m3));
-                    let qv = [q0, q1, q2, q3];
                     for t in 0..4 {
+                        // Quarter t of the half: low nibbles of ql0/ql1 (t = 0, 1) or high (2, 3),
+                        // plus 2 bits of qh at 2t, as a 6-bit unsigned value; unpacked per quarter
+                        // to keep few vectors live (AVX2 has 16 registers).
+                        let l = if t % 2 == 0 { ql0 } else { ql1 };
+                        let low = if t < 2 { _mm256_and_si256(l, m4) } else { _mm256_and_si256(_mm256_srli_epi16(l, 4), m4) };
+                        let high = match t {
+                            0 => _mm256_slli_epi16(qh, 4),
+                            1 => _mm256_slli_epi16(qh, 2),
+                            2 => qh,
+                            _ => _mm256_srli_epi16(qh, 2),
+                        };
+                        let q = _mm256_or_si256(low, _mm256_and_si256(high, m3));
                         // Sub-blocks 8n+2t and 8n+2t+1: [sc_a ×8, sc_b ×8] as i16.
                         let sa = (sc8_byte(b, 8 * n + 2 * t)) as i16;
                         let sb = (sc8_byte(b, 8 * n + 2 * t + 1)) as i16;
                         let s16 = _mm256_set_m128i(_mm_set1_epi16(sb), _mm_set1_epi16(sa));
                         for r in 0..R {
                             let y = (*a.add(r * st + i)).qs.as_ptr() as *const u8;
-                            sumi[r] = dot_us_scaled(sumi[r], qv[t], load(y.add(128 * n + 32 * t)), s16);
+                            sumi[r] = dot_us_scaled(sumi[r], q, load(y.add(128 * n + 32 * t)), s16);
                         }
                     }
                 }
