@@ -29,15 +29,19 @@ use rayon::prelude::*;
 
 /// Activation rows a kernel call handles at once (the prefill micro-tile height).
 pub const MAX_ROWS: usize = 8;
+/// Weight rows a kernel call handles at once (the float kernels block over them; the quantized
+/// kernels walk them one by one).
+pub const MAX_W: usize = 4;
 
-/// Computes `out[r] = W_row · a_row(r)` for `r < nr` (`nr` ≤ [`MAX_ROWS`]), where the weight row
-/// starts at `w` and holds `nb` blocks (elements for the float formats) and activation row `r`
-/// starts at `a + r·a_stride` (in units of `A`).
+/// Computes `out[j·MAX_ROWS + r] = W_row(j) · a_row(r)` for `j < nw` (≤ [`MAX_W`]) and `r < nr`
+/// (≤ [`MAX_ROWS`]), where weight row `j` starts at `w + j·w_stride` and holds `nb` blocks
+/// (elements for the float formats) and activation row `r` starts at `a + r·a_stride` (in `A`s).
 ///
 /// # Safety
-/// `w` must point to a whole weight row, each activation row to `nb` valid `A`s, `out` to `nr`
-/// floats, and the CPU must support the instructions of the kernel's level.
-pub(crate) type Kernel<A> = unsafe fn(w: *const u8, a: *const A, a_stride: usize, nb: usize, nr: usize, out: *mut f32);
+/// `w` must point to `nw` whole weight rows, each activation row to `nb` valid `A`s, `out` to
+/// `MAX_W·MAX_ROWS` floats, and the CPU must support the instructions of the kernel's level.
+pub(crate) type Kernel<A> =
+    unsafe fn(w: *const u8, w_stride: usize, nw: usize, a: *const A, a_stride: usize, nb: usize, nr: usize, out: *mut f32);
 
 /// The name of the SIMD path [`matmul`] runs on this machine (`"avx512"`, `"avx2"` or `"scalar"`),
 /// after any `FAK_CPU_SIMD` override.
@@ -198,13 +202,15 @@ fn plan(t: GgmlType, level: SimdLevel) -> Option<Plan> {
 /// Wraps a safe scalar row dot product into a [`Kernel`].
 macro_rules! scalar_kernel {
     ($name:ident, $dot:path, $a:ty, $wbytes:expr) => {
-        unsafe fn $name(w: *const u8, a: *const $a, a_stride: usize, nb: usize, nr: usize, out: *mut f32) {
-            // SAFETY: the caller guarantees a whole weight row and `nr` activation rows of `nb`.
+        unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const $a, a_stride: usize, nb: usize, nr: usize, out: *mut f32) {
+            // SAFETY: the caller guarantees `nw` whole weight rows and `nr` activation rows of `nb`.
             unsafe {
-                let ws = std::slice::from_raw_parts(w, nb * $wbytes);
-                for r in 0..nr {
-                    let ar = std::slice::from_raw_parts(a.add(r * a_stride), nb);
-                    *out.add(r) = $dot(ws, ar);
+                for j in 0..nw {
+                    let ws = std::slice::from_raw_parts(w.add(j * w_stride), nb * $wbytes);
+                    for r in 0..nr {
+                        let ar = std::slice::from_raw_parts(a.add(r * a_stride), nb);
+                        *out.add(j * MAX_ROWS + r) = $dot(ws, ar);
+                    }
                 }
             }
         }
@@ -312,19 +318,22 @@ fn drive<A: Sync>(kern: Kernel<A>, w: &[u8], a: &[A], a_stride: usize, s: Shape,
         let (oc, rb) = (id % out_tasks, id / out_tasks);
         let (o0, o1) = (oc * t.out_chunk, ((oc + 1) * t.out_chunk).min(s.n_out));
         let (ra, rz) = (rb * t.row_block, ((rb + 1) * t.row_block).min(s.n_rows));
-        let mut out = [0.0f32; MAX_ROWS];
+        let mut out = [0.0f32; MAX_W * MAX_ROWS];
         for r0 in (ra..rz).step_by(MAX_ROWS) {
             let nr = MAX_ROWS.min(rz - r0);
             let ar = &a[r0 * a_stride..];
-            for o in o0..o1 {
-                // SAFETY: `w` holds n_out whole rows (checked by `matmul_at`), `ar` holds `nr` rows
-                // of `a_stride` (= nb) activations, `out` has MAX_ROWS ≥ nr slots, and `plan` only
-                // hands out kernels of levels the CPU supports.
-                unsafe { kern(w.as_ptr().add(o * s.row_bytes), ar.as_ptr(), a_stride, s.nb, nr, out.as_mut_ptr()) };
-                for (i, v) in out[..nr].iter().enumerate() {
-                    // SAFETY: (r0 + i) < n_rows and o < n_out, so the index is inside `y`; the
-                    // element (r0 + i, o) belongs to this task's tile only.
-                    unsafe { *yp.0.add((r0 + i) * s.n_out + o) = *v };
+            for o in (o0..o1).step_by(MAX_W) {
+                let nw = MAX_W.min(o1 - o);
+                // SAFETY: `w` holds n_out whole rows (checked by `matmul_at`) and o + nw ≤ n_out,
+                // `ar` holds `nr` rows of `a_stride` (= nb) activations, `out` has
+                // MAX_W·MAX_ROWS slots, and `plan` only hands out kernels the CPU supports.
+                unsafe { kern(w.as_ptr().add(o * s.row_bytes), s.row_bytes, nw, ar.as_ptr(), a_stride, s.nb, nr, out.as_mut_ptr()) };
+                for j in 0..nw {
+                    for (i, v) in out[j * MAX_ROWS..j * MAX_ROWS + nr].iter().enumerate() {
+                        // SAFETY: (r0 + i) < n_rows and o + j < n_out, so the index is inside
+                        // `y`; the element belongs to this task's tile only.
+                        unsafe { *yp.0.add((r0 + i) * s.n_out + o + j) = *v };
+                    }
                 }
             }
         }

@@ -78,13 +78,17 @@ macro_rules! helpers_avx512 {
     };
 }
 
-/// A [`Kernel`] entry point that dispatches on the row count to a const-generic kernel: every
-/// count up to 8 where the level has 32 vector registers (`wide`), else up to 4 and 5..8 as 4 + rest.
+/// A [`Kernel`] entry point for a one-weight-row kernel `$f::<R, ..>`: walks the `nw` weight rows
+/// and dispatches on the row count, to every count up to 8 where the level has 32 vector registers
+/// (`wide`), else up to 4 and 5..8 as 4 + rest.
 macro_rules! entry {
     ($wide:tt, $name:ident, $a:ty, $f:ident $(, $c:expr)*) => {
-        pub(in super::super) unsafe fn $name(w: *const u8, a: *const $a, st: usize, nb: usize, nr: usize, out: *mut f32) {
-            debug_assert!(nr >= 1 && nr <= MAX_ROWS);
-            entry!(@dispatch $wide, w, a, st, nb, nr, out, $f $(, $c)*)
+        pub(in super::super) unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const $a, st: usize, nb: usize, nr: usize, out: *mut f32) {
+            debug_assert!(nr >= 1 && nr <= MAX_ROWS && nw >= 1 && nw <= MAX_W);
+            for j in 0..nw {
+                let (w, out) = (w.add(j * w_stride), out.add(j * MAX_ROWS));
+                entry!(@dispatch $wide, w, a, st, nb, nr, out, $f $(, $c)*)
+            }
         }
     };
     (@dispatch true, $w:ident, $a:ident, $st:ident, $nb:ident, $nr:ident, $out:ident, $f:ident $(, $c:expr)*) => {
@@ -100,8 +104,7 @@ macro_rules! entry {
         }
     };
     (@dispatch false, $w:ident, $a:ident, $st:ident, $nb:ident, $nr:ident, $out:ident, $f:ident $(, $c:expr)*) => {{
-        let first = $nr.min(4);
-        match first {
+        match $nr.min(4) {
             1 => $f::<1 $(, $c)*>($w, $a, $st, $nb, $out),
             2 => $f::<2 $(, $c)*>($w, $a, $st, $nb, $out),
             3 => $f::<3 $(, $c)*>($w, $a, $st, $nb, $out),
@@ -119,12 +122,59 @@ macro_rules! entry {
     }};
 }
 
+/// A [`Kernel`] entry point for a float kernel blocked over `NW` weight rows × `R` activation
+/// rows (`float::<NW, R, KIND>`): up to `$maxw` weight rows per call and 4 activation rows (float
+/// activations take 4 bytes per element; more rows would not stay in L1).
+macro_rules! float_entry {
+    ($maxw:tt, $name:ident, $kind:expr) => {
+        pub(in super::super) unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const f32, st: usize, n: usize, nr: usize, out: *mut f32) {
+            debug_assert!(nr >= 1 && nr <= MAX_ROWS && nw >= 1 && nw <= MAX_W);
+            if nr == 1 {
+                // Decode: one row at a time with two accumulator chains (a pure weight stream).
+                for j in 0..nw {
+                    *out.add(j * MAX_ROWS) = float_gemv::<$kind>(w.add(j * w_stride), a, n);
+                }
+                return;
+            }
+            let mut j = 0;
+            while j < nw {
+                let jw = (nw - j).min($maxw);
+                let (wj, oj) = (w.add(j * w_stride), out.add(j * MAX_ROWS));
+                let mut r = 0;
+                while r < nr {
+                    let rr = (nr - r).min(4);
+                    let (ar, or) = (a.add(r * st), oj.add(r));
+                    float_entry!(@w jw, rr, wj, w_stride, ar, st, n, or, $kind);
+                    r += rr;
+                }
+                j += jw;
+            }
+        }
+    };
+    (@w $jw:ident, $rr:ident, $w:ident, $ws:ident, $a:ident, $st:ident, $n:ident, $o:ident, $kind:expr) => {
+        match $jw {
+            1 => float_entry!(@r 1, $rr, $w, $ws, $a, $st, $n, $o, $kind),
+            2 => float_entry!(@r 2, $rr, $w, $ws, $a, $st, $n, $o, $kind),
+            3 => float_entry!(@r 3, $rr, $w, $ws, $a, $st, $n, $o, $kind),
+            _ => float_entry!(@r 4, $rr, $w, $ws, $a, $st, $n, $o, $kind),
+        }
+    };
+    (@r $nw:literal, $rr:ident, $w:ident, $ws:ident, $a:ident, $st:ident, $n:ident, $o:ident, $kind:expr) => {
+        match $rr {
+            1 => float::<$nw, 1, $kind>($w, $ws, $a, $st, $n, $o),
+            2 => float::<$nw, 2, $kind>($w, $ws, $a, $st, $n, $o),
+            3 => float::<$nw, 3, $kind>($w, $ws, $a, $st, $n, $o),
+            _ => float::<$nw, 4, $kind>($w, $ws, $a, $st, $n, $o),
+        }
+    };
+}
+
 macro_rules! kernels {
-    ($feat:literal, $helpers:ident, $wide:tt) => {
+    ($feat:literal, $helpers:ident, $wide:tt, $maxw:tt) => {
         use core::arch::x86_64::*;
         use super::super::blocks;
         use super::super::act::{BlockQ8K, BlockQ8_0, BlockQ8_1};
-        use super::super::MAX_ROWS;
+        use super::super::{MAX_ROWS, MAX_W};
 
         $helpers!();
 
@@ -447,41 +497,68 @@ macro_rules! kernels {
             }
         }
 
-        /// F32 / F16 / BF16 weights (`KIND` 0/1/2) · f32 activations (already rounded to the
-        /// weight's type by the caller, as ggml converts them to `vec_dot_type`).
+        /// One F32 / F16 / BF16 weight row (`KIND` 0/1/2) · one f32 activation row, 16 elements per
+        /// step into two accumulators (hides the FMA latency of a single output).
         #[target_feature(enable = $feat)]
-        unsafe fn float<const R: usize, const KIND: u8>(w: *const u8, a: *const f32, st: usize, n: usize, out: *mut f32) {
+        unsafe fn float_gemv<const KIND: u8>(w: *const u8, a: *const f32, n: usize) -> f32 {
             let esz = if KIND == 0 { 4 } else { 2 };
-            let mut acc0 = [_mm256_setzero_ps(); R];
-            let mut acc1 = [_mm256_setzero_ps(); R];
+            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             let mut i = 0;
             while i + 16 <= n {
-                let w0 = load_wf::<KIND>(w.add(i * esz));
-                let w1 = load_wf::<KIND>(w.add((i + 8) * esz));
-                for r in 0..R {
-                    let x = a.add(r * st + i);
-                    acc0[r] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x), acc0[r]);
-                    acc1[r] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x.add(8)), acc1[r]);
-                }
+                acc0 = _mm256_fmadd_ps(load_wf::<KIND>(w.add(i * esz)), _mm256_loadu_ps(a.add(i)), acc0);
+                acc1 = _mm256_fmadd_ps(load_wf::<KIND>(w.add((i + 8) * esz)), _mm256_loadu_ps(a.add(i + 8)), acc1);
                 i += 16;
             }
-            let mut tail = [0.0f32; R];
-            while i < n {
-                let p = w.add(i * esz);
+            let mut tail = 0.0f32;
+            for t in i..n {
+                let p = w.add(t * esz);
                 let wv = match KIND {
                     0 => (p as *const f32).read_unaligned(),
                     1 => f16(p),
                     _ => blocks::bf16_bits_to_f32((p as *const u16).read_unaligned()),
                 };
-                for r in 0..R {
-                    tail[r] += wv * *a.add(r * st + i);
+                tail += wv * *a.add(t);
+            }
+            hsum(_mm256_add_ps(acc0, acc1)) + tail
+        }
+
+        /// F32 / F16 / BF16 weights (`KIND` 0/1/2) · f32 activations (already rounded to the
+        /// weight's type by the caller, as ggml converts them to `vec_dot_type`): an `NW × R`
+        /// register tile, each weight vector and each activation vector loaded once per step.
+        /// `out[j·MAX_ROWS + r]`.
+        #[target_feature(enable = $feat)]
+        unsafe fn float<const NW: usize, const R: usize, const KIND: u8>(w: *const u8, ws: usize, a: *const f32, st: usize, n: usize, out: *mut f32) {
+            let esz = if KIND == 0 { 4 } else { 2 };
+            let mut acc = [[_mm256_setzero_ps(); R]; NW];
+            let mut i = 0;
+            while i + 8 <= n {
+                let mut wv = [_mm256_setzero_ps(); NW];
+                for j in 0..NW {
+                    wv[j] = load_wf::<KIND>(w.add(j * ws + i * esz));
                 }
-                i += 1;
+                for r in 0..R {
+                    let x = _mm256_loadu_ps(a.add(r * st + i));
+                    for j in 0..NW {
+                        acc[j][r] = _mm256_fmadd_ps(wv[j], x, acc[j][r]);
+                    }
+                }
+                i += 8;
             }
-            for r in 0..R {
-                acc0[r] = _mm256_add_ps(acc0[r], acc1[r]);
+            for j in 0..NW {
+                let mut tail = [0.0f32; R];
+                for t in i..n {
+                    let p = w.add(j * ws + t * esz);
+                    let wv = match KIND {
+                        0 => (p as *const f32).read_unaligned(),
+                        1 => f16(p),
+                        _ => blocks::bf16_bits_to_f32((p as *const u16).read_unaligned()),
+                    };
+                    for r in 0..R {
+                        tail[r] += wv * *a.add(r * st + t);
+                    }
+                }
+                store(&acc[j], &tail, out.add(j * MAX_ROWS));
             }
-            store(&acc0, &tail, out);
         }
 
         // ------------------------------------------------------------ Kernel entry points
@@ -494,19 +571,18 @@ macro_rules! kernels {
         entry!($wide, k_q4_k, BlockQ8K, q4k_q5k, false);
         entry!($wide, k_q5_k, BlockQ8K, q4k_q5k, true);
         entry!($wide, k_q6_k, BlockQ8K, q6k);
-        // Float activations are 4 bytes per element: more than 4 rows would spill out of L1.
-        entry!(false, k_f32, f32, float, 0);
-        entry!(false, k_f16, f32, float, 1);
-        entry!(false, k_bf16, f32, float, 2);
+        float_entry!($maxw, k_f32, 0);
+        float_entry!($maxw, k_f16, 1);
+        float_entry!($maxw, k_bf16, 2);
     };
 }
 
 pub(super) mod avx2 {
-    kernels!("avx2,fma,f16c", helpers_avx2, false);
+    kernels!("avx2,fma,f16c", helpers_avx2, false, 2);
 }
 
 pub(super) mod avx512 {
-    kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", helpers_avx512, true);
+    kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", helpers_avx512, true, 4);
 }
 
 /// The kernels of one x86 level for type `t`, or `None` where that level has none (the caller
