@@ -169,6 +169,36 @@ macro_rules! float_entry {
     };
 }
 
+/// Byte-shuffle patterns that broadcast i16 lane `j` (bytes 2j, 2j+1) of a 128-bit half.
+static BCAST16: [[u8; 32]; 8] = {
+    let mut t = [[0u8; 32]; 8];
+    let mut j = 0;
+    while j < 8 {
+        let mut b = 0;
+        while b < 32 {
+            t[j][b] = (2 * j + b % 2) as u8;
+            b += 1;
+        }
+        j += 1;
+    }
+    t
+};
+
+/// Byte-shuffle patterns selecting bytes (2p, 2p+1) as [2p ×8, 2p+1 ×8] (Q6_K scale pairs).
+static PAIR8: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut p = 0;
+    while p < 8 {
+        let mut b = 0;
+        while b < 16 {
+            t[p][b] = (2 * p + b / 8) as u8;
+            b += 1;
+        }
+        p += 1;
+    }
+    t
+};
+
 macro_rules! kernels {
     ($feat:literal, $helpers:ident, $wide:tt, $maxw:tt) => {
         use core::arch::x86_64::*;
@@ -366,11 +396,18 @@ macro_rules! kernels {
             ((sc_lo as u64) | ((sc_hi as u64) << 32), (mn_lo as u64) | ((mn_hi as u64) << 32))
         }
 
-        /// Sub-block scale `j` of 8 byte scales, broadcast as i16 (pairs for `madd`).
+        /// The 8 byte scales as i16 in both 128-bit halves, for [`bcast16`].
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn bcast16(scales: u64, j: usize) -> __m256i {
-            _mm256_set1_epi16(((scales >> (8 * j)) & 0xff) as i16)
+        unsafe fn scales16(scales: u64) -> __m256i {
+            _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(scales as i64)))
+        }
+
+        /// Scale `j` of [`scales16`] broadcast to every i16 lane (one byte shuffle).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn bcast16(s16: __m256i, j: usize) -> __m256i {
+            _mm256_shuffle_epi8(s16, _mm256_loadu_si256(super::BCAST16[j].as_ptr() as *const __m256i))
         }
 
         /// Mins duplicated per pair of bsums: [m0, m0, m1, m1, ..., m7, m7] as i16.
@@ -381,20 +418,25 @@ macro_rules! kernels {
             _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8))
         }
 
-        /// Q4_K / Q5_K (`Q5`) weights · Q8_K.
+        /// Q4_K / Q5_K (`Q5`) weights · Q8_K. For one or two rows the low- and high-nibble
+        /// products go to separate integer accumulators (two dependency chains per row).
         #[target_feature(enable = $feat)]
         unsafe fn q4k_q5k<const R: usize, const Q5: bool>(w: *const u8, a: *const BlockQ8K, st: usize, nb: usize, out: *mut f32) {
             let bytes = if Q5 { blocks::q5_k::BYTES } else { blocks::q4_k::BYTES };
             let qs_off = if Q5 { blocks::q5_k::QS } else { blocks::q4_k::QS };
+            let split = R <= 2;
             let m4 = _mm256_set1_epi8(0xF);
             let mut acc = [_mm256_setzero_ps(); R];
+            let mut accm = [_mm256_setzero_ps(); R];
             for i in 0..nb {
                 let b = w.add(i * bytes);
                 let d = f16(b);
                 let dmin = f16(b.add(2));
                 let (sc, mn) = k4_scales(b.add(4));
+                let s16 = scales16(sc);
                 let hbits = if Q5 { load(b.add(blocks::q5_k::QH)) } else { _mm256_setzero_si256() };
                 let mut sumi = [_mm256_setzero_si256(); R];
+                let mut sumi2 = [_mm256_setzero_si256(); R];
                 for j in 0..4 {
                     let q = load(b.add(qs_off + 32 * j));
                     let mut lo = _mm256_and_si256(q, m4);
@@ -406,21 +448,34 @@ macro_rules! kernels {
                         lo = _mm256_or_si256(lo, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bl), bl), sixteen));
                         hi = _mm256_or_si256(hi, _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hbits, bh), bh), sixteen));
                     }
-                    let s_lo = bcast16(sc, 2 * j);
-                    let s_hi = bcast16(sc, 2 * j + 1);
+                    let s_lo = bcast16(s16, 2 * j);
+                    let s_hi = bcast16(s16, 2 * j + 1);
                     for r in 0..R {
                         let y = (*a.add(r * st + i)).qs.as_ptr() as *const u8;
                         sumi[r] = dot_us_scaled(sumi[r], lo, load(y.add(64 * j)), s_lo);
-                        sumi[r] = dot_us_scaled(sumi[r], hi, load(y.add(64 * j + 32)), s_hi);
+                        if split {
+                            sumi2[r] = dot_us_scaled(sumi2[r], hi, load(y.add(64 * j + 32)), s_hi);
+                        } else {
+                            sumi[r] = dot_us_scaled(sumi[r], hi, load(y.add(64 * j + 32)), s_hi);
+                        }
                     }
                 }
                 let mp = mins_pairs(mn);
                 for r in 0..R {
                     let y = &*a.add(r * st + i);
                     let msum = madd_acc(_mm256_setzero_si256(), load(y.bsums.as_ptr() as *const u8), mp);
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * y.d), _mm256_cvtepi32_ps(msum), acc[r]);
+                    let si = if split { _mm256_add_epi32(sumi[r], sumi2[r]) } else { sumi[r] };
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(si), acc[r]);
+                    // A second float chain only where registers are plentiful (one or two rows).
+                    if split {
+                        accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * y.d), _mm256_cvtepi32_ps(msum), accm[r]);
+                    } else {
+                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * y.d), _mm256_cvtepi32_ps(msum), acc[r]);
+                    }
                 }
+            }
+            for r in 0..R {
+                acc[r] = _mm256_add_ps(acc[r], accm[r]);
             }
             store(&acc, &[0.0; R], out);
         }
@@ -440,6 +495,7 @@ macro_rules! kernels {
                 let sc16 = _mm256_cvtepi8_epi16(sc8);
                 let off16 = _mm256_slli_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), sc16), 5);
                 let mut sumi = [_mm256_setzero_si256(); R];
+                let mut sumi2 = [_mm256_setzero_si256(); R];
                 for r in 0..R {
                     let y = &*a.add(r * st + i);
                     sumi[r] = madd_acc(sumi[r], load(y.bsums.as_ptr() as *const u8), off16);
@@ -462,26 +518,25 @@ macro_rules! kernels {
                         };
                         let q = _mm256_or_si256(low, _mm256_and_si256(high, m3));
                         // Sub-blocks 8n+2t and 8n+2t+1: [sc_a ×8, sc_b ×8] as i16.
-                        let sa = (sc8_byte(b, 8 * n + 2 * t)) as i16;
-                        let sb = (sc8_byte(b, 8 * n + 2 * t + 1)) as i16;
-                        let s16 = _mm256_set_m128i(_mm_set1_epi16(sb), _mm_set1_epi16(sa));
+                        let pat = _mm_loadu_si128(super::PAIR8[4 * n + t].as_ptr() as *const __m128i);
+                        let s16 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pat));
                         for r in 0..R {
                             let y = (*a.add(r * st + i)).qs.as_ptr() as *const u8;
-                            sumi[r] = dot_us_scaled(sumi[r], q, load(y.add(128 * n + 32 * t)), s16);
+                            if R <= 2 && t % 2 == 1 {
+                                sumi2[r] = dot_us_scaled(sumi2[r], q, load(y.add(128 * n + 32 * t)), s16);
+                            } else {
+                                sumi[r] = dot_us_scaled(sumi[r], q, load(y.add(128 * n + 32 * t)), s16);
+                            }
                         }
                     }
                 }
                 for r in 0..R {
                     let y = &*a.add(r * st + i);
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                    let si = _mm256_add_epi32(sumi[r], sumi2[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(si), acc[r]);
                 }
             }
             store(&acc, &[0.0; R], out);
-        }
-
-        #[inline(always)]
-        unsafe fn sc8_byte(b: *const u8, i: usize) -> i8 {
-            *b.add(blocks::q6_k::SCALES + i) as i8
         }
 
         // ------------------------------------------------------------ float formats
