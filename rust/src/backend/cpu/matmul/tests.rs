@@ -238,3 +238,27 @@ fn small_n_out_prefill_split_over_rows_matches_scalar() {
         check_levels(t, f, 6, 512, 100, 11);
     }
 }
+
+#[test]
+fn float_formats_at_odd_k() {
+    for &(t, f) in FORMATS.iter().filter(|(t, _)| t.block_size() == 1) {
+        for (n_out, k, n_rows) in [(9, 37, 5), (4, 7, 1), (6, 23, 9)] {
+            check_levels(t, f, n_out, k, n_rows, 5);
+        }
+    }
+}
+
+#[test]
+fn non_finite_activations_do_not_panic() {
+    for &(t, f) in FORMATS {
+        let mut rng = Rng(3);
+        let w = random_weights(t, f, 4, 256, &mut rng);
+        let mut x = random_x(2 * 256, &mut rng);
+        x[5] = f32::NAN;
+        x[300] = f32::INFINITY;
+        for level in available_levels() {
+            let mut y = vec![0.0f32; 8];
+            matmul_at(level, t, &w, 4, 256, &x, 2, &mut y).unwrap();
+        }
+    }
+}

@@ -264,7 +264,7 @@ macro_rules! kernels {
         #[target_feature(enable = $feat)]
         unsafe fn blk_q4_0_q5_0<const R: usize, const Q5: bool>(b: *const u8, a: *const BlockQ8_0, st: usize, i: usize, acc: &mut [__m256; R]) {
             let qs_off = if Q5 { blocks::q5_0::QS } else { blocks::q4_0::QS };
-            let off = if Q5 { -16 } else { -8 };
+            let off: i32 = if Q5 { -16 } else { -8 };
             let dw = f16(b);
             let mut u = nibbles32(b.add(qs_off));
             if Q5 {
@@ -273,7 +273,7 @@ macro_rules! kernels {
             }
             for r in 0..R {
                 let y = &*a.add(r * st + i);
-                let dot = dot_us(lane0(off * y.sum), u, load(y.qs.as_ptr() as *const u8));
+                let dot = dot_us(lane0(off.wrapping_mul(y.sum)), u, load(y.qs.as_ptr() as *const u8));
                 acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), _mm256_cvtepi32_ps(dot), acc[r]);
             }
         }
@@ -722,7 +722,10 @@ pub(super) mod quant {
         let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
         let mut r = [_mm256_setzero_si256(); 4];
         for (ri, vi) in r.iter_mut().zip(v) {
-            *ri = _mm256_cvtps_epi32(_mm256_round_ps::<RNE>(_mm256_mul_ps(vi, id)));
+            // Clamped like the i8 packs below, so Σq matches the stored quants even for
+            // non-finite input (finite input never reaches the bounds).
+            let q = _mm256_cvtps_epi32(_mm256_round_ps::<RNE>(_mm256_mul_ps(vi, id)));
+            *ri = _mm256_max_epi32(_mm256_min_epi32(q, _mm256_set1_epi32(127)), _mm256_set1_epi32(-128));
         }
         let sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(r[0], r[1]), _mm256_add_epi32(r[2], r[3])));
         pack_store(r, qs);
@@ -778,7 +781,8 @@ pub(super) mod quant {
                 let mut r = [_mm256_setzero_si256(); 4];
                 for (t, rt) in r.iter_mut().enumerate() {
                     let v = _mm256_loadu_ps(p.add(32 * g + 8 * t));
-                    *rt = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_round_ps::<RNE>(_mm256_mul_ps(v, is))), c127);
+                    let q = _mm256_min_epi32(_mm256_cvtps_epi32(_mm256_round_ps::<RNE>(_mm256_mul_ps(v, is))), c127);
+                    *rt = _mm256_max_epi32(q, _mm256_set1_epi32(-128));
                 }
                 b.bsums[2 * g] = hsum_i32(_mm256_add_epi32(r[0], r[1])) as i16;
                 b.bsums[2 * g + 1] = hsum_i32(_mm256_add_epi32(r[2], r[3])) as i16;
