@@ -20,7 +20,7 @@ mod simd;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use act::{BlockQ8K, BlockQ8_0, BlockQ8_1};
+pub use act::{BlockQ8K, BlockQ8_0, BlockQ8_0x8, BlockQ8_1};
 pub use simd::{available_levels, detected_level, SimdLevel};
 
 use crate::quant::GgmlType;
@@ -42,6 +42,13 @@ pub const MAX_W: usize = 4;
 /// `MAX_W·MAX_ROWS` floats, and the CPU must support the instructions of the kernel's level.
 pub(crate) type Kernel<A> =
     unsafe fn(w: *const u8, w_stride: usize, nw: usize, a: *const A, a_stride: usize, nb: usize, nr: usize, out: *mut f32);
+
+/// A prefill kernel over one interleaved group of 8 activation rows ([`BlockQ8_0x8`]):
+/// `out[j·MAX_ROWS + r] = W_row(j) · a_row(r)` for `j < nw`, `r < 8`.
+///
+/// # Safety
+/// As [`Kernel`], with `a` pointing to the group's `nb` interleaved blocks.
+pub(crate) type KernelX8 = unsafe fn(w: *const u8, w_stride: usize, nw: usize, a: *const BlockQ8_0x8, nb: usize, out: *mut f32);
 
 /// The name of the SIMD path [`matmul`] runs on this machine (`"avx512"`, `"avx2"` or `"scalar"`),
 /// after any `FAK_CPU_SIMD` override.
@@ -100,12 +107,21 @@ pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: u
     let shape = Shape { n_out, nb, row_bytes, n_rows };
     let q = Quantizers::at(level);
     match plan {
-        Plan::Q8_0(kern) => drive(kern, w, &quantize_rows(x, k, QK8_BLOCK, q.q8_0), nb, shape, y),
-        Plan::Q8_1(kern) => drive(kern, w, &quantize_rows(x, k, QK8_BLOCK, q.q8_1), nb, shape, y),
-        Plan::Q8K(kern) => drive(kern, w, &quantize_rows(x, k, act::QK_K, q.q8_k), nb, shape, y),
-        Plan::F32(kern) => drive(kern, w, x, k, shape, y),
-        Plan::F16(kern) => drive(kern, w, &quantize_rows(x, k, 1, q.f16), k, shape, y),
-        Plan::BF16(kern) => drive(kern, w, &quantize_rows(x, k, 1, q.bf16), k, shape, y),
+        Plan::Q8_0(kern, x8) => {
+            let a = quantize_rows(x, k, QK8_BLOCK, q.q8_0);
+            match x8 {
+                Some(kx8) if n_rows >= MAX_ROWS => {
+                    let ax8 = act::interleave_q8_0(&a, nb);
+                    drive(kern, Some((kx8, &ax8[..])), w, &a, nb, shape, y)
+                }
+                _ => drive(kern, None, w, &a, nb, shape, y),
+            }
+        }
+        Plan::Q8_1(kern) => drive(kern, None, w, &quantize_rows(x, k, QK8_BLOCK, q.q8_1), nb, shape, y),
+        Plan::Q8K(kern) => drive(kern, None, w, &quantize_rows(x, k, act::QK_K, q.q8_k), nb, shape, y),
+        Plan::F32(kern) => drive(kern, None, w, x, k, shape, y),
+        Plan::F16(kern) => drive(kern, None, w, &quantize_rows(x, k, 1, q.f16), k, shape, y),
+        Plan::BF16(kern) => drive(kern, None, w, &quantize_rows(x, k, 1, q.bf16), k, shape, y),
     }
     Ok(())
 }
@@ -175,7 +191,8 @@ impl Quantizers {
 
 /// The kernel for a weight type at a level, tagged with its activation type.
 enum Plan {
-    Q8_0(Kernel<BlockQ8_0>),
+    /// Q8_0 activations, with an optional kernel for interleaved groups of 8 rows.
+    Q8_0(Kernel<BlockQ8_0>, Option<KernelX8>),
     Q8_1(Kernel<BlockQ8_1>),
     Q8K(Kernel<BlockQ8K>),
     F32(Kernel<f32>),
@@ -234,11 +251,11 @@ scalar_kernel!(k_bf16, scalar::dot_bf16, f32, 2);
 fn scalar_plan(t: GgmlType) -> Option<Plan> {
     use GgmlType as G;
     Some(match t {
-        G::Q4_0 => Plan::Q8_0(k_q4_0),
+        G::Q4_0 => Plan::Q8_0(k_q4_0, None),
         G::Q4_1 => Plan::Q8_1(k_q4_1),
-        G::Q5_0 => Plan::Q8_0(k_q5_0),
+        G::Q5_0 => Plan::Q8_0(k_q5_0, None),
         G::Q5_1 => Plan::Q8_1(k_q5_1),
-        G::Q8_0 => Plan::Q8_0(k_q8_0),
+        G::Q8_0 => Plan::Q8_0(k_q8_0, None),
         G::Q2_K => Plan::Q8K(k_q2_k),
         G::Q3_K => Plan::Q8K(k_q3_k),
         G::Q4_K => Plan::Q8K(k_q4_k),
@@ -306,7 +323,9 @@ fn tiling(n_out: usize, row_bytes: usize, n_rows: usize, threads: usize) -> Tili
     Tiling { out_chunk, row_block }
 }
 
-fn drive<A: Sync>(kern: Kernel<A>, w: &[u8], a: &[A], a_stride: usize, s: Shape, y: &mut [f32]) {
+/// Runs `kern` over all tiles; full, 8-aligned groups of activation rows go to `x8` (kernel and the
+/// interleaved activations, `[group][block]`) when given.
+fn drive<A: Sync>(kern: Kernel<A>, x8: Option<(KernelX8, &[BlockQ8_0x8])>, w: &[u8], a: &[A], a_stride: usize, s: Shape, y: &mut [f32]) {
     debug_assert_eq!(a.len(), a_stride * s.n_rows);
     debug_assert_eq!(w.len(), s.n_out * s.row_bytes);
     let t = tiling(s.n_out, s.row_bytes, s.n_rows, rayon::current_num_threads());
@@ -324,10 +343,19 @@ fn drive<A: Sync>(kern: Kernel<A>, w: &[u8], a: &[A], a_stride: usize, s: Shape,
             let ar = &a[r0 * a_stride..];
             for o in (o0..o1).step_by(MAX_W) {
                 let nw = MAX_W.min(o1 - o);
-                // SAFETY: `w` holds n_out whole rows (checked by `matmul_at`) and o + nw ≤ n_out,
-                // `ar` holds `nr` rows of `a_stride` (= nb) activations, `out` has
-                // MAX_W·MAX_ROWS slots, and `plan` only hands out kernels the CPU supports.
-                unsafe { kern(w.as_ptr().add(o * s.row_bytes), s.row_bytes, nw, ar.as_ptr(), a_stride, s.nb, nr, out.as_mut_ptr()) };
+                let wp = w.as_ptr().wrapping_add(o * s.row_bytes);
+                match x8 {
+                    // SAFETY: as below; r0 is a multiple of 8 (row blocks are multiples of
+                    // MAX_ROWS = 8), so group r0/8 holds exactly these 8 rows, `nb` blocks each.
+                    Some((kx8, ax8)) if nr == 8 => unsafe {
+                        kx8(wp, s.row_bytes, nw, ax8[(r0 / 8) * s.nb..].as_ptr(), s.nb, out.as_mut_ptr())
+                    },
+                    // SAFETY: `w` holds n_out whole rows (checked by `matmul_at`) and
+                    // o + nw ≤ n_out, `ar` holds `nr` rows of `a_stride` (= nb) activations,
+                    // `out` has MAX_W·MAX_ROWS slots, and `plan` only hands out kernels the CPU
+                    // supports.
+                    _ => unsafe { kern(wp, s.row_bytes, nw, ar.as_ptr(), a_stride, s.nb, nr, out.as_mut_ptr()) },
+                }
                 for j in 0..nw {
                     for (i, v) in out[j * MAX_ROWS..j * MAX_ROWS + nr].iter().enumerate() {
                         // SAFETY: (r0 + i) < n_rows and o + j < n_out, so the index is inside

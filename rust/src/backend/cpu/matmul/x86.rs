@@ -203,7 +203,7 @@ macro_rules! kernels {
     ($feat:literal, $helpers:ident, $wide:tt, $maxw:tt) => {
         use core::arch::x86_64::*;
         use super::super::blocks;
-        use super::super::act::{BlockQ8K, BlockQ8_0, BlockQ8_1};
+        use super::super::act::{BlockQ8K, BlockQ8_0, BlockQ8_0x8, BlockQ8_1};
         use super::super::{MAX_ROWS, MAX_W};
 
         $helpers!();
@@ -376,6 +376,75 @@ macro_rules! kernels {
             }
             store(&acc0, &[0.0; R], out);
         }
+
+        /// Sums of each of 8 i32 vectors, as the 8 lanes of one vector (exact; a hadd tree).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn reduce8(v: [__m256i; 8]) -> __m256i {
+            let h01 = _mm256_hadd_epi32(v[0], v[1]);
+            let h23 = _mm256_hadd_epi32(v[2], v[3]);
+            let h45 = _mm256_hadd_epi32(v[4], v[5]);
+            let h67 = _mm256_hadd_epi32(v[6], v[7]);
+            let h0123 = _mm256_hadd_epi32(h01, h23);
+            let h4567 = _mm256_hadd_epi32(h45, h67);
+            _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(h0123, h4567), _mm256_permute2x128_si256::<0x31>(h0123, h4567))
+        }
+
+        /// Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weights · one interleaved group of 8 Q8_0 rows: the
+        /// 8 per-row integer block sums land in the 8 lanes of one vector, scaled by the vector of
+        /// the rows' `d` in one FMA (instead of one convert + FMA per row and block).
+        #[target_feature(enable = $feat)]
+        unsafe fn q0_x8<const KIND: u8>(w: *const u8, a: *const BlockQ8_0x8, nb: usize, out: *mut f32) {
+            let bytes = match KIND { 0 => blocks::q4_0::BYTES, 1 => blocks::q5_0::BYTES, _ => blocks::q8_0::BYTES };
+            let mut acc = _mm256_setzero_ps();
+            for i in 0..nb {
+                let b = w.add(i * bytes);
+                let y = &*a.add(i);
+                let dw = _mm256_set1_ps(f16(b));
+                let mut v = [_mm256_setzero_si256(); 8];
+                if KIND == 2 {
+                    let q = load(b.add(blocks::q8_0::QS));
+                    let aq = _mm256_sign_epi8(q, q);
+                    for r in 0..8 {
+                        let sx = _mm256_sign_epi8(load(y.qs[r].as_ptr() as *const u8), q);
+                        v[r] = dot_us(_mm256_setzero_si256(), aq, sx);
+                    }
+                } else {
+                    let mut u = nibbles32(b.add(if KIND == 1 { blocks::q5_0::QS } else { blocks::q4_0::QS }));
+                    if KIND == 1 {
+                        let qh = (b.add(blocks::q5_0::QH) as *const u32).read_unaligned();
+                        u = _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
+                    }
+                    for r in 0..8 {
+                        v[r] = dot_us(_mm256_setzero_si256(), u, load(y.qs[r].as_ptr() as *const u8));
+                    }
+                }
+                let mut s = reduce8(v);
+                if KIND != 2 {
+                    // Σ(u − off)·q = Σu·q − off·Σq, off = 8 (Q4_0) or 16 (Q5_0).
+                    let sums = _mm256_load_si256(y.sum.as_ptr() as *const __m256i);
+                    let off = if KIND == 1 { _mm256_slli_epi32(sums, 4) } else { _mm256_slli_epi32(sums, 3) };
+                    s = _mm256_sub_epi32(s, off);
+                }
+                let d = _mm256_mul_ps(dw, _mm256_load_ps(y.d.as_ptr()));
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+            }
+            _mm256_storeu_ps(out, acc);
+        }
+
+        macro_rules! x8_entry {
+            ($name:ident, $kind:expr) => {
+                pub(in super::super) unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const BlockQ8_0x8, nb: usize, out: *mut f32) {
+                    debug_assert!(nw >= 1 && nw <= MAX_W);
+                    for j in 0..nw {
+                        q0_x8::<$kind>(w.add(j * w_stride), a, nb, out.add(j * MAX_ROWS));
+                    }
+                }
+            };
+        }
+        x8_entry!(k_q4_0_x8, 0);
+        x8_entry!(k_q5_0_x8, 1);
+        x8_entry!(k_q8_0_x8, 2);
 
         // ------------------------------------------------------------ k-quants
 
@@ -650,9 +719,9 @@ pub(super) fn plan(t: GgmlType, avx512: bool) -> Option<Plan> {
         };
     }
     Some(match t {
-        G::Q4_0 => Plan::Q8_0(pick!(k_q4_0)),
-        G::Q5_0 => Plan::Q8_0(pick!(k_q5_0)),
-        G::Q8_0 => Plan::Q8_0(pick!(k_q8_0)),
+        G::Q4_0 => Plan::Q8_0(pick!(k_q4_0), Some(pick!(k_q4_0_x8))),
+        G::Q5_0 => Plan::Q8_0(pick!(k_q5_0), Some(pick!(k_q5_0_x8))),
+        G::Q8_0 => Plan::Q8_0(pick!(k_q8_0), Some(pick!(k_q8_0_x8))),
         G::Q4_1 => Plan::Q8_1(pick!(k_q4_1)),
         G::Q5_1 => Plan::Q8_1(pick!(k_q5_1)),
         G::Q4_K => Plan::Q8K(pick!(k_q4_k)),
