@@ -205,7 +205,6 @@ enum Plan {
 fn plan(t: GgmlType, level: SimdLevel) -> Option<Plan> {
     #[cfg(target_arch = "x86_64")]
     {
-        // A type without a SIMD kernel (Q2_K, Q3_K) runs the scalar one.
         if level >= SimdLevel::Avx2 {
             if let Some(p) = x86::plan(t, level == SimdLevel::Avx512) {
                 return Some(p);

@@ -608,6 +608,86 @@ macro_rules! kernels {
             store(&acc, &[0.0; R], out);
         }
 
+        /// Q2_K weights · Q8_K: 2-bit values with 4-bit scales and mins per 16 elements.
+        #[target_feature(enable = $feat)]
+        unsafe fn q2k<const R: usize>(w: *const u8, a: *const BlockQ8K, st: usize, nb: usize, out: *mut f32) {
+            use blocks::q2_k::*;
+            let m3 = _mm256_set1_epi8(3);
+            let m4 = _mm_set1_epi8(0xF);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for i in 0..nb {
+                let b = w.add(i * BYTES);
+                let d = f16(b.add(D));
+                let dmin = f16(b.add(DMIN));
+                let sc_raw = _mm_loadu_si128(b.add(SCALES) as *const __m128i);
+                let sc8 = _mm_and_si128(sc_raw, m4);
+                let mins16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc_raw, 4), m4));
+                let mut sumi = [_mm256_setzero_si256(); R];
+                for n in 0..2 {
+                    let q32 = load(b.add(QS + 32 * n));
+                    for j in 0..4 {
+                        let u = _mm256_and_si256(_mm256_srl_epi16(q32, _mm_cvtsi32_si128(2 * j as i32)), m3);
+                        let pat = _mm_loadu_si128(super::PAIR8[4 * n + j].as_ptr() as *const __m128i);
+                        let s16 = _mm256_cvtepu8_epi16(_mm_shuffle_epi8(sc8, pat));
+                        for r in 0..R {
+                            let y = (*a.add(r * st + i)).qs.as_ptr() as *const u8;
+                            sumi[r] = dot_us_scaled(sumi[r], u, load(y.add(128 * n + 32 * j)), s16);
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let y = &*a.add(r * st + i);
+                    let msum = madd_acc(_mm256_setzero_si256(), load(y.bsums.as_ptr() as *const u8), mins16);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * y.d), _mm256_cvtepi32_ps(msum), acc[r]);
+                }
+            }
+            store(&acc, &[0.0; R], out);
+        }
+
+        /// Q3_K weights · Q8_K: `u = q + 4` (0..7, unsigned) in the products, the −4 offset
+        /// applied exactly through `−4·Σ sc·bsum`.
+        #[target_feature(enable = $feat)]
+        unsafe fn q3k<const R: usize>(w: *const u8, a: *const BlockQ8K, st: usize, nb: usize, out: *mut f32) {
+            use blocks::q3_k::*;
+            let m3 = _mm256_set1_epi8(3);
+            let four = _mm256_set1_epi8(4);
+            let mut acc = [_mm256_setzero_ps(); R];
+            for i in 0..nb {
+                let b = w.add(i * BYTES);
+                let d = f16(b.add(D));
+                let scales = blocks::q3k_scales(core::slice::from_raw_parts(b.add(SCALES), 12));
+                let sc8 = _mm_loadu_si128(scales.as_ptr() as *const __m128i);
+                let off16 = _mm256_slli_epi16(_mm256_sub_epi16(_mm256_setzero_si256(), _mm256_cvtepi8_epi16(sc8)), 2);
+                let hm = load(b.add(HMASK));
+                let mut sumi = [_mm256_setzero_si256(); R];
+                for r in 0..R {
+                    let y = &*a.add(r * st + i);
+                    sumi[r] = madd_acc(sumi[r], load(y.bsums.as_ptr() as *const u8), off16);
+                }
+                for n in 0..2 {
+                    let q32 = load(b.add(QS + 32 * n));
+                    for j in 0..4 {
+                        let lo = _mm256_and_si256(_mm256_srl_epi16(q32, _mm_cvtsi32_si128(2 * j as i32)), m3);
+                        let bit = _mm256_set1_epi8((1u8 << (4 * n + j)) as i8);
+                        let h = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit), four);
+                        let u = _mm256_or_si256(lo, h);
+                        let pat = _mm_loadu_si128(super::PAIR8[4 * n + j].as_ptr() as *const __m128i);
+                        let s16 = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, pat));
+                        for r in 0..R {
+                            let y = (*a.add(r * st + i)).qs.as_ptr() as *const u8;
+                            sumi[r] = dot_us_scaled(sumi[r], u, load(y.add(128 * n + 32 * j)), s16);
+                        }
+                    }
+                }
+                for r in 0..R {
+                    let y = &*a.add(r * st + i);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                }
+            }
+            store(&acc, &[0.0; R], out);
+        }
+
         // ------------------------------------------------------------ float formats
 
         /// 8 weights of a float format (`KIND` 0 = f32, 1 = f16, 2 = bf16) as f32.
@@ -695,6 +775,8 @@ macro_rules! kernels {
         entry!($wide, k_q4_k, BlockQ8K, q4k_q5k, false);
         entry!($wide, k_q5_k, BlockQ8K, q4k_q5k, true);
         entry!($wide, k_q6_k, BlockQ8K, q6k);
+        entry!($wide, k_q2_k, BlockQ8K, q2k);
+        entry!($wide, k_q3_k, BlockQ8K, q3k);
         float_entry!($maxw, k_f32, 0);
         float_entry!($maxw, k_f16, 1);
         float_entry!($maxw, k_bf16, 2);
@@ -727,6 +809,8 @@ pub(super) fn plan(t: GgmlType, avx512: bool) -> Option<Plan> {
         G::Q4_K => Plan::Q8K(pick!(k_q4_k)),
         G::Q5_K => Plan::Q8K(pick!(k_q5_k)),
         G::Q6_K => Plan::Q8K(pick!(k_q6_k)),
+        G::Q2_K => Plan::Q8K(pick!(k_q2_k)),
+        G::Q3_K => Plan::Q8K(pick!(k_q3_k)),
         G::F32 => Plan::F32(pick!(k_f32)),
         G::F16 => Plan::F16(pick!(k_f16)),
         G::BF16 => Plan::BF16(pick!(k_bf16)),
