@@ -7,10 +7,15 @@
 //! (f32/f16/bf16 dot products).
 //!
 //! Layout of the work: the output columns (`n_out`, weight rows) are split into chunks run as rayon
-//! tasks; inside a chunk the activation rows are walked in groups of up to [`MAX_ROWS`] and each
-//! weight row is decoded once per group and dotted with every row of the group, so a prefill
-//! (`n_rows` large) loads each weight block once per group instead of once per token, while a
-//! decode (`n_rows` = 1..4) is one sequential pass over the weights.
+//! tasks (and, for a prefill with few weight rows, the activation rows too); inside a
+//! task the activation rows are walked in groups of up to [`MAX_ROWS`] and each weight block is
+//! unpacked once per group and dotted with every row of the group, so a prefill (`n_rows` large)
+//! loads each weight block once per 8 tokens, while a decode (`n_rows` = 1..8) is one sequential
+//! pass over the weights. Q4_0/Q5_0/Q8_0 prefill reads 8 interleaved activation rows
+//! ([`BlockQ8_0x8`]); the float formats block over 4 weight rows × 4 activation rows.
+//!
+//! `FAK_CPU_SIMD=scalar|avx2|avx512` lowers the SIMD level (tests, benches); [`simd_level`] names
+//! the one in use. Every level gives the same integer sums; only f32 summation order differs.
 
 mod act;
 mod blocks;
@@ -80,7 +85,7 @@ pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: u
     let (bs, ts) = wtype.block_geometry();
     let plan = plan(wtype, level)
         .ok_or_else(|| FakError::Unsupported(format!("matmul with {} weights", wtype.name())))?;
-    if k % bs != 0 {
+    if !k.is_multiple_of(bs) {
         return Err(FakError::invalid("k", format!("{k} is not a multiple of the {} block size {bs}", wtype.name())));
     }
     let nb = k / bs;
@@ -131,10 +136,10 @@ pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: u
 pub fn quantize_activations(vec_dot_type: GgmlType, x: &[f32]) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     match vec_dot_type {
-        GgmlType::Q8_0 | GgmlType::Q8_1 if x.len() % QK8_BLOCK != 0 => {
+        GgmlType::Q8_0 | GgmlType::Q8_1 if !x.len().is_multiple_of(QK8_BLOCK) => {
             Err(FakError::invalid("x", format!("length {} is not a multiple of 32", x.len())))
         }
-        GgmlType::Q8_K if x.len() % act::QK_K != 0 => {
+        GgmlType::Q8_K if !x.len().is_multiple_of(act::QK_K) => {
             Err(FakError::invalid("x", format!("length {} is not a multiple of 256", x.len())))
         }
         GgmlType::Q8_0 => {
@@ -218,6 +223,7 @@ fn plan(t: GgmlType, level: SimdLevel) -> Option<Plan> {
 /// Wraps a safe scalar row dot product into a [`Kernel`].
 macro_rules! scalar_kernel {
     ($name:ident, $dot:path, $a:ty, $wbytes:expr) => {
+        #[allow(clippy::too_many_arguments)]
         unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const $a, a_stride: usize, nb: usize, nr: usize, out: *mut f32) {
             // SAFETY: the caller guarantees `nw` whole weight rows and `nr` activation rows of `nb`.
             unsafe {
@@ -332,6 +338,8 @@ fn drive<A: Sync>(kern: Kernel<A>, x8: Option<(KernelX8, &[BlockQ8_0x8])>, w: &[
     let row_tasks = s.n_rows.div_ceil(t.row_block);
     let yp = OutPtr(y.as_mut_ptr());
     let task = |id: usize| {
+        // Capture the whole `OutPtr` (Send + Sync), not just its raw-pointer field.
+        #[allow(clippy::redundant_locals)]
         let yp = yp;
         let (oc, rb) = (id % out_tasks, id / out_tasks);
         let (o0, o1) = (oc * t.out_chunk, ((oc + 1) * t.out_chunk).min(s.n_out));

@@ -6,6 +6,8 @@
 //! in f32; the float formats accumulate f32 products in f64 (`ggml_float`), as ggml's scalar
 //! `ggml_vec_dot_f32/f16/bf16` do.
 
+#![allow(clippy::needless_range_loop)] // indexed loops mirror ggml's reference code
+
 use super::act::{BlockQ8K, BlockQ8_0, BlockQ8_1};
 use super::blocks::{self, bf16_bits_to_f32, f16_at, f16_bits_to_f32, k4_scales_mins, q3k_scales};
 

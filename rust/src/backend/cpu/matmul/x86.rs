@@ -13,7 +13,7 @@
 //! Each kernel handles `R` ≤ 4 activation rows per weight row: the weight block is unpacked once and
 //! dotted with every row (the prefill micro-tile); `R = 1` is the decode GEMV.
 
-#![allow(clippy::missing_safety_doc)]
+#![allow(clippy::missing_safety_doc, clippy::too_many_arguments, clippy::needless_range_loop)]
 
 use super::Plan;
 use crate::quant::GgmlType;
@@ -84,7 +84,7 @@ macro_rules! helpers_avx512 {
 macro_rules! entry {
     ($wide:tt, $name:ident, $a:ty, $f:ident $(, $c:expr)*) => {
         pub(in super::super) unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const $a, st: usize, nb: usize, nr: usize, out: *mut f32) {
-            debug_assert!(nr >= 1 && nr <= MAX_ROWS && nw >= 1 && nw <= MAX_W);
+            debug_assert!((1..=MAX_ROWS).contains(&nr) && (1..=MAX_W).contains(&nw));
             for j in 0..nw {
                 let (w, out) = (w.add(j * w_stride), out.add(j * MAX_ROWS));
                 entry!(@dispatch $wide, w, a, st, nb, nr, out, $f $(, $c)*)
@@ -128,7 +128,7 @@ macro_rules! entry {
 macro_rules! float_entry {
     ($maxw:tt, $name:ident, $kind:expr) => {
         pub(in super::super) unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const f32, st: usize, n: usize, nr: usize, out: *mut f32) {
-            debug_assert!(nr >= 1 && nr <= MAX_ROWS && nw >= 1 && nw <= MAX_W);
+            debug_assert!((1..=MAX_ROWS).contains(&nr) && (1..=MAX_W).contains(&nw));
             if nr == 1 {
                 // Decode: one row at a time with two accumulator chains (a pure weight stream).
                 for j in 0..nw {
@@ -435,7 +435,7 @@ macro_rules! kernels {
         macro_rules! x8_entry {
             ($name:ident, $kind:expr) => {
                 pub(in super::super) unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const BlockQ8_0x8, nb: usize, out: *mut f32) {
-                    debug_assert!(nw >= 1 && nw <= MAX_W);
+                    debug_assert!((1..=MAX_W).contains(&nw));
                     for j in 0..nw {
                         q0_x8::<$kind>(w.add(j * w_stride), a, nb, out.add(j * MAX_ROWS));
                     }
