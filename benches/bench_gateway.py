@@ -11,7 +11,8 @@ run at once, greedy, ``max_tokens`` each, ``rounds`` times:
 
 tok/s = generated tokens / wall time of the round (first request sent → last token received);
 the ratio is gateway tok/s / direct tok/s (aim ≥ 0.97). Greedy decoding makes both paths generate
-the same tokens; the script checks the token counts agree. Each engine and each server first
+the same tokens (the script reports rounds where the counts differ: an engine whose batched
+decoding is not bit-exact can reach EOS at other points). Each engine and each server first
 answers one short warm-up request (template compilation, first engine step, first HTTP
 request), outside the timed round. Runs alternate direct/gateway per
 round so load drift on a shared machine hits both; the table reports the median and the best
@@ -180,6 +181,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         warm = prompts(args.prompt, 1)
         direct: list[tuple[int, float]] = []
         gateway: list[tuple[int, float]] = []
+        mismatched = 0
         for r in range(1 - args.warmup_rounds, args.rounds + 1):  # rounds <= 0 are warm-ups, not counted
             with Engine(str(model), backend=args.backend, n_ctx=args.n_ctx, threads=args.threads,
                         max_batch=max(args.concurrency), kv_cache_tokens=args.kv_cache_tokens) as engine:
@@ -191,8 +193,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 g = asyncio.run(_gateway_round(server.url + "/v1", items, args.prompt, args.max_tokens))
             finally:
                 server.stop()
-            if d[0] != g[0]:
-                raise RuntimeError(f"token counts differ at c={c}: direct {d[0]}, gateway {g[0]} (not greedy?)")
+            if d[0] != g[0]:  # batched greedy decoding is not bit-exact in every engine build
+                print(f"  note: token counts differ at c={c}: direct {d[0]}, gateway {g[0]}", flush=True)
+                mismatched += 1
             if r > 0:
                 direct.append(d)
                 gateway.append(g)
@@ -205,6 +208,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                "gateway_tok_s_median": statistics.median(g_rates), "gateway_tok_s_best": max(g_rates)}
         row["ratio_median"] = row["gateway_tok_s_median"] / row["direct_tok_s_median"]
         row["ratio_best"] = row["gateway_tok_s_best"] / row["direct_tok_s_best"]
+        row["rounds_with_different_token_counts"] = mismatched
         results["rows"].append(row)
     results["machine"]["load_avg_1m_end"] = round(os.getloadavg()[0], 1)
     return results
