@@ -214,3 +214,17 @@ def test_text_tools_header_validation(gateway: Any, http: httpx.Client) -> None:
     r = http.post(gateway.base_url + "/chat/completions", json={"model": MODEL, "messages": [
         {"role": "user", "content": "x"}]}, headers={"X-Fak-Text-Tools": "python"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "X-Fak-Text-Tools"
+
+
+def test_merge_content_keeps_notes_and_calls_apart() -> None:
+    from fak.gateway.chat_completions.protocol import PolicyVerdictInfo
+    from fak.gateway.policy_filter import ContentOut, ToolCallOut, merge_content
+    from fak.gateway.toolcalls import ParsedToolCall
+
+    v = PolicyVerdictInfo(tool="bash", allowed=False, reason="r")
+    call = ToolCallOut(ParsedToolCall("f", "{}", ""), 0)
+    events = [ContentOut("a"), ContentOut("b"), ContentOut("note", v), ContentOut("c"), call, ContentOut("d"),
+              ContentOut("e")]
+    merged = merge_content(events)
+    assert [(e.text, e.verdict) if isinstance(e, ContentOut) else "call" for e in merged] == [
+        ("ab", None), ("note", v), ("c", None), "call", ("de", None)]

@@ -50,6 +50,7 @@ __all__ = [
     "RequestContext",
     "ToolCallOut",
     "denial_note",
+    "merge_content",
     "request_context",
 ]
 
@@ -314,3 +315,19 @@ class AssistantOutputFilter:
             else:
                 out.append(self._note(verdict))
         return out
+
+
+def merge_content(events: list[ContentOut | ToolCallOut]) -> list[ContentOut | ToolCallOut]:
+    """Join adjacent plain ``ContentOut`` events (no verdict) into one, keeping the order.
+
+    Streams send one chunk per merged event: when several deltas are ready at once (a client or a
+    busy server that fell behind), they leave as one chunk instead of one per token.
+    """
+    out: list[ContentOut | ToolCallOut] = []
+    for ev in events:
+        if (isinstance(ev, ContentOut) and ev.verdict is None and out and isinstance(out[-1], ContentOut)
+                and out[-1].verdict is None):
+            out[-1] = ContentOut(out[-1].text + ev.text)
+        else:
+            out.append(ev)
+    return out

@@ -61,6 +61,7 @@ from fak.gateway.policy_filter import (
     ContentOut,
     PolicyGate,
     ToolCallOut,
+    merge_content,
     request_context,
 )
 from fak.gateway.schemas import Usage, decode_body, new_id, now
@@ -358,11 +359,12 @@ class ChatServing:
         try:
             yield chunk(ChatDelta(role="assistant", content=""))
             async for group in run.batches():
-                out: list[bytes] = []
+                events: list[ContentOut | ToolCallOut] = []
                 for delta in group:
                     if req.logprobs:
                         pending_lp += token_logprobs(delta)
-                    out += events_out(filt.feed(delta.text))
+                    events += filt.feed(delta.text)
+                out = events_out(merge_content(events))
                 if out:
                     yield b"".join(out)
             tail = events_out(filt.finish())

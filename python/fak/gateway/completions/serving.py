@@ -39,6 +39,8 @@ from fak.gateway.policy_filter import (
     AssistantOutputFilter,
     ContentOut,
     PolicyGate,
+    ToolCallOut,
+    merge_content,
     request_context,
 )
 from fak.gateway.schemas import Usage, decode_body, new_id, now
@@ -204,12 +206,13 @@ class CompletionServing:
                 yield chunk(echo)
                 offset = len(echo)
             async for group in run.batches():
-                out: list[bytes] = []
+                events: list[ContentOut | ToolCallOut] = []
                 for delta in group:
                     if req.logprobs is not None:
                         pending += token_logprobs(delta)
-                    out += [chunk(ev.text, verdict=ev.verdict) for ev in filt.feed(delta.text)
-                            if isinstance(ev, ContentOut) and (ev.text or ev.verdict)]
+                    events += filt.feed(delta.text)
+                out = [chunk(ev.text, verdict=ev.verdict) for ev in merge_content(events)
+                       if isinstance(ev, ContentOut) and (ev.text or ev.verdict)]
                 if out:
                     yield b"".join(out)
             tail = [chunk(ev.text, verdict=ev.verdict) for ev in filt.finish()
