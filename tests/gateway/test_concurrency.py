@@ -171,3 +171,20 @@ def test_streams_real_engine_05b(engine_05b: Any) -> None:
     n_disconnected, n_cancelled = check_batching(engine_05b, engine_05b.model_name, 4, max_tokens=8, chat=False,
                                                  items=items)
     assert n_disconnected == 2 and n_cancelled >= 1
+
+
+def test_client_gone_while_queued_leaves_the_queue(start_gateway: Any) -> None:
+    eng = FakeEngine(delay=0.02)
+    srv = start_gateway(engine=eng, max_concurrency=1, max_queue=4)
+    gw = srv.app.state.gateway
+    body = {"model": "fake-qwen", "messages": [{"role": "user", "content": "hold the slot"}], "max_tokens": 60}
+    with httpx.Client(timeout=60) as c, c.stream("POST", srv.base_url + "/chat/completions",
+                                                  json={**body, "stream": True}) as running:
+        it = running.iter_raw()
+        next(it)  # the first request holds the only slot
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(srv.base_url + "/chat/completions", json=body, timeout=0.3)
+        assert wait_until(lambda: gw.admission.waiting == 0)  # the queued request left the line
+        assert gw.admission.running == 1
+    assert wait_until(lambda: gw.admission.running == 0 and eng.running == 0)
+    assert len(eng.requests) == 1  # the queued request never reached the engine

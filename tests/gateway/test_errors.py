@@ -194,3 +194,20 @@ def test_engine_error_mid_stream_is_an_error_event(http: httpx.Client, start_gat
     assert eng.running == 0 and eng.kv_blocks_used == 0
     err = assert_error(http.post(srv.base_url + "/chat/completions", json=chat()), 500, code="engine_error")
     assert "RuntimeError" in err["message"]  # non-fak errors are named, not echoed
+
+
+def test_litestar_validation_errors_become_openai_errors() -> None:
+    """Litestar's own ValidationException (parameters it validates) gets the OpenAI shape too."""
+    from litestar.exceptions import ValidationException
+    from litestar.testing import RequestFactory
+
+    from fak.gateway.errors import exception_handlers
+
+    handler = exception_handlers()[ValidationException]
+    exc = ValidationException(detail="Validation failed for GET /x",
+                              extra=[{"message": "Expected `int`, got `str`", "key": "limit", "source": "query"}])
+    resp = handler(RequestFactory().get("/x"), exc)
+    assert resp.status_code == 400
+    body = json.loads(resp.render(resp.content, "application/json"))
+    assert body == {"error": {"message": "Invalid request: Expected `int`, got `str` (at 'limit')",
+                              "type": "invalid_request_error", "param": "limit", "code": None}}
