@@ -1,0 +1,462 @@
+//! Causal grouped-query attention over the paged f16 KV cache, for a batch of sequences with
+//! different lengths (prefill rows and decode rows alike).
+//!
+//! Each task is (sequence, KV head, tile of up to [`ROW_TILE`] consecutive rows, the query heads
+//! of that KV head's group); it walks the sequence's block table one KV block at a time with the
+//! online softmax of FlashAttention (Dao et al. 2022, §3.1): running max `m`, running sum `l`,
+//! rescaled accumulator. Keys and values are converted from f16 once per block and reused by every
+//! query vector of the tile, so GQA groups and prefill tiles read the cache once. Scores,
+//! softmax and the weighted sum of V are f32 (llama.cpp's non-flash CPU path also rounds `q` and
+//! the probabilities to f16; fak keeps them f32).
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::kv::CpuKvCache;
+use super::vecops::{self, Isa};
+use crate::backend::{AttnParams, BatchPlan};
+
+/// Rows of one sequence processed together by one task (prefill).
+pub const ROW_TILE: usize = 16;
+
+/// One unit of parallel work.
+#[derive(Debug, Clone, Copy)]
+struct Task {
+    seq: u32,
+    kv_head: u32,
+    /// Rows `row_lo..row_hi` relative to the sequence's first row.
+    row_lo: u32,
+    row_hi: u32,
+    /// Query heads `head_lo..head_hi` (absolute head indices, all in `kv_head`'s group).
+    head_lo: u32,
+    head_hi: u32,
+}
+
+#[derive(Default)]
+struct Scratch {
+    q: Vec<f32>,
+    s: Vec<f32>,
+    kf: Vec<f32>,
+    vf: Vec<f32>,
+    acc: Vec<f32>,
+    m: Vec<f32>,
+    l: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Output pointer shared by tasks that write disjoint (row, head) regions.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint regions (distinct (row, head) pairs), see `attention`.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// `out[r, h, :] = softmax(scale · q[r, h, :] · Kᵀ) · V` over each row's causal context (see
+/// [`crate::backend::Backend::attention`]). `q` and `out` are `[n_rows, n_head · head_dim]`.
+pub fn attention(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchPlan, n_rows: usize, p: &AttnParams, out: &mut [f32]) {
+    let AttnParams { n_head, n_head_kv, head_dim, .. } = *p;
+    let width = n_head * head_dim;
+    assert!(q.len() >= n_rows * width && out.len() >= n_rows * width, "attention buffers too small");
+    assert!(n_head % n_head_kv == 0, "n_head must be a multiple of n_head_kv");
+    let group = n_head / n_head_kv;
+
+    // Tile rows; split GQA groups per head when there are too few tasks to fill the pool.
+    let n_tiles: usize = plan.seqs.iter().map(|s| (s.n_rows as usize).div_ceil(ROW_TILE)).sum::<usize>() * n_head_kv;
+    let heads_per_task = if n_tiles >= 2 * rayon::current_num_threads() { group } else { 1 };
+    let mut tasks = Vec::with_capacity(n_tiles * group / heads_per_task);
+    for (si, s) in plan.seqs.iter().enumerate() {
+        for g in 0..n_head_kv {
+            for lo in (0..s.n_rows).step_by(ROW_TILE) {
+                for h in (0..group).step_by(heads_per_task) {
+                    tasks.push(Task {
+                        seq: si as u32,
+                        kv_head: g as u32,
+                        row_lo: lo,
+                        row_hi: (lo + ROW_TILE as u32).min(s.n_rows),
+                        head_lo: (g * group + h) as u32,
+                        head_hi: (g * group + h + heads_per_task) as u32,
+                    });
+                }
+            }
+        }
+    }
+    let outp = OutPtr(out.as_mut_ptr());
+    let run = |t: &Task| {
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            // SAFETY: each task writes only rows row_lo..row_hi of its sequence and heads
+            // head_lo..head_hi; tasks partition (row, head) pairs, and `out` outlives the loop.
+            unsafe { attend_task(q, cache, layer, plan, p, t, &mut scratch, outp) };
+        })
+    };
+    if tasks.len() == 1 {
+        run(&tasks[0]);
+    } else {
+        tasks.par_iter().for_each(run);
+    }
+}
+
+/// # Safety
+/// `out` must be valid for `[n_rows, n_head · head_dim]` and no other thread may write the
+/// (row, head) region of task `t`.
+unsafe fn attend_task(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchPlan, p: &AttnParams, t: &Task, sc: &mut Scratch, out: OutPtr) {
+    let hd = p.head_dim;
+    let width = p.n_head * hd;
+    let seq = plan.seqs[t.seq as usize];
+    let table = &plan.block_tables[seq.table0 as usize..(seq.table0 + seq.n_blocks) as usize];
+    let bs = cache.layout.block_size;
+    let nh = (t.head_hi - t.head_lo) as usize;
+    let n_tile_rows = (t.row_hi - t.row_lo) as usize;
+    let nq = n_tile_rows * nh;
+
+    // Gather the tile's query vectors (pre-scaled), r = row_in_tile · nh + head_in_task.
+    sc.q.resize(nq * hd, 0.0);
+    for i in 0..n_tile_rows {
+        let row = (seq.row0 + t.row_lo) as usize + i;
+        for hh in 0..nh {
+            let h = t.head_lo as usize + hh;
+            let src = &q[row * width + h * hd..][..hd];
+            for (d, &s) in sc.q[(i * nh + hh) * hd..][..hd].iter_mut().zip(src) {
+                *d = s * p.scale;
+            }
+        }
+    }
+    sc.acc.clear();
+    sc.acc.resize(nq * hd, 0.0);
+    sc.m.clear();
+    sc.m.resize(nq, f32::NEG_INFINITY);
+    sc.l.clear();
+    sc.l.resize(nq, 0.0);
+    sc.s.resize(nq * bs, 0.0);
+    sc.kf.resize(bs * hd, 0.0);
+    sc.vf.resize(bs * hd, 0.0);
+
+    // Context of tile row i: positions 0 .. n_past + row_lo + i + 1.
+    let ctx0 = (seq.n_past + t.row_lo) as usize + 1;
+    let ctx_max = ctx0 + n_tile_rows - 1;
+    let isa = if hd % 8 == 0 { vecops::isa() } else { Isa::Scalar };
+    let n_blocks = ctx_max.div_ceil(bs);
+    for (bi, &block) in table.iter().enumerate().take(n_blocks) {
+        let pos0 = bi * bs;
+        let n_k = bs.min(ctx_max - pos0);
+        let kb = &cache.k_block(layer, block as usize, t.kv_head as usize)[..n_k * hd];
+        vecops::f16_to_f32(kb, &mut sc.kf[..n_k * hd]);
+        scores(isa, &sc.q, nq, &sc.kf, n_k, hd, &mut sc.s);
+        // Online softmax update per query vector.
+        for i in 0..n_tile_rows {
+            let valid = (ctx0 + i).saturating_sub(pos0).min(n_k);
+            for hh in 0..nh {
+                let r = i * nh + hh;
+                let s = &mut sc.s[r * n_k..(r + 1) * n_k];
+                if valid == 0 {
+                    s.fill(0.0);
+                    continue;
+                }
+                let mx = s[..valid].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+                let m_new = sc.m[r].max(mx);
+                let corr = (sc.m[r] - m_new).exp();
+                sc.m[r] = m_new;
+                let sum = exp_shift(isa, &mut s[..valid], m_new);
+                s[valid..].fill(0.0);
+                if corr != 1.0 {
+                    for a in &mut sc.acc[r * hd..(r + 1) * hd] {
+                        *a *= corr;
+                    }
+                }
+                sc.l[r] = sc.l[r] * corr + sum;
+            }
+        }
+        let vb = &cache.v_block(layer, block as usize, t.kv_head as usize)[..n_k * hd];
+        vecops::f16_to_f32(vb, &mut sc.vf[..n_k * hd]);
+        accumulate_v(isa, &sc.s, nq, &sc.vf, n_k, hd, &mut sc.acc);
+    }
+
+    for i in 0..n_tile_rows {
+        let row = (seq.row0 + t.row_lo) as usize + i;
+        for hh in 0..nh {
+            let r = i * nh + hh;
+            let h = t.head_lo as usize + hh;
+            let inv = if sc.l[r] > 0.0 { 1.0 / sc.l[r] } else { 0.0 };
+            let dst = out.0.add(row * width + h * hd);
+            for d in 0..hd {
+                *dst.add(d) = sc.acc[r * hd + d] * inv;
+            }
+        }
+    }
+}
+
+/// `s[r, j] = q[r, :] · k[j, :]` for `nq` query vectors and `n_k` keys of `hd` elements.
+fn scores(isa: Isa, q: &[f32], nq: usize, k: &[f32], n_k: usize, hd: usize, s: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: AVX2/FMA/F16C detected (isa), hd % 8 == 0 (checked by the caller), slices
+        // hold nq·hd, n_k·hd and nq·n_k elements.
+        unsafe { avx2_scores(q, nq, k, n_k, hd, s) };
+        return;
+    }
+    let _ = isa;
+    for r in 0..nq {
+        let qr = &q[r * hd..(r + 1) * hd];
+        for j in 0..n_k {
+            let kj = &k[j * hd..(j + 1) * hd];
+            s[r * n_k + j] = qr.iter().zip(kj).map(|(a, b)| a * b).sum();
+        }
+    }
+}
+
+/// `s[j] = exp(s[j] − m)` in place; returns `Σ s[j]`.
+fn exp_shift(isa: Isa, s: &mut [f32], m: f32) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: AVX2/FMA/F16C detected.
+        return unsafe { avx2_exp_shift(s, m) };
+    }
+    let _ = isa;
+    let mut sum = 0.0;
+    for x in s.iter_mut() {
+        *x = (*x - m).exp();
+        sum += *x;
+    }
+    sum
+}
+
+/// `acc[r, :] += Σ_j p[r, j] · v[j, :]`.
+fn accumulate_v(isa: Isa, p: &[f32], nq: usize, v: &[f32], n_k: usize, hd: usize, acc: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: as in `scores`.
+        unsafe { avx2_accumulate_v(p, nq, v, n_k, hd, acc) };
+        return;
+    }
+    let _ = isa;
+    for r in 0..nq {
+        let a = &mut acc[r * hd..(r + 1) * hd];
+        for j in 0..n_k {
+            let w = p[r * n_k + j];
+            if w == 0.0 {
+                continue;
+            }
+            for (x, &y) in a.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+                *x += w * y;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_scores(q: &[f32], nq: usize, k: &[f32], n_k: usize, hd: usize, s: &mut [f32]) {
+    for r in 0..nq {
+        let qr = q.as_ptr().add(r * hd);
+        for j in 0..n_k {
+            s[r * n_k + j] = vecops::avx2::dot(qr, k.as_ptr().add(j * hd), hd);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_exp_shift(s: &mut [f32], m: f32) -> f32 {
+    use std::arch::x86_64::*;
+    let mv = _mm256_set1_ps(m);
+    let mut acc = _mm256_setzero_ps();
+    let n = s.len();
+    let mut i = 0;
+    while i + 8 <= n {
+        let e = vecops::avx2::exp(_mm256_sub_ps(_mm256_loadu_ps(s.as_ptr().add(i)), mv));
+        _mm256_storeu_ps(s.as_mut_ptr().add(i), e);
+        acc = _mm256_add_ps(acc, e);
+        i += 8;
+    }
+    let mut sum = vecops::avx2::hsum(acc);
+    for x in &mut s[i..] {
+        *x = (*x - m).exp();
+        sum += *x;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_accumulate_v(p: &[f32], nq: usize, v: &[f32], n_k: usize, hd: usize, acc: &mut [f32]) {
+    use std::arch::x86_64::*;
+    for r in 0..nq {
+        let pr = p.as_ptr().add(r * n_k);
+        let a = acc.as_mut_ptr().add(r * hd);
+        let mut d = 0;
+        // 32 columns at a time: four independent FMA chains.
+        while d + 32 <= hd {
+            let mut c = [_mm256_loadu_ps(a.add(d)), _mm256_loadu_ps(a.add(d + 8)), _mm256_loadu_ps(a.add(d + 16)), _mm256_loadu_ps(a.add(d + 24))];
+            for j in 0..n_k {
+                let w = _mm256_set1_ps(*pr.add(j));
+                let vj = v.as_ptr().add(j * hd + d);
+                for (l, cl) in c.iter_mut().enumerate() {
+                    *cl = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj.add(8 * l)), *cl);
+                }
+            }
+            for (l, cl) in c.iter().enumerate() {
+                _mm256_storeu_ps(a.add(d + 8 * l), *cl);
+            }
+            d += 32;
+        }
+        while d + 8 <= hd {
+            let mut c = _mm256_loadu_ps(a.add(d));
+            for j in 0..n_k {
+                c = _mm256_fmadd_ps(_mm256_set1_ps(*pr.add(j)), _mm256_loadu_ps(v.as_ptr().add(j * hd + d)), c);
+            }
+            _mm256_storeu_ps(a.add(d), c);
+            d += 8;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{KvLayout, LogitRows};
+
+    /// Deterministic pseudo-random values in [-1, 1).
+    fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Naive f64 attention of one sequence over K/V `[ctx, n_kv, hd]` (already f16-rounded).
+    fn naive(q: &[f32], k: &[f32], v: &[f32], n_past: usize, n_rows: usize, p: &AttnParams) -> Vec<f32> {
+        let (nh, nkv, hd) = (p.n_head, p.n_head_kv, p.head_dim);
+        let mut out = vec![0f32; n_rows * nh * hd];
+        for i in 0..n_rows {
+            let ctx = n_past + i + 1;
+            for h in 0..nh {
+                let g = h / (nh / nkv);
+                let qv = &q[(i * nh + h) * hd..][..hd];
+                let s: Vec<f64> = (0..ctx)
+                    .map(|t| (0..hd).map(|d| qv[d] as f64 * k[(t * nkv + g) * hd + d] as f64).sum::<f64>() * p.scale as f64)
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for d in 0..hd {
+                    let o: f64 = (0..ctx).map(|t| e[t] * v[(t * nkv + g) * hd + d] as f64).sum::<f64>() / z;
+                    out[(i * nh + h) * hd + d] = o as f32;
+                }
+            }
+        }
+        out
+    }
+
+    fn round_f16(x: &[f32]) -> Vec<f32> {
+        x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+    }
+
+    /// Several sequences with different histories and new-row counts, scattered blocks: every
+    /// output row must match the naive attention of its own sequence.
+    fn check(p: AttnParams, block_size: usize, seqs: &[(usize, usize)]) {
+        let kvw = p.n_head_kv * p.head_dim;
+        let max_blocks = 64;
+        let layout = KvLayout { n_layer: 2, n_blocks: max_blocks, block_size, n_head_kv: p.n_head_kv, head_dim: p.head_dim };
+        let mut cache = CpuKvCache::new(layout).unwrap();
+        // Allocate blocks in a scrambled order so that tables are not contiguous.
+        let mut free: Vec<u32> = (0..max_blocks as u32).rev().collect();
+        free.sort_by_key(|b| (b * 37) % max_blocks as u32);
+        let mut all_k = Vec::new();
+        let mut all_v = Vec::new();
+        let mut tables = Vec::new();
+        // History: write each sequence's first n_past tokens in its own batch.
+        for (si, &(n_past, n_new)) in seqs.iter().enumerate() {
+            let total = n_past + n_new;
+            let table: Vec<u32> = (0..total.div_ceil(block_size)).map(|_| free.pop().unwrap()).collect();
+            let k = rand_vec(total * kvw, 100 + si as u64);
+            let v = rand_vec(total * kvw, 200 + si as u64);
+            if n_past > 0 {
+                let mut plan = BatchPlan::default();
+                plan.push_seq(&vec![0; n_past], 0, &table, block_size, LogitRows::None);
+                cache.write(1, &k[..n_past * kvw], &v[..n_past * kvw], &plan, n_past);
+            }
+            all_k.push(k);
+            all_v.push(v);
+            tables.push(table);
+        }
+        // The batch: every sequence's new rows.
+        let mut plan = BatchPlan::default();
+        let mut kb = Vec::new();
+        let mut vb = Vec::new();
+        for (si, &(n_past, n_new)) in seqs.iter().enumerate() {
+            plan.push_seq(&vec![0; n_new], n_past, &tables[si], block_size, LogitRows::Last);
+            kb.extend_from_slice(&all_k[si][n_past * kvw..]);
+            vb.extend_from_slice(&all_v[si][n_past * kvw..]);
+        }
+        let n_rows = plan.n_tokens();
+        cache.write(1, &kb, &vb, &plan, n_rows);
+        let width = p.n_head * p.head_dim;
+        let q = rand_vec(n_rows * width, 7);
+        let mut out = vec![f32::NAN; n_rows * width];
+        attention(&q, &cache, 1, &plan, n_rows, &p, &mut out);
+        for (si, &(n_past, n_new)) in seqs.iter().enumerate() {
+            let row0 = plan.seqs[si].row0 as usize;
+            let want = naive(&q[row0 * width..(row0 + n_new) * width], &round_f16(&all_k[si]), &round_f16(&all_v[si]), n_past, n_new, &p);
+            let got = &out[row0 * width..(row0 + n_new) * width];
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() <= 2e-5, "seq {si} elem {j}: {g} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn matches_naive_gqa_prefill_and_decode_mixed() {
+        let p = AttnParams { n_head: 6, n_head_kv: 2, head_dim: 64, scale: 0.125 };
+        // (tokens already cached, new rows): decode rows, a fresh prefill, a chunked prefill.
+        check(p, 16, &[(0, 37), (20, 1), (47, 1), (33, 18), (0, 1)]);
+    }
+
+    #[test]
+    fn matches_naive_odd_head_dim_and_mha() {
+        // head_dim not a multiple of 8 takes the portable path; MHA (group of 1).
+        let p = AttnParams { n_head: 3, n_head_kv: 3, head_dim: 12, scale: 1.0 / 12f32.sqrt() };
+        check(p, 8, &[(5, 3), (0, 20)]);
+    }
+
+    #[test]
+    fn matches_naive_many_decode_rows() {
+        let p = AttnParams { n_head: 14, n_head_kv: 2, head_dim: 64, scale: 0.125 };
+        let seqs: Vec<(usize, usize)> = (0..9).map(|i| (i * 13 % 70, 1)).collect();
+        check(p, 32, &seqs);
+    }
+
+    #[test]
+    fn scalar_and_simd_paths_agree() {
+        let (nq, n_k, hd) = (5, 13, 128);
+        let q = rand_vec(nq * hd, 1);
+        let k = rand_vec(n_k * hd, 2);
+        let mut s1 = vec![0f32; nq * n_k];
+        let mut s2 = vec![0f32; nq * n_k];
+        scores(Isa::Scalar, &q, nq, &k, n_k, hd, &mut s1);
+        scores(vecops::isa(), &q, nq, &k, n_k, hd, &mut s2);
+        for (a, b) in s1.iter().zip(&s2) {
+            assert!((a - b).abs() < 1e-4);
+        }
+        let mut a1 = vec![0.5f32; nq * hd];
+        let mut a2 = a1.clone();
+        accumulate_v(Isa::Scalar, &s1, nq, &k, n_k, hd, &mut a1);
+        accumulate_v(vecops::isa(), &s1, nq, &k, n_k, hd, &mut a2);
+        for (a, b) in a1.iter().zip(&a2) {
+            assert!((a - b).abs() < 1e-3);
+        }
+        let mut e1 = s1.clone();
+        let mut e2 = s1.clone();
+        let z1 = exp_shift(Isa::Scalar, &mut e1, 3.0);
+        let z2 = exp_shift(vecops::isa(), &mut e2, 3.0);
+        assert!((z1 - z2).abs() <= 1e-5 * z1);
+    }
+}
