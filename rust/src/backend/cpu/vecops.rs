@@ -74,6 +74,31 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     }
 }
 
+/// `out[i] = e^((x[i] − m) · s)`; returns `Σ out[i]` (accumulated in f64 across lanes).
+/// With `out = None` only the sum is computed. Used for softmax over a vocabulary.
+pub fn exp_scaled_sum(x: &[f32], m: f32, s: f32, out: Option<&mut [f32]>) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx2 {
+        // SAFETY: the features were detected at run time.
+        return unsafe { avx2::exp_scaled_sum(x, m, s, out) };
+    }
+    let mut sum = 0f64;
+    match out {
+        Some(o) => {
+            for (o, &v) in o.iter_mut().zip(x) {
+                *o = ((v - m) * s).exp();
+                sum += *o as f64;
+            }
+        }
+        None => {
+            for &v in x {
+                sum += ((v - m) * s).exp() as f64;
+            }
+        }
+    }
+    sum
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     //! AVX2 + FMA + F16C kernels. Every function requires those features (callers check
@@ -171,6 +196,38 @@ pub(crate) mod avx2 {
         let ni = _mm256_cvtps_epi32(n);
         let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(ni, _mm256_set1_epi32(127))));
         _mm256_andnot_ps(underflow, _mm256_mul_ps(p, pow2n))
+    }
+
+    /// # Safety
+    /// Requires AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn exp_scaled_sum(x: &[f32], m: f32, s: f32, mut out: Option<&mut [f32]>) -> f64 {
+        let (mv, sv) = (_mm256_set1_ps(m), _mm256_set1_ps(s));
+        let n = x.len();
+        let mut total = 0f64;
+        let mut i = 0;
+        // Sum 8 lanes in f32 over chunks of 1024 elements, then in f64.
+        while i + 8 <= n {
+            let end = (i + 1024).min(n - n % 8);
+            let mut acc = _mm256_setzero_ps();
+            while i < end {
+                let e = exp(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), mv), sv));
+                if let Some(o) = out.as_deref_mut() {
+                    _mm256_storeu_ps(o.as_mut_ptr().add(i), e);
+                }
+                acc = _mm256_add_ps(acc, e);
+                i += 8;
+            }
+            total += hsum(acc) as f64;
+        }
+        for j in i..n {
+            let e = ((x[j] - m) * s).exp();
+            if let Some(o) = out.as_deref_mut() {
+                o[j] = e;
+            }
+            total += e as f64;
+        }
+        total
     }
 
     /// # Safety
