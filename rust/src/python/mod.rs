@@ -4,6 +4,9 @@
 use pyo3::prelude::*;
 
 mod errors;
+mod gguf;
+mod model;
+mod ops;
 
 pub(crate) use errors::to_py;
 
@@ -22,5 +25,8 @@ where
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
+    gguf::register(m)?;
+    ops::register(m)?;
+    model::register(m)?;
     Ok(())
 }

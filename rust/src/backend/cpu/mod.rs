@@ -4,8 +4,8 @@
 //! family. Everything runs on the rayon pool the caller installs (the model's pool).
 
 pub mod attention;
-mod dequant;
 pub mod kv;
+pub mod matmul;
 pub mod norm;
 pub mod rope;
 pub mod vecops;
@@ -107,7 +107,7 @@ impl Backend for CpuBackend {
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
             return Err(FakError::invalid("token_ids", format!("token id {bad} is out of range for a vocabulary of {n_vocab}")));
         }
-        let one = |(o, &t): (&mut [f32], &u32)| dequant::dequantize(table.wtype, &bytes[t as usize * rb..][..rb], o);
+        let one = |(o, &t): (&mut [f32], &u32)| crate::quant::dequantize_row(table.wtype, &bytes[t as usize * rb..][..rb], o);
         let out = &mut out.0[..n_tokens * dim];
         if n_tokens >= 32 {
             out.par_chunks_mut(dim).zip(tokens.par_iter()).try_for_each(one)
@@ -126,7 +126,7 @@ impl Backend for CpuBackend {
     fn matmul(&self, w: &CpuWeight, bias: Option<&CpuWeight>, x: &CpuBuffer, n_rows: usize, out: &mut CpuBuffer) -> Result<()> {
         let (k, n_out) = (w.k(), w.n_out());
         let y = &mut out.0[..n_rows * n_out];
-        dequant::matmul(w.wtype, w.bytes(), n_out, k, &x.0[..n_rows * k], n_rows, y)?;
+        matmul::matmul(w.wtype, w.bytes(), n_out, k, &x.0[..n_rows * k], n_rows, y)?;
         if let Some(b) = bias {
             let b = f32_of(b)?;
             for row in y.chunks_exact_mut(n_out) {

@@ -70,7 +70,7 @@ impl CpuWeight {
         }
         let data = if t.dims.len() <= 1 {
             let mut v = vec![0f32; n_elements];
-            super::dequant::dequantize(t.wtype, t.data, &mut v)
+            crate::quant::dequantize_row(t.wtype, t.data, &mut v)
                 .map_err(|e| FakError::model(format!("tensor {}: {e}", t.name)))?;
             WeightData::F32(v)
         } else {
