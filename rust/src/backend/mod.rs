@@ -262,6 +262,17 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `dims = [k, n_out]`, `x` is `[n_rows, k]`, `out` is `[n_rows, n_out]`.
     fn matmul(&self, w: &Self::Weight, bias: Option<&Self::Weight>, x: &Self::Buffer, n_rows: usize, out: &mut Self::Buffer) -> Result<()>;
 
+    /// Several matmuls of the same input: `outs[i] = x · W_iᵀ (+ b_i)` (Q/K/V, gate/up). The
+    /// default runs them one after another; a backend may overlap them (the CPU backend runs them
+    /// in one parallel region, saving a thread barrier per matmul).
+    fn matmul_multi(&self, ws: &[(&Self::Weight, Option<&Self::Weight>)], x: &Self::Buffer, n_rows: usize, outs: &mut [&mut Self::Buffer]) -> Result<()> {
+        debug_assert_eq!(ws.len(), outs.len());
+        for ((w, b), out) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(w, *b, x, n_rows, out)?;
+        }
+        Ok(())
+    }
+
     /// Rotates `x` (`[n_rows, n_heads, head_dim]`) in place by each row's position in `batch`.
     /// `freq_factors` (`[n_rot/2]`) divides the angle of each pair when given.
     fn rope(

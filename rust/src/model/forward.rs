@@ -10,10 +10,12 @@
 //! logits = rmsnorm(x[logit rows])·w_out_norm · W_out
 //! ```
 //!
-//! (llama.cpp `build_llama` / `build_qwen2`.) Only the rows that need logits go through the final
-//! norm and the LM head, as llama.cpp's `inp_out_ids`.
+//! (llama.cpp `build_llama` / `build_qwen2`.) Only the rows that need logits go through the last
+//! block's output projection and MLP, the final norm and the LM head, as llama.cpp's `inp_out_ids`
+//! (a prefill chunk that needs no logits skips them altogether).
 
-use super::Model;
+use super::weights::LayerWeights;
+use super::{Model, ModelConfig};
 use crate::backend::{Backend, BatchLimits, BatchPlan, GraphKey};
 use crate::{FakError, Result};
 
@@ -29,6 +31,7 @@ pub struct Scratch<B: Backend> {
     k: B::Buffer,
     v: B::Buffer,
     att: B::Buffer,
+    att_l: B::Buffer,
     tmp: B::Buffer,
     gate: B::Buffer,
     up: B::Buffer,
@@ -54,6 +57,7 @@ impl<B: Backend> Scratch<B> {
             k: b.alloc_buffer(t * c.kv_dim())?,
             v: b.alloc_buffer(t * c.kv_dim())?,
             att: b.alloc_buffer(t * c.q_dim())?,
+            att_l: b.alloc_buffer(max_logits * c.q_dim())?,
             tmp: b.alloc_buffer(t * c.n_embd)?,
             gate: b.alloc_buffer(t * c.n_ff)?,
             up: b.alloc_buffer(t * c.n_ff)?,
@@ -90,35 +94,67 @@ impl<B: Backend> Model<B> {
         let decode_only = plan.seqs.iter().all(|q| q.n_rows == 1);
         let key = decode_only.then_some(GraphKey { n_tokens: n, n_logits });
         let attn = c.attn();
-        let (d, ff) = (c.n_embd, c.n_ff);
+        let d = c.n_embd;
         let mut run = || -> Result<()> {
-            be.embed(&w.token_embd, &s.batch, n, &mut s.x)?;
+            let Scratch { x, h, q, k, v, att, att_l, tmp, gate, up, xl, logits, batch, .. } = &mut *s;
+            let batch = &*batch;
+            be.embed(&w.token_embd, batch, n, x)?;
+            let mut pruned = false;
             for (il, lw) in w.layers.iter().enumerate() {
-                be.rmsnorm(&s.x, &lw.attn_norm, c.rms_eps, n, d, &mut s.h)?;
-                be.matmul(&lw.wq, lw.bq.as_ref(), &s.h, n, &mut s.q)?;
-                be.matmul(&lw.wk, lw.bk.as_ref(), &s.h, n, &mut s.k)?;
-                be.matmul(&lw.wv, lw.bv.as_ref(), &s.h, n, &mut s.v)?;
-                be.rope(&mut s.q, &s.batch, n, c.n_head, c.head_dim, &c.rope, w.rope_freqs.as_ref())?;
-                be.rope(&mut s.k, &s.batch, n, c.n_head_kv, c.head_dim, &c.rope, w.rope_freqs.as_ref())?;
-                be.kv_write(kv, il, &s.k, &s.v, &s.batch, n)?;
-                be.attention(&s.q, kv, il, &s.batch, n, &attn, &mut s.att)?;
-                be.matmul(&lw.wo, lw.bo.as_ref(), &s.att, n, &mut s.tmp)?;
-                be.add(&mut s.x, &s.tmp, n * d)?;
-                be.rmsnorm(&s.x, &lw.ffn_norm, c.rms_eps, n, d, &mut s.h)?;
-                be.matmul(&lw.w_gate, None, &s.h, n, &mut s.gate)?;
-                be.matmul(&lw.w_up, None, &s.h, n, &mut s.up)?;
-                be.swiglu(&mut s.gate, &s.up, n * ff)?;
-                be.matmul(&lw.w_down, None, &s.gate, n, &mut s.tmp)?;
-                be.add(&mut s.x, &s.tmp, n * d)?;
+                be.rmsnorm(x, &lw.attn_norm, c.rms_eps, n, d, h)?;
+                be.matmul_multi(&[(&lw.wq, lw.bq.as_ref()), (&lw.wk, lw.bk.as_ref()), (&lw.wv, lw.bv.as_ref())], h, n, &mut [&mut *q, &mut *k, &mut *v])?;
+                be.rope(q, batch, n, c.n_head, c.head_dim, &c.rope, w.rope_freqs.as_ref())?;
+                be.rope(k, batch, n, c.n_head_kv, c.head_dim, &c.rope, w.rope_freqs.as_ref())?;
+                be.kv_write(kv, il, k, v, batch, n)?;
+                be.attention(q, kv, il, batch, n, &attn, att)?;
+                if il + 1 == w.layers.len() && n_logits < n {
+                    // Last layer: only the rows that need logits go on (llama.cpp `inp_out_ids`);
+                    // every row's K/V is already in the cache.
+                    pruned = true;
+                    if n_logits > 0 {
+                        be.gather_logit_rows(att, batch, c.q_dim(), att_l)?;
+                        be.gather_logit_rows(x, batch, d, xl)?;
+                        block_tail(be, lw, c, n_logits, xl, att_l, h, tmp, gate, up)?;
+                    }
+                } else {
+                    block_tail(be, lw, c, n, x, att, h, tmp, gate, up)?;
+                }
             }
             if n_logits > 0 {
-                be.gather_logit_rows(&s.x, &s.batch, d, &mut s.xl)?;
-                be.rmsnorm(&s.xl, &w.output_norm, c.rms_eps, n_logits, d, &mut s.h)?;
-                be.matmul(w.lm_head(), None, &s.h, n_logits, &mut s.logits)?;
+                if !pruned {
+                    be.gather_logit_rows(x, batch, d, xl)?;
+                }
+                be.rmsnorm(xl, &w.output_norm, c.rms_eps, n_logits, d, h)?;
+                be.matmul(w.lm_head(), None, h, n_logits, logits)?;
             }
             Ok(())
         };
         be.run_forward(key, &mut run)?;
         Ok(n_logits)
     }
+}
+
+/// The rest of a transformer block after attention, on `n` rows: `x += att·Wo (+bo)`, then
+/// `x += (silu(h·Wgate) ⊙ h·Wup)·Wdown` with `h = rmsnorm(x)·w_ffn_norm`.
+#[allow(clippy::too_many_arguments)]
+fn block_tail<B: Backend>(
+    be: &B,
+    lw: &LayerWeights<B>,
+    c: &ModelConfig,
+    n: usize,
+    x: &mut B::Buffer,
+    att: &B::Buffer,
+    h: &mut B::Buffer,
+    tmp: &mut B::Buffer,
+    gate: &mut B::Buffer,
+    up: &mut B::Buffer,
+) -> Result<()> {
+    let d = c.n_embd;
+    be.matmul(&lw.wo, lw.bo.as_ref(), att, n, tmp)?;
+    be.add(x, tmp, n * d)?;
+    be.rmsnorm(x, &lw.ffn_norm, c.rms_eps, n, d, h)?;
+    be.matmul_multi(&[(&lw.w_gate, None), (&lw.w_up, None)], h, n, &mut [&mut *gate, &mut *up])?;
+    be.swiglu(gate, up, n * c.n_ff)?;
+    be.matmul(&lw.w_down, None, gate, n, tmp)?;
+    be.add(x, tmp, n * d)
 }

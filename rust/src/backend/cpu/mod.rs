@@ -138,6 +138,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn matmul_multi(&self, ws: &[(&CpuWeight, Option<&CpuWeight>)], x: &CpuBuffer, n_rows: usize, outs: &mut [&mut CpuBuffer]) -> Result<()> {
+        debug_assert_eq!(ws.len(), outs.len());
+        outs.par_iter_mut().zip(ws.par_iter()).try_for_each(|(out, (w, b))| self.matmul(w, *b, x, n_rows, out))
+    }
+
     fn rope(
         &self,
         x: &mut CpuBuffer,
