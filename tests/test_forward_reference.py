@@ -534,6 +534,36 @@ def test_kv_cache_pressure_preempts_and_recovers(tiny):
     assert stats["decode_tokens"] > 0 and stats["prefill_tokens"] > 0
 
 
+def test_concurrent_calls_are_serialized(tiny):
+    """Misuse from several Python threads: calls wait for each other (a lock inside), nothing
+    crashes, and each thread's results are what it would get alone."""
+    import threading
+
+    spec, path = tiny
+    model = _native.Model(str(path), n_ctx=256, threads=2)
+    tokens = _prompt(30, spec.n_vocab, 11)
+    want = model.logits(tokens)
+    errors: list[BaseException] = []
+
+    def reader():
+        try:
+            for _ in range(5):
+                np.testing.assert_array_equal(model.logits(tokens), want)
+                assert 0 <= model.kv_blocks_free <= model.kv_blocks_total
+                model.stats()
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=reader) for _ in range(2)]
+    for t in threads:
+        t.start()
+    got = _generate(model, {1: _prompt(10, spec.n_vocab, 12)}, 20)
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert len(got[1]) == 20
+
+
 def test_unsupported_architecture_and_missing_tensor(tmp_path):
     w = gguf.GGUFWriter(str(tmp_path / "mamba.gguf"), "mamba")
     w.add_block_count(1)

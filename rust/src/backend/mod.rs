@@ -275,6 +275,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Rotates `x` (`[n_rows, n_heads, head_dim]`) in place by each row's position in `batch`.
     /// `freq_factors` (`[n_rot/2]`) divides the angle of each pair when given.
+    #[allow(clippy::too_many_arguments)]
     fn rope(
         &self,
         x: &mut Self::Buffer,
@@ -294,6 +295,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `layer`: `out[r, h, :] = softmax(scale · q[r, h, :] · K[0..=pos_r]ᵀ) · V[0..=pos_r]` with
     /// K/V of KV head `h / (n_head / n_head_kv)`. `q` is `[n_rows, n_head · head_dim]`, `out`
     /// the same shape.
+    #[allow(clippy::too_many_arguments)]
     fn attention(&self, q: &Self::Buffer, cache: &Self::KvCache, layer: usize, batch: &Self::Batch, n_rows: usize, params: &AttnParams, out: &mut Self::Buffer) -> Result<()>;
 
     /// SwiGLU: `gate[i] = silu(gate[i]) · up[i]` for the first `n` elements

@@ -330,9 +330,12 @@ pub fn log_normalizer(l: &[f32]) -> (f32, f32) {
 
 /// The `n` largest entries of `l` (ties: lower index first), largest first.
 pub fn top_n(l: &[f32], n: usize) -> Vec<u32> {
+    if n == 0 {
+        return Vec::new();
+    }
     let mut best: Vec<u32> = Vec::with_capacity(n + 1);
     for (i, &v) in l.iter().enumerate() {
-        if best.len() == n && !(v > l[*best.last().expect("n > 0") as usize]) {
+        if v.is_nan() || (best.len() == n && v <= l[*best.last().expect("n > 0") as usize]) {
             continue;
         }
         let pos = best.partition_point(|&b| l[b as usize] >= v);

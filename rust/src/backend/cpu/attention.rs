@@ -103,6 +103,7 @@ pub fn attention(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchPlan, 
 /// # Safety
 /// `out` must be valid for `[n_rows, n_head · head_dim]` and no other thread may write the
 /// (row, head) region of task `t`.
+#[allow(clippy::too_many_arguments)]
 unsafe fn attend_task(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchPlan, p: &AttnParams, t: &Task, sc: &mut Scratch, out: OutPtr) {
     let hd = p.head_dim;
     let width = p.n_head * hd;

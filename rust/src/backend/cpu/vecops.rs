@@ -177,6 +177,7 @@ pub(crate) mod avx2 {
     /// x in [−87, 88]; lanes below −87.3 give 0, as llama.cpp's `ggml_v_expf` does).
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[allow(clippy::excessive_precision)]
     pub fn exp(x: __m256) -> __m256 {
         let x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949));
         let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.3365447505531));
