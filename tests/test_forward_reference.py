@@ -53,6 +53,14 @@ class TinySpec:
     #: Standard deviation of the token embedding (a tied LM head with a dominant embedding
     #: predicts the input token itself; keep it small there).
     embd_std: float = 1.0
+    #: ``attention.key_length`` when the head size is not ``n_embd / n_head``.
+    head_dim: int | None = None
+    #: Linear RoPE scaling factor (``rope.scaling.type = linear``).
+    rope_linear: float | None = None
+    #: Write a llama3-style ``rope_freqs.weight`` (per-pair frequency divisors).
+    rope_freqs: bool = False
+    #: Another ``rope.scaling.type`` to write (for the unsupported-scaling test).
+    rope_scaling_type: str | None = None
 
 
 SPECS = [
@@ -62,6 +70,10 @@ SPECS = [
     TinySpec("llama-tied", "llama", n_head=8, n_head_kv=2, tied=True, embd_std=0.15,
              types={"attn_q": "Q8_0", "attn_k": "F16", "attn_v": "Q5_0", "attn_output": "Q8_0",
                     "ffn_gate": "Q4_K", "ffn_up": "Q8_0", "ffn_down": "F32", "token_embd": "Q4_K"}),
+    TinySpec("llama-rope-scaled", "llama", n_head=4, n_head_kv=1, head_dim=96, n_layer=1, rope_linear=4.0,
+             rope_freqs=True, rope_base=500000.0,
+             types={"attn_q": "Q8_0", "attn_k": "Q8_0", "attn_v": "Q8_0", "attn_output": "Q5_0",
+                    "ffn_gate": "Q8_0", "ffn_up": "Q8_0", "ffn_down": "Q6_K", "token_embd": "Q8_0", "output": "Q8_0"}),
 ]
 
 
@@ -134,7 +146,7 @@ def write_tiny_model(path: Path, spec: TinySpec, seed: int = 0) -> Path:
     """Writes ``spec`` as a GGUF file at ``path`` with random weights (fixed ``seed``)."""
     rng = np.random.default_rng(seed)
     arch = spec.arch
-    hd = spec.n_embd // spec.n_head
+    hd = spec.head_dim or spec.n_embd // spec.n_head
     w = gguf.GGUFWriter(str(path), arch)
     w.add_block_count(spec.n_layer)
     w.add_context_length(2048)
@@ -144,6 +156,15 @@ def write_tiny_model(path: Path, spec: TinySpec, seed: int = 0) -> Path:
     w.add_head_count_kv(spec.n_head_kv)
     w.add_rope_freq_base(spec.rope_base)
     w.add_layer_norm_rms_eps(spec.eps)
+    if spec.head_dim is not None:
+        w.add_key_length(spec.head_dim)
+        w.add_value_length(spec.head_dim)
+    if spec.rope_linear is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(spec.rope_linear)
+    if spec.rope_scaling_type is not None:
+        w.add_rope_scaling_type(gguf.RopeScalingType(spec.rope_scaling_type))
+        w.add_rope_scaling_factor(4.0)
 
     def mat(name: str, kind: str, n_out: int, k: int, std: float) -> None:
         dtype = spec.types.get(kind, "F32")
@@ -171,6 +192,8 @@ def write_tiny_model(path: Path, spec: TinySpec, seed: int = 0) -> Path:
         mat(p + "ffn_up.weight", "ffn_up", ff, d, 0.025)
         mat(p + "ffn_down.weight", "ffn_down", d, ff, 0.025)
     vec("output_norm.weight", d, 1.0, 0.1)
+    if spec.rope_freqs:
+        w.add_tensor("rope_freqs.weight", np.linspace(1.0, 8.0, hd // 2).astype(np.float32))
     if not spec.tied:
         mat("output.weight", "output", spec.n_vocab, d, 0.1)
     w.write_header_to_file()
@@ -203,6 +226,8 @@ def load_reference_weights(path: Path) -> tuple[dict, dict[str, np.ndarray], dic
         "n_embd": int(_field(r, f"{arch}.embedding_length")),
         "eps": float(_field(r, f"{arch}.attention.layer_norm_rms_epsilon")),
         "base": float(_field(r, f"{arch}.rope.freq_base") or 10000.0),
+        "head_dim": _field(r, f"{arch}.attention.key_length"),
+        "rope_scale": 1.0 / float(_field(r, f"{arch}.rope.scaling.factor") or 1.0),
     }
     ws, types = {}, {}
     for t in r.tensors:
@@ -243,11 +268,14 @@ def _rmsnorm(x: np.ndarray, w: np.ndarray, eps: float) -> np.ndarray:
     return x / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps) * w
 
 
-def _rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool) -> np.ndarray:
-    """x: [T, H, D]; angles pos · base^(−2i/D)."""
+def _rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool, scale: float = 1.0,
+          freq_factors: np.ndarray | None = None) -> np.ndarray:
+    """x: [T, H, D]; angle of pair i at position p: p · scale · base^(−2i/D) / freq_factors[i]."""
     t, h, d = x.shape
     half = d // 2
-    inv = base ** (-2.0 * np.arange(half) / d)
+    inv = base ** (-2.0 * np.arange(half) / d) * scale
+    if freq_factors is not None:
+        inv = inv / freq_factors
     ang = pos[:, None] * inv[None, :]
     c, s = np.cos(ang)[:, None, :], np.sin(ang)[:, None, :]
     out = x.copy()
@@ -274,7 +302,8 @@ def reference_logits(path: Path, tokens: list[int], act_quant: bool = False) -> 
         return x @ w[name].T
 
     nh, nkv, d = hp["n_head"], hp["n_head_kv"], hp["n_embd"]
-    hd = d // nh
+    hd = int(hp["head_dim"] or d // nh)
+    ff = w.get("rope_freqs.weight")
     neox = hp["arch"] == "qwen2"
     T = len(tokens)
     pos = np.arange(T, dtype=np.float64)
@@ -286,8 +315,8 @@ def reference_logits(path: Path, tokens: list[int], act_quant: bool = False) -> 
         q = mm(h, p + "attn_q.weight") + w.get(p + "attn_q.bias", 0.0)
         k = mm(h, p + "attn_k.weight") + w.get(p + "attn_k.bias", 0.0)
         v = mm(h, p + "attn_v.weight") + w.get(p + "attn_v.bias", 0.0)
-        q = _rope(q.reshape(T, nh, hd), pos, hp["base"], neox)
-        k = _rope(k.reshape(T, nkv, hd), pos, hp["base"], neox)
+        q = _rope(q.reshape(T, nh, hd), pos, hp["base"], neox, hp["rope_scale"], ff)
+        k = _rope(k.reshape(T, nkv, hd), pos, hp["base"], neox, hp["rope_scale"], ff)
         k = k.astype(np.float16).astype(np.float64)  # the f16 KV cache
         v = v.reshape(T, nkv, hd).astype(np.float16).astype(np.float64)
         g = nh // nkv
@@ -366,7 +395,8 @@ def test_logits_match_float64_reference(tiny):
     cfg = model.config
     assert cfg["architecture"] == spec.arch
     assert cfg["rope_type"] == ("neox" if spec.arch == "qwen2" else "norm")
-    assert (cfg["n_layer"], cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]) == (spec.n_layer, spec.n_head, spec.n_head_kv, spec.n_embd // spec.n_head)
+    assert (cfg["n_layer"], cfg["n_head"], cfg["n_head_kv"], cfg["head_dim"]) == (spec.n_layer, spec.n_head, spec.n_head_kv, spec.head_dim or spec.n_embd // spec.n_head)
+    assert cfg["rope_freq_scale"] == pytest.approx(1.0 / (spec.rope_linear or 1.0))
     tokens = _prompt(150, spec.n_vocab, 1)  # > LOGITS_CHUNK (64): several chunks, several KV blocks
     got = model.logits(tokens)
     assert got.dtype == np.float32 and got.shape == (len(tokens), spec.n_vocab)
@@ -571,6 +601,9 @@ def test_unsupported_architecture_and_missing_tensor(tmp_path):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     with pytest.raises(fak.UnsupportedError, match="mamba"):
         _native.Model(str(tmp_path / "mamba.gguf"))
+    yarn = write_tiny_model(tmp_path / "yarn.gguf", TinySpec("yarn", "qwen2", n_layer=1, rope_scaling_type="yarn"))
+    with pytest.raises(fak.UnsupportedError, match="yarn"):
+        _native.Model(str(yarn))
     spec = TinySpec("broken", "llama", n_layer=1, tied=True)
     path = write_tiny_model(tmp_path / "ok.gguf", spec)
     # Rewrite without blk.0.ffn_up.weight.
