@@ -312,6 +312,30 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn read_f32(&self, buf: &Self::Buffer, out: &mut [f32]) -> Result<()>;
 
     /// Index of the largest element of each of `n_rows` rows of `n_cols` (ties: lowest index).
-    /// The greedy fast path; a GPU backend runs it on the device and copies back `n_rows` ids.
     fn argmax_rows(&self, x: &Self::Buffer, n_rows: usize, n_cols: usize, out: &mut [u32]) -> Result<()>;
+
+    /// The greedy fast path over logits rows: `tokens[r]` = argmax of row `r` (lowest index on
+    /// ties) and `logprobs[r]` = its log-softmax, so the engine need not copy `n_rows · n_cols`
+    /// logits to the host when every sequence decodes greedily. A GPU backend runs it on the
+    /// device and copies back `2 · n_rows` numbers; the default reads the rows to the host.
+    fn greedy_rows(&self, x: &Self::Buffer, n_rows: usize, n_cols: usize, tokens: &mut [u32], logprobs: &mut [f32]) -> Result<()> {
+        let mut host = vec![0f32; n_rows * n_cols];
+        self.read_f32(x, &mut host)?;
+        for r in 0..n_rows {
+            let row = &host[r * n_cols..(r + 1) * n_cols];
+            let (t, lp) = greedy_row(row);
+            tokens[r] = t;
+            logprobs[r] = lp;
+        }
+        Ok(())
+    }
+}
+
+/// `(argmax, log-softmax at the argmax)` of one row of logits (lowest index on ties; NaN never
+/// wins). The log-softmax is `x[t] − max − ln Σ e^(x − max)`, with the sum in f64.
+pub fn greedy_row(row: &[f32]) -> (u32, f32) {
+    let t = cpu::argmax(row);
+    let max = row[t];
+    let z = cpu::vecops::exp_scaled_sum(row, max, 1.0, None);
+    (t as u32, (row[t] - max) - z.ln() as f32)
 }

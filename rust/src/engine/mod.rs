@@ -238,8 +238,18 @@ impl<B: Backend> Engine<B> {
         }
         let n_logits = self.model.forward(&mut self.kv, &mut self.scratch, &self.plan)?;
         let n_vocab = self.model.config.n_vocab;
-        self.host_logits.resize(n_logits * n_vocab, 0.0);
-        self.model.backend.read_f32(&self.scratch.logits, &mut self.host_logits)?;
+        // Logit row j belongs to the j-th scheduled entry with logits (row order).
+        let row_of: Vec<u64> = self.scheduled.iter().filter(|e| e.logits).map(|e| e.seq_id).collect();
+        debug_assert_eq!(row_of.len(), n_logits);
+        let all_greedy = row_of.iter().all(|id| self.sched.running().iter().any(|s| s.id == *id && s.sampler.is_plain_greedy()));
+        let mut greedy = (Vec::new(), Vec::new());
+        if all_greedy {
+            greedy = (vec![0u32; n_logits], vec![0f32; n_logits]);
+            self.model.backend.greedy_rows(&self.scratch.logits, n_logits, n_vocab, &mut greedy.0, &mut greedy.1)?;
+        } else {
+            self.host_logits.resize(n_logits * n_vocab, 0.0);
+            self.model.backend.read_f32(&self.scratch.logits, &mut self.host_logits)?;
+        }
         let t_fwd = Instant::now();
 
         // Token accounting before the sequences change.
@@ -253,13 +263,9 @@ impl<B: Backend> Engine<B> {
             }
         }
 
-        // Sample every sequence whose run ended, in parallel; logit row j belongs to the j-th such
-        // entry (row order).
-        let mut row_of = Vec::with_capacity(n_logits);
-        for e in self.scheduled.iter().filter(|e| e.logits) {
-            row_of.push(e.seq_id);
-        }
+        // Sample every sequence whose run ended, in parallel.
         let logits = &self.host_logits;
+        let greedy = &greedy;
         let mut work: Vec<(usize, &mut Sequence)> = self
             .sched
             .running_all_mut()
@@ -267,6 +273,9 @@ impl<B: Backend> Engine<B> {
             .filter_map(|s| row_of.iter().position(|&id| id == s.id).map(|j| (j, s)))
             .collect();
         let sample = |(j, s): &mut (usize, &mut Sequence)| -> (usize, StepOutput) {
+            if all_greedy {
+                return (*j, StepOutput { seq_id: s.id, token: greedy.0[*j], logprob: greedy.1[*j], top_logprobs: None });
+            }
             let row = &logits[*j * n_vocab..(*j + 1) * n_vocab];
             let out = s.sampler.sample(row, &s.tokens);
             (*j, StepOutput { seq_id: s.id, token: out.token, logprob: out.logprob, top_logprobs: out.top_logprobs })

@@ -198,11 +198,18 @@ impl Sampler {
     /// the sequence so far (prompt and generated tokens), for the repetition penalty.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Sampled {
         let token = self.choose(logits, history);
-        let (max, lse) = log_normalizer(logits);
-        let _ = max;
-        let logprob = logits[token as usize] - lse;
-        let top_logprobs = (self.params.n_logprobs > 0).then(|| top_n(logits, self.params.n_logprobs).into_iter().map(|t| (t, logits[t as usize] - lse)).collect());
+        let (max, ln_z) = log_normalizer(logits);
+        let logprob = (logits[token as usize] - max) - ln_z;
+        let top_logprobs = (self.params.n_logprobs > 0)
+            .then(|| top_n(logits, self.params.n_logprobs).into_iter().map(|t| (t, (logits[t as usize] - max) - ln_z)).collect());
         Sampled { token, logprob, top_logprobs }
+    }
+
+    /// Whether the next token is the plain argmax with nothing else to report (temperature 0, no
+    /// penalty, no top log-probabilities): the engine then takes the backend's greedy fast path.
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature <= 0.0 && !p.has_penalties() && p.n_logprobs == 0
     }
 
     fn choose(&mut self, logits: &[f32], history: &[u32]) -> u32 {
@@ -321,11 +328,12 @@ pub fn apply_penalties(l: &mut [f32], p: &SamplingParams, history: &[u32], count
     }
 }
 
-/// `(max, log Σ e^l)` of `l`: the log-softmax of token `t` is `l[t] − lse`.
+/// `(max, ln Σ e^(l − max))` of `l`: the log-softmax of token `t` is `(l[t] − max) − ln_z`
+/// (the same expression as [`crate::backend::greedy_row`], so both paths give identical bits).
 pub fn log_normalizer(l: &[f32]) -> (f32, f32) {
     let max = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
     let z = vecops::exp_scaled_sum(l, max, 1.0, None);
-    (max, max + z.ln() as f32)
+    (max, z.ln() as f32)
 }
 
 /// The `n` largest entries of `l` (ties: lower index first), largest first.
@@ -454,12 +462,11 @@ mod tests {
         let big = logits();
         let mut order: Vec<u32> = (0..big.len() as u32).collect();
         order.sort_by(|a, b| big[*b as usize].total_cmp(&big[*a as usize]));
-        let (max, lse) = log_normalizer(&big);
-        let _ = max;
+        let (max, ln_z) = log_normalizer(&big);
         let mut cum = 0.0;
         let mut nucleus = 0;
         for &t in &order {
-            cum += ((big[t as usize] - lse) as f64).exp();
+            cum += ((big[t as usize] - max - ln_z) as f64).exp();
             nucleus += 1;
             if cum >= 0.9 {
                 break;
@@ -543,6 +550,22 @@ mod tests {
         assert_eq!(out2.token, 3);
         assert!((out2.logprob - (2.0 - lse)).abs() < 1e-5);
         assert!(Sampler::new(params(|p| p.n_logprobs = 0)).unwrap().sample(&l, &[]).top_logprobs.is_none());
+    }
+
+    #[test]
+    fn greedy_fast_path_matches_sampler_bits() {
+        let l = logits();
+        let mut s = Sampler::new(params(|p| p.temperature = 0.0)).unwrap();
+        assert!(s.is_plain_greedy());
+        let out = s.sample(&l, &[]);
+        assert_eq!(crate::backend::greedy_row(&l), (out.token, out.logprob));
+        assert!(!Sampler::new(params(|p| p.temperature = 0.0 + 0.5)).unwrap().is_plain_greedy());
+        assert!(!Sampler::new(params(|p| {
+            p.temperature = 0.0;
+            p.n_logprobs = 1
+        }))
+        .unwrap()
+        .is_plain_greedy());
     }
 
     #[test]

@@ -66,8 +66,11 @@ pub fn attention(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchPlan, 
 
     // Tile rows; split GQA groups per head when there are too few tasks to fill the pool.
     let n_tiles: usize = plan.seqs.iter().map(|s| (s.n_rows as usize).div_ceil(ROW_TILE)).sum::<usize>() * n_head_kv;
-    let heads_per_task = if n_tiles >= 2 * rayon::current_num_threads() { group } else { 1 };
-    let mut tasks = Vec::with_capacity(n_tiles * group / heads_per_task);
+    // Split each GQA group into `parts` tasks only when the tiles alone cannot keep the pool busy
+    // (each part converts the group's K/V blocks again).
+    let parts = rayon::current_num_threads().div_ceil(n_tiles.max(1)).clamp(1, group);
+    let heads_per_task = group.div_ceil(parts);
+    let mut tasks = Vec::with_capacity(n_tiles * group.div_ceil(heads_per_task));
     for (si, s) in plan.seqs.iter().enumerate() {
         for g in 0..n_head_kv {
             for lo in (0..s.n_rows).step_by(ROW_TILE) {
@@ -78,7 +81,7 @@ pub fn attention(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchPlan, 
                         row_lo: lo,
                         row_hi: (lo + ROW_TILE as u32).min(s.n_rows),
                         head_lo: (g * group + h) as u32,
-                        head_hi: (g * group + h + heads_per_task) as u32,
+                        head_hi: (g * group + (h + heads_per_task).min(group)) as u32,
                     });
                 }
             }
@@ -144,6 +147,10 @@ unsafe fn attend_task(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchP
     for (bi, &block) in table.iter().enumerate().take(n_blocks) {
         let pos0 = bi * bs;
         let n_k = bs.min(ctx_max - pos0);
+        if let Some(&next) = table.get(bi + 1).filter(|_| bi + 1 < n_blocks) {
+            vecops::prefetch(cache.k_block(layer, next as usize, t.kv_head as usize));
+            vecops::prefetch(cache.v_block(layer, next as usize, t.kv_head as usize));
+        }
         let kb = &cache.k_block(layer, block as usize, t.kv_head as usize)[..n_k * hd];
         vecops::f16_to_f32(kb, &mut sc.kf[..n_k * hd]);
         scores(isa, &sc.q, nq, &sc.kf, n_k, hd, &mut sc.s);
@@ -248,14 +255,59 @@ fn accumulate_v(isa: Isa, p: &[f32], nq: usize, v: &[f32], n_k: usize, hd: usize
     }
 }
 
+/// Sums of four accumulators: `[Σa, Σb, Σc, Σd]`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn reduce4(a: std::arch::x86_64::__m256, b: std::arch::x86_64::__m256, c: std::arch::x86_64::__m256, d: std::arch::x86_64::__m256) -> std::arch::x86_64::__m128 {
+    use std::arch::x86_64::*;
+    let t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
+}
+
+/// `s[r, j] = q[r, :] · k[j, :]`, two query vectors × four keys at a time (eight independent FMA
+/// chains, one horizontal reduction per four dot products); `hd % 8 == 0`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn avx2_scores(q: &[f32], nq: usize, k: &[f32], n_k: usize, hd: usize, s: &mut [f32]) {
-    for r in 0..nq {
-        let qr = q.as_ptr().add(r * hd);
-        for j in 0..n_k {
-            s[r * n_k + j] = vecops::avx2::dot(qr, k.as_ptr().add(j * hd), hd);
+    use std::arch::x86_64::*;
+    debug_assert!(q.len() >= nq * hd && k.len() >= n_k * hd && s.len() >= nq * n_k);
+    let (q, k, s) = (q.as_ptr(), k.as_ptr(), s.as_mut_ptr());
+    let mut r = 0;
+    while r < nq {
+        let two = r + 1 < nq;
+        let q0 = q.add(r * hd);
+        let q1 = if two { q.add((r + 1) * hd) } else { q0 };
+        let mut j = 0;
+        while j + 4 <= n_k {
+            let kp = [k.add(j * hd), k.add((j + 1) * hd), k.add((j + 2) * hd), k.add((j + 3) * hd)];
+            let mut a0 = [_mm256_setzero_ps(); 4];
+            let mut a1 = [_mm256_setzero_ps(); 4];
+            let mut d = 0;
+            while d < hd {
+                let x0 = _mm256_loadu_ps(q0.add(d));
+                let x1 = _mm256_loadu_ps(q1.add(d));
+                for t in 0..4 {
+                    let kv = _mm256_loadu_ps(kp[t].add(d));
+                    a0[t] = _mm256_fmadd_ps(x0, kv, a0[t]);
+                    a1[t] = _mm256_fmadd_ps(x1, kv, a1[t]);
+                }
+                d += 8;
+            }
+            _mm_storeu_ps(s.add(r * n_k + j), reduce4(a0[0], a0[1], a0[2], a0[3]));
+            if two {
+                _mm_storeu_ps(s.add((r + 1) * n_k + j), reduce4(a1[0], a1[1], a1[2], a1[3]));
+            }
+            j += 4;
         }
+        while j < n_k {
+            *s.add(r * n_k + j) = vecops::avx2::dot(q0, k.add(j * hd), hd);
+            if two {
+                *s.add((r + 1) * n_k + j) = vecops::avx2::dot(q1, k.add(j * hd), hd);
+            }
+            j += 1;
+        }
+        r += 2;
     }
 }
 
@@ -281,37 +333,54 @@ unsafe fn avx2_exp_shift(s: &mut [f32], m: f32) -> f32 {
     sum
 }
 
+/// `acc[r, :] += Σ_j p[r, j] · v[j, :]`, two query vectors × 32 columns at a time (eight
+/// independent FMA chains sharing each load of `v`); `hd % 8 == 0`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn avx2_accumulate_v(p: &[f32], nq: usize, v: &[f32], n_k: usize, hd: usize, acc: &mut [f32]) {
     use std::arch::x86_64::*;
-    for r in 0..nq {
-        let pr = p.as_ptr().add(r * n_k);
-        let a = acc.as_mut_ptr().add(r * hd);
+    debug_assert!(p.len() >= nq * n_k && v.len() >= n_k * hd && acc.len() >= nq * hd);
+    let (p, v, acc) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
+    let mut r = 0;
+    while r < nq {
+        let two = r + 1 < nq;
+        let (p0, a0p) = (p.add(r * n_k), acc.add(r * hd));
+        let (p1, a1p) = if two { (p.add((r + 1) * n_k), acc.add((r + 1) * hd)) } else { (p0, a0p) };
         let mut d = 0;
-        // 32 columns at a time: four independent FMA chains.
         while d + 32 <= hd {
-            let mut c = [_mm256_loadu_ps(a.add(d)), _mm256_loadu_ps(a.add(d + 8)), _mm256_loadu_ps(a.add(d + 16)), _mm256_loadu_ps(a.add(d + 24))];
+            let mut c0 = [_mm256_setzero_ps(); 4];
+            let mut c1 = [_mm256_setzero_ps(); 4];
             for j in 0..n_k {
-                let w = _mm256_set1_ps(*pr.add(j));
-                let vj = v.as_ptr().add(j * hd + d);
-                for (l, cl) in c.iter_mut().enumerate() {
-                    *cl = _mm256_fmadd_ps(w, _mm256_loadu_ps(vj.add(8 * l)), *cl);
+                let (w0, w1) = (_mm256_set1_ps(*p0.add(j)), _mm256_set1_ps(*p1.add(j)));
+                let vj = v.add(j * hd + d);
+                for l in 0..4 {
+                    let x = _mm256_loadu_ps(vj.add(8 * l));
+                    c0[l] = _mm256_fmadd_ps(w0, x, c0[l]);
+                    c1[l] = _mm256_fmadd_ps(w1, x, c1[l]);
                 }
             }
-            for (l, cl) in c.iter().enumerate() {
-                _mm256_storeu_ps(a.add(d + 8 * l), *cl);
+            for l in 0..4 {
+                _mm256_storeu_ps(a0p.add(d + 8 * l), _mm256_add_ps(_mm256_loadu_ps(a0p.add(d + 8 * l)), c0[l]));
+                if two {
+                    _mm256_storeu_ps(a1p.add(d + 8 * l), _mm256_add_ps(_mm256_loadu_ps(a1p.add(d + 8 * l)), c1[l]));
+                }
             }
             d += 32;
         }
-        while d + 8 <= hd {
-            let mut c = _mm256_loadu_ps(a.add(d));
+        while d < hd {
+            let (mut c0, mut c1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
             for j in 0..n_k {
-                c = _mm256_fmadd_ps(_mm256_set1_ps(*pr.add(j)), _mm256_loadu_ps(v.as_ptr().add(j * hd + d)), c);
+                let x = _mm256_loadu_ps(v.add(j * hd + d));
+                c0 = _mm256_fmadd_ps(_mm256_set1_ps(*p0.add(j)), x, c0);
+                c1 = _mm256_fmadd_ps(_mm256_set1_ps(*p1.add(j)), x, c1);
             }
-            _mm256_storeu_ps(a.add(d), c);
+            _mm256_storeu_ps(a0p.add(d), _mm256_add_ps(_mm256_loadu_ps(a0p.add(d)), c0));
+            if two {
+                _mm256_storeu_ps(a1p.add(d), _mm256_add_ps(_mm256_loadu_ps(a1p.add(d)), c1));
+            }
             d += 8;
         }
+        r += 2;
     }
 }
 
@@ -437,27 +506,28 @@ mod tests {
 
     #[test]
     fn scalar_and_simd_paths_agree() {
-        let (nq, n_k, hd) = (5, 13, 128);
-        let q = rand_vec(nq * hd, 1);
-        let k = rand_vec(n_k * hd, 2);
-        let mut s1 = vec![0f32; nq * n_k];
-        let mut s2 = vec![0f32; nq * n_k];
-        scores(Isa::Scalar, &q, nq, &k, n_k, hd, &mut s1);
-        scores(vecops::isa(), &q, nq, &k, n_k, hd, &mut s2);
-        for (a, b) in s1.iter().zip(&s2) {
-            assert!((a - b).abs() < 1e-4);
+        for (nq, n_k, hd) in [(5, 13, 128), (1, 32, 64), (6, 7, 40), (2, 4, 8)] {
+            let q = rand_vec(nq * hd, 1);
+            let k = rand_vec(n_k * hd, 2);
+            let mut s1 = vec![0f32; nq * n_k];
+            let mut s2 = vec![0f32; nq * n_k];
+            scores(Isa::Scalar, &q, nq, &k, n_k, hd, &mut s1);
+            scores(vecops::isa(), &q, nq, &k, n_k, hd, &mut s2);
+            for (a, b) in s1.iter().zip(&s2) {
+                assert!((a - b).abs() < 1e-4, "scores {nq}x{n_k}x{hd}: {a} vs {b}");
+            }
+            let mut a1 = vec![0.5f32; nq * hd];
+            let mut a2 = a1.clone();
+            accumulate_v(Isa::Scalar, &s1, nq, &k, n_k, hd, &mut a1);
+            accumulate_v(vecops::isa(), &s1, nq, &k, n_k, hd, &mut a2);
+            for (a, b) in a1.iter().zip(&a2) {
+                assert!((a - b).abs() < 1e-3, "accumulate {nq}x{n_k}x{hd}: {a} vs {b}");
+            }
+            let mut e1 = s1.clone();
+            let mut e2 = s1.clone();
+            let z1 = exp_shift(Isa::Scalar, &mut e1, 3.0);
+            let z2 = exp_shift(vecops::isa(), &mut e2, 3.0);
+            assert!((z1 - z2).abs() <= 1e-5 * z1);
         }
-        let mut a1 = vec![0.5f32; nq * hd];
-        let mut a2 = a1.clone();
-        accumulate_v(Isa::Scalar, &s1, nq, &k, n_k, hd, &mut a1);
-        accumulate_v(vecops::isa(), &s1, nq, &k, n_k, hd, &mut a2);
-        for (a, b) in a1.iter().zip(&a2) {
-            assert!((a - b).abs() < 1e-3);
-        }
-        let mut e1 = s1.clone();
-        let mut e2 = s1.clone();
-        let z1 = exp_shift(Isa::Scalar, &mut e1, 3.0);
-        let z2 = exp_shift(vecops::isa(), &mut e2, 3.0);
-        assert!((z1 - z2).abs() <= 1e-5 * z1);
     }
 }

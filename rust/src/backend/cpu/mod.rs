@@ -209,6 +209,19 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn greedy_rows(&self, x: &CpuBuffer, n_rows: usize, n_cols: usize, tokens: &mut [u32], logprobs: &mut [f32]) -> Result<()> {
+        let rows = &x.0[..n_rows * n_cols];
+        let one = |((row, t), lp): ((&[f32], &mut u32), &mut f32)| {
+            (*t, *lp) = crate::backend::greedy_row(row);
+        };
+        if n_rows > 1 {
+            rows.par_chunks(n_cols).zip(tokens.par_iter_mut()).zip(logprobs.par_iter_mut()).for_each(one);
+        } else {
+            rows.chunks(n_cols).zip(tokens.iter_mut()).zip(logprobs.iter_mut()).for_each(one);
+        }
+        Ok(())
+    }
+
     fn argmax_rows(&self, x: &CpuBuffer, n_rows: usize, n_cols: usize, out: &mut [u32]) -> Result<()> {
         for (r, o) in out.iter_mut().enumerate().take(n_rows) {
             *o = argmax(&x.0[r * n_cols..(r + 1) * n_cols]) as u32;
