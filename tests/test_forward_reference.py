@@ -290,14 +290,18 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool, scale: float 
     return out
 
 
-def reference_logits(path: Path, tokens: list[int], act_quant: bool = False) -> np.ndarray:
-    """float64 logits [n_tokens, n_vocab] of ``tokens`` through the model at ``path``. With
-    ``act_quant`` every matmul input is first rounded as llama.cpp's CPU matmul rounds it
-    (``quantize_activations``), so the only differences left are float32 arithmetic."""
+def reference_logits(path: Path, tokens: list[int], llama_rounding: bool = False) -> np.ndarray:
+    """float64 logits [n_tokens, n_vocab] of ``tokens`` through the model at ``path``.
+
+    With ``llama_rounding`` the values are rounded where llama.cpp's CPU path rounds them (and fak
+    with it): every matmul input as its quantized matmul does (``quantize_activations``), and in
+    attention ``q`` to f16 before ``q·k`` and the normalized probabilities to f16 before the
+    product with V (ggml's f16 ``vec_dot_type`` in ``mul_mat(K, q)`` and ``mul_mat(Vᵀ, kq)``).
+    What is left is float32 vs float64 arithmetic."""
     hp, w, types = load_reference_weights(path)
 
     def mm(x: np.ndarray, name: str) -> np.ndarray:
-        if act_quant:
+        if llama_rounding:
             x = quantize_activations(x, types[name])
         return x @ w[name].T
 
@@ -322,9 +326,13 @@ def reference_logits(path: Path, tokens: list[int], act_quant: bool = False) -> 
         g = nh // nkv
         att = np.empty((T, nh, hd))
         for hh in range(nh):
-            s = q[:, hh, :] @ k[:, hh // g, :].T / math.sqrt(hd) + mask
+            qh = _f16(q[:, hh, :]).astype(np.float64) if llama_rounding else q[:, hh, :]
+            s = qh @ k[:, hh // g, :].T / math.sqrt(hd) + mask
             s = np.exp(s - s.max(axis=1, keepdims=True))
-            att[:, hh, :] = (s / s.sum(axis=1, keepdims=True)) @ v[:, hh // g, :]
+            pr = s / s.sum(axis=1, keepdims=True)
+            if llama_rounding:
+                pr = _f16(pr).astype(np.float64)
+            att[:, hh, :] = pr @ v[:, hh // g, :]
         x = x + mm(att.reshape(T, nh * hd), p + "attn_output.weight")
         h = _rmsnorm(x, w[p + "ffn_norm.weight"], hp["eps"])
         gt = mm(h, p + "ffn_gate.weight")
@@ -404,7 +412,8 @@ def test_logits_match_float64_reference(tiny):
     got = got.astype(np.float64)
 
     # 1. The exact model (float64, weights as stored): every position within cosine 0.9999. The gap
-    #    is the 8-bit activation quantization that fak's matmul shares with llama.cpp.
+    #    is the 8-bit activation quantization and the f16 attention roundings fak shares with
+    #    llama.cpp.
     want = reference_logits(path, tokens)
     cos = np.array([_cosine(got[i], want[i]) for i in range(len(tokens))])
     assert cos.min() >= 0.9999, f"position {cos.argmin()}: cosine {cos.min()}"
@@ -414,11 +423,11 @@ def test_logits_match_float64_reference(tiny):
         top2 = np.sort(want[i])[-2:]
         assert top2[1] - top2[0] < 2 * err, f"position {i}: argmax differs with margin {top2[1] - top2[0]}"
 
-    # 2. With the matmul inputs rounded as llama.cpp rounds them, what is left is float32
-    #    arithmetic (qwen2-mixed agrees to ~1e-15; where an activation lands on a rounding boundary,
-    #    f32 vs f64 picks the other side and the flip propagates through the KV cache): closer
-    #    everywhere, and the activation rounding accounts for most of the gap of (1).
-    want_q = reference_logits(path, tokens, act_quant=True)
+    # 2. With values rounded where llama.cpp rounds them, what is left is float32 arithmetic
+    #    (most positions agree to ~1e-12; where a value lands on a rounding boundary, f32 vs f64
+    #    picks the other side and the flip propagates through the KV cache): closer everywhere, and
+    #    the rounding accounts for most of the gap of (1).
+    want_q = reference_logits(path, tokens, llama_rounding=True)
     cos_q = np.array([_cosine(got[i], want_q[i]) for i in range(len(tokens))])
     assert cos_q.min() >= 0.99995, f"position {cos_q.argmin()}: cosine {cos_q.min()}"
     assert np.median(1 - cos_q) < np.median(1 - cos) / 2, (np.median(1 - cos_q), np.median(1 - cos))

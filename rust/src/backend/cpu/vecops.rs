@@ -60,6 +60,35 @@ pub fn f16_to_f32(src: &[u16], dst: &mut [f32]) {
     }
 }
 
+/// Rounds every element to the nearest f16 value (ties to even) and back, in place.
+pub fn round_f16(x: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx2 {
+        // SAFETY: the features were detected at run time.
+        unsafe { avx2::round_f16(x) };
+        return;
+    }
+    for v in x.iter_mut() {
+        *v = half::f16::from_f32(*v).to_f32();
+    }
+}
+
+/// `x[i] = e^(x[i] − m)` in place; returns `Σ x[i]` (f32 lanes, f64 across chunks, as ggml's
+/// `ggml_vec_soft_max_f32` sums in `ggml_float`).
+pub fn exp_scaled_sum_inplace(x: &mut [f32], m: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx2 {
+        // SAFETY: the features were detected at run time.
+        return unsafe { avx2::exp_sum_inplace(x, m) };
+    }
+    let mut sum = 0f64;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        sum += *v as f64;
+    }
+    sum
+}
+
 /// Hints the CPU to bring `data` into cache (no effect off x86-64). Used one KV block ahead in
 /// attention, where the hardware prefetcher stops at each (scattered) block boundary.
 #[inline]
@@ -254,6 +283,48 @@ pub(crate) mod avx2 {
     /// # Safety
     /// Requires AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn round_f16(x: &mut [f32]) {
+        let n = x.len();
+        let mut i = 0;
+        while i + 8 <= n {
+            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x.as_ptr().add(i)));
+            _mm256_storeu_ps(x.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
+            i += 8;
+        }
+        for v in &mut x[i..] {
+            *v = half::f16::from_f32(*v).to_f32();
+        }
+    }
+
+    /// # Safety
+    /// Requires AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn exp_sum_inplace(x: &mut [f32], m: f32) -> f64 {
+        let mv = _mm256_set1_ps(m);
+        let n = x.len();
+        let mut total = 0f64;
+        let mut i = 0;
+        while i + 8 <= n {
+            let end = (i + 1024).min(n - n % 8);
+            let mut acc = _mm256_setzero_ps();
+            while i < end {
+                let e = exp(_mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), mv));
+                _mm256_storeu_ps(x.as_mut_ptr().add(i), e);
+                acc = _mm256_add_ps(acc, e);
+                i += 8;
+            }
+            total += hsum(acc) as f64;
+        }
+        for v in &mut x[i..] {
+            *v = (*v - m).exp();
+            total += *v as f64;
+        }
+        total
+    }
+
+    /// # Safety
+    /// Requires AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn swiglu(gate: &mut [f32], up: &[f32]) {
         let n = gate.len().min(up.len());
         let one = _mm256_set1_ps(1.0);
@@ -288,6 +359,23 @@ mod tests {
         f16_to_f32(&h, &mut back);
         for (b, hb) in back.iter().zip(&h) {
             assert_eq!(*b, half::f16::from_bits(*hb).to_f32());
+        }
+    }
+
+    #[test]
+    fn round_f16_and_exp_sum() {
+        let x0: Vec<f32> = (0..29).map(|i| (i as f32 - 14.2) * 0.377).collect();
+        let mut x = x0.clone();
+        round_f16(&mut x);
+        for (a, b) in x.iter().zip(&x0) {
+            assert_eq!(*a, half::f16::from_f32(*b).to_f32());
+        }
+        let mut e = x0.clone();
+        let sum = exp_scaled_sum_inplace(&mut e, 2.0);
+        let want: f64 = x0.iter().map(|&v| ((v - 2.0) as f64).exp()).sum();
+        assert!((sum - want).abs() <= 1e-6 * want);
+        for (a, b) in e.iter().zip(&x0) {
+            assert!(((*a as f64) - ((*b - 2.0) as f64).exp()).abs() <= 1e-6 * (*a as f64).max(1e-30));
         }
     }
 
