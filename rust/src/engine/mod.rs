@@ -324,9 +324,9 @@ impl<B: Backend> Engine<B> {
             return Err(FakError::ContextLength { n_tokens: tokens.len(), n_ctx: self.n_ctx });
         }
         let n_vocab = self.model.config.n_vocab;
+        let mut out: Vec<f32> = crate::backend::cpu::zeroed_vec(tokens.len() * n_vocab, "the logits array")?;
         let mut table = Vec::new();
         self.sched.pool.grow(&mut table, tokens.len())?;
-        let mut out = vec![0f32; tokens.len() * n_vocab];
         let chunk = self.scratch.max_logits.min(self.scratch.max_tokens);
         let mut result = Ok(());
         for (ci, toks) in tokens.chunks(chunk).enumerate() {

@@ -30,8 +30,8 @@ impl CpuKvCache {
             .and_then(|x| x.checked_mul(layout.block_size))
             .and_then(|x| x.checked_mul(layout.head_dim))
             .ok_or_else(|| FakError::invalid("kv_cache_tokens", "KV cache size overflows"))?;
-        let alloc = || -> Vec<Vec<u16>> { (0..layout.n_layer).map(|_| vec![0u16; per_layer]).collect() };
-        Ok(CpuKvCache { layout, k: alloc(), v: alloc() })
+        let alloc = || -> Result<Vec<Vec<u16>>> { (0..layout.n_layer).map(|_| super::zeroed_vec::<u16>(per_layer, "the KV cache")).collect() };
+        Ok(CpuKvCache { layout, k: alloc()?, v: alloc()? })
     }
 
     /// Values per (block, KV head): `block_size · head_dim`.

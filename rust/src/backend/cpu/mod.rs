@@ -57,6 +57,30 @@ impl CpuBatch {
     }
 }
 
+/// A zero-filled vector of `n` elements whose pages are committed lazily (`alloc_zeroed`, i.e.
+/// calloc: fresh mappings are already zero), or an error instead of an abort when the allocation
+/// fails. `T` must be a plain number type whose all-zero bit pattern is zero.
+pub fn zeroed_vec<T: Copy + Default>(n: usize, what: &str) -> Result<Vec<T>> {
+    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| oom(what, usize::MAX))?;
+    if layout.size() == 0 {
+        return Ok(vec![T::default(); n]);
+    }
+    // SAFETY: the layout has a non-zero size; a non-null result is a fresh zeroed allocation of
+    // `n` `T`s with `T`'s alignment from the global allocator, which is what `Vec` frees, and
+    // all-zero bytes are a valid `T` (plain numbers, see above).
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut T;
+        if p.is_null() {
+            return Err(oom(what, layout.size()));
+        }
+        Ok(Vec::from_raw_parts(p, n, n))
+    }
+}
+
+fn oom(what: &str, bytes: usize) -> FakError {
+    FakError::Backend { backend: "cpu".into(), msg: format!("out of memory allocating {what} ({bytes} bytes); lower n_ctx, max_batch or kv_cache_tokens") }
+}
+
 fn f32_of(w: &CpuWeight) -> Result<&[f32]> {
     w.as_f32().ok_or_else(|| FakError::model(format!("tensor {} must be a 1-D vector", w.name)))
 }
@@ -76,7 +100,7 @@ impl Backend for CpuBackend {
     }
 
     fn alloc_buffer(&self, n: usize) -> Result<CpuBuffer> {
-        Ok(CpuBuffer(vec![0f32; n]))
+        Ok(CpuBuffer(zeroed_vec(n, "an activation buffer")?))
     }
 
     fn alloc_kv_cache(&self, layout: KvLayout) -> Result<CpuKvCache> {
