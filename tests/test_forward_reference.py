@@ -547,6 +547,10 @@ def test_error_contract(tiny, tmp_path):
         _native.Model(str(path), backend="tpu")
     with pytest.raises(ValueError, match="kv_cache_tokens"):
         _native.Model(str(path), n_ctx=256, kv_cache_tokens=100)
+    with pytest.raises(ValueError, match="threads"):
+        _native.Model(str(path), threads=0)
+    with pytest.raises(fak.BackendError, match="out of memory"):
+        _native.Model(str(path), n_ctx=10**13)  # a KV cache beyond any address space: an error, not an abort
 
 
 def test_sequence_stops_at_context_end(tiny):
@@ -563,14 +567,30 @@ def test_kv_cache_pressure_preempts_and_recovers(tiny):
     """A cache that holds one full context: concurrent sequences wait or are preempted and
     recomputed, and the tokens are those of each sequence run alone."""
     spec, path = tiny
-    model = _native.Model(str(path), n_ctx=128, threads=2, kv_cache_tokens=128, max_batch=4)
-    prompts = {i: _prompt(40, spec.n_vocab, 20 + i) for i in range(3)}
-    alone = {sid: _generate(model, {sid: p}, 20)[sid] for sid, p in prompts.items()}
-    together = _generate(model, prompts, 20)
-    assert together == alone
+    # 8 blocks of 32 tokens; four sequences admitted with one block each grow to four blocks each.
+    model = _native.Model(str(path), n_ctx=128, threads=2, kv_cache_tokens=256, max_batch=4)
+    assert model.kv_blocks_total == 8
+    prompts = {i: _prompt(10, spec.n_vocab, 20 + i) for i in range(4)}
+    alone = {sid: _generate(model, {sid: p}, 100)[sid] for sid, p in prompts.items()}
+    model.reset_stats()
+    together = _generate(model, prompts, 100)
+    assert model.stats()["preemptions"] > 0
+    assert all(len(v) == 100 for v in together.values())
+    if together != alone:
+        # A preempted sequence is recomputed by a multi-row prefill where it first ran single-row
+        # decodes; everything of fak's own is row-invariant, but the CPU quantized matmul
+        # (backend/cpu/matmul) rounds a row differently depending on how many rows it is given.
+        rowwise_ok = _matmul_is_row_invariant()
+        assert not rowwise_ok, "the matmul is row-invariant, so recompute must reproduce the tokens"
+        pytest.xfail("CPU matmul results depend on the row count; batch invariance needs row-invariant kernels")
     assert model.kv_blocks_free == model.kv_blocks_total
     stats = model.stats()
-    assert stats["decode_tokens"] > 0 and stats["prefill_tokens"] > 0
+    assert set(stats) == {"running", "waiting", "kv_blocks_used", "kv_blocks_total", "prefill_tokens", "decode_tokens",
+                          "prefill_seconds", "decode_seconds", "sample_seconds", "steps", "preemptions"}
+    assert stats["decode_tokens"] > 0 and stats["prefill_tokens"] > 0 and stats["steps"] > 0
+    assert (stats["running"], stats["waiting"], stats["kv_blocks_used"]) == (0, 0, 0)
+    model.reset_stats()
+    assert model.stats()["decode_tokens"] == 0
 
 
 def test_concurrent_calls_are_serialized(tiny):
@@ -601,6 +621,19 @@ def test_concurrent_calls_are_serialized(tiny):
         t.join()
     assert not errors, errors
     assert len(got[1]) == 20
+
+
+def _matmul_is_row_invariant() -> bool:
+    """Whether ``_native.matmul`` gives each row the same bits alone as inside a batch."""
+    rng = np.random.default_rng(0)
+    for dtype in ("Q8_0", "Q5_0", "Q4_K", "Q6_K", "F16", "F32"):
+        w = np.ascontiguousarray(_quantize((rng.standard_normal((16, 256)) * 0.1).astype(np.float32), dtype)).view(np.uint8).reshape(-1)
+        x = rng.standard_normal((11, 256)).astype(np.float32)
+        full = _native.matmul(dtype, w, 16, 256, x)
+        for i in range(len(x)):
+            if not np.array_equal(_native.matmul(dtype, w, 16, 256, np.ascontiguousarray(x[i:i + 1]))[0], full[i]):
+                return False
+    return True
 
 
 def test_unsupported_architecture_and_missing_tensor(tmp_path):

@@ -255,8 +255,13 @@ fn reduce4(a: std::arch::x86_64::__m256, b: std::arch::x86_64::__m256, c: std::a
     _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
 }
 
-/// `s[r, j] = q[r, :] · k[j, :]`, two query vectors × four keys at a time (eight independent FMA
-/// chains, one horizontal reduction per four dot products); `hd % 8 == 0`.
+/// `s[r·stride + j] = q[r, :] · k[j, :]`, two query vectors × four keys at a time (eight
+/// independent FMA chains, one horizontal reduction per four dot products); `hd % 8 == 0`.
+///
+/// Every score is computed by the same arithmetic (one FMA chain over 8-lane steps, then the
+/// same reduction tree) whatever the number of keys and queries in the call, so a query's scores
+/// do not depend on how rows are tiled or on where a block ends: prefill, decode and recompute
+/// after preemption give identical bits.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
@@ -269,8 +274,10 @@ unsafe fn avx2_scores(q: &[f32], nq: usize, k: &[f32], n_k: usize, hd: usize, s:
         let q0 = q.add(r * hd);
         let q1 = if two { q.add((r + 1) * hd) } else { q0 };
         let mut j = 0;
-        while j + 4 <= n_k {
-            let kp = [k.add(j * hd), k.add((j + 1) * hd), k.add((j + 2) * hd), k.add((j + 3) * hd)];
+        while j < n_k {
+            // Keys j..j+4; past the end, repeat the last key and drop its results.
+            let n = (n_k - j).min(4);
+            let kp = [0, 1, 2, 3].map(|t| k.add((j + t.min(n - 1)) * hd));
             let mut a0 = [_mm256_setzero_ps(); 4];
             let mut a1 = [_mm256_setzero_ps(); 4];
             let mut d = 0;
@@ -284,18 +291,14 @@ unsafe fn avx2_scores(q: &[f32], nq: usize, k: &[f32], n_k: usize, hd: usize, s:
                 }
                 d += 8;
             }
-            _mm_storeu_ps(s.add(r * stride + j), reduce4(a0[0], a0[1], a0[2], a0[3]));
+            let mut out = [0f32; 4];
+            _mm_storeu_ps(out.as_mut_ptr(), reduce4(a0[0], a0[1], a0[2], a0[3]));
+            std::ptr::copy_nonoverlapping(out.as_ptr(), s.add(r * stride + j), n);
             if two {
-                _mm_storeu_ps(s.add((r + 1) * stride + j), reduce4(a1[0], a1[1], a1[2], a1[3]));
+                _mm_storeu_ps(out.as_mut_ptr(), reduce4(a1[0], a1[1], a1[2], a1[3]));
+                std::ptr::copy_nonoverlapping(out.as_ptr(), s.add((r + 1) * stride + j), n);
             }
             j += 4;
-        }
-        while j < n_k {
-            *s.add(r * stride + j) = vecops::avx2::dot(q0, k.add(j * hd), hd);
-            if two {
-                *s.add((r + 1) * stride + j) = vecops::avx2::dot(q1, k.add(j * hd), hd);
-            }
-            j += 1;
         }
         r += 2;
     }
