@@ -5,12 +5,18 @@ from __future__ import annotations
 import click
 
 from fak import __version__
+from fak.inspect_model import inspect_command
+from fak.synth.cli import synth_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="fak")
 def main() -> None:
     """fak: a coding model served from fak's own kernels, its coding agent, and a tool-call policy."""
+
+
+main.add_command(inspect_command)
+main.add_command(synth_command)
 
 
 if __name__ == "__main__":  # pragma: no cover
