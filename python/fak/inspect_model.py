@@ -20,6 +20,7 @@ import click
 import numpy as np
 
 from fak.errors import FakError
+from fak.gguf import GGUFFile
 
 __all__ = ["ModelSummary", "TensorRow", "summarize", "inspect_command"]
 
@@ -101,11 +102,7 @@ def _summarize_value(vtype: str, value: Any) -> dict[str, Any]:
 
 
 def _read_header(path: Path) -> tuple[int, int, int, dict[str, dict[str, Any]], list[TensorRow]]:
-    """(version, alignment, data_offset, metadata, tensors) read with ``fak.gguf``."""
-    try:
-        from fak.gguf import GGUFFile
-    except ImportError:  # before fak.gguf exists: the gguf package's (slower) reader
-        return _read_header_gguf_py(path)
+    """(version, alignment, data_offset, metadata, tensors), read with ``fak.gguf`` (header only)."""
     with GGUFFile(path) as f:
         types = f.metadata_types
         meta = {key: _summarize_value(types[key], value) for key, value in f.metadata.items()}
@@ -113,37 +110,12 @@ def _read_header(path: Path) -> tuple[int, int, int, dict[str, dict[str, Any]], 
         return f.version, f.alignment, f.data_offset, meta, tensors
 
 
-def _read_header_gguf_py(path: Path) -> tuple[int, int, int, dict[str, dict[str, Any]], list[TensorRow]]:
-    from gguf import GGUFReader, GGUFValueType
-
-    reader = GGUFReader(path)
-    meta: dict[str, dict[str, Any]] = {}
-    version = 0
-    for name, f in reader.fields.items():
-        if name == "GGUF.version":
-            version = int(f.parts[-1][0])
-        if name.startswith("GGUF."):
-            continue
-        types = list(f.types)
-        if types[0] == GGUFValueType.ARRAY:
-            vtype = "ARRAY[" + ",".join(t.name for t in types[1:]) + "]"
-            n = len(f.data)
-            head = f.contents(slice(0, ARRAY_HEAD + 1)) if len(types) == 2 else []
-            meta[name] = _summarize_value(vtype, head) if n <= ARRAY_HEAD else \
-                {"type": vtype, "length": n, "head": head[:ARRAY_HEAD]}
-        else:
-            meta[name] = _summarize_value(types[0].name, f.contents())
-    tensors = [TensorRow(t.name, [int(d) for d in reversed(t.shape.tolist())], t.tensor_type.name,
-                         int(t.n_elements), int(t.n_bytes), int(t.data_offset)) for t in reader.tensors]
-    return version, int(reader.alignment), int(reader.data_offset), meta, tensors
-
-
 def summarize(path: str | os.PathLike[str]) -> ModelSummary:
     """Summarize the GGUF file at ``path`` (header only; tensor data is not read).
 
     Raises:
         FileNotFoundError: no such file.
-        ValueError: the file is not a valid GGUF file (the reader's message says why).
+        fak.GGUFError: the file is not valid GGUF (the message names the problem and byte offset).
     """
     p = Path(path)
     if not p.is_file():

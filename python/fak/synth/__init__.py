@@ -31,9 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Literal
 
-from gguf import GGUFReader, GGUFValueType
-
 from fak.errors import UnsupportedError
+from fak.gguf import GGUFFile
 from fak.synth.blocks import FORMATS
 from fak.synth.layout import FILE_TYPES, MIXES, ArchConfig, TensorSpec, quant_types, tensor_layout
 from fak.synth.vocab import FAMILIES, TokenizerSpec, build_tokenizer
@@ -187,39 +186,14 @@ def _size_label(cfg: ArchConfig) -> str:
 
 # --- reading another file (twins) ---------------------------------------------------------------
 
-_NUMERIC = {GGUFValueType.UINT8, GGUFValueType.INT8, GGUFValueType.UINT16, GGUFValueType.INT16,
-            GGUFValueType.UINT32, GGUFValueType.INT32, GGUFValueType.FLOAT32, GGUFValueType.BOOL,
-            GGUFValueType.UINT64, GGUFValueType.INT64, GGUFValueType.FLOAT64}
-
-
-def _field_entry(field) -> MetaEntry:  # noqa: ANN001 - gguf.ReaderField
-    types = list(field.types)
-    if types[0] == GGUFValueType.ARRAY:
-        if len(types) != 2:
-            raise UnsupportedError(f"metadata {field.name}: nested arrays cannot be copied by fak.synth")
-        sub = types[1]
-        if sub == GGUFValueType.STRING:
-            value: object = [bytes(field.parts[i]) for i in field.data]
-        else:
-            value = [field.parts[i].tolist()[0] for i in field.data]
-        return MetaEntry(field.name, f"ARRAY[{sub.name}]", value)
-    if types[0] == GGUFValueType.STRING:
-        return MetaEntry(field.name, "STRING", bytes(field.parts[-1]))
-    if types[0] in _NUMERIC:
-        return MetaEntry(field.name, types[0].name, field.parts[-1].tolist()[0])
-    raise UnsupportedError(f"metadata {field.name}: GGUF type {types[0].name} not supported")
-
-
 def read_header(path: str | os.PathLike[str]) -> tuple[list[MetaEntry], list[TensorSpec], int]:
     """Metadata (in file order, with GGUF types), tensor specs and alignment of a GGUF file.
 
-    Raises ``UnsupportedError`` for a tensor type fak cannot generate (IQ*, TQ*, ...) or a nested
-    metadata array.
+    Raises:
+        fak.GGUFError: the file is not valid GGUF (message names the problem and byte offset).
+        fak.UnsupportedError: a tensor type fak cannot generate (IQ*, TQ*, ...) or a nested
+            metadata array.
     """
-    try:
-        from fak.gguf import GGUFFile
-    except ImportError:  # before fak.gguf exists: the gguf package's (slower) reader
-        return _read_header_gguf_py(path)
     with GGUFFile(path) as f:
         values, types = f.metadata, f.metadata_types
         meta = []
@@ -238,14 +212,6 @@ def _tensor_spec(name: str, shape: tuple[int, ...], dtype: str) -> TensorSpec:
                                f"(supported: {', '.join(FORMATS)})")
     role = "norm" if name.endswith("norm.weight") else "bias" if name.endswith(".bias") else "weight"
     return TensorSpec(name, shape, dtype, role)  # type: ignore[arg-type]
-
-
-def _read_header_gguf_py(path: str | os.PathLike[str]) -> tuple[list[MetaEntry], list[TensorSpec], int]:
-    reader = GGUFReader(path)
-    meta = [_field_entry(f) for name, f in reader.fields.items() if not name.startswith("GGUF.")]
-    tensors = [_tensor_spec(t.name, tuple(int(d) for d in reversed(t.shape.tolist())), t.tensor_type.name)
-               for t in reader.tensors]
-    return meta, tensors, int(reader.alignment)
 
 
 def _copy_tokenizer(src: str | os.PathLike[str], n_vocab: int) -> list[MetaEntry]:
