@@ -14,10 +14,9 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from gguf import GGUFReader
-
 from fak.cli import main
 from fak.synth import plan_tiny_model
+from gguf import GGUFReader
 
 QWEN_05B_PARAMS = 630_167_424
 QWEN_05B_TYPES = {"Q5_0": 133, "F32": 121, "Q8_0": 13, "Q6_K": 12, "Q4_K": 12}

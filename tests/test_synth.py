@@ -22,16 +22,14 @@ from pathlib import Path
 import jinja2.sandbox
 import numpy as np
 import pytest
-from gguf import GGUFReader, GGUFValueType
-from gguf import quants as gguf_quants
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
-
 from fak.gguf import GGUFFile
-from fak.synth import (PRESETS, GGUFPlan, plan_tiny_model, plan_twin, write_plan, write_tiny_model,
-                       write_twin)
+from fak.synth import PRESETS, GGUFPlan, plan_tiny_model, plan_twin, write_plan, write_tiny_model, write_twin
 from fak.synth.blocks import FORMATS, new_rng, random_blocks
 from fak.synth.layout import use_more_bits
 from fak.synth.vocab import bpe_merges, build_tokenizer, byte_symbols, chat_template
+from gguf import GGUFReader, GGUFValueType
+from gguf import quants as gguf_quants
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
 FORMATS_UNDER_TEST = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
                       "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
@@ -71,7 +69,7 @@ def layout(path: Path) -> list[tuple[str, tuple[int, ...], str, int]]:
             for t in r.tensors]
 
 
-def dequantize(t) -> np.ndarray:  # noqa: ANN001 - gguf ReaderTensor
+def dequantize(t) -> np.ndarray:
     data = np.asarray(t.data)
     if t.tensor_type.name in ("F32", "F16"):
         return data.astype(np.float32).ravel()
@@ -162,7 +160,7 @@ def test_tiny_model_options(tmp_path: Path) -> None:
     assert "output.weight" not in names
     assert len(fields(tied)["tokenizer.ggml.tokens"]) == 1024
     custom = write_tiny_model(tmp_path / "custom.gguf", "llama", tensor_types={"token_embd.weight": "F16"})
-    assert dict((n, ty) for n, _, ty, _ in layout(custom))["token_embd.weight"] == "F16"
+    assert {n: ty for n, _, ty, _ in layout(custom)}["token_embd.weight"] == "F16"
     with pytest.raises(ValueError, match="n_head"):
         write_tiny_model(tmp_path / "bad.gguf", "qwen2", n_head=5)
     with pytest.raises(ValueError, match="IQ2_XXS"):
@@ -306,7 +304,7 @@ def test_twin_vocab_puts_specials_at_qwen_ids() -> None:
     assert spec.token_type[1000] == 5 and spec.tokens[1000] == "[PAD1000]"
 
 
-def _render(template: str, **ctx) -> str:  # noqa: ANN003
+def _render(template: str, **ctx) -> str:
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     return env.from_string(template).render(**ctx)
 
@@ -339,10 +337,10 @@ def real_qwen_template(model_15b: Path) -> str:
 @pytest.mark.parametrize("case", range(len(CONVERSATIONS)))
 @pytest.mark.parametrize("tools", [None, TOOLS])
 @pytest.mark.parametrize("gen", [True, False])
-def test_qwen2_template_renders_as_the_real_qwen25_template(real_qwen_template: str, case: int, tools,  # noqa: ANN001
+def test_qwen2_template_renders_as_the_real_qwen25_template(real_qwen_template: str, case: int, tools,
                                                             gen: bool) -> None:
-    ctx = dict(messages=CONVERSATIONS[case], tools=tools, add_generation_prompt=gen,
-               bos_token="", eos_token="<|im_end|>")
+    ctx = {"messages": CONVERSATIONS[case], "tools": tools, "add_generation_prompt": gen,
+           "bos_token": "", "eos_token": "<|im_end|>"}
     assert _render(chat_template("qwen2"), **ctx) == _render(real_qwen_template, **ctx)
 
 

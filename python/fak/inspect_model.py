@@ -22,7 +22,7 @@ import numpy as np
 from fak.errors import FakError
 from fak.gguf import GGUFFile
 
-__all__ = ["ModelSummary", "TensorRow", "summarize", "inspect_command"]
+__all__ = ["ModelSummary", "TensorRow", "inspect_command", "summarize"]
 
 ARRAY_HEAD = 5          # items shown of a long array
 STRING_MAX = 120        # characters shown of a long string

@@ -27,9 +27,10 @@ Example::
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 from fak.errors import UnsupportedError
 from fak.gguf import GGUFFile
@@ -39,8 +40,19 @@ from fak.synth.vocab import FAMILIES, TokenizerSpec, build_tokenizer
 from fak.synth.writer import GGUFPlan, MetaEntry, write_plan
 
 __all__ = [
-    "PRESETS", "MIXES", "Preset", "GGUFPlan", "MetaEntry", "TensorSpec", "ArchConfig",
-    "plan_tiny_model", "plan_twin", "write_tiny_model", "write_twin", "write_plan", "build_tokenizer",
+    "MIXES",
+    "PRESETS",
+    "ArchConfig",
+    "GGUFPlan",
+    "MetaEntry",
+    "Preset",
+    "TensorSpec",
+    "build_tokenizer",
+    "plan_tiny_model",
+    "plan_twin",
+    "write_plan",
+    "write_tiny_model",
+    "write_twin",
 ]
 
 QWEN2_SPECIAL_BASE = 151643  # id of <|endoftext|> in Qwen2.5's vocabulary

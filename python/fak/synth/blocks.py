@@ -17,14 +17,22 @@ the Rust dequantizers are tested against), so it is right by construction for ev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf import quants as gguf_quants
 
-__all__ = ["BlockFormat", "FORMATS", "format_of", "n_bytes", "new_rng", "random_blocks", "random_bytes",
-           "random_floats"]
+__all__ = [
+    "FORMATS",
+    "BlockFormat",
+    "format_of",
+    "n_bytes",
+    "new_rng",
+    "random_blocks",
+    "random_bytes",
+    "random_floats",
+]
 
 
 @dataclass(frozen=True)
@@ -128,7 +136,7 @@ def _scaled_blocks(fmt: BlockFormat, n_blocks: int, rng: np.random.Generator, ga
     return blocks
 
 
-@lru_cache(maxsize=None)
+@cache
 def _calibration(name: str) -> float:
     """Standard deviation of the dequantized weights of ``_scaled_blocks`` at gain 1 (d ≈ 1)."""
     fmt = format_of(name)

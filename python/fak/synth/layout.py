@@ -25,7 +25,7 @@ from typing import Literal
 
 from fak.synth.blocks import format_of
 
-__all__ = ["ArchConfig", "TensorSpec", "tensor_layout", "quant_types", "use_more_bits", "MIXES", "FILE_TYPES"]
+__all__ = ["FILE_TYPES", "MIXES", "ArchConfig", "TensorSpec", "quant_types", "tensor_layout", "use_more_bits"]
 
 Role = Literal["weight", "embedding", "norm", "bias"]
 
@@ -158,7 +158,7 @@ def quant_types(specs: list[TensorSpec], weight_type: str, *, n_layer: int,
     if weight_type not in MIXES:
         format_of(weight_type)
     overrides = dict(overrides or {})
-    for name, dtype in overrides.items():
+    for dtype in overrides.values():
         format_of(dtype)
     tied = not any(t.name == "output.weight" for t in specs)
     i_attn_v = i_ffn_down = 0

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
-__all__ = ["FAMILIES", "TokenizerSpec", "bpe_merges", "byte_symbols", "chat_template", "build_tokenizer"]
+__all__ = ["FAMILIES", "TokenizerSpec", "bpe_merges", "build_tokenizer", "byte_symbols", "chat_template"]
 
 # llama.cpp llama_token_type
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5

@@ -10,9 +10,10 @@ of the data section, which itself starts at the first aligned offset after the t
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import cast
 
 import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
@@ -20,7 +21,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 from fak.synth.blocks import format_of, n_bytes, new_rng, random_blocks
 from fak.synth.layout import TensorSpec
 
-__all__ = ["GGUFPlan", "MetaEntry", "write_plan", "CHUNK_BYTES"]
+__all__ = ["CHUNK_BYTES", "GGUFPlan", "MetaEntry", "write_plan"]
 
 CHUNK_BYTES = 32 << 20
 GGUF_VERSION = 3
@@ -62,9 +63,10 @@ class MetaEntry:
         if not self.is_array:
             return size + _value_size(self.type, self.value)
         size += 4 + 8
+        items = cast("list[object]", self.value)
         if self.item_type == "STRING":
-            return size + sum(_value_size("STRING", v) for v in self.value)  # type: ignore[union-attr]
-        return size + _SCALAR_SIZES[self.item_type] * len(self.value)  # type: ignore[arg-type]
+            return size + sum(_value_size("STRING", v) for v in items)
+        return size + _SCALAR_SIZES[self.item_type] * len(items)
 
 
 def _value_size(vtype: str, value: object) -> int:
@@ -145,7 +147,7 @@ def _pad(n: int, align: int) -> int:
 def _add_meta(writer: GGUFWriter, e: MetaEntry) -> None:
     if e.is_array:
         sub = GGUFValueType[e.item_type]
-        value = e.value.tolist() if isinstance(e.value, np.ndarray) else list(e.value)  # type: ignore[union-attr]
+        value = e.value.tolist() if isinstance(e.value, np.ndarray) else list(cast("list[object]", e.value))
         if not value:
             raise ValueError(f"metadata {e.key}: GGUF arrays written by fak.synth must not be empty")
         writer.add_key_value(e.key, value, GGUFValueType.ARRAY, sub_type=sub)
@@ -207,7 +209,7 @@ def write_plan(path: str | os.PathLike[str], plan: GGUFPlan, *, seed: int = 0,
                 count = min(chunk_el, n_el - start)
                 fill = plan.values.get(t.name)
                 data = fill(rng, count) if fill else _tensor_data(t, rng, count)
-                out.write(memoryview(np.ascontiguousarray(data, dtype=np.uint8)))
+                out.write(np.ascontiguousarray(data, dtype=np.uint8).data)
                 written += data.nbytes
                 done += data.nbytes
                 if progress:
