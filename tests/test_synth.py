@@ -531,3 +531,16 @@ def test_plan_header_size_arithmetic_matches_gguf_writer(tmp_path: Path) -> None
     assert meta["k.5"] == "héllo" and meta["k.6"] == ["a", "bc", ""] and meta["k.4"] is True
     assert json.dumps(meta["k.7"]) == "[1.0, 2.0]"
     assert GGUFReader(path).fields["k.1"].types == [GGUFValueType.INT16]
+
+
+def test_like_twin_keeps_a_custom_alignment(tmp_path: Path) -> None:
+    plan = plan_tiny_model("qwen2")
+    plan.set_meta("general.alignment", "UINT32", 64)
+    plan.alignment = 64
+    src = write_plan(tmp_path / "a64.gguf", plan)
+    twin = write_twin(tmp_path / "twin.gguf", like=src, seed=2)
+    r = reader(twin)
+    assert r.alignment == 64 and r.data_offset % 64 == 0
+    assert all((int(t.data_offset) - r.data_offset) % 64 == 0 for t in r.tensors)
+    assert layout(twin) == layout(src)
+    assert fields(twin)["general.alignment"] == 64
