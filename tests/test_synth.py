@@ -487,13 +487,15 @@ def test_like_twin_of_a_tiny_model_and_tokenizer_swap(tmp_path: Path) -> None:
     assert layout(swapped) == layout(tiny)
 
 
-# Runs `fak synth` in a child process that reports its own peak RSS (RUSAGE_SELF of the child:
-# RUSAGE_CHILDREN in the test process would include every earlier subprocess of the session).
+# Runs `fak synth` in a child process that reports its own peak RSS: VmHWM of /proc/self/status,
+# the high-water mark of the child's own address space. (getrusage's ru_maxrss would not do: Linux
+# carries the forking parent's RSS across fork + exec into it, and the pytest process is large.)
 _PEAK_RSS_CHILD = """
-import resource, sys
+import sys
 from fak.cli import main
 main(sys.argv[1:], standalone_mode=False)
-print("peak_rss_bytes", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, file=sys.stderr)
+hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print("peak_rss_bytes", int(hwm.split()[1]) * 1024, file=sys.stderr)
 """
 
 
