@@ -15,8 +15,11 @@ def main() -> None:
     """fak: a coding model served from fak's own kernels, its coding agent, and a tool-call policy."""
 
 
+from fak.swebench.cli import swebench  # noqa: E402 - sub-commands register after the group
+
 main.add_command(inspect_command)
 main.add_command(synth_command)
+main.add_command(swebench)
 
 
 if __name__ == "__main__":  # pragma: no cover
