@@ -143,7 +143,7 @@ unsafe fn attend_task(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchP
     sc.vf.resize(bs * hd, 0.0);
     sc.acc.clear();
     sc.acc.resize(nq * hd, 0.0);
-    let isa = if hd % 8 == 0 { vecops::isa() } else { Isa::Scalar };
+    let isa = if hd.is_multiple_of(8) { vecops::isa() } else { Isa::Scalar };
     let n_blocks = ctx_max.div_ceil(bs);
     let kv_head = t.kv_head as usize;
 

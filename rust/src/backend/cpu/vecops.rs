@@ -200,28 +200,6 @@ pub(crate) mod avx2 {
         _mm_cvtss_f32(s)
     }
 
-    /// `Σ a[i]·b[i]` over `n` elements, `n` a multiple of 8.
-    ///
-    /// # Safety
-    /// Requires AVX2, FMA, F16C; `a` and `b` must hold `n` elements.
-    #[inline]
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot(a: *const f32, b: *const f32, n: usize) -> f32 {
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        while i + 32 <= n {
-            for (l, acc_l) in acc.iter_mut().enumerate() {
-                *acc_l = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i + 8 * l)), _mm256_loadu_ps(b.add(i + 8 * l)), *acc_l);
-            }
-            i += 32;
-        }
-        while i + 8 <= n {
-            acc[0] = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(i)), _mm256_loadu_ps(b.add(i)), acc[0]);
-            i += 8;
-        }
-        hsum(_mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3])))
-    }
-
     /// e^x for 8 lanes (Cephes-style: range reduction by ln 2, degree-6 polynomial, ≤ 2 ulp for
     /// x in [−87, 88]; lanes below −87.3 give 0, as llama.cpp's `ggml_v_expf` does).
     #[inline]
