@@ -388,6 +388,26 @@ def _generate(model, prompts: dict[int, list[int]], n_new: int, sampling: dict |
 # --------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_synth_models_match_reference(arch, tmp_path):
+    """The project's generator (``fak.synth.write_tiny_model``, llama.cpp's Q4_K_M type mix, its
+    family defaults: qwen2 biases and untied head, llama tied embeddings) through the engine."""
+    from fak import synth
+
+    path = synth.write_tiny_model(tmp_path / f"{arch}.gguf", arch, n_embd=256, n_ff=512, weight_type="Q4_K_M")
+    model = _native.Model(str(path), n_ctx=256, threads=2)
+    tokens = _prompt(100, model.n_vocab, 1)
+    got = model.logits(tokens).astype(np.float64)
+    for llama_rounding, bound in [(False, 0.999), (True, 0.9998)]:
+        want = reference_logits(path, tokens, llama_rounding=llama_rounding)
+        cos = np.array([_cosine(got[i], want[i]) for i in range(len(tokens))])
+        assert cos.min() >= bound, (llama_rounding, cos.argmin(), cos.min())
+        assert np.median(1 - cos) <= 2e-4, (llama_rounding, np.median(1 - cos))
+    prompts = {i: _prompt(n, model.n_vocab, 30 + i) for i, n in enumerate([3, 40, 17])}
+    alone = {sid: _generate(model, {sid: p}, 12)[sid] for sid, p in prompts.items()}
+    assert _generate(model, prompts, 12) == alone
+
+
 def test_k_quantizers_round_trip():
     w = (np.random.default_rng(0).standard_normal((8, 512)) * 0.08).astype(np.float32)
     for dtype, rel in [("Q4_K", 0.06), ("Q6_K", 0.015)]:
