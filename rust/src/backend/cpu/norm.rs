@@ -1,6 +1,6 @@
-//! RMSNorm (Zhang & Sennrich 2019) as ggml's CPU `rms_norm` + `mul`: the mean of squares is
-//! accumulated in f64 (`ggml_float`), `scale = 1/sqrtf(mean + eps)` in f32, then
-//! `out = (x · scale) · w`.
+//! RMSNorm (Zhang & Sennrich 2019) as ggml's CPU `rms_norm` + `mul`: the squares are f32 products
+//! accumulated in f64 (`ggml_float`), `mean` is rounded to f32, `scale = 1/sqrtf(mean + eps)` in
+//! f32, then `out = (x · scale) · w`.
 
 use rayon::prelude::*;
 
@@ -8,7 +8,7 @@ use rayon::prelude::*;
 pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, n_rows: usize, out: &mut [f32]) {
     let dim = w.len();
     let one = |(o, xr): (&mut [f32], &[f32])| {
-        let sum: f64 = xr.iter().map(|&v| (v as f64) * (v as f64)).sum();
+        let sum: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
         let mean = (sum / dim as f64) as f32;
         let scale = 1.0 / (mean + eps).sqrt();
         for ((o, &xv), &wv) in o.iter_mut().zip(xr).zip(w) {
