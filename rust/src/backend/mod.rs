@@ -155,14 +155,22 @@ impl BatchPlan {
     /// Appends one sequence's `tokens` at positions `n_past..`, with its block table
     /// `blocks` (which must cover every new position) and a KV block size of `block_size`.
     /// When `logits` is `All`, every new row is added to `logit_rows`; `Last` adds the last one.
-    pub fn push_seq(&mut self, tokens: &[u32], n_past: usize, blocks: &[u32], block_size: usize, logits: LogitRows) {
+    pub fn push_seq(
+        &mut self,
+        tokens: &[u32],
+        n_past: usize,
+        blocks: &[u32],
+        block_size: usize,
+        logits: LogitRows,
+    ) {
         let row0 = self.tokens.len();
         let table0 = self.block_tables.len();
         for (i, &t) in tokens.iter().enumerate() {
             let pos = n_past + i;
             self.tokens.push(t);
             self.positions.push(pos as u32);
-            self.slots.push(blocks[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
+            self.slots
+                .push(blocks[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
         }
         self.block_tables.extend_from_slice(blocks);
         self.seqs.push(SeqRows {
@@ -179,7 +187,9 @@ impl BatchPlan {
                     self.logit_rows.push((row0 + tokens.len() - 1) as u32)
                 }
             }
-            LogitRows::All => self.logit_rows.extend((row0..row0 + tokens.len()).map(|r| r as u32)),
+            LogitRows::All => self
+                .logit_rows
+                .extend((row0..row0 + tokens.len()).map(|r| r as u32)),
         }
     }
 }
@@ -252,20 +262,47 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// `out[r, :] = table[batch.tokens[r], :]` dequantized, for the batch's `n_tokens` rows.
     /// `table` has `dims = [n_embd, n_vocab]`.
-    fn embed(&self, table: &Self::Weight, batch: &Self::Batch, n_tokens: usize, out: &mut Self::Buffer) -> Result<()>;
+    fn embed(
+        &self,
+        table: &Self::Weight,
+        batch: &Self::Batch,
+        n_tokens: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
 
     /// RMSNorm: `out[r, i] = x[r, i] / sqrt(mean_i(x[r, :]²) + eps) · w[i]` over `n_rows` rows
     /// of `dim` elements (Zhang & Sennrich 2019; ggml `rms_norm` followed by `mul`).
-    fn rmsnorm(&self, x: &Self::Buffer, w: &Self::Weight, eps: f32, n_rows: usize, dim: usize, out: &mut Self::Buffer) -> Result<()>;
+    fn rmsnorm(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Weight,
+        eps: f32,
+        n_rows: usize,
+        dim: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
 
     /// `out[r, o] = Σ_i W[o, i] · x[r, i] (+ bias[o])` for `n_rows` rows; `W` has
     /// `dims = [k, n_out]`, `x` is `[n_rows, k]`, `out` is `[n_rows, n_out]`.
-    fn matmul(&self, w: &Self::Weight, bias: Option<&Self::Weight>, x: &Self::Buffer, n_rows: usize, out: &mut Self::Buffer) -> Result<()>;
+    fn matmul(
+        &self,
+        w: &Self::Weight,
+        bias: Option<&Self::Weight>,
+        x: &Self::Buffer,
+        n_rows: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
 
     /// Several matmuls of the same input: `outs[i] = x · W_iᵀ (+ b_i)` (Q/K/V, gate/up). The
     /// default runs them one after another; a backend may overlap them (the CPU backend runs them
     /// in one parallel region, saving a thread barrier per matmul).
-    fn matmul_multi(&self, ws: &[(&Self::Weight, Option<&Self::Weight>)], x: &Self::Buffer, n_rows: usize, outs: &mut [&mut Self::Buffer]) -> Result<()> {
+    fn matmul_multi(
+        &self,
+        ws: &[(&Self::Weight, Option<&Self::Weight>)],
+        x: &Self::Buffer,
+        n_rows: usize,
+        outs: &mut [&mut Self::Buffer],
+    ) -> Result<()> {
         debug_assert_eq!(ws.len(), outs.len());
         for ((w, b), out) in ws.iter().zip(outs.iter_mut()) {
             self.matmul(w, *b, x, n_rows, out)?;
@@ -289,14 +326,31 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Writes each row's K and V (`[n_rows, n_head_kv · head_dim]`) into its KV slot of `layer`
     /// (rounded to f16).
-    fn kv_write(&self, cache: &mut Self::KvCache, layer: usize, k: &Self::Buffer, v: &Self::Buffer, batch: &Self::Batch, n_rows: usize) -> Result<()>;
+    fn kv_write(
+        &self,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        batch: &Self::Batch,
+        n_rows: usize,
+    ) -> Result<()>;
 
     /// Causal grouped-query attention of every row of `batch` over its sequence's KV cache of
     /// `layer`: `out[r, h, :] = softmax(scale · q[r, h, :] · K[0..=pos_r]ᵀ) · V[0..=pos_r]` with
     /// K/V of KV head `h / (n_head / n_head_kv)`. `q` is `[n_rows, n_head · head_dim]`, `out`
     /// the same shape.
     #[allow(clippy::too_many_arguments)]
-    fn attention(&self, q: &Self::Buffer, cache: &Self::KvCache, layer: usize, batch: &Self::Batch, n_rows: usize, params: &AttnParams, out: &mut Self::Buffer) -> Result<()>;
+    fn attention(
+        &self,
+        q: &Self::Buffer,
+        cache: &Self::KvCache,
+        layer: usize,
+        batch: &Self::Batch,
+        n_rows: usize,
+        params: &AttnParams,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
 
     /// SwiGLU: `gate[i] = silu(gate[i]) · up[i]` for the first `n` elements
     /// (Shazeer 2020, `silu(x) = x / (1 + e^−x)`).
@@ -306,19 +360,38 @@ pub trait Backend: Send + Sync + Sized + 'static {
     fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, n: usize) -> Result<()>;
 
     /// `out[j, :] = x[batch.logit_rows[j], :]` for every logit row; rows have `dim` elements.
-    fn gather_logit_rows(&self, x: &Self::Buffer, batch: &Self::Batch, dim: usize, out: &mut Self::Buffer) -> Result<()>;
+    fn gather_logit_rows(
+        &self,
+        x: &Self::Buffer,
+        batch: &Self::Batch,
+        dim: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
 
     /// Copies the first `out.len()` elements of `buf` to the host.
     fn read_f32(&self, buf: &Self::Buffer, out: &mut [f32]) -> Result<()>;
 
     /// Index of the largest element of each of `n_rows` rows of `n_cols` (ties: lowest index).
-    fn argmax_rows(&self, x: &Self::Buffer, n_rows: usize, n_cols: usize, out: &mut [u32]) -> Result<()>;
+    fn argmax_rows(
+        &self,
+        x: &Self::Buffer,
+        n_rows: usize,
+        n_cols: usize,
+        out: &mut [u32],
+    ) -> Result<()>;
 
     /// The greedy fast path over logits rows: `tokens[r]` = argmax of row `r` (lowest index on
     /// ties) and `logprobs[r]` = its log-softmax, so the engine need not copy `n_rows · n_cols`
     /// logits to the host when every sequence decodes greedily. A GPU backend runs it on the
     /// device and copies back `2 · n_rows` numbers; the default reads the rows to the host.
-    fn greedy_rows(&self, x: &Self::Buffer, n_rows: usize, n_cols: usize, tokens: &mut [u32], logprobs: &mut [f32]) -> Result<()> {
+    fn greedy_rows(
+        &self,
+        x: &Self::Buffer,
+        n_rows: usize,
+        n_cols: usize,
+        tokens: &mut [u32],
+        logprobs: &mut [f32],
+    ) -> Result<()> {
         let mut host = vec![0f32; n_rows * n_cols];
         self.read_f32(x, &mut host)?;
         for r in 0..n_rows {

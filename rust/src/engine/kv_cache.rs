@@ -19,7 +19,11 @@ impl BlockPool {
     /// A pool of `n_blocks` blocks of `block_size` tokens, all free.
     pub fn new(n_blocks: usize, block_size: usize) -> BlockPool {
         assert!(block_size > 0, "block_size must be positive");
-        BlockPool { block_size, n_blocks, free: (0..n_blocks as u32).rev().collect() }
+        BlockPool {
+            block_size,
+            n_blocks,
+            free: (0..n_blocks as u32).rev().collect(),
+        }
     }
 
     /// Tokens per block.
@@ -52,7 +56,10 @@ impl BlockPool {
     pub fn grow(&mut self, table: &mut Vec<u32>, n_tokens: usize) -> Result<()> {
         let needed = self.blocks_for(n_tokens).saturating_sub(table.len());
         if needed > self.free.len() {
-            return Err(FakError::KvCacheFull { needed, free: self.free.len() });
+            return Err(FakError::KvCacheFull {
+                needed,
+                free: self.free.len(),
+            });
         }
         for _ in 0..needed {
             table.push(self.free.pop().expect("checked above"));
@@ -64,7 +71,10 @@ impl BlockPool {
     pub fn release(&mut self, table: &mut Vec<u32>) {
         debug_assert!(table.iter().all(|&b| (b as usize) < self.n_blocks));
         self.free.extend(table.drain(..).rev());
-        debug_assert!(self.free.len() <= self.n_blocks, "a block was released twice");
+        debug_assert!(
+            self.free.len() <= self.n_blocks,
+            "a block was released twice"
+        );
     }
 }
 

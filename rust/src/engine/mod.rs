@@ -52,7 +52,13 @@ pub struct EngineOptions {
 
 impl Default for EngineOptions {
     fn default() -> Self {
-        EngineOptions { n_ctx: 4096, threads: None, kv_cache_tokens: None, max_batch: 64, max_tokens_per_step: DEFAULT_MAX_TOKENS }
+        EngineOptions {
+            n_ctx: 4096,
+            threads: None,
+            kv_cache_tokens: None,
+            max_batch: 64,
+            max_tokens_per_step: DEFAULT_MAX_TOKENS,
+        }
     }
 }
 
@@ -94,7 +100,8 @@ pub trait EngineApi: Send {
     fn kv_blocks_free(&self) -> usize;
     fn n_running(&self) -> usize;
     fn n_waiting(&self) -> usize;
-    fn add_sequence(&mut self, seq_id: u64, prompt: Vec<u32>, params: SamplingParams) -> Result<()>;
+    fn add_sequence(&mut self, seq_id: u64, prompt: Vec<u32>, params: SamplingParams)
+        -> Result<()>;
     fn remove_sequence(&mut self, seq_id: u64) -> bool;
     fn step(&mut self) -> Result<Vec<StepOutput>>;
     fn logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
@@ -119,7 +126,10 @@ pub struct Engine<B: Backend> {
 
 impl Engine<CpuBackend> {
     /// Opens `path` on the CPU backend.
-    pub fn open_cpu(path: impl AsRef<std::path::Path>, opts: EngineOptions) -> Result<Engine<CpuBackend>> {
+    pub fn open_cpu(
+        path: impl AsRef<std::path::Path>,
+        opts: EngineOptions,
+    ) -> Result<Engine<CpuBackend>> {
         let pool = build_pool(opts.threads)?;
         let path = path.as_ref().to_path_buf();
         let model = pool.install(|| Model::open(&path, CpuBackend))?;
@@ -129,7 +139,12 @@ impl Engine<CpuBackend> {
 
 fn build_pool(threads: Option<usize>) -> Result<Arc<rayon::ThreadPool>> {
     let n = match threads {
-        Some(0) => return Err(FakError::invalid("threads", "0 (must be ≥ 1, or None for all cores)")),
+        Some(0) => {
+            return Err(FakError::invalid(
+                "threads",
+                "0 (must be ≥ 1, or None for all cores)",
+            ))
+        }
         Some(n) => n,
         None => std::thread::available_parallelism().map_or(1, |n| n.get()),
     };
@@ -137,7 +152,10 @@ fn build_pool(threads: Option<usize>) -> Result<Arc<rayon::ThreadPool>> {
         .num_threads(n)
         .thread_name(|i| format!("fak-cpu-{i}"))
         .build()
-        .map_err(|e| FakError::Backend { backend: "cpu".into(), msg: format!("thread pool: {e}") })?;
+        .map_err(|e| FakError::Backend {
+            backend: "cpu".into(),
+            msg: format!("thread pool: {e}"),
+        })?;
     Ok(Arc::new(pool))
 }
 
@@ -148,7 +166,11 @@ impl<B: Backend> Engine<B> {
         Self::with_pool(model, opts, pool)
     }
 
-    fn with_pool(model: Model<B>, opts: EngineOptions, pool: Arc<rayon::ThreadPool>) -> Result<Engine<B>> {
+    fn with_pool(
+        model: Model<B>,
+        opts: EngineOptions,
+        pool: Arc<rayon::ThreadPool>,
+    ) -> Result<Engine<B>> {
         let n_ctx = opts.n_ctx;
         if n_ctx < 2 {
             return Err(FakError::invalid("n_ctx", format!("{n_ctx} (must be ≥ 2)")));
@@ -156,19 +178,41 @@ impl<B: Backend> Engine<B> {
         if opts.max_batch == 0 {
             return Err(FakError::invalid("max_batch", "0 (must be ≥ 1)"));
         }
-        let kv_tokens = opts.kv_cache_tokens.unwrap_or(n_ctx * opts.max_batch.min(8));
+        let kv_tokens = opts
+            .kv_cache_tokens
+            .unwrap_or(n_ctx * opts.max_batch.min(8));
         if kv_tokens < n_ctx {
             return Err(FakError::invalid("kv_cache_tokens", format!("{kv_tokens} is smaller than n_ctx {n_ctx}; the cache must hold one full context")));
         }
         let c = &model.config;
         let n_blocks = kv_tokens.div_ceil(BLOCK_SIZE);
-        let layout = KvLayout { n_layer: c.n_layer, n_blocks, block_size: BLOCK_SIZE, n_head_kv: c.n_head_kv, head_dim: c.head_dim };
-        let max_tokens = opts.max_tokens_per_step.max(opts.max_batch).max(LOGITS_CHUNK);
-        let limits = BatchLimits { max_tokens, max_seqs: opts.max_batch.max(1), max_blocks_per_seq: n_ctx.div_ceil(BLOCK_SIZE) };
+        let layout = KvLayout {
+            n_layer: c.n_layer,
+            n_blocks,
+            block_size: BLOCK_SIZE,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+        };
+        let max_tokens = opts
+            .max_tokens_per_step
+            .max(opts.max_batch)
+            .max(LOGITS_CHUNK);
+        let limits = BatchLimits {
+            max_tokens,
+            max_seqs: opts.max_batch.max(1),
+            max_blocks_per_seq: n_ctx.div_ceil(BLOCK_SIZE),
+        };
         let max_logits = opts.max_batch.max(LOGITS_CHUNK);
         let kv = model.backend.alloc_kv_cache(layout)?;
         let scratch = Scratch::new(&model, limits, max_logits)?;
-        let sched = Scheduler::new(SchedulerConfig { n_ctx, max_batch: opts.max_batch, max_tokens }, BlockPool::new(n_blocks, BLOCK_SIZE));
+        let sched = Scheduler::new(
+            SchedulerConfig {
+                n_ctx,
+                max_batch: opts.max_batch,
+                max_tokens,
+            },
+            BlockPool::new(n_blocks, BLOCK_SIZE),
+        );
         Ok(Engine {
             model,
             kv,
@@ -189,7 +233,10 @@ impl<B: Backend> Engine<B> {
             return Err(FakError::invalid(param, "empty token list"));
         }
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(FakError::invalid(param, format!("token id {bad} is out of range for a vocabulary of {n_vocab}")));
+            return Err(FakError::invalid(
+                param,
+                format!("token id {bad} is out of range for a vocabulary of {n_vocab}"),
+            ));
         }
         Ok(())
     }
@@ -200,17 +247,31 @@ impl<B: Backend> Engine<B> {
     /// the vocabulary or a bad sampling value; [`FakError::ContextLength`] when
     /// `len(prompt) + 1 > n_ctx`; [`FakError::KvCacheFull`] when the prompt needs more blocks than
     /// the whole cache has (it could never run).
-    pub fn add_sequence(&mut self, seq_id: u64, prompt: Vec<u32>, params: SamplingParams) -> Result<()> {
+    pub fn add_sequence(
+        &mut self,
+        seq_id: u64,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+    ) -> Result<()> {
         if self.sched.contains(seq_id) {
-            return Err(FakError::invalid("seq_id", format!("sequence {seq_id} already exists")));
+            return Err(FakError::invalid(
+                "seq_id",
+                format!("sequence {seq_id} already exists"),
+            ));
         }
         self.check_tokens(&prompt, "prompt_ids")?;
         if prompt.len() + 1 > self.n_ctx {
-            return Err(FakError::ContextLength { n_tokens: prompt.len() + 1, n_ctx: self.n_ctx });
+            return Err(FakError::ContextLength {
+                n_tokens: prompt.len() + 1,
+                n_ctx: self.n_ctx,
+            });
         }
         let need = self.sched.pool.blocks_for(prompt.len() + 1);
         if need > self.sched.pool.n_total() {
-            return Err(FakError::KvCacheFull { needed: need, free: self.sched.pool.n_total() });
+            return Err(FakError::KvCacheFull {
+                needed: need,
+                free: self.sched.pool.n_total(),
+            });
         }
         let sampler = Sampler::new(params)?;
         self.sched.add(Sequence::new(seq_id, prompt, sampler));
@@ -236,26 +297,51 @@ impl<B: Backend> Engine<B> {
         if self.scheduled.is_empty() {
             return Ok(Vec::new());
         }
-        let n_logits = self.model.forward(&mut self.kv, &mut self.scratch, &self.plan)?;
+        let n_logits = self
+            .model
+            .forward(&mut self.kv, &mut self.scratch, &self.plan)?;
         let n_vocab = self.model.config.n_vocab;
         // Logit row j belongs to the j-th scheduled entry with logits (row order).
-        let row_of: Vec<u64> = self.scheduled.iter().filter(|e| e.logits).map(|e| e.seq_id).collect();
+        let row_of: Vec<u64> = self
+            .scheduled
+            .iter()
+            .filter(|e| e.logits)
+            .map(|e| e.seq_id)
+            .collect();
         debug_assert_eq!(row_of.len(), n_logits);
-        let all_greedy = row_of.iter().all(|id| self.sched.running().iter().any(|s| s.id == *id && s.sampler.is_plain_greedy()));
+        let all_greedy = row_of.iter().all(|id| {
+            self.sched
+                .running()
+                .iter()
+                .any(|s| s.id == *id && s.sampler.is_plain_greedy())
+        });
         let mut greedy = (Vec::new(), Vec::new());
         if all_greedy {
             greedy = (vec![0u32; n_logits], vec![0f32; n_logits]);
-            self.model.backend.greedy_rows(&self.scratch.logits, n_logits, n_vocab, &mut greedy.0, &mut greedy.1)?;
+            self.model.backend.greedy_rows(
+                &self.scratch.logits,
+                n_logits,
+                n_vocab,
+                &mut greedy.0,
+                &mut greedy.1,
+            )?;
         } else {
             self.host_logits.resize(n_logits * n_vocab, 0.0);
-            self.model.backend.read_f32(&self.scratch.logits, &mut self.host_logits)?;
+            self.model
+                .backend
+                .read_f32(&self.scratch.logits, &mut self.host_logits)?;
         }
         let t_fwd = Instant::now();
 
         // Token accounting before the sequences change.
         let (mut n_prefill, mut n_decode) = (0u64, 0u64);
         for e in &self.scheduled {
-            let s = self.sched.running().iter().find(|s| s.id == e.seq_id).expect("scheduled sequence runs");
+            let s = self
+                .sched
+                .running()
+                .iter()
+                .find(|s| s.id == e.seq_id)
+                .expect("scheduled sequence runs");
             if e.n_tokens == 1 && s.n_cached >= s.n_prompt {
                 n_decode += 1;
             } else {
@@ -274,23 +360,49 @@ impl<B: Backend> Engine<B> {
             .collect();
         let sample = |(j, s): &mut (usize, &mut Sequence)| -> (usize, StepOutput) {
             if all_greedy {
-                return (*j, StepOutput { seq_id: s.id, token: greedy.0[*j], logprob: greedy.1[*j], top_logprobs: None });
+                return (
+                    *j,
+                    StepOutput {
+                        seq_id: s.id,
+                        token: greedy.0[*j],
+                        logprob: greedy.1[*j],
+                        top_logprobs: None,
+                    },
+                );
             }
             let row = &logits[*j * n_vocab..(*j + 1) * n_vocab];
             let out = s.sampler.sample(row, &s.tokens);
-            (*j, StepOutput { seq_id: s.id, token: out.token, logprob: out.logprob, top_logprobs: out.top_logprobs })
+            (
+                *j,
+                StepOutput {
+                    seq_id: s.id,
+                    token: out.token,
+                    logprob: out.logprob,
+                    top_logprobs: out.top_logprobs,
+                },
+            )
         };
-        let mut outputs: Vec<(usize, StepOutput)> = if work.len() > 1 { work.par_iter_mut().map(sample).collect() } else { work.iter_mut().map(sample).collect() };
+        let mut outputs: Vec<(usize, StepOutput)> = if work.len() > 1 {
+            work.par_iter_mut().map(sample).collect()
+        } else {
+            work.iter_mut().map(sample).collect()
+        };
         drop(work);
         outputs.sort_by_key(|o| o.0);
 
         // Commit: cached counts, new tokens.
         for e in &self.scheduled {
-            let s = self.sched.running_mut(e.seq_id).expect("scheduled sequence runs");
+            let s = self
+                .sched
+                .running_mut(e.seq_id)
+                .expect("scheduled sequence runs");
             s.n_cached += e.n_tokens;
         }
         for (_, o) in &outputs {
-            let s = self.sched.running_mut(o.seq_id).expect("sampled sequence runs");
+            let s = self
+                .sched
+                .running_mut(o.seq_id)
+                .expect("sampled sequence runs");
             s.tokens.push(o.token);
             s.sampler.accept(o.token);
         }
@@ -321,10 +433,14 @@ impl<B: Backend> Engine<B> {
     fn logits_inner(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
         self.check_tokens(tokens, "token_ids")?;
         if tokens.len() > self.n_ctx {
-            return Err(FakError::ContextLength { n_tokens: tokens.len(), n_ctx: self.n_ctx });
+            return Err(FakError::ContextLength {
+                n_tokens: tokens.len(),
+                n_ctx: self.n_ctx,
+            });
         }
         let n_vocab = self.model.config.n_vocab;
-        let mut out: Vec<f32> = crate::backend::cpu::zeroed_vec(tokens.len() * n_vocab, "the logits array")?;
+        let mut out: Vec<f32> =
+            crate::backend::cpu::zeroed_vec(tokens.len() * n_vocab, "the logits array")?;
         let mut table = Vec::new();
         self.sched.pool.grow(&mut table, tokens.len())?;
         let chunk = self.scratch.max_logits.min(self.scratch.max_tokens);
@@ -339,7 +455,10 @@ impl<B: Backend> Engine<B> {
             match r {
                 Ok(n) => {
                     debug_assert_eq!(n, toks.len());
-                    if let Err(e) = self.model.backend.read_f32(&self.scratch.logits, &mut out[n_past * n_vocab..(n_past + n) * n_vocab]) {
+                    if let Err(e) = self.model.backend.read_f32(
+                        &self.scratch.logits,
+                        &mut out[n_past * n_vocab..(n_past + n) * n_vocab],
+                    ) {
                         result = Err(e);
                         break;
                     }
@@ -398,7 +517,12 @@ impl<B: Backend> EngineApi for Engine<B> {
     fn n_waiting(&self) -> usize {
         self.sched.n_waiting()
     }
-    fn add_sequence(&mut self, seq_id: u64, prompt: Vec<u32>, params: SamplingParams) -> Result<()> {
+    fn add_sequence(
+        &mut self,
+        seq_id: u64,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+    ) -> Result<()> {
         Engine::add_sequence(self, seq_id, prompt, params)
     }
     fn remove_sequence(&mut self, seq_id: u64) -> bool {

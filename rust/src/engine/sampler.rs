@@ -83,25 +83,66 @@ impl SamplingParams {
             }
         }
         let t = self.temperature;
-        check(t.is_finite() && t >= 0.0, "temperature", format!("{t} (must be a finite number ≥ 0)"))?;
-        check(self.top_k >= -1, "top_k", format!("{} (must be ≥ 0, or -1 to disable)", self.top_k))?;
+        check(
+            t.is_finite() && t >= 0.0,
+            "temperature",
+            format!("{t} (must be a finite number ≥ 0)"),
+        )?;
+        check(
+            self.top_k >= -1,
+            "top_k",
+            format!("{} (must be ≥ 0, or -1 to disable)", self.top_k),
+        )?;
         let p = self.top_p;
-        check((0.0..=1.0).contains(&p), "top_p", format!("{p} (must be in [0, 1])"))?;
+        check(
+            (0.0..=1.0).contains(&p),
+            "top_p",
+            format!("{p} (must be in [0, 1])"),
+        )?;
         let m = self.min_p;
-        check((0.0..=1.0).contains(&m), "min_p", format!("{m} (must be in [0, 1])"))?;
+        check(
+            (0.0..=1.0).contains(&m),
+            "min_p",
+            format!("{m} (must be in [0, 1])"),
+        )?;
         let r = self.repeat_penalty;
-        check(r.is_finite() && r > 0.0, "repeat_penalty", format!("{r} (must be a finite number > 0; 1 disables)"))?;
-        check(self.repeat_last_n >= -1, "repeat_last_n", format!("{} (must be ≥ 0, or -1 for the whole sequence)", self.repeat_last_n))?;
+        check(
+            r.is_finite() && r > 0.0,
+            "repeat_penalty",
+            format!("{r} (must be a finite number > 0; 1 disables)"),
+        )?;
+        check(
+            self.repeat_last_n >= -1,
+            "repeat_last_n",
+            format!(
+                "{} (must be ≥ 0, or -1 for the whole sequence)",
+                self.repeat_last_n
+            ),
+        )?;
         let pp = self.presence_penalty;
-        check((-2.0..=2.0).contains(&pp), "presence_penalty", format!("{pp} (must be in [-2, 2])"))?;
+        check(
+            (-2.0..=2.0).contains(&pp),
+            "presence_penalty",
+            format!("{pp} (must be in [-2, 2])"),
+        )?;
         let fp = self.frequency_penalty;
-        check((-2.0..=2.0).contains(&fp), "frequency_penalty", format!("{fp} (must be in [-2, 2])"))?;
-        check(self.n_logprobs <= MAX_LOGPROBS, "n_logprobs", format!("{} (must be in [0, {MAX_LOGPROBS}])", self.n_logprobs))?;
+        check(
+            (-2.0..=2.0).contains(&fp),
+            "frequency_penalty",
+            format!("{fp} (must be in [-2, 2])"),
+        )?;
+        check(
+            self.n_logprobs <= MAX_LOGPROBS,
+            "n_logprobs",
+            format!("{} (must be in [0, {MAX_LOGPROBS}])", self.n_logprobs),
+        )?;
         Ok(())
     }
 
     fn has_penalties(&self) -> bool {
-        (self.repeat_penalty != 1.0 && self.repeat_last_n != 0) || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+        (self.repeat_penalty != 1.0 && self.repeat_last_n != 0)
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
     }
 }
 
@@ -122,14 +163,20 @@ impl Rng {
             x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
             x ^ (x >> 31)
         };
-        Rng { s: [next(), next(), next(), next()] }
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
     }
 
     /// A seed from the process's randomly keyed hasher and the clock.
     pub fn entropy_seed() -> u64 {
         use std::hash::{BuildHasher, Hasher};
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
         h.finish()
     }
 
@@ -181,7 +228,14 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Sampler> {
         params.validate()?;
         let rng = Rng::new(params.seed.unwrap_or_else(Rng::entropy_seed));
-        Ok(Sampler { params, rng, counts: HashMap::new(), work: Vec::new(), idx: Vec::new(), weights: Vec::new() })
+        Ok(Sampler {
+            params,
+            rng,
+            counts: HashMap::new(),
+            work: Vec::new(),
+            idx: Vec::new(),
+            weights: Vec::new(),
+        })
     }
 
     /// The settings.
@@ -200,9 +254,17 @@ impl Sampler {
         let token = self.choose(logits, history);
         let (max, ln_z) = log_normalizer(logits);
         let logprob = (logits[token as usize] - max) - ln_z;
-        let top_logprobs = (self.params.n_logprobs > 0)
-            .then(|| top_n(logits, self.params.n_logprobs).into_iter().map(|t| (t, (logits[t as usize] - max) - ln_z)).collect());
-        Sampled { token, logprob, top_logprobs }
+        let top_logprobs = (self.params.n_logprobs > 0).then(|| {
+            top_n(logits, self.params.n_logprobs)
+                .into_iter()
+                .map(|t| (t, (logits[t as usize] - max) - ln_z))
+                .collect()
+        });
+        Sampled {
+            token,
+            logprob,
+            top_logprobs,
+        }
     }
 
     /// Whether the next token is the plain argmax with nothing else to report (temperature 0, no
@@ -226,13 +288,18 @@ impl Sampler {
             return crate::backend::cpu::argmax(l) as u32;
         }
         let n = l.len();
-        let top_k = if p.top_k > 0 && (p.top_k as usize) < n { p.top_k as usize } else { 0 };
+        let top_k = if p.top_k > 0 && (p.top_k as usize) < n {
+            p.top_k as usize
+        } else {
+            0
+        };
         let filtered = top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0;
         if !filtered {
             // Draw from the whole vocabulary.
             let max = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             self.weights.resize(n, 0.0);
-            let total = vecops::exp_scaled_sum(l, max, 1.0 / p.temperature, Some(&mut self.weights));
+            let total =
+                vecops::exp_scaled_sum(l, max, 1.0 / p.temperature, Some(&mut self.weights));
             return draw(&mut self.rng, &self.weights, total, |i| i as u32);
         }
 
@@ -277,7 +344,10 @@ impl Sampler {
         if top_k > 0 && p.top_p < 1.0 {
             // top-p over the top-k candidates (renormalized over them).
             let max = l[idx[0] as usize];
-            let z: f64 = idx.iter().map(|&t| ((l[t as usize] - max) as f64).exp()).sum();
+            let z: f64 = idx
+                .iter()
+                .map(|&t| ((l[t as usize] - max) as f64).exp())
+                .sum();
             let mut cum = 0f64;
             let mut keep = idx.len();
             for (i, &t) in idx.iter().enumerate() {
@@ -291,14 +361,18 @@ impl Sampler {
         }
         if p.min_p > 0.0 && !idx.is_empty() {
             let min_logit = l[idx[0] as usize] + p.min_p.ln();
-            let keep = idx.iter().take_while(|&&t| l[t as usize] >= min_logit).count();
+            let keep = idx
+                .iter()
+                .take_while(|&&t| l[t as usize] >= min_logit)
+                .count();
             idx.truncate(keep.max(1));
         }
         // Temperature, softmax over the candidates, draw.
         let max = l[idx[0] as usize];
         let inv_t = 1.0 / p.temperature;
         self.weights.clear();
-        self.weights.extend(idx.iter().map(|&t| ((l[t as usize] - max) * inv_t).exp()));
+        self.weights
+            .extend(idx.iter().map(|&t| ((l[t as usize] - max) * inv_t).exp()));
         let total: f64 = self.weights.iter().map(|&w| w as f64).sum();
         let idx = &self.idx;
         draw(&mut self.rng, &self.weights, total, |i| idx[i])
@@ -307,15 +381,28 @@ impl Sampler {
 
 /// Applies the repetition penalty (window of `history`) and the presence/frequency penalties
 /// (`counts` of generated tokens) to `l` in place.
-pub fn apply_penalties(l: &mut [f32], p: &SamplingParams, history: &[u32], counts: &HashMap<u32, u32>) {
+pub fn apply_penalties(
+    l: &mut [f32],
+    p: &SamplingParams,
+    history: &[u32],
+    counts: &HashMap<u32, u32>,
+) {
     if p.repeat_penalty != 1.0 && p.repeat_last_n != 0 {
-        let n = if p.repeat_last_n < 0 { history.len() } else { (p.repeat_last_n as usize).min(history.len()) };
+        let n = if p.repeat_last_n < 0 {
+            history.len()
+        } else {
+            (p.repeat_last_n as usize).min(history.len())
+        };
         let mut window: Vec<u32> = history[history.len() - n..].to_vec();
         window.sort_unstable();
         window.dedup();
         for t in window {
             if let Some(v) = l.get_mut(t as usize) {
-                *v = if *v <= 0.0 { *v * p.repeat_penalty } else { *v / p.repeat_penalty };
+                *v = if *v <= 0.0 {
+                    *v * p.repeat_penalty
+                } else {
+                    *v / p.repeat_penalty
+                };
             }
         }
     }
@@ -388,11 +475,16 @@ mod tests {
 
     fn logits() -> Vec<f32> {
         // A peaked distribution over 1000 tokens with a clear order.
-        (0..1000).map(|i| -((i as f32 - 500.0) / 40.0).powi(2) + ((i * 7919) % 13) as f32 * 0.01).collect()
+        (0..1000)
+            .map(|i| -((i as f32 - 500.0) / 40.0).powi(2) + ((i * 7919) % 13) as f32 * 0.01)
+            .collect()
     }
 
     fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
-        let mut p = SamplingParams { seed: Some(42), ..Default::default() };
+        let mut p = SamplingParams {
+            seed: Some(42),
+            ..Default::default()
+        };
         f(&mut p);
         p
     }
@@ -435,15 +527,23 @@ mod tests {
         let mut order: Vec<u32> = (0..l.len() as u32).collect();
         order.sort_by(|a, b| l[*b as usize].total_cmp(&l[*a as usize]));
         let allowed = &order[..3];
-        let toks = run(params(|p| {
-            p.top_k = 3;
-            p.temperature = 5.0
-        }), &l, 200);
+        let toks = run(
+            params(|p| {
+                p.top_k = 3;
+                p.temperature = 5.0
+            }),
+            &l,
+            200,
+        );
         assert!(toks.iter().all(|t| allowed.contains(t)));
         let mut distinct = toks.clone();
         distinct.sort();
         distinct.dedup();
-        assert_eq!(distinct.len(), 3, "high temperature over 3 candidates visits all of them");
+        assert_eq!(
+            distinct.len(),
+            3,
+            "high temperature over 3 candidates visits all of them"
+        );
     }
 
     #[test]
@@ -457,7 +557,9 @@ mod tests {
         let toks = run(params(|p| p.top_p = 0.81), &l, 300);
         assert!(toks.iter().all(|&t| t < 3) && toks.contains(&2));
         // top_p = 0 keeps only the most likely token.
-        assert!(run(params(|p| p.top_p = 0.0), &l, 50).iter().all(|&t| t == 0));
+        assert!(run(params(|p| p.top_p = 0.0), &l, 50)
+            .iter()
+            .all(|&t| t == 0));
         // The nucleus search over a large vocabulary (progressive sort) agrees.
         let big = logits();
         let mut order: Vec<u32> = (0..big.len() as u32).collect();
@@ -472,7 +574,10 @@ mod tests {
                 break;
             }
         }
-        assert!(nucleus > 64, "test needs a nucleus larger than the first sort");
+        assert!(
+            nucleus > 64,
+            "test needs a nucleus larger than the first sort"
+        );
         let toks = run(params(|p| p.top_p = 0.9), &big, 500);
         assert!(toks.iter().all(|t| order[..nucleus].contains(t)));
     }
@@ -503,7 +608,11 @@ mod tests {
             p.repeat_last_n = -1
         });
         apply_penalties(&mut l, &p, &[0, 0, 0, 1], &HashMap::new());
-        assert_eq!(l, vec![2.0, -8.0, 4.0], "each distinct token penalized once");
+        assert_eq!(
+            l,
+            vec![2.0, -8.0, 4.0],
+            "each distinct token penalized once"
+        );
     }
 
     #[test]
@@ -518,10 +627,14 @@ mod tests {
         assert_eq!(l, vec![1.0 - 0.75 - 0.5, 1.0, 1.0 - 0.25 - 0.5]);
         // Greedy with a strong presence penalty never repeats a token.
         let flat = vec![0.0f32; 10];
-        let toks = run(params(|p| {
-            p.temperature = 0.0;
-            p.presence_penalty = 2.0
-        }), &flat, 10);
+        let toks = run(
+            params(|p| {
+                p.temperature = 0.0;
+                p.presence_penalty = 2.0
+            }),
+            &flat,
+            10,
+        );
         let mut d = toks.clone();
         d.sort();
         d.dedup();
@@ -549,7 +662,11 @@ mod tests {
         let out2 = s.sample(&l, &[0]);
         assert_eq!(out2.token, 3);
         assert!((out2.logprob - (2.0 - lse)).abs() < 1e-5);
-        assert!(Sampler::new(params(|p| p.n_logprobs = 0)).unwrap().sample(&l, &[]).top_logprobs.is_none());
+        assert!(Sampler::new(params(|p| p.n_logprobs = 0))
+            .unwrap()
+            .sample(&l, &[])
+            .top_logprobs
+            .is_none());
     }
 
     #[test]
@@ -559,7 +676,9 @@ mod tests {
         assert!(s.is_plain_greedy());
         let out = s.sample(&l, &[]);
         assert_eq!(crate::backend::greedy_row(&l), (out.token, out.logprob));
-        assert!(!Sampler::new(params(|p| p.temperature = 0.0 + 0.5)).unwrap().is_plain_greedy());
+        assert!(!Sampler::new(params(|p| p.temperature = 0.0 + 0.5))
+            .unwrap()
+            .is_plain_greedy());
         assert!(!Sampler::new(params(|p| {
             p.temperature = 0.0;
             p.n_logprobs = 1

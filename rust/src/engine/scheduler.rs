@@ -56,12 +56,21 @@ pub struct Scheduler {
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, pool: BlockPool) -> Scheduler {
-        Scheduler { cfg, pool, waiting: VecDeque::new(), running: Vec::new(), n_preempted: 0 }
+        Scheduler {
+            cfg,
+            pool,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            n_preempted: 0,
+        }
     }
 
     /// Whether a sequence with this id is waiting or running.
     pub fn contains(&self, id: u64) -> bool {
-        self.running.iter().chain(self.waiting.iter()).any(|s| s.id == id)
+        self.running
+            .iter()
+            .chain(self.waiting.iter())
+            .any(|s| s.id == id)
     }
 
     /// Queues `seq` (its prompt is checked by the caller).
@@ -108,10 +117,20 @@ impl Scheduler {
     }
 
     fn admit(&mut self) {
-        let committed: usize = self.running.iter().map(|s| self.pool.blocks_for(s.tokens.len()).saturating_sub(s.block_table.len())).sum();
+        let committed: usize = self
+            .running
+            .iter()
+            .map(|s| {
+                self.pool
+                    .blocks_for(s.tokens.len())
+                    .saturating_sub(s.block_table.len())
+            })
+            .sum();
         let mut available = self.pool.n_free().saturating_sub(committed);
         while self.running.len() < self.cfg.max_batch {
-            let Some(front) = self.waiting.front() else { break };
+            let Some(front) = self.waiting.front() else {
+                break;
+            };
             let need = self.pool.blocks_for(front.tokens.len());
             let spare = self.running.len();
             if need + spare > available && !self.running.is_empty() {
@@ -149,12 +168,20 @@ impl Scheduler {
         for pass_decode in [true, false] {
             for s in &self.running {
                 let pending = s.n_pending();
-                if pending == 0 || (pending == 1) != pass_decode || s.tokens.len() >= n_ctx || budget == 0 {
+                if pending == 0
+                    || (pending == 1) != pass_decode
+                    || s.tokens.len() >= n_ctx
+                    || budget == 0
+                {
                     continue;
                 }
                 let n = pending.min(budget);
                 budget -= n;
-                entries.push(Scheduled { seq_id: s.id, n_tokens: n, logits: n == pending });
+                entries.push(Scheduled {
+                    seq_id: s.id,
+                    n_tokens: n,
+                    logits: n == pending,
+                });
             }
         }
         // Take blocks; preempt from the back when the pool is dry.
@@ -186,9 +213,23 @@ impl Scheduler {
         }
         let bs = self.pool.block_size();
         for e in &entries {
-            let s = self.running.iter().find(|s| s.id == e.seq_id).expect("scheduled sequence is running");
+            let s = self
+                .running
+                .iter()
+                .find(|s| s.id == e.seq_id)
+                .expect("scheduled sequence is running");
             let toks = &s.tokens[s.n_cached..s.n_cached + e.n_tokens];
-            plan.push_seq(toks, s.n_cached, &s.block_table, bs, if e.logits { LogitRows::Last } else { LogitRows::None });
+            plan.push_seq(
+                toks,
+                s.n_cached,
+                &s.block_table,
+                bs,
+                if e.logits {
+                    LogitRows::Last
+                } else {
+                    LogitRows::None
+                },
+            );
         }
         *out = entries;
     }
@@ -200,7 +241,15 @@ mod tests {
     use crate::engine::sampler::{Sampler, SamplingParams};
 
     fn seq(id: u64, n: usize) -> Sequence {
-        Sequence::new(id, (0..n as u32).collect(), Sampler::new(SamplingParams { seed: Some(1), ..Default::default() }).unwrap())
+        Sequence::new(
+            id,
+            (0..n as u32).collect(),
+            Sampler::new(SamplingParams {
+                seed: Some(1),
+                ..Default::default()
+            })
+            .unwrap(),
+        )
     }
 
     /// Marks the scheduled work done and appends a token to sequences that got logits.
@@ -216,28 +265,67 @@ mod tests {
 
     #[test]
     fn decodes_first_then_chunked_prefill() {
-        let cfg = SchedulerConfig { n_ctx: 256, max_batch: 4, max_tokens: 16 };
+        let cfg = SchedulerConfig {
+            n_ctx: 256,
+            max_batch: 4,
+            max_tokens: 16,
+        };
         let mut s = Scheduler::new(cfg, BlockPool::new(64, 8));
         s.add(seq(1, 5));
         let (mut plan, mut out) = (BatchPlan::default(), Vec::new());
         s.schedule(&mut plan, &mut out);
-        assert_eq!(out, vec![Scheduled { seq_id: 1, n_tokens: 5, logits: true }]);
+        assert_eq!(
+            out,
+            vec![Scheduled {
+                seq_id: 1,
+                n_tokens: 5,
+                logits: true
+            }]
+        );
         assert_eq!(plan.positions, vec![0, 1, 2, 3, 4]);
         assert_eq!(plan.logit_rows, vec![4]);
         complete(&mut s, &out);
         // A long prompt arrives: the decode of 1 goes first, the prompt is chunked by the budget.
         s.add(seq(2, 40));
         s.schedule(&mut plan, &mut out);
-        assert_eq!(out, vec![Scheduled { seq_id: 1, n_tokens: 1, logits: true }, Scheduled { seq_id: 2, n_tokens: 15, logits: false }]);
+        assert_eq!(
+            out,
+            vec![
+                Scheduled {
+                    seq_id: 1,
+                    n_tokens: 1,
+                    logits: true
+                },
+                Scheduled {
+                    seq_id: 2,
+                    n_tokens: 15,
+                    logits: false
+                }
+            ]
+        );
         assert_eq!(plan.seqs[0].n_past, 5);
         assert_eq!(plan.seqs[1].row0, 1);
         assert_eq!(plan.logit_rows, vec![0]);
         complete(&mut s, &out);
         s.schedule(&mut plan, &mut out);
-        assert_eq!(out[1], Scheduled { seq_id: 2, n_tokens: 15, logits: false });
+        assert_eq!(
+            out[1],
+            Scheduled {
+                seq_id: 2,
+                n_tokens: 15,
+                logits: false
+            }
+        );
         complete(&mut s, &out);
         s.schedule(&mut plan, &mut out);
-        assert_eq!(out[1], Scheduled { seq_id: 2, n_tokens: 10, logits: true });
+        assert_eq!(
+            out[1],
+            Scheduled {
+                seq_id: 2,
+                n_tokens: 10,
+                logits: true
+            }
+        );
         assert_eq!(plan.positions[1], 30);
         // Slots follow the block table.
         let s2 = s.running().iter().find(|q| q.id == 2).unwrap();
@@ -246,7 +334,11 @@ mod tests {
 
     #[test]
     fn max_batch_and_context_limit() {
-        let cfg = SchedulerConfig { n_ctx: 8, max_batch: 2, max_tokens: 64 };
+        let cfg = SchedulerConfig {
+            n_ctx: 8,
+            max_batch: 2,
+            max_tokens: 64,
+        };
         let mut s = Scheduler::new(cfg, BlockPool::new(64, 4));
         for i in 0..3 {
             s.add(seq(i, 6));
@@ -259,34 +351,66 @@ mod tests {
         s.schedule(&mut plan, &mut out); // tokens 7 → 8 = n_ctx
         complete(&mut s, &out);
         s.schedule(&mut plan, &mut out);
-        assert!(out.is_empty(), "sequences at n_ctx are not scheduled: {out:?}");
+        assert!(
+            out.is_empty(),
+            "sequences at n_ctx are not scheduled: {out:?}"
+        );
         assert!(s.remove(0));
         assert!(!s.remove(0));
         s.schedule(&mut plan, &mut out);
-        assert_eq!(out, vec![Scheduled { seq_id: 2, n_tokens: 6, logits: true }]);
+        assert_eq!(
+            out,
+            vec![Scheduled {
+                seq_id: 2,
+                n_tokens: 6,
+                logits: true
+            }]
+        );
     }
 
     #[test]
     fn admission_waits_for_blocks() {
-        let cfg = SchedulerConfig { n_ctx: 16, max_batch: 4, max_tokens: 64 };
+        let cfg = SchedulerConfig {
+            n_ctx: 16,
+            max_batch: 4,
+            max_tokens: 64,
+        };
         let mut s = Scheduler::new(cfg, BlockPool::new(4, 4));
         let (mut plan, mut out) = plan_out();
         s.add(seq(1, 8));
         s.add(seq(2, 8));
         s.schedule(&mut plan, &mut out);
         // Sequence 1 takes 2 blocks; sequence 2 needs 2 plus a spare for 1's growth: it waits.
-        assert_eq!(out, vec![Scheduled { seq_id: 1, n_tokens: 8, logits: true }]);
+        assert_eq!(
+            out,
+            vec![Scheduled {
+                seq_id: 1,
+                n_tokens: 8,
+                logits: true
+            }]
+        );
         assert_eq!((s.n_running(), s.n_waiting(), s.pool.n_free()), (1, 1, 2));
         complete(&mut s, &out);
         assert!(s.remove(1));
         assert_eq!(s.pool.n_free(), 4);
         s.schedule(&mut plan, &mut out);
-        assert_eq!(out, vec![Scheduled { seq_id: 2, n_tokens: 8, logits: true }]);
+        assert_eq!(
+            out,
+            vec![Scheduled {
+                seq_id: 2,
+                n_tokens: 8,
+                logits: true
+            }]
+        );
     }
 
     #[test]
     fn preemption_recomputes_later() {
-        let cfg = SchedulerConfig { n_ctx: 32, max_batch: 4, max_tokens: 64 };
+        let cfg = SchedulerConfig {
+            n_ctx: 32,
+            max_batch: 4,
+            max_tokens: 64,
+        };
         let mut s = Scheduler::new(cfg, BlockPool::new(4, 4));
         let (mut plan, mut out) = plan_out();
         // Two sequences admitted together (3 tokens each → 1 block each, spare ok).

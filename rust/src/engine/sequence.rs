@@ -25,7 +25,14 @@ impl Sequence {
     /// A new sequence for `prompt` (not yet cached).
     pub fn new(id: u64, prompt: Vec<u32>, sampler: Sampler) -> Sequence {
         let n_prompt = prompt.len();
-        Sequence { id, tokens: prompt, n_prompt, n_cached: 0, block_table: Vec::new(), sampler }
+        Sequence {
+            id,
+            tokens: prompt,
+            n_prompt,
+            n_cached: 0,
+            block_table: Vec::new(),
+            sampler,
+        }
     }
 
     /// Tokens whose K/V still has to be computed.

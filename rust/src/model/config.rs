@@ -84,12 +84,17 @@ fn get_usize(f: &GgufFile, key: &str) -> Result<Option<usize>> {
         None => Ok(None),
         Some(v) => match v.as_integer() {
             Some(i) if i >= 0 && i <= usize::MAX as i128 => Ok(Some(i as usize)),
-            Some(i) => Err(FakError::model(format!("metadata {key} = {i} is out of range"))),
+            Some(i) => Err(FakError::model(format!(
+                "metadata {key} = {i} is out of range"
+            ))),
             None if v.as_array().is_some() => Err(FakError::Unsupported(format!(
                 "metadata {key} is a per-layer array ({}); fak needs one value for all layers",
                 v.type_name()
             ))),
-            None => Err(FakError::model(format!("metadata {key} must be an integer, found {}", v.type_name()))),
+            None => Err(FakError::model(format!(
+                "metadata {key} must be an integer, found {}",
+                v.type_name()
+            ))),
         },
     }
 }
@@ -103,7 +108,10 @@ fn get_f32(f: &GgufFile, key: &str) -> Result<Option<f32>> {
         None => Ok(None),
         Some(v) => match v.as_float().or_else(|| v.as_integer().map(|i| i as f64)) {
             Some(x) => Ok(Some(x as f32)),
-            None => Err(FakError::model(format!("metadata {key} must be a number, found {}", v.type_name()))),
+            None => Err(FakError::model(format!(
+                "metadata {key} must be a number, found {}",
+                v.type_name()
+            ))),
         },
     }
 }
@@ -132,35 +140,50 @@ impl ModelConfig {
             )));
         }
         if n_head % n_head_kv != 0 {
-            return Err(FakError::model(format!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")));
+            return Err(FakError::model(format!(
+                "head_count {n_head} is not a multiple of head_count_kv {n_head_kv}"
+            )));
         }
         let head_dim = match get_usize(f, &k("attention.key_length"))? {
             Some(d) => d,
             None => {
                 if n_embd % n_head != 0 {
-                    return Err(FakError::model(format!("embedding_length {n_embd} is not a multiple of head_count {n_head}")));
+                    return Err(FakError::model(format!(
+                        "embedding_length {n_embd} is not a multiple of head_count {n_head}"
+                    )));
                 }
                 n_embd / n_head
             }
         };
         if let Some(vd) = get_usize(f, &k("attention.value_length"))? {
             if vd != head_dim {
-                return Err(FakError::Unsupported(format!("attention.value_length {vd} different from key_length {head_dim}")));
+                return Err(FakError::Unsupported(format!(
+                    "attention.value_length {vd} different from key_length {head_dim}"
+                )));
             }
         }
         if head_dim == 0 || head_dim % 2 != 0 {
-            return Err(FakError::model(format!("head dimension {head_dim} must be even and positive")));
+            return Err(FakError::model(format!(
+                "head dimension {head_dim} must be even and positive"
+            )));
         }
         let n_ctx_train = get_usize(f, &k("context_length"))?.unwrap_or(0);
-        let rms_eps = get_f32(f, &k("attention.layer_norm_rms_epsilon"))?
-            .ok_or_else(|| FakError::model(format!("missing metadata key {}", k("attention.layer_norm_rms_epsilon"))))?;
+        let rms_eps = get_f32(f, &k("attention.layer_norm_rms_epsilon"))?.ok_or_else(|| {
+            FakError::model(format!(
+                "missing metadata key {}",
+                k("attention.layer_norm_rms_epsilon")
+            ))
+        })?;
         let freq_base = get_f32(f, &k("rope.freq_base"))?.unwrap_or(10000.0);
         let n_rot = get_usize(f, &k("rope.dimension_count"))?.unwrap_or(head_dim);
         if n_rot > head_dim || n_rot % 2 != 0 || n_rot == 0 {
             return Err(FakError::model(format!("rope.dimension_count {n_rot} must be even and at most the head dimension {head_dim}")));
         }
-        let scaling = get(f, &k("rope.scaling.type")).and_then(|v| v.as_str()).unwrap_or("none");
-        let factor = get_f32(f, &k("rope.scaling.factor"))?.or(get_f32(f, &k("rope.scale_linear"))?);
+        let scaling = get(f, &k("rope.scaling.type"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("none");
+        let factor =
+            get_f32(f, &k("rope.scaling.factor"))?.or(get_f32(f, &k("rope.scale_linear"))?);
         let freq_scale = match scaling {
             "none" | "" => {
                 // Older files store only `rope.scale_linear`.
@@ -181,9 +204,14 @@ impl ModelConfig {
                 )))
             }
         };
-        let token_embd = f.tensor("token_embd.weight").ok_or_else(|| FakError::model("missing tensor token_embd.weight"))?;
+        let token_embd = f
+            .tensor("token_embd.weight")
+            .ok_or_else(|| FakError::model("missing tensor token_embd.weight"))?;
         if token_embd.dims.len() != 2 || token_embd.dims[0] as usize != n_embd {
-            return Err(FakError::model(format!("tensor token_embd.weight has shape {:?}, expected [{n_embd}, n_vocab]", token_embd.dims)));
+            return Err(FakError::model(format!(
+                "tensor token_embd.weight has shape {:?}, expected [{n_embd}, n_vocab]",
+                token_embd.dims
+            )));
         }
         let n_vocab = token_embd.dims[1] as usize;
         Ok(ModelConfig {
@@ -197,13 +225,23 @@ impl ModelConfig {
             n_vocab,
             n_ctx_train,
             rms_eps,
-            rope: RopeParams { style: arch.rope_style(), n_rot, freq_base, freq_scale },
+            rope: RopeParams {
+                style: arch.rope_style(),
+                n_rot,
+                freq_base,
+                freq_scale,
+            },
         })
     }
 
     /// The attention shape (`scale = 1/sqrt(head_dim)`).
     pub fn attn(&self) -> AttnParams {
-        AttnParams { n_head: self.n_head, n_head_kv: self.n_head_kv, head_dim: self.head_dim, scale: 1.0 / (self.head_dim as f32).sqrt() }
+        AttnParams {
+            n_head: self.n_head,
+            n_head_kv: self.n_head_kv,
+            head_dim: self.head_dim,
+            scale: 1.0 / (self.head_dim as f32).sqrt(),
+        }
     }
 
     /// Width of the query projection (`n_head · head_dim`).

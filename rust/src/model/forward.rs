@@ -75,7 +75,12 @@ impl<B: Backend> Model<B> {
     ///
     /// Errors: [`FakError::InvalidArgument`] when the batch exceeds the scratch limits or a token
     /// id is outside the vocabulary; backend errors.
-    pub fn forward(&self, kv: &mut B::KvCache, s: &mut Scratch<B>, plan: &BatchPlan) -> Result<usize> {
+    pub fn forward(
+        &self,
+        kv: &mut B::KvCache,
+        s: &mut Scratch<B>,
+        plan: &BatchPlan,
+    ) -> Result<usize> {
         let n = plan.n_tokens();
         let n_logits = plan.logit_rows.len();
         if n == 0 {
@@ -84,7 +89,10 @@ impl<B: Backend> Model<B> {
         if n > s.max_tokens || n_logits > s.max_logits {
             return Err(FakError::invalid(
                 "batch",
-                format!("{n} tokens / {n_logits} logit rows exceed the forward limits {} / {}", s.max_tokens, s.max_logits),
+                format!(
+                    "{n} tokens / {n_logits} logit rows exceed the forward limits {} / {}",
+                    s.max_tokens, s.max_logits
+                ),
             ));
         }
         let c = &self.config;
@@ -92,19 +100,62 @@ impl<B: Backend> Model<B> {
         let w = &self.weights;
         be.set_batch(&mut s.batch, plan)?;
         let decode_only = plan.seqs.iter().all(|q| q.n_rows == 1);
-        let key = decode_only.then_some(GraphKey { n_tokens: n, n_logits });
+        let key = decode_only.then_some(GraphKey {
+            n_tokens: n,
+            n_logits,
+        });
         let attn = c.attn();
         let d = c.n_embd;
         let mut run = || -> Result<()> {
-            let Scratch { x, h, q, k, v, att, att_l, tmp, gate, up, xl, logits, batch, .. } = &mut *s;
+            let Scratch {
+                x,
+                h,
+                q,
+                k,
+                v,
+                att,
+                att_l,
+                tmp,
+                gate,
+                up,
+                xl,
+                logits,
+                batch,
+                ..
+            } = &mut *s;
             let batch = &*batch;
             be.embed(&w.token_embd, batch, n, x)?;
             let mut pruned = false;
             for (il, lw) in w.layers.iter().enumerate() {
                 be.rmsnorm(x, &lw.attn_norm, c.rms_eps, n, d, h)?;
-                be.matmul_multi(&[(&lw.wq, lw.bq.as_ref()), (&lw.wk, lw.bk.as_ref()), (&lw.wv, lw.bv.as_ref())], h, n, &mut [&mut *q, &mut *k, &mut *v])?;
-                be.rope(q, batch, n, c.n_head, c.head_dim, &c.rope, w.rope_freqs.as_ref())?;
-                be.rope(k, batch, n, c.n_head_kv, c.head_dim, &c.rope, w.rope_freqs.as_ref())?;
+                be.matmul_multi(
+                    &[
+                        (&lw.wq, lw.bq.as_ref()),
+                        (&lw.wk, lw.bk.as_ref()),
+                        (&lw.wv, lw.bv.as_ref()),
+                    ],
+                    h,
+                    n,
+                    &mut [&mut *q, &mut *k, &mut *v],
+                )?;
+                be.rope(
+                    q,
+                    batch,
+                    n,
+                    c.n_head,
+                    c.head_dim,
+                    &c.rope,
+                    w.rope_freqs.as_ref(),
+                )?;
+                be.rope(
+                    k,
+                    batch,
+                    n,
+                    c.n_head_kv,
+                    c.head_dim,
+                    &c.rope,
+                    w.rope_freqs.as_ref(),
+                )?;
                 be.kv_write(kv, il, k, v, batch, n)?;
                 be.attention(q, kv, il, batch, n, &attn, att)?;
                 if il + 1 == w.layers.len() && n_logits < n {
@@ -153,7 +204,12 @@ fn block_tail<B: Backend>(
     be.matmul(&lw.wo, lw.bo.as_ref(), att, n, tmp)?;
     be.add(x, tmp, n * d)?;
     be.rmsnorm(x, &lw.ffn_norm, c.rms_eps, n, d, h)?;
-    be.matmul_multi(&[(&lw.w_gate, None), (&lw.w_up, None)], h, n, &mut [&mut *gate, &mut *up])?;
+    be.matmul_multi(
+        &[(&lw.w_gate, None), (&lw.w_up, None)],
+        h,
+        n,
+        &mut [&mut *gate, &mut *up],
+    )?;
     be.swiglu(gate, up, n * c.n_ff)?;
     be.matmul(&lw.w_down, None, gate, n, tmp)?;
     be.add(x, tmp, n * d)

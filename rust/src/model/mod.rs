@@ -39,6 +39,11 @@ impl<B: Backend> Model<B> {
     pub fn from_file(file: Arc<GgufFile>, backend: B) -> Result<Model<B>> {
         let config = ModelConfig::from_gguf(&file)?;
         let weights = Weights::load(&file, &config, &backend)?;
-        Ok(Model { config, backend, weights, file })
+        Ok(Model {
+            config,
+            backend,
+            weights,
+            file,
+        })
     }
 }

@@ -55,18 +55,29 @@ struct Loader<'a, B: Backend> {
 
 impl<B: Backend> Loader<'_, B> {
     fn optional(&self, name: &str, shape: &[usize]) -> Result<Option<B::Weight>> {
-        let Some(info) = self.file.tensor(name) else { return Ok(None) };
+        let Some(info) = self.file.tensor(name) else {
+            return Ok(None);
+        };
         let dims: Vec<usize> = info.dims.iter().map(|&d| d as usize).collect();
         if dims != shape {
-            return Err(FakError::model(format!("tensor {name} has shape {dims:?} (ggml order), expected {shape:?}")));
+            return Err(FakError::model(format!(
+                "tensor {name} has shape {dims:?} (ggml order), expected {shape:?}"
+            )));
         }
         let owner: Arc<dyn Any + Send + Sync> = self.file.clone();
-        let t = HostTensor { name, wtype: info.ggml_type, dims: &dims, data: self.file.tensor_data(info), owner };
+        let t = HostTensor {
+            name,
+            wtype: info.ggml_type,
+            dims: &dims,
+            data: self.file.tensor_data(info),
+            owner,
+        };
         self.backend.load_weight(&t).map(Some)
     }
 
     fn required(&self, name: &str, shape: &[usize]) -> Result<B::Weight> {
-        self.optional(name, shape)?.ok_or_else(|| FakError::model(format!("missing tensor {name}")))
+        self.optional(name, shape)?
+            .ok_or_else(|| FakError::model(format!("missing tensor {name}")))
     }
 }
 
@@ -80,7 +91,9 @@ impl<B: Backend> Weights<B> {
         let l = Loader { file, backend };
         let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
         if file.tensor("blk.0.ffn_gate_exps.weight").is_some() {
-            return Err(FakError::Unsupported("mixture-of-experts layers (blk.*.ffn_gate_exps)".into()));
+            return Err(FakError::Unsupported(
+                "mixture-of-experts layers (blk.*.ffn_gate_exps)".into(),
+            ));
         }
         let token_embd = l.required("token_embd.weight", &[d, cfg.n_vocab])?;
         let mut layers = Vec::with_capacity(cfg.n_layer);

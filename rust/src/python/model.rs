@@ -42,11 +42,16 @@ enum ConfigValue {
 
 impl PyModel {
     /// Runs `f` on the engine with the GIL released, then refreshes the mirrored counters.
-    fn with_engine<T: Send>(&self, py: Python<'_>, f: impl Send + FnOnce(&mut dyn EngineApi) -> crate::Result<T>) -> PyResult<T> {
+    fn with_engine<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl Send + FnOnce(&mut dyn EngineApi) -> crate::Result<T>,
+    ) -> PyResult<T> {
         detach(py, || {
             let mut guard = self.engine.lock().unwrap_or_else(|e| e.into_inner());
             let r = f(guard.as_mut());
-            self.kv_free.store(guard.kv_blocks_free(), Ordering::Relaxed);
+            self.kv_free
+                .store(guard.kv_blocks_free(), Ordering::Relaxed);
             self.running.store(guard.n_running(), Ordering::Relaxed);
             self.waiting.store(guard.n_waiting(), Ordering::Relaxed);
             r
@@ -58,11 +63,18 @@ fn sampling_from_dict(d: Option<&Bound<'_, PyDict>>) -> PyResult<SamplingParams>
     let mut p = SamplingParams::default();
     let Some(d) = d else { return Ok(p) };
     for (k, v) in d.iter() {
-        let key: String = k.extract().map_err(|_| super::to_py(FakError::invalid("sampling", "keys must be strings")))?;
+        let key: String = k
+            .extract()
+            .map_err(|_| super::to_py(FakError::invalid("sampling", "keys must be strings")))?;
         if v.is_none() {
             continue;
         }
-        let bad = |what: &str| super::to_py(FakError::invalid(key.as_str(), format!("{v} is not {what}")));
+        let bad = |what: &str| {
+            super::to_py(FakError::invalid(
+                key.as_str(),
+                format!("{v} is not {what}"),
+            ))
+        };
         match key.as_str() {
             "temperature" => p.temperature = v.extract::<f32>().map_err(|_| bad("a number"))?,
             "top_k" => p.top_k = v.extract::<i32>().map_err(|_| bad("an integer"))?,
@@ -102,17 +114,37 @@ impl PyModel {
     /// (`backend="cuda"` without a usable CUDA backend), ValueError (bad argument).
     #[new]
     #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64))]
-    fn new(py: Python<'_>, path: PathBuf, backend: &str, n_ctx: usize, threads: Option<usize>, kv_cache_tokens: Option<usize>, max_batch: usize) -> PyResult<PyModel> {
-        let opts = EngineOptions { n_ctx, threads, kv_cache_tokens, max_batch, ..EngineOptions::default() };
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        backend: &str,
+        n_ctx: usize,
+        threads: Option<usize>,
+        kv_cache_tokens: Option<usize>,
+        max_batch: usize,
+    ) -> PyResult<PyModel> {
+        let opts = EngineOptions {
+            n_ctx,
+            threads,
+            kv_cache_tokens,
+            max_batch,
+            ..EngineOptions::default()
+        };
         let engine: Box<dyn EngineApi> = match backend {
             "cpu" => Box::new(detach(py, || Engine::open_cpu(&path, opts))?),
             "cuda" => {
                 return Err(super::to_py(FakError::Backend {
                     backend: "cuda".into(),
-                    msg: "CUDA backend not built/available in this fak build; use backend=\"cpu\"".into(),
+                    msg: "CUDA backend not built/available in this fak build; use backend=\"cpu\""
+                        .into(),
                 }))
             }
-            other => return Err(super::to_py(FakError::invalid("backend", format!("{other:?} (must be \"cpu\" or \"cuda\"; \"auto\" is resolved by fak.Engine)")))),
+            other => return Err(super::to_py(FakError::invalid(
+                "backend",
+                format!(
+                    "{other:?} (must be \"cpu\" or \"cuda\"; \"auto\" is resolved by fak.Engine)"
+                ),
+            ))),
         };
         let c = engine.config().clone();
         let config = vec![
@@ -126,13 +158,22 @@ impl PyModel {
             ("n_vocab", ConfigValue::Int(c.n_vocab)),
             ("n_ctx_train", ConfigValue::Int(c.n_ctx_train)),
             ("rms_eps", ConfigValue::Float(c.rms_eps as f64)),
-            ("rope_type", ConfigValue::Str(match c.rope.style {
-                RopeStyle::Neox => "neox".into(),
-                RopeStyle::Norm => "norm".into(),
-            })),
+            (
+                "rope_type",
+                ConfigValue::Str(match c.rope.style {
+                    RopeStyle::Neox => "neox".into(),
+                    RopeStyle::Norm => "norm".into(),
+                }),
+            ),
             ("n_rot", ConfigValue::Int(c.rope.n_rot)),
-            ("rope_freq_base", ConfigValue::Float(c.rope.freq_base as f64)),
-            ("rope_freq_scale", ConfigValue::Float(c.rope.freq_scale as f64)),
+            (
+                "rope_freq_base",
+                ConfigValue::Float(c.rope.freq_base as f64),
+            ),
+            (
+                "rope_freq_scale",
+                ConfigValue::Float(c.rope.freq_scale as f64),
+            ),
             ("kv_block_size", ConfigValue::Int(crate::engine::BLOCK_SIZE)),
             ("threads", ConfigValue::Int(engine.threads())),
             ("max_batch", ConfigValue::Int(max_batch)),
@@ -206,7 +247,13 @@ impl PyModel {
     /// value, naming it), fak.ContextLengthError (`len(prompt_ids) + 1 > n_ctx`),
     /// fak.KVCacheFullError (the prompt needs more blocks than the whole cache).
     #[pyo3(signature = (seq_id, prompt_ids, sampling=None))]
-    fn add_sequence(&self, py: Python<'_>, seq_id: u64, prompt_ids: Vec<u32>, sampling: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+    fn add_sequence(
+        &self,
+        py: Python<'_>,
+        seq_id: u64,
+        prompt_ids: Vec<u32>,
+        sampling: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
         let params = sampling_from_dict(sampling)?;
         self.with_engine(py, move |e| e.add_sequence(seq_id, prompt_ids, params))
     }
@@ -226,7 +273,10 @@ impl PyModel {
     /// A sequence holding `n_ctx` tokens gets no more tokens (stop it).
     fn step(&self, py: Python<'_>) -> PyResult<Vec<StepTuple>> {
         let out = self.with_engine(py, |e| e.step())?;
-        Ok(out.into_iter().map(|o| (o.seq_id, o.token, o.logprob, o.top_logprobs)).collect())
+        Ok(out
+            .into_iter()
+            .map(|o| (o.seq_id, o.token, o.logprob, o.top_logprobs))
+            .collect())
     }
 
     /// logits(token_ids) -> np.ndarray float32 [n_tokens, n_vocab]
@@ -235,7 +285,11 @@ impl PyModel {
     ///
     /// Raises: ValueError (empty list, token id ≥ n_vocab), fak.ContextLengthError
     /// (`len(token_ids) > n_ctx`), fak.KVCacheFullError (no room in the cache right now).
-    fn logits<'py>(&self, py: Python<'py>, token_ids: Vec<u32>) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    fn logits<'py>(
+        &self,
+        py: Python<'py>,
+        token_ids: Vec<u32>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
         let n = token_ids.len();
         let v = self.with_engine(py, move |e| e.logits(&token_ids))?;
         v.into_pyarray(py).reshape([n, self.n_vocab])
@@ -249,7 +303,10 @@ impl PyModel {
         let d = PyDict::new(py);
         d.set_item("running", self.running.load(Ordering::Relaxed))?;
         d.set_item("waiting", self.waiting.load(Ordering::Relaxed))?;
-        d.set_item("kv_blocks_used", self.kv_total - self.kv_free.load(Ordering::Relaxed))?;
+        d.set_item(
+            "kv_blocks_used",
+            self.kv_total - self.kv_free.load(Ordering::Relaxed),
+        )?;
         d.set_item("kv_blocks_total", self.kv_total)?;
         d.set_item("prefill_tokens", s.prefill_tokens)?;
         d.set_item("decode_tokens", s.decode_tokens)?;
@@ -270,11 +327,21 @@ impl PyModel {
     }
 
     fn __repr__(&self) -> String {
-        let arch = self.config.iter().find(|(k, _)| *k == "architecture").map(|(_, v)| match v {
-            ConfigValue::Str(s) => s.clone(),
-            _ => String::new(),
-        });
-        format!("Model(architecture={:?}, backend={:?}, n_ctx={}, n_vocab={})", arch.unwrap_or_default(), self.backend, self.n_ctx, self.n_vocab)
+        let arch = self
+            .config
+            .iter()
+            .find(|(k, _)| *k == "architecture")
+            .map(|(_, v)| match v {
+                ConfigValue::Str(s) => s.clone(),
+                _ => String::new(),
+            });
+        format!(
+            "Model(architecture={:?}, backend={:?}, n_ctx={}, n_vocab={})",
+            arch.unwrap_or_default(),
+            self.backend,
+            self.n_ctx,
+            self.n_vocab
+        )
     }
 }
 

@@ -63,18 +63,44 @@ unsafe impl Sync for OutPtr {}
 
 /// `out[r, h, :] = softmax(scale · q[r, h, :] · Kᵀ) · V` over each row's causal context (see
 /// [`crate::backend::Backend::attention`]). `q` and `out` are `[n_rows, n_head · head_dim]`.
-pub fn attention(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchPlan, n_rows: usize, p: &AttnParams, out: &mut [f32]) {
-    let AttnParams { n_head, n_head_kv, head_dim, .. } = *p;
+pub fn attention(
+    q: &[f32],
+    cache: &CpuKvCache,
+    layer: usize,
+    plan: &BatchPlan,
+    n_rows: usize,
+    p: &AttnParams,
+    out: &mut [f32],
+) {
+    let AttnParams {
+        n_head,
+        n_head_kv,
+        head_dim,
+        ..
+    } = *p;
     let width = n_head * head_dim;
-    assert!(q.len() >= n_rows * width && out.len() >= n_rows * width, "attention buffers too small");
-    assert!(n_head % n_head_kv == 0, "n_head must be a multiple of n_head_kv");
+    assert!(
+        q.len() >= n_rows * width && out.len() >= n_rows * width,
+        "attention buffers too small"
+    );
+    assert!(
+        n_head % n_head_kv == 0,
+        "n_head must be a multiple of n_head_kv"
+    );
     let group = n_head / n_head_kv;
 
     // Tile rows; split GQA groups per head when there are too few tasks to fill the pool.
-    let n_tiles: usize = plan.seqs.iter().map(|s| (s.n_rows as usize).div_ceil(ROW_TILE)).sum::<usize>() * n_head_kv;
+    let n_tiles: usize = plan
+        .seqs
+        .iter()
+        .map(|s| (s.n_rows as usize).div_ceil(ROW_TILE))
+        .sum::<usize>()
+        * n_head_kv;
     // Split each GQA group into `parts` tasks only when the tiles alone cannot keep the pool busy
     // (each part converts the group's K/V blocks again).
-    let parts = rayon::current_num_threads().div_ceil(n_tiles.max(1)).clamp(1, group);
+    let parts = rayon::current_num_threads()
+        .div_ceil(n_tiles.max(1))
+        .clamp(1, group);
     let heads_per_task = group.div_ceil(parts);
     let mut tasks = Vec::with_capacity(n_tiles * group.div_ceil(heads_per_task));
     for (si, s) in plan.seqs.iter().enumerate() {
@@ -113,7 +139,16 @@ pub fn attention(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchPlan, 
 /// `out` must be valid for `[n_rows, n_head · head_dim]` and no other thread may write the
 /// (row, head) region of task `t`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_task(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchPlan, p: &AttnParams, t: &Task, sc: &mut Scratch, out: OutPtr) {
+unsafe fn attend_task(
+    q: &[f32],
+    cache: &CpuKvCache,
+    layer: usize,
+    plan: &BatchPlan,
+    p: &AttnParams,
+    t: &Task,
+    sc: &mut Scratch,
+    out: OutPtr,
+) {
     let hd = p.head_dim;
     let width = p.n_head * hd;
     let seq = plan.seqs[t.seq as usize];
@@ -143,7 +178,11 @@ unsafe fn attend_task(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchP
     sc.vf.resize(bs * hd, 0.0);
     sc.acc.clear();
     sc.acc.resize(nq * hd, 0.0);
-    let isa = if hd.is_multiple_of(8) { vecops::isa() } else { Isa::Scalar };
+    let isa = if hd.is_multiple_of(8) {
+        vecops::isa()
+    } else {
+        Isa::Scalar
+    };
     let n_blocks = ctx_max.div_ceil(bs);
     let kv_head = t.kv_head as usize;
 
@@ -154,7 +193,10 @@ unsafe fn attend_task(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchP
         if let Some(&next) = table.get(bi + 1).filter(|_| bi + 1 < n_blocks) {
             vecops::prefetch(cache.k_block(layer, next as usize, kv_head));
         }
-        vecops::f16_to_f32(&cache.k_block(layer, block as usize, kv_head)[..n_k * hd], &mut sc.kf[..n_k * hd]);
+        vecops::f16_to_f32(
+            &cache.k_block(layer, block as usize, kv_head)[..n_k * hd],
+            &mut sc.kf[..n_k * hd],
+        );
         scores(isa, &sc.q, nq, &sc.kf, n_k, hd, &mut sc.s[pos0..], stride);
     }
     // Pass 2: softmax of `scale · s` over each query's causal context, probabilities to f16.
@@ -185,7 +227,10 @@ unsafe fn attend_task(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchP
         if let Some(&next) = table.get(bi + 1).filter(|_| bi + 1 < n_blocks) {
             vecops::prefetch(cache.v_block(layer, next as usize, kv_head));
         }
-        vecops::f16_to_f32(&cache.v_block(layer, block as usize, kv_head)[..n_k * hd], &mut sc.vf[..n_k * hd]);
+        vecops::f16_to_f32(
+            &cache.v_block(layer, block as usize, kv_head)[..n_k * hd],
+            &mut sc.vf[..n_k * hd],
+        );
         accumulate_v(isa, &sc.s[pos0..], stride, nq, &sc.vf, n_k, hd, &mut sc.acc);
     }
 
@@ -194,15 +239,33 @@ unsafe fn attend_task(q: &[f32], cache: &CpuKvCache, layer: usize, plan: &BatchP
         for hh in 0..nh {
             let r = i * nh + hh;
             let h = t.head_lo as usize + hh;
-            std::ptr::copy_nonoverlapping(sc.acc.as_ptr().add(r * hd), out.0.add(row * width + h * hd), hd);
+            std::ptr::copy_nonoverlapping(
+                sc.acc.as_ptr().add(r * hd),
+                out.0.add(row * width + h * hd),
+                hd,
+            );
         }
     }
 }
 
 /// `s[r·stride + j] = q[r, :] · k[j, :]` for `nq` query vectors and `n_k` keys of `hd` elements.
 #[allow(clippy::too_many_arguments)]
-fn scores(isa: Isa, q: &[f32], nq: usize, k: &[f32], n_k: usize, hd: usize, s: &mut [f32], stride: usize) {
-    assert!(q.len() >= nq * hd && k.len() >= n_k * hd && n_k <= stride && (nq == 0 || s.len() >= (nq - 1) * stride + n_k));
+fn scores(
+    isa: Isa,
+    q: &[f32],
+    nq: usize,
+    k: &[f32],
+    n_k: usize,
+    hd: usize,
+    s: &mut [f32],
+    stride: usize,
+) {
+    assert!(
+        q.len() >= nq * hd
+            && k.len() >= n_k * hd
+            && n_k <= stride
+            && (nq == 0 || s.len() >= (nq - 1) * stride + n_k)
+    );
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
         // SAFETY: AVX2/FMA/F16C detected (isa), hd % 8 == 0 (checked by the caller), slice
@@ -222,8 +285,22 @@ fn scores(isa: Isa, q: &[f32], nq: usize, k: &[f32], n_k: usize, hd: usize, s: &
 
 /// `acc[r, :] += Σ_j p[r·stride + j] · v[j, :]`.
 #[allow(clippy::too_many_arguments)]
-fn accumulate_v(isa: Isa, p: &[f32], stride: usize, nq: usize, v: &[f32], n_k: usize, hd: usize, acc: &mut [f32]) {
-    assert!(v.len() >= n_k * hd && acc.len() >= nq * hd && n_k <= stride && (nq == 0 || p.len() >= (nq - 1) * stride + n_k));
+fn accumulate_v(
+    isa: Isa,
+    p: &[f32],
+    stride: usize,
+    nq: usize,
+    v: &[f32],
+    n_k: usize,
+    hd: usize,
+    acc: &mut [f32],
+) {
+    assert!(
+        v.len() >= n_k * hd
+            && acc.len() >= nq * hd
+            && n_k <= stride
+            && (nq == 0 || p.len() >= (nq - 1) * stride + n_k)
+    );
     #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 {
         // SAFETY: as in `scores`.
@@ -249,7 +326,12 @@ fn accumulate_v(isa: Isa, p: &[f32], stride: usize, nq: usize, v: &[f32], n_k: u
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-fn reduce4(a: std::arch::x86_64::__m256, b: std::arch::x86_64::__m256, c: std::arch::x86_64::__m256, d: std::arch::x86_64::__m256) -> std::arch::x86_64::__m128 {
+fn reduce4(
+    a: std::arch::x86_64::__m256,
+    b: std::arch::x86_64::__m256,
+    c: std::arch::x86_64::__m256,
+    d: std::arch::x86_64::__m256,
+) -> std::arch::x86_64::__m128 {
     use std::arch::x86_64::*;
     let t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
     _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
@@ -265,7 +347,15 @@ fn reduce4(a: std::arch::x86_64::__m256, b: std::arch::x86_64::__m256, c: std::a
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn avx2_scores(q: &[f32], nq: usize, k: &[f32], n_k: usize, hd: usize, s: &mut [f32], stride: usize) {
+unsafe fn avx2_scores(
+    q: &[f32],
+    nq: usize,
+    k: &[f32],
+    n_k: usize,
+    hd: usize,
+    s: &mut [f32],
+    stride: usize,
+) {
     use std::arch::x86_64::*;
     let (q, k, s) = (q.as_ptr(), k.as_ptr(), s.as_mut_ptr());
     let mut r = 0;
@@ -309,14 +399,26 @@ unsafe fn avx2_scores(q: &[f32], nq: usize, k: &[f32], n_k: usize, hd: usize, s:
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn avx2_accumulate_v(p: &[f32], stride: usize, nq: usize, v: &[f32], n_k: usize, hd: usize, acc: &mut [f32]) {
+unsafe fn avx2_accumulate_v(
+    p: &[f32],
+    stride: usize,
+    nq: usize,
+    v: &[f32],
+    n_k: usize,
+    hd: usize,
+    acc: &mut [f32],
+) {
     use std::arch::x86_64::*;
     let (p, v, acc) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
     let mut r = 0;
     while r < nq {
         let two = r + 1 < nq;
         let (p0, a0p) = (p.add(r * stride), acc.add(r * hd));
-        let (p1, a1p) = if two { (p.add((r + 1) * stride), acc.add((r + 1) * hd)) } else { (p0, a0p) };
+        let (p1, a1p) = if two {
+            (p.add((r + 1) * stride), acc.add((r + 1) * hd))
+        } else {
+            (p0, a0p)
+        };
         let mut d = 0;
         while d + 32 <= hd {
             let mut c0 = [_mm256_setzero_ps(); 4];
@@ -331,9 +433,15 @@ unsafe fn avx2_accumulate_v(p: &[f32], stride: usize, nq: usize, v: &[f32], n_k:
                 }
             }
             for l in 0..4 {
-                _mm256_storeu_ps(a0p.add(d + 8 * l), _mm256_add_ps(_mm256_loadu_ps(a0p.add(d + 8 * l)), c0[l]));
+                _mm256_storeu_ps(
+                    a0p.add(d + 8 * l),
+                    _mm256_add_ps(_mm256_loadu_ps(a0p.add(d + 8 * l)), c0[l]),
+                );
                 if two {
-                    _mm256_storeu_ps(a1p.add(d + 8 * l), _mm256_add_ps(_mm256_loadu_ps(a1p.add(d + 8 * l)), c1[l]));
+                    _mm256_storeu_ps(
+                        a1p.add(d + 8 * l),
+                        _mm256_add_ps(_mm256_loadu_ps(a1p.add(d + 8 * l)), c1[l]),
+                    );
                 }
             }
             d += 32;
@@ -375,7 +483,14 @@ mod tests {
 
     /// Naive f64 attention of one sequence over K/V `[ctx, n_kv, hd]` (already f16-rounded), with
     /// llama.cpp's roundings: `q` to f16 before `q·k`, normalized probabilities to f16.
-    fn naive(q: &[f32], k: &[f32], v: &[f32], n_past: usize, n_rows: usize, p: &AttnParams) -> Vec<f32> {
+    fn naive(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        n_past: usize,
+        n_rows: usize,
+        p: &AttnParams,
+    ) -> Vec<f32> {
         let q = round_f16(q);
         let (nh, nkv, hd) = (p.n_head, p.n_head_kv, p.head_dim);
         let mut out = vec![0f32; n_rows * nh * hd];
@@ -385,14 +500,24 @@ mod tests {
                 let g = h / (nh / nkv);
                 let qv = &q[(i * nh + h) * hd..][..hd];
                 let s: Vec<f64> = (0..ctx)
-                    .map(|t| (0..hd).map(|d| qv[d] as f64 * k[(t * nkv + g) * hd + d] as f64).sum::<f64>() * p.scale as f64)
+                    .map(|t| {
+                        (0..hd)
+                            .map(|d| qv[d] as f64 * k[(t * nkv + g) * hd + d] as f64)
+                            .sum::<f64>()
+                            * p.scale as f64
+                    })
                     .collect();
                 let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
                 let z: f64 = e.iter().sum();
-                let pr: Vec<f64> = e.iter().map(|x| half::f16::from_f64(x / z).to_f64()).collect();
+                let pr: Vec<f64> = e
+                    .iter()
+                    .map(|x| half::f16::from_f64(x / z).to_f64())
+                    .collect();
                 for d in 0..hd {
-                    let o: f64 = (0..ctx).map(|t| pr[t] * v[(t * nkv + g) * hd + d] as f64).sum::<f64>();
+                    let o: f64 = (0..ctx)
+                        .map(|t| pr[t] * v[(t * nkv + g) * hd + d] as f64)
+                        .sum::<f64>();
                     out[(i * nh + h) * hd + d] = o as f32;
                 }
             }
@@ -409,7 +534,13 @@ mod tests {
     fn check(p: AttnParams, block_size: usize, seqs: &[(usize, usize)]) {
         let kvw = p.n_head_kv * p.head_dim;
         let max_blocks = 64;
-        let layout = KvLayout { n_layer: 2, n_blocks: max_blocks, block_size, n_head_kv: p.n_head_kv, head_dim: p.head_dim };
+        let layout = KvLayout {
+            n_layer: 2,
+            n_blocks: max_blocks,
+            block_size,
+            n_head_kv: p.n_head_kv,
+            head_dim: p.head_dim,
+        };
         let mut cache = CpuKvCache::new(layout).unwrap();
         // Allocate blocks in a scrambled order so that tables are not contiguous.
         let mut free: Vec<u32> = (0..max_blocks as u32).rev().collect();
@@ -420,7 +551,9 @@ mod tests {
         // History: write each sequence's first n_past tokens in its own batch.
         for (si, &(n_past, n_new)) in seqs.iter().enumerate() {
             let total = n_past + n_new;
-            let table: Vec<u32> = (0..total.div_ceil(block_size)).map(|_| free.pop().unwrap()).collect();
+            let table: Vec<u32> = (0..total.div_ceil(block_size))
+                .map(|_| free.pop().unwrap())
+                .collect();
             let k = rand_vec(total * kvw, 100 + si as u64);
             let v = rand_vec(total * kvw, 200 + si as u64);
             if n_past > 0 {
@@ -437,7 +570,13 @@ mod tests {
         let mut kb = Vec::new();
         let mut vb = Vec::new();
         for (si, &(n_past, n_new)) in seqs.iter().enumerate() {
-            plan.push_seq(&vec![0; n_new], n_past, &tables[si], block_size, LogitRows::Last);
+            plan.push_seq(
+                &vec![0; n_new],
+                n_past,
+                &tables[si],
+                block_size,
+                LogitRows::Last,
+            );
             kb.extend_from_slice(&all_k[si][n_past * kvw..]);
             vb.extend_from_slice(&all_v[si][n_past * kvw..]);
         }
@@ -449,7 +588,14 @@ mod tests {
         attention(&q, &cache, 1, &plan, n_rows, &p, &mut out);
         for (si, &(n_past, n_new)) in seqs.iter().enumerate() {
             let row0 = plan.seqs[si].row0 as usize;
-            let want = naive(&q[row0 * width..(row0 + n_new) * width], &round_f16(&all_k[si]), &round_f16(&all_v[si]), n_past, n_new, &p);
+            let want = naive(
+                &q[row0 * width..(row0 + n_new) * width],
+                &round_f16(&all_k[si]),
+                &round_f16(&all_v[si]),
+                n_past,
+                n_new,
+                &p,
+            );
             let got = &out[row0 * width..(row0 + n_new) * width];
             for (j, (g, w)) in got.iter().zip(&want).enumerate() {
                 assert!((g - w).abs() <= 2e-5, "seq {si} elem {j}: {g} vs {w}");
@@ -459,7 +605,12 @@ mod tests {
 
     #[test]
     fn matches_naive_gqa_prefill_and_decode_mixed() {
-        let p = AttnParams { n_head: 6, n_head_kv: 2, head_dim: 64, scale: 0.125 };
+        let p = AttnParams {
+            n_head: 6,
+            n_head_kv: 2,
+            head_dim: 64,
+            scale: 0.125,
+        };
         // (tokens already cached, new rows): decode rows, a fresh prefill, a chunked prefill.
         check(p, 16, &[(0, 37), (20, 1), (47, 1), (33, 18), (0, 1)]);
     }
@@ -467,20 +618,35 @@ mod tests {
     #[test]
     fn matches_naive_odd_head_dim_and_mha() {
         // head_dim not a multiple of 8 takes the portable path; MHA (group of 1).
-        let p = AttnParams { n_head: 3, n_head_kv: 3, head_dim: 12, scale: 1.0 / 12f32.sqrt() };
+        let p = AttnParams {
+            n_head: 3,
+            n_head_kv: 3,
+            head_dim: 12,
+            scale: 1.0 / 12f32.sqrt(),
+        };
         check(p, 8, &[(5, 3), (0, 20)]);
     }
 
     #[test]
     fn matches_naive_many_decode_rows() {
-        let p = AttnParams { n_head: 14, n_head_kv: 2, head_dim: 64, scale: 0.125 };
+        let p = AttnParams {
+            n_head: 14,
+            n_head_kv: 2,
+            head_dim: 64,
+            scale: 0.125,
+        };
         let seqs: Vec<(usize, usize)> = (0..9).map(|i| (i * 13 % 70, 1)).collect();
         check(p, 32, &seqs);
     }
 
     #[test]
     fn scalar_and_simd_paths_agree() {
-        for (nq, n_k, hd, stride) in [(5, 13, 128, 13), (1, 32, 64, 40), (6, 7, 40, 9), (2, 4, 8, 4)] {
+        for (nq, n_k, hd, stride) in [
+            (5, 13, 128, 13),
+            (1, 32, 64, 40),
+            (6, 7, 40, 9),
+            (2, 4, 8, 4),
+        ] {
             let q = rand_vec(nq * hd, 1);
             let k = rand_vec(n_k * hd, 2);
             let mut s1 = vec![0f32; nq * stride];
@@ -495,7 +661,10 @@ mod tests {
             accumulate_v(Isa::Scalar, &s1, stride, nq, &k, n_k, hd, &mut a1);
             accumulate_v(vecops::isa(), &s1, stride, nq, &k, n_k, hd, &mut a2);
             for (a, b) in a1.iter().zip(&a2) {
-                assert!((a - b).abs() < 1e-3, "accumulate {nq}x{n_k}x{hd}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() < 1e-3,
+                    "accumulate {nq}x{n_k}x{hd}: {a} vs {b}"
+                );
             }
         }
     }

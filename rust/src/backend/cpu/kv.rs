@@ -30,8 +30,16 @@ impl CpuKvCache {
             .and_then(|x| x.checked_mul(layout.block_size))
             .and_then(|x| x.checked_mul(layout.head_dim))
             .ok_or_else(|| FakError::invalid("kv_cache_tokens", "KV cache size overflows"))?;
-        let alloc = || -> Result<Vec<Vec<u16>>> { (0..layout.n_layer).map(|_| super::zeroed_vec::<u16>(per_layer, "the KV cache")).collect() };
-        Ok(CpuKvCache { layout, k: alloc()?, v: alloc()? })
+        let alloc = || -> Result<Vec<Vec<u16>>> {
+            (0..layout.n_layer)
+                .map(|_| super::zeroed_vec::<u16>(per_layer, "the KV cache"))
+                .collect()
+        };
+        Ok(CpuKvCache {
+            layout,
+            k: alloc()?,
+            v: alloc()?,
+        })
     }
 
     /// Values per (block, KV head): `block_size · head_dim`.
@@ -59,7 +67,12 @@ impl CpuKvCache {
     /// Writes rows `0..n_rows` of `k` and `v` (`[n_rows, n_head_kv · head_dim]` f32) into the
     /// slots `plan.slots[r]` of `layer`, rounding to f16.
     pub fn write(&mut self, layer: usize, k: &[f32], v: &[f32], plan: &BatchPlan, n_rows: usize) {
-        let KvLayout { block_size, n_head_kv, head_dim, .. } = self.layout;
+        let KvLayout {
+            block_size,
+            n_head_kv,
+            head_dim,
+            ..
+        } = self.layout;
         let row = n_head_kv * head_dim;
         let n_head_block = self.head_block_len();
         let write_one = |dst: &mut [u16], src: &[f32]| {
@@ -68,7 +81,10 @@ impl CpuKvCache {
                 let (block, off) = (slot / block_size, slot % block_size);
                 for h in 0..n_head_kv {
                     let d0 = (block * n_head_kv + h) * n_head_block + off * head_dim;
-                    vecops::f32_to_f16(&src[r * row + h * head_dim..][..head_dim], &mut dst[d0..d0 + head_dim]);
+                    vecops::f32_to_f16(
+                        &src[r * row + h * head_dim..][..head_dim],
+                        &mut dst[d0..d0 + head_dim],
+                    );
                 }
             }
         };
@@ -83,16 +99,36 @@ impl CpuKvCache {
 
     /// Copies `layer`'s keys or values of `positions` of a sequence with `block_table` into an
     /// f32 array `[n, n_head_kv, head_dim]` (tests and debugging).
-    pub fn read_positions(&self, layer: usize, values: bool, block_table: &[u32], positions: std::ops::Range<usize>) -> Vec<f32> {
-        let KvLayout { block_size, n_head_kv, head_dim, .. } = self.layout;
+    pub fn read_positions(
+        &self,
+        layer: usize,
+        values: bool,
+        block_table: &[u32],
+        positions: std::ops::Range<usize>,
+    ) -> Vec<f32> {
+        let KvLayout {
+            block_size,
+            n_head_kv,
+            head_dim,
+            ..
+        } = self.layout;
         let mut out = vec![0f32; positions.len() * n_head_kv * head_dim];
-        out.par_chunks_mut(n_head_kv * head_dim).zip(positions).for_each(|(o, p)| {
-            let block = block_table[p / block_size] as usize;
-            for h in 0..n_head_kv {
-                let src = if values { self.v_block(layer, block, h) } else { self.k_block(layer, block, h) };
-                vecops::f16_to_f32(&src[(p % block_size) * head_dim..][..head_dim], &mut o[h * head_dim..][..head_dim]);
-            }
-        });
+        out.par_chunks_mut(n_head_kv * head_dim)
+            .zip(positions)
+            .for_each(|(o, p)| {
+                let block = block_table[p / block_size] as usize;
+                for h in 0..n_head_kv {
+                    let src = if values {
+                        self.v_block(layer, block, h)
+                    } else {
+                        self.k_block(layer, block, h)
+                    };
+                    vecops::f16_to_f32(
+                        &src[(p % block_size) * head_dim..][..head_dim],
+                        &mut o[h * head_dim..][..head_dim],
+                    );
+                }
+            });
         out
     }
 }

@@ -18,7 +18,9 @@ use rayon::prelude::*;
 pub use kv::CpuKvCache;
 pub use weight::CpuWeight;
 
-use crate::backend::{AttnParams, Backend, BatchLimits, BatchPlan, HostTensor, KvLayout, RopeParams};
+use crate::backend::{
+    AttnParams, Backend, BatchLimits, BatchPlan, HostTensor, KvLayout, RopeParams,
+};
 use crate::{FakError, Result};
 
 /// The CPU backend (stateless: the thread pool is the caller's).
@@ -43,7 +45,11 @@ struct RopeTable {
 }
 
 impl CpuBatch {
-    fn rope_table(&self, rope: &RopeParams, freq_factors: Option<&[f32]>) -> std::sync::Arc<Vec<f32>> {
+    fn rope_table(
+        &self,
+        rope: &RopeParams,
+        freq_factors: Option<&[f32]>,
+    ) -> std::sync::Arc<Vec<f32>> {
         let key = freq_factors.map_or(0, |f| f.as_ptr() as usize);
         let mut slot = self.rope_table.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(t) = slot.as_ref() {
@@ -51,8 +57,16 @@ impl CpuBatch {
                 return t.table.clone();
             }
         }
-        let table = std::sync::Arc::new(rope::cos_sin_table(&self.plan.positions, rope, freq_factors));
-        *slot = Some(RopeTable { params: *rope, freq_factors: key, table: table.clone() });
+        let table = std::sync::Arc::new(rope::cos_sin_table(
+            &self.plan.positions,
+            rope,
+            freq_factors,
+        ));
+        *slot = Some(RopeTable {
+            params: *rope,
+            freq_factors: key,
+            table: table.clone(),
+        });
         table
     }
 }
@@ -82,7 +96,8 @@ fn oom(what: &str, bytes: usize) -> FakError {
 }
 
 fn f32_of(w: &CpuWeight) -> Result<&[f32]> {
-    w.as_f32().ok_or_else(|| FakError::model(format!("tensor {} must be a 1-D vector", w.name)))
+    w.as_f32()
+        .ok_or_else(|| FakError::model(format!("tensor {} must be a 1-D vector", w.name)))
 }
 
 impl Backend for CpuBackend {
@@ -113,41 +128,75 @@ impl Backend for CpuBackend {
         plan.positions.reserve(limits.max_tokens);
         plan.slots.reserve(limits.max_tokens);
         plan.seqs.reserve(limits.max_seqs);
-        Ok(CpuBatch { plan, rope_table: Mutex::new(None) })
+        Ok(CpuBatch {
+            plan,
+            rope_table: Mutex::new(None),
+        })
     }
 
     fn set_batch(&self, batch: &mut CpuBatch, plan: &BatchPlan) -> Result<()> {
         batch.plan.clone_from(plan);
-        *batch.rope_table.get_mut().unwrap_or_else(|e| e.into_inner()) = None;
+        *batch
+            .rope_table
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner()) = None;
         Ok(())
     }
 
-    fn embed(&self, table: &CpuWeight, batch: &CpuBatch, n_tokens: usize, out: &mut CpuBuffer) -> Result<()> {
+    fn embed(
+        &self,
+        table: &CpuWeight,
+        batch: &CpuBatch,
+        n_tokens: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
         let dim = table.k();
         let n_vocab = table.n_out();
         let rb = table.row_bytes();
         let bytes = table.bytes();
         let tokens = &batch.plan.tokens[..n_tokens];
         if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(FakError::invalid("token_ids", format!("token id {bad} is out of range for a vocabulary of {n_vocab}")));
+            return Err(FakError::invalid(
+                "token_ids",
+                format!("token id {bad} is out of range for a vocabulary of {n_vocab}"),
+            ));
         }
-        let one = |(o, &t): (&mut [f32], &u32)| crate::quant::dequantize_row(table.wtype, &bytes[t as usize * rb..][..rb], o);
+        let one = |(o, &t): (&mut [f32], &u32)| {
+            crate::quant::dequantize_row(table.wtype, &bytes[t as usize * rb..][..rb], o)
+        };
         let out = &mut out.0[..n_tokens * dim];
         if n_tokens >= 32 {
-            out.par_chunks_mut(dim).zip(tokens.par_iter()).try_for_each(one)
+            out.par_chunks_mut(dim)
+                .zip(tokens.par_iter())
+                .try_for_each(one)
         } else {
             out.chunks_mut(dim).zip(tokens.iter()).try_for_each(one)
         }
     }
 
-    fn rmsnorm(&self, x: &CpuBuffer, w: &CpuWeight, eps: f32, n_rows: usize, dim: usize, out: &mut CpuBuffer) -> Result<()> {
+    fn rmsnorm(
+        &self,
+        x: &CpuBuffer,
+        w: &CpuWeight,
+        eps: f32,
+        n_rows: usize,
+        dim: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
         let w = f32_of(w)?;
         debug_assert_eq!(w.len(), dim);
         norm::rmsnorm(&x.0, w, eps, n_rows, &mut out.0);
         Ok(())
     }
 
-    fn matmul(&self, w: &CpuWeight, bias: Option<&CpuWeight>, x: &CpuBuffer, n_rows: usize, out: &mut CpuBuffer) -> Result<()> {
+    fn matmul(
+        &self,
+        w: &CpuWeight,
+        bias: Option<&CpuWeight>,
+        x: &CpuBuffer,
+        n_rows: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
         let (k, n_out) = (w.k(), w.n_out());
         let y = &mut out.0[..n_rows * n_out];
         matmul::matmul(w.wtype, w.bytes(), n_out, k, &x.0[..n_rows * k], n_rows, y)?;
@@ -162,9 +211,17 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn matmul_multi(&self, ws: &[(&CpuWeight, Option<&CpuWeight>)], x: &CpuBuffer, n_rows: usize, outs: &mut [&mut CpuBuffer]) -> Result<()> {
+    fn matmul_multi(
+        &self,
+        ws: &[(&CpuWeight, Option<&CpuWeight>)],
+        x: &CpuBuffer,
+        n_rows: usize,
+        outs: &mut [&mut CpuBuffer],
+    ) -> Result<()> {
         debug_assert_eq!(ws.len(), outs.len());
-        outs.par_iter_mut().zip(ws.par_iter()).try_for_each(|(out, (w, b))| self.matmul(w, *b, x, n_rows, out))
+        outs.par_iter_mut()
+            .zip(ws.par_iter())
+            .try_for_each(|(out, (w, b))| self.matmul(w, *b, x, n_rows, out))
     }
 
     fn rope(
@@ -183,12 +240,29 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn kv_write(&self, cache: &mut CpuKvCache, layer: usize, k: &CpuBuffer, v: &CpuBuffer, batch: &CpuBatch, n_rows: usize) -> Result<()> {
+    fn kv_write(
+        &self,
+        cache: &mut CpuKvCache,
+        layer: usize,
+        k: &CpuBuffer,
+        v: &CpuBuffer,
+        batch: &CpuBatch,
+        n_rows: usize,
+    ) -> Result<()> {
         cache.write(layer, &k.0, &v.0, &batch.plan, n_rows);
         Ok(())
     }
 
-    fn attention(&self, q: &CpuBuffer, cache: &CpuKvCache, layer: usize, batch: &CpuBatch, n_rows: usize, params: &AttnParams, out: &mut CpuBuffer) -> Result<()> {
+    fn attention(
+        &self,
+        q: &CpuBuffer,
+        cache: &CpuKvCache,
+        layer: usize,
+        batch: &CpuBatch,
+        n_rows: usize,
+        params: &AttnParams,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
         attention::attention(&q.0, cache, layer, &batch.plan, n_rows, params, &mut out.0);
         Ok(())
     }
@@ -197,7 +271,9 @@ impl Backend for CpuBackend {
         const CHUNK: usize = 1 << 14;
         let (g, u) = (&mut gate.0[..n], &up.0[..n]);
         if n >= 2 * CHUNK {
-            g.par_chunks_mut(CHUNK).zip(u.par_chunks(CHUNK)).for_each(|(g, u)| vecops::swiglu(g, u));
+            g.par_chunks_mut(CHUNK)
+                .zip(u.par_chunks(CHUNK))
+                .for_each(|(g, u)| vecops::swiglu(g, u));
         } else {
             vecops::swiglu(g, u);
         }
@@ -213,14 +289,22 @@ impl Backend for CpuBackend {
         };
         let (a, b) = (&mut x.0[..n], &y.0[..n]);
         if n >= 2 * CHUNK {
-            a.par_chunks_mut(CHUNK).zip(b.par_chunks(CHUNK)).for_each(add);
+            a.par_chunks_mut(CHUNK)
+                .zip(b.par_chunks(CHUNK))
+                .for_each(add);
         } else {
             add((a, b));
         }
         Ok(())
     }
 
-    fn gather_logit_rows(&self, x: &CpuBuffer, batch: &CpuBatch, dim: usize, out: &mut CpuBuffer) -> Result<()> {
+    fn gather_logit_rows(
+        &self,
+        x: &CpuBuffer,
+        batch: &CpuBatch,
+        dim: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
         for (j, &r) in batch.plan.logit_rows.iter().enumerate() {
             let r = r as usize;
             out.0[j * dim..(j + 1) * dim].copy_from_slice(&x.0[r * dim..(r + 1) * dim]);
@@ -233,20 +317,39 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn greedy_rows(&self, x: &CpuBuffer, n_rows: usize, n_cols: usize, tokens: &mut [u32], logprobs: &mut [f32]) -> Result<()> {
+    fn greedy_rows(
+        &self,
+        x: &CpuBuffer,
+        n_rows: usize,
+        n_cols: usize,
+        tokens: &mut [u32],
+        logprobs: &mut [f32],
+    ) -> Result<()> {
         let rows = &x.0[..n_rows * n_cols];
         let one = |((row, t), lp): ((&[f32], &mut u32), &mut f32)| {
             (*t, *lp) = crate::backend::greedy_row(row);
         };
         if n_rows > 1 {
-            rows.par_chunks(n_cols).zip(tokens.par_iter_mut()).zip(logprobs.par_iter_mut()).for_each(one);
+            rows.par_chunks(n_cols)
+                .zip(tokens.par_iter_mut())
+                .zip(logprobs.par_iter_mut())
+                .for_each(one);
         } else {
-            rows.chunks(n_cols).zip(tokens.iter_mut()).zip(logprobs.iter_mut()).for_each(one);
+            rows.chunks(n_cols)
+                .zip(tokens.iter_mut())
+                .zip(logprobs.iter_mut())
+                .for_each(one);
         }
         Ok(())
     }
 
-    fn argmax_rows(&self, x: &CpuBuffer, n_rows: usize, n_cols: usize, out: &mut [u32]) -> Result<()> {
+    fn argmax_rows(
+        &self,
+        x: &CpuBuffer,
+        n_rows: usize,
+        n_cols: usize,
+        out: &mut [u32],
+    ) -> Result<()> {
         for (r, o) in out.iter_mut().enumerate().take(n_rows) {
             *o = argmax(&x.0[r * n_cols..(r + 1) * n_cols]) as u32;
         }

@@ -31,7 +31,9 @@ mod tests {
     fn matches_definition() {
         let dim = 37;
         let n_rows = 11;
-        let x: Vec<f32> = (0..n_rows * dim).map(|i| ((i * 31) % 17) as f32 - 8.5).collect();
+        let x: Vec<f32> = (0..n_rows * dim)
+            .map(|i| ((i * 31) % 17) as f32 - 8.5)
+            .collect();
         let w: Vec<f32> = (0..dim).map(|i| 0.5 + i as f32 / dim as f32).collect();
         let mut out = vec![0f32; n_rows * dim];
         rmsnorm(&x, &w, 1e-6, n_rows, &mut out);

@@ -24,7 +24,10 @@ pub fn isa() -> Isa {
         }
         #[cfg(target_arch = "x86_64")]
         {
-            if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c") {
+            if is_x86_feature_detected!("avx2")
+                && is_x86_feature_detected!("fma")
+                && is_x86_feature_detected!("f16c")
+            {
                 return Isa::Avx2;
             }
         }
@@ -209,7 +212,9 @@ pub(crate) mod avx2 {
         let x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949));
         let underflow = _mm256_cmp_ps::<_CMP_LT_OQ>(x, _mm256_set1_ps(-87.3365447505531));
         // n = round(x / ln2), r = x − n·ln2 (ln2 split hi/lo for accuracy).
-        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)));
+        let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(
+            _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::LOG2_E)),
+        );
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375), x);
         let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4), r);
         let mut p = _mm256_set1_ps(1.9875691500e-4);
@@ -222,7 +227,10 @@ pub(crate) mod avx2 {
         p = _mm256_fmadd_ps(p, r2, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
         // scale by 2^n
         let ni = _mm256_cvtps_epi32(n);
-        let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(ni, _mm256_set1_epi32(127))));
+        let pow2n = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            ni,
+            _mm256_set1_epi32(127),
+        )));
         _mm256_andnot_ps(underflow, _mm256_mul_ps(p, pow2n))
     }
 
@@ -239,7 +247,10 @@ pub(crate) mod avx2 {
             let end = (i + 1024).min(n - n % 8);
             let mut acc = _mm256_setzero_ps();
             while i < end {
-                let e = exp(_mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), mv), sv));
+                let e = exp(_mm256_mul_ps(
+                    _mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), mv),
+                    sv,
+                ));
                 if let Some(o) = out.as_deref_mut() {
                     _mm256_storeu_ps(o.as_mut_ptr().add(i), e);
                 }
@@ -265,7 +276,8 @@ pub(crate) mod avx2 {
         let n = x.len();
         let mut i = 0;
         while i + 8 <= n {
-            let h = _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x.as_ptr().add(i)));
+            let h =
+                _mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm256_loadu_ps(x.as_ptr().add(i)));
             _mm256_storeu_ps(x.as_mut_ptr().add(i), _mm256_cvtph_ps(h));
             i += 8;
         }
@@ -327,7 +339,10 @@ mod tests {
 
     #[test]
     fn f16_round_trip_matches_half() {
-        let src: Vec<f32> = (0..37).map(|i| (i as f32 - 18.3) * 0.731).chain([65504.0, 1e-8, -0.0]).collect();
+        let src: Vec<f32> = (0..37)
+            .map(|i| (i as f32 - 18.3) * 0.731)
+            .chain([65504.0, 1e-8, -0.0])
+            .collect();
         let mut h = vec![0u16; src.len()];
         f32_to_f16(&src, &mut h);
         for (s, b) in src.iter().zip(&h) {
@@ -353,7 +368,9 @@ mod tests {
         let want: f64 = x0.iter().map(|&v| ((v - 2.0) as f64).exp()).sum();
         assert!((sum - want).abs() <= 1e-6 * want);
         for (a, b) in e.iter().zip(&x0) {
-            assert!(((*a as f64) - ((*b - 2.0) as f64).exp()).abs() <= 1e-6 * (*a as f64).max(1e-30));
+            assert!(
+                ((*a as f64) - ((*b - 2.0) as f64).exp()).abs() <= 1e-6 * (*a as f64).max(1e-30)
+            );
         }
     }
 
@@ -366,7 +383,11 @@ mod tests {
         for i in 0..g.len() {
             let x = g0[i] as f64;
             let want = x / (1.0 + (-x).exp()) * up[i] as f64;
-            assert!((g[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "{i}: {} vs {want}", g[i]);
+            assert!(
+                (g[i] as f64 - want).abs() <= 1e-5 * want.abs().max(1.0),
+                "{i}: {} vs {want}",
+                g[i]
+            );
         }
     }
 
@@ -387,7 +408,11 @@ mod tests {
             }
             let want = (x as f64).exp();
             let tol = if want < 1e-37 { 1e-37 } else { want * 3e-7 };
-            assert!(((out[0] as f64) - want).abs() <= tol, "exp({x}) = {} want {want}", out[0]);
+            assert!(
+                ((out[0] as f64) - want).abs() <= tol,
+                "exp({x}) = {} want {want}",
+                out[0]
+            );
             x += 0.173;
         }
     }

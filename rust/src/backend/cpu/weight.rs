@@ -58,7 +58,14 @@ impl CpuWeight {
             .wtype
             .row_bytes(row as u64)
             .map(|rb| rb as usize * (n_elements / row.max(1)))
-            .ok_or_else(|| FakError::model(format!("tensor {}: {} elements per row is not a whole number of {} blocks", t.name, row, t.wtype.name())))?;
+            .ok_or_else(|| {
+                FakError::model(format!(
+                    "tensor {}: {} elements per row is not a whole number of {} blocks",
+                    t.name,
+                    row,
+                    t.wtype.name()
+                ))
+            })?;
         if t.data.len() != expected {
             return Err(FakError::model(format!(
                 "tensor {}: {} bytes of data, but shape {:?} of {} needs {expected}",
@@ -74,10 +81,23 @@ impl CpuWeight {
                 .map_err(|e| FakError::model(format!("tensor {}: {e}", t.name)))?;
             WeightData::F32(v)
         } else {
-            WeightData::Mapped(MappedBytes { ptr: t.data.as_ptr(), len: t.data.len(), _owner: t.owner.clone() })
+            WeightData::Mapped(MappedBytes {
+                ptr: t.data.as_ptr(),
+                len: t.data.len(),
+                _owner: t.owner.clone(),
+            })
         };
-        let wtype = if matches!(data, WeightData::F32(_)) { GgmlType::F32 } else { t.wtype };
-        Ok(CpuWeight { name: t.name.to_string(), wtype, dims: t.dims.to_vec(), data })
+        let wtype = if matches!(data, WeightData::F32(_)) {
+            GgmlType::F32
+        } else {
+            t.wtype
+        };
+        Ok(CpuWeight {
+            name: t.name.to_string(),
+            wtype,
+            dims: t.dims.to_vec(),
+            data,
+        })
     }
 
     /// The raw blocks of a matrix weight, or the f32 bytes of a widened vector.
