@@ -13,5 +13,9 @@ def main() -> None:
     """fak: a coding model served from fak's own kernels, its coding agent, and a tool-call policy."""
 
 
+from fak.doctor import doctor  # noqa: E402  (sub-commands register after the group)
+
+main.add_command(doctor)
+
 if __name__ == "__main__":  # pragma: no cover
     main()
