@@ -16,7 +16,7 @@ decode: tok/s = copy bandwidth / bytes read per token (every weight matrix once,
 of the context), with the copy bandwidth measured in the same run (device-to-device copy of
 2 GiB through PyTorch, bytes read + written).
 
-Run on the GPU machine::
+Run on the GPU machine (with ``fak`` importable: the wheel installed, or ``PYTHONPATH=python``)::
 
     python benches/bench_cuda.py --model m.gguf --label "1.5B" [--llama-bench DIR/llama-bench]
         [--json out.json]
@@ -37,11 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "python"))
-
-from fak import _native  # noqa: E402
-from fak.gguf import GGUFFile  # noqa: E402
+from fak import _native
+from fak.gguf import GGUFFile
 
 N_DECODE = 128
 
@@ -157,8 +154,8 @@ def run_peer(bin_path: str, path: str, depths: list[int], prefills: list[int]) -
     """llama-bench on the same file: prefill (pp) at depth 0, decode (tg128) at each depth."""
     res: dict = {"decode": {}, "prefill": {}}
     cmds = [
-        [bin_path, "-m", path, "-ngl", "99", "-fa", "1", "-p", ",".join(map(str, prefills)), "-n", "0", "-r", "3", "-o", "json"],
-        [bin_path, "-m", path, "-ngl", "99", "-fa", "1", "-p", "0", "-n", str(N_DECODE), "-d", ",".join(map(str, depths)), "-r", "3", "-o", "json"],
+        [bin_path, "-m", path, "-ngl", "99", "-fa", "1", "-p", ",".join(map(str, prefills)), "-n", "0", "-r", "2", "-o", "json"],
+        [bin_path, "-m", path, "-ngl", "99", "-fa", "1", "-p", "0", "-n", str(N_DECODE), "-d", ",".join(map(str, depths)), "-r", "2", "-o", "json"],
     ]
     logs = []
     for cmd in cmds:

@@ -32,6 +32,10 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
     if (pair0 >= n_pairs) return;  // the same for every split of this (x, y): no counter involved
     const int p_last = min(pair0 + P, n_pairs) - 1;
     const int L_max = (int)s.n_past + p_last / G + 1;
+    // Splits that hold positions of this block's pairs; the others have nothing to do (and are
+    // not counted by the combine).
+    const int n_valid = min(n_split, (L_max + split_len - 1) / split_len);
+    if (split >= n_valid) return;
     const int kv_lo = split * split_len;
     const int kv_hi = min(kv_lo + split_len, L_max);
     const size_t qstride = (size_t)n_head * D;
@@ -182,7 +186,7 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
     l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
     const int dcol = (lane & 3) * 2;
 
-    if (n_split == 1) {
+    if (n_valid == 1) {
 #pragma unroll
         for (int half = 0; half < 2; ++half) {
             const int p = half ? pb : pa;
@@ -213,31 +217,46 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
     }
     __threadfence();
     __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(&counters[blockIdx.x * n_head_kv + g], 1u) == (u32)(n_split - 1);
+    if (threadIdx.x == 0) s_last = atomicAdd(&counters[blockIdx.x * n_head_kv + g], 1u) == (u32)(n_valid - 1);
     __syncthreads();
     if (!s_last) return;
     __threadfence();
+    // The last block combines: per pair, weights w_z = 2^(m_z − M) (one warp per pair, into
+    // shared memory), then every thread sums its (pair, 4 dims) over the splits.
+    float* sw = (float*)smem;        // [P][n_valid]
+    float* sinv = sw + P * n_valid;  // [P]
+    for (int pl = warp; pl < P; pl += NW) {
+        if (pair0 + pl >= n_pairs) continue;
+        float M = NEG_INF;
+        for (int z = lane; z < n_valid; z += 32) M = fmaxf(M, __ldcg(&ws_ml[(base + z) * P + pl]).x);
+        M = warp_max(M);
+        float L = 0.0f;
+        for (int z = lane; z < n_valid; z += 32) {
+            const float2 ml = __ldcg(&ws_ml[(base + z) * P + pl]);
+            const float w = ml.x == NEG_INF ? 0.0f : ex2(ml.x - M);
+            sw[pl * n_valid + z] = w;
+            L += ml.y * w;
+        }
+        L = warp_sum(L);
+        if (lane == 0) sinv[pl] = L > 0.0f ? 1.0f / L : 0.0f;
+    }
+    __syncthreads();
     for (int i = threadIdx.x; i < P * (D / 4); i += NTH) {
         const int pl = i / (D / 4), d4 = i - pl * (D / 4);
         const int p = pair0 + pl;
         if (p >= n_pairs) continue;
-        float M = NEG_INF;
-        for (int z = 0; z < n_split; ++z) M = fmaxf(M, ld_cg_f2((const float*)(ws_ml + (base + z) * P + pl)).x);
-        float L = 0.0f;
+        const float* wz = sw + pl * n_valid;
         float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        for (int z = 0; z < n_split; ++z) {
-            const size_t rec = (base + z) * P + pl;
-            const float2 ml = ld_cg_f2((const float*)(ws_ml + rec));
-            if (ml.x == NEG_INF) continue;
-            const float w = ex2(ml.x - M);
-            L += ml.y * w;
-            const float4 v = ld_cg_f4(ws_o + rec * D + 4 * d4);
+        for (int z = 0; z < n_valid; ++z) {
+            const float w = wz[z];
+            if (w == 0.0f) continue;  // no keys in that split: its O was never written
+            const float4 v = __ldcg((const float4*)(ws_o + ((base + z) * P + pl) * D) + d4);
             acc.x += w * v.x;
             acc.y += w * v.y;
             acc.z += w * v.z;
             acc.w += w * v.w;
         }
-        const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+        const float inv = sinv[pl];
         const int r = p / G, h = g * G + (p - r * G);
         *(float4*)(out + (size_t)(s.row0 + r) * qstride + (size_t)h * D + 4 * d4) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
     }

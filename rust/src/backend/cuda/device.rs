@@ -7,6 +7,7 @@
 
 use std::cell::Cell;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use cudarc::driver::sys;
@@ -70,6 +71,7 @@ impl DeviceInfo {
 /// The device, its primary context and fak's stream.
 pub struct Device {
     pub info: DeviceInfo,
+    generation: usize,
     dev: sys::CUdevice,
     ctx: sys::CUcontext,
     pub(crate) stream: sys::CUstream,
@@ -81,8 +83,13 @@ unsafe impl Send for Device {}
 unsafe impl Sync for Device {}
 
 thread_local! {
-    static CURRENT: Cell<usize> = const { Cell::new(0) };
+    /// (context, generation) last made current on this thread.
+    static CURRENT: Cell<(usize, usize)> = const { Cell::new((0, 0)) };
 }
+
+/// Bumped by every `Device::open`, so that a context handle reused by the driver after a
+/// release is never mistaken for one still current on some thread.
+static GENERATION: AtomicUsize = AtomicUsize::new(1);
 
 impl Device {
     /// Opens device `ordinal`: loads the driver, retains the primary context, creates a stream.
@@ -131,9 +138,10 @@ impl Device {
                 drv("cuCtxSetCurrent", sys::cuCtxSetCurrent(ctx))?;
                 let mut stream = std::ptr::null_mut();
                 drv("cuStreamCreate", sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32))?;
-                CURRENT.with(|c| c.set(ctx as usize));
+                let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
+                CURRENT.with(|c| c.set((ctx as usize, generation)));
                 let info = DeviceInfo { ordinal, name, cc, n_sm, total_mem, l2_bytes, driver_version };
-                Ok(Arc::new(Device { info, dev, ctx, stream }))
+                Ok(Arc::new(Device { info, generation, dev, ctx, stream }))
             }
         })
     }
@@ -141,7 +149,7 @@ impl Device {
     /// Makes the context current on this thread (a no-op when it already is).
     #[inline]
     pub fn bind(&self) -> Result<()> {
-        let want = self.ctx as usize;
+        let want = (self.ctx as usize, self.generation);
         if CURRENT.with(|c| c.get()) != want {
             // SAFETY: the context is retained for the lifetime of `self`.
             drv("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.ctx) })?;
@@ -204,7 +212,7 @@ impl Drop for Device {
             let _ = sys::cuStreamDestroy_v2(self.stream);
             let _ = sys::cuDevicePrimaryCtxRelease_v2(self.dev);
         }
-        CURRENT.with(|c| c.set(0));
+        CURRENT.with(|c| c.set((0, 0)));
     }
 }
 
@@ -231,7 +239,8 @@ impl DevMem {
         self.bytes == 0
     }
 
-    /// Synchronous host → device copy of `data` at byte offset `offset`.
+    /// Host → device copy of `data` at byte offset `offset`, ordered after the work already
+    /// queued on fak's stream (a fresh buffer's zero-fill, say) and complete on return.
     pub fn write<T: Copy>(&self, offset: usize, data: &[T]) -> Result<()> {
         let n = std::mem::size_of_val(data);
         if offset + n > self.bytes {
@@ -241,8 +250,12 @@ impl DevMem {
             return Ok(());
         }
         self.dev.bind()?;
-        // SAFETY: the range is inside the allocation (checked), `data` is valid for `n` bytes.
-        drv("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(self.ptr + offset as u64, data.as_ptr() as *const c_void, n) })
+        // SAFETY: the range is inside the allocation (checked); `data` is valid for `n` bytes and
+        // stays borrowed until the stream is synchronized below.
+        unsafe {
+            drv("cuMemcpyHtoDAsync", sys::cuMemcpyHtoDAsync_v2(self.ptr + offset as u64, data.as_ptr() as *const c_void, n, self.dev.stream))?;
+        }
+        self.dev.synchronize()
     }
 
     /// Stream-ordered fill of the whole allocation with `byte`.

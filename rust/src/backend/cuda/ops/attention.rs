@@ -79,7 +79,8 @@ impl CudaBackend {
         if n_split > 1 && n_seqs * n_kv > batch.counters_len {
             return Err(FakError::invalid("batch", format!("{n_seqs} sequences × {n_kv} KV heads exceed the attention counters ({})", batch.counters_len)));
         }
-        let smem = (pairs.max(128) * (d + 8) * 2) as u32;
+        // K/V double buffer (or Q), and the combine's per-(pair, split) weights.
+        let smem = (pairs.max(128) * (d + 8) * 2).max(pairs * (n_split + 1) * 4) as u32;
         let name = intern(format!("fattn_f16_d{d}_w{nw}"));
         self.launch(
             "fattn",
