@@ -18,7 +18,7 @@ template <int D, int NW>
 __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
                       const SeqRows* __restrict__ seqs, const u32* __restrict__ tables, float* __restrict__ out,
                       float* ws_o, float2* ws_ml, u32* counters, int n_head, int n_head_kv, int tiles_per_seq,
-                      int split_len, float scale_log2) {
+                      int split_len, float scale_log2, int ext_combine) {
     constexpr int P = 16 * NW, LD = D + 8, NTH = 32 * NW, BS = 32;
     extern __shared__ __align__(16) u16 smem[];
     __shared__ u32 s_last;
@@ -210,11 +210,12 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
         const size_t rec = (base + split) * P + pl;
         const float m = half ? m1 : m0;
         if ((lane & 3) == 0) ws_ml[rec] = make_float2(m, half ? l1 : l0);
-        if (m != NEG_INF) {
+        // Written also when the pair saw no key here (O is then 0), so a combine may weight it
+        // by 0 without a branch.
 #pragma unroll
-            for (int i = 0; i < D / 8; ++i) *(float2*)(ws_o + rec * D + 8 * i + dcol) = make_float2(o[i][2 * half], o[i][2 * half + 1]);
-        }
+        for (int i = 0; i < D / 8; ++i) *(float2*)(ws_o + rec * D + 8 * i + dcol) = make_float2(o[i][2 * half], o[i][2 * half + 1]);
     }
+    if (ext_combine) return;  // fattn_combine_f32 runs next
     __threadfence();
     __syncthreads();
     if (threadIdx.x == 0) s_last = atomicAdd(&counters[blockIdx.x * n_head_kv + g], 1u) == (u32)(n_valid - 1);
@@ -263,13 +264,71 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
     if (threadIdx.x == 0) counters[blockIdx.x * n_head_kv + g] = 0u;
 }
 
+// Combine of the split decode attention (every sequence has one row): block (sequence, query
+// head), 256 threads. Weights w_z = 2^(m_z − M) of the valid splits, then thread (z-group, 4
+// dims) sums its share of the splits and the groups are added in shared memory. Splits: at most
+// 128 (the host's cap). Sequences whose context fits one split were written by the split kernel.
+extern "C" __global__ void __launch_bounds__(256) fattn_combine_f32(const SeqRows* __restrict__ seqs, const float* __restrict__ ws_o,
+                                                                    const float2* __restrict__ ws_ml, float* __restrict__ out, int n_head,
+                                                                    int n_head_kv, int n_split, int split_len, int P, int D) {
+    __shared__ float sw[128];
+    __shared__ float sh[32];
+    __shared__ float4 sacc[256];
+    const SeqRows s = seqs[blockIdx.x];
+    const int h = blockIdx.y, G = n_head / n_head_kv, g = h / G, pl = h - g * G;
+    const int L = (int)s.n_past + 1;
+    const int n_valid = min(n_split, (L + split_len - 1) / split_len);
+    if (n_valid <= 1) return;
+    const size_t base = ((size_t)blockIdx.x * n_head_kv + g) * n_split;
+    const int tid = threadIdx.x;
+    float2 ml = make_float2(NEG_INF, 0.0f);
+    if (tid < n_valid) ml = __ldcg(&ws_ml[(base + tid) * P + pl]);
+    // Block maximum of m (NEG_INF-safe).
+    float M = warp_max(ml.x);
+    __syncthreads();
+    if ((tid & 31) == 0) sh[tid >> 5] = M;
+    __syncthreads();
+    M = (tid & 31) < (int)(blockDim.x >> 5) ? sh[tid & 31] : NEG_INF;
+    M = warp_max(M);
+    const float w = (tid < n_valid && ml.x != NEG_INF) ? ex2(ml.x - M) : 0.0f;
+    if (tid < n_valid) sw[tid] = w;
+    const float Lsum = block_sum(ml.y * w, sh);
+    __syncthreads();
+    const int dv = D / 4, zg = tid / dv, d4 = tid - zg * dv, ngr = blockDim.x / dv;
+    float4 acc = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (zg < ngr) {
+#pragma unroll 4
+        for (int z = zg; z < n_valid; z += ngr) {
+            const float wz = sw[z];
+            const float4 v = __ldcg((const float4*)(ws_o + ((base + z) * P + pl) * D) + d4);
+            acc.x += wz * v.x;
+            acc.y += wz * v.y;
+            acc.z += wz * v.z;
+            acc.w += wz * v.w;
+        }
+        sacc[tid] = acc;
+    }
+    __syncthreads();
+    if (zg == 0) {
+        for (int i = 1; i < ngr; ++i) {
+            const float4 b = sacc[i * dv + d4];
+            acc.x += b.x;
+            acc.y += b.y;
+            acc.z += b.z;
+            acc.w += b.w;
+        }
+        const float inv = Lsum > 0.0f ? 1.0f / Lsum : 0.0f;
+        *(float4*)(out + (size_t)s.row0 * n_head * D + (size_t)h * D + 4 * d4) = make_float4(acc.x * inv, acc.y * inv, acc.z * inv, acc.w * inv);
+    }
+}
+
 #define FATTN(D, NW)                                                                                                         \
     extern "C" __global__ void __launch_bounds__(32 * NW) fattn_f16_d##D##_w##NW(                                          \
         const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, const SeqRows* __restrict__ seqs, \
         const u32* __restrict__ tables, float* __restrict__ out, float* ws_o, float2* ws_ml, u32* counters, int n_head,      \
-        int n_head_kv, int tiles_per_seq, int split_len, float scale_log2) {                                                 \
+        int n_head_kv, int tiles_per_seq, int split_len, float scale_log2, int ext_combine) {                                \
         fattn<D, NW>(q, kc, vc, seqs, tables, out, ws_o, ws_ml, counters, n_head, n_head_kv, tiles_per_seq, split_len,        \
-                     scale_log2);                                                                                            \
+                     scale_log2, ext_combine);                                                                               \
     }
 
 FATTN(64, 1)

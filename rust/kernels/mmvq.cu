@@ -240,7 +240,7 @@ __device__ void mmvq(const u8* __restrict__ W, size_t row_bytes, const i8* __res
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
     if (row < n_out) {
         const u8* wr = W + (size_t)row * row_bytes;
-#pragma unroll 2
+#pragma unroll 4
         for (int t = sub; t < T; t += nthr) Dot<FMT, NC>::run(wr, t, yq, yds, K, acc);
     }
 #pragma unroll

@@ -36,6 +36,50 @@ __device__ void rmsnorm_row(const float* __restrict__ x, const float* __restrict
     }
 }
 
+// The fused variant for rows of ≤ 256 blocks of 32: 1024 threads, warp w takes blocks w, w + 32,
+// ... (at most MAXB each); every value is loaded once into registers before the reduction, so the
+// row costs one round of loads instead of two serial passes.
+template <int MAXB>
+__device__ void rmsnorm_q8_reg(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out,
+                               i8* __restrict__ qs, float2* __restrict__ ds, int dim, float eps) {
+    __shared__ float sh[32];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    const size_t r = blockIdx.x;
+    const int nb = dim / 32;
+    const float* xr = x + r * dim;
+    float v[MAXB], wv[MAXB];
+    float ss = 0.0f;
+#pragma unroll
+    for (int k = 0; k < MAXB; ++k) {
+        const int b = warp + k * nw;
+        v[k] = b < nb ? xr[32 * b + lane] : 0.0f;
+        wv[k] = b < nb ? w[32 * b + lane] : 0.0f;
+        ss += v[k] * v[k];
+    }
+    ss = block_sum(ss, sh);
+    const float scale = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+    for (int k = 0; k < MAXB; ++k) {
+        const int b = warp + k * nw;
+        if (b < nb) {
+            const float o = (v[k] * scale) * wv[k];
+            out[r * dim + 32 * b + lane] = o;
+            quantize_block_q8_1(o, qs + r * dim + 32 * b, ds + r * nb + b, lane);
+        }
+    }
+}
+
+#define RMSNORM_REG(MAXB)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(1024) rmsnorm_f32_q8_1_r##MAXB(                                     \
+        const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, i8* __restrict__ qs,       \
+        float2* __restrict__ ds, int dim, float eps) {                                                                \
+        rmsnorm_q8_reg<MAXB>(x, w, out, qs, ds, dim, eps);                                                            \
+    }
+RMSNORM_REG(1)
+RMSNORM_REG(2)
+RMSNORM_REG(4)
+RMSNORM_REG(8)
+
 extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int dim, float eps) {
     rmsnorm_row<false>(x, w, out, nullptr, nullptr, dim, eps);
 }

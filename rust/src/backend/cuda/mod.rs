@@ -326,6 +326,14 @@ pub fn open_engine(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine
     Engine::new(model, opts)
 }
 
+/// `FAK_CUDA_SAFE=1` selects the first, simpler kernel variants where a faster one exists
+/// (RMSNorm in two passes; the split attention combined by its last block) — a fallback for
+/// bisecting a numerical problem.
+pub(crate) fn safe_kernels() -> bool {
+    static SAFE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SAFE.get_or_init(|| matches!(std::env::var("FAK_CUDA_SAFE").as_deref(), Ok("1" | "on" | "true" | "yes")))
+}
+
 fn kernel_fmt(t: GgmlType) -> Option<&'static str> {
     use GgmlType::*;
     Some(match t {

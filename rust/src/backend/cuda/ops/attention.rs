@@ -82,6 +82,9 @@ impl CudaBackend {
         // K/V double buffer (or Q), and the combine's per-(pair, split) weights.
         let smem = (pairs.max(128) * (d + 8) * 2).max(pairs * (n_split + 1) * 4) as u32;
         let name = intern(format!("fattn_f16_d{d}_w{nw}"));
+        // Decode splits are combined by a separate kernel (parallel over query heads) unless
+        // FAK_CUDA_SAFE asks for the in-kernel combine by the last block.
+        let ext_combine = decode && n_split > 1 && !super::super::safe_kernels();
         self.launch(
             "fattn",
             name,
@@ -102,7 +105,29 @@ impl CudaBackend {
                 .i32(n_kv as i32)
                 .i32(tiles_per_seq as i32)
                 .i32(split_len.min(i32::MAX as usize) as i32)
-                .f32(scale_log2),
-        )
+                .f32(scale_log2)
+                .i32(ext_combine as i32),
+        )?;
+        if ext_combine {
+            self.launch(
+                "fattn",
+                "fattn_combine_f32",
+                (n_seqs as u32, p.n_head as u32, 1),
+                256,
+                0,
+                Args::new()
+                    .ptr(batch.seqs())
+                    .ptr(ws_o)
+                    .ptr(ws_ml)
+                    .ptr(out.ptr())
+                    .i32(p.n_head as i32)
+                    .i32(n_kv as i32)
+                    .i32(n_split as i32)
+                    .i32(split_len as i32)
+                    .i32(pairs as i32)
+                    .i32(d as i32),
+            )?;
+        }
+        Ok(())
     }
 }

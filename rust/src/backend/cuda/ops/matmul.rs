@@ -34,13 +34,18 @@ impl CudaBackend {
             return Ok(());
         }
         if n_rows <= MMVQ_MAX_ROWS {
-            let rpb = if n_out >= 2112 {
+            // Warps per row by row length (a long row is split across warps so that each warp
+            // keeps several 32-value tasks in flight), rows per 128-thread block = 4 / that;
+            // small matrices get one row per block, for more blocks.
+            let tasks = k / 32;
+            let wpr = if tasks >= 256 {
                 4
-            } else if n_out >= 1056 {
+            } else if tasks >= 128 {
                 2
             } else {
                 1
             };
+            let rpb = if n_out < 1024 { 1 } else { 4 / wpr };
             let grid = (n_out.div_ceil(rpb) as u32, 1, 1);
             if is_dense(w.wtype) {
                 let name = intern(format!("mmv_{fmt}_f32_c{n_rows}"));
