@@ -106,6 +106,7 @@ def test_cuda_matches_cpu(model: str, graphs: str, require_cuda: None, request: 
             top = np.sort(lg)[-2:]
             mismatched.append(f"{pname}: first difference at token {i} (cpu {a[i]}, cuda {b[i]}; cuda top-2 margin {top[1] - top[0]:.4f})")
     cos_min = 1.0
+    low = []
     for pname, ids in items:
         if pname not in ref_logits:
             continue
@@ -115,9 +116,13 @@ def test_cuda_matches_cpu(model: str, graphs: str, require_cuda: None, request: 
         cos = float(got @ ref / (np.linalg.norm(got) * np.linalg.norm(ref)))
         cos_min = min(cos_min, cos)
         report.append(f"{pname}: cosine {cos:.6f}")
-        assert cos >= 0.9999, f"{model} graphs={graphs} {pname}: next-token logits cosine {cos:.6f} < 0.9999"
+        if cos < 0.9999:
+            low.append(f"{pname}: next-token logits cosine {cos:.6f} < 0.9999")
+    # Every prompt is checked before failing, so one run reports all of them.
     print(f"\n{model} graphs={graphs}: {len(items)} prompts, min cosine {cos_min:.6f}, {len(mismatched)} greedy mismatches")
-    assert not mismatched, f"{model} graphs={graphs}: greedy continuations differ from CPU:\n" + "\n".join(mismatched)
+    print("\n".join(report + mismatched))
+    problems = low + [f"greedy continuation differs from CPU: {x}" for x in mismatched]
+    assert not problems, f"{model} graphs={graphs}:\n" + "\n".join(problems)
 
 
 @pytest.mark.cuda
