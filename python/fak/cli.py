@@ -15,12 +15,13 @@ def main() -> None:
     """fak: a coding model served from fak's own kernels, its coding agent, and a tool-call policy."""
 
 
+from fak.doctor import doctor  # noqa: E402
 from fak.swebench.cli import swebench  # noqa: E402 - sub-commands register after the group
 
 main.add_command(inspect_command)
 main.add_command(synth_command)
 main.add_command(swebench)
-
+main.add_command(doctor)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -13,6 +13,9 @@
 //! memory map, on CUDA a device copy of the same blocks.
 
 pub mod cpu;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod optest;
 
 use std::any::Any;
 use std::sync::Arc;

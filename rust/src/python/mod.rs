@@ -3,6 +3,7 @@
 
 use pyo3::prelude::*;
 
+mod cuda;
 mod errors;
 mod gguf;
 mod model;
@@ -28,5 +29,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gguf::register(m)?;
     ops::register(m)?;
     model::register(m)?;
+    cuda::register(m)?;
     Ok(())
 }

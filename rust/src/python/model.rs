@@ -104,6 +104,9 @@ type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>);
 impl PyModel {
     /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64)
     ///
+    /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
+    /// "auto" (cuda when a GPU is usable, else cpu).
+    ///
     /// Loads the GGUF model at `path` (memory-mapped; weights stay in their block formats).
     /// `n_ctx`: context window per sequence in tokens; `threads`: worker threads (None: all
     /// cores); `kv_cache_tokens`: KV cache capacity in tokens shared by all sequences (None:
@@ -132,19 +135,15 @@ impl PyModel {
         };
         let engine: Box<dyn EngineApi> = match backend {
             "cpu" => Box::new(detach(py, || Engine::open_cpu(&path, opts))?),
-            "cuda" => {
-                return Err(super::to_py(FakError::Backend {
-                    backend: "cuda".into(),
-                    msg: "CUDA backend not built/available in this fak build; use backend=\"cpu\""
-                        .into(),
-                }))
+            "cuda" => open_cuda(py, &path, opts)?,
+            "auto" => {
+                if cuda_usable(py) {
+                    open_cuda(py, &path, opts)?
+                } else {
+                    Box::new(detach(py, || Engine::open_cpu(&path, opts))?)
+                }
             }
-            other => return Err(super::to_py(FakError::invalid(
-                "backend",
-                format!(
-                    "{other:?} (must be \"cpu\" or \"cuda\"; \"auto\" is resolved by fak.Engine)"
-                ),
-            ))),
+            other => return Err(super::to_py(FakError::invalid("backend", format!("{other:?} (must be \"cpu\", \"cuda\" or \"auto\")")))),
         };
         let c = engine.config().clone();
         let config = vec![
@@ -342,6 +341,30 @@ impl PyModel {
             self.n_ctx,
             self.n_vocab
         )
+    }
+}
+
+/// The CUDA engine (`backend="cuda"`): fak.BackendError when this build or machine cannot run it.
+#[cfg(feature = "cuda")]
+fn open_cuda(py: Python<'_>, path: &std::path::Path, opts: EngineOptions) -> PyResult<Box<dyn EngineApi>> {
+    Ok(Box::new(detach(py, || crate::backend::cuda::open_engine(path, opts))?))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn open_cuda(_py: Python<'_>, _path: &std::path::Path, _opts: EngineOptions) -> PyResult<Box<dyn EngineApi>> {
+    Err(super::to_py(FakError::Backend { backend: "cuda".into(), msg: "this fak build has no CUDA backend (built without the `cuda` feature); use backend=\"cpu\"".into() }))
+}
+
+/// `backend="auto"` picks CUDA when a GPU is usable.
+fn cuda_usable(py: Python<'_>) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        py.detach(crate::backend::cuda::available)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = py;
+        false
     }
 }
 
