@@ -6,6 +6,7 @@ and drives its own coding agent on SWE-bench Verified.
 """
 
 from fak._native import __version__
+from fak.cuda import export_nvidia_lib_dirs as _export_nvidia_lib_dirs
 from fak.errors import (
     BackendError,
     ContextLengthError,
@@ -26,3 +27,5 @@ __all__ = [
     "KVCacheFullError",
     "BackendError",
 ]
+
+_export_nvidia_lib_dirs()

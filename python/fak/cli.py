@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from fak import __version__
+from fak.inspect_model import inspect_command
+from fak.synth.cli import synth_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -13,14 +15,15 @@ def main() -> None:
     """fak: a coding model served from fak's own kernels, its coding agent, and a tool-call policy."""
 
 
+from fak.doctor import doctor  # noqa: E402
 from fak.gateway.cli import serve  # noqa: E402 - sub-commands register after the group
-
-main.add_command(serve)
-
 from fak.swebench.cli import swebench  # noqa: E402 - sub-commands register after the group
 
+main.add_command(inspect_command)
+main.add_command(synth_command)
 main.add_command(swebench)
-
+main.add_command(doctor)
+main.add_command(serve)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

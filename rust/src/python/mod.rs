@@ -3,8 +3,10 @@
 
 use pyo3::prelude::*;
 
+mod cuda;
 mod errors;
 mod gguf;
+mod model;
 mod ops;
 
 pub(crate) use errors::to_py;
@@ -26,5 +28,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     gguf::register(m)?;
     ops::register(m)?;
+    model::register(m)?;
+    cuda::register(m)?;
     Ok(())
 }

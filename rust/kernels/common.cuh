@@ -1,0 +1,365 @@
+// fak CUDA kernels: definitions shared by every kernel family.
+//
+// Self-contained on purpose (no CUDA or C++ headers): build.rs inlines this file into each family,
+// and the same text compiles with nvcc (FAK_CUDA_ARCH builds) and with NVRTC at start-up.
+//
+// Block formats follow ggml (`ggml-common.h`, `ggml-quants.c` dequantize_row_*): offsets below are
+// in bytes from the start of a block. Blocks of 18/22/34/210 bytes are only 2-byte aligned, so
+// their 32-bit words are read as two 16-bit loads.
+#pragma once
+
+typedef signed char i8;
+typedef unsigned char u8;
+typedef short i16;
+typedef unsigned short u16;
+typedef int i32;
+typedef unsigned int u32;
+typedef long long i64;
+typedef unsigned long long u64;
+
+#define FAK_DEVICE __device__ __forceinline__
+#define WARP 32
+
+// ggml type ids (ggml.h `enum ggml_type`).
+#define T_F32 0
+#define T_F16 1
+#define T_Q4_0 2
+#define T_Q4_1 3
+#define T_Q5_0 6
+#define T_Q5_1 7
+#define T_Q8_0 8
+#define T_Q4_K 12
+#define T_Q5_K 13
+#define T_Q6_K 14
+#define T_BF16 30
+
+// ---- scalar conversions -------------------------------------------------------------------
+
+FAK_DEVICE float f16_to_f32(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+FAK_DEVICE u16 f32_to_f16(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+FAK_DEVICE float bf16_to_f32(u16 h) { return __uint_as_float(((u32)h) << 16); }
+// Two floats rounded to f16 and packed: `lo` in bits 0..15, `hi` in bits 16..31.
+FAK_DEVICE u32 pack_f16x2(float lo, float hi) {
+    u32 r;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+// Low and high f16 halves of a 32-bit word as floats.
+FAK_DEVICE float f16_lo(u32 w) { return f16_to_f32((u16)(w & 0xFFFF)); }
+FAK_DEVICE float f16_hi(u32 w) { return f16_to_f32((u16)(w >> 16)); }
+
+// Four signed bytes dot four signed bytes, plus c (dp4a, sm_61+).
+FAK_DEVICE int dp4a(int a, int b, int c) {
+    int d;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+    return d;
+}
+// Per-byte `x - k` for bytes x in [0, 128) and k ≤ x + 128 (bias each byte by 128 so no borrow
+// crosses a byte, subtract, remove the bias): the result bytes are two's-complement int8.
+FAK_DEVICE int bytes_sub(int x, int k4) { return (int)((((u32)x | 0x80808080u) - (u32)k4) ^ 0x80808080u); }
+
+FAK_DEVICE float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// ---- unaligned loads --------------------------------------------------------------------
+
+FAK_DEVICE u32 ld_u32_a2(const u8* p) {
+    const u16* q = (const u16*)p;
+    return (u32)q[0] | ((u32)q[1] << 16);
+}
+FAK_DEVICE u32 ld_u32(const u8* p) { return *(const u32*)p; }
+FAK_DEVICE float ld_f16(const u8* p) { return f16_to_f32(*(const u16*)p); }
+
+// ---- reductions -------------------------------------------------------------------------
+
+FAK_DEVICE float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+FAK_DEVICE int warp_sum_i(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+FAK_DEVICE float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+// Sum over the block (blockDim.x a multiple of 32, ≤ 1024). `sh` holds 32 floats. Every thread
+// gets the result.
+FAK_DEVICE float block_sum(float v, float* sh) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+// ---- q8_1 activations -------------------------------------------------------------------
+// fak's int8 activation layout for the quantized GEMV: for a flat array of N values (rows of K,
+// K a multiple of 32, laid end to end), `qs[i]` int8 and, per block of 32, `ds[b] = (d, d·Σq)`
+// in f32 with x ≈ d·q, d = max|x|/127 (ggml block_q8_1 semantics, scale kept in f32 instead of
+// f16, quantities stored apart so that GEMV loads are 16-byte vectors).
+
+// One warp quantizes one block of 32: lane l holds value v of element l.
+FAK_DEVICE void quantize_block_q8_1(float v, i8* qs, float2* ds, int lane) {
+    const float amax = warp_max(fabsf(v));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const int q = __float2int_rn(v * id);
+    qs[lane] = (i8)q;
+    const int s = warp_sum_i(q);
+    if (lane == 0) *ds = make_float2(d, d * (float)s);
+}
+
+// ---- dequantization of 8 consecutive weights -----------------------------------------------
+// `row` is the start of a weight row (GGUF blocks), `k` the index of the first of 8 values
+// (k % 8 == 0). Used by the prefill GEMM (tiles dequantized to f16 in shared memory) and by the
+// embedding gather.
+
+FAK_DEVICE void q4k_scale_min(const u8* s, int j, int& sc, int& m) {
+    if (j < 4) {
+        sc = s[j] & 63;
+        m = s[j + 4] & 63;
+    } else {
+        sc = (s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4);
+        m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+template <int FMT> FAK_DEVICE void deq8(const u8* __restrict__ row, int k, float* out);
+
+template <> FAK_DEVICE void deq8<T_F32>(const u8* __restrict__ row, int k, float* out) {
+    const float4* p = (const float4*)(row + 4 * (size_t)k);
+    const float4 a = p[0], b = p[1];
+    out[0] = a.x; out[1] = a.y; out[2] = a.z; out[3] = a.w;
+    out[4] = b.x; out[5] = b.y; out[6] = b.z; out[7] = b.w;
+}
+template <> FAK_DEVICE void deq8<T_F16>(const u8* __restrict__ row, int k, float* out) {
+    const uint4 v = *(const uint4*)(row + 2 * (size_t)k);
+    out[0] = f16_lo(v.x); out[1] = f16_hi(v.x); out[2] = f16_lo(v.y); out[3] = f16_hi(v.y);
+    out[4] = f16_lo(v.z); out[5] = f16_hi(v.z); out[6] = f16_lo(v.w); out[7] = f16_hi(v.w);
+}
+template <> FAK_DEVICE void deq8<T_BF16>(const u8* __restrict__ row, int k, float* out) {
+    const uint4 v = *(const uint4*)(row + 2 * (size_t)k);
+    const u32 w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = __uint_as_float(w[i] << 16);
+        out[2 * i + 1] = __uint_as_float(w[i] & 0xFFFF0000u);
+    }
+}
+// Q4_0: d f16 @0, qs[16] @2. Element o < 16: low nibble of qs[o]; o ≥ 16: high nibble of qs[o-16].
+template <> FAK_DEVICE void deq8<T_Q4_0>(const u8* __restrict__ row, int k, float* out) {
+    const u8* b = row + (size_t)(k >> 5) * 18;
+    const int o = k & 31;
+    const float d = ld_f16(b);
+    const u8* q = b + 2 + (o & 15);
+    const u32 w0 = ld_u32_a2(q), w1 = ld_u32_a2(q + 4);
+    const int sh = o >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[i] = (float)((int)((w0 >> (8 * i + sh)) & 0xF) - 8) * d;
+        out[4 + i] = (float)((int)((w1 >> (8 * i + sh)) & 0xF) - 8) * d;
+    }
+}
+// Q4_1: d f16 @0, m f16 @2, qs[16] @4; x = d·q + m.
+template <> FAK_DEVICE void deq8<T_Q4_1>(const u8* __restrict__ row, int k, float* out) {
+    const u8* b = row + (size_t)(k >> 5) * 20;
+    const int o = k & 31;
+    const u32 dm = ld_u32(b);
+    const float d = f16_lo(dm), m = f16_hi(dm);
+    const u8* q = b + 4 + (o & 15);
+    const u32 w0 = ld_u32_a2(q), w1 = ld_u32_a2(q + 4);
+    const int sh = o >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[i] = (float)((w0 >> (8 * i + sh)) & 0xF) * d + m;
+        out[4 + i] = (float)((w1 >> (8 * i + sh)) & 0xF) * d + m;
+    }
+}
+// Q5_0: d f16 @0, qh u32 @2 (bit o is the 5th bit of element o), qs[16] @6; x = d·(q − 16).
+template <> FAK_DEVICE void deq8<T_Q5_0>(const u8* __restrict__ row, int k, float* out) {
+    const u8* b = row + (size_t)(k >> 5) * 22;
+    const int o = k & 31;
+    const float d = ld_f16(b);
+    const u32 qh = ld_u32_a2(b + 2);
+    const u8* q = b + 6 + (o & 15);
+    const u32 w0 = ld_u32_a2(q), w1 = ld_u32_a2(q + 4);
+    const int sh = o >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int q0 = (int)(((w0 >> (8 * i + sh)) & 0xF) | (((qh >> (o + i)) & 1) << 4));
+        const int q1 = (int)(((w1 >> (8 * i + sh)) & 0xF) | (((qh >> (o + 4 + i)) & 1) << 4));
+        out[i] = (float)(q0 - 16) * d;
+        out[4 + i] = (float)(q1 - 16) * d;
+    }
+}
+// Q5_1: d f16 @0, m f16 @2, qh u32 @4, qs[16] @8; x = d·q + m.
+template <> FAK_DEVICE void deq8<T_Q5_1>(const u8* __restrict__ row, int k, float* out) {
+    const u8* b = row + (size_t)(k >> 5) * 24;
+    const int o = k & 31;
+    const u32 dm = ld_u32(b);
+    const float d = f16_lo(dm), m = f16_hi(dm);
+    const u32 qh = ld_u32(b + 4);
+    const u8* q = b + 8 + (o & 15);
+    const u32 w0 = ld_u32(q), w1 = ld_u32(q + 4);
+    const int sh = o >= 16 ? 4 : 0;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 q0 = ((w0 >> (8 * i + sh)) & 0xF) | (((qh >> (o + i)) & 1) << 4);
+        const u32 q1 = ((w1 >> (8 * i + sh)) & 0xF) | (((qh >> (o + 4 + i)) & 1) << 4);
+        out[i] = (float)q0 * d + m;
+        out[4 + i] = (float)q1 * d + m;
+    }
+}
+// Q8_0: d f16 @0, qs[32] int8 @2.
+template <> FAK_DEVICE void deq8<T_Q8_0>(const u8* __restrict__ row, int k, float* out) {
+    const u8* b = row + (size_t)(k >> 5) * 34;
+    const int o = k & 31;
+    const float d = ld_f16(b);
+    const u32 w0 = ld_u32_a2(b + 2 + o), w1 = ld_u32_a2(b + 6 + o);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[i] = (float)(i8)(w0 >> (8 * i)) * d;
+        out[4 + i] = (float)(i8)(w1 >> (8 * i)) * d;
+    }
+}
+// Q4_K (256 per super-block): d f16 @0, dmin f16 @2, scales[12] @4, qs[128] @16. Sub-block j
+// (32 values) = nibble (j & 1) of qs[32·(j/2) .. +32]; x = d·sc_j·q − dmin·m_j.
+template <> FAK_DEVICE void deq8<T_Q4_K>(const u8* __restrict__ row, int k, float* out) {
+    const u8* b = row + (size_t)(k >> 8) * 144;
+    const int w = k & 255, p = w >> 6, hi = (w >> 5) & 1, l0 = w & 31;
+    const u32 dm = ld_u32(b);
+    int sc, m;
+    q4k_scale_min(b + 4, 2 * p + hi, sc, m);
+    const float d = f16_lo(dm) * (float)sc, mn = f16_hi(dm) * (float)m;
+    const uint2 q = *(const uint2*)(b + 16 + 32 * p + l0);
+    const int sh = 4 * hi;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[i] = d * (float)((q.x >> (8 * i + sh)) & 0xF) - mn;
+        out[4 + i] = d * (float)((q.y >> (8 * i + sh)) & 0xF) - mn;
+    }
+}
+// Q5_K: d @0, dmin @2, scales[12] @4, qh[32] @16, qs[128] @48; bit j of qh[l] is the 5th bit of
+// element l of sub-block j.
+template <> FAK_DEVICE void deq8<T_Q5_K>(const u8* __restrict__ row, int k, float* out) {
+    const u8* b = row + (size_t)(k >> 8) * 176;
+    const int w = k & 255, p = w >> 6, hi = (w >> 5) & 1, l0 = w & 31, j = 2 * p + hi;
+    const u32 dm = ld_u32(b);
+    int sc, m;
+    q4k_scale_min(b + 4, j, sc, m);
+    const float d = f16_lo(dm) * (float)sc, mn = f16_hi(dm) * (float)m;
+    const uint2 q = *(const uint2*)(b + 48 + 32 * p + l0);
+    const uint2 h = *(const uint2*)(b + 16 + l0);
+    const int sh = 4 * hi;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const u32 q0 = ((q.x >> (8 * i + sh)) & 0xF) | (((h.x >> (8 * i + j)) & 1) << 4);
+        const u32 q1 = ((q.y >> (8 * i + sh)) & 0xF) | (((h.y >> (8 * i + j)) & 1) << 4);
+        out[i] = d * (float)q0 - mn;
+        out[4 + i] = d * (float)q1 - mn;
+    }
+}
+// Q6_K: ql[128] @0, qh[64] @128, scales int8[16] @192, d f16 @208. Within each half n of 128:
+// group g (32 values) takes nibble (g >> 1) of ql[64n + 32(g & 1) + l] and bits 2g..2g+1 of
+// qh[32n + l]; scale index 8n + l/16 + 2g; x = d·sc·(q − 32).
+template <> FAK_DEVICE void deq8<T_Q6_K>(const u8* __restrict__ row, int k, float* out) {
+    const u8* b = row + (size_t)(k >> 8) * 210;
+    const int w = k & 255, n = w >> 7, g = (w >> 5) & 3, l0 = w & 31;
+    const float d = ld_f16(b + 208) * (float)(i8)b[192 + 8 * n + (l0 >> 4) + 2 * g];
+    const u8* ql = b + 64 * n + 32 * (g & 1) + l0;
+    const u8* qh = b + 128 + 32 * n + l0;
+    const u32 a0 = ld_u32_a2(ql), a1 = ld_u32_a2(ql + 4);
+    const u32 h0 = ld_u32_a2(qh), h1 = ld_u32_a2(qh + 4);
+    const int sl = 4 * (g >> 1), shh = 2 * g;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        const int q0 = (int)(((a0 >> (8 * i + sl)) & 0xF) | (((h0 >> (8 * i + shh)) & 3) << 4)) - 32;
+        const int q1 = (int)(((a1 >> (8 * i + sl)) & 0xF) | (((h1 >> (8 * i + shh)) & 3) << 4)) - 32;
+        out[i] = d * (float)q0;
+        out[4 + i] = d * (float)q1;
+    }
+}
+
+// Bytes of one row of K elements.
+FAK_DEVICE size_t row_bytes_of(int fmt, int K) {
+    switch (fmt) {
+        case T_F32: return 4 * (size_t)K;
+        case T_F16:
+        case T_BF16: return 2 * (size_t)K;
+        case T_Q4_0: return (size_t)(K / 32) * 18;
+        case T_Q4_1: return (size_t)(K / 32) * 20;
+        case T_Q5_0: return (size_t)(K / 32) * 22;
+        case T_Q5_1: return (size_t)(K / 32) * 24;
+        case T_Q8_0: return (size_t)(K / 32) * 34;
+        case T_Q4_K: return (size_t)(K / 256) * 144;
+        case T_Q5_K: return (size_t)(K / 256) * 176;
+        case T_Q6_K: return (size_t)(K / 256) * 210;
+    }
+    return 0;
+}
+
+// ---- the batch as the kernels see it ------------------------------------------------------
+// Mirrors `SeqRows` of rust/src/backend/mod.rs (five u32).
+struct SeqRows {
+    u32 row0, n_rows, n_past, table0, n_blocks;
+};
+
+// ---- tensor cores and asynchronous copies (sm_80+) -------------------------------------
+
+FAK_DEVICE u32 smem_u32(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+// Four 8x8 b16 matrices from shared memory (lane l gives the address of row l % 8 of matrix l / 8).
+FAK_DEVICE void ldmatrix_x4(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+FAK_DEVICE void ldmatrix_x4_trans(u32* r, const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(smem_u32(p)));
+}
+// c (16x8 f32) += a (16x16 f16, row-major) · b (16x8 f16, column-major).
+FAK_DEVICE void mma_f16(float* c, const u32* a, const u32* b) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+FAK_DEVICE void cp_async16(void* smem, const void* gmem) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_u32(smem)), "l"(gmem));
+}
+FAK_DEVICE void cp_async_commit() { asm volatile("cp.async.commit_group;"); }
+template <int N> FAK_DEVICE void cp_async_wait() { asm volatile("cp.async.wait_group %0;" ::"n"(N)); }
+
+// Loads that bypass L1 (data written by other blocks of the same launch).
+FAK_DEVICE float4 ld_cg_f4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];" : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p));
+    return v;
+}
+FAK_DEVICE float2 ld_cg_f2(const float* p) {
+    float2 v;
+    asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "l"(p));
+    return v;
+}
+
+#define NEG_INF (-__int_as_float(0x7f800000))

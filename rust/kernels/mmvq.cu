@@ -1,0 +1,325 @@
+// Quantized GEMV for decode: y[c, o] = Σ_i W[o, i]·x[c, i] (+ bias[o]) for NC ≤ 8 activation rows,
+// W in its GGUF blocks, x in fak's q8_1 layout (int8 + per-32 (d, d·Σq), see common.cuh), integer
+// dot products with dp4a (the approach of llama.cpp's mul_mat_vec_q; the code is fak's own).
+//
+// Every format is cut into tasks of 32 weights; a task's dot product with the matching 32
+// activations of each row is exact in int32, then scaled in f32:
+//   legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): one task = one block of 32;
+//   Q4_K, Q5_K: task (super-block sb, c in 0..8): 16 low-nibble values of sub-block 2(c/2) and
+//     the 16 high-nibble values of sub-block 2(c/2)+1 sharing the same bytes; the sub-block's
+//     min term (−dmin·m·Σx) is added once, by the c even task;
+//   Q6_K: task (sb, c): 8 positions l of half n = c/4 times the four 32-groups that share them.
+// Launch: 128 threads; R = rows per block (1, 2, 4), 4/R warps split a row's tasks.
+#include "common.cuh"
+
+// Eight nibbles of a word as two words of bytes (low nibbles, high nibbles).
+FAK_DEVICE int nib_lo(u32 w) { return (int)(w & 0x0F0F0F0Fu); }
+FAK_DEVICE int nib_hi(u32 w) { return (int)((w >> 4) & 0x0F0F0F0Fu); }
+// Bits 0..3 of b moved to bit 4 of bytes 0..3.
+FAK_DEVICE int expand4(u32 b) { return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25)); }
+
+template <int FMT, int NC> struct Dot;
+
+// Q4_0: d @0, qs @2 (18 B, 2-aligned). x = d·(q − 8).
+template <int NC> struct Dot<T_Q4_0, NC> {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+        const u8* b = row + (size_t)t * 18;
+        const float d = ld_f16(b);
+        int lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 w = ld_u32_a2(b + 2 + 4 * i);
+            lo[i] = bytes_sub(nib_lo(w), 0x08080808);
+            hi[i] = bytes_sub(nib_hi(w), 0x08080808);
+        }
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const int4* y = (const int4*)(yq + (size_t)c * K + 32 * t);
+            const int4 y0 = y[0], y1 = y[1];
+            int s = dp4a(lo[0], y0.x, dp4a(lo[1], y0.y, dp4a(lo[2], y0.z, dp4a(lo[3], y0.w, 0))));
+            s = dp4a(hi[0], y1.x, dp4a(hi[1], y1.y, dp4a(hi[2], y1.z, dp4a(hi[3], y1.w, s))));
+            acc[c] += d * yds[(size_t)c * (K / 32) + t].x * (float)s;
+        }
+    }
+};
+
+// Q4_1: d @0, m @2, qs @4 (20 B, 4-aligned). x = d·q + m.
+template <int NC> struct Dot<T_Q4_1, NC> {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+        const u8* b = row + (size_t)t * 20;
+        const u32 dm = ld_u32(b);
+        const float d = f16_lo(dm), m = f16_hi(dm);
+        int lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 w = ld_u32(b + 4 + 4 * i);
+            lo[i] = nib_lo(w);
+            hi[i] = nib_hi(w);
+        }
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const int4* y = (const int4*)(yq + (size_t)c * K + 32 * t);
+            const int4 y0 = y[0], y1 = y[1];
+            int s = dp4a(lo[0], y0.x, dp4a(lo[1], y0.y, dp4a(lo[2], y0.z, dp4a(lo[3], y0.w, 0))));
+            s = dp4a(hi[0], y1.x, dp4a(hi[1], y1.y, dp4a(hi[2], y1.z, dp4a(hi[3], y1.w, s))));
+            const float2 ds = yds[(size_t)c * (K / 32) + t];
+            acc[c] += d * ds.x * (float)s + m * ds.y;
+        }
+    }
+};
+
+// Q5_0: d @0, qh @2, qs @6 (22 B, 2-aligned). x = d·(q − 16), q = nibble | bit << 4.
+template <int NC> struct Dot<T_Q5_0, NC> {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+        const u8* b = row + (size_t)t * 22;
+        const float d = ld_f16(b);
+        const u32 qh = ld_u32_a2(b + 2);
+        int lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 w = ld_u32_a2(b + 6 + 4 * i);
+            lo[i] = bytes_sub(nib_lo(w) | expand4((qh >> (4 * i)) & 0xF), 0x10101010);
+            hi[i] = bytes_sub(nib_hi(w) | expand4((qh >> (16 + 4 * i)) & 0xF), 0x10101010);
+        }
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const int4* y = (const int4*)(yq + (size_t)c * K + 32 * t);
+            const int4 y0 = y[0], y1 = y[1];
+            int s = dp4a(lo[0], y0.x, dp4a(lo[1], y0.y, dp4a(lo[2], y0.z, dp4a(lo[3], y0.w, 0))));
+            s = dp4a(hi[0], y1.x, dp4a(hi[1], y1.y, dp4a(hi[2], y1.z, dp4a(hi[3], y1.w, s))));
+            acc[c] += d * yds[(size_t)c * (K / 32) + t].x * (float)s;
+        }
+    }
+};
+
+// Q5_1: d @0, m @2, qh @4, qs @8 (24 B, 8-aligned). x = d·q + m.
+template <int NC> struct Dot<T_Q5_1, NC> {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+        const u8* b = row + (size_t)t * 24;
+        const u32 dm = ld_u32(b);
+        const float d = f16_lo(dm), m = f16_hi(dm);
+        const u32 qh = ld_u32(b + 4);
+        int lo[4], hi[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const u32 w = ld_u32(b + 8 + 4 * i);
+            lo[i] = nib_lo(w) | expand4((qh >> (4 * i)) & 0xF);
+            hi[i] = nib_hi(w) | expand4((qh >> (16 + 4 * i)) & 0xF);
+        }
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const int4* y = (const int4*)(yq + (size_t)c * K + 32 * t);
+            const int4 y0 = y[0], y1 = y[1];
+            int s = dp4a(lo[0], y0.x, dp4a(lo[1], y0.y, dp4a(lo[2], y0.z, dp4a(lo[3], y0.w, 0))));
+            s = dp4a(hi[0], y1.x, dp4a(hi[1], y1.y, dp4a(hi[2], y1.z, dp4a(hi[3], y1.w, s))));
+            const float2 ds = yds[(size_t)c * (K / 32) + t];
+            acc[c] += d * ds.x * (float)s + m * ds.y;
+        }
+    }
+};
+
+// Q8_0: d @0, qs[32] @2 (34 B, 2-aligned).
+template <int NC> struct Dot<T_Q8_0, NC> {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+        const u8* b = row + (size_t)t * 34;
+        const float d = ld_f16(b);
+        int w[8];
+#pragma unroll
+        for (int i = 0; i < 8; ++i) w[i] = (int)ld_u32_a2(b + 2 + 4 * i);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const int4* y = (const int4*)(yq + (size_t)c * K + 32 * t);
+            const int4 y0 = y[0], y1 = y[1];
+            int s = dp4a(w[0], y0.x, dp4a(w[1], y0.y, dp4a(w[2], y0.z, dp4a(w[3], y0.w, 0))));
+            s = dp4a(w[4], y1.x, dp4a(w[5], y1.y, dp4a(w[6], y1.z, dp4a(w[7], y1.w, s))));
+            acc[c] += d * yds[(size_t)c * (K / 32) + t].x * (float)s;
+        }
+    }
+};
+
+// Q4_K and Q5_K share the task shape (see the file comment).
+template <int FMT, int NC> FAK_DEVICE void dot_q45_K(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+    constexpr int BB = FMT == T_Q4_K ? 144 : 176;
+    constexpr int QS = FMT == T_Q4_K ? 16 : 48;
+    const int sb = t >> 3, c8 = t & 7, p = c8 >> 1, h = c8 & 1;
+    const u8* b = row + (size_t)sb * BB;
+    const u32 dm = ld_u32(b);
+    int sc0, m0, sc1, m1;
+    q4k_scale_min(b + 4, 2 * p, sc0, m0);
+    q4k_scale_min(b + 4, 2 * p + 1, sc1, m1);
+    const uint4 qv = *(const uint4*)(b + QS + 32 * p + 16 * h);
+    const u32 qw[4] = {qv.x, qv.y, qv.z, qv.w};
+    int lo[4], hi[4];
+    if (FMT == T_Q4_K) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            lo[i] = nib_lo(qw[i]);
+            hi[i] = nib_hi(qw[i]);
+        }
+    } else {
+        const uint4 hv = *(const uint4*)(b + 16 + 16 * h);
+        const u32 hw[4] = {hv.x, hv.y, hv.z, hv.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            lo[i] = nib_lo(qw[i]) | (int)(((hw[i] >> (2 * p)) & 0x01010101u) << 4);
+            hi[i] = nib_hi(qw[i]) | (int)(((hw[i] >> (2 * p + 1)) & 0x01010101u) << 4);
+        }
+    }
+    const float d = f16_lo(dm), dmin = f16_hi(dm);
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+        const i8* y = yq + (size_t)c * K + sb * 256 + 64 * p + 16 * h;
+        const int4 ylo = *(const int4*)y, yhi = *(const int4*)(y + 32);
+        const int s0 = dp4a(lo[0], ylo.x, dp4a(lo[1], ylo.y, dp4a(lo[2], ylo.z, dp4a(lo[3], ylo.w, 0))));
+        const int s1 = dp4a(hi[0], yhi.x, dp4a(hi[1], yhi.y, dp4a(hi[2], yhi.z, dp4a(hi[3], yhi.w, 0))));
+        const float2* ds = yds + (size_t)c * (K / 32) + sb * 8 + 2 * p;
+        const float2 dl = ds[0], dh = ds[1];
+        float v = d * ((float)sc0 * dl.x * (float)s0 + (float)sc1 * dh.x * (float)s1);
+        if (h == 0) v -= dmin * ((float)m0 * dl.y + (float)m1 * dh.y);
+        acc[c] += v;
+    }
+}
+template <int NC> struct Dot<T_Q4_K, NC> {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+        dot_q45_K<T_Q4_K, NC>(row, t, yq, yds, K, acc);
+    }
+};
+template <int NC> struct Dot<T_Q5_K, NC> {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+        dot_q45_K<T_Q5_K, NC>(row, t, yq, yds, K, acc);
+    }
+};
+
+// Q6_K: ql[128] @0, qh[64] @128, scales i8[16] @192, d @208 (210 B, 2-aligned).
+template <int NC> struct Dot<T_Q6_K, NC> {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+        const int sb = t >> 3, c8 = t & 7, n = c8 >> 2, lq = (c8 & 3) * 8;
+        const u8* b = row + (size_t)sb * 210;
+        const u8* qla = b + 64 * n + lq;
+        const u8* qhp = b + 128 + 32 * n + lq;
+        int v[4][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+            const u32 a = ld_u32_a2(qla + 4 * i), bq = ld_u32_a2(qla + 32 + 4 * i), hq = ld_u32_a2(qhp + 4 * i);
+            v[0][i] = bytes_sub(nib_lo(a) | (int)((hq & 0x03030303u) << 4), 0x20202020);
+            v[1][i] = bytes_sub(nib_lo(bq) | (int)(((hq >> 2) & 0x03030303u) << 4), 0x20202020);
+            v[2][i] = bytes_sub(nib_hi(a) | (int)(((hq >> 4) & 0x03030303u) << 4), 0x20202020);
+            v[3][i] = bytes_sub(nib_hi(bq) | (int)(((hq >> 6) & 0x03030303u) << 4), 0x20202020);
+        }
+        // Scales of groups g = 0..3: bytes 192 + 8n + lq/16 + 2g (the offset can be odd: bytes).
+        const u8* scp = b + 192 + 8 * n + (lq >> 4);
+        const float sc[4] = {(float)(i8)scp[0], (float)(i8)scp[2], (float)(i8)scp[4], (float)(i8)scp[6]};
+        const float d = ld_f16(b + 208);
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+            const i8* y = yq + (size_t)c * K + sb * 256 + 128 * n + lq;
+            const float2* ds = yds + (size_t)c * (K / 32) + sb * 8 + 4 * n;
+            float a = 0.0f;
+#pragma unroll
+            for (int g = 0; g < 4; ++g) {
+                const int2 yy = *(const int2*)(y + 32 * g);
+                const int s = dp4a(v[g][0], yy.x, dp4a(v[g][1], yy.y, 0));
+                a += sc[g] * ds[g].x * (float)s;
+            }
+            acc[c] += d * a;
+        }
+    }
+};
+
+template <int FMT, int NC>
+__device__ void mmvq(const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const float2* __restrict__ yds,
+                     const float* __restrict__ bias, float* __restrict__ dst, int K, int n_out, int rpb) {
+    __shared__ float sh[4][NC];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wpr = 4 / rpb;
+    const int row = blockIdx.x * rpb + warp / wpr;
+    const int sub = (warp % wpr) * 32 + lane, nthr = wpr * 32;
+    const int T = K / 32;
+    float acc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
+    if (row < n_out) {
+        const u8* wr = W + (size_t)row * row_bytes;
+#pragma unroll 4
+        for (int t = sub; t < T; t += nthr) Dot<FMT, NC>::run(wr, t, yq, yds, K, acc);
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c) acc[c] = warp_sum(acc[c]);
+    if (lane == 0) {
+#pragma unroll
+        for (int c = 0; c < NC; ++c) sh[warp][c] = acc[c];
+    }
+    __syncthreads();
+    if (warp % wpr == 0 && lane < NC && row < n_out) {
+        float v = 0.0f;
+        for (int w = 0; w < wpr; ++w) v += sh[warp + w][lane];
+        if (bias) v += bias[row];
+        dst[(size_t)lane * n_out + row] = v;
+    }
+}
+
+// Dense weights (F32, F16, BF16) against f32 activations: tasks of 8 values (K % 8 == 0).
+template <int FMT, int NC>
+__device__ void mmv_dense(const u8* __restrict__ W, size_t row_bytes, const float* __restrict__ x, const float* __restrict__ bias,
+                          float* __restrict__ dst, int K, int n_out, int rpb) {
+    __shared__ float sh[4][NC];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int wpr = 4 / rpb;
+    const int row = blockIdx.x * rpb + warp / wpr;
+    const int sub = (warp % wpr) * 32 + lane, nthr = wpr * 32;
+    float acc[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
+    if (row < n_out) {
+        const u8* wr = W + (size_t)row * row_bytes;
+        for (int t = sub; t < K / 8; t += nthr) {
+            float w[8];
+            deq8<FMT>(wr, 8 * t, w);
+#pragma unroll
+            for (int c = 0; c < NC; ++c) {
+                const float4* xp = (const float4*)(x + (size_t)c * K + 8 * t);
+                const float4 a = xp[0], b = xp[1];
+                acc[c] += w[0] * a.x + w[1] * a.y + w[2] * a.z + w[3] * a.w + w[4] * b.x + w[5] * b.y + w[6] * b.z + w[7] * b.w;
+            }
+        }
+    }
+#pragma unroll
+    for (int c = 0; c < NC; ++c) acc[c] = warp_sum(acc[c]);
+    if (lane == 0) {
+#pragma unroll
+        for (int c = 0; c < NC; ++c) sh[warp][c] = acc[c];
+    }
+    __syncthreads();
+    if (warp % wpr == 0 && lane < NC && row < n_out) {
+        float v = 0.0f;
+        for (int w = 0; w < wpr; ++w) v += sh[warp + w][lane];
+        if (bias) v += bias[row];
+        dst[(size_t)lane * n_out + row] = v;
+    }
+}
+
+#define MMVQ(NAME, FMT, NC)                                                                                                \
+    extern "C" __global__ void __launch_bounds__(128) mmvq_##NAME##_q8_1_c##NC(                                           \
+        const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const float2* __restrict__ yds,             \
+        const float* __restrict__ bias, float* __restrict__ dst, int K, int n_out, int rpb) {                             \
+        mmvq<FMT, NC>(W, row_bytes, yq, yds, bias, dst, K, n_out, rpb);                                                   \
+    }
+#define MMV_DENSE(NAME, FMT, NC)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(128) mmv_##NAME##_f32_c##NC(                                             \
+        const u8* __restrict__ W, size_t row_bytes, const float* __restrict__ x, const float* __restrict__ bias,           \
+        float* __restrict__ dst, int K, int n_out, int rpb) {                                                             \
+        mmv_dense<FMT, NC>(W, row_bytes, x, bias, dst, K, n_out, rpb);                                                    \
+    }
+#define ALL_NC(M, NAME, FMT) M(NAME, FMT, 1) M(NAME, FMT, 2) M(NAME, FMT, 3) M(NAME, FMT, 4) M(NAME, FMT, 5) M(NAME, FMT, 6) M(NAME, FMT, 7) M(NAME, FMT, 8)
+
+ALL_NC(MMVQ, q4_0, T_Q4_0)
+ALL_NC(MMVQ, q4_1, T_Q4_1)
+ALL_NC(MMVQ, q5_0, T_Q5_0)
+ALL_NC(MMVQ, q5_1, T_Q5_1)
+ALL_NC(MMVQ, q8_0, T_Q8_0)
+ALL_NC(MMVQ, q4_K, T_Q4_K)
+ALL_NC(MMVQ, q5_K, T_Q5_K)
+ALL_NC(MMVQ, q6_K, T_Q6_K)
+ALL_NC(MMV_DENSE, f32, T_F32)
+ALL_NC(MMV_DENSE, f16, T_F16)
+ALL_NC(MMV_DENSE, bf16, T_BF16)

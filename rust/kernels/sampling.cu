@@ -1,0 +1,56 @@
+// Sampling on the device: per-row argmax (greedy; ties → lowest index, NaN never wins, as the CPU
+// backend's argmax), and per-row max + log-sum-exp so that a greedy token's log-probability
+// (logit − lse) needs no copy of the logits to the host.
+#include "common.cuh"
+
+FAK_DEVICE void better(float& bv, u32& bi, float v, u32 i) {
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
+}
+
+// One block (≤ 1024 threads, multiple of 32) per row of n_cols.
+// idx[r] = argmax; when stats != null, stats[r] = (max, log Σ e^(x − max) + max).
+extern "C" __global__ void argmax_f32(const float* __restrict__ x, int n_cols, u32* __restrict__ idx, float2* __restrict__ stats) {
+    __shared__ float sv[32];
+    __shared__ u32 si[32];
+    __shared__ float sh[32];
+    const float* row = x + (size_t)blockIdx.x * n_cols;
+    float bv = -__int_as_float(0x7f800000);
+    u32 bi = 0xffffffffu;
+    for (int i = threadIdx.x; i < n_cols; i += blockDim.x) better(bv, bi, row[i], (u32)i);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        better(bv, bi, ov, oi);
+    }
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) {
+        sv[wid] = bv;
+        si[wid] = bi;
+    }
+    __syncthreads();
+    bv = lane < nw ? sv[lane] : -__int_as_float(0x7f800000);
+    bi = lane < nw ? si[lane] : 0xffffffffu;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        better(bv, bi, ov, oi);
+    }
+    if (threadIdx.x == 0) idx[blockIdx.x] = bi == 0xffffffffu ? 0u : bi;
+    if (stats) {
+        const float m = bv;  // every thread holds the row max now
+        float s = 0.0f;
+        if (m > -__int_as_float(0x7f800000)) {
+            for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
+                const float v = row[i];
+                if (v == v) s += expf(v - m);
+            }
+        }
+        s = block_sum(s, sh);
+        if (threadIdx.x == 0) stats[blockIdx.x] = make_float2(m, logf(s) + m);
+    }
+}

@@ -1,0 +1,531 @@
+//! The CUDA backend: fak's own kernels (`rust/kernels/*.cu`) on an NVIDIA GPU through cudarc's
+//! driver API (no cuBLAS, cuDNN or runtime library). The driver and NVRTC libraries are loaded at
+//! run time, so the extension builds and imports on machines without CUDA.
+//!
+//! Parts: [`device`] (context, stream, memory), [`module`] (kernel images: embedded cubins,
+//! NVRTC with a disk cache, PTX JIT), [`graph`] (decode graphs), [`launch`] (argument packing),
+//! and `ops/<family>.rs`, one file per kernel family, each implementing its ops of the
+//! [`Backend`] trait.
+//!
+//! Data on the device: weights in their GGUF block formats (1-D tensors widened to f32, as on
+//! CPU); activations as f32 buffers, each with a side area for its q8_1 form (written by fused
+//! producers such as RMSNorm and SwiGLU and consumed by the GEMV); the paged KV cache in f16 with
+//! the CPU backend's layout; the batch in persistent device buffers refreshed by one copy per
+//! forward.
+
+pub mod device;
+pub mod graph;
+pub mod launch;
+pub mod module;
+mod ops;
+
+use std::cell::Cell;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+pub use device::{Device, DeviceInfo};
+pub use module::{ImageOrigin, Kernels};
+
+use crate::backend::{AttnParams, Backend, BatchLimits, BatchPlan, GraphKey, HostTensor, KvLayout, RopeParams};
+use crate::engine::{Engine, EngineOptions};
+use crate::model::Model;
+use crate::quant::GgmlType;
+use crate::{FakError, Result};
+use device::{backend_err, DevMem, PinnedMem};
+
+/// Device memory fak holds, by kind (process-wide; bytes).
+pub struct MemoryReport {
+    pub weights: AtomicUsize,
+    pub kv_cache: AtomicUsize,
+    pub activations: AtomicUsize,
+}
+
+/// The process-wide VRAM counters.
+pub static MEMORY: MemoryReport = MemoryReport { weights: AtomicUsize::new(0), kv_cache: AtomicUsize::new(0), activations: AtomicUsize::new(0) };
+
+/// Device memory counted in one [`MEMORY`] field; the count drops with the memory.
+pub struct Tracked {
+    pub(crate) mem: DevMem,
+    counter: &'static AtomicUsize,
+}
+
+impl Tracked {
+    fn new(mem: DevMem, counter: &'static AtomicUsize) -> Tracked {
+        counter.fetch_add(mem.len(), Ordering::Relaxed);
+        Tracked { mem, counter }
+    }
+    #[inline]
+    pub fn ptr(&self) -> u64 {
+        self.mem.ptr()
+    }
+}
+
+impl Drop for Tracked {
+    fn drop(&mut self) {
+        self.counter.fetch_sub(self.mem.len(), Ordering::Relaxed);
+    }
+}
+
+/// A weight on the device: a matrix in its GGUF blocks, or a 1-D tensor widened to f32.
+pub struct CudaWeight {
+    pub name: String,
+    /// Block format of the device bytes (`F32` for widened vectors).
+    pub wtype: GgmlType,
+    /// Shape in ggml order.
+    pub dims: Vec<usize>,
+    pub row_bytes: usize,
+    pub(crate) mem: Tracked,
+}
+
+impl CudaWeight {
+    /// Elements per row (`dims[0]`).
+    pub fn k(&self) -> usize {
+        self.dims.first().copied().unwrap_or(1)
+    }
+    /// Rows (`dims[1..]` product).
+    pub fn n_out(&self) -> usize {
+        self.dims.iter().skip(1).product()
+    }
+    fn is_vector(&self) -> bool {
+        self.dims.len() <= 1
+    }
+}
+
+/// An f32 activation buffer and its q8_1 side area.
+pub struct CudaBuffer {
+    pub(crate) mem: Tracked,
+    pub(crate) len: usize,
+    /// `len` int8 values, then (at `q8_ds_off`) `len/32` (d, d·Σq) pairs.
+    pub(crate) q8: Tracked,
+    pub(crate) q8_ds_off: usize,
+    /// How many leading elements have a current q8_1 copy (0: none). Every op that writes the
+    /// buffer sets it; host-side bookkeeping, identical when a forward is captured or replayed.
+    pub(crate) q8_len: Cell<usize>,
+}
+
+impl CudaBuffer {
+    #[inline]
+    pub fn ptr(&self) -> u64 {
+        self.mem.ptr()
+    }
+    /// Elements.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    pub(crate) fn q8_qs(&self) -> u64 {
+        self.q8.ptr()
+    }
+    pub(crate) fn q8_ds(&self) -> u64 {
+        self.q8.ptr() + self.q8_ds_off as u64
+    }
+    /// Marks the q8 copy stale (the buffer is about to be rewritten by an op without it).
+    pub(crate) fn written(&mut self) {
+        self.q8_len.set(0);
+    }
+}
+
+/// The paged KV cache: all layers' K (then V) in one allocation each, f16,
+/// `[layer][block][kv_head][slot][head_dim]`.
+pub struct CudaKvCache {
+    pub layout: KvLayout,
+    pub(crate) k: Tracked,
+    pub(crate) v: Tracked,
+    pub(crate) layer_elems: usize,
+}
+
+impl CudaKvCache {
+    pub(crate) fn k_layer(&self, layer: usize) -> u64 {
+        self.k.ptr() + (layer * self.layer_elems * 2) as u64
+    }
+    pub(crate) fn v_layer(&self, layer: usize) -> u64 {
+        self.v.ptr() + (layer * self.layer_elems * 2) as u64
+    }
+}
+
+/// Offsets (in u32 elements) of the batch arrays inside one device allocation.
+#[derive(Debug, Clone, Copy)]
+struct BatchLayout {
+    tokens: usize,
+    positions: usize,
+    slots: usize,
+    seqs: usize,
+    logit_rows: usize,
+    tables: usize,
+    total: usize,
+}
+
+impl BatchLayout {
+    fn new(l: &BatchLimits) -> BatchLayout {
+        let t = l.max_tokens;
+        let tokens = 0;
+        let positions = tokens + t;
+        let slots = positions + t;
+        let logit_rows = slots + t;
+        let seqs = logit_rows + t;
+        let tables = seqs + 5 * l.max_seqs;
+        let total = tables + l.max_seqs.max(1) * l.max_blocks_per_seq.max(1);
+        BatchLayout { tokens, positions, slots, seqs, logit_rows, tables, total }
+    }
+}
+
+/// The batch: the host plan plus its device copy.
+pub struct CudaBatch {
+    pub plan: BatchPlan,
+    pub limits: BatchLimits,
+    layout: BatchLayout,
+    dev: Tracked,
+    staging: PinnedMem,
+    /// Arrival counters of the split-KV attention, `counters_len` u32, zero between launches.
+    pub(crate) counters: Tracked,
+    pub(crate) counters_len: usize,
+}
+
+impl CudaBatch {
+    fn at(&self, off: usize) -> u64 {
+        self.dev.ptr() + (off * 4) as u64
+    }
+    pub(crate) fn tokens(&self) -> u64 {
+        self.at(self.layout.tokens)
+    }
+    pub(crate) fn positions(&self) -> u64 {
+        self.at(self.layout.positions)
+    }
+    pub(crate) fn slots(&self) -> u64 {
+        self.at(self.layout.slots)
+    }
+    pub(crate) fn seqs(&self) -> u64 {
+        self.at(self.layout.seqs)
+    }
+    pub(crate) fn logit_rows(&self) -> u64 {
+        self.at(self.layout.logit_rows)
+    }
+    pub(crate) fn tables(&self) -> u64 {
+        self.at(self.layout.tables)
+    }
+}
+
+/// Scratch of the split-KV attention (partial results and arrival counters), sized on first use
+/// and never shrunk (captured graphs hold its addresses).
+#[derive(Default)]
+pub(crate) struct AttnScratch {
+    pub(crate) ws: Option<Tracked>,
+    pub(crate) ws_bytes: usize,
+    /// Superseded allocations kept alive for graphs captured with them.
+    pub(crate) old: Vec<Tracked>,
+}
+
+/// The CUDA backend on one GPU.
+pub struct CudaBackend {
+    pub dev: Arc<Device>,
+    pub kernels: Kernels,
+    pub graphs: graph::Graphs,
+    pub(crate) attn: Mutex<AttnScratch>,
+    pub(crate) small: Mutex<Option<Tracked>>,
+}
+
+impl CudaBackend {
+    /// Opens GPU `ordinal` and loads the kernels.
+    ///
+    /// Errors: [`FakError::Backend`] when no GPU is usable, naming why (no driver, no device,
+    /// compute capability below 8.0, no kernel image and no NVRTC).
+    pub fn new(ordinal: i32) -> Result<CudaBackend> {
+        let dev = Device::open(ordinal)?;
+        let kernels = Kernels::load(&dev)?;
+        Ok(CudaBackend { dev, kernels, graphs: graph::Graphs::from_env(), attn: Mutex::new(AttnScratch::default()), small: Mutex::new(None) })
+    }
+
+    pub(crate) fn alloc_tracked(&self, bytes: usize, counter: &'static AtomicUsize) -> Result<Tracked> {
+        Ok(Tracked::new(self.dev.alloc(bytes)?, counter))
+    }
+
+    /// A batch buffer (for tests): `data` uploaded.
+    pub fn upload_buffer(&self, data: &[f32]) -> Result<CudaBuffer> {
+        let b = self.alloc_buffer(data.len())?;
+        b.mem.mem.write(0, data)?;
+        Ok(b)
+    }
+
+    /// Fills the first `n` elements of `buf` with `v` (tests poison outputs with NaN).
+    pub fn fill(&self, buf: &mut CudaBuffer, v: f32, n: usize) -> Result<()> {
+        buf.written();
+        let n = n.min(buf.len);
+        let blocks = n.div_ceil(256).clamp(1, 4096) as u32;
+        self.launch("elementwise", "fill_f32", (blocks, 1, 1), 256, 0, launch::Args::new().ptr(buf.ptr()).f32(v).u64(n as u64))
+    }
+
+    /// Reads `layer`'s K or V of `positions` of a sequence with `block_table` as f32
+    /// `[n, n_head_kv, head_dim]` (tests).
+    pub fn read_kv(&self, cache: &CudaKvCache, layer: usize, values: bool, block_table: &[u32], positions: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        let KvLayout { block_size, n_head_kv, head_dim, .. } = cache.layout;
+        let mut all = vec![0u16; cache.layer_elems];
+        let src = if values { &cache.v } else { &cache.k };
+        src.mem.read(layer * cache.layer_elems * 2, &mut all)?;
+        let mut out = vec![0f32; positions.len() * n_head_kv * head_dim];
+        for (i, p) in positions.enumerate() {
+            let blk = block_table[p / block_size] as usize;
+            for h in 0..n_head_kv {
+                let base = ((blk * n_head_kv + h) * block_size + p % block_size) * head_dim;
+                for d in 0..head_dim {
+                    out[(i * n_head_kv + h) * head_dim + d] = half::f16::from_bits(all[base + d]).to_f32();
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// A small device scratch of at least `bytes` (argmax results).
+    pub(crate) fn small_scratch(&self, bytes: usize) -> Result<u64> {
+        let mut g = self.small.lock().unwrap_or_else(|e| e.into_inner());
+        if g.as_ref().map_or(true, |t| t.mem.len() < bytes) {
+            *g = Some(self.alloc_tracked(bytes.max(4096), &MEMORY.activations)?);
+        }
+        Ok(g.as_ref().unwrap().ptr())
+    }
+}
+
+/// Whether a CUDA GPU is usable here: the driver loads, a device exists, its compute capability
+/// is ≥ 8.0 (no kernel is loaded; cheap enough for `backend="auto"`).
+pub fn available() -> bool {
+    probe().is_ok()
+}
+
+/// [`available`] with the reason when not.
+pub fn probe() -> Result<DeviceInfo> {
+    Device::open(0).map(|d| d.info.clone())
+}
+
+/// How each op runs on the GPU (kernel and method), for `fak doctor`.
+pub fn op_paths() -> Vec<(&'static str, &'static str)> {
+    vec![
+        ("embed", "embed_<fmt>_f32: gather + dequantize rows straight from the GGUF blocks"),
+        ("rmsnorm", "rmsnorm_f32_q8_1: RMSNorm fused with the q8_1 quantization of its output"),
+        ("matmul decode (≤ 8 rows)", "mmvq_<fmt>_q8_1_c<rows>: int8 dp4a GEMV on q8_1 activations, bias fused"),
+        ("matmul dense weights (≤ 8 rows)", "mmv_<f32|f16|bf16>_f32_c<rows>: f32 GEMV"),
+        ("matmul prefill (> 8 rows)", "mmq_<fmt>_f16_n<64|128>: tensor-core GEMM (mma.sync f16, weights dequantized in shared memory), bias fused"),
+        ("rope", "rope_f32: NORM/NEOX, ggml angle rounding, freq factors"),
+        ("kv_write", "kv_write_f16: paged f16 KV cache"),
+        ("attention", "fattn_f16_d<D>_w<warps>: flash attention (mma.sync), GQA, paged KV; decode splits long KV (flash-decoding) with an in-kernel combine"),
+        ("swiglu", "swiglu_f32_q8_1: SwiGLU fused with the q8_1 quantization for the down projection"),
+        ("add", "add_f32: residual add"),
+        ("gather_logit_rows", "gather_rows_f32"),
+        ("argmax", "argmax_f32: on-device argmax (+ log-sum-exp)"),
+        ("decode step", "CUDA graph per (batch size, logit rows), replayed (FAK_CUDA_GRAPHS=0: off)"),
+    ]
+}
+
+/// Opens `path` as an engine on GPU 0.
+///
+/// Errors: as [`CudaBackend::new`] and [`Model::open`].
+pub fn open_engine(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine<CudaBackend>> {
+    let backend = CudaBackend::new(0)?;
+    let model = Model::open(path, backend)?;
+    Engine::new(model, opts)
+}
+
+/// `FAK_CUDA_SAFE=1` selects the first, simpler kernel variants where a faster one exists
+/// (RMSNorm in two passes; the split attention combined by its last block) — a fallback for
+/// bisecting a numerical problem.
+pub(crate) fn safe_kernels() -> bool {
+    static SAFE: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *SAFE.get_or_init(|| matches!(std::env::var("FAK_CUDA_SAFE").as_deref(), Ok("1" | "on" | "true" | "yes")))
+}
+
+fn kernel_fmt(t: GgmlType) -> Option<&'static str> {
+    use GgmlType::*;
+    Some(match t {
+        F32 => "f32",
+        F16 => "f16",
+        BF16 => "bf16",
+        Q4_0 => "q4_0",
+        Q4_1 => "q4_1",
+        Q5_0 => "q5_0",
+        Q5_1 => "q5_1",
+        Q8_0 => "q8_0",
+        Q4_K => "q4_K",
+        Q5_K => "q5_K",
+        Q6_K => "q6_K",
+        _ => return None,
+    })
+}
+
+fn is_dense(t: GgmlType) -> bool {
+    matches!(t, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
+}
+
+/// A kernel name built at run time, kept for the life of the process (names are few).
+pub(crate) fn intern(s: String) -> &'static str {
+    static NAMES: Mutex<Vec<&'static str>> = Mutex::new(Vec::new());
+    let mut v = NAMES.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(&n) = v.iter().find(|&&n| n == s) {
+        return n;
+    }
+    let n: &'static str = Box::leak(s.into_boxed_str());
+    v.push(n);
+    n
+}
+
+impl Backend for CudaBackend {
+    type Weight = CudaWeight;
+    type Buffer = CudaBuffer;
+    type KvCache = CudaKvCache;
+    type Batch = CudaBatch;
+
+    fn name(&self) -> &'static str {
+        "cuda"
+    }
+
+    fn load_weight(&self, t: &HostTensor<'_>) -> Result<CudaWeight> {
+        let n_elements: usize = t.dims.iter().product();
+        let k = t.dims.first().copied().unwrap_or(1);
+        let row_bytes = t
+            .wtype
+            .row_bytes(k as u64)
+            .map(|r| r as usize)
+            .ok_or_else(|| FakError::model(format!("tensor {}: {k} elements per row is not a whole number of {} blocks", t.name, t.wtype.name())))?;
+        if t.data.len() != row_bytes * (n_elements / k.max(1)) {
+            return Err(FakError::model(format!("tensor {}: {} bytes of data, shape {:?} of {} needs {}", t.name, t.data.len(), t.dims, t.wtype.name(), row_bytes * (n_elements / k.max(1)))));
+        }
+        if t.dims.len() <= 1 {
+            let mut v = vec![0f32; n_elements];
+            crate::quant::dequantize_row(t.wtype, t.data, &mut v).map_err(|e| FakError::model(format!("tensor {}: {e}", t.name)))?;
+            let mem = Tracked::new(self.dev.upload(&v)?, &MEMORY.weights);
+            return Ok(CudaWeight { name: t.name.to_string(), wtype: GgmlType::F32, dims: t.dims.to_vec(), row_bytes: 4 * k, mem });
+        }
+        if kernel_fmt(t.wtype).is_none() {
+            return Err(FakError::Unsupported(format!(
+                "the CUDA backend has no kernel for tensor {} of type {} (supported: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32)",
+                t.name,
+                t.wtype.name()
+            )));
+        }
+        if k % 32 != 0 {
+            return Err(FakError::Unsupported(format!("the CUDA backend needs rows of a multiple of 32 elements; tensor {} has {k}", t.name)));
+        }
+        let mem = Tracked::new(self.dev.upload(t.data)?, &MEMORY.weights);
+        Ok(CudaWeight { name: t.name.to_string(), wtype: t.wtype, dims: t.dims.to_vec(), row_bytes, mem })
+    }
+
+    fn alloc_buffer(&self, n: usize) -> Result<CudaBuffer> {
+        let mem = self.alloc_tracked(4 * n.max(1), &MEMORY.activations)?;
+        mem.mem.memset(0)?;
+        let ds_off = n.div_ceil(256) * 256;
+        let q8 = self.alloc_tracked(ds_off + (n / 32 + 1) * 8, &MEMORY.activations)?;
+        Ok(CudaBuffer { mem, len: n, q8, q8_ds_off: ds_off, q8_len: Cell::new(0) })
+    }
+
+    fn alloc_kv_cache(&self, layout: KvLayout) -> Result<CudaKvCache> {
+        if layout.block_size != 32 {
+            return Err(FakError::Unsupported(format!("the CUDA attention kernels need a KV block size of 32 tokens, not {}", layout.block_size)));
+        }
+        let layer_elems = layout
+            .n_blocks
+            .checked_mul(layout.n_head_kv * layout.block_size * layout.head_dim)
+            .ok_or_else(|| FakError::invalid("kv_cache_tokens", "KV cache size overflows"))?;
+        let bytes = layer_elems * 2 * layout.n_layer;
+        let k = self.alloc_tracked(bytes, &MEMORY.kv_cache)?;
+        let v = self.alloc_tracked(bytes, &MEMORY.kv_cache)?;
+        k.mem.memset(0)?;
+        v.mem.memset(0)?;
+        Ok(CudaKvCache { layout, k, v, layer_elems })
+    }
+
+    fn alloc_batch(&self, limits: BatchLimits) -> Result<CudaBatch> {
+        let layout = BatchLayout::new(&limits);
+        let dev = self.alloc_tracked(layout.total * 4, &MEMORY.activations)?;
+        dev.mem.memset(0)?;
+        let staging = PinnedMem::new(&self.dev, layout.total * 4)?;
+        let counters_len = limits.max_seqs.max(1) * 64;
+        let counters = self.alloc_tracked(counters_len * 4, &MEMORY.activations)?;
+        counters.mem.memset(0)?;
+        Ok(CudaBatch { plan: BatchPlan::default(), limits, layout, dev, staging, counters, counters_len })
+    }
+
+    fn set_batch(&self, batch: &mut CudaBatch, plan: &BatchPlan) -> Result<()> {
+        let l = batch.layout;
+        let lim = batch.limits;
+        if plan.n_tokens() > lim.max_tokens || plan.seqs.len() > lim.max_seqs || plan.block_tables.len() > l.total - l.tables || plan.logit_rows.len() > lim.max_tokens {
+            return Err(FakError::invalid("batch", format!("{} tokens / {} sequences exceed the batch limits {} / {}", plan.n_tokens(), plan.seqs.len(), lim.max_tokens, lim.max_seqs)));
+        }
+        // The previous forward's copy out of the staging memory must be complete.
+        self.dev.synchronize()?;
+        batch.plan.clone_from(plan);
+        let st = batch.staging.as_mut_slice();
+        let put = |st: &mut [u8], off: usize, v: &[u32]| {
+            for (i, x) in v.iter().enumerate() {
+                st[(off + i) * 4..(off + i) * 4 + 4].copy_from_slice(&x.to_le_bytes());
+            }
+        };
+        put(st, l.tokens, &plan.tokens);
+        put(st, l.positions, &plan.positions);
+        put(st, l.slots, &plan.slots);
+        put(st, l.logit_rows, &plan.logit_rows);
+        let seqs: Vec<u32> = plan.seqs.iter().flat_map(|s| [s.row0, s.n_rows, s.n_past, s.table0, s.n_blocks]).collect();
+        put(st, l.seqs, &seqs);
+        put(st, l.tables, &plan.block_tables);
+        let bytes = (l.tables + plan.block_tables.len()) * 4;
+        self.dev.bind()?;
+        // SAFETY: pinned source of `bytes` ≤ its size; destination allocation of the same layout.
+        device::drv("cuMemcpyHtoDAsync", unsafe {
+            cudarc::driver::sys::cuMemcpyHtoDAsync_v2(batch.dev.ptr(), batch.staging.as_ptr() as *const std::ffi::c_void, bytes, self.dev.stream)
+        })
+    }
+
+    fn run_forward(&self, key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        self.graphs.run(&self.dev, key, f)
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.dev.synchronize()
+    }
+
+    fn embed(&self, table: &CudaWeight, batch: &CudaBatch, n_tokens: usize, out: &mut CudaBuffer) -> Result<()> {
+        self.op_embed(table, batch, n_tokens, out)
+    }
+
+    fn rmsnorm(&self, x: &CudaBuffer, w: &CudaWeight, eps: f32, n_rows: usize, dim: usize, out: &mut CudaBuffer) -> Result<()> {
+        self.op_rmsnorm(x, w, eps, n_rows, dim, out)
+    }
+
+    fn matmul(&self, w: &CudaWeight, bias: Option<&CudaWeight>, x: &CudaBuffer, n_rows: usize, out: &mut CudaBuffer) -> Result<()> {
+        self.op_matmul(w, bias, x, n_rows, out)
+    }
+
+    fn rope(&self, x: &mut CudaBuffer, batch: &CudaBatch, n_rows: usize, n_heads: usize, head_dim: usize, rope: &RopeParams, freq_factors: Option<&CudaWeight>) -> Result<()> {
+        self.op_rope(x, batch, n_rows, n_heads, head_dim, rope, freq_factors)
+    }
+
+    fn kv_write(&self, cache: &mut CudaKvCache, layer: usize, k: &CudaBuffer, v: &CudaBuffer, batch: &CudaBatch, n_rows: usize) -> Result<()> {
+        self.op_kv_write(cache, layer, k, v, batch, n_rows)
+    }
+
+    fn attention(&self, q: &CudaBuffer, cache: &CudaKvCache, layer: usize, batch: &CudaBatch, n_rows: usize, params: &AttnParams, out: &mut CudaBuffer) -> Result<()> {
+        self.op_attention(q, cache, layer, batch, n_rows, params, out)
+    }
+
+    fn swiglu(&self, gate: &mut CudaBuffer, up: &CudaBuffer, n: usize) -> Result<()> {
+        self.op_swiglu(gate, up, n)
+    }
+
+    fn add(&self, x: &mut CudaBuffer, y: &CudaBuffer, n: usize) -> Result<()> {
+        self.op_add(x, y, n)
+    }
+
+    fn gather_logit_rows(&self, x: &CudaBuffer, batch: &CudaBatch, dim: usize, out: &mut CudaBuffer) -> Result<()> {
+        self.op_gather_rows(x, batch, dim, out)
+    }
+
+    fn read_f32(&self, buf: &CudaBuffer, out: &mut [f32]) -> Result<()> {
+        if out.len() > buf.len {
+            return Err(backend_err(format!("read of {} elements from a buffer of {}", out.len(), buf.len)));
+        }
+        buf.mem.mem.read(0, out)
+    }
+
+    fn argmax_rows(&self, x: &CudaBuffer, n_rows: usize, n_cols: usize, out: &mut [u32]) -> Result<()> {
+        self.op_argmax(x, n_rows, n_cols, out)
+    }
+}

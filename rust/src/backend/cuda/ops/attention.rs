@@ -1,0 +1,133 @@
+//! Attention (`rust/kernels/fattn.cu`): flash attention on tensor cores over the paged f16 KV
+//! cache.
+//!
+//! Decode batches (every sequence has one new row): one warp-group of ⌈G/16⌉ warps per
+//! (sequence, KV head), the KV range split into `n_split` pieces so that about two waves of
+//! blocks cover the GPU; the split length is fixed by the batch's context capacity (not its
+//! current length), so a captured decode graph stays valid as sequences grow — blocks past a
+//! sequence's length exit at once and the last block to finish combines the partial softmaxes.
+//! Prefill: four warps (64 (row, head) pairs) per block, no split.
+
+use super::super::launch::Args;
+use super::super::{intern, AttnScratch, CudaBackend, CudaBatch, CudaBuffer, CudaKvCache, MEMORY};
+use crate::backend::AttnParams;
+use crate::{FakError, Result};
+
+/// Head dimensions with a compiled attention kernel.
+pub const HEAD_DIMS: [usize; 6] = [16, 32, 64, 80, 96, 128];
+
+impl CudaBackend {
+    /// The split workspace (`ws_o` then `ws_ml`) of at least `bytes`; never shrinks, old ones stay
+    /// alive for graphs captured with them.
+    fn attn_workspace(&self, bytes: usize) -> Result<u64> {
+        let mut g = self.attn.lock().unwrap_or_else(|e| e.into_inner());
+        let s: &mut AttnScratch = &mut g;
+        if s.ws_bytes < bytes {
+            let t = self.alloc_tracked(bytes, &MEMORY.activations)?;
+            if let Some(old) = s.ws.replace(t) {
+                s.old.push(old);
+            }
+            s.ws_bytes = bytes;
+        }
+        Ok(s.ws.as_ref().expect("allocated above").ptr())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn op_attention(&self, q: &CudaBuffer, cache: &CudaKvCache, layer: usize, batch: &CudaBatch, n_rows: usize, p: &AttnParams, out: &mut CudaBuffer) -> Result<()> {
+        out.written();
+        let d = p.head_dim;
+        if !HEAD_DIMS.contains(&d) || cache.layout.head_dim != d || p.n_head_kv == 0 || p.n_head % p.n_head_kv != 0 {
+            return Err(FakError::Unsupported(format!(
+                "CUDA attention for head_dim {d} (compiled: {HEAD_DIMS:?}) with {} heads / {} KV heads",
+                p.n_head, p.n_head_kv
+            )));
+        }
+        let plan = &batch.plan;
+        let n_seqs = plan.seqs.len();
+        if n_seqs == 0 || n_rows == 0 {
+            return Ok(());
+        }
+        let g = p.n_head / p.n_head_kv;
+        let n_kv = p.n_head_kv;
+        let scale_log2 = p.scale * std::f32::consts::LOG2_E;
+        let decode = plan.seqs.iter().all(|s| s.n_rows == 1) && g <= 64;
+        let (nw, tiles_per_seq, n_split, split_len) = if decode {
+            let nw = match g.div_ceil(16) {
+                1 => 1,
+                2 => 2,
+                _ => 4,
+            };
+            let max_ctx = (batch.limits.max_blocks_per_seq * 32).max(32);
+            let sms = self.dev.info.n_sm.max(1) as usize;
+            let want = (2 * sms).div_ceil(n_seqs * n_kv).max(1);
+            let n_split = want.min(max_ctx.div_ceil(64)).clamp(1, 128);
+            let split_len = max_ctx.div_ceil(n_split).next_multiple_of(32);
+            (nw, 1, max_ctx.div_ceil(split_len), split_len)
+        } else {
+            let max_rows = plan.seqs.iter().map(|s| s.n_rows as usize).max().unwrap_or(0);
+            (4, (max_rows * g).div_ceil(64), 1, 1 << 30)
+        };
+        let pairs = 16 * nw;
+        let (ws_o, ws_ml) = if n_split > 1 {
+            let recs = n_seqs * n_kv * n_split * pairs;
+            let o_bytes = (recs * d * 4).next_multiple_of(256);
+            let base = self.attn_workspace(o_bytes + recs * 8)?;
+            (base, base + o_bytes as u64)
+        } else {
+            (0, 0)
+        };
+        if n_split > 1 && n_seqs * n_kv > batch.counters_len {
+            return Err(FakError::invalid("batch", format!("{n_seqs} sequences × {n_kv} KV heads exceed the attention counters ({})", batch.counters_len)));
+        }
+        // K/V double buffer (or Q), and the combine's per-(pair, split) weights.
+        let smem = (pairs.max(128) * (d + 8) * 2).max(pairs * (n_split + 1) * 4) as u32;
+        let name = intern(format!("fattn_f16_d{d}_w{nw}"));
+        // Decode splits are combined by a separate kernel (parallel over query heads) unless
+        // FAK_CUDA_SAFE asks for the in-kernel combine by the last block.
+        let ext_combine = decode && n_split > 1 && !super::super::safe_kernels();
+        self.launch(
+            "fattn",
+            name,
+            ((n_seqs * tiles_per_seq) as u32, n_kv as u32, n_split as u32),
+            (32 * nw) as u32,
+            smem,
+            Args::new()
+                .ptr(q.ptr())
+                .ptr(cache.k_layer(layer))
+                .ptr(cache.v_layer(layer))
+                .ptr(batch.seqs())
+                .ptr(batch.tables())
+                .ptr(out.ptr())
+                .ptr(ws_o)
+                .ptr(ws_ml)
+                .ptr(batch.counters.ptr())
+                .i32(p.n_head as i32)
+                .i32(n_kv as i32)
+                .i32(tiles_per_seq as i32)
+                .i32(split_len.min(i32::MAX as usize) as i32)
+                .f32(scale_log2)
+                .i32(ext_combine as i32),
+        )?;
+        if ext_combine {
+            self.launch(
+                "fattn",
+                "fattn_combine_f32",
+                (n_seqs as u32, p.n_head as u32, 1),
+                256,
+                0,
+                Args::new()
+                    .ptr(batch.seqs())
+                    .ptr(ws_o)
+                    .ptr(ws_ml)
+                    .ptr(out.ptr())
+                    .i32(p.n_head as i32)
+                    .i32(n_kv as i32)
+                    .i32(n_split as i32)
+                    .i32(split_len as i32)
+                    .i32(pairs as i32)
+                    .i32(d as i32),
+            )?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,11 @@
+//! The ops of the [`crate::backend::Backend`] trait on the GPU, one file per kernel family of
+//! `rust/kernels/` (launch geometry, kernel choice, the q8_1 bookkeeping of activation buffers).
+
+mod attention;
+mod elementwise;
+mod embed;
+mod kv;
+mod matmul;
+mod norm;
+mod rope;
+mod sampling;

@@ -1,0 +1,277 @@
+//! Single ops of any [`Backend`] on host data, for the op-by-op tests that compare the CUDA
+//! backend with the CPU reference (`tests/cuda/test_ops.py`) through the same trait calls the
+//! forward pass makes. Every output buffer is poisoned (NaN) before the op runs, so an element the
+//! op fails to write shows up as NaN.
+
+use std::any::Any;
+use std::sync::Arc;
+
+use super::cpu::{CpuBackend, CpuBuffer, CpuKvCache};
+use super::{AttnParams, Backend, BatchLimits, BatchPlan, HostTensor, KvLayout, LogitRows, RopeParams};
+use crate::quant::GgmlType;
+use crate::{FakError, Result};
+
+/// Host I/O a backend offers to tests beyond the trait.
+pub trait TestIo: Backend {
+    /// A buffer holding `data`.
+    fn upload(&self, data: &[f32]) -> Result<Self::Buffer>;
+    /// Fills the first `n` elements with NaN.
+    fn poison(&self, buf: &mut Self::Buffer, n: usize) -> Result<()>;
+    /// `layer`'s K (or V) at `positions` of a sequence with `table`, `[n, n_head_kv, head_dim]`.
+    fn read_kv(&self, cache: &Self::KvCache, layer: usize, values: bool, table: &[u32], positions: std::ops::Range<usize>) -> Result<Vec<f32>>;
+}
+
+impl TestIo for CpuBackend {
+    fn upload(&self, data: &[f32]) -> Result<CpuBuffer> {
+        Ok(CpuBuffer(data.to_vec()))
+    }
+    fn poison(&self, buf: &mut CpuBuffer, n: usize) -> Result<()> {
+        let n = n.min(buf.0.len());
+        buf.0[..n].fill(f32::NAN);
+        Ok(())
+    }
+    fn read_kv(&self, cache: &CpuKvCache, layer: usize, values: bool, table: &[u32], positions: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        Ok(cache.read_positions(layer, values, table, positions))
+    }
+}
+
+#[cfg(feature = "cuda")]
+impl TestIo for super::cuda::CudaBackend {
+    fn upload(&self, data: &[f32]) -> Result<super::cuda::CudaBuffer> {
+        self.upload_buffer(data)
+    }
+    fn poison(&self, buf: &mut super::cuda::CudaBuffer, n: usize) -> Result<()> {
+        self.fill(buf, f32::NAN, n)
+    }
+    fn read_kv(&self, cache: &super::cuda::CudaKvCache, layer: usize, values: bool, table: &[u32], positions: std::ops::Range<usize>) -> Result<Vec<f32>> {
+        super::cuda::CudaBackend::read_kv(self, cache, layer, values, table, positions)
+    }
+}
+
+fn weight<B: Backend>(b: &B, name: &str, wtype: GgmlType, dims: &[usize], data: Vec<u8>) -> Result<B::Weight> {
+    let owner: Arc<Vec<u8>> = Arc::new(data);
+    let t = HostTensor { name, wtype, dims, data: owner.as_slice(), owner: owner.clone() as Arc<dyn Any + Send + Sync> };
+    b.load_weight(&t)
+}
+
+fn f32_weight<B: Backend>(b: &B, name: &str, v: &[f32]) -> Result<B::Weight> {
+    weight(b, name, GgmlType::F32, &[v.len()], v.iter().flat_map(|x| x.to_le_bytes()).collect())
+}
+
+fn read<B: Backend>(b: &B, buf: &B::Buffer, n: usize) -> Result<Vec<f32>> {
+    let mut out = vec![0f32; n];
+    b.read_f32(buf, &mut out)?;
+    Ok(out)
+}
+
+fn out_buf<B: TestIo>(b: &B, n: usize) -> Result<B::Buffer> {
+    let mut o = b.alloc_buffer(n)?;
+    b.poison(&mut o, n)?;
+    Ok(o)
+}
+
+fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
+    if got != want {
+        return Err(FakError::invalid(what, format!("has {got} elements, expected {want}")));
+    }
+    Ok(())
+}
+
+/// A batch of one sequence of `n` rows at positions `n_past..` with blocks `0..` (enough for
+/// the positions), for ops that only read positions/slots/tokens.
+fn simple_plan(tokens: &[u32], positions: &[u32]) -> BatchPlan {
+    let mut p = BatchPlan::default();
+    p.tokens.extend_from_slice(tokens);
+    p.positions.extend_from_slice(positions);
+    p.slots.extend_from_slice(positions);
+    p
+}
+
+fn limits_for(plan: &BatchPlan, max_blocks_per_seq: usize) -> BatchLimits {
+    BatchLimits { max_tokens: plan.n_tokens().max(1), max_seqs: plan.seqs.len().max(1), max_blocks_per_seq: max_blocks_per_seq.max(1) }
+}
+
+/// `y = x · Wᵀ (+ bias)`: `w` is `n_out` rows of `k` values in `wtype` blocks, `x` `[n_rows, k]`.
+pub fn matmul<B: TestIo>(b: &B, wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>> {
+    let n_rows = x.len() / k.max(1);
+    check_len("x", x.len(), n_rows * k)?;
+    let wt = weight(b, "w", wtype, &[k, n_out], w.to_vec())?;
+    let bt = bias.map(|v| f32_weight(b, "bias", v)).transpose()?;
+    let xb = b.upload(x)?;
+    let mut out = out_buf(b, n_rows * n_out)?;
+    b.matmul(&wt, bt.as_ref(), &xb, n_rows, &mut out)?;
+    read(b, &out, n_rows * n_out)
+}
+
+/// `rmsnorm(x)·w_norm` followed by the matmul with `w` (the fused q8_1 path of the GEMV).
+#[allow(clippy::too_many_arguments)]
+pub fn norm_matmul<B: TestIo>(b: &B, x: &[f32], w_norm: &[f32], eps: f32, wtype: GgmlType, w: &[u8], n_out: usize, bias: Option<&[f32]>) -> Result<Vec<f32>> {
+    let k = w_norm.len();
+    let n_rows = x.len() / k;
+    let nw = f32_weight(b, "norm", w_norm)?;
+    let wt = weight(b, "w", wtype, &[k, n_out], w.to_vec())?;
+    let bt = bias.map(|v| f32_weight(b, "bias", v)).transpose()?;
+    let xb = b.upload(x)?;
+    let mut h = out_buf(b, n_rows * k)?;
+    b.rmsnorm(&xb, &nw, eps, n_rows, k, &mut h)?;
+    let mut out = out_buf(b, n_rows * n_out)?;
+    b.matmul(&wt, bt.as_ref(), &h, n_rows, &mut out)?;
+    read(b, &out, n_rows * n_out)
+}
+
+/// `swiglu(gate, up)` followed by the matmul with `w` (`[k = gate row length, n_out]`).
+pub fn swiglu_matmul<B: TestIo>(b: &B, gate: &[f32], up: &[f32], k: usize, wtype: GgmlType, w: &[u8], n_out: usize) -> Result<Vec<f32>> {
+    let n_rows = gate.len() / k;
+    let wt = weight(b, "w", wtype, &[k, n_out], w.to_vec())?;
+    let mut g = b.upload(gate)?;
+    let u = b.upload(up)?;
+    b.swiglu(&mut g, &u, gate.len())?;
+    let mut out = out_buf(b, n_rows * n_out)?;
+    b.matmul(&wt, None, &g, n_rows, &mut out)?;
+    read(b, &out, n_rows * n_out)
+}
+
+pub fn rmsnorm<B: TestIo>(b: &B, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>> {
+    let dim = w.len();
+    let n_rows = x.len() / dim;
+    let wt = f32_weight(b, "norm", w)?;
+    let xb = b.upload(x)?;
+    let mut out = out_buf(b, x.len())?;
+    b.rmsnorm(&xb, &wt, eps, n_rows, dim, &mut out)?;
+    read(b, &out, x.len())
+}
+
+/// RoPE of `x` (`[n_rows, n_heads, head_dim]`) at `positions`.
+pub fn rope<B: TestIo>(b: &B, x: &[f32], positions: &[u32], n_heads: usize, head_dim: usize, params: &RopeParams, freq_factors: Option<&[f32]>) -> Result<Vec<f32>> {
+    let n_rows = positions.len();
+    check_len("x", x.len(), n_rows * n_heads * head_dim)?;
+    let plan = simple_plan(&vec![0; n_rows], positions);
+    let mut batch = b.alloc_batch(limits_for(&plan, 1))?;
+    b.set_batch(&mut batch, &plan)?;
+    let ff = freq_factors.map(|v| f32_weight(b, "rope_freqs", v)).transpose()?;
+    let mut xb = b.upload(x)?;
+    b.rope(&mut xb, &batch, n_rows, n_heads, head_dim, params, ff.as_ref())?;
+    read(b, &xb, x.len())
+}
+
+pub fn swiglu<B: TestIo>(b: &B, gate: &[f32], up: &[f32]) -> Result<Vec<f32>> {
+    check_len("up", up.len(), gate.len())?;
+    let mut g = b.upload(gate)?;
+    let u = b.upload(up)?;
+    b.swiglu(&mut g, &u, gate.len())?;
+    read(b, &g, gate.len())
+}
+
+pub fn add<B: TestIo>(b: &B, x: &[f32], y: &[f32]) -> Result<Vec<f32>> {
+    check_len("y", y.len(), x.len())?;
+    let mut xb = b.upload(x)?;
+    let yb = b.upload(y)?;
+    b.add(&mut xb, &yb, x.len())?;
+    read(b, &xb, x.len())
+}
+
+/// Rows `tokens` of the table (`n_vocab` rows of `dim` in `wtype` blocks), dequantized.
+pub fn embed<B: TestIo>(b: &B, wtype: GgmlType, table: &[u8], n_vocab: usize, dim: usize, tokens: &[u32]) -> Result<Vec<f32>> {
+    let wt = weight(b, "token_embd", wtype, &[dim, n_vocab], table.to_vec())?;
+    let plan = simple_plan(tokens, &vec![0; tokens.len()]);
+    let mut batch = b.alloc_batch(limits_for(&plan, 1))?;
+    b.set_batch(&mut batch, &plan)?;
+    let mut out = out_buf(b, tokens.len() * dim)?;
+    b.embed(&wt, &batch, tokens.len(), &mut out)?;
+    read(b, &out, tokens.len() * dim)
+}
+
+/// `x[rows[j], :]` for every j (rows of `dim`).
+pub fn gather_rows<B: TestIo>(b: &B, x: &[f32], dim: usize, rows: &[u32]) -> Result<Vec<f32>> {
+    let n = x.len() / dim;
+    let mut plan = simple_plan(&vec![0; n], &vec![0; n]);
+    plan.logit_rows.extend_from_slice(rows);
+    let mut batch = b.alloc_batch(limits_for(&plan, 1))?;
+    b.set_batch(&mut batch, &plan)?;
+    let xb = b.upload(x)?;
+    let mut out = out_buf(b, rows.len() * dim)?;
+    b.gather_logit_rows(&xb, &batch, dim, &mut out)?;
+    read(b, &out, rows.len() * dim)
+}
+
+pub fn argmax<B: TestIo>(b: &B, x: &[f32], n_cols: usize) -> Result<Vec<u32>> {
+    let n_rows = x.len() / n_cols;
+    let xb = b.upload(x)?;
+    let mut out = vec![0u32; n_rows];
+    b.argmax_rows(&xb, n_rows, n_cols, &mut out)?;
+    Ok(out)
+}
+
+/// The geometry of an attention test: sequences of `(n_past, n_rows)`, heads, and a permutation
+/// of physical KV blocks (so that block tables are not the identity).
+pub struct AttnCase<'a> {
+    pub seqs: &'a [(usize, usize)],
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    /// Physical block of each logical block, consumed in sequence order; must be a permutation
+    /// of `0..len` with at least Σ ⌈(n_past + n_rows)/32⌉ entries.
+    pub block_perm: &'a [u32],
+}
+
+/// Writes every sequence's K/V (`k`, `v`: for each sequence in order, `n_past + n_rows` rows of
+/// `[n_head_kv · head_dim]`) through `kv_write`, then runs `attention` for the new rows (`q`:
+/// `[Σ n_rows, n_head · head_dim]`). Returns `(attention output, K read back, V read back)`; the
+/// read-back is in the order of `k`.
+pub fn attention<B: TestIo>(b: &B, case: &AttnCase<'_>, q: &[f32], k: &[f32], v: &[f32]) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    const BS: usize = 32;
+    let kvw = case.n_head_kv * case.head_dim;
+    let qw = case.n_head * case.head_dim;
+    let ctx_total: usize = case.seqs.iter().map(|&(p, r)| p + r).sum();
+    let rows_total: usize = case.seqs.iter().map(|&(_, r)| r).sum();
+    check_len("k", k.len(), ctx_total * kvw)?;
+    check_len("v", v.len(), ctx_total * kvw)?;
+    check_len("q", q.len(), rows_total * qw)?;
+    let need: usize = case.seqs.iter().map(|&(p, r)| (p + r).div_ceil(BS)).sum();
+    if case.block_perm.len() < need {
+        return Err(FakError::invalid("block_perm", format!("{} blocks given, {need} needed", case.block_perm.len())));
+    }
+    let n_blocks = case.block_perm.len();
+    if case.block_perm.iter().any(|&x| x as usize >= n_blocks) {
+        return Err(FakError::invalid("block_perm", "entries must be < its length"));
+    }
+    let layout = KvLayout { n_layer: 1, n_blocks, block_size: BS, n_head_kv: case.n_head_kv, head_dim: case.head_dim };
+    let mut cache = b.alloc_kv_cache(layout)?;
+    let mut tables = Vec::new();
+    let mut next = 0;
+    for &(p, r) in case.seqs {
+        let nb = (p + r).div_ceil(BS);
+        tables.push(case.block_perm[next..next + nb].to_vec());
+        next += nb;
+    }
+    let max_blocks = tables.iter().map(|t| t.len()).max().unwrap_or(1);
+    // 1. Fill the cache: every position of every sequence.
+    let mut fill = BatchPlan::default();
+    for (&(p, r), t) in case.seqs.iter().zip(&tables) {
+        fill.push_seq(&vec![0; p + r], 0, t, BS, LogitRows::None);
+    }
+    let mut batch = b.alloc_batch(BatchLimits { max_tokens: ctx_total.max(rows_total).max(1), max_seqs: case.seqs.len().max(1), max_blocks_per_seq: max_blocks })?;
+    b.set_batch(&mut batch, &fill)?;
+    let kb = b.upload(k)?;
+    let vb = b.upload(v)?;
+    b.kv_write(&mut cache, 0, &kb, &vb, &batch, ctx_total)?;
+    // 2. Attention of the new rows.
+    let mut plan = BatchPlan::default();
+    for (&(p, r), t) in case.seqs.iter().zip(&tables) {
+        plan.push_seq(&vec![0; r], p, t, BS, LogitRows::None);
+    }
+    b.set_batch(&mut batch, &plan)?;
+    let qb = b.upload(q)?;
+    let mut out = out_buf(b, rows_total * qw)?;
+    let scale = 1.0 / (case.head_dim as f32).sqrt();
+    let params = AttnParams { n_head: case.n_head, n_head_kv: case.n_head_kv, head_dim: case.head_dim, scale };
+    b.attention(&qb, &cache, 0, &batch, rows_total, &params, &mut out)?;
+    let o = read(b, &out, rows_total * qw)?;
+    let mut kr = Vec::with_capacity(k.len());
+    let mut vr = Vec::with_capacity(v.len());
+    for (&(p, r), t) in case.seqs.iter().zip(&tables) {
+        kr.extend(b.read_kv(&cache, 0, false, t, 0..p + r)?);
+        vr.extend(b.read_kv(&cache, 0, true, t, 0..p + r)?);
+    }
+    Ok((o, kr, vr))
+}

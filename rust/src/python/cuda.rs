@@ -1,0 +1,354 @@
+//! Bindings of the CUDA backend for `fak doctor` and the op-by-op tests: `cuda_available`,
+//! `cuda_info`, `cuda_memory`, `cuda_kernel_families`, `cuda_nvrtc_compile`, and `OpRunner`
+//! (single ops of the cpu or cuda backend on NumPy arrays). Conversions only; compute releases
+//! the GIL.
+
+use numpy::{IntoPyArray, PyArray1, PyReadonlyArray1, PyReadonlyArrayDyn};
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList};
+
+use super::{detach, to_py};
+use crate::backend::cpu::CpuBackend;
+use crate::backend::optest::{self, AttnCase, TestIo};
+use crate::backend::{RopeParams, RopeStyle};
+use crate::quant::GgmlType;
+use crate::{FakError, Result};
+
+/// cuda_available() -> bool: whether `backend="cuda"` can run here (driver, a device of compute
+/// capability ≥ 8.0). Never raises.
+#[pyfunction]
+fn cuda_available(py: Python<'_>) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        py.detach(crate::backend::cuda::available)
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = py;
+        false
+    }
+}
+
+/// cuda_info(load_kernels=True) -> dict: `available`, `reason` (when not), `built_with_cuda`,
+/// `build_archs` (nvcc cubins embedded), `kernel_families`; with a GPU also `device`,
+/// `compute_capability`, `sm_count`, `total_memory_bytes`, `driver_version`, `graphs`, `ops`
+/// (op → kernel path) and, with `load_kernels`, `kernel_images` (family → where its image came
+/// from) and `nvrtc_version`.
+#[pyfunction]
+#[pyo3(signature = (load_kernels=true))]
+fn cuda_info<'py>(py: Python<'py>, load_kernels: bool) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("built_with_cuda", cfg!(feature = "cuda"))?;
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = load_kernels;
+        d.set_item("available", false)?;
+        d.set_item("reason", "this fak build has no CUDA backend (cargo feature `cuda` off)")?;
+        Ok(d)
+    }
+    #[cfg(feature = "cuda")]
+    {
+        use crate::backend::cuda::{self as cu, module};
+        d.set_item("build_archs", module::BUILD_ARCHS.iter().map(|a| format!("sm_{a}")).collect::<Vec<_>>())?;
+        d.set_item("kernel_families", module::SOURCES.iter().map(|s| s.0).collect::<Vec<_>>())?;
+        d.set_item("kernel_cache", module::cache_dir().map(|p| p.display().to_string()))?;
+        let ops = PyDict::new(py);
+        for (k, v) in cu::op_paths() {
+            ops.set_item(k, v)?;
+        }
+        d.set_item("ops", ops)?;
+        match py.detach(cu::probe) {
+            Err(e) => {
+                d.set_item("available", false)?;
+                d.set_item("reason", e.to_string())?;
+            }
+            Ok(info) => {
+                d.set_item("available", true)?;
+                d.set_item("device", &info.name)?;
+                d.set_item("compute_capability", format!("{}.{}", info.cc.0, info.cc.1))?;
+                d.set_item("sm_count", info.n_sm)?;
+                d.set_item("l2_bytes", info.l2_bytes)?;
+                d.set_item("total_memory_bytes", info.total_mem)?;
+                d.set_item("driver_version", format!("{}.{}", info.driver_version / 1000, (info.driver_version % 1000) / 10))?;
+                d.set_item("graphs", cu::graph::Graphs::from_env().enabled)?;
+                if load_kernels {
+                    match py.detach(|| cu::CudaBackend::new(0)) {
+                        Ok(be) => {
+                            let imgs = PyDict::new(py);
+                            for (fam, origin) in be.kernels.origins() {
+                                imgs.set_item(fam, origin.to_string())?;
+                            }
+                            d.set_item("kernel_images", imgs)?;
+                        }
+                        Err(e) => d.set_item("kernel_error", e.to_string())?,
+                    }
+                    d.set_item("nvrtc_version", module::nvrtc_version().ok().map(|(a, b)| format!("{a}.{b}")))?;
+                }
+            }
+        }
+        Ok(d)
+    }
+}
+
+/// cuda_memory() -> dict: device bytes fak holds now, by kind (`weights`, `kv_cache`,
+/// `activations`, `total`).
+#[pyfunction]
+fn cuda_memory<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    #[cfg(feature = "cuda")]
+    {
+        use std::sync::atomic::Ordering::Relaxed;
+        let m = &crate::backend::cuda::MEMORY;
+        let (w, k, a) = (m.weights.load(Relaxed), m.kv_cache.load(Relaxed), m.activations.load(Relaxed));
+        d.set_item("weights", w)?;
+        d.set_item("kv_cache", k)?;
+        d.set_item("activations", a)?;
+        d.set_item("total", w + k + a)?;
+    }
+    Ok(d)
+}
+
+/// cuda_kernel_families() -> list[str]: the kernel families embedded in this build.
+#[pyfunction]
+fn cuda_kernel_families() -> Vec<&'static str> {
+    #[cfg(feature = "cuda")]
+    {
+        crate::backend::cuda::module::SOURCES.iter().map(|s| s.0).collect()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        Vec::new()
+    }
+}
+
+/// cuda_nvrtc_compile(family, sm) -> bytes: compiles the embedded source of `family` for
+/// `sm_<sm>` with NVRTC (no GPU needed) and returns the cubin.
+/// Raises fak.BackendError (no NVRTC library, compile error with NVRTC's log), ValueError
+/// (unknown family).
+#[pyfunction]
+fn cuda_nvrtc_compile<'py>(py: Python<'py>, family: &str, sm: u32) -> PyResult<Bound<'py, PyBytes>> {
+    #[cfg(feature = "cuda")]
+    {
+        use crate::backend::cuda::module;
+        let src = module::SOURCES.iter().find(|s| s.0 == family).map(|s| s.1).ok_or_else(|| to_py(FakError::invalid("family", format!("unknown kernel family {family:?}"))))?;
+        let cubin = detach(py, || module::nvrtc_compile(family, src, sm))?;
+        Ok(PyBytes::new(py, &cubin))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (py, family, sm);
+        Err(to_py(FakError::Backend { backend: "cuda".into(), msg: "this fak build has no CUDA backend".into() }))
+    }
+}
+
+enum Runner {
+    Cpu(CpuBackend),
+    #[cfg(feature = "cuda")]
+    Cuda(Box<crate::backend::cuda::CudaBackend>),
+}
+
+/// Single ops of a backend on NumPy arrays, through the same trait calls as the forward pass
+/// (tests compare `OpRunner("cuda")` with `OpRunner("cpu")`). Outputs are poisoned with NaN
+/// before each op. Arrays are float32 (flat or any shape; row counts follow from the lengths).
+#[pyclass(name = "OpRunner", module = "fak._native", frozen)]
+pub struct PyOpRunner {
+    runner: Runner,
+}
+
+fn slice<'a, T: numpy::Element>(a: &'a PyReadonlyArray1<'_, T>, what: &str) -> PyResult<&'a [T]> {
+    a.as_slice().map_err(|e| to_py(FakError::invalid(what, format!("must be contiguous: {e}"))))
+}
+
+fn gtype(name: &str) -> PyResult<GgmlType> {
+    GgmlType::from_name(name).ok_or_else(|| to_py(FakError::invalid("wtype", format!("unknown ggml type {name:?}"))))
+}
+
+impl PyOpRunner {
+    fn run<T: Send>(&self, py: Python<'_>, f: impl Send + Sync + Fn(&dyn RunAny) -> Result<T>) -> PyResult<T> {
+        detach(py, || match &self.runner {
+            Runner::Cpu(b) => f(b),
+            #[cfg(feature = "cuda")]
+            Runner::Cuda(b) => f(b.as_ref()),
+        })
+    }
+}
+
+/// Object-safe face of the generic op functions.
+trait RunAny: Sync {
+    fn matmul(&self, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>>;
+    #[allow(clippy::too_many_arguments)]
+    fn norm_matmul(&self, x: &[f32], wn: &[f32], eps: f32, t: GgmlType, w: &[u8], n_out: usize, bias: Option<&[f32]>) -> Result<Vec<f32>>;
+    fn swiglu_matmul(&self, g: &[f32], u: &[f32], k: usize, t: GgmlType, w: &[u8], n_out: usize) -> Result<Vec<f32>>;
+    fn rmsnorm(&self, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>>;
+    fn rope(&self, x: &[f32], pos: &[u32], n_heads: usize, head_dim: usize, p: &RopeParams, ff: Option<&[f32]>) -> Result<Vec<f32>>;
+    fn swiglu(&self, g: &[f32], u: &[f32]) -> Result<Vec<f32>>;
+    fn add(&self, x: &[f32], y: &[f32]) -> Result<Vec<f32>>;
+    fn embed(&self, t: GgmlType, table: &[u8], n_vocab: usize, dim: usize, tokens: &[u32]) -> Result<Vec<f32>>;
+    fn gather_rows(&self, x: &[f32], dim: usize, rows: &[u32]) -> Result<Vec<f32>>;
+    fn argmax(&self, x: &[f32], n_cols: usize) -> Result<Vec<u32>>;
+    fn attention(&self, case: &AttnCase<'_>, q: &[f32], k: &[f32], v: &[f32]) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
+}
+
+impl<B: TestIo> RunAny for B {
+    fn matmul(&self, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>> {
+        optest::matmul(self, t, w, n_out, k, x, bias)
+    }
+    fn norm_matmul(&self, x: &[f32], wn: &[f32], eps: f32, t: GgmlType, w: &[u8], n_out: usize, bias: Option<&[f32]>) -> Result<Vec<f32>> {
+        optest::norm_matmul(self, x, wn, eps, t, w, n_out, bias)
+    }
+    fn swiglu_matmul(&self, g: &[f32], u: &[f32], k: usize, t: GgmlType, w: &[u8], n_out: usize) -> Result<Vec<f32>> {
+        optest::swiglu_matmul(self, g, u, k, t, w, n_out)
+    }
+    fn rmsnorm(&self, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>> {
+        optest::rmsnorm(self, x, w, eps)
+    }
+    fn rope(&self, x: &[f32], pos: &[u32], n_heads: usize, head_dim: usize, p: &RopeParams, ff: Option<&[f32]>) -> Result<Vec<f32>> {
+        optest::rope(self, x, pos, n_heads, head_dim, p, ff)
+    }
+    fn swiglu(&self, g: &[f32], u: &[f32]) -> Result<Vec<f32>> {
+        optest::swiglu(self, g, u)
+    }
+    fn add(&self, x: &[f32], y: &[f32]) -> Result<Vec<f32>> {
+        optest::add(self, x, y)
+    }
+    fn embed(&self, t: GgmlType, table: &[u8], n_vocab: usize, dim: usize, tokens: &[u32]) -> Result<Vec<f32>> {
+        optest::embed(self, t, table, n_vocab, dim, tokens)
+    }
+    fn gather_rows(&self, x: &[f32], dim: usize, rows: &[u32]) -> Result<Vec<f32>> {
+        optest::gather_rows(self, x, dim, rows)
+    }
+    fn argmax(&self, x: &[f32], n_cols: usize) -> Result<Vec<u32>> {
+        optest::argmax(self, x, n_cols)
+    }
+    fn attention(&self, case: &AttnCase<'_>, q: &[f32], k: &[f32], v: &[f32]) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        optest::attention(self, case, q, k, v)
+    }
+}
+
+type F32Out<'py> = Bound<'py, PyArray1<f32>>;
+
+#[pymethods]
+impl PyOpRunner {
+    /// OpRunner(backend="cpu" | "cuda"). Raises fak.BackendError when the CUDA backend cannot start.
+    #[new]
+    #[pyo3(signature = (backend="cpu"))]
+    fn new(py: Python<'_>, backend: &str) -> PyResult<PyOpRunner> {
+        let runner = match backend {
+            "cpu" => Runner::Cpu(CpuBackend),
+            #[cfg(feature = "cuda")]
+            "cuda" => Runner::Cuda(Box::new(detach(py, || crate::backend::cuda::CudaBackend::new(0))?)),
+            other => {
+                let _ = py;
+                return Err(to_py(FakError::invalid("backend", format!("{other:?} (this build runs \"cpu\"{})", if cfg!(feature = "cuda") { " or \"cuda\"" } else { "" }))));
+            }
+        };
+        Ok(PyOpRunner { runner })
+    }
+
+    /// matmul(wtype, w, n_out, k, x, bias=None) -> y [n_rows·n_out]: `w` uint8 GGUF blocks of
+    /// `n_out` rows of `k`, `x` float32 `[n_rows·k]`.
+    #[pyo3(signature = (wtype, w, n_out, k, x, bias=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn matmul<'py>(&self, py: Python<'py>, wtype: &str, w: PyReadonlyArrayDyn<'py, u8>, n_out: usize, k: usize, x: PyReadonlyArray1<'py, f32>, bias: Option<PyReadonlyArray1<'py, f32>>) -> PyResult<F32Out<'py>> {
+        let t = gtype(wtype)?;
+        let w = w.as_slice().map_err(|e| to_py(FakError::invalid("w", format!("must be contiguous: {e}"))))?;
+        let x = slice(&x, "x")?;
+        let bias = bias.as_ref().map(|b| slice(b, "bias")).transpose()?;
+        Ok(self.run(py, |r| r.matmul(t, w, n_out, k, x, bias))?.into_pyarray(py))
+    }
+
+    /// norm_matmul(x, w_norm, eps, wtype, w, n_out, bias=None) -> y: RMSNorm then matmul (the
+    /// fused q8_1 path on CUDA).
+    #[pyo3(signature = (x, w_norm, eps, wtype, w, n_out, bias=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn norm_matmul<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, w_norm: PyReadonlyArray1<'py, f32>, eps: f32, wtype: &str, w: PyReadonlyArrayDyn<'py, u8>, n_out: usize, bias: Option<PyReadonlyArray1<'py, f32>>) -> PyResult<F32Out<'py>> {
+        let t = gtype(wtype)?;
+        let w = w.as_slice().map_err(|e| to_py(FakError::invalid("w", format!("must be contiguous: {e}"))))?;
+        let (x, wn) = (slice(&x, "x")?, slice(&w_norm, "w_norm")?);
+        let bias = bias.as_ref().map(|b| slice(b, "bias")).transpose()?;
+        Ok(self.run(py, |r| r.norm_matmul(x, wn, eps, t, w, n_out, bias))?.into_pyarray(py))
+    }
+
+    /// swiglu_matmul(gate, up, k, wtype, w, n_out) -> y: SwiGLU then matmul (fused q8_1 on CUDA).
+    #[allow(clippy::too_many_arguments)]
+    fn swiglu_matmul<'py>(&self, py: Python<'py>, gate: PyReadonlyArray1<'py, f32>, up: PyReadonlyArray1<'py, f32>, k: usize, wtype: &str, w: PyReadonlyArrayDyn<'py, u8>, n_out: usize) -> PyResult<F32Out<'py>> {
+        let t = gtype(wtype)?;
+        let w = w.as_slice().map_err(|e| to_py(FakError::invalid("w", format!("must be contiguous: {e}"))))?;
+        let (g, u) = (slice(&gate, "gate")?, slice(&up, "up")?);
+        Ok(self.run(py, |r| r.swiglu_matmul(g, u, k, t, w, n_out))?.into_pyarray(py))
+    }
+
+    /// rmsnorm(x, w, eps) -> y (rows of len(w)).
+    fn rmsnorm<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, w: PyReadonlyArray1<'py, f32>, eps: f32) -> PyResult<F32Out<'py>> {
+        let (x, w) = (slice(&x, "x")?, slice(&w, "w")?);
+        Ok(self.run(py, |r| r.rmsnorm(x, w, eps))?.into_pyarray(py))
+    }
+
+    /// rope(x, positions, n_heads, head_dim, style, n_rot, freq_base, freq_scale, freq_factors=None) -> y.
+    #[pyo3(signature = (x, positions, n_heads, head_dim, style, n_rot, freq_base, freq_scale, freq_factors=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn rope<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, positions: PyReadonlyArray1<'py, u32>, n_heads: usize, head_dim: usize, style: &str, n_rot: usize, freq_base: f32, freq_scale: f32, freq_factors: Option<PyReadonlyArray1<'py, f32>>) -> PyResult<F32Out<'py>> {
+        let style = match style {
+            "neox" => RopeStyle::Neox,
+            "norm" => RopeStyle::Norm,
+            o => return Err(to_py(FakError::invalid("style", format!("{o:?} (neox or norm)")))),
+        };
+        let p = RopeParams { style, n_rot, freq_base, freq_scale };
+        let (x, pos) = (slice(&x, "x")?, slice(&positions, "positions")?);
+        let ff = freq_factors.as_ref().map(|f| slice(f, "freq_factors")).transpose()?;
+        Ok(self.run(py, |r| r.rope(x, pos, n_heads, head_dim, &p, ff))?.into_pyarray(py))
+    }
+
+    /// swiglu(gate, up) -> silu(gate)·up.
+    fn swiglu<'py>(&self, py: Python<'py>, gate: PyReadonlyArray1<'py, f32>, up: PyReadonlyArray1<'py, f32>) -> PyResult<F32Out<'py>> {
+        let (g, u) = (slice(&gate, "gate")?, slice(&up, "up")?);
+        Ok(self.run(py, |r| r.swiglu(g, u))?.into_pyarray(py))
+    }
+
+    /// add(x, y) -> x + y.
+    fn add<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, y: PyReadonlyArray1<'py, f32>) -> PyResult<F32Out<'py>> {
+        let (x, y) = (slice(&x, "x")?, slice(&y, "y")?);
+        Ok(self.run(py, |r| r.add(x, y))?.into_pyarray(py))
+    }
+
+    /// embed(wtype, table, n_vocab, dim, tokens) -> rows [len(tokens)·dim].
+    fn embed<'py>(&self, py: Python<'py>, wtype: &str, table: PyReadonlyArrayDyn<'py, u8>, n_vocab: usize, dim: usize, tokens: PyReadonlyArray1<'py, u32>) -> PyResult<F32Out<'py>> {
+        let t = gtype(wtype)?;
+        let table = table.as_slice().map_err(|e| to_py(FakError::invalid("table", format!("must be contiguous: {e}"))))?;
+        let tokens = slice(&tokens, "tokens")?;
+        Ok(self.run(py, |r| r.embed(t, table, n_vocab, dim, tokens))?.into_pyarray(py))
+    }
+
+    /// gather_rows(x, dim, rows) -> x[rows] (rows of dim).
+    fn gather_rows<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, dim: usize, rows: PyReadonlyArray1<'py, u32>) -> PyResult<F32Out<'py>> {
+        let (x, rows) = (slice(&x, "x")?, slice(&rows, "rows")?);
+        Ok(self.run(py, |r| r.gather_rows(x, dim, rows))?.into_pyarray(py))
+    }
+
+    /// argmax(x, n_cols) -> list[int] per row.
+    fn argmax(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f32>, n_cols: usize) -> PyResult<Vec<u32>> {
+        let x = slice(&x, "x")?;
+        self.run(py, |r| r.argmax(x, n_cols))
+    }
+
+    /// attention(seqs, n_head, n_head_kv, head_dim, block_perm, q, k, v) -> (out, k_read, v_read):
+    /// `seqs` a list of (n_past, n_rows); K/V of every position written with kv_write (blocks
+    /// assigned from `block_perm` in order), then attention of the new rows.
+    #[allow(clippy::too_many_arguments)]
+    fn attention<'py>(&self, py: Python<'py>, seqs: Vec<(usize, usize)>, n_head: usize, n_head_kv: usize, head_dim: usize, block_perm: PyReadonlyArray1<'py, u32>, q: PyReadonlyArray1<'py, f32>, k: PyReadonlyArray1<'py, f32>, v: PyReadonlyArray1<'py, f32>) -> PyResult<Bound<'py, PyList>> {
+        let perm = slice(&block_perm, "block_perm")?;
+        let (q, k, v) = (slice(&q, "q")?, slice(&k, "k")?, slice(&v, "v")?);
+        let case = AttnCase { seqs: &seqs, n_head, n_head_kv, head_dim, block_perm: perm };
+        let (o, kr, vr) = self.run(py, |r| r.attention(&case, q, k, v))?;
+        PyList::new(py, [o.into_pyarray(py), kr.into_pyarray(py), vr.into_pyarray(py)])
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_info, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_memory, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_kernel_families, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_nvrtc_compile, m)?)?;
+    m.add_class::<PyOpRunner>()
+}

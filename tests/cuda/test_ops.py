@@ -1,0 +1,305 @@
+"""Op by op: every op of the Backend trait on the CUDA backend against a float64 reference and
+against the CPU backend, on fresh random inputs at the real layer shapes of the 1.5B and 7B models
+(and odd sizes). Outputs are poisoned with NaN before every op (``OpRunner``), so an element a
+kernel fails to write fails the test.
+
+Each test runs for ``cpu`` (in CI, no GPU) and ``cuda`` (marked ``cuda``: the GPU machine).
+Relative error bounds (‖y − ref‖/‖ref‖) per path, derived from the arithmetic of each path:
+- GEMV on q8_1 activations (CUDA, ≤ 8 rows) and CPU's Q8_0/Q8_K/Q8_1 activations: one int8 step
+  of the block maximum per value, ≈ 0.5 % for Gaussian inputs → bound 1.2e-2;
+- tensor-core GEMM (CUDA, > 8 rows): weights and activations rounded to f16 (2^-11) → 2e-3;
+- f32 paths: 1e-5.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import zlib
+
+import numpy as np
+import pytest
+
+from cuda_util import BACKENDS, DENSE, QUANT, attention_ref, dequantized, f16_round, random_weights, rel_err, runner
+
+Q8 = 1.2e-2
+F16 = 2e-3
+F32 = 1e-5
+
+
+def matmul_bound(backend: str, wtype: str, n_rows: int) -> float:
+    if backend == "cuda":
+        if n_rows <= 8:
+            return F32 if wtype in DENSE else Q8
+        return F16
+    return {"F32": F32, "F16": 1.5e-3, "BF16": 6e-3}.get(wtype, Q8)
+
+
+def seed(*parts: object) -> np.random.Generator:
+    """A generator per test case: different random data for every case, reproducible
+    (``FAK_TEST_SEED`` changes every case's data)."""
+    return np.random.default_rng([zlib.crc32(repr(parts).encode()), int(os.environ.get("FAK_TEST_SEED", "0"))])
+
+
+@functools.lru_cache(maxsize=1)
+def weights_case(wtype: str, n_out: int, k: int, tag: str) -> tuple[np.ndarray, np.ndarray]:
+    """Random weights and their float64 dequantization, shared by the cpu and cuda runs."""
+    w = random_weights(wtype, n_out, k, seed("w", wtype, n_out, k, tag))
+    return w, dequantized(wtype, w, n_out, k)
+
+
+def check_matmul(backend: str, wtype: str, n_out: int, k: int, n_rows: int, with_bias: bool, tag: str) -> None:
+    w, wd = weights_case(wtype, n_out, k, tag)
+    rng = seed("x", backend, wtype, n_out, k, n_rows)
+    x = rng.standard_normal((n_rows, k)).astype(np.float32)
+    bias = rng.standard_normal(n_out).astype(np.float32) if with_bias else None
+    y = runner(backend).matmul(wtype, w, n_out, k, x.reshape(-1), bias)
+    ref = x.astype(np.float64) @ wd.T + (bias.astype(np.float64) if bias is not None else 0.0)
+    err = rel_err(y.reshape(n_rows, n_out), ref)
+    bound = matmul_bound(backend, wtype, n_rows)
+    assert err <= bound, f"{backend} {wtype} [{n_rows}x{k}]·[{n_out}x{k}]ᵀ: relative error {err:.3g} > {bound:g}"
+    if backend == "cuda":
+        y_cpu = runner("cpu").matmul(wtype, w, n_out, k, x.reshape(-1), bias)
+        diff = rel_err(y.reshape(n_rows, n_out), y_cpu.reshape(n_rows, n_out).astype(np.float64))
+        limit = bound + matmul_bound("cpu", wtype, n_rows)
+        assert diff <= limit, f"cuda vs cpu {wtype} rows={n_rows}: {diff:.3g} > {limit:g}"
+
+
+# ---------------------------------------------------------------- matmul
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_rows", [1, 2, 3, 5, 8, 9, 40, 67])
+@pytest.mark.parametrize("wtype", QUANT + DENSE)
+def test_matmul_every_format_and_row_count(backend: str, wtype: str, n_rows: int) -> None:
+    # Odd output count (259) and a K that is not a multiple of 256 for the legacy formats.
+    k = 512 if wtype in ("Q4_K", "Q5_K", "Q6_K") else 416
+    check_matmul(backend, wtype, 259, k, n_rows, with_bias=n_rows % 2 == 1, tag="formats")
+
+
+# (name, k, n_out, wtype, bias): the projections of the real layouts.
+REAL_SHAPES = [
+    ("1.5b.attn_q", 1536, 1536, "Q4_K", True),
+    ("1.5b.attn_k", 1536, 256, "Q4_K", True),
+    ("1.5b.attn_v", 1536, 256, "Q6_K", True),
+    ("1.5b.ffn_up", 1536, 8960, "Q4_K", False),
+    ("1.5b.ffn_down", 8960, 1536, "Q6_K", False),
+    ("1.5b.ffn_down_q4", 8960, 1536, "Q4_K", False),
+    ("1.5b.output[:8192]", 1536, 8192, "Q6_K", False),
+    ("0.5b.attn_q", 896, 896, "Q5_0", True),
+    ("0.5b.ffn_down", 4864, 896, "Q4_K", False),
+    ("0.5b.output[:4096]", 896, 4096, "Q8_0", False),
+    ("7b.attn_q", 3584, 3584, "Q4_K", True),
+    ("7b.attn_v", 3584, 512, "Q6_K", True),
+    ("7b.ffn_up", 3584, 18944, "Q4_K", False),
+    ("7b.ffn_down", 18944, 3584, "Q6_K", False),
+    ("7b.ffn_down_q5", 18944, 3584, "Q5_K", False),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_rows", [1, 4, 130])
+@pytest.mark.parametrize("shape", REAL_SHAPES, ids=[s[0] for s in REAL_SHAPES])
+def test_matmul_real_shapes(backend: str, shape: tuple[str, int, int, str, bool], n_rows: int) -> None:
+    name, k, n_out, wtype, bias = shape
+    check_matmul(backend, wtype, n_out, k, n_rows, bias, tag=name)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_rows", [1, 3])
+@pytest.mark.parametrize("shape", [(1536, 1536, "Q4_K"), (3584, 512, "Q6_K"), (896, 896, "Q5_0")])
+def test_rmsnorm_fused_into_gemv(backend: str, shape: tuple[int, int, str], n_rows: int) -> None:
+    """RMSNorm writes the q8_1 copy the next GEMV reads (CUDA): same result as norm then matmul."""
+    k, n_out, wtype = shape
+    w, wd = weights_case(wtype, n_out, k, "fused")
+    rng = seed("normmm", backend, k, n_rows)
+    x = (rng.standard_normal((n_rows, k)) * 3).astype(np.float32)
+    g = rng.uniform(0.5, 1.5, k).astype(np.float32)
+    bias = rng.standard_normal(n_out).astype(np.float32)
+    y = runner(backend).norm_matmul(x.reshape(-1), g, 1e-6, wtype, w, n_out, bias)
+    x64 = x.astype(np.float64)
+    h = x64 / np.sqrt((x64**2).mean(axis=1, keepdims=True) + 1e-6) * g
+    ref = h @ wd.T + bias
+    err = rel_err(y.reshape(n_rows, n_out), ref)
+    assert err <= Q8, f"{backend}: {err:.3g}"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_rows", [1, 2])
+@pytest.mark.parametrize("shape", [(8960, 1536, "Q6_K"), (18944, 3584, "Q4_K")])
+def test_swiglu_fused_into_gemv(backend: str, shape: tuple[int, int, str], n_rows: int) -> None:
+    """SwiGLU writes the q8_1 copy the down projection reads (CUDA)."""
+    k, n_out, wtype = shape
+    w, wd = weights_case(wtype, n_out, k, "fused")
+    rng = seed("swimm", backend, k, n_rows)
+    gate = (rng.standard_normal((n_rows, k)) * 2).astype(np.float32)
+    up = rng.standard_normal((n_rows, k)).astype(np.float32)
+    y = runner(backend).swiglu_matmul(gate.reshape(-1), up.reshape(-1), k, wtype, w, n_out)
+    g64 = gate.astype(np.float64)
+    h = g64 / (1 + np.exp(-g64)) * up
+    err = rel_err(y.reshape(n_rows, n_out), h @ wd.T)
+    # silu(g)·u is heavy-tailed: a block's maximum is further from its typical value than for
+    # Gaussian data, so the int8 step is relatively coarser (measured ≈ 1.5 % on CPU's Q8_K).
+    assert err <= 2.5e-2, f"{backend}: {err:.3g}"
+
+
+# ---------------------------------------------------------------- element-wise
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dim,n_rows", [(1536, 1), (1536, 7), (3584, 64), (896, 3), (100, 5), (37, 2)])
+def test_rmsnorm(backend: str, dim: int, n_rows: int) -> None:
+    rng = seed("rms", backend, dim, n_rows)
+    x = (rng.standard_normal((n_rows, dim)) * 5).astype(np.float32)
+    w = rng.uniform(-2, 2, dim).astype(np.float32)
+    y = runner(backend).rmsnorm(x.reshape(-1), w, 1e-6)
+    x64 = x.astype(np.float64)
+    ref = x64 / np.sqrt((x64**2).mean(axis=1, keepdims=True) + 1e-6) * w
+    assert rel_err(y.reshape(n_rows, dim), ref) <= F32
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n", [1536 * 3, 8960, 18944 * 2, 1001, 7])
+def test_swiglu_and_add(backend: str, n: int) -> None:
+    rng = seed("ew", backend, n)
+    g = (rng.standard_normal(n) * 4).astype(np.float32)
+    u = rng.standard_normal(n).astype(np.float32)
+    r = runner(backend)
+    g64 = g.astype(np.float64)
+    assert rel_err(r.swiglu(g, u), g64 / (1 + np.exp(-g64)) * u) <= F32
+    assert rel_err(r.add(g, u), g64 + u) <= 1e-7
+
+
+ROPE_CASES = [
+    # (style, n_heads, head_dim, n_rot, freq_base, freq_scale, with_freq_factors)
+    ("neox", 12, 128, 128, 1000000.0, 1.0, False),  # qwen2.5 1.5B q
+    ("neox", 2, 128, 128, 1000000.0, 1.0, False),   # 1.5B k
+    ("neox", 28, 128, 128, 1000000.0, 1.0, False),  # 7B q
+    ("neox", 14, 64, 64, 1000000.0, 1.0, False),    # 0.5B q
+    ("norm", 8, 64, 64, 10000.0, 1.0, True),        # llama-style with rope_freqs
+    ("norm", 3, 48, 32, 10000.0, 0.25, False),      # partial rotation, linear scaling
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ROPE_CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-rot{c[3]}" for c in ROPE_CASES])
+def test_rope(backend: str, case: tuple[str, int, int, int, float, float, bool]) -> None:
+    style, n_heads, head_dim, n_rot, base, scale, with_ff = case
+    rng = seed("rope", backend, case)
+    positions = np.concatenate([[0, 1, 2, 31, 32], rng.integers(0, 32768, 11)]).astype(np.uint32)
+    x = rng.standard_normal((len(positions), n_heads, head_dim)).astype(np.float32)
+    ff = rng.uniform(1.0, 8.0, n_rot // 2).astype(np.float32) if with_ff else None
+    y = runner(backend).rope(x.reshape(-1), positions, n_heads, head_dim, style, n_rot, base, scale, ff)
+    y = y.reshape(x.shape).astype(np.float64)
+    assert np.isfinite(y).all()
+    half = n_rot // 2
+    inv = base ** (-2.0 * np.arange(half) / n_rot) * scale / (ff.astype(np.float64) if ff is not None else 1.0)
+    ref = x.astype(np.float64).copy()
+    for r, p in enumerate(positions):
+        t = float(p) * inv
+        a = np.arange(half) if style == "neox" else 2 * np.arange(half)
+        b = a + half if style == "neox" else a + 1
+        x0, x1 = x[r][:, a].astype(np.float64), x[r][:, b].astype(np.float64)
+        ref[r][:, a] = x0 * np.cos(t) - x1 * np.sin(t)
+        ref[r][:, b] = x0 * np.sin(t) + x1 * np.cos(t)
+        # f32 angle recurrence (as ggml) drifts by ~1e-7·p·n_rot/2 radians.
+        tol = 1e-5 + 2e-7 * float(p) * n_rot
+        assert np.abs(y[r] - ref[r]).max() <= tol * np.abs(x[r]).max() * 2, f"position {p}"
+    if backend == "cuda":
+        y_cpu = runner("cpu").rope(x.reshape(-1), positions, n_heads, head_dim, style, n_rot, base, scale, ff)
+        assert np.abs(y - y_cpu.reshape(x.shape)).max() <= 1e-4 * np.abs(x).max()
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("wtype", QUANT + DENSE)
+@pytest.mark.parametrize("dim", [1536, 896])
+def test_embed(backend: str, wtype: str, dim: int) -> None:
+    if wtype in ("Q4_K", "Q5_K", "Q6_K") and dim % 256:
+        dim = 1024
+    n_vocab = 301
+    table = random_weights(wtype, n_vocab, dim, seed("emb", wtype, dim))
+    ref = dequantized(wtype, table, n_vocab, dim)
+    tokens = np.array([0, 300, 5, 5, 17, 299, 128], dtype=np.uint32)
+    y = runner(backend).embed(wtype, table, n_vocab, dim, tokens).reshape(len(tokens), dim)
+    assert rel_err(y, ref[tokens]) <= 1e-6
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_gather_rows_and_argmax(backend: str) -> None:
+    rng = seed("gather", backend)
+    r = runner(backend)
+    x = rng.standard_normal((9, 1536)).astype(np.float32)
+    rows = np.array([8, 0, 3], dtype=np.uint32)
+    np.testing.assert_array_equal(r.gather_rows(x.reshape(-1), 1536, rows).reshape(3, 1536), x[rows])
+    n_vocab = 151936
+    logits = rng.standard_normal((4, n_vocab)).astype(np.float32)
+    logits[0, 1000] = logits[0, 77] = 50.0      # tie: the lower index wins
+    logits[1, :] = np.nan
+    logits[1, 123456] = 3.0                      # NaN never wins
+    logits[2, :] = -np.inf                       # nothing beats -inf: index 0
+    want = [77, 123456, 0, int(np.argmax(logits[3]))]
+    assert r.argmax(logits.reshape(-1), n_vocab) == want
+
+
+# ---------------------------------------------------------------- KV write + attention
+
+ATTN_CASES = [
+    # (name, seqs [(n_past, n_rows)], n_head, n_head_kv, head_dim)
+    ("1.5b.decode.ctx1", [(0, 1)], 12, 2, 128),
+    ("1.5b.decode.ctx700", [(699, 1)], 12, 2, 128),
+    ("1.5b.decode.batch", [(5, 1), (300, 1), (32, 1), (2047, 1)], 12, 2, 128),
+    ("1.5b.prefill.67", [(0, 67)], 12, 2, 128),
+    ("1.5b.prefill.chunk", [(100, 40)], 12, 2, 128),
+    ("1.5b.mixed", [(0, 20), (64, 1), (3, 33)], 12, 2, 128),
+    ("7b.decode.ctx3000", [(2999, 1)], 28, 4, 128),
+    ("7b.prefill.chunk", [(512, 130)], 28, 4, 128),
+    ("0.5b.decode", [(90, 1), (1, 1)], 14, 2, 64),
+    ("0.5b.prefill", [(0, 45)], 14, 2, 64),
+    ("mha.decode", [(200, 1)], 8, 8, 64),
+    ("g32.decode", [(77, 1)], 32, 1, 128),
+    ("tiny.d16", [(10, 9)], 4, 2, 16),
+    ("d96", [(40, 3)], 6, 3, 96),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ATTN_CASES, ids=[c[0] for c in ATTN_CASES])
+def test_kv_write_and_attention(backend: str, case: tuple[str, list[tuple[int, int]], int, int, int]) -> None:
+    name, seqs, n_head, n_head_kv, head_dim = case
+    rng = seed("attn", backend, name)
+    ctx = sum(p + r for p, r in seqs)
+    rows = sum(r for _, r in seqs)
+    q = rng.standard_normal((rows, n_head * head_dim)).astype(np.float32)
+    k = (rng.standard_normal((ctx, n_head_kv * head_dim)) * 0.5).astype(np.float32)
+    v = rng.standard_normal((ctx, n_head_kv * head_dim)).astype(np.float32)
+    n_blocks = sum((p + r + 31) // 32 for p, r in seqs) + 3
+    perm = rng.permutation(n_blocks).astype(np.uint32)
+    out, k_read, v_read = runner(backend).attention(seqs, n_head, n_head_kv, head_dim, perm, q.reshape(-1), k.reshape(-1), v.reshape(-1))
+    # The cache holds exactly the f16 rounding of what was written.
+    np.testing.assert_array_equal(k_read.astype(np.float64), f16_round(k).reshape(-1))
+    np.testing.assert_array_equal(v_read.astype(np.float64), f16_round(v).reshape(-1))
+    ref = attention_ref(seqs, n_head, n_head_kv, head_dim, q, k, v)
+    err = rel_err(out.reshape(rows, -1), ref)
+    # CPU: f32 throughout. CUDA: Q and P rounded to f16 for the tensor cores.
+    bound = 5e-3 if backend == "cuda" else 1e-4
+    assert err <= bound, f"{backend} {name}: relative error {err:.3g} > {bound:g}"
+    if backend == "cuda":
+        cpu = runner("cpu").attention(seqs, n_head, n_head_kv, head_dim, perm, q.reshape(-1), k.reshape(-1), v.reshape(-1))[0]
+        assert rel_err(out, cpu.astype(np.float64)) <= bound + 1e-4
+
+
+@pytest.mark.parametrize("backend,ctx", [("cpu", 8192), pytest.param("cuda", 8192, marks=pytest.mark.cuda),
+                                         pytest.param("cuda", 32768, marks=pytest.mark.cuda)])
+def test_attention_long_context_decode(backend: str, ctx: int) -> None:
+    """Flash-decoding split over a long KV range (the 8k and 32k decode benchmarks' shapes; the
+    CPU reference run stops at 8k to keep CI short)."""
+    rng = seed("attn-long", backend, ctx)
+    n_head, n_head_kv, head_dim = 12, 2, 128
+    seqs = [(ctx - 1, 1)]
+    q = rng.standard_normal((1, n_head * head_dim)).astype(np.float32)
+    k = (rng.standard_normal((ctx, n_head_kv * head_dim)) * 0.3).astype(np.float32)
+    v = rng.standard_normal((ctx, n_head_kv * head_dim)).astype(np.float32)
+    perm = rng.permutation(ctx // 32 + 1).astype(np.uint32)
+    out = runner(backend).attention(seqs, n_head, n_head_kv, head_dim, perm, q.reshape(-1), k.reshape(-1), v.reshape(-1))[0]
+    ref = attention_ref(seqs, n_head, n_head_kv, head_dim, q, k, v)
+    assert rel_err(out.reshape(1, -1), ref) <= (5e-3 if backend == "cuda" else 1e-4)
