@@ -50,11 +50,13 @@ class FakeModel:
         step_delay: seconds each ``step()`` sleeps (the GIL is released, as in the real one).
         fail_prompt_token: ``add_sequence`` raises ValueError for a prompt containing this id.
         fail_step_when: ``step()`` raises RuntimeError while this sequence id is running.
+        bad_token_prompt_token: sequences whose prompt contains this id get an out-of-vocabulary
+            token from ``step()`` (a misbehaving model).
     """
 
     def __init__(self, tokenizer: Tokenizer, n_ctx: int = 256, kv_blocks: int = 1024, block_size: int = 16,
                  eos_after: int | None = None, step_delay: float = 0.0, fail_prompt_token: int | None = None,
-                 fail_step_when: int | None = None) -> None:
+                 fail_step_when: int | None = None, bad_token_prompt_token: int | None = None) -> None:
         self.n_ctx = n_ctx
         self.n_vocab = tokenizer.n_vocab
         self.kv_blocks_total = kv_blocks
@@ -64,6 +66,7 @@ class FakeModel:
         self.step_delay = step_delay
         self.fail_prompt_token = fail_prompt_token
         self.fail_step_when = fail_step_when
+        self.bad_token_prompt_token = bad_token_prompt_token
         self.text = TEXT.encode("utf-8")
         self.seqs: dict[int, dict[str, Any]] = {}
         self.added: list[int] = []
@@ -94,7 +97,8 @@ class FakeModel:
         if sampling["temperature"] > 0:
             offset = random.Random(sampling["seed"]).randrange(len(self.text))
         self.seqs[seq_id] = {"tokens": list(prompt_ids), "new": True, "offset": offset, "n_gen": 0,
-                             "n_logprobs": sampling["n_logprobs"]}
+                             "n_logprobs": sampling["n_logprobs"],
+                             "bad": self.bad_token_prompt_token in prompt_ids}
         self.sampling[seq_id] = dict(sampling)
         self.added.append(seq_id)
 
@@ -116,7 +120,9 @@ class FakeModel:
         out = []
         for seq_id, s in self.seqs.items():
             s["new"] = False
-            if self.eos_after is not None and s["n_gen"] >= self.eos_after:
+            if s["bad"]:
+                token = self.n_vocab + 5
+            elif self.eos_after is not None and s["n_gen"] >= self.eos_after:
                 token = self.eos_id
             else:
                 token = self.text[(s["offset"] + s["n_gen"]) % len(self.text)]
