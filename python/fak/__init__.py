@@ -18,6 +18,7 @@ from fak.errors import (
 
 __all__ = [
     "__version__",
+    "Engine",
     "FakError",
     "GGUFError",
     "UnsupportedError",
@@ -26,3 +27,12 @@ __all__ = [
     "KVCacheFullError",
     "BackendError",
 ]
+
+
+def __getattr__(name: str) -> object:
+    # fak.Engine is imported on first use, so that `import fak` stays light.
+    if name == "Engine":
+        from fak.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'fak' has no attribute {name!r}")

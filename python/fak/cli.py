@@ -13,5 +13,10 @@ def main() -> None:
     """fak: a coding model served from fak's own kernels, its coding agent, and a tool-call policy."""
 
 
+from fak.cli_generate import chat, generate  # noqa: E402  (sub-commands register after the group)
+
+main.add_command(generate)
+main.add_command(chat)
+
 if __name__ == "__main__":  # pragma: no cover
     main()

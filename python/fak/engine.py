@@ -208,17 +208,15 @@ class _AsyncSink:
     """
 
     def __init__(self) -> None:
-        import sniffio
-
-        lib = sniffio.current_async_library()
-        if lib == "asyncio":
+        try:
             self._schedule = asyncio.get_running_loop().call_soon_threadsafe
-        elif lib == "trio":
-            import trio
+        except RuntimeError:  # not asyncio: anyio's other backend is trio
+            try:
+                import trio
 
-            self._schedule = trio.lowlevel.current_trio_token().run_sync_soon
-        else:  # pragma: no cover - anyio supports only these two
-            raise RuntimeError(f"unsupported async library {lib!r}")
+                self._schedule = trio.lowlevel.current_trio_token().run_sync_soon
+            except (ImportError, RuntimeError):
+                raise RuntimeError("Engine.astream needs a running asyncio or trio event loop") from None
         self._items: deque[Any] = deque()
         self._event: Any = None
 
