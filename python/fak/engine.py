@@ -191,6 +191,9 @@ class _SyncSink:
     def put(self, item: Any) -> None:
         self._q.put(item)
 
+    def put_deferred(self, item: Any, wakes: _Wakes) -> None:
+        self._q.put(item)
+
     def get_all(self) -> list[Any]:
         items = [self._q.get()]
         while True:
@@ -198,6 +201,28 @@ class _SyncSink:
                 items.append(self._q.get_nowait())
             except queue.Empty:
                 return items
+
+
+def _wake_all(sinks: list[_AsyncSink]) -> None:
+    for sink in sinks:
+        sink._wake()
+
+
+class _Wakes:
+    """Async sinks that received items during one engine step, grouped by event loop."""
+
+    def __init__(self) -> None:
+        self._by_loop: dict[Any, list[_AsyncSink]] = {}
+
+    def add(self, sink: _AsyncSink) -> None:
+        group = self._by_loop.setdefault(sink.loop_key, [])
+        if not group or group[-1] is not sink:
+            group.append(sink)
+
+    def flush(self) -> None:
+        by_loop, self._by_loop = self._by_loop, {}
+        for sinks in by_loop.values():
+            sinks[0].wake_soon(sinks)
 
 
 class _AsyncSink:
@@ -209,21 +234,33 @@ class _AsyncSink:
 
     def __init__(self) -> None:
         try:
-            self._schedule = asyncio.get_running_loop().call_soon_threadsafe
+            loop: Any = asyncio.get_running_loop()
+            self._schedule = loop.call_soon_threadsafe
         except RuntimeError:  # not asyncio: anyio's other backend is trio
             try:
                 import trio
 
-                self._schedule = trio.lowlevel.current_trio_token().run_sync_soon
+                loop = trio.lowlevel.current_trio_token()
+                self._schedule = loop.run_sync_soon
             except (ImportError, RuntimeError):
                 raise RuntimeError("Engine.astream needs a running asyncio or trio event loop") from None
+        self.loop_key = id(loop)
         self._items: deque[Any] = deque()
         self._event: Any = None
 
     def put(self, item: Any) -> None:
         self._items.append(item)
+        self.wake_soon([self])
+
+    def put_deferred(self, item: Any, wakes: _Wakes) -> None:
+        """Queues ``item``; the consumer is woken by ``wakes.flush()`` (one cross-thread call per
+        event loop per engine step instead of one per token)."""
+        self._items.append(item)
+        wakes.add(self)
+
+    def wake_soon(self, sinks: list[_AsyncSink]) -> None:
         try:
-            self._schedule(self._wake)
+            self._schedule(_wake_all, sinks)
         except RuntimeError:  # the consumer's event loop is closed: nobody is listening
             pass
 
@@ -762,6 +799,13 @@ class Engine:
             return
         t1 = time.perf_counter()
         self._stats["steps"] += 1
+        wakes = _Wakes()
+        try:
+            self._deliver_step(outputs, t0, t1, wakes)
+        finally:
+            wakes.flush()
+
+    def _deliver_step(self, outputs: list[Any], t0: float, t1: float, wakes: _Wakes) -> None:
         for seq_id, token_id, logprob, top in outputs:
             req = self._active.get(seq_id)
             if req is None:
@@ -771,13 +815,14 @@ class Engine:
                 self._remove(req)
                 continue
             try:
-                self._on_token(req, int(token_id), logprob, top, t0, t1)
+                self._on_token(req, int(token_id), logprob, top, t0, t1, wakes)
             except Exception as e:
                 self._active.pop(seq_id, None)
                 self._remove(req)
                 req.sink.put(e)
 
-    def _on_token(self, req: _Request, token_id: int, logprob: float, top: Any, t0: float, t1: float) -> None:
+    def _on_token(self, req: _Request, token_id: int, logprob: float, top: Any, t0: float, t1: float,
+                  wakes: _Wakes) -> None:
         tok = self.tokenizer
         req.n_generated += 1
         self._stats["tokens_generated"] += 1
@@ -815,7 +860,7 @@ class Engine:
             delta.usage = Usage(len(req.prompt_ids), req.n_generated)
             delta.timings = self._timings(req)
             delta.stop_reason = stop_reason
-        req.sink.put(delta)
+        req.sink.put_deferred(delta, wakes)
 
     def _piece(self, token_id: int) -> str:
         return self.tokenizer.token_bytes(token_id, skip_special=False).decode("utf-8", errors="replace")

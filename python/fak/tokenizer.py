@@ -223,7 +223,8 @@ def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
     except ImportError:
         GGUFFile = None
     if GGUFFile is not None:
-        return dict(GGUFFile(str(path)).metadata)
+        with GGUFFile(str(path)) as f:
+            return dict(f.metadata)
 
     from gguf import GGUFReader
 
@@ -298,7 +299,8 @@ class Tokenizer:
         self._special_ids = self._special_cache()
         # special tokens left as text when parse_special is False (control and unknown ones)
         self._skipped_ids = [i for i in self._special_ids if self._attrs[i] & (TokenAttr.CONTROL | TokenAttr.UNKNOWN)]
-        self._piece_cache: dict[int, bytes] = {}
+        self._piece_cache: dict[int, bytes] = {}  # token_to_piece(special=False)
+        self._special_piece_cache: dict[int, bytes] = {}  # token_to_piece(special=True)
         self._hf = self._build_hf(merges)
 
     # --- construction ---------------------------------------------------------------------
@@ -548,24 +550,27 @@ class Tokenizer:
         Raises:
             IndexError: ``token_id`` outside ``[0, n_vocab)``.
         """
+        cache = self._piece_cache if skip_special else self._special_piece_cache
+        piece = cache.get(token_id)
+        if piece is None:
+            piece = self._make_piece(token_id, skip_special)
+            cache[token_id] = piece
+        return piece
+
+    def _make_piece(self, token_id: int, skip_special: bool) -> bytes:
         if not 0 <= token_id < len(self._tokens):
             raise IndexError(f"token id {token_id} outside the vocabulary [0, {len(self._tokens)})")
         attr = self._attrs[token_id]
+        text = self._tokens[token_id]
         if attr & (TokenAttr.CONTROL | TokenAttr.UNKNOWN):
-            return b"" if skip_special else self._tokens[token_id].encode("utf-8")
-        piece = self._piece_cache.get(token_id)
-        if piece is None:
-            text = self._tokens[token_id]
-            if attr & TokenAttr.USER_DEFINED:
-                piece = text.encode("utf-8")
-            elif attr & TokenAttr.NORMAL:
-                piece = _byte_level_decode(text)
-            elif attr & TokenAttr.BYTE:
-                piece = _byte_level_decode(text)[:1]
-            else:
-                piece = b""
-            self._piece_cache[token_id] = piece
-        return piece
+            return b"" if skip_special else text.encode("utf-8")
+        if attr & TokenAttr.USER_DEFINED:
+            return text.encode("utf-8")
+        if attr & TokenAttr.NORMAL:
+            return _byte_level_decode(text)
+        if attr & TokenAttr.BYTE:
+            return _byte_level_decode(text)[:1]
+        return b""
 
     def decode_bytes(self, ids: Iterable[int], skip_special: bool = True) -> bytes:
         """Concatenated :meth:`token_bytes` of ``ids``."""
