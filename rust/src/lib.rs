@@ -4,7 +4,9 @@
 //! Everything here is plain Rust that `cargo test` builds without Python; the PyO3 boundary is the
 //! `python` module, compiled only with the `python` feature (maturin turns it on).
 
+pub mod backend;
 pub mod error;
+pub mod gguf;
 pub mod quant;
 
 #[cfg(feature = "python")]

@@ -4,6 +4,8 @@
 use pyo3::prelude::*;
 
 mod errors;
+mod gguf;
+mod ops;
 
 pub(crate) use errors::to_py;
 
@@ -22,5 +24,7 @@ where
 fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     errors::register(m)?;
+    gguf::register(m)?;
+    ops::register(m)?;
     Ok(())
 }

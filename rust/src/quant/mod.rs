@@ -1,7 +1,28 @@
 //! ggml tensor types: ids, block geometry and names, as in ggml's `ggml.h` / `ggml-common.h`
 //! (and the GGUF spec, which stores the id as a u32 in each tensor info).
 //!
-//! One sub-module per block format holds its layout and dequantization (added by the formats work).
+//! One sub-module per block format holds its layout and dequantization; [`dequantize`] dispatches
+//! on the type. Every format's arithmetic follows ggml's `dequantize_row_*` (`ggml-quants.c`)
+//! operation for operation, so results are bit-identical to ggml and to the `gguf` package's
+//! `gguf.quants.dequantize`.
+
+pub mod bf16;
+pub mod fp16;
+pub mod fp32;
+pub mod q2_k;
+pub mod q3_k;
+pub mod q4_0;
+pub mod q4_1;
+pub mod q4_k;
+pub mod q5_0;
+pub mod q5_1;
+pub mod q5_k;
+pub mod q6_k;
+pub mod q8_0;
+
+use rayon::prelude::*;
+
+use crate::{FakError, Result};
 
 /// A ggml tensor type. The discriminant is the id written in GGUF tensor infos.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -115,6 +136,119 @@ impl GgmlType {
         (n_elements / bs as u64).checked_mul(ts as u64)
     }
 }
+
+/// Runs `f` over each whole block of `src` and the matching `BE` outputs of `dst` (as many blocks
+/// as both slices hold).
+#[inline(always)]
+pub(crate) fn for_each_block<const BB: usize, const BE: usize>(
+    src: &[u8],
+    dst: &mut [f32],
+    f: impl Fn(&[u8; BB], &mut [f32; BE]),
+) {
+    for (s, d) in src.chunks_exact(BB).zip(dst.chunks_exact_mut(BE)) {
+        // chunks_exact yields slices of exactly BB / BE items, so both conversions succeed.
+        if let (Ok(s), Ok(d)) = (<&[u8; BB]>::try_from(s), <&mut [f32; BE]>::try_from(d)) {
+            f(s, d);
+        }
+    }
+}
+
+/// A serial dequantizer over whole blocks: `(src blocks, dst elements)`.
+pub type DequantizeFn = fn(&[u8], &mut [f32]);
+
+/// The serial block dequantizer of `t`, or `None` for a type fak cannot dequantize.
+pub fn dequantize_fn(t: GgmlType) -> Option<DequantizeFn> {
+    use GgmlType::*;
+    Some(match t {
+        F32 => fp32::dequantize_blocks,
+        F16 => fp16::dequantize_blocks,
+        BF16 => bf16::dequantize_blocks,
+        Q4_0 => q4_0::dequantize_blocks,
+        Q4_1 => q4_1::dequantize_blocks,
+        Q5_0 => q5_0::dequantize_blocks,
+        Q5_1 => q5_1::dequantize_blocks,
+        Q8_0 => q8_0::dequantize_blocks,
+        Q2_K => q2_k::dequantize_blocks,
+        Q3_K => q3_k::dequantize_blocks,
+        Q4_K => q4_k::dequantize_blocks,
+        Q5_K => q5_k::dequantize_blocks,
+        Q6_K => q6_k::dequantize_blocks,
+        _ => return None,
+    })
+}
+
+/// True when [`dequantize`] supports `t`.
+pub fn can_dequantize(t: GgmlType) -> bool {
+    dequantize_fn(t).is_some()
+}
+
+/// Below this many output elements [`dequantize`] stays on the calling thread.
+pub const PARALLEL_MIN_ELEMS: usize = 1 << 16;
+/// Output elements per rayon task in [`dequantize`] (rounded to whole blocks).
+const TASK_ELEMS: usize = 1 << 15;
+
+fn check_lengths(t: GgmlType, src: &[u8], dst: &[f32]) -> Result<DequantizeFn> {
+    let f = dequantize_fn(t).ok_or_else(|| {
+        FakError::Unsupported(format!("dequantization of ggml type {}", t.name()))
+    })?;
+    let (bs, ts) = t.block_geometry();
+    if src.len() % ts != 0 {
+        return Err(FakError::invalid(
+            "src",
+            format!(
+                "{} bytes is not a whole number of {} blocks ({ts} bytes each)",
+                src.len(),
+                t.name()
+            ),
+        ));
+    }
+    let n_blocks = src.len() / ts;
+    if n_blocks.checked_mul(bs) != Some(dst.len()) {
+        return Err(FakError::invalid(
+            "dst",
+            format!(
+                "{} {} blocks hold {} elements but dst has {}",
+                n_blocks,
+                t.name(),
+                n_blocks.saturating_mul(bs),
+                dst.len()
+            ),
+        ));
+    }
+    Ok(f)
+}
+
+/// Dequantizes `src` (whole blocks of type `t`) into `dst` (f32, `n_blocks * block_size`
+/// elements), on the rayon pool of the caller when `dst` has at least [`PARALLEL_MIN_ELEMS`]
+/// elements. Bit-identical to ggml's `dequantize_row_*`.
+///
+/// Errors: [`FakError::Unsupported`] for a type without a dequantizer here (the IQ formats,
+/// Q8_1, Q8_K, integer types); [`FakError::InvalidArgument`] when `src` is not whole blocks or
+/// `dst` has the wrong length.
+pub fn dequantize(t: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
+    let f = check_lengths(t, src, dst)?;
+    if dst.len() < PARALLEL_MIN_ELEMS {
+        f(src, dst);
+        return Ok(());
+    }
+    let (bs, ts) = t.block_geometry();
+    let blocks_per_task = (TASK_ELEMS / bs).max(1);
+    src.par_chunks(blocks_per_task * ts)
+        .zip(dst.par_chunks_mut(blocks_per_task * bs))
+        .for_each(|(s, d)| f(s, d));
+    Ok(())
+}
+
+/// Like [`dequantize`] but always on the calling thread: for callers that already split the work
+/// (one row, or rows spread over their own rayon tasks).
+pub fn dequantize_row(t: GgmlType, src: &[u8], dst: &mut [f32]) -> Result<()> {
+    let f = check_lengths(t, src, dst)?;
+    f(src, dst);
+    Ok(())
+}
+
+#[cfg(test)]
+mod dequant_tests;
 
 #[cfg(test)]
 mod tests {

@@ -1,0 +1,176 @@
+//! Unit tests: every format × every SIMD level this CPU runs agrees with the scalar kernels, on
+//! random valid blocks and odd shapes; argument errors never panic.
+//!
+//! To add a format: list it in `FORMATS` with the byte offsets of its f16 scale fields.
+//! (The independent check against a float64 reference from `gguf.quants.dequantize` is
+//! `tests/test_cpu_matmul.py`.)
+
+use super::*;
+
+/// (type, byte offsets of the f16 fields inside one block that must hold finite scales).
+const FORMATS: &[(GgmlType, &[usize])] = &[
+    (GgmlType::Q4_0, &[0]),
+    (GgmlType::Q4_1, &[0, 2]),
+    (GgmlType::Q5_0, &[0]),
+    (GgmlType::Q5_1, &[0, 2]),
+    (GgmlType::Q8_0, &[0]),
+    (GgmlType::Q2_K, &[80, 82]),
+    (GgmlType::Q3_K, &[108]),
+    (GgmlType::Q4_K, &[0, 2]),
+    (GgmlType::Q5_K, &[0, 2]),
+    (GgmlType::Q6_K, &[208]),
+    (GgmlType::F16, &[]),
+    (GgmlType::BF16, &[]),
+    (GgmlType::F32, &[]),
+];
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // splitmix64
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    /// Uniform in [-1, 1).
+    fn unit(&mut self) -> f32 {
+        ((self.next() >> 40) as f32 / (1u64 << 23) as f32) - 1.0
+    }
+}
+
+/// `n_out` rows of `k` random valid elements of type `t`: random quant bytes, small finite scales.
+fn random_weights(t: GgmlType, f16_fields: &[usize], n_out: usize, k: usize, rng: &mut Rng) -> Vec<u8> {
+    let (bs, ts) = t.block_geometry();
+    let n_blocks = n_out * k / bs;
+    let mut w = vec![0u8; n_blocks * ts];
+    match t {
+        GgmlType::F32 => w.chunks_exact_mut(4).for_each(|c| c.copy_from_slice(&rng.unit().to_le_bytes())),
+        GgmlType::F16 => w.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&blocks::f32_to_f16_bits(rng.unit()).to_le_bytes())),
+        GgmlType::BF16 => w.chunks_exact_mut(2).for_each(|c| c.copy_from_slice(&blocks::f32_to_bf16_bits(rng.unit()).to_le_bytes())),
+        _ => {
+            w.iter_mut().for_each(|b| *b = rng.next() as u8);
+            for blk in w.chunks_exact_mut(ts) {
+                for &off in f16_fields {
+                    let v = rng.unit() * 0.01;
+                    blk[off..off + 2].copy_from_slice(&blocks::f32_to_f16_bits(v).to_le_bytes());
+                }
+            }
+        }
+    }
+    w
+}
+
+fn random_x(n: usize, rng: &mut Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.unit() * 2.0).collect()
+}
+
+fn run(level: SimdLevel, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], n_rows: usize) -> Vec<f32> {
+    let mut y = vec![f32::NAN; n_rows * n_out];
+    matmul_at(level, t, w, n_out, k, x, n_rows, &mut y).unwrap();
+    y
+}
+
+/// Each SIMD level against the scalar oracle: |y − y_scalar| ≤ 1e-5 · Σ|terms| bound per output,
+/// where the bound uses the scalar result's magnitude and the row's dynamic range.
+fn check_levels(t: GgmlType, f16_fields: &[usize], n_out: usize, k: usize, n_rows: usize, seed: u64) {
+    let mut rng = Rng(seed);
+    let w = random_weights(t, f16_fields, n_out, k, &mut rng);
+    let x = random_x(n_rows * k, &mut rng);
+    let reference = run(SimdLevel::Scalar, t, &w, n_out, k, &x, n_rows);
+    assert!(reference.iter().all(|v| v.is_finite()), "{t:?}: scalar produced a non-finite value");
+    let scale = reference.iter().fold(0.0f32, |m, v| m.max(v.abs())).max(1e-6);
+    for level in available_levels() {
+        let got = run(level, t, &w, n_out, k, &x, n_rows);
+        for (i, (g, r)) in got.iter().zip(&reference).enumerate() {
+            let tol = 2e-5 * scale + 1e-5 * r.abs();
+            assert!(
+                (g - r).abs() <= tol,
+                "{t:?} {level:?} n_out={n_out} k={k} n_rows={n_rows}: y[{i}] = {g}, scalar {r} (tol {tol})"
+            );
+        }
+    }
+}
+
+#[test]
+fn every_format_every_level_matches_scalar() {
+    for (i, &(t, f)) in FORMATS.iter().enumerate() {
+        let bs = t.block_size().max(32);
+        for (j, &(n_out, kb, n_rows)) in [(1, 1, 1), (7, 2, 1), (37, 4, 2), (64, 3, 3), (13, 1, 7), (50, 2, 64)].iter().enumerate() {
+            check_levels(t, f, n_out, kb * bs.max(256), n_rows, (i * 100 + j) as u64);
+        }
+    }
+}
+
+#[test]
+fn small_block_formats_at_k_not_multiple_of_256() {
+    for &(t, f) in FORMATS.iter().filter(|(t, _)| t.block_size() <= 32) {
+        check_levels(t, f, 19, 96, 5, 7);
+        check_levels(t, f, 5, 32, 2, 8);
+    }
+}
+
+#[test]
+fn matches_scalar_at_a_real_shape() {
+    for &(t, f) in FORMATS {
+        check_levels(t, f, 96, 1536, 1, 42);
+        check_levels(t, f, 40, 1536, 9, 43);
+    }
+}
+
+#[test]
+fn zero_activations_give_zero() {
+    for &(t, f) in FORMATS {
+        let mut rng = Rng(9);
+        let w = random_weights(t, f, 8, 256, &mut rng);
+        for level in available_levels() {
+            let y = run(level, t, &w, 8, 256, &vec![0.0; 2 * 256], 2);
+            assert!(y.iter().all(|v| *v == 0.0), "{t:?} {level:?}: {y:?}");
+        }
+    }
+}
+
+#[test]
+fn argument_errors_are_typed() {
+    let w = vec![0u8; 144 * 2];
+    let x = vec![0.0f32; 256];
+    let mut y = vec![0.0f32; 2];
+    assert!(matches!(matmul(GgmlType::Q4_K, &w, 2, 256, &x, 1, &mut y), Ok(())));
+    let bad_k = matmul(GgmlType::Q4_K, &w, 2, 200, &x[..200], 1, &mut y);
+    assert!(matches!(bad_k, Err(FakError::InvalidArgument { .. })), "{bad_k:?}");
+    let bad_w = matmul(GgmlType::Q4_K, &w[..100], 2, 256, &x, 1, &mut y);
+    assert!(matches!(bad_w, Err(FakError::InvalidArgument { .. })));
+    let bad_x = matmul(GgmlType::Q4_K, &w, 2, 256, &x[..255], 1, &mut y);
+    assert!(matches!(bad_x, Err(FakError::InvalidArgument { .. })));
+    let bad_y = matmul(GgmlType::Q4_K, &w, 2, 256, &x, 1, &mut y[..1]);
+    assert!(matches!(bad_y, Err(FakError::InvalidArgument { .. })));
+    let unsupported = matmul(GgmlType::IQ2_XXS, &[0u8; 66], 1, 256, &x, 1, &mut y[..1]);
+    assert!(matches!(unsupported, Err(FakError::Unsupported(_))));
+    let overflow = matmul(GgmlType::F32, &[], usize::MAX / 2, 4, &x[..4], 1, &mut y);
+    assert!(matches!(overflow, Err(FakError::InvalidArgument { .. })));
+}
+
+#[test]
+fn scalar_q8_0_matches_f64_on_exact_values() {
+    // Q8_0 weights with d = 1 and activations that quantize exactly (amax = 127, integers):
+    // the product is an exact integer.
+    let k = 64;
+    let mut w = Vec::new();
+    for b in 0..2 {
+        w.extend_from_slice(&blocks::f32_to_f16_bits(1.0).to_le_bytes());
+        w.extend((0..32).map(|i| ((i as i32 - 16 + b) as i8) as u8));
+    }
+    let x: Vec<f32> = (0..k).map(|i| if i % 32 == 0 { 127.0 } else { (i % 7) as f32 - 3.0 }).collect();
+    let expect: f64 = (0..k).map(|i| ((i % 32) as f64 - 16.0 + (i / 32) as f64) * x[i] as f64).sum();
+    for level in available_levels() {
+        let y = run(level, GgmlType::Q8_0, &w, 1, k, &x, 1);
+        assert_eq!(y[0] as f64, expect, "{level:?}");
+    }
+}
+
+#[test]
+fn simd_level_name_is_known() {
+    assert!(["scalar", "avx2", "avx512"].contains(&simd_level()));
+    assert!(available_levels().contains(&SimdLevel::Scalar));
+}

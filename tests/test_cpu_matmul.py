@@ -1,0 +1,279 @@
+"""The CPU quantized matmul (`fak._native.matmul`) against an independent float64 reference.
+
+The reference dequantizes the weights with the ``gguf`` package (``gguf.quants.dequantize``) and
+quantizes the activations with a numpy port of ggml's quantizers (written here, below), then takes
+the float64 product. What remains between fak's result and the reference is float rounding in the
+f32 accumulation, bounded per output by ``TOL[type] · Σ_i |W[o,i]·x[r,i]|``.
+
+The activation quantizers ported here are the ones llama.cpp's x86 CPU backend runs:
+``quantize_row_q8_0`` / ``quantize_row_q8_1`` of ggml-cpu ``arch/x86/quants.c`` (AVX2 path:
+``d = amax/127``, ``q = round_half_even(x·127/amax)``, ``s = f16(d·Σq)``) and
+``quantize_row_q8_K_ref`` of ggml ``ggml-quants.c`` (``iscale = -127/max`` with ``max`` the
+element of largest magnitude, ``q = min(127, nearest_int(iscale·x))``, ``d = 1/iscale``).
+
+To add a case: add a format to ``TOL`` (and ``F16_FIELDS`` for a block format) or a shape to
+``SHAPES``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as QT
+from gguf import GGML_QUANT_SIZES, GGUFReader
+from gguf.quants import dequantize
+
+from fak import _native
+
+# Per-format bound on |y − y_ref| / Σ|W·x| (float rounding of f32 accumulation; measured errors are
+# ~10× below these).
+TOL: dict[str, float] = {
+    "Q4_0": 2e-6, "Q4_1": 2e-6, "Q5_0": 2e-6, "Q5_1": 2e-6, "Q8_0": 2e-6,
+    "Q2_K": 2e-6, "Q3_K": 2e-6, "Q4_K": 2e-6, "Q5_K": 2e-6, "Q6_K": 2e-6,
+    "F16": 1e-5, "BF16": 1e-5, "F32": 1e-5,
+}
+# Byte offsets of the f16 scale fields inside one block (random bytes elsewhere are valid quants).
+F16_FIELDS: dict[str, tuple[int, ...]] = {
+    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,),
+    "Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+}
+# (n_out, k): the 1.5B's projections (k=1536: q/o 1536, k/v 256, gate/up 8960; down k=8960) and the
+# 0.5B's (hidden 896, ffn 4864). Formats whose block does not divide k are skipped.
+SHAPES = [(1536, 1536), (256, 1536), (8960, 1536), (1536, 8960), (896, 896), (128, 896), (896, 4864)]
+
+
+# ---------------------------------------------------------------- numpy ports of ggml quantizers
+
+
+def quantize_q8_0(x: np.ndarray, with_sum: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x float32 [n] (n % 32 == 0) → (d float32 [n/32] (f16-rounded), q int8 [n], s float32 [n/32]).
+
+    ggml-cpu x86 ``quantize_row_q8_0`` / ``quantize_row_q8_1`` (``s = f16(d·Σq)`` for Q8_1).
+    """
+    xb = x.astype(np.float32).reshape(-1, 32)
+    amax = np.abs(xb).max(axis=1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        iden = np.where(amax != 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    q = np.rint(xb * iden[:, None]).astype(np.int32)  # np.rint: round half to even
+    q = np.clip(q, -128, 127).astype(np.int8)
+    s = (d * q.astype(np.int32).sum(axis=1).astype(np.float32)).astype(np.float16).astype(np.float32)
+    return d.astype(np.float16).astype(np.float32), q.reshape(-1), s
+
+
+def quantize_q8_k(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x float32 [n] (n % 256 == 0) → (d float32 [n/256], q int8 [n], bsums int16 [n/16]).
+
+    ggml ``quantize_row_q8_K_ref``.
+    """
+    xb = x.astype(np.float32).reshape(-1, 256)
+    idx = np.argmax(np.abs(xb), axis=1)  # first element of largest magnitude, like ggml's `>` scan
+    mx = xb[np.arange(len(xb)), idx]
+    with np.errstate(divide="ignore"):
+        iscale = np.where(mx != 0, np.float32(-127) / mx, np.float32(0)).astype(np.float32)
+    q = np.minimum(np.rint(xb * iscale[:, None]), 127).astype(np.int8)
+    with np.errstate(divide="ignore"):
+        d = np.where(mx != 0, np.float32(1) / iscale, np.float32(0)).astype(np.float32)
+    bsums = q.reshape(-1, 16).astype(np.int16).sum(axis=1).astype(np.int16)
+    return d, q.reshape(-1), bsums
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 → bf16 values (as float32), ggml ``ggml_compute_fp32_to_bf16`` (round half even)."""
+    u = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint32) << 16
+    return r.astype(np.uint32).view(np.float32)
+
+
+VEC_DOT_TYPE = {"Q4_0": "Q8_0", "Q5_0": "Q8_0", "Q8_0": "Q8_0", "Q4_1": "Q8_1", "Q5_1": "Q8_1"}
+
+
+def quantized_x(type_name: str, x: np.ndarray) -> np.ndarray:
+    """The activations as llama.cpp feeds them to the weight type's dot product, float64 [n_rows, k]."""
+    rows = []
+    for xr in x:
+        vt = VEC_DOT_TYPE.get(type_name, "Q8_K" if type_name.endswith("_K") else type_name)
+        if vt in ("Q8_0", "Q8_1"):
+            d, q, _ = quantize_q8_0(xr)
+            rows.append(np.repeat(d.astype(np.float64), 32) * q)
+        elif vt == "Q8_K":
+            d, q, _ = quantize_q8_k(xr)
+            rows.append(np.repeat(d.astype(np.float64), 256) * q)
+        elif vt == "F16":
+            rows.append(xr.astype(np.float16).astype(np.float64))
+        elif vt == "BF16":
+            rows.append(to_bf16(xr).astype(np.float64))
+        else:
+            rows.append(xr.astype(np.float64))
+    return np.stack(rows)
+
+
+def dequantized_w(type_name: str, w: np.ndarray, n_out: int, k: int) -> np.ndarray:
+    """The weights as float64 [n_out, k], via ``gguf.quants.dequantize`` (independent of fak)."""
+    if type_name == "F32":
+        return w.view(np.float32).reshape(n_out, k).astype(np.float64)
+    if type_name == "F16":
+        return w.view(np.float16).reshape(n_out, k).astype(np.float64)
+    if type_name == "BF16":
+        return (w.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(n_out, k).astype(np.float64)
+    return dequantize(w.reshape(n_out, -1), QT[type_name]).reshape(n_out, k).astype(np.float64)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def block_geometry(type_name: str) -> tuple[int, int]:
+    return GGML_QUANT_SIZES[QT[type_name]]
+
+
+def random_weights(type_name: str, n_out: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """``n_out`` rows of ``k`` random valid elements as GGUF block bytes (finite f16 scales)."""
+    bs, ts = block_geometry(type_name)
+    if type_name == "F32":
+        return rng.uniform(-1, 1, n_out * k).astype(np.float32).view(np.uint8)
+    if type_name == "F16":
+        return rng.uniform(-1, 1, n_out * k).astype(np.float16).view(np.uint8)
+    if type_name == "BF16":
+        return (to_bf16(rng.uniform(-1, 1, n_out * k).astype(np.float32)).view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    blocks = rng.integers(0, 256, size=(n_out * k // bs, ts), dtype=np.uint8)
+    for off in F16_FIELDS[type_name]:
+        scale = rng.uniform(-0.02, 0.02, len(blocks)).astype(np.float16)
+        blocks[:, off:off + 2] = scale.view(np.uint8).reshape(-1, 2)
+    return blocks.reshape(-1)
+
+
+def q8_1_sum_correction(type_name: str, w: np.ndarray, n_out: int, k: int, x: np.ndarray) -> np.ndarray:
+    """[n_rows, n_out] term that Q4_1/Q5_1 add because llama.cpp applies the weight min ``m`` to
+    the f16-rounded block sum ``s = f16(d·Σq)`` of Q8_1 rather than to ``d·Σq`` itself."""
+    if VEC_DOT_TYPE.get(type_name) != "Q8_1":
+        return np.zeros((x.shape[0], n_out))
+    _, ts = block_geometry(type_name)
+    m = w.reshape(n_out, k // 32, ts)[:, :, 2:4].copy().view(np.float16)[..., 0].astype(np.float64)
+    rows = []
+    for xr in x:
+        d32, q, s = quantize_q8_0(xr)
+        exact = d32.astype(np.float64) * q.reshape(-1, 32).astype(np.int64).sum(axis=1)
+        rows.append(m @ (s.astype(np.float64) - exact))
+    return np.stack(rows)
+
+
+def check(type_name: str, w: np.ndarray, n_out: int, k: int, x: np.ndarray, threads: int = 2, level: str | None = None) -> float:
+    """Runs fak's matmul and asserts the per-output bound; returns the worst normalized error."""
+    y = _native.matmul(type_name, w, n_out, k, x, threads=threads, level=level)
+    assert y.shape == (x.shape[0], n_out) and y.dtype == np.float32
+    wd = dequantized_w(type_name, w, n_out, k)
+    xq = quantized_x(type_name, x)
+    ref = xq @ wd.T + q8_1_sum_correction(type_name, w, n_out, k, x)
+    mag = np.abs(xq) @ np.abs(wd).T
+    assert np.isfinite(y).all()
+    err = np.abs(y.astype(np.float64) - ref) / np.maximum(mag, 1e-30)
+    worst = float(err.max())
+    assert worst <= TOL[type_name], f"{type_name} [{n_out}x{k}] level={level}: normalized error {worst:.3g} > {TOL[type_name]:.1g}"
+    return worst
+
+
+# ---------------------------------------------------------------- tests
+
+
+def test_simd_level_reported() -> None:
+    levels = _native.simd_levels()
+    assert levels[0] == "scalar"
+    assert _native.simd_level() in levels
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q8_1", "Q8_K"])
+def test_activation_quantizer_is_bit_exact(type_name: str) -> None:
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal(4096) * rng.uniform(0.01, 10, 4096)).astype(np.float32)
+    x[:32] = 0.0  # an all-zero block
+    x[300] = 50.0  # a block whose largest element is positive (Q8_K maps it to -127)
+    x[600] = -50.0
+    got = _native.quantize_q8(type_name, x)
+    if type_name == "Q8_K":
+        d, q, bsums = quantize_q8_k(x)
+        n = len(d)
+        blk = np.zeros(n, dtype=[("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])
+        blk["d"], blk["qs"], blk["bsums"] = d, q.reshape(n, 256), bsums.reshape(n, 16)
+    else:
+        d, q, s = quantize_q8_0(x)
+        n = len(d)
+        fields = [("d", "<f2")] + ([("s", "<f2")] if type_name == "Q8_1" else []) + [("qs", "i1", 32)]
+        blk = np.zeros(n, dtype=fields)
+        blk["d"], blk["qs"] = d, q.reshape(n, 32)
+        if type_name == "Q8_1":
+            blk["s"] = s
+    assert got == blk.tobytes()
+
+
+@pytest.mark.parametrize("type_name", list(TOL))
+@pytest.mark.parametrize("n_out,k", SHAPES)
+def test_random_blocks_at_real_shapes(type_name: str, n_out: int, k: int) -> None:
+    bs, _ = block_geometry(type_name)
+    if k % bs:
+        pytest.skip(f"k={k} is not a multiple of {type_name}'s block of {bs}")
+    rng = np.random.default_rng(n_out * 7 + k)
+    w = random_weights(type_name, n_out, k, rng)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    check(type_name, w, n_out, k, x)
+
+
+@pytest.mark.parametrize("type_name", list(TOL))
+@pytest.mark.parametrize("n_rows", [1, 2, 3, 7, 64])
+def test_every_level_and_row_count(type_name: str, n_rows: int) -> None:
+    bs, _ = block_geometry(type_name)
+    n_out, k = 67, 512  # n_out not a multiple of any tile
+    rng = np.random.default_rng(n_rows)
+    w = random_weights(type_name, n_out, k, rng)
+    x = rng.standard_normal((n_rows, k)).astype(np.float32)
+    for level in _native.simd_levels():
+        check(type_name, w, n_out, k, x, threads=2, level=level)
+
+
+def test_errors_are_typed() -> None:
+    w = np.zeros(144 * 4, dtype=np.uint8)
+    x = np.zeros((2, 256), dtype=np.float32)
+    with pytest.raises(ValueError, match="k"):
+        _native.matmul("Q4_K", w, 4, 200, np.zeros((2, 200), dtype=np.float32))
+    with pytest.raises(ValueError, match="w"):
+        _native.matmul("Q4_K", w[:100], 4, 256, x)
+    with pytest.raises(ValueError, match="x"):
+        _native.matmul("Q4_K", w, 4, 512, x)
+    with pytest.raises(ValueError):
+        _native.matmul("Q9_Z", w, 4, 256, x)
+    with pytest.raises(_native.UnsupportedError):
+        _native.matmul("IQ2_XXS", np.zeros(66, dtype=np.uint8), 1, 256, x)
+    with pytest.raises(ValueError):
+        _native.matmul("Q4_K", w, 4, 256, x, threads=0)
+
+
+def real_tensors(path: Path, max_rows: int = 4096) -> list[tuple[str, str, np.ndarray, int, int]]:
+    """(name, type, bytes, n_out, k) for the first tensor of each (type, k) among the weight
+    matrices of ``path``, limited to ``max_rows`` rows (rows are independent)."""
+    reader = GGUFReader(path)
+    seen: set[tuple[str, int]] = set()
+    out = []
+    for t in reader.tensors:
+        if len(t.shape) != 2:
+            continue
+        type_name = t.tensor_type.name
+        k, n_out = int(t.shape[0]), int(t.shape[1])
+        if type_name not in TOL or (type_name, k) in seen:
+            continue
+        seen.add((type_name, k))
+        rows = min(n_out, max_rows)
+        data = np.ascontiguousarray(t.data.reshape(n_out, -1)[:rows]).reshape(-1).view(np.uint8)
+        out.append((t.name, type_name, data, rows, k))
+    return out
+
+
+@pytest.mark.parametrize("model", ["model_05b", "model_15b"])
+def test_real_tensors(model: str, request: pytest.FixtureRequest) -> None:
+    path = request.getfixturevalue(model)
+    tensors = real_tensors(path)
+    assert len(tensors) >= 2
+    rng = np.random.default_rng(5)
+    for name, type_name, data, n_out, k in tensors:
+        x = rng.standard_normal((4, k)).astype(np.float32)
+        check(type_name, data, n_out, k, x)
