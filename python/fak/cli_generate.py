@@ -73,9 +73,9 @@ def _open_engine(model: str, kw: dict[str, Any]) -> Any:
 
 def _speed_line(delta: Any) -> str:
     u, t = delta.usage, delta.timings
-    return (f"prompt {u.prompt_tokens} tok, prefill {t.prefill_tok_s:.1f} tok/s | "
-            f"generated {u.completion_tokens} tok, decode {t.decode_tok_s:.1f} tok/s | "
-            f"ttft {t.ttft_s:.2f} s | finish {delta.finish_reason}")
+    return (f"prefill {u.prompt_tokens} tok {t.prefill_tok_s:.1f} tok/s · "
+            f"decode {u.completion_tokens} tok {t.decode_tok_s:.1f} tok/s · "
+            f"ttft {t.ttft_s:.2f} s · {delta.finish_reason}")
 
 
 @click.command("generate")
