@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import math
 import queue
 import threading
 import time
@@ -54,11 +53,14 @@ __all__ = [
 class NativeModel(Protocol):
     """What :class:`Engine` needs from a model: the ``fak._native.Model`` contract."""
 
-    n_ctx: int
-    n_vocab: int
-    kv_blocks_total: int
-    kv_blocks_free: int
-
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def kv_blocks_total(self) -> int: ...
+    @property
+    def kv_blocks_free(self) -> int: ...
     def add_sequence(self, seq_id: int, prompt_ids: list[int], sampling: dict[str, Any]) -> None: ...
     def remove_sequence(self, seq_id: int) -> None: ...
     def step(self) -> list[tuple[int, int, float, list[tuple[int, float]] | None]]: ...
@@ -445,6 +447,8 @@ class Engine:
         threads: CPU threads for the native model (None: its default).
         max_batch: most sequences decoded together; more requests wait in a queue.
         chat_template: Jinja chat template overriding the file's ``tokenizer.chat_template``.
+        kv_cache_tokens: size of the paged KV cache shared by all sequences, in tokens (None: the
+            native model's default).
 
     Raises:
         OSError / fak.GGUFError: unreadable or invalid file.
@@ -461,6 +465,8 @@ class Engine:
         threads: int | None = None,
         max_batch: int = 64,
         chat_template: str | None = None,
+        *,
+        kv_cache_tokens: int | None = None,
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
@@ -473,7 +479,8 @@ class Engine:
         tokenizer = Tokenizer.from_gguf_metadata(metadata)
         template = _template_or_none(metadata, chat_template)
         resolved = _resolve_backend(backend)
-        model = _native.Model(str(path), backend=resolved, n_ctx=n_ctx, threads=threads, max_batch=max_batch)
+        model = _native.Model(str(path), backend=resolved, n_ctx=n_ctx, threads=threads,
+                              kv_cache_tokens=kv_cache_tokens, max_batch=max_batch)
         self._init(model, tokenizer, template, path.stem, resolved, max_batch)
 
     @classmethod
@@ -872,7 +879,7 @@ class Engine:
         n = len(req.prompt_ids)
         return Timings(
             ttft_s=t_first - req.t_submit,
-            prefill_tok_s=n / req.prefill_s if req.prefill_s > 0 else math.inf,
+            prefill_tok_s=n / req.prefill_s if req.prefill_s > 0 else 0.0,
             decode_tok_s=(req.n_generated - 1) / decode_s if decode_s > 0 and req.n_generated > 1 else 0.0,
             queue_s=req.t_added - req.t_submit,
             prefill_s=req.prefill_s,

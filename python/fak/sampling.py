@@ -29,7 +29,7 @@ def _check_number(name: str, value: Any, *, integer: bool = False) -> None:
     kinds: tuple[type, ...] = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
         raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
-    if not integer and not math.isfinite(value):
+    if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{name} must be finite, got {value!r}")
 
 

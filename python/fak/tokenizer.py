@@ -209,32 +209,17 @@ def _byte_level_decode(text: str) -> bytes:
 
 
 def read_gguf_metadata(path: str | Path) -> dict[str, Any]:
-    """The metadata of a GGUF file as a dict (arrays as lists, strings as ``str``).
-
-    Uses fak's own reader (``fak.gguf.GGUFFile``) when it is available, else the ``gguf``
-    package's ``GGUFReader`` (correct but slow on 150k-entry vocabularies).
+    """The metadata of a GGUF file as a dict (arrays as lists, strings as ``str``), read with fak's
+    own reader (``fak.gguf.GGUFFile``: only the header is parsed).
 
     Raises:
         OSError: the file cannot be read.
-        fak.GGUFError: the file is not valid GGUF (fak's reader).
+        fak.GGUFError: the file is not valid GGUF.
     """
-    try:
-        from fak.gguf import GGUFFile  # type: ignore[attr-defined]
-    except ImportError:
-        GGUFFile = None
-    if GGUFFile is not None:
-        with GGUFFile(str(path)) as f:
-            return dict(f.metadata)
+    from fak.gguf import GGUFFile
 
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(path))
-    meta: dict[str, Any] = {}
-    for key, field in reader.fields.items():
-        if key.startswith("GGUF."):
-            continue
-        meta[key] = field.contents()
-    return meta
+    with GGUFFile(str(path)) as f:
+        return dict(f.metadata)
 
 
 class Tokenizer:
@@ -420,8 +405,8 @@ class Tokenizer:
         hf.decoder = decoders.ByteLevel()
         added = []
         for i in sorted(self._special_ids):
-            a = self._attrs[i]
-            added.append(AddedToken(self._tokens[i], special=not (a & TokenAttr.USER_DEFINED),
+            user_defined = bool(self._attrs[i] & TokenAttr.USER_DEFINED)
+            added.append(AddedToken(self._tokens[i], special=not user_defined,
                                     normalized=False, single_word=False, lstrip=False, rstrip=False))
         hf.add_tokens(added)
         return hf
