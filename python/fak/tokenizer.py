@@ -272,9 +272,9 @@ class Tokenizer:
         def valid(i: int | None) -> int | None:
             return i if i is not None and 0 <= int(i) < n else None
 
-        # llama.cpp's defaults for the gpt2 model: BOS = EOS = 11 unless the file says otherwise.
-        self.bos_id = valid(bos_id) if bos_id is not None else valid(11)
-        self.eos_id = valid(eos_id) if eos_id is not None else valid(11)
+        # llama.cpp's defaults for the gpt2 model: BOS = EOS = 11 unless the file gives a valid id.
+        self.bos_id = valid(bos_id) if valid(bos_id) is not None else valid(11)
+        self.eos_id = valid(eos_id) if valid(eos_id) is not None else valid(11)
         self.pad_id = valid(pad_id)
         self.add_bos = self._pre.add_bos if add_bos is None else bool(add_bos)
         self.add_eos = False if add_eos is None else bool(add_eos)
