@@ -130,7 +130,7 @@ class Model:
     def kv_blocks_total(self) -> int: ...
     @property
     def kv_blocks_free(self) -> int: ...
-    def add_sequence(self, seq_id: int, prompt_ids: list[int], sampling: dict[str, Any]) -> None:
+    def add_sequence(self, seq_id: int, prompt_ids: list[int], sampling: dict[str, Any] | None = None) -> None:
         """Queues a sequence for prefill. Raises ContextLengthError, KVCacheFullError, ValueError."""
     def remove_sequence(self, seq_id: int) -> None:
         """Frees the sequence's KV blocks; an unknown id is a no-op."""
@@ -138,3 +138,8 @@ class Model:
         """One engine iteration: ``[(seq_id, token_id, logprob, top_logprobs | None)]``."""
     def logits(self, token_ids: list[int]) -> npt.NDArray[np.float32]:
         """Stateless next-token logits at every position, float32 ``[n_tokens, n_vocab]``."""
+    def stats(self) -> dict[str, int | float]:
+        """running, waiting, kv_blocks_used, kv_blocks_total, prefill_tokens, decode_tokens,
+        prefill_seconds, decode_seconds, sample_seconds, steps, preemptions."""
+    def reset_stats(self) -> None:
+        """Zeroes the counters of ``stats()``."""

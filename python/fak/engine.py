@@ -79,8 +79,9 @@ class TopLogprob(msgspec.Struct, frozen=True):
 
 
 class TokenLogprob(msgspec.Struct, frozen=True):
-    """The sampled token at one position, its log-probability (natural log, of the distribution
-    after penalties, before temperature/truncation) and the most likely alternatives."""
+    """The sampled token at one position, its log-probability (natural log of the softmax of the
+    model's raw logits, before penalties, temperature and truncation) and the most likely
+    alternatives."""
 
     token_id: int
     token: str
@@ -517,7 +518,7 @@ class Engine:
         self._closing = False
         self._closed = False
         self._broken: BaseException | None = None
-        self._stats = {"running": 0, "waiting": 0, "kv_blocks_used": 0, "kv_blocks_total": 0,
+        self._stats: dict[str, int | float] = {"running": 0, "waiting": 0, "kv_blocks_used": 0, "kv_blocks_total": 0,
                        "steps": 0, "requests_finished": 0, "tokens_generated": 0}
         self._update_stats()
         self._thread = threading.Thread(target=self._run, name=f"fak-engine-{name}", daemon=True)
@@ -674,10 +675,12 @@ class Engine:
             raise result
         return result
 
-    def stats(self) -> dict[str, int]:
-        """Engine counters: ``running`` and ``waiting`` sequences, ``kv_blocks_used`` /
-        ``kv_blocks_total`` of the paged KV cache, ``steps``, ``requests_finished``,
-        ``tokens_generated`` (as of the last engine step)."""
+    def stats(self) -> dict[str, int | float]:
+        """Engine counters as of the last engine step: ``running`` and ``waiting`` sequences,
+        ``kv_blocks_used`` / ``kv_blocks_total`` of the paged KV cache, ``steps``,
+        ``requests_finished``, ``tokens_generated``, plus the native model's own counters when it
+        has them (``prefill_tokens``, ``decode_tokens``, ``prefill_seconds``, ``decode_seconds``,
+        ``preemptions``, ...; prefixed ``native_``)."""
         with self._cond:
             stats = dict(self._stats)
             stats["waiting"] += sum(1 for kind, _ in self._inbox if kind == "submit")
@@ -898,7 +901,15 @@ class Engine:
             used = total - int(self._model.kv_blocks_free)
         except Exception:
             total = used = 0
+        native: dict[str, Any] = {}
+        native_stats = getattr(self._model, "stats", None)
+        if native_stats is not None:
+            try:
+                native = {f"native_{k}": v for k, v in native_stats().items()}
+            except Exception:
+                native = {}
         with self._cond:
+            self._stats.update(native)
             self._stats.update(running=len(self._active), waiting=len(self._waiting),
                                kv_blocks_used=used, kv_blocks_total=total)
 
