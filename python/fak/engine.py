@@ -867,6 +867,7 @@ class Engine:
             del self._active[req.seq_id]
             self._remove(req)
             self._stats["requests_finished"] += 1
+            self._update_stats(native=False)  # consistent when the consumer sees its last delta
             delta.usage = Usage(len(req.prompt_ids), req.n_generated)
             delta.timings = self._timings(req)
             delta.stop_reason = stop_reason
@@ -895,21 +896,21 @@ class Engine:
         except Exception:
             pass  # the sequence is gone either way; nothing else depends on it
 
-    def _update_stats(self) -> None:
+    def _update_stats(self, native: bool = True) -> None:
         try:
             total = int(self._model.kv_blocks_total)
             used = total - int(self._model.kv_blocks_free)
         except Exception:
             total = used = 0
-        native: dict[str, Any] = {}
-        native_stats = getattr(self._model, "stats", None)
+        counters: dict[str, Any] = {}
+        native_stats = getattr(self._model, "stats", None) if native else None
         if native_stats is not None:
             try:
-                native = {f"native_{k}": v for k, v in native_stats().items()}
+                counters = {f"native_{k}": v for k, v in native_stats().items()}
             except Exception:
-                native = {}
+                counters = {}
         with self._cond:
-            self._stats.update(native)
+            self._stats.update(counters)
             self._stats.update(running=len(self._active), waiting=len(self._waiting),
                                kv_blocks_used=used, kv_blocks_total=total)
 
