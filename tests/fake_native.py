@@ -45,7 +45,8 @@ class FakeModel:
     Args:
         tokenizer: vocabulary to produce tokens from (byte tokens 0..255 must be the bytes).
         n_ctx: context window.
-        kv_blocks: KV blocks in the pool; ``block_size`` tokens each.
+        kv_blocks: KV blocks in the pool; ``block_size`` tokens each (accounting only: like the
+            native scheduler, a prompt is refused only when it could never fit).
         eos_after: emit EOS after this many generated tokens (None: never).
         step_delay: seconds each ``step()`` sleeps (the GIL is released, as in the real one).
         fail_prompt_token: ``add_sequence`` raises ValueError for a prompt containing this id.
@@ -91,8 +92,8 @@ class FakeModel:
             raise ContextLengthError(f"{len(prompt_ids)} tokens, context {self.n_ctx}")
         if self.fail_prompt_token is not None and self.fail_prompt_token in prompt_ids:
             raise ValueError("injected add_sequence failure")
-        if self._blocks(len(prompt_ids) + 1) > self.kv_blocks_free:
-            raise KVCacheFullError("no free KV blocks")
+        if self._blocks(len(prompt_ids) + 1) > self.kv_blocks_total:  # as the native: can never fit
+            raise KVCacheFullError("the prompt needs more KV blocks than the whole cache")
         offset = sum(prompt_ids) % len(self.text)
         if sampling["temperature"] > 0:
             offset = random.Random(sampling["seed"]).randrange(len(self.text))

@@ -12,9 +12,10 @@ the GGUF metadata), a stop string or ``max_tokens`` finishes the request and fre
 (``remove_sequence``). Closing or dropping a stream, or cancelling the task that awaits it,
 cancels its sequence.
 
-Failures stay with the request that caused them: a failing ``add_sequence`` fails that request, a
-failing ``step()`` fails the sequences that were in that step, and a request that does not fit in
-the KV cache while others run waits for them to finish.
+Failures stay with the request that caused them: a failing ``add_sequence`` (bad values, a prompt
+that can never fit in the KV cache) fails that request, and a failing ``step()`` fails the sequences
+that were in that step; the loop goes on serving the others. Waiting for free KV blocks is the
+native scheduler's job (it queues and preempts); ``max_batch`` bounds what Python hands it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any, Protocol
 import msgspec
 
 from fak.chat import ChatTemplate, NoChatTemplateError
-from fak.errors import ContextLengthError, FakError, KVCacheFullError
+from fak.errors import ContextLengthError, FakError
 from fak.sampling import SamplingParams
 from fak.tokenizer import IncrementalDetokenizer, StopMatcher, Tokenizer, read_gguf_metadata
 
@@ -778,14 +779,9 @@ class Engine:
                 self._waiting.popleft()
                 continue
             try:
+                # The native scheduler queues a sequence until KV blocks free up (preempting by
+                # recompute when needed); KVCacheFullError means the prompt can never fit.
                 self._model.add_sequence(req.seq_id, req.prompt_ids, req.native)
-            except KVCacheFullError as e:
-                self._remove(req)
-                if self._active:
-                    return  # retry when a running sequence has finished and freed its blocks
-                self._waiting.popleft()
-                req.sink.put(e)
-                continue
             except Exception as e:
                 self._remove(req)
                 self._waiting.popleft()
