@@ -131,3 +131,24 @@ def test_real_tensors_bit_exact(which: str, request: pytest.FixtureRequest) -> N
             assert got.shape == info.shape
             want = gguf_dequantize(info.dtype, f.raw(name)).reshape(info.shape)
             assert_bit_identical(got, want, f"{path.name}:{name} ({info.dtype})")
+
+
+def test_out_argument() -> None:
+    rng = np.random.default_rng(5)
+    raw = random_blocks("Q4_K", 3, rng)
+    out = np.full(768, np.nan, dtype=np.float32)
+    assert dequantize("Q4_K", raw, 768, out) is out
+    assert_bit_identical(out, gguf_dequantize("Q4_K", raw), "Q4_K out=")
+    out2d = np.empty((3, 256), dtype=np.float32)
+    dequantize("Q4_K", raw, 768, out2d)
+    assert_bit_identical(out2d.reshape(-1), out, "Q4_K out 2-D")
+    with pytest.raises(ValueError, match="out has 512 elements"):
+        dequantize("Q4_K", raw, 768, np.empty(512, dtype=np.float32))
+    with pytest.raises(ValueError, match="C-contiguous"):
+        dequantize("Q4_K", raw, 768, np.empty(1536, dtype=np.float32)[::2])
+    with pytest.raises(TypeError):
+        dequantize("Q4_K", raw, 768, np.empty(768, dtype=np.float64))
+    readonly = np.empty(768, dtype=np.float32)
+    readonly.flags.writeable = False
+    with pytest.raises(ValueError, match="writeable"):
+        dequantize("Q4_K", raw, 768, readonly)

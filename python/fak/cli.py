@@ -13,10 +13,13 @@ def main() -> None:
     """fak: a coding model served from fak's own kernels, its coding agent, and a tool-call policy."""
 
 
-from fak.cli_generate import chat, generate  # noqa: E402  (sub-commands register after the group)
+from fak.cli_generate import chat, generate  # noqa: E402 - sub-commands register after the group
+from fak.swebench.cli import swebench  # noqa: E402
 
 main.add_command(generate)
 main.add_command(chat)
+main.add_command(swebench)
+
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -179,11 +179,12 @@ class GGUFFile:
         return f"GGUFFile({str(self._path)!r}, {state})"
 
 
-def dequantize(dtype: str, raw: bytes | np.ndarray, n_elements: int) -> np.ndarray:
-    """Dequantizes whole blocks of ggml type ``dtype`` (``"Q4_K"``, ...) to a 1-D ``float32``
-    array of ``n_elements`` values (GIL released).
+def dequantize(dtype: str, raw: bytes | np.ndarray, n_elements: int, out: np.ndarray | None = None) -> np.ndarray:
+    """Dequantizes whole blocks of ggml type ``dtype`` (``"Q4_K"``, ...) to ``float32`` (GIL
+    released): into ``out`` (a writeable C-contiguous ``float32`` array of ``n_elements``) when
+    given, else into a new 1-D array of ``n_elements`` values. Returns the array written.
 
-    Raises ``ValueError`` for an unknown type name, a non-contiguous ``raw``, or a length that is
-    not ``n_elements / block_size`` blocks; ``fak.UnsupportedError`` for a type without a
-    dequantizer."""
-    return _native.dequantize(dtype, raw, n_elements)
+    Raises ``ValueError`` for an unknown type name, a non-contiguous ``raw`` or ``out``, or a
+    length that is not ``n_elements / block_size`` blocks; ``fak.UnsupportedError`` for a type
+    without a dequantizer."""
+    return _native.dequantize(dtype, raw, n_elements, out)

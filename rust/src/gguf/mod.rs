@@ -223,6 +223,12 @@ impl GgufFile {
     /// The tensor dequantized to f32, `n_elements` values in ggml order (row-major over the
     /// reversed dims). Errors: [`FakError::Unsupported`] for a type fak cannot dequantize.
     pub fn dequantize(&self, info: &TensorInfo) -> Result<Vec<f32>> {
+        if !quant::can_dequantize(info.ggml_type) {
+            return Err(FakError::Unsupported(format!(
+                "dequantization of ggml type {}",
+                info.ggml_type.name()
+            )));
+        }
         let n = usize::try_from(info.n_elements)
             .map_err(|_| FakError::invalid("info", "tensor too large for this machine"))?;
         let mut out = vec![0f32; n];

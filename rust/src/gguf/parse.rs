@@ -23,6 +23,10 @@ pub const MAX_DIMS: usize = 4;
 /// Deepest nesting of metadata arrays accepted (arrays of arrays of ...). Real files nest at most
 /// once; the limit keeps a hostile file from exhausting the stack.
 pub const MAX_ARRAY_DEPTH: usize = 16;
+/// Most entries reserved up front for a counted collection. Counts are checked against the bytes
+/// left, but an entry in memory can be several times larger than its smallest encoding, so
+/// collections beyond this grow as entries are actually read instead of being reserved.
+const MAX_PREALLOC: usize = 1 << 16;
 /// Fewest bytes one metadata key/value can take: key length (8) + value type (4) + 1 byte.
 const MIN_KV_BYTES: u64 = 13;
 /// Fewest bytes one tensor info can take: name length (8) + n_dims (4) + type (4) + offset (8).
@@ -206,21 +210,21 @@ impl<'a> Cursor<'a> {
             T::I64 => fixed!(I64, i64),
             T::F64 => fixed!(F64, f64),
             T::Bool => {
-                let mut v = Vec::with_capacity(n);
+                let mut v = Vec::with_capacity(n.min(MAX_PREALLOC));
                 for _ in 0..n {
                     v.push(self.bool(what)?);
                 }
                 MetaArray::Bool(v)
             }
             T::String => {
-                let mut v = Vec::with_capacity(n);
+                let mut v = Vec::with_capacity(n.min(MAX_PREALLOC));
                 for _ in 0..n {
                     v.push(self.string(what)?);
                 }
                 MetaArray::String(v)
             }
             T::Array => {
-                let mut v = Vec::with_capacity(n);
+                let mut v = Vec::with_capacity(n.min(MAX_PREALLOC));
                 for _ in 0..n {
                     v.push(self.meta_array(what, depth + 1)?);
                 }
@@ -299,8 +303,10 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header> {
         "tensor count",
     )?;
 
-    let mut metadata: Vec<(String, MetaValue)> = Vec::with_capacity(n_kv as usize);
-    let mut meta_index: HashMap<String, usize> = HashMap::with_capacity(n_kv as usize);
+    let mut metadata: Vec<(String, MetaValue)> =
+        Vec::with_capacity((n_kv as usize).min(MAX_PREALLOC));
+    let mut meta_index: HashMap<String, usize> =
+        HashMap::with_capacity((n_kv as usize).min(MAX_PREALLOC));
     let mut alignment_at = None;
     for i in 0..n_kv {
         let kv_at = c.offset();
@@ -338,8 +344,9 @@ pub(crate) fn parse_header(buf: &[u8]) -> Result<Header> {
         n_elements: u64,
         n_bytes: u64,
     }
-    let mut raw: Vec<RawInfo> = Vec::with_capacity(n_tensors as usize);
-    let mut tensor_index: HashMap<String, usize> = HashMap::with_capacity(n_tensors as usize);
+    let mut raw: Vec<RawInfo> = Vec::with_capacity((n_tensors as usize).min(MAX_PREALLOC));
+    let mut tensor_index: HashMap<String, usize> =
+        HashMap::with_capacity((n_tensors as usize).min(MAX_PREALLOC));
     for i in 0..n_tensors {
         let info_at = c.offset();
         let name = c.string(&format!("tensor #{i} name"))?;

@@ -4,16 +4,17 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use numpy::ndarray::ArrayView1;
-use numpy::{PyArray1, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
+use numpy::ndarray::{ArrayView1, IxDyn};
+use numpy::{PyArray1, PyArrayDyn, PyArrayMethods, PyReadonlyArrayDyn, PyUntypedArrayMethods};
 use pyo3::exceptions::{PyKeyError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use pyo3::IntoPyObjectExt;
 
-use super::detach;
+use super::{detach, to_py};
 use crate::gguf::{GgufFile, MetaArray, MetaValue, TensorInfo};
 use crate::quant::{self, GgmlType};
+use crate::FakError;
 
 /// An open GGUF file (memory-mapped; the header parsed at open, tensor data never copied).
 #[pyclass(name = "GgufFile", module = "fak._native", frozen)]
@@ -181,6 +182,12 @@ impl PyGgufFile {
     /// `fak.UnsupportedError` for a type without a dequantizer.
     fn dequantize<'py>(&self, py: Python<'py>, name: &str) -> PyResult<Bound<'py, PyArray1<f32>>> {
         let info = self.info(name)?;
+        if !quant::can_dequantize(info.ggml_type) {
+            return Err(to_py(FakError::Unsupported(format!(
+                "dequantization of ggml type {} (tensor {name:?})",
+                info.ggml_type.name()
+            ))));
+        }
         let n = usize::try_from(info.n_elements)
             .map_err(|_| PyValueError::new_err("tensor too large"))?;
         let out = PyArray1::<f32>::zeros(py, n, false);
@@ -208,21 +215,39 @@ impl PyGgufFile {
 }
 
 /// Dequantizes `raw` (whole blocks of ggml type `type_name`, as bytes or a contiguous uint8 numpy
-/// array) into a new float32 array of `n_elements` values, GIL released. `ValueError` for an
-/// unknown type name or a length mismatch; `fak.UnsupportedError` for a type without a
-/// dequantizer.
+/// array) into float32, GIL released: into `out` (a writeable contiguous float32 array of
+/// `n_elements`) when given, else into a new 1-D array. Returns the array written.
+/// `ValueError` for an unknown type name, a bad `out`, or a length mismatch;
+/// `fak.UnsupportedError` for a type without a dequantizer.
 #[pyfunction]
+#[pyo3(signature = (type_name, raw, n_elements, out=None))]
 fn dequantize<'py>(
     py: Python<'py>,
     type_name: &str,
     raw: &Bound<'py, PyAny>,
     n_elements: usize,
-) -> PyResult<Bound<'py, PyArray1<f32>>> {
+    out: Option<Bound<'py, PyArrayDyn<f32>>>,
+) -> PyResult<Bound<'py, PyAny>> {
     let t = GgmlType::from_name(type_name)
         .ok_or_else(|| PyValueError::new_err(format!("unknown ggml type name {type_name:?}")))?;
-    let out = PyArray1::<f32>::zeros(py, n_elements, false);
-    // SAFETY: `out` is a fresh array that nothing else references yet.
-    let dst = unsafe { out.as_slice_mut()? };
+    let out = match out {
+        Some(o) => {
+            if o.len() != n_elements {
+                return Err(PyValueError::new_err(format!(
+                    "out has {} elements, expected n_elements = {n_elements}",
+                    o.len()
+                )));
+            }
+            o
+        }
+        None => PyArrayDyn::<f32>::zeros(py, IxDyn(&[n_elements]), false),
+    };
+    let mut guard = out.try_readwrite().map_err(|_| {
+        PyValueError::new_err("out must be a writeable float32 array not borrowed elsewhere")
+    })?;
+    let dst = guard
+        .as_slice_mut()
+        .map_err(|_| PyValueError::new_err("out must be a C-contiguous float32 array"))?;
     if let Ok(b) = raw.cast::<PyBytes>() {
         let src = b.as_bytes();
         detach(py, move || quant::dequantize(t, src, dst))?;
@@ -230,15 +255,13 @@ fn dequantize<'py>(
         let a: PyReadonlyArrayDyn<'py, u8> = raw
             .extract()
             .map_err(|_| PyValueError::new_err("raw must be bytes or a numpy uint8 array"))?;
-        if !a.is_c_contiguous() {
-            return Err(PyValueError::new_err(
-                "raw must be a C-contiguous uint8 array",
-            ));
-        }
-        let src = a.as_slice()?;
+        let src = a
+            .as_slice()
+            .map_err(|_| PyValueError::new_err("raw must be a C-contiguous uint8 array"))?;
         detach(py, move || quant::dequantize(t, src, dst))?;
     }
-    Ok(out)
+    drop(guard);
+    Ok(out.into_any())
 }
 
 /// Registers the GGUF binding in `fak._native`.

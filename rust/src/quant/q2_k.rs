@@ -38,7 +38,7 @@ pub fn dequantize_block(b: &[u8; BLOCK_BYTES], y: &mut [f32; BLOCK_ELEMS]) {
                 let out = &mut y[128 * h + 32 * k + 16 * half..][..16];
                 let qq = &q[16 * half..16 * half + 16];
                 for l in 0..16 {
-                    out[l] = dl * ((qq[l] >> shift) & 3) as f32 - ml;
+                    out[l] = dl * (((qq[l] as u32) >> shift) & 3) as f32 - ml;
                 }
             }
         }

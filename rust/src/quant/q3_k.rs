@@ -59,7 +59,7 @@ pub fn dequantize_block(b: &[u8; BLOCK_BYTES], y: &mut [f32; BLOCK_ELEMS]) {
                 let qq = &q[16 * half..16 * half + 16];
                 let hm = &hmask[16 * half..16 * half + 16];
                 for l in 0..16 {
-                    let v = ((qq[l] >> shift) & 3) as i32 - if hm[l] & m != 0 { 0 } else { 4 };
+                    let v = (((qq[l] as i32) >> shift) & 3) - (((hm[l] & m) == 0) as i32) * 4;
                     out[l] = dl * v as f32;
                 }
             }

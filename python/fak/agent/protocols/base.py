@@ -1,0 +1,87 @@
+"""The protocol interface: what the model is told, and how its replies become tool calls."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any
+
+from fak.agent.prompts import render
+
+
+def canonical_digest(arguments: dict[str, Any]) -> str:
+    """SHA-256 (hex) of the canonical JSON of ``arguments`` (keys sorted, no spaces, UTF-8):
+    how the agent matches a call against a verdict's ``arguments_digest``."""
+    text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class Action:
+    """One tool call the model asked for: ``id`` (the tool_call id, or a made-up one in the text
+    protocol), ``name`` (a tool name), ``arguments`` (dict)."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def digest(self) -> str:
+        return canonical_digest(self.arguments)
+
+
+class AgentProtocol(ABC):
+    """A way of talking to the model. Subclasses give the system prompt, the ``tools`` request
+    field and extra headers, parse an assistant message into ``Action``s (raising
+    ``FormatError``), and write observations back as messages."""
+
+    name: str = ""
+
+    def __init__(self, *, allow_exec: bool):
+        self.allow_exec = allow_exec
+
+    @property
+    def tool_names(self) -> list[str]:
+        from fak.agent.tools import TOOL_NAMES
+        return [n for n in TOOL_NAMES if n != "bash" or self.allow_exec]
+
+    def system_prompt(self, **variables: Any) -> str:
+        return render(f"system_{self.name}.j2", allow_exec=self.allow_exec, **variables)
+
+    def instance_prompt(self, **variables: Any) -> str:
+        return render("instance.j2", protocol=self.name, allow_exec=self.allow_exec, **variables)
+
+    def tools(self) -> list[dict] | None:
+        """The ``tools`` field of the request, or ``None``."""
+        return None
+
+    def headers(self) -> dict[str, str]:
+        """Extra HTTP headers for the gateway."""
+        return {}
+
+    @staticmethod
+    def history_message(message: dict[str, Any]) -> dict[str, Any]:
+        """The assistant message as kept in the history (only the standard fields)."""
+        out: dict[str, Any] = {"role": "assistant", "content": message.get("content") or ""}
+        if message.get("tool_calls"):
+            out["tool_calls"] = message["tool_calls"]
+        return out
+
+    @abstractmethod
+    def parse(self, message: dict[str, Any]) -> list[Action]:
+        """Actions in an assistant message. Raises ``FormatError`` when there are none usable."""
+
+    @abstractmethod
+    def observation(self, action: Action, output: str, returncode: int | None,
+                    steps_left: int | None) -> dict[str, Any]:
+        """The message that carries the result of ``action`` back to the model."""
+
+    @abstractmethod
+    def format_error(self, error: str) -> dict[str, Any]:
+        """The message telling the model its reply could not be used."""
+
+    def denied(self, verdicts: list[dict[str, Any]]) -> dict[str, Any]:
+        """The message telling the model which calls the policy denied (never run)."""
+        return {"role": "user", "content": render("denied.j2", denials=verdicts)}

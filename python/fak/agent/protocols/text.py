@@ -1,0 +1,73 @@
+"""The plain text protocol (as mini-swe-agent): each reply holds exactly one ```bash block, whose
+command runs in the workspace; a block holding only ``submit`` ends the run. The gateway is told
+with ``X-Fak-Text-Tools: bash`` so that its policy adjudicates the block as a ``bash`` call.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from typing import Any
+
+from fak.agent.exceptions import FormatError
+from fak.agent.prompts import render
+from fak.agent.protocols.base import Action, AgentProtocol
+
+_BLOCK = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)
+SUBMIT_COMMAND = "submit"
+
+
+class TextProtocol(AgentProtocol):
+    """One shell command per turn in a fenced ```bash block. Needs ``allow_exec``."""
+
+    name = "text"
+
+    def __init__(self, *, allow_exec: bool):
+        if not allow_exec:
+            raise ValueError("the text protocol runs shell commands: it needs --allow-exec")
+        super().__init__(allow_exec=allow_exec)
+
+    def headers(self) -> dict[str, str]:
+        return {"X-Fak-Text-Tools": "bash"}
+
+    @staticmethod
+    def history_message(message: dict[str, Any]) -> dict[str, Any]:
+        """Only the text: in this protocol the conversation carries no tool_calls."""
+        return {"role": "assistant", "content": message.get("content") or ""}
+
+    def parse(self, message: dict[str, Any]) -> list[Action]:
+        content = message.get("content") or ""
+        blocks = _BLOCK.findall(content)
+        if not blocks:
+            # a gateway that parsed the block into a structured bash call
+            for call in message.get("tool_calls") or []:
+                fn = call.get("function") or {}
+                if fn.get("name") == "bash":
+                    try:
+                        command = str(json.loads(fn.get("arguments") or "{}").get("command", ""))
+                    except (ValueError, AttributeError):
+                        command = ""
+                    if command.strip():
+                        blocks = [command]
+                        break
+        if not blocks:
+            raise FormatError("no ```bash block found")
+        if len(blocks) > 1:
+            raise FormatError(f"found {len(blocks)} ```bash blocks; put exactly one in a reply")
+        command = blocks[0].strip()
+        if not command:
+            raise FormatError("the ```bash block is empty")
+        action_id = f"text_{uuid.uuid4().hex[:12]}"
+        if command == SUBMIT_COMMAND:
+            return [Action(id=action_id, name="submit", arguments={})]
+        return [Action(id=action_id, name="bash", arguments={"command": command})]
+
+    def observation(self, action: Action, output: str, returncode: int | None,
+                    steps_left: int | None) -> dict[str, Any]:
+        rc = returncode if returncode is not None else "none"
+        return {"role": "user", "content": render("observation_text.j2", output=output,
+                                                  returncode=rc, steps_left=steps_left)}
+
+    def format_error(self, error: str) -> dict[str, Any]:
+        return {"role": "user", "content": render("format_error_text.j2", error=error)}

@@ -1,0 +1,373 @@
+"""The agent's tools and the environment that executes them in a workspace.
+
+Tool names and argument names are a contract with the policy engine (``fak.policy``) and the
+gateway; keep them:
+
+==========  ===========================================  =========================================
+tool        arguments                                    what it does
+==========  ===========================================  =========================================
+read        path, start_line?, end_line? (1-based, incl.) numbered lines of a file
+list        path?                                        entries of a directory (dirs end in ``/``)
+search      pattern (extended regex), path?              matching lines ``file:line:text``
+edit        path, old, new                               replace ``old`` by ``new``; ``old`` must occur
+                                                         exactly once; a ``.py`` file must still parse
+write       path, content                                create or overwrite a file (``.py`` must parse)
+bash        command                                      ``bash -c`` in the workspace, no network
+                                                         (``unshare -n``), only with ``--allow-exec``
+submit      (none)                                       end the run; the patch is the workspace diff
+==========  ===========================================  =========================================
+
+Outputs are cut to a bound (``max_output_chars``): the head and the tail are kept, the middle is
+replaced by a line saying how many characters were cut.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+from fak.agent.exceptions import SandboxError, Submitted, ToolError
+from fak.agent.workspace import Workspace
+
+TOOL_NAMES = ("read", "list", "search", "edit", "write", "bash", "submit")
+
+
+def _fn(name: str, description: str, properties: dict, required: list[str]) -> dict:
+    return {"type": "function", "function": {
+        "name": name, "description": description,
+        "parameters": {"type": "object", "properties": properties, "required": required}}}
+
+
+def tool_schemas(allow_exec: bool) -> list[dict]:
+    """The OpenAI ``tools`` array (JSON Schema per function); ``bash`` only when ``allow_exec``."""
+    s = {"type": "string"}
+    i = {"type": "integer"}
+    tools = [
+        _fn("read", "Show a file with line numbers. Optionally only lines start_line..end_line.",
+            {"path": {**s, "description": "file path, relative to the repository root"},
+             "start_line": {**i, "description": "first line (1-based)"},
+             "end_line": {**i, "description": "last line (inclusive)"}}, ["path"]),
+        _fn("list", "List the files and folders in a folder (default: the repository root).",
+            {"path": {**s, "description": "folder path"}}, []),
+        _fn("search", "Search files for a regular expression; prints file:line:text for each match.",
+            {"pattern": {**s, "description": "regular expression (extended syntax)"},
+             "path": {**s, "description": "file or folder to search (default: everything)"}},
+            ["pattern"]),
+        _fn("edit", "Replace the text `old` with `new` in a file. `old` must appear exactly once "
+                    "and match the file exactly, including indentation.",
+            {"path": s, "old": {**s, "description": "exact text to replace"},
+             "new": {**s, "description": "replacement text"}}, ["path", "old", "new"]),
+        _fn("write", "Create a file, or overwrite it, with the given content.",
+            {"path": s, "content": s}, ["path", "content"]),
+    ]
+    if allow_exec:
+        tools.append(_fn("bash", "Run a shell command in the repository root (no network). "
+                                 "Use it to run tests or small Python scripts.",
+                         {"command": s}, ["command"]))
+    tools.append(_fn("submit", "Finish: submit your changes to the repository.", {}, []))
+    return tools
+
+
+@dataclass
+class ToolResult:
+    """What one tool call gave back: ``output`` (text shown to the model), ``ok`` (False when the
+    call failed), ``returncode`` (bash only), ``duration_s`` (seconds)."""
+
+    output: str
+    ok: bool = True
+    returncode: int | None = None
+    duration_s: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def truncate_middle(text: str, limit: int) -> str:
+    """``text`` cut to at most about ``limit`` characters: head and tail kept, the middle replaced
+    by a line saying how many characters were left out."""
+    if limit <= 0 or len(text) <= limit:
+        return text
+    head = limit // 2
+    tail = limit - head
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n... [{cut} characters cut] ...\n{text[-tail:]}"
+
+
+def check_network_isolation() -> str | None:
+    """``None`` when ``unshare -n`` works here, else the error text."""
+    if shutil.which("unshare") is None:
+        return "the unshare command is not installed (util-linux)"
+    try:
+        proc = subprocess.run(["unshare", "-n", "true"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return str(e)
+    if proc.returncode != 0:
+        return proc.stderr.strip() or f"exit status {proc.returncode}"
+    return None
+
+
+def python_syntax_error(source: str, filename: str) -> str | None:
+    """``None`` when ``source`` parses as Python (the running interpreter's grammar), else the
+    error as ``file:line:col: message`` plus the offending line."""
+    try:
+        ast.parse(source, filename=filename)
+    except SyntaxError as e:
+        line = (e.text or "").rstrip("\n")
+        where = f"{filename}:{e.lineno}:{e.offset}"
+        return f"{where}: {e.msg}" + (f"\n    {line}" if line else "")
+    except ValueError as e:  # null bytes
+        return f"{filename}: {e}"
+    return None
+
+
+def _sandbox_prefix(unsafe_network: bool) -> list[str]:
+    if unsafe_network:
+        return []
+    return ["unshare", "-n"]
+
+
+@dataclass
+class ToolBox:
+    """The ``Environment`` of the agent: executes tool calls in ``workspace``.
+
+    ``allow_exec`` enables ``bash``; ``exec_timeout_s`` bounds one command (seconds);
+    ``max_output_chars`` bounds what goes back to the model; ``unsafe_network`` runs bash without
+    ``unshare -n`` (only when asked); ``env_overrides`` are set in bash's environment (the task's
+    virtual environment: ``PATH``, ``VIRTUAL_ENV``). Raises ``SandboxError`` at construction
+    when exec is allowed, isolation is required and ``unshare -n`` does not work here.
+    """
+
+    workspace: Workspace
+    allow_exec: bool = False
+    exec_timeout_s: float = 60.0
+    max_output_chars: int = 10_000
+    unsafe_network: bool = False
+    max_read_lines: int = 400
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    max_list_entries: int = 300
+    max_search_matches: int = 100
+
+    def __post_init__(self) -> None:
+        if self.allow_exec and not self.unsafe_network:
+            err = check_network_isolation()
+            if err is not None:
+                raise SandboxError(
+                    f"bash must run without network, but `unshare -n` fails here: {err}. "
+                    "Run as root or with user namespaces enabled, or pass --unsafe-network "
+                    "to run commands with the host's network (never for untrusted models).")
+
+    @property
+    def tool_names(self) -> tuple[str, ...]:
+        return tuple(n for n in TOOL_NAMES if n != "bash" or self.allow_exec)
+
+    def execute(self, name: str, arguments: dict[str, Any]) -> ToolResult:
+        """Run tool ``name`` with ``arguments``.
+
+        Raises ``Submitted`` for ``submit``; ``ToolError`` for an unknown tool, missing or
+        ill-typed arguments, or a failed operation (message meant for the model).
+        """
+        if name not in TOOL_NAMES:
+            raise ToolError(f"unknown tool {name!r}; the tools are: {', '.join(self.tool_names)}")
+        if name == "bash" and not self.allow_exec:
+            raise ToolError("the bash tool is not available in this run (no --allow-exec)")
+        if not isinstance(arguments, dict):
+            raise ToolError(f"arguments of {name} must be a JSON object")
+        t0 = time.perf_counter()
+        result = getattr(self, f"_tool_{name}")(**self._check_args(name, arguments))
+        result.duration_s = time.perf_counter() - t0
+        result.output = truncate_middle(result.output, self.max_output_chars)
+        return result
+
+    _ARGS: ClassVar[dict[str, dict[str, tuple[type, bool]]]] = {
+        "read": {"path": (str, True), "start_line": (int, False), "end_line": (int, False)},
+        "list": {"path": (str, False)},
+        "search": {"pattern": (str, True), "path": (str, False)},
+        "edit": {"path": (str, True), "old": (str, True), "new": (str, True)},
+        "write": {"path": (str, True), "content": (str, True)},
+        "bash": {"command": (str, True)},
+        "submit": {},
+    }
+
+    def _check_args(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+        spec = self._ARGS[name]
+        out: dict[str, Any] = {}
+        for key, value in arguments.items():
+            if key not in spec:
+                if name == "submit":
+                    continue  # small models sometimes pass a summary; harmless
+                raise ToolError(f"{name} has no argument {key!r}; its arguments: "
+                                f"{', '.join(spec) or 'none'}")
+            typ, _ = spec[key]
+            if value is None:
+                continue
+            if typ is int and isinstance(value, str) and value.strip().lstrip("-").isdigit():
+                value = int(value)
+            if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
+                raise ToolError(f"argument {key!r} of {name} must be a {typ.__name__}")
+            out[key] = value
+        missing = [k for k, (_, req) in spec.items() if req and k not in out]
+        if missing:
+            raise ToolError(f"{name} needs the argument(s): {', '.join(missing)}")
+        return out
+
+    def _path(self, path: str | None) -> Path:
+        try:
+            return self.workspace.resolve(path)
+        except ValueError as e:
+            raise ToolError(str(e)) from None
+
+    # -- tools ---------------------------------------------------------------------------------
+
+    def _tool_read(self, path: str, start_line: int | None = None,
+                   end_line: int | None = None) -> ToolResult:
+        p = self._path(path)
+        if p.is_dir():
+            raise ToolError(f"{path} is a folder; use list to see its entries")
+        if not p.is_file():
+            raise ToolError(f"no such file: {path}")
+        data = p.read_bytes()
+        if b"\0" in data[:8192]:
+            raise ToolError(f"{path} is a binary file ({len(data)} bytes)")
+        lines = data.decode("utf-8", "replace").splitlines()
+        n = len(lines)
+        start = max(1, start_line or 1)
+        end = min(n, end_line if end_line is not None else n)
+        if n == 0:
+            return ToolResult(f"{path} is empty")
+        if start > n:
+            raise ToolError(f"{path} has only {n} lines")
+        if end < start:
+            raise ToolError(f"end_line {end_line} is before start_line {start}")
+        note = ""
+        if end - start + 1 > self.max_read_lines:
+            end = start + self.max_read_lines - 1
+            note = (f"\n[showing lines {start}-{end} of {n}; read with start_line={end + 1} "
+                    "to see more]")
+        width = len(str(end))
+        body = "\n".join(f"{i:>{width}}  {lines[i - 1]}" for i in range(start, end + 1))
+        return ToolResult(body + note)
+
+    def _tool_list(self, path: str | None = None) -> ToolResult:
+        p = self._path(path)
+        if not p.is_dir():
+            raise ToolError(f"no such folder: {path}")
+        entries = sorted(p.iterdir(), key=lambda e: (not e.is_dir(), e.name))
+        names = [e.name + ("/" if e.is_dir() else "") for e in entries if e.name != ".git"]
+        more = len(names) - self.max_list_entries
+        names = names[: self.max_list_entries]
+        if more > 0:
+            names.append(f"[{more} more entries]")
+        return ToolResult("\n".join(names) if names else "(empty folder)")
+
+    def _tool_search(self, pattern: str, path: str | None = None) -> ToolResult:
+        p = self._path(path)
+        if not p.exists():
+            raise ToolError(f"no such file or folder: {path}")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ToolError(f"bad regular expression {pattern!r}: {e}") from None
+        rel = self.workspace.display(p)
+        cmd = ["git", "-C", str(self.workspace.root), "grep", "-n", "-I", "-E", "--untracked",
+               "--no-color", "-e", pattern, "--", rel]
+        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=60)
+        if proc.returncode not in (0, 1):
+            raise ToolError(f"search failed: {proc.stderr.strip()}")
+        lines = [ln[:300] for ln in proc.stdout.splitlines()]
+        if not lines:
+            return ToolResult(f"no matches for {pattern!r} in {rel}")
+        more = len(lines) - self.max_search_matches
+        lines = lines[: self.max_search_matches]
+        if more > 0:
+            lines.append(f"[{more} more matches; narrow the pattern or the path]")
+        return ToolResult("\n".join(lines))
+
+    def _check_python(self, p: Path, before: str | None, after: str) -> None:
+        if p.suffix != ".py":
+            return
+        err = python_syntax_error(after, self.workspace.display(p))
+        if err is None:
+            return
+        if before is not None and python_syntax_error(before, p.name) is not None:
+            return  # the file did not parse before either (e.g. Python 2 code): not our check
+        raise ToolError(f"rejected: the change makes {self.workspace.display(p)} invalid Python; "
+                        f"the file was not changed.\n{err}")
+
+    def _tool_edit(self, path: str, old: str, new: str) -> ToolResult:
+        p = self._path(path)
+        if not p.is_file():
+            raise ToolError(f"no such file: {path} (use write to create a file)")
+        text = p.read_text(encoding="utf-8", errors="surrogateescape")
+        if old == "":
+            raise ToolError("old must not be empty")
+        count = text.count(old)
+        if count == 0:
+            hint = ""
+            if old.strip() and text.count(old.strip()) == 1:
+                hint = " (it matches once without its leading/trailing whitespace: fix the indentation)"
+            raise ToolError(f"old text not found in {path}{hint}; read the file and copy the text "
+                            "exactly")
+        if count > 1:
+            raise ToolError(f"old text occurs {count} times in {path}; include more surrounding "
+                            "lines so that it occurs exactly once")
+        updated = text.replace(old, new, 1)
+        self._check_python(p, text, updated)
+        p.write_text(updated, encoding="utf-8", errors="surrogateescape")
+        start = text[: text.index(old)].count("\n") + 1
+        new_lines = updated.splitlines()
+        lo = max(1, start - 2)
+        hi = min(len(new_lines), start + new.count("\n") + 2)
+        snippet = "\n".join(f"{i:>{len(str(hi))}}  {new_lines[i - 1]}" for i in range(lo, hi + 1))
+        return ToolResult(f"edited {self.workspace.display(p)}; lines {lo}-{hi} now:\n{snippet}")
+
+    def _tool_write(self, path: str, content: str) -> ToolResult:
+        p = self._path(path)
+        if p.is_dir():
+            raise ToolError(f"{path} is a folder")
+        before = p.read_text(encoding="utf-8", errors="surrogateescape") if p.exists() else None
+        self._check_python(p, before, content)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(content, encoding="utf-8", errors="surrogateescape")
+        verb = "overwrote" if before is not None else "created"
+        return ToolResult(f"{verb} {self.workspace.display(p)} ({content.count(chr(10)) + 1} lines)")
+
+    def _tool_bash(self, command: str) -> ToolResult:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": os.environ.get("HOME", "/root"),
+            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb", "PAGER": "cat",
+            "GIT_PAGER": "cat", "PIP_NO_INPUT": "1", "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONUNBUFFERED": "1",
+        }
+        env.update(self.env_overrides)
+        script = command if self.unsafe_network else f"ip link set lo up 2>/dev/null\n{command}"
+        argv = [*_sandbox_prefix(self.unsafe_network), "bash", "-c", script]
+        proc = subprocess.Popen(argv, cwd=self.workspace.root, env=env, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        timed_out = False
+        try:
+            out, _ = proc.communicate(timeout=self.exec_timeout_s)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            out, _ = proc.communicate()
+        text = out.decode("utf-8", "replace")
+        text = truncate_middle(text, self.max_output_chars)
+        if timed_out:
+            return ToolResult(f"{text}\n[command killed after {self.exec_timeout_s:g} s timeout]",
+                              ok=False, returncode=None, extra={"timed_out": True})
+        return ToolResult(text if text.strip() else "(no output)", ok=proc.returncode == 0,
+                          returncode=proc.returncode)
+
+    def _tool_submit(self) -> ToolResult:
+        raise Submitted("the model submitted")

@@ -1,0 +1,122 @@
+"""The agent's workspace: a git work tree the tools may touch, and the patch it ends as.
+
+Paths the model gives are resolved inside the workspace root (relative to it, or absolute under it);
+anything that leaves the root (``..``, a symlink out) is refused.
+
+The patch is what the official SWE-bench harness applies with ``git apply``: every change to the
+work tree against ``base_commit``, new files included, binary-safe. It is taken with
+``git add -A`` then ``git diff --cached --binary base_commit`` on a private index file, so the
+workspace's own index is left alone.
+
+Junk that is never part of a patch (``JUNK_PATTERNS``): Python byte-code (``__pycache__/``,
+``*.pyc``, ``*.pyo``), test and tool caches (``.pytest_cache/``, ``.mypy_cache/``, ``.tox/``,
+``.hypothesis/``), build metadata (``*.egg-info/``) and editor swap files (``*.swp``, ``*~``),
+plus fak's own scratch (``.fak/``). Only untracked files are filtered; a change to a tracked file is
+always in the patch.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+JUNK_PATTERNS: tuple[str, ...] = (
+    "__pycache__/",
+    "*.pyc",
+    "*.pyo",
+    ".pytest_cache/",
+    ".mypy_cache/",
+    ".tox/",
+    ".hypothesis/",
+    "*.egg-info/",
+    "*.swp",
+    "*~",
+    ".fak/",
+)
+
+
+class WorkspaceError(RuntimeError):
+    """A git operation on the workspace failed; the message carries git's stderr."""
+
+
+def git(root: Path, *args: str, env: dict[str, str] | None = None, check: bool = True,
+        text: bool = True, input: str | bytes | None = None) -> subprocess.CompletedProcess:
+    """Run ``git -C root args...`` and return the completed process.
+
+    Raises ``WorkspaceError`` (with git's stderr) when ``check`` and git exits non-zero.
+    """
+    full_env = dict(os.environ)
+    full_env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_PAGER": "cat", "LC_ALL": "C"})
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=text,
+                          env=full_env, input=input)
+    if check and proc.returncode != 0:
+        err = proc.stderr if text else proc.stderr.decode("utf-8", "replace")
+        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {root}: {err.strip()}")
+    return proc
+
+
+class Workspace:
+    """A git work tree at ``root`` (absolute, resolved).
+
+    ``resolve(path)`` maps a model-given path to an absolute path inside the root or raises
+    ``ValueError``; ``display(path)`` gives it back relative to the root for messages.
+    """
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root).resolve()
+        if not self.root.is_dir():
+            raise WorkspaceError(f"workspace {self.root} is not a directory")
+
+    def resolve(self, path: str | None) -> Path:
+        """Absolute path of ``path`` inside the workspace; ``None``/``""``/``"."`` is the root.
+
+        Raises ``ValueError`` when the path leaves the workspace (also through a symlink).
+        """
+        if path is None or str(path).strip() in ("", "."):
+            return self.root
+        p = Path(str(path).strip())
+        if not p.is_absolute():
+            p = self.root / p
+        resolved = p.resolve()
+        if resolved != self.root and self.root not in resolved.parents:
+            raise ValueError(f"path {path!r} is outside the workspace {self.root}")
+        return resolved
+
+    def display(self, path: Path) -> str:
+        """``path`` relative to the root (``.`` for the root itself)."""
+        try:
+            rel = path.resolve().relative_to(self.root)
+        except ValueError:
+            return str(path)
+        return str(rel) if str(rel) != "." else "."
+
+    def write_junk_excludes(self) -> None:
+        """Add ``JUNK_PATTERNS`` to ``.git/info/exclude`` so untracked junk never enters a patch."""
+        git_dir = Path(git(self.root, "rev-parse", "--absolute-git-dir").stdout.strip())
+        exclude = git_dir / "info" / "exclude"
+        exclude.parent.mkdir(parents=True, exist_ok=True)
+        existing = exclude.read_text() if exclude.exists() else ""
+        missing = [p for p in JUNK_PATTERNS if p not in existing.splitlines()]
+        if missing:
+            with exclude.open("a") as f:
+                f.write("\n# fak: never part of a patch\n" + "\n".join(missing) + "\n")
+
+    def diff(self, base_commit: str) -> str:
+        """The workspace's changes against ``base_commit`` as a ``git apply``-able patch.
+
+        Untracked files are included (``git add -A`` into a private index), binary files as
+        ``GIT binary patch`` hunks, junk excluded (see module docstring). Returns ``""`` when
+        nothing changed. Raises ``WorkspaceError`` when git fails.
+        """
+        self.write_junk_excludes()
+        with tempfile.TemporaryDirectory(prefix="fak-index-") as tmp:
+            env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
+            git(self.root, "read-tree", base_commit, env=env)
+            git(self.root, "add", "-A", env=env)
+            proc = git(self.root, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff",
+                       "--no-renames", base_commit, env=env, text=False)
+        return proc.stdout.decode("utf-8", "surrogateescape")

@@ -1,0 +1,83 @@
+"""The audit log: one JSON line per decided tool call (JSON Lines, https://jsonlines.org).
+
+Each line is an object with, in this order: ``time`` (ISO-8601 UTC with microseconds and a
+``Z``), ``conversation``, ``tool``, ``arguments_digest`` (``sha256:`` and the hex SHA-256 of the
+arguments' canonical JSON: ``json.dumps(obj, sort_keys=True, separators=(",", ":"),
+ensure_ascii=False)`` encoded as UTF-8; arguments that are not valid JSON are hashed as their raw
+UTF-8 text), ``verdict`` (``"allow"``/``"deny"``), ``reason`` and ``rule``. The arguments
+themselves are not stored: they may hold file contents or secrets; the digest lets an auditor
+match a line to a trajectory that has them. A denial's reason quotes the part that matched (the
+offending command line, at most 160 characters), since that is what the client is told.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import threading
+from datetime import datetime, timezone
+from typing import Any
+
+from fak.policy.compile import Verdict
+
+
+def arguments_digest(arguments: str | bytes | dict[str, Any] | Any) -> str:
+    """``"sha256:<hex>"`` of the canonical JSON of ``arguments`` (a JSON string, bytes or a
+    decoded value); undecodable text is hashed as its raw UTF-8 bytes."""
+    obj: Any = arguments
+    if isinstance(arguments, (str, bytes, bytearray)):
+        try:
+            obj = json.loads(arguments)
+        except (ValueError, UnicodeDecodeError):
+            raw = arguments.encode("utf-8", "surrogatepass") if isinstance(arguments, str) \
+                else bytes(arguments)
+            return "sha256:" + hashlib.sha256(raw).hexdigest()
+    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                           default=str)
+    return "sha256:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+class AuditLog:
+    """Append-only JSONL audit log at ``path`` (created with its parent folders if missing).
+
+    Thread-safe: each :meth:`record` writes one whole line under a lock and flushes it to the
+    operating system (no fsync: a machine crash may lose the last lines, a process crash does
+    not). Use as a context manager or call :meth:`close`."""
+
+    def __init__(self, path: str | os.PathLike[str]):
+        self.path = os.fspath(path)
+        parent = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(parent, exist_ok=True)
+        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._lock = threading.Lock()
+
+    def record(self, *, conversation: str, tool: str,
+               arguments: str | bytes | dict[str, Any], verdict: Verdict) -> dict[str, Any]:
+        """Append one decision; returns the entry written (a dict)."""
+        entry = {
+            "time": datetime.now(timezone.utc).isoformat(timespec="microseconds")
+                    .replace("+00:00", "Z"),
+            "conversation": conversation,
+            "tool": tool,
+            "arguments_digest": arguments_digest(arguments),
+            "verdict": "allow" if verdict.allowed else "deny",
+            "reason": verdict.reason,
+            "rule": verdict.rule,
+        }
+        line = json.dumps(entry, ensure_ascii=False) + "\n"
+        with self._lock:
+            self._f.write(line)
+            self._f.flush()
+        return entry
+
+    def close(self) -> None:
+        """Close the file (further records raise ``ValueError``)."""
+        with self._lock:
+            self._f.close()
+
+    def __enter__(self) -> AuditLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

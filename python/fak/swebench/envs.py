@@ -1,0 +1,334 @@
+"""Per-(repo, version) virtual environments for local grading, built from the harness specs.
+
+The specs come from the ``swebench`` package pinned at 4.1.0
+(``swebench.harness.constants.MAP_REPO_VERSION_TO_SPECS``): its 4.x line carries, per repository
+and version, the Python version, the conda/pip packages, the pre-install and install steps and the
+test command. 5.x moved these specs into the dataset rows, which the rows in ``../shared/swebench``
+do not carry, so 4.1.0 is pinned (pyproject extra ``swebench``).
+
+What the official harness does in its conda images, and what is done here instead:
+
+- ``conda create python=X.Y`` → ``python -m venv`` with the pyenv interpreter
+  ``~/.pyenv/versions/X.Y.*`` (``$FAK_PYENV_ROOT`` to move it).
+- ``packages`` as conda packages (``"pytest"``, ``"mpmath flake8"``, ...) → ``pip install`` of the
+  same names (``name=1.2`` → ``name==1.2.*``; a few renames, ``CONDA_TO_PIP``; conda-only build
+  tools are dropped, ``CONDA_ONLY``).
+- ``packages: requirements.txt`` / ``environment.yml`` → the file read from the local mirror at
+  ``environment_setup_commit`` (the harness downloads it from GitHub), then pip as above.
+- ``pip_packages`` → ``pip install`` as is.
+- ``pre_install`` steps that change the machine (``apt-get``, ``wget``, ``locale-gen``, ...) are
+  not run (``SYSTEM_COMMAND``): they are listed in the report as not reproduced.
+
+A package that pip cannot install is recorded in ``unreproduced`` (the env is still used). An env is
+rebuilt when the spec keys it is built from (``ENV_KEYS``) change (hash in ``.fak-env.json``).
+
+Specs for repositories the package does not know (tests' tiny repositories) are added with
+``register_specs({repo: {version: spec}})``; a spec may name its log parser (``"log_parser":
+"parse_log_pytest"``) and may ask for ``"system_site_packages": true`` (fak's own extension).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fak.swebench.repos import read_file_at
+
+DEFAULT_ENVS = Path(os.environ.get("FAK_SWEBENCH_ENVS", Path.home() / ".cache" / "fak" / "swebench-envs"))
+PYENV_ROOT = Path(os.environ.get("FAK_PYENV_ROOT", Path.home() / ".pyenv"))
+
+CONDA_TO_PIP = {"pytorch": "torch", "pyqt": "PyQt5", "pytables": "tables",
+                "matplotlib-base": "matplotlib", "msgpack-python": "msgpack",
+                "pillow": "Pillow", "py-cpuinfo": "py-cpuinfo"}
+CONDA_ONLY = {"python", "pip", "conda", "mkl", "mkl-service", "libgcc", "libgcc-ng", "compilers",
+              "c-compiler", "cxx-compiler", "fortran-compiler", "gcc_linux-64", "gxx_linux-64",
+              "make", "cmake", "pkg-config", "openblas", "blas", "libblas", "liblapack", "nodejs",
+              "graphviz", "ffmpeg", "imagemagick", "texlive-core", "ghostscript", "sqlite", "tk",
+              "zlib", "openssl", "ca-certificates", "certifi-conda", "llvm-openmp", "_openmp_mutex"}
+SYSTEM_COMMAND = re.compile(r"^\s*(sudo\s+)?(apt-get|apt|yum|dnf|wget|curl|locale-gen|conda|"
+                            r"QHULL_|mkdir -p \"\$QHULL|tar -xvzf \"\$QHULL)|/etc/|locale-gen")
+
+#: the spec keys an env is built from (its cache key); pre_install/install run per instance
+ENV_KEYS = ("python", "packages", "pip_packages", "system_site_packages")
+
+_REGISTERED: dict[str, dict[str, dict[str, Any]]] = {}
+
+
+class EnvError(RuntimeError):
+    """An environment that cannot be built (no interpreter, venv failed); the message says why."""
+
+
+def register_specs(specs: dict[str, dict[str, dict[str, Any]]]) -> None:
+    """Add specs (``{repo: {version: spec}}``) to the harness tables, and their log parsers.
+
+    Mutates ``swebench.harness.constants.MAP_REPO_VERSION_TO_SPECS`` and
+    ``swebench.harness.log_parsers.MAP_REPO_TO_PARSER`` in this process, so the package's own
+    grading code (``get_logs_eval``) finds them.
+    """
+    from swebench.harness import log_parsers
+    from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
+    from swebench.harness.log_parsers import python as python_parsers
+
+    for repo, versions in specs.items():
+        MAP_REPO_VERSION_TO_SPECS.setdefault(repo, {}).update(versions)
+        _REGISTERED.setdefault(repo, {}).update(versions)
+        for spec in versions.values():
+            parser = spec.get("log_parser")
+            if parser:
+                fn = getattr(python_parsers, parser, None)
+                if fn is None:
+                    raise EnvError(f"unknown log parser {parser!r} (see "
+                                   "swebench.harness.log_parsers.python)")
+                log_parsers.MAP_REPO_TO_PARSER[repo] = fn
+
+
+def get_spec(repo: str, version: str) -> dict[str, Any]:
+    """The harness spec for ``repo`` at ``version``. Raises ``EnvError`` when there is none."""
+    from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
+
+    try:
+        return dict(MAP_REPO_VERSION_TO_SPECS[repo][str(version)])
+    except KeyError:
+        raise EnvError(f"no harness spec for {repo} {version} in swebench "
+                       "4.1.0; register one with --specs FILE") from None
+
+
+def find_python(version: str) -> Path:
+    """The newest pyenv interpreter ``X.Y.*`` for ``version`` (``"3.9"``). Raises ``EnvError``."""
+    versions = PYENV_ROOT / "versions"
+    cands = []
+    if versions.is_dir():
+        for d in versions.iterdir():
+            parts = d.name.split(".")
+            if d.name == version or (len(parts) >= 3 and ".".join(parts[:2]) == version
+                                     and all(p.isdigit() for p in parts)):
+                if (d / "bin" / "python").exists():
+                    cands.append((tuple(int(p) for p in parts if p.isdigit()), d))
+    if not cands:
+        raise EnvError(f"no Python {version} under {versions}; install it with "
+                       f"`pyenv install {version}`")
+    return max(cands)[1] / "bin" / "python"
+
+
+def conda_to_pip(spec: str) -> str | None:
+    """A conda package spec as a pip requirement, or ``None`` for a conda-only package."""
+    spec = spec.strip()
+    m = re.match(r"^([A-Za-z0-9_.\-]+)\s*(.*)$", spec)
+    if not m:
+        return None
+    name, ver = m.group(1), m.group(2).strip()
+    if name.lower() in CONDA_ONLY:
+        return None
+    name = CONDA_TO_PIP.get(name.lower(), name)
+    if ver.startswith("=") and not ver.startswith("=="):
+        v = ver[1:].split("=")[0]  # drop a build string (name=1.2=py39_0)
+        ver = f"=={v}" if v.count(".") >= 2 or "*" in v else f"=={v}.*"
+    return f"{name}{ver}"
+
+
+def requirements_from_mirror(repo: str, mirror: Path, commit: str) -> list[str]:
+    """``requirements.txt`` of ``repo`` at ``commit`` (the paths the harness tries, ``-r``
+    followed, ``-e .``/comments/``.[test`` dropped, yanked names replaced as the harness does)."""
+    from swebench.harness.constants import MAP_REPO_TO_REQS_PATHS
+    from swebench.harness.test_spec.python import clean_requirements
+
+    for path in MAP_REPO_TO_REQS_PATHS.get(repo, []):
+        text = read_file_at(mirror, commit, path)
+        if text is None:
+            continue
+        base = path.rsplit("/", 1)[0] if "/" in path else ""
+        out: list[str] = []
+        for line in text.splitlines():
+            s = line.strip()
+            if s.startswith("-r"):
+                sub = read_file_at(mirror, commit, f"{base}/{s[2:].strip()}".lstrip("/"))
+                out.extend(x for x in (sub or "").splitlines()
+                           if x.strip() and not x.strip().startswith(("-e .", "#", ".[test")))
+            elif s and not s.startswith(("-e .", "#", ".[test")):
+                out.append(s)
+        return clean_requirements("\n".join(out)).splitlines()
+    raise EnvError(f"no requirements file of {repo} at {commit} in the mirror")
+
+
+def environment_yml_from_mirror(repo: str, mirror: Path, commit: str) -> list[str]:
+    """Pip requirements made from ``environment.yml`` of ``repo`` at ``commit``: conda
+    dependencies mapped with ``conda_to_pip`` plus the ``pip:`` section."""
+    import yaml
+    from swebench.harness.constants import MAP_REPO_TO_ENV_YML_PATHS
+
+    for path in MAP_REPO_TO_ENV_YML_PATHS.get(repo, []):
+        text = read_file_at(mirror, commit, path)
+        if text is None:
+            continue
+        data = yaml.safe_load(text) or {}
+        reqs: list[str] = []
+        for dep in data.get("dependencies", []):
+            if isinstance(dep, dict):
+                reqs.extend(str(x) for x in dep.get("pip", []))
+            else:
+                req = conda_to_pip(str(dep))
+                if req:
+                    reqs.append(req)
+        return reqs
+    raise EnvError(f"no environment.yml of {repo} at {commit} in the mirror")
+
+
+@dataclass
+class Env:
+    """A built environment: ``path`` (the venv), ``python`` (its interpreter), ``key``,
+    ``unreproduced`` (requirements or steps that could not be reproduced), ``log`` (build log)."""
+
+    key: str
+    path: Path
+    python: Path
+    spec: dict[str, Any]
+    unreproduced: list[str] = field(default_factory=list)
+    log: Path | None = None
+
+    def environ(self) -> dict[str, str]:
+        """Process environment with the venv activated."""
+        env = dict(os.environ)
+        env.pop("PYTHONPATH", None)
+        env.pop("PYTHONHOME", None)
+        env["VIRTUAL_ENV"] = str(self.path)
+        env["PATH"] = f"{self.path / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+        env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+        env["PIP_NO_INPUT"] = "1"
+        return env
+
+
+class EnvBuilder:
+    """Builds and caches envs under ``root`` (``~/.cache/fak/swebench-envs``); thread-safe."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root or DEFAULT_ENVS)
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def lock(self, key: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    @staticmethod
+    def key(repo: str, version: str) -> str:
+        return f"{repo.replace('/', '__')}__{version}"
+
+    def ensure(self, repo: str, version: str, mirror: Path, env_setup_commit: str) -> Env:
+        """The env of ``repo`` ``version``, built now if missing or stale (caller holds
+        ``lock(key)``). Raises ``EnvError`` when it cannot be built at all."""
+        spec = get_spec(repo, version)
+        key = self.key(repo, version)
+        path = self.root / key
+        stamp = path / ".fak-env.json"
+        env_part = {k: spec.get(k) for k in ENV_KEYS}  # install steps run per instance, not here
+        digest = hashlib.sha256(json.dumps(env_part, sort_keys=True).encode()).hexdigest()[:16]
+        if stamp.exists():
+            meta = json.loads(stamp.read_text())
+            if meta.get("spec_hash") == digest:
+                return Env(key, path, path / "bin" / "python", spec, meta.get("unreproduced", []),
+                           path / "build.log")
+        python = find_python(str(spec["python"]))
+        shutil.rmtree(path, ignore_errors=True)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        venv_cmd = [str(python), "-m", "venv", str(path)]
+        if spec.get("system_site_packages"):
+            venv_cmd.insert(3, "--system-site-packages")
+        proc = subprocess.run(venv_cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise EnvError(f"python -m venv failed for {key}: {proc.stderr.strip()[-800:]}")
+        env = Env(key, path, path / "bin" / "python", spec, [], path / "build.log")
+        with env.log.open("w") as log:
+            self._pip(env, ["--upgrade", "pip"], log, required=False)
+            reqs = self._requirements(repo, spec, mirror, env_setup_commit, env)
+            if reqs:
+                self._install_all(env, reqs, log)
+            if spec.get("pip_packages"):
+                self._install_all(env, list(spec["pip_packages"]), log)
+        stamp.write_text(json.dumps({"spec_hash": digest, "spec": spec, "python": str(python),
+                                     "unreproduced": env.unreproduced}, indent=1))
+        return env
+
+    def _requirements(self, repo: str, spec: dict[str, Any], mirror: Path, commit: str,
+                      env: Env) -> list[str]:
+        pkgs = spec.get("packages", "")
+        if not pkgs:
+            return []
+        try:
+            if pkgs == "requirements.txt":
+                return requirements_from_mirror(repo, mirror, commit)
+            if pkgs == "environment.yml":
+                return environment_yml_from_mirror(repo, mirror, commit)
+        except EnvError as e:
+            env.unreproduced.append(str(e))
+            return []
+        out = []
+        for token in shlex.split(pkgs):
+            req = conda_to_pip(token)
+            if req is None:
+                env.unreproduced.append(f"conda-only package {token}")
+            else:
+                out.append(req)
+        return out
+
+    def _pip(self, env: Env, args: list[str], log: Any, required: bool = True) -> bool:
+        cmd = [str(env.python), "-m", "pip", "install", *args]
+        log.write(f"$ {shlex.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env.environ())
+        return proc.returncode == 0
+
+    def _install_all(self, env: Env, reqs: list[str], log: Any) -> None:
+        reqs = [r for r in reqs if r.strip()]
+        if self._pip(env, reqs, log):
+            return
+        for r in reqs:  # one at a time, to find what cannot be installed
+            if not self._pip(env, [r], log):
+                env.unreproduced.append(f"pip install {r} failed")
+
+
+def _purelib(python: Path) -> Path:
+    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True).stdout.strip()
+    return Path(out)
+
+
+def make_overlay(env: Env, dest: Path, workspace: Path, log_path: Path) -> Env:
+    """A per-instance venv at ``dest`` layered over the shared ``env`` (a ``.pth`` file puts the
+    shared site-packages on its path), with the task repository installed from ``workspace`` by
+    the spec's ``pre_install`` (machine-changing steps skipped) and ``install`` steps.
+
+    Several instances of one (repo, version) can then run at once, each with its own editable
+    install. Needs the network (pip). Raises ``EnvError`` when the venv cannot be made.
+    """
+    shutil.rmtree(dest, ignore_errors=True)
+    base_python = find_python(str(env.spec["python"]))
+    cmd = [str(base_python), "-m", "venv", "--without-pip", str(dest)]
+    if env.spec.get("system_site_packages"):
+        cmd.insert(3, "--system-site-packages")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise EnvError(f"python -m venv failed for {dest}: {proc.stderr.strip()[-800:]}")
+    overlay = Env(env.key, dest, dest / "bin" / "python", env.spec, list(env.unreproduced), log_path)
+    (_purelib(overlay.python) / "_fak_shared_env.pth").write_text(f"{_purelib(env.python)}\n")
+    steps = [c for c in env.spec.get("pre_install", []) if not SYSTEM_COMMAND.search(c)]
+    if env.spec.get("install"):
+        steps.append(env.spec["install"])
+    with log_path.open("w") as log:
+        for cmd in steps:
+            log.write(f"$ {cmd}\n")
+            log.flush()
+            rc = subprocess.run(["bash", "-c", cmd], cwd=workspace, env=overlay.environ(),
+                                stdout=log, stderr=subprocess.STDOUT).returncode
+            log.write(f"[exit {rc}]\n")
+            if rc != 0:
+                overlay.unreproduced.append(f"step failed: {cmd}")
+    return overlay

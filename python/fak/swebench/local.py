@@ -1,0 +1,276 @@
+"""Local grading without Docker (``fak swebench eval --local``): the official harness's steps in a
+virtual environment, its log parsers and its resolution rule.
+
+Per prediction (the harness's ``run_instance`` + eval script, ``swebench`` 4.1.0):
+
+1. empty ``model_patch`` → ``empty_patch_ids`` (not run, as the harness);
+2. a clone of the repository at ``base_commit`` (local mirror, ``--repos``);
+3. ``model_patch`` applied: ``git apply --verbose``, then ``patch --batch --fuzz=5 -p1``
+   (the harness's fallbacks); if neither applies → ``error_ids`` with status
+   ``patch_apply_failed`` (the harness also counts it as an error);
+4. the env of (repo, version) built or reused (``fak.swebench.envs``); ``pre_install`` (minus
+   machine-changing steps) and ``install`` run in the clone, with network;
+5. with **no network** (``unshare -n``, loopback up, plus for ``psf/requests`` a tarpit for
+   10.0.0.0/8 inside the namespace so that its connect-timeout tests time out as on the
+   internet, ``NETNS_SETUP``): the
+   test files reset to ``base_commit``, ``test_patch`` applied, then the spec's ``test_cmd`` on the
+   test files of ``test_patch`` (``get_test_directives``) between the harness's
+   ``>>>>> Start Test Output`` / ``>>>>> End Test Output`` markers;
+6. the log graded by ``swebench.harness.grading.get_eval_report`` (the package's log parser for
+   the repository; FAIL_TO_PASS and PASS_TO_PASS must all pass).
+
+The report has the keys of the official run report (``make_run_report``) plus ``"grading":
+"local"``, ``patch_apply_failed_ids``, per-instance details and what could not be reproduced.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fak.agent.trajectory import write_json_atomic
+from fak.swebench.dataset import parse_test_list
+from fak.swebench.envs import SYSTEM_COMMAND, Env, EnvBuilder, EnvError, get_spec
+from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
+
+START = ">>>>> Start Test Output"
+END = ">>>>> End Test Output"
+APPLY_FAIL = ">>>>> Patch Apply Failed"
+
+#: commands run inside the test network namespace before the tests, per repository
+NETNS_SETUP: dict[str, list[str]] = {
+    "psf/requests": [
+        # connect timeouts (its tests dial 10.255.255.1 expecting no answer): a veth pair inside
+        # the namespace, a static neighbour entry, and frames that the peer drops (wrong MAC);
+        # nothing leaves the namespace.
+        "ip link add fak-tarpit type veth peer name fak-tarpit1 && "
+        "ip addr add 10.255.255.254/8 dev fak-tarpit && ip link set fak-tarpit up && "
+        "ip link set fak-tarpit1 up && "
+        "ip neigh replace 10.255.255.1 lladdr 02:00:00:00:00:01 dev fak-tarpit nud permanent",
+    ],
+}
+
+
+@dataclass
+class LocalGrader:
+    """Grades predictions against ``rows`` (dataset rows by id) into ``output``.
+
+    ``repos_dir``: local mirrors (else GitHub clone cache); ``envs``: env cache root; ``workers``:
+    instances at once (instances sharing an env run one after another); ``timeout_s``: test run
+    limit per instance (seconds, the harness's default 1800); ``unsafe_network``: run tests without
+    ``unshare -n`` (only when asked).
+    """
+
+    rows: dict[str, dict[str, Any]]
+    output: Path
+    repos_dir: Path | None = None
+    envs: Path | None = None
+    workers: int = 1
+    timeout_s: float = 1800.0
+    unsafe_network: bool = False
+    run_id: str = "local"
+    keep_workspaces: bool = False
+
+    def __post_init__(self) -> None:
+        self.output = Path(self.output)
+        self.builder = EnvBuilder(self.envs)
+
+    # -- one instance --------------------------------------------------------------------------
+
+    def grade(self, pred: dict[str, Any]) -> dict[str, Any]:
+        """Grade one prediction; returns its detail dict (``status`` one of ``resolved``,
+        ``unresolved``, ``empty_patch``, ``patch_apply_failed``, ``error``)."""
+        iid = pred["instance_id"]
+        row = self.rows[iid]
+        t0 = time.time()
+        detail: dict[str, Any] = {"instance_id": iid, "status": "error", "resolved": False}
+        patch = pred.get("model_patch")
+        if patch in ("", None):
+            detail["status"] = "empty_patch"
+            return detail
+        log_dir = self.output / "logs" / iid
+        log_dir.mkdir(parents=True, exist_ok=True)
+        detail["log_dir"] = str(log_dir)
+        try:
+            detail.update(self._grade(row, pred, log_dir))
+        except (RepoError, EnvError, OSError) as e:
+            detail["status"], detail["error"] = "error", f"{type(e).__name__}: {e}"
+        detail["wall_s"] = round(time.time() - t0, 3)
+        return detail
+
+    def _grade(self, row: dict[str, Any], pred: dict[str, Any], log_dir: Path) -> dict[str, Any]:
+        from swebench.harness.grading import get_eval_report
+        from swebench.harness.test_spec.python import get_test_directives
+        from swebench.harness.test_spec.test_spec import TestSpec
+        from swebench.harness.utils import get_modified_files
+
+        iid, repo, version = row["instance_id"], row["repo"], str(row["version"])
+        spec = get_spec(repo, version)
+        mirror = ensure_mirror(repo, self.repos_dir, commit=row["base_commit"])
+        key = EnvBuilder.key(repo, version)
+        work_root = Path(tempfile.mkdtemp(prefix=f"fak-grade-{iid}-"))
+        try:
+            ws = make_workspace(mirror, row["base_commit"], work_root / "repo")
+            apply_log = self._apply_model_patch(ws.root, pred["model_patch"], work_root)
+            (log_dir / "patch.diff").write_text(pred["model_patch"])
+            if apply_log is None:
+                (log_dir / "test_output.txt").write_text(APPLY_FAIL + "\n")
+                return {"status": "patch_apply_failed", "error": "model_patch does not apply"}
+            with self.builder.lock(key):
+                env = self.builder.ensure(repo, version, mirror,
+                                          row.get("environment_setup_commit") or row["base_commit"])
+                skipped = self._install(env, spec, ws.root, log_dir / "install.log")
+                test_files = get_modified_files(row["test_patch"])
+                test_cmd = spec["test_cmd"][-1] if isinstance(spec["test_cmd"], list) else spec["test_cmd"]
+                command = " ".join([test_cmd, *get_test_directives(row)])
+                script = self._eval_script(row, spec, test_files, command)
+                (log_dir / "eval.sh").write_text(script)
+                rc, timed_out = self._run_tests(env, ws.root, script, repo, log_dir / "test_output.txt")
+            spec_obj = TestSpec(instance_id=iid, repo=repo, version=version, repo_script_list=[],
+                                eval_script_list=[], env_script_list=[], arch="x86_64",
+                                FAIL_TO_PASS=parse_test_list(row.get("FAIL_TO_PASS")),
+                                PASS_TO_PASS=parse_test_list(row.get("PASS_TO_PASS")), language="py",
+                                docker_specs={}, namespace=None)
+            report = get_eval_report(spec_obj, pred, str(log_dir / "test_output.txt"),
+                                     include_tests_status=True)
+            write_json_atomic(log_dir / "report.json", report)
+            entry = report[iid]
+            out = {"status": "resolved" if entry["resolved"] else "unresolved",
+                   "resolved": bool(entry["resolved"]), "tests_status": entry.get("tests_status"),
+                   "patch_successfully_applied": entry["patch_successfully_applied"],
+                   "test_exit_code": rc, "timed_out": timed_out, "env": env.key,
+                   "unreproduced": env.unreproduced + [f"not run: {c}" for c in skipped]}
+            if not entry["patch_successfully_applied"]:
+                out["status"] = "error"
+                out["error"] = "the test log has no test output (test patch failed or tests crashed)"
+            return out
+        finally:
+            if self.keep_workspaces:
+                shutil.move(str(work_root), str(log_dir / "workspace"))
+            else:
+                shutil.rmtree(work_root, ignore_errors=True)
+
+    @staticmethod
+    def _apply_model_patch(root: Path, patch: str, tmp: Path) -> str | None:
+        path = tmp / "model.patch"
+        path.write_text(patch if patch.endswith("\n") else patch + "\n",
+                        encoding="utf-8", errors="surrogateescape")
+        for cmd in (["git", "apply", "--verbose", str(path)],
+                    ["patch", "--batch", "--fuzz=5", "-p1", "-i", str(path)]):
+            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
+            if proc.returncode == 0:
+                return proc.stdout + proc.stderr
+            if cmd[0] == "patch":  # undo a partial application before giving up
+                subprocess.run(["git", "checkout", "--", "."], cwd=root, capture_output=True)
+        return None
+
+    def _install(self, env: Env, spec: dict[str, Any], root: Path, log_path: Path) -> list[str]:
+        """``pre_install`` and ``install`` in the clone (network allowed); returns the
+        machine-changing steps that were not run."""
+        skipped = []
+        steps = []
+        for cmd in spec.get("pre_install", []):
+            (skipped if SYSTEM_COMMAND.search(cmd) else steps).append(cmd)
+        if spec.get("install"):
+            steps.append(spec["install"])
+        with log_path.open("w") as log:
+            for cmd in steps:
+                log.write(f"$ {cmd}\n")
+                log.flush()
+                proc = subprocess.run(["bash", "-c", cmd], cwd=root, env=env.environ(),
+                                      stdout=log, stderr=subprocess.STDOUT)
+                log.write(f"[exit {proc.returncode}]\n")
+        return skipped
+
+    @staticmethod
+    def _eval_script(row: dict[str, Any], spec: dict[str, Any], test_files: list[str],
+                     command: str) -> str:
+        base = row["base_commit"]
+        files = " ".join(shlex.quote(f) for f in test_files)
+        exports = [c for c in spec.get("eval_commands", []) if not SYSTEM_COMMAND.search(c)]
+        delim = "EOF_114329324912"
+        lines = ["set -uo pipefail", *exports,
+                 f"git checkout -q {base} -- {files}" if files else ":",
+                 f"git apply -v - <<'{delim}'\n{row['test_patch']}\n{delim}",
+                 f"echo '{START}'", command, "rc=$?", f"echo '{END}'",
+                 f"git checkout -q {base} -- {files}" if files else ":", "exit $rc"]
+        return "\n".join(lines) + "\n"
+
+    def _run_tests(self, env: Env, root: Path, script: str, repo: str,
+                   log_path: Path) -> tuple[int | None, bool]:
+        pre = ["ip link set lo up", *NETNS_SETUP.get(repo, [])]
+        inner = "\n".join(pre) + "\n" + script
+        argv = ["bash", "-c", inner] if self.unsafe_network else ["unshare", "-n", "bash", "-c", inner]
+        with log_path.open("w") as log:
+            proc = subprocess.Popen(argv, cwd=root, env=env.environ(), stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+            try:
+                return proc.wait(timeout=self.timeout_s), False
+            except subprocess.TimeoutExpired:
+                import os
+                import signal
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+                log.write(f"\n>>>>> Tests Timed Out after {self.timeout_s:g} s\n")
+                return None, True
+
+    # -- all predictions -----------------------------------------------------------------------
+
+    def run(self, predictions: list[dict[str, Any]]) -> dict[str, Any]:
+        """Grade every prediction whose instance is in the dataset; write and return the report."""
+        self.output.mkdir(parents=True, exist_ok=True)
+        preds = {p["instance_id"]: p for p in predictions}
+        known = [p for iid, p in preds.items() if iid in self.rows]
+        details: dict[str, dict[str, Any]] = {}
+        with cf.ThreadPoolExecutor(max_workers=max(1, self.workers)) as ex:
+            futs = {ex.submit(self.grade, p): p["instance_id"] for p in known}
+            for fut in cf.as_completed(futs):
+                iid = futs[fut]
+                try:
+                    details[iid] = fut.result()
+                except Exception as e:  # noqa: BLE001 - one bad instance must not sink the rest
+                    details[iid] = {"instance_id": iid, "status": "error",
+                                    "error": f"{type(e).__name__}: {e}"}
+        return self._report(preds, details)
+
+    def _report(self, preds: dict[str, Any], details: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        def ids(*statuses: str) -> list[str]:
+            return sorted(i for i, d in details.items() if d["status"] in statuses)
+
+        resolved, unresolved = ids("resolved"), ids("unresolved")
+        errors = ids("error", "patch_apply_failed")
+        empty = ids("empty_patch")
+        completed = sorted(resolved + unresolved)
+        incomplete = sorted(set(self.rows) - set(preds))
+        report = {
+            "total_instances": len(self.rows),
+            "submitted_instances": len(preds),
+            "completed_instances": len(completed),
+            "resolved_instances": len(resolved),
+            "unresolved_instances": len(unresolved),
+            "empty_patch_instances": len(empty),
+            "error_instances": len(errors),
+            "completed_ids": completed,
+            "incomplete_ids": incomplete,
+            "empty_patch_ids": empty,
+            "submitted_ids": sorted(preds),
+            "resolved_ids": resolved,
+            "unresolved_ids": unresolved,
+            "error_ids": errors,
+            "schema_version": 2,
+            "grading": "local",
+            "run_id": self.run_id,
+            "patch_apply_failed_ids": ids("patch_apply_failed"),
+            "unknown_ids": sorted(set(preds) - set(self.rows)),
+            "network": "host (unsafe)" if self.unsafe_network else "none (unshare -n)",
+            "instances": dict(sorted(details.items())),
+        }
+        write_json_atomic(self.output / "report.json", report)
+        return report

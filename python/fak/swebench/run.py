@@ -1,0 +1,402 @@
+"""``fak swebench run``: the fleet — N agents at once over SWE-bench instances, against one gateway.
+
+Output folder (``--output``)::
+
+    predictions.json            [{"instance_id", "model_name_or_path", "model_patch"}, ...]
+                                (what ``swebench.harness.run_evaluation --predictions_path`` reads)
+    trajectories/<id>.traj.json one per instance (see ``fak.agent.trajectory``), saved every step
+    summary.json                counts by exit reason, totals (tokens, steps, verdicts, times),
+                                throughput, and one line per instance
+    workspaces/<id>/            the clone the agent worked in (removed when done unless
+                                ``keep_workspaces``)
+    envs/<id>/                  with ``task_env``: the instance's venv over the shared
+                                (repo, version) env, the repository installed in it; bash runs
+                                with it first on PATH (removed when done unless ``keep_workspaces``)
+
+An instance is *finished* when its agent ended by ``submitted``, ``max_steps`` or ``error``: its
+prediction is written (possibly an empty patch) and a re-run with the same output skips it.
+Instances that ended ``interrupted`` (Ctrl-C), ``model_error`` (the gateway kept failing) or
+``setup_error`` (repository not available) get no prediction and run again next time.
+
+Ctrl-C: the first one stops the fleet cleanly (no new instance starts, running agents stop after
+their current step, finished results are kept, summary written, exit status 130); a second one
+exits at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import json
+import os
+import shutil
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from fak.agent import (
+    Agent,
+    AgentConfig,
+    AgentStats,
+    OpenAIChatModel,
+    ToolBox,
+    Trajectory,
+    get_protocol,
+)
+from fak.agent.exceptions import SandboxError
+from fak.agent.tools import check_network_isolation
+from fak.agent.trajectory import write_json_atomic
+from fak.agent.workspace import WorkspaceError, git
+from fak.swebench.envs import EnvBuilder, EnvError, make_overlay
+from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
+
+FINISHED_REASONS = ("submitted", "max_steps", "error")
+
+
+@dataclass
+class FleetConfig:
+    """Settings of one fleet run (see ``fak swebench run --help`` for each)."""
+
+    gateway: str
+    model: str
+    output: Path
+    workers: int = 1
+    max_steps: int = 30
+    allow_exec: bool = False
+    unsafe_network: bool = False
+    protocol: str = "tools"
+    repos_dir: Path | None = None
+    run_id: str | None = None
+    exec_timeout_s: float = 60.0
+    keep_workspaces: bool = False
+    sampling: dict[str, Any] = field(default_factory=lambda: {"temperature": 0.0, "max_tokens": 1024})
+    observation_window: int = 0
+    model_timeout_s: float = 600.0
+    max_retries: int = 5
+    live: bool | None = None  # None: when stdout is a terminal
+    dataset: str = ""
+    labels: dict[str, str] = field(default_factory=dict)
+    task_env: bool = False
+    envs_dir: Path | None = None
+
+
+@dataclass
+class InstanceState:
+    instance_id: str
+    stats: AgentStats = field(default_factory=AgentStats)
+    started: float = 0.0
+    ended: float = 0.0
+    exit_reason: str | None = None
+    patch_bytes: int = 0
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        self.stats.status = "waiting"
+
+
+def _load_json(path: Path, default: Any) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return default
+
+
+class Fleet:
+    """Runs ``rows`` with ``config``; ``run()`` returns the summary dict."""
+
+    def __init__(self, config: FleetConfig, rows: list[dict[str, Any]], console: Console | None = None):
+        self.config = config
+        self.rows = rows
+        self.console = console or Console(stderr=True)
+        self.out = Path(config.output)
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "trajectories").mkdir(exist_ok=True)
+        self.run_id = config.run_id or self.out.resolve().name
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self._repo_locks: dict[str, threading.Lock] = {}
+        self._models: dict[str, OpenAIChatModel] = {}
+        self.predictions: list[dict[str, Any]] = _load_json(self.out / "predictions.json", [])
+        done = {p["instance_id"] for p in self.predictions}
+        self.skipped = [r["instance_id"] for r in rows if r["instance_id"] in done]
+        self.todo = [r for r in rows if r["instance_id"] not in done]
+        self.states = {r["instance_id"]: InstanceState(r["instance_id"]) for r in self.todo}
+        self.started_at = time.time()
+        self._env_builder = EnvBuilder(config.envs_dir)
+        # the protocol is checked once, before any work (text protocol needs --allow-exec)
+        get_protocol(config.protocol, allow_exec=config.allow_exec)
+        if config.allow_exec and not config.unsafe_network:
+            err = check_network_isolation()
+            if err is not None:
+                raise SandboxError(f"--allow-exec needs `unshare -n` to keep commands off the "
+                                   f"network, and it fails here: {err}. Pass --unsafe-network to "
+                                   "run commands with the host's network anyway.")
+
+    # -- one instance ------------------------------------------------------------------------
+
+    def _run_instance(self, row: dict[str, Any]) -> None:
+        iid = row["instance_id"]
+        state = self.states[iid]
+        if self.stop.is_set():
+            state.exit_reason = "interrupted"
+            state.stats.status = "interrupted"
+            return
+        state.started = time.time()
+        state.stats.status = "cloning"
+        cfg = self.config
+        ws_dir = self.out / "workspaces" / iid
+        traj_path = self.out / "trajectories" / f"{iid}.traj.json"
+        traj = Trajectory(traj_path, instance_id=iid, run_id=self.run_id, model=cfg.model,
+                          gateway=cfg.gateway, repo=row["repo"], base_commit=row["base_commit"])
+        try:
+            with self._repo_locks.setdefault(row["repo"], threading.Lock()):
+                mirror = ensure_mirror(row["repo"], cfg.repos_dir, commit=row["base_commit"])
+            ws = make_workspace(mirror, row["base_commit"], ws_dir)
+            diff_base = row["base_commit"]
+            bash_env: dict[str, str] = {}
+            if cfg.task_env:
+                state.stats.status = "env"
+                bash_env, diff_base = self._task_env(row, mirror, ws, traj)
+        except (RepoError, EnvError, WorkspaceError) as e:
+            state.exit_reason, state.message = "setup_error", str(e)
+            state.stats.status = "setup_error"
+            traj.data.update(exit_reason="setup_error", exit_message=str(e))
+            traj.data["timings"]["ended_at"] = time.time()
+            traj.save()
+            state.ended = time.time()
+            return
+        protocol = get_protocol(cfg.protocol, allow_exec=cfg.allow_exec)
+        headers = {"X-Fak-Conversation": f"{self.run_id}/{iid}",
+                   "X-Fak-Workspace": str(ws.root), **protocol.headers()}
+        model = OpenAIChatModel(cfg.gateway, cfg.model, headers=headers, sampling=cfg.sampling,
+                                timeout_s=cfg.model_timeout_s, max_retries=cfg.max_retries,
+                                cancel=self.stop)
+        with self._lock:
+            self._models[iid] = model
+        try:
+            toolbox = ToolBox(ws, allow_exec=cfg.allow_exec, exec_timeout_s=cfg.exec_timeout_s,
+                              unsafe_network=cfg.unsafe_network, env_overrides=bash_env)
+            agent = Agent(model, toolbox, protocol,
+                          AgentConfig(max_steps=cfg.max_steps,
+                                      observation_window=cfg.observation_window),
+                          traj, stop=self.stop)
+            agent.stats = state.stats
+            data = agent.run(problem_statement=row.get("problem_statement", ""),
+                             repo=row["repo"], workspace=str(ws.root))
+            patch = ws.diff(diff_base)
+            data["patch"] = patch
+            data["info"]["difficulty"] = cfg.labels.get(iid)
+            traj.save()
+        finally:
+            with self._lock:
+                self._models.pop(iid, None)
+            model.close()
+        state.exit_reason = data["exit_reason"]
+        state.message = data.get("exit_message") or ""
+        state.patch_bytes = len(patch.encode("utf-8", "surrogateescape"))
+        state.ended = time.time()
+        if state.exit_reason in FINISHED_REASONS:
+            self._record(iid, patch)
+        if not cfg.keep_workspaces:
+            shutil.rmtree(ws_dir, ignore_errors=True)
+            shutil.rmtree(self.out / "envs" / iid, ignore_errors=True)
+
+    def _task_env(self, row: dict[str, Any], mirror: Path, ws: Any,
+                  traj: Trajectory) -> tuple[dict[str, str], str]:
+        """Build (or reuse) the (repo, version) env, layer a per-instance venv over it with the
+        repository installed, and commit what the setup changed, as the harness's instance image
+        does. Returns (bash environment overrides, the commit to diff against)."""
+        key = EnvBuilder.key(row["repo"], str(row["version"]))
+        with self._env_builder.lock(key):
+            env = self._env_builder.ensure(row["repo"], str(row["version"]), mirror,
+                                           row.get("environment_setup_commit") or row["base_commit"])
+        iid = row["instance_id"]
+        overlay = make_overlay(env, self.out / "envs" / iid, ws.root,
+                               self.out / "envs" / f"{iid}.install.log")
+        git(ws.root, "commit", "--quiet", "--allow-empty", "--no-verify", "-am", "fak: task setup")
+        setup_commit = git(ws.root, "rev-parse", "HEAD").stdout.strip()
+        traj.data["info"]["task_env"] = {"env": env.key, "overlay": str(overlay.path),
+                                         "setup_commit": setup_commit,
+                                         "unreproduced": overlay.unreproduced}
+        environ = overlay.environ()
+        return {"PATH": environ["PATH"], "VIRTUAL_ENV": environ["VIRTUAL_ENV"]}, setup_commit
+
+    def _record(self, iid: str, patch: str) -> None:
+        with self._lock:
+            self.predictions = [p for p in self.predictions if p["instance_id"] != iid]
+            self.predictions.append({"instance_id": iid, "model_name_or_path": self.config.model,
+                                     "model_patch": patch})
+            write_json_atomic(self.out / "predictions.json", self.predictions)
+            self._write_summary(final=False)
+
+    # -- reporting -----------------------------------------------------------------------------
+
+    def summary(self, final: bool = True) -> dict[str, Any]:
+        """Counts and totals so far (``final``: the run is over)."""
+        per: list[dict[str, Any]] = []
+        totals = {"prompt_tokens": 0, "completion_tokens": 0, "steps": 0, "allowed": 0,
+                  "denied": 0, "model_s": 0.0}
+        by_reason: dict[str, int] = {}
+        for iid, st in self.states.items():
+            s = st.stats
+            reason = st.exit_reason or ("interrupted" if final else s.status)
+            by_reason[reason] = by_reason.get(reason, 0) + 1
+            totals["prompt_tokens"] += s.prompt_tokens
+            totals["completion_tokens"] += s.completion_tokens
+            totals["steps"] += s.step
+            totals["allowed"] += s.allowed
+            totals["denied"] += s.denied
+            totals["model_s"] += s.model_s
+            per.append({"instance_id": iid, "exit_reason": reason, "steps": s.step,
+                        "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+                        "denied": s.denied, "allowed": s.allowed, "patch_bytes": st.patch_bytes,
+                        "wall_s": round((st.ended or time.time()) - st.started, 3) if st.started else 0.0,
+                        "difficulty": self.config.labels.get(iid), "message": st.message[:500]})
+        wall = time.time() - self.started_at
+        finished = sum(by_reason.get(r, 0) for r in FINISHED_REASONS)
+        totals["model_s"] = round(totals["model_s"], 3)
+        return {
+            "run_id": self.run_id, "model": self.config.model, "gateway": self.config.gateway,
+            "protocol": self.config.protocol, "dataset": self.config.dataset,
+            "max_steps": self.config.max_steps, "workers": self.config.workers,
+            "allow_exec": self.config.allow_exec, "final": final,
+            "interrupted": self.stop.is_set(),
+            "n_selected": len(self.rows), "n_skipped_finished": len(self.skipped),
+            "n_run": len(self.todo), "n_finished": finished,
+            "n_predictions": len(self.predictions),
+            "exit_reasons": dict(sorted(by_reason.items())), "totals": totals,
+            "wall_s": round(wall, 3),
+            "instances_per_hour": round(finished * 3600 / wall, 3) if wall > 0 else 0.0,
+            "completion_tok_s": round(totals["completion_tokens"] / wall, 3) if wall > 0 else 0.0,
+            "instances": per,
+        }
+
+    def _write_summary(self, final: bool) -> dict[str, Any]:
+        summary = self.summary(final=final)
+        write_json_atomic(self.out / "summary.json", summary)
+        return summary
+
+    def table(self) -> Table:
+        """The live table: one row per instance that has started, then totals."""
+        t = Table(title=f"fak swebench run · {self.run_id} · {self.config.model}", expand=False)
+        for col in ("instance", "status", "step", "tokens", "tok/s", "last tool", "verdicts"):
+            t.add_column(col, justify="right" if col in ("step", "tokens", "tok/s") else "left")
+        tot_tokens = tot_denied = tot_allowed = 0
+        n_done = 0
+        for iid, st in self.states.items():
+            s = st.stats
+            tot_tokens += s.tokens
+            tot_denied += s.denied
+            tot_allowed += s.allowed
+            if st.exit_reason:
+                n_done += 1
+            if s.status == "waiting":
+                continue
+            status = st.exit_reason or s.status
+            style = {"submitted": "green", "max_steps": "yellow", "interrupted": "magenta"}.get(
+                status, "red" if status and "error" in status else "")
+            t.add_row(iid, f"[{style}]{status}[/]" if style else status, str(s.step),
+                      str(s.tokens), f"{s.tok_per_s:.1f}", s.last_tool,
+                      f"{s.allowed}✓ {s.denied}✗")
+        wall = time.time() - self.started_at
+        t.add_section()
+        t.add_row(f"total {n_done}/{len(self.states)} done"
+                  + (f" (+{len(self.skipped)} skipped)" if self.skipped else ""),
+                  "stopping" if self.stop.is_set() else f"{wall:.0f} s", "",
+                  str(tot_tokens), "", "", f"{tot_allowed}✓ {tot_denied}✗")
+        return t
+
+    # -- the fleet -----------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        """Run every instance not yet finished; returns the final summary.
+
+        Raises ``KeyboardInterrupt`` after a clean stop (summary written) when interrupted.
+        """
+        live_on = self.config.live if self.config.live is not None else self.console.is_terminal
+        if self.skipped:
+            self.console.print(f"skipping {len(self.skipped)} finished instance(s) in {self.out}")
+        interrupted = False
+        executor = cf.ThreadPoolExecutor(max_workers=max(1, self.config.workers),
+                                         thread_name_prefix="fak-agent")
+        futures = {executor.submit(self._run_instance, row): row["instance_id"] for row in self.todo}
+        live = Live(self.table(), console=self.console, refresh_per_second=2) if live_on else None
+        reported: set[str] = set()
+        try:
+            if live:
+                live.start()
+            pending = set(futures)
+            while pending:
+                done, pending = cf.wait(pending, timeout=0.5)
+                for fut in done:
+                    exc = fut.exception()
+                    iid = futures[fut]
+                    if exc is not None:
+                        st = self.states[iid]
+                        st.exit_reason, st.message = "error", f"{type(exc).__name__}: {exc}"
+                    if not live and iid not in reported:
+                        reported.add(iid)
+                        self._print_line(iid)
+                if live:
+                    live.update(self.table())
+        except KeyboardInterrupt:
+            interrupted = True
+            self._interrupt(executor, futures, live)
+        finally:
+            executor.shutdown(wait=not interrupted, cancel_futures=True)
+            if live:
+                live.update(self.table())
+                live.stop()
+        summary = self._write_summary(final=True)
+        if interrupted:
+            raise KeyboardInterrupt
+        return summary
+
+    def _print_line(self, iid: str) -> None:
+        st = self.states[iid]
+        s = st.stats
+        self.console.print(f"{iid}: {st.exit_reason} steps={s.step} tokens={s.tokens} "
+                           f"denied={s.denied} patch={st.patch_bytes}B"
+                           + (f" ({st.message[:200]})" if st.exit_reason not in FINISHED_REASONS
+                              and st.message else ""))
+
+    def _interrupt(self, executor: cf.ThreadPoolExecutor, futures: dict, live: Live | None) -> None:
+        """First Ctrl-C: stop cleanly. A second one during the wait exits at once."""
+        self.stop.set()
+        self.console.print("[magenta]stopping: running agents finish their current step "
+                           "(Ctrl-C again to quit now)[/]")
+
+        def hard_exit(*_: object) -> None:
+            self._write_summary(final=True)
+            os._exit(130)
+
+        previous = signal.signal(signal.SIGINT, hard_exit)
+        try:
+            for fut in futures:
+                fut.cancel()
+            with self._lock:
+                models = list(self._models.values())
+            for m in models:  # abort in-flight model requests
+                try:
+                    m.close()
+                except Exception:  # noqa: BLE001 - best effort
+                    pass
+            for fut in list(futures):
+                if not fut.cancelled():
+                    try:
+                        fut.result()
+                    except Exception:  # noqa: BLE001 - recorded in the state already
+                        pass
+                if live:
+                    live.update(self.table())
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        for st in self.states.values():
+            if st.exit_reason is None:
+                st.exit_reason = "interrupted"

@@ -1,0 +1,216 @@
+"""The agent loop against the scripted OpenAI-compatible server: both protocols, retries, limits,
+format errors, and policy denials (a denied call never executes).
+
+To add a case: write the turns the model should give (see ``fak.agent.scripted``), run
+``_agent(...).run(...)`` and check the trajectory and the workspace.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fak.agent import Agent, AgentConfig, OpenAIChatModel, ToolBox, Trajectory, get_protocol
+from fak.agent.exceptions import FormatError
+from fak.agent.protocols import canonical_digest
+from fak.agent.protocols.text import TextProtocol
+from fak.agent.protocols.tools import ToolCallProtocol
+
+
+def _agent(server, ws, tmp_path, protocol="tools", allow_exec=False, max_steps=10, **model_kw):
+    proto = get_protocol(protocol, allow_exec=allow_exec)
+    model = OpenAIChatModel(server.url, "scripted", backoff_s=0.01,
+                            headers={"X-Fak-Conversation": "run1/inst1",
+                                     "X-Fak-Workspace": str(ws.root), **proto.headers()},
+                            **model_kw)
+    traj = Trajectory(tmp_path / "t.traj.json", instance_id="inst1")
+    return Agent(model, ToolBox(ws, allow_exec=allow_exec), proto,
+                 AgentConfig(max_steps=max_steps), traj)
+
+
+def _task(ws):
+    return {"problem_statement": "add is wrong", "repo": "t/calc", "workspace": str(ws.root)}
+
+
+def _call(name, **arguments):
+    return {"name": name, "arguments": arguments}
+
+
+def test_tool_protocol_fixes_bug_and_submits(repo, scripted, tmp_path):
+    ws, base = repo
+    server = scripted({"inst1": [
+        {"tool_calls": [_call("search", pattern="def add")]},
+        {"tool_calls": [_call("edit", path="calc.py", old="return a - b", new="return a + b")]},
+        {"tool_calls": [_call("submit")]},
+    ]})
+    data = _agent(server, ws, tmp_path).run(**_task(ws))
+    assert data["exit_reason"] == "submitted" and data["n_steps"] == 3
+    assert "return a + b" in (ws.root / "calc.py").read_text()
+    # the history is valid OpenAI chat: assistant tool_calls answered by tool messages
+    roles = [m["role"] for m in data["messages"]]
+    assert roles == ["system", "user", "assistant", "tool", "assistant", "tool", "assistant"]
+    assert data["messages"][3]["content"] == "calc.py:1:def add(a, b):"
+    assert data["messages"][3]["tool_call_id"] == data["messages"][2]["tool_calls"][0]["id"]
+    # the trajectory on disk equals the returned one, with tokens and timings
+    on_disk = json.loads((tmp_path / "t.traj.json").read_text())
+    assert on_disk["exit_reason"] == "submitted" and on_disk["tokens"]["completion"] > 0
+    assert [a["name"] for s in on_disk["steps"] for a in s["actions"]] == ["search", "edit", "submit"]
+    # headers and tools went to the server
+    req = server.requests[0]
+    assert req["headers"]["x-fak-conversation"] == "run1/inst1"
+    assert req["headers"]["x-fak-workspace"] == str(ws.root)
+    assert [t["function"]["name"] for t in req["body"]["tools"]] == [
+        "read", "list", "search", "edit", "write", "submit"]
+
+
+def test_text_protocol(repo, scripted, tmp_path):
+    ws, _ = repo
+    server = scripted({"inst1": [
+        {"content": "Look.\n```bash\ngrep -n 'a - b' calc.py\n```"},
+        {"content": "no block here"},
+        {"content": "```bash\nsed -i 's/a - b/a + b/' calc.py\n```"},
+        {"content": "```bash\npython3 -c 'import calc; print(calc.add(2, 3))'\n```"},
+        {"content": "```bash\nsubmit\n```"},
+    ]})
+    data = _agent(server, ws, tmp_path, protocol="text", allow_exec=True).run(**_task(ws))
+    assert data["exit_reason"] == "submitted"
+    assert data["n_format_errors"] == 1
+    outputs = [a["output"] for s in data["steps"] for a in s["actions"]]
+    assert outputs[0] == "2:    return a - b\n" and outputs[2] == "5\n"
+    assert "<returncode>0</returncode>" in data["messages"][3]["content"]
+    assert "Format error: no ```bash block" in data["messages"][5]["content"]
+    assert server.requests[0]["headers"]["x-fak-text-tools"] == "bash"
+    assert "tools" not in server.requests[0]["body"]
+
+
+def test_retries_429_and_5xx(repo, scripted, tmp_path):
+    ws, _ = repo
+    server = scripted({"inst1": [{"fail": [429, 500, 503], "tool_calls": [_call("submit")]}]})
+    data = _agent(server, ws, tmp_path).run(**_task(ws))
+    assert data["exit_reason"] == "submitted"
+    assert data["steps"][0]["attempts"] == 4
+    assert [r["status"] for r in server.requests] == [429, 500, 503, 200]
+
+
+def test_retries_are_bounded(repo, scripted, tmp_path):
+    ws, _ = repo
+    server = scripted({"inst1": [{"fail": [500] * 10, "tool_calls": [_call("submit")]}]})
+    data = _agent(server, ws, tmp_path, max_retries=2).run(**_task(ws))
+    assert data["exit_reason"] == "model_error" and "failed 3 times" in data["exit_message"]
+    assert len(server.requests) == 3
+
+
+def test_client_error_is_not_retried(repo, scripted, tmp_path):
+    ws, _ = repo
+    server = scripted({"inst1": [{"fail": [400], "tool_calls": [_call("submit")]}]})
+    data = _agent(server, ws, tmp_path).run(**_task(ws))
+    assert data["exit_reason"] == "model_error" and "HTTP 400" in data["exit_message"]
+    assert len(server.requests) == 1
+
+
+def test_step_limit_and_tool_errors(repo, scripted, tmp_path):
+    ws, _ = repo
+    server = scripted({"*": [{"tool_calls": [_call("read", path="missing.py")]}] * 5})
+    data = _agent(server, ws, tmp_path, max_steps=3).run(**_task(ws))
+    assert data["exit_reason"] == "max_steps" and data["n_steps"] == 3
+    assert data["messages"][3]["content"].startswith("Error: no such file: missing.py")
+    assert all(a["ok"] is False for s in data["steps"] for a in s["actions"])
+
+
+def test_denied_call_removed_by_gateway_is_reported(repo, scripted, tmp_path):
+    """The gateway removed the denied call and said so: nothing runs, the verdict is recorded,
+    the model is told, and the loop goes on to submit."""
+    ws, base = repo
+    verdict = {"tool": "write", "allowed": False, "reason": "writes outside src/ are denied",
+               "rule": "deny-write-root",
+               "arguments_digest": canonical_digest({"path": "evil.py", "content": "x = 1\n"})}
+    server = scripted({"inst1": [
+        {"content": "[fak policy] denied write: writes outside src/ are denied",
+         "fak_policy": {"verdicts": [verdict]}},
+        {"tool_calls": [_call("submit")]},
+    ]})
+    data = _agent(server, ws, tmp_path).run(**_task(ws))
+    assert data["exit_reason"] == "submitted" and data["n_denied"] == 1
+    assert data["steps"][0]["verdicts"] == [verdict] and data["steps"][0]["format_error"] is None
+    assert "[fak policy] denied write: writes outside src/ are denied" in data["messages"][3]["content"]
+    assert not (ws.root / "evil.py").exists()
+    assert ws.diff(base) == ""
+
+
+def test_denied_call_left_in_reply_never_executes(repo, scripted, tmp_path):
+    """Defence in depth: even if the denied call is still in tool_calls, it is not executed;
+    the allowed call of the same turn is."""
+    ws, _ = repo
+    evil = {"path": "evil.py", "content": "x = 1\n"}
+    server = scripted({"inst1": [
+        {"tool_calls": [_call("write", **evil), _call("list")],
+         "fak_policy": {"verdicts": [
+             {"tool": "write", "allowed": False, "reason": "denied by test", "rule": "r1",
+              "arguments_digest": canonical_digest(evil)},
+             {"tool": "list", "allowed": True, "reason": "", "rule": "r0",
+              "arguments_digest": canonical_digest({})}]}},
+        {"tool_calls": [_call("submit")]},
+    ]})
+    data = _agent(server, ws, tmp_path).run(**_task(ws))
+    assert not (ws.root / "evil.py").exists()
+    actions = data["steps"][0]["actions"]
+    assert actions[0]["name"] == "write" and actions[0]["denied"] and not actions[0]["executed"]
+    assert actions[0]["verdict"]["rule"] == "r1"
+    assert actions[1]["name"] == "list" and actions[1]["executed"] and "calc.py" in actions[1]["output"]
+    assert actions[1]["verdict"]["allowed"] is True and actions[1]["verdict"]["rule"] == "r0"
+    assert data["exit_reason"] == "submitted"
+    tool_msgs = [m for m in data["messages"] if m["role"] == "tool"]
+    assert tool_msgs[0]["content"].startswith("[fak policy] denied write")
+
+
+def test_text_protocol_denial(repo, scripted, tmp_path):
+    ws, _ = repo
+    server = scripted({"inst1": [
+        {"content": "```bash\ntouch pwned\n```",
+         "fak_policy": {"verdicts": [{"tool": "bash", "allowed": False, "reason": "no touching",
+                                      "rule": "r", "arguments_digest": "opaque-digest"}]}},
+        {"content": "```bash\nsubmit\n```"},
+    ]})
+    data = _agent(server, ws, tmp_path, protocol="text", allow_exec=True).run(**_task(ws))
+    assert not (ws.root / "pwned").exists()
+    assert data["steps"][0]["actions"][0]["denied"] is True
+    assert data["exit_reason"] == "submitted"
+
+
+def test_observation_window_cuts_old_outputs(repo, scripted, tmp_path):
+    ws, _ = repo
+    (ws.root / "big.txt").write_text("line\n" * 3000)
+    server = scripted({"inst1": [{"tool_calls": [_call("read", path="big.txt")]}] * 3
+                       + [{"tool_calls": [_call("submit")]}]})
+    agent = _agent(server, ws, tmp_path)
+    agent.config.observation_window = 1
+    agent.config.old_observation_chars = 100
+    agent.run(**_task(ws))
+    last = server.requests[-1]["body"]["messages"]
+    tool_lens = [len(m["content"]) for m in last if m["role"] == "tool"]
+    assert tool_lens[0] < 200 and tool_lens[-1] > 2000  # old cut, newest whole
+    assert all(len(m["content"]) > 2000 for m in agent.messages if m["role"] == "tool")
+
+
+def test_protocol_parsing():
+    tools = ToolCallProtocol(allow_exec=False)
+    with pytest.raises(FormatError):
+        tools.parse({"content": "I think the bug is in add"})
+    with pytest.raises(FormatError, match="not valid JSON"):
+        tools.parse({"tool_calls": [{"id": "1", "function": {"name": "read", "arguments": "{bad"}}]})
+    acts = tools.parse({"content": 'ok <tool_call>\n{"name": "read", "arguments": '
+                                   '{"path": "a.py"}}\n</tool_call>'})
+    assert [(a.name, a.arguments) for a in acts] == [("read", {"path": "a.py"})]
+    assert tools.observation(acts[0], "x", None, 10)["role"] == "user"  # no id to answer
+    text = TextProtocol(allow_exec=True)
+    with pytest.raises(FormatError, match="found 2"):
+        text.parse({"content": "```bash\nls\n```\n```bash\npwd\n```"})
+    assert text.parse({"content": "```bash\n  submit \n```"})[0].name == "submit"
+    assert text.parse({"content": "```sh\nls -la\n```"})[0].arguments == {"command": "ls -la"}
+    structured = {"content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
+        "name": "bash", "arguments": json.dumps({"command": "submit"})}}]}
+    assert text.parse(structured)[0].name == "submit"  # a gateway that parsed the block
+    assert "tool_calls" not in text.history_message(structured)
+    with pytest.raises(ValueError, match="--allow-exec"):
+        TextProtocol(allow_exec=False)
