@@ -77,8 +77,14 @@ class GgufFile:
     def dequantize(self, name: str) -> npt.NDArray[np.float32]:
         """1-D float32 array of ``n_elements`` values (ggml order)."""
 
-def dequantize(type_name: str, raw: bytes | npt.NDArray[np.uint8], n_elements: int) -> npt.NDArray[np.float32]:
-    """Blocks of ggml type ``type_name`` -> 1-D float32 array of ``n_elements`` values."""
+def dequantize(
+    type_name: str,
+    raw: bytes | npt.NDArray[np.uint8],
+    n_elements: int,
+    out: npt.NDArray[np.float32] | None = None,
+) -> npt.NDArray[np.float32]:
+    """Blocks of ggml type ``type_name`` -> float32: into ``out`` (writeable, contiguous,
+    ``n_elements`` values) when given, else into a new 1-D array; returns the array written."""
 
 # --- CPU ops (rust/src/python/ops.rs) ---------------------------------------------------------
 
