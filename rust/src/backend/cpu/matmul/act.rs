@@ -37,6 +37,34 @@ pub struct BlockQ8_1 {
     pub qs: [i8; QK8],
 }
 
+/// Block `i` of 8 consecutive Q8_0 activation rows, interleaved for the prefill kernels: the 8
+/// scales and quant sums as vectors, then the 8 rows' quants (fak's layout, like ggml's
+/// `block_q8_0x4` repacking of activations).
+#[derive(Clone, Copy, Debug, Default)]
+#[repr(C, align(32))]
+pub struct BlockQ8_0x8 {
+    pub d: [f32; 8],
+    pub sum: [i32; 8],
+    pub qs: [[i8; QK8]; 8],
+}
+
+/// Interleaves each full group of 8 rows of `a` (`nb` blocks per row) into `[group][block]`.
+pub fn interleave_q8_0(a: &[BlockQ8_0], nb: usize) -> Vec<BlockQ8_0x8> {
+    let groups = a.len() / nb / 8;
+    let mut out = vec![BlockQ8_0x8::default(); groups * nb];
+    for (g, og) in out.chunks_mut(nb.max(1)).enumerate().take(groups) {
+        for (i, o) in og.iter_mut().enumerate() {
+            for r in 0..8 {
+                let b = &a[(8 * g + r) * nb + i];
+                o.d[r] = b.d;
+                o.sum[r] = b.sum;
+                o.qs[r] = b.qs;
+            }
+        }
+    }
+    out
+}
+
 /// A Q8_K activation block (ggml `block_q8_K`): f32 `d`, 256 quants, sums of each 16 quants.
 #[derive(Clone, Copy, Debug)]
 #[repr(C, align(8))]

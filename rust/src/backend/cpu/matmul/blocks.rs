@@ -43,7 +43,6 @@ pub fn bf16_bits_to_f32(h: u16) -> f32 {
 /// Q4_0: `{ d: f16, qs: [u8; 16] }`, element j = low nibble of qs[j], element j+16 = high nibble;
 /// value = d·(q − 8).
 pub mod q4_0 {
-    pub const QK: usize = 32;
     pub const BYTES: usize = 18;
     pub const D: usize = 0;
     pub const QS: usize = 2;
@@ -51,7 +50,6 @@ pub mod q4_0 {
 
 /// Q4_1: `{ d: f16, m: f16, qs: [u8; 16] }`, value = d·q + m.
 pub mod q4_1 {
-    pub const QK: usize = 32;
     pub const BYTES: usize = 20;
     pub const D: usize = 0;
     pub const M: usize = 2;
@@ -61,7 +59,6 @@ pub mod q4_1 {
 /// Q5_0: `{ d: f16, qh: u32, qs: [u8; 16] }`, 5th bit of element j is bit j of qh;
 /// value = d·(q − 16).
 pub mod q5_0 {
-    pub const QK: usize = 32;
     pub const BYTES: usize = 22;
     pub const D: usize = 0;
     pub const QH: usize = 2;
@@ -70,7 +67,6 @@ pub mod q5_0 {
 
 /// Q5_1: `{ d: f16, m: f16, qh: u32, qs: [u8; 16] }`, value = d·q + m.
 pub mod q5_1 {
-    pub const QK: usize = 32;
     pub const BYTES: usize = 24;
     pub const D: usize = 0;
     pub const M: usize = 2;
@@ -80,7 +76,6 @@ pub mod q5_1 {
 
 /// Q8_0: `{ d: f16, qs: [i8; 32] }`, value = d·q.
 pub mod q8_0 {
-    pub const QK: usize = 32;
     pub const BYTES: usize = 34;
     pub const D: usize = 0;
     pub const QS: usize = 2;

@@ -7,10 +7,15 @@
 //! (f32/f16/bf16 dot products).
 //!
 //! Layout of the work: the output columns (`n_out`, weight rows) are split into chunks run as rayon
-//! tasks; inside a chunk the activation rows are walked in groups of up to [`MAX_ROWS`] and each
-//! weight row is decoded once per group and dotted with every row of the group, so a prefill
-//! (`n_rows` large) loads each weight block once per group instead of once per token, while a
-//! decode (`n_rows` = 1..4) is one sequential pass over the weights.
+//! tasks (and, for a prefill with few weight rows, the activation rows too); inside a
+//! task the activation rows are walked in groups of up to [`MAX_ROWS`] and each weight block is
+//! unpacked once per group and dotted with every row of the group, so a prefill (`n_rows` large)
+//! loads each weight block once per 8 tokens, while a decode (`n_rows` = 1..8) is one sequential
+//! pass over the weights. Q4_0/Q5_0/Q8_0 prefill reads 8 interleaved activation rows
+//! ([`BlockQ8_0x8`]); the float formats block over 4 weight rows × 4 activation rows.
+//!
+//! `FAK_CPU_SIMD=scalar|avx2|avx512` lowers the SIMD level (tests, benches); [`simd_level`] names
+//! the one in use. Every level gives the same integer sums; only f32 summation order differs.
 
 mod act;
 mod blocks;
@@ -18,11 +23,9 @@ mod scalar;
 mod simd;
 
 #[cfg(target_arch = "x86_64")]
-mod avx2;
-#[cfg(target_arch = "x86_64")]
-mod avx512;
+mod x86;
 
-pub use act::{BlockQ8K, BlockQ8_0, BlockQ8_1};
+pub use act::{BlockQ8K, BlockQ8_0, BlockQ8_0x8, BlockQ8_1};
 pub use simd::{available_levels, detected_level, SimdLevel};
 
 use crate::quant::GgmlType;
@@ -30,16 +33,27 @@ use crate::{FakError, Result};
 use rayon::prelude::*;
 
 /// Activation rows a kernel call handles at once (the prefill micro-tile height).
-pub const MAX_ROWS: usize = 4;
+pub const MAX_ROWS: usize = 8;
+/// Weight rows a kernel call handles at once (the float kernels block over them; the quantized
+/// kernels walk them one by one).
+pub const MAX_W: usize = 4;
 
-/// Computes `out[r] = W_row · a_row(r)` for `r < nr` (`nr` ≤ [`MAX_ROWS`]), where the weight row
-/// starts at `w` and holds `nb` blocks (elements for the float formats) and activation row `r`
-/// starts at `a + r·a_stride` (in units of `A`).
+/// Computes `out[j·MAX_ROWS + r] = W_row(j) · a_row(r)` for `j < nw` (≤ [`MAX_W`]) and `r < nr`
+/// (≤ [`MAX_ROWS`]), where weight row `j` starts at `w + j·w_stride` and holds `nb` blocks
+/// (elements for the float formats) and activation row `r` starts at `a + r·a_stride` (in `A`s).
 ///
 /// # Safety
-/// `w` must point to a whole weight row, each activation row to `nb` valid `A`s, `out` to `nr`
-/// floats, and the CPU must support the instructions of the kernel's level.
-pub(crate) type Kernel<A> = unsafe fn(w: *const u8, a: *const A, a_stride: usize, nb: usize, nr: usize, out: *mut f32);
+/// `w` must point to `nw` whole weight rows, each activation row to `nb` valid `A`s, `out` to
+/// `MAX_W·MAX_ROWS` floats, and the CPU must support the instructions of the kernel's level.
+pub(crate) type Kernel<A> =
+    unsafe fn(w: *const u8, w_stride: usize, nw: usize, a: *const A, a_stride: usize, nb: usize, nr: usize, out: *mut f32);
+
+/// A prefill kernel over one interleaved group of 8 activation rows ([`BlockQ8_0x8`]):
+/// `out[j·MAX_ROWS + r] = W_row(j) · a_row(r)` for `j < nw`, `r < 8`.
+///
+/// # Safety
+/// As [`Kernel`], with `a` pointing to the group's `nb` interleaved blocks.
+pub(crate) type KernelX8 = unsafe fn(w: *const u8, w_stride: usize, nw: usize, a: *const BlockQ8_0x8, nb: usize, out: *mut f32);
 
 /// The name of the SIMD path [`matmul`] runs on this machine (`"avx512"`, `"avx2"` or `"scalar"`),
 /// after any `FAK_CPU_SIMD` override.
@@ -71,7 +85,7 @@ pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: u
     let (bs, ts) = wtype.block_geometry();
     let plan = plan(wtype, level)
         .ok_or_else(|| FakError::Unsupported(format!("matmul with {} weights", wtype.name())))?;
-    if k % bs != 0 {
+    if !k.is_multiple_of(bs) {
         return Err(FakError::invalid("k", format!("{k} is not a multiple of the {} block size {bs}", wtype.name())));
     }
     let nb = k / bs;
@@ -96,28 +110,23 @@ pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: u
         return Ok(());
     }
     let shape = Shape { n_out, nb, row_bytes, n_rows };
+    let q = Quantizers::at(level);
     match plan {
-        Plan::Q8_0(kern) => {
-            let a = quantize_rows(x, k, QK8_BLOCK, act::quantize_row_q8_0);
-            drive(kern, w, &a, nb, shape, y);
+        Plan::Q8_0(kern, x8) => {
+            let a = quantize_rows(x, k, QK8_BLOCK, q.q8_0);
+            match x8 {
+                Some(kx8) if n_rows >= MAX_ROWS => {
+                    let ax8 = act::interleave_q8_0(&a, nb);
+                    drive(kern, Some((kx8, &ax8[..])), w, &a, nb, shape, y)
+                }
+                _ => drive(kern, None, w, &a, nb, shape, y),
+            }
         }
-        Plan::Q8_1(kern) => {
-            let a = quantize_rows(x, k, QK8_BLOCK, act::quantize_row_q8_1);
-            drive(kern, w, &a, nb, shape, y);
-        }
-        Plan::Q8K(kern) => {
-            let a = quantize_rows(x, k, act::QK_K, act::quantize_row_q8_k);
-            drive(kern, w, &a, nb, shape, y);
-        }
-        Plan::F32(kern) => drive(kern, w, x, k, shape, y),
-        Plan::F16(kern) => {
-            let a = quantize_rows(x, k, 1, |x, o: &mut [u16]| o.iter_mut().zip(x).for_each(|(o, &v)| *o = blocks::f32_to_f16_bits(v)));
-            drive(kern, w, &a, k, shape, y);
-        }
-        Plan::BF16(kern) => {
-            let a = quantize_rows(x, k, 1, |x, o: &mut [u16]| o.iter_mut().zip(x).for_each(|(o, &v)| *o = blocks::f32_to_bf16_bits(v)));
-            drive(kern, w, &a, k, shape, y);
-        }
+        Plan::Q8_1(kern) => drive(kern, None, w, &quantize_rows(x, k, QK8_BLOCK, q.q8_1), nb, shape, y),
+        Plan::Q8K(kern) => drive(kern, None, w, &quantize_rows(x, k, act::QK_K, q.q8_k), nb, shape, y),
+        Plan::F32(kern) => drive(kern, None, w, x, k, shape, y),
+        Plan::F16(kern) => drive(kern, None, w, &quantize_rows(x, k, 1, q.f16), k, shape, y),
+        Plan::BF16(kern) => drive(kern, None, w, &quantize_rows(x, k, 1, q.bf16), k, shape, y),
     }
     Ok(())
 }
@@ -127,10 +136,10 @@ pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: u
 pub fn quantize_activations(vec_dot_type: GgmlType, x: &[f32]) -> Result<Vec<u8>> {
     let mut out = Vec::new();
     match vec_dot_type {
-        GgmlType::Q8_0 | GgmlType::Q8_1 if x.len() % QK8_BLOCK != 0 => {
+        GgmlType::Q8_0 | GgmlType::Q8_1 if !x.len().is_multiple_of(QK8_BLOCK) => {
             Err(FakError::invalid("x", format!("length {} is not a multiple of 32", x.len())))
         }
-        GgmlType::Q8_K if x.len() % act::QK_K != 0 => {
+        GgmlType::Q8_K if !x.len().is_multiple_of(act::QK_K) => {
             Err(FakError::invalid("x", format!("length {} is not a multiple of 256", x.len())))
         }
         GgmlType::Q8_0 => {
@@ -151,30 +160,58 @@ pub fn quantize_activations(vec_dot_type: GgmlType, x: &[f32]) -> Result<Vec<u8>
 
 const QK8_BLOCK: usize = act::QK8;
 
+/// Row quantizers of one SIMD level (all levels give bit-identical results).
+struct Quantizers {
+    q8_0: fn(&[f32], &mut [BlockQ8_0]),
+    q8_1: fn(&[f32], &mut [BlockQ8_1]),
+    q8_k: fn(&[f32], &mut [BlockQ8K]),
+    f16: fn(&[f32], &mut [f32]),
+    bf16: fn(&[f32], &mut [f32]),
+}
+
+impl Quantizers {
+    fn at(level: SimdLevel) -> Quantizers {
+        #[cfg(target_arch = "x86_64")]
+        if level >= SimdLevel::Avx2 {
+            // SAFETY (each wrapper): `matmul_at` only accepts levels the CPU supports, and every
+            // level from Avx2 up includes AVX2 + F16C.
+            return Quantizers {
+                q8_0: |x, o| unsafe { x86::quant::row_q8_0(x, o) },
+                q8_1: |x, o| unsafe { x86::quant::row_q8_1(x, o) },
+                q8_k: |x, o| unsafe { x86::quant::row_q8_k(x, o) },
+                f16: |x, o| unsafe { x86::quant::row_f16(x, o) },
+                bf16: |x, o| unsafe { x86::quant::row_bf16(x, o) },
+            };
+        }
+        let _ = level;
+        Quantizers {
+            q8_0: act::quantize_row_q8_0,
+            q8_1: act::quantize_row_q8_1,
+            q8_k: act::quantize_row_q8_k,
+            f16: |x, o| o.iter_mut().zip(x).for_each(|(o, &v)| *o = blocks::f16_bits_to_f32(blocks::f32_to_f16_bits(v))),
+            bf16: |x, o| o.iter_mut().zip(x).for_each(|(o, &v)| *o = blocks::bf16_bits_to_f32(blocks::f32_to_bf16_bits(v))),
+        }
+    }
+}
+
 /// The kernel for a weight type at a level, tagged with its activation type.
 enum Plan {
-    Q8_0(Kernel<BlockQ8_0>),
+    /// Q8_0 activations, with an optional kernel for interleaved groups of 8 rows.
+    Q8_0(Kernel<BlockQ8_0>, Option<KernelX8>),
     Q8_1(Kernel<BlockQ8_1>),
     Q8K(Kernel<BlockQ8K>),
     F32(Kernel<f32>),
-    F16(Kernel<u16>),
-    BF16(Kernel<u16>),
+    /// F16 weights; activations rounded to f16 (ggml's `vec_dot_type`), held as f32.
+    F16(Kernel<f32>),
+    /// BF16 weights; activations rounded to bf16, held as f32.
+    BF16(Kernel<f32>),
 }
 
 fn plan(t: GgmlType, level: SimdLevel) -> Option<Plan> {
     #[cfg(target_arch = "x86_64")]
     {
-        let p = match level {
-            SimdLevel::Avx512 => avx512::plan(t),
-            SimdLevel::Avx2 => avx2::plan(t),
-            SimdLevel::Scalar => None,
-        };
-        if p.is_some() {
-            return p;
-        }
-        // A level without its own kernel for `t` runs the next lower level's.
-        if level == SimdLevel::Avx512 {
-            if let Some(p) = avx2::plan(t) {
+        if level >= SimdLevel::Avx2 {
+            if let Some(p) = x86::plan(t, level == SimdLevel::Avx512) {
                 return Some(p);
             }
         }
@@ -186,13 +223,16 @@ fn plan(t: GgmlType, level: SimdLevel) -> Option<Plan> {
 /// Wraps a safe scalar row dot product into a [`Kernel`].
 macro_rules! scalar_kernel {
     ($name:ident, $dot:path, $a:ty, $wbytes:expr) => {
-        unsafe fn $name(w: *const u8, a: *const $a, a_stride: usize, nb: usize, nr: usize, out: *mut f32) {
-            // SAFETY: the caller guarantees a whole weight row and `nr` activation rows of `nb`.
+        #[allow(clippy::too_many_arguments)]
+        unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const $a, a_stride: usize, nb: usize, nr: usize, out: *mut f32) {
+            // SAFETY: the caller guarantees `nw` whole weight rows and `nr` activation rows of `nb`.
             unsafe {
-                let ws = std::slice::from_raw_parts(w, nb * $wbytes);
-                for r in 0..nr {
-                    let ar = std::slice::from_raw_parts(a.add(r * a_stride), nb);
-                    *out.add(r) = $dot(ws, ar);
+                for j in 0..nw {
+                    let ws = std::slice::from_raw_parts(w.add(j * w_stride), nb * $wbytes);
+                    for r in 0..nr {
+                        let ar = std::slice::from_raw_parts(a.add(r * a_stride), nb);
+                        *out.add(j * MAX_ROWS + r) = $dot(ws, ar);
+                    }
                 }
             }
         }
@@ -210,17 +250,17 @@ scalar_kernel!(k_q4_k, scalar::dot_q4_k, BlockQ8K, blocks::q4_k::BYTES);
 scalar_kernel!(k_q5_k, scalar::dot_q5_k, BlockQ8K, blocks::q5_k::BYTES);
 scalar_kernel!(k_q6_k, scalar::dot_q6_k, BlockQ8K, blocks::q6_k::BYTES);
 scalar_kernel!(k_f32, scalar::dot_f32, f32, 4);
-scalar_kernel!(k_f16, scalar::dot_f16, u16, 2);
-scalar_kernel!(k_bf16, scalar::dot_bf16, u16, 2);
+scalar_kernel!(k_f16, scalar::dot_f16, f32, 2);
+scalar_kernel!(k_bf16, scalar::dot_bf16, f32, 2);
 
 fn scalar_plan(t: GgmlType) -> Option<Plan> {
     use GgmlType as G;
     Some(match t {
-        G::Q4_0 => Plan::Q8_0(k_q4_0),
+        G::Q4_0 => Plan::Q8_0(k_q4_0, None),
         G::Q4_1 => Plan::Q8_1(k_q4_1),
-        G::Q5_0 => Plan::Q8_0(k_q5_0),
+        G::Q5_0 => Plan::Q8_0(k_q5_0, None),
         G::Q5_1 => Plan::Q8_1(k_q5_1),
-        G::Q8_0 => Plan::Q8_0(k_q8_0),
+        G::Q8_0 => Plan::Q8_0(k_q8_0, None),
         G::Q2_K => Plan::Q8K(k_q2_k),
         G::Q3_K => Plan::Q8K(k_q3_k),
         G::Q4_K => Plan::Q8K(k_q4_k),
@@ -234,7 +274,7 @@ fn scalar_plan(t: GgmlType) -> Option<Plan> {
 }
 
 /// Quantizes `x` (`[n_rows, k]`) row by row into `k / qk` blocks per row, in parallel when large.
-fn quantize_rows<A: Default + Clone + Send>(x: &[f32], k: usize, qk: usize, f: impl Fn(&[f32], &mut [A]) + Sync) -> Vec<A> {
+fn quantize_rows<A: Default + Clone + Send>(x: &[f32], k: usize, qk: usize, f: fn(&[f32], &mut [A])) -> Vec<A> {
     let per_row = k / qk;
     let n_rows = x.len() / k;
     let mut a = vec![A::default(); per_row * n_rows];
@@ -257,47 +297,83 @@ struct Shape {
 /// A raw pointer to `y` shared by the tasks; each writes a disjoint set of columns.
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: tasks write disjoint elements (their own column range) and `drive` joins them all
+// SAFETY: tasks write disjoint elements (their own tile of y) and `drive` joins them all
 // before `y`'s borrow ends.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// Weight rows per rayon task: enough tasks to balance the pool (≈ 8 per thread), each with at
-/// least ~16 KiB of weights so the per-task cost stays small against a memory-bound decode.
-fn rows_per_task(n_out: usize, row_bytes: usize) -> usize {
-    let threads = rayon::current_num_threads().max(1);
-    let by_balance = n_out.div_ceil(8 * threads);
-    let by_bytes = (16 * 1024usize).div_ceil(row_bytes.max(1));
-    by_balance.max(by_bytes).clamp(1, n_out).next_multiple_of(4).min(n_out)
+/// How the work is cut into rayon tasks: `out_chunk` weight rows × `row_block` activation rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tiling {
+    out_chunk: usize,
+    row_block: usize,
 }
 
-fn drive<A: Sync>(kern: Kernel<A>, w: &[u8], a: &[A], a_stride: usize, s: Shape, y: &mut [f32]) {
+/// Enough tasks to balance the pool (≈ 8 per thread); for a decode (`n_rows` ≤ [`MAX_ROWS`]) each
+/// task also gets ≥ ~16 KiB of weights so its fixed cost stays small against a memory-bound pass.
+/// When the weight rows alone cannot make enough tasks (a small `n_out` in a prefill), the
+/// activation rows are split too.
+fn tiling(n_out: usize, row_bytes: usize, n_rows: usize, threads: usize) -> Tiling {
+    let threads = threads.max(1);
+    let want = 8 * threads;
+    let by_balance = n_out.div_ceil(want);
+    let min_rows = if n_rows <= MAX_ROWS { (16 * 1024usize).div_ceil(row_bytes.max(1)) } else { 4 };
+    let out_chunk = by_balance.max(min_rows).next_multiple_of(4).min(n_out).max(1);
+    let out_tasks = n_out.div_ceil(out_chunk);
+    let mut row_block = n_rows.max(1);
+    if out_tasks < 2 * threads && n_rows > 2 * MAX_ROWS {
+        let splits = (2 * threads).div_ceil(out_tasks);
+        row_block = n_rows.div_ceil(splits).next_multiple_of(MAX_ROWS);
+    }
+    Tiling { out_chunk, row_block }
+}
+
+/// Runs `kern` over all tiles; full, 8-aligned groups of activation rows go to `x8` (kernel and the
+/// interleaved activations, `[group][block]`) when given.
+fn drive<A: Sync>(kern: Kernel<A>, x8: Option<(KernelX8, &[BlockQ8_0x8])>, w: &[u8], a: &[A], a_stride: usize, s: Shape, y: &mut [f32]) {
     debug_assert_eq!(a.len(), a_stride * s.n_rows);
     debug_assert_eq!(w.len(), s.n_out * s.row_bytes);
-    let chunk = rows_per_task(s.n_out, s.row_bytes);
-    let n_tasks = s.n_out.div_ceil(chunk);
+    let t = tiling(s.n_out, s.row_bytes, s.n_rows, rayon::current_num_threads());
+    let out_tasks = s.n_out.div_ceil(t.out_chunk);
+    let row_tasks = s.n_rows.div_ceil(t.row_block);
     let yp = OutPtr(y.as_mut_ptr());
-    let task = |t: usize| {
+    let task = |id: usize| {
+        // Capture the whole `OutPtr` (Send + Sync), not just its raw-pointer field.
+        #[allow(clippy::redundant_locals)]
         let yp = yp;
-        let o0 = t * chunk;
-        let o1 = (o0 + chunk).min(s.n_out);
-        let mut out = [0.0f32; MAX_ROWS];
-        for r0 in (0..s.n_rows).step_by(MAX_ROWS) {
-            let nr = MAX_ROWS.min(s.n_rows - r0);
+        let (oc, rb) = (id % out_tasks, id / out_tasks);
+        let (o0, o1) = (oc * t.out_chunk, ((oc + 1) * t.out_chunk).min(s.n_out));
+        let (ra, rz) = (rb * t.row_block, ((rb + 1) * t.row_block).min(s.n_rows));
+        let mut out = [0.0f32; MAX_W * MAX_ROWS];
+        for r0 in (ra..rz).step_by(MAX_ROWS) {
+            let nr = MAX_ROWS.min(rz - r0);
             let ar = &a[r0 * a_stride..];
-            for o in o0..o1 {
-                // SAFETY: `w` holds n_out whole rows (checked by `matmul_at`), `ar` holds `nr` rows
-                // of `a_stride` (= nb) activations, `out` has MAX_ROWS ≥ nr slots, and `plan` only
-                // hands out kernels of levels the CPU supports.
-                unsafe { kern(w.as_ptr().add(o * s.row_bytes), ar.as_ptr(), a_stride, s.nb, nr, out.as_mut_ptr()) };
-                for (i, v) in out[..nr].iter().enumerate() {
-                    // SAFETY: (r0 + i) < n_rows and o < n_out, so the index is inside `y`; column o
-                    // belongs to this task only.
-                    unsafe { *yp.0.add((r0 + i) * s.n_out + o) = *v };
+            for o in (o0..o1).step_by(MAX_W) {
+                let nw = MAX_W.min(o1 - o);
+                let wp = w.as_ptr().wrapping_add(o * s.row_bytes);
+                match x8 {
+                    // SAFETY: as below; r0 is a multiple of 8 (row blocks are multiples of
+                    // MAX_ROWS = 8), so group r0/8 holds exactly these 8 rows, `nb` blocks each.
+                    Some((kx8, ax8)) if nr == 8 => unsafe {
+                        kx8(wp, s.row_bytes, nw, ax8[(r0 / 8) * s.nb..].as_ptr(), s.nb, out.as_mut_ptr())
+                    },
+                    // SAFETY: `w` holds n_out whole rows (checked by `matmul_at`) and
+                    // o + nw ≤ n_out, `ar` holds `nr` rows of `a_stride` (= nb) activations,
+                    // `out` has MAX_W·MAX_ROWS slots, and `plan` only hands out kernels the CPU
+                    // supports.
+                    _ => unsafe { kern(wp, s.row_bytes, nw, ar.as_ptr(), a_stride, s.nb, nr, out.as_mut_ptr()) },
+                }
+                for j in 0..nw {
+                    for (i, v) in out[j * MAX_ROWS..j * MAX_ROWS + nr].iter().enumerate() {
+                        // SAFETY: (r0 + i) < n_rows and o + j < n_out, so the index is inside
+                        // `y`; the element belongs to this task's tile only.
+                        unsafe { *yp.0.add((r0 + i) * s.n_out + o + j) = *v };
+                    }
                 }
             }
         }
     };
+    let n_tasks = out_tasks * row_tasks;
     if n_tasks == 1 {
         task(0);
     } else {

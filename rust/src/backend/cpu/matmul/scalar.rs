@@ -6,6 +6,8 @@
 //! in f32; the float formats accumulate f32 products in f64 (`ggml_float`), as ggml's scalar
 //! `ggml_vec_dot_f32/f16/bf16` do.
 
+#![allow(clippy::needless_range_loop)] // indexed loops mirror ggml's reference code
+
 use super::act::{BlockQ8K, BlockQ8_0, BlockQ8_1};
 use super::blocks::{self, bf16_bits_to_f32, f16_at, f16_bits_to_f32, k4_scales_mins, q3k_scales};
 
@@ -249,20 +251,20 @@ pub fn dot_f32(w: &[u8], a: &[f32]) -> f32 {
     sum as f32
 }
 
-/// F16 weights · F16 activations (`a` holds half bits).
-pub fn dot_f16(w: &[u8], a: &[u16]) -> f32 {
+/// F16 weights · activations already rounded to f16.
+pub fn dot_f16(w: &[u8], a: &[f32]) -> f32 {
     let mut sum = 0.0f64;
     for (b, &x) in w.chunks_exact(2).zip(a) {
-        sum += (f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])) * f16_bits_to_f32(x)) as f64;
+        sum += (f16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])) * x) as f64;
     }
     sum as f32
 }
 
-/// BF16 weights · BF16 activations (`a` holds bf16 bits).
-pub fn dot_bf16(w: &[u8], a: &[u16]) -> f32 {
+/// BF16 weights · activations already rounded to bf16.
+pub fn dot_bf16(w: &[u8], a: &[f32]) -> f32 {
     let mut sum = 0.0f64;
     for (b, &x) in w.chunks_exact(2).zip(a) {
-        sum += (bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])) * bf16_bits_to_f32(x)) as f64;
+        sum += (bf16_bits_to_f32(u16::from_le_bytes([b[0], b[1]])) * x) as f64;
     }
     sum as f32
 }

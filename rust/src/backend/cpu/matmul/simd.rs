@@ -60,18 +60,6 @@ pub fn detected_level() -> SimdLevel {
     SimdLevel::Scalar
 }
 
-/// Whether AVX-512 BF16 (`vdpbf16ps`) is available (used by the BF16 kernel at the avx512 level).
-pub fn has_avx512_bf16() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        is_x86_feature_detected!("avx512bf16")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// The levels this machine can run, lowest first (the scalar fallback always).
 pub fn available_levels() -> Vec<SimdLevel> {
     let top = detected_level();

@@ -174,3 +174,91 @@ fn simd_level_name_is_known() {
     assert!(["scalar", "avx2", "avx512"].contains(&simd_level()));
     assert!(available_levels().contains(&SimdLevel::Scalar));
 }
+
+#[test]
+fn simd_quantizers_are_bit_exact() {
+    let mut rng = Rng(77);
+    let mut x: Vec<f32> = (0..4096).map(|i| rng.unit() * (1 + i % 13) as f32).collect();
+    x[..256].fill(0.0); // an all-zero block
+    x[300] = 40.0; // largest element positive: Q8_K maps it to -127
+    x[700] = -40.0;
+    x[1000] = 3.0; // ties: +3 and -3 of equal magnitude, the first wins
+    x[1001] = -3.0;
+    for (i, v) in x[2048..2080].iter_mut().enumerate() {
+        *v = (i as f32 - 16.0) * 0.5; // exact halves after scaling: round half to even
+    }
+    let q = Quantizers::at(detected_level());
+    let s = Quantizers::at(SimdLevel::Scalar);
+    let (mut a, mut b) = (vec![BlockQ8_0::default(); 128], vec![BlockQ8_0::default(); 128]);
+    (q.q8_0)(&x, &mut a);
+    (s.q8_0)(&x, &mut b);
+    for (u, v) in a.iter().zip(&b) {
+        assert_eq!((u.d.to_bits(), u.sum, u.qs), (v.d.to_bits(), v.sum, v.qs));
+    }
+    let (mut a, mut b) = (vec![BlockQ8_1::default(); 128], vec![BlockQ8_1::default(); 128]);
+    (q.q8_1)(&x, &mut a);
+    (s.q8_1)(&x, &mut b);
+    for (u, v) in a.iter().zip(&b) {
+        assert_eq!((u.d.to_bits(), u.s.to_bits(), u.qs), (v.d.to_bits(), v.s.to_bits(), v.qs));
+    }
+    let (mut a, mut b) = (vec![BlockQ8K::default(); 16], vec![BlockQ8K::default(); 16]);
+    (q.q8_k)(&x, &mut a);
+    (s.q8_k)(&x, &mut b);
+    for (u, v) in a.iter().zip(&b) {
+        assert_eq!((u.d.to_bits(), u.qs, u.bsums), (v.d.to_bits(), v.qs, v.bsums));
+    }
+    for f in [(q.f16, s.f16), (q.bf16, s.bf16)] {
+        let (mut a, mut b) = (vec![0.0f32; x.len() - 3], vec![0.0f32; x.len() - 3]);
+        (f.0)(&x[3..], &mut a);
+        (f.1)(&x[3..], &mut b);
+        assert!(a.iter().zip(&b).all(|(u, v)| u.to_bits() == v.to_bits()));
+    }
+}
+
+#[test]
+fn tiling_covers_and_balances() {
+    // Decode: whole activation rows, chunks of >= 16 KiB of weights.
+    let t = tiling(1536, 864, 1, 2);
+    assert_eq!(t.row_block, 1);
+    assert!(t.out_chunk * 864 >= 16 * 1024 && t.out_chunk % 4 == 0);
+    // Prefill of a small n_out: the activation rows are split so both threads get work.
+    let t = tiling(128, 616, 512, 2);
+    assert!(128usize.div_ceil(t.out_chunk) * 512usize.div_ceil(t.row_block) >= 4, "{t:?}");
+    assert_eq!(t.row_block % MAX_ROWS, 0);
+    // Degenerate shapes stay valid.
+    for (n_out, n_rows) in [(1, 1), (1, 1000), (3, 9), (100_000, 1)] {
+        let t = tiling(n_out, 100, n_rows, 4);
+        assert!(t.out_chunk >= 1 && t.out_chunk <= n_out && t.row_block >= 1, "{n_out} {n_rows} {t:?}");
+    }
+}
+
+#[test]
+fn small_n_out_prefill_split_over_rows_matches_scalar() {
+    for &(t, f) in FORMATS.iter().filter(|(t, _)| matches!(t, GgmlType::Q5_0 | GgmlType::Q4_K | GgmlType::F16)) {
+        check_levels(t, f, 6, 512, 100, 11);
+    }
+}
+
+#[test]
+fn float_formats_at_odd_k() {
+    for &(t, f) in FORMATS.iter().filter(|(t, _)| t.block_size() == 1) {
+        for (n_out, k, n_rows) in [(9, 37, 5), (4, 7, 1), (6, 23, 9)] {
+            check_levels(t, f, n_out, k, n_rows, 5);
+        }
+    }
+}
+
+#[test]
+fn non_finite_activations_do_not_panic() {
+    for &(t, f) in FORMATS {
+        let mut rng = Rng(3);
+        let w = random_weights(t, f, 4, 256, &mut rng);
+        let mut x = random_x(2 * 256, &mut rng);
+        x[5] = f32::NAN;
+        x[300] = f32::INFINITY;
+        for level in available_levels() {
+            let mut y = vec![0.0f32; 8];
+            matmul_at(level, t, &w, 4, 256, &x, 2, &mut y).unwrap();
+        }
+    }
+}
