@@ -603,9 +603,10 @@ class IncrementalDetokenizer:
 class StopMatcher:
     """Finds stop strings in streamed text, across token boundaries.
 
-    :meth:`feed` returns the text that is safe to emit: everything before the first occurrence of a
-    stop string (which is not emitted), or, while no stop has matched, everything except the
-    longest tail that could still be the beginning of a stop string. :meth:`flush` releases that
+    :meth:`feed` returns the text that is safe to emit: everything before the stop string that
+    completes first (it is not emitted; the result is the same however the text is chunked), or,
+    while no stop has matched, everything except the longest tail that could still be the
+    beginning of a stop string. :meth:`flush` releases that
     tail when the stream ends for another reason (EOS, max_tokens). Matching is on the decoded text,
     the same semantics as the OpenAI API's ``stop`` and vLLM's stop strings.
     """
