@@ -2,8 +2,10 @@
 
 The ids are checked against llama.cpp itself: ``tests/data/tokenizer_goldens.json`` holds the ids
 that ``llama_tokenize`` (llama-cpp-python, vocab only) returns for every prompt of
-``TRICKY_PROMPTS`` on both real models, written by ``scripts/tokenizer-goldens``. To add a case,
-add the prompt to ``TRICKY_PROMPTS`` in that script and re-run it.
+``TRICKY_PROMPTS`` on both real models (qwen2 pre-tokenizer) and on ``fak.synth``'s tiny models
+(qwen2 and llama-bpe families), written by ``scripts/tokenizer-goldens``. To add a case, add the
+prompt to ``TRICKY_PROMPTS`` in that script and re-run it (also after a change to ``fak.synth``'s
+vocabulary).
 """
 
 from __future__ import annotations
@@ -35,23 +37,36 @@ def _goldens() -> list[dict]:
 
 def test_goldens_cover_both_models_and_modes() -> None:
     cases = _goldens()
-    assert {c["model"] for c in cases} == {"qwen2.5-coder-0.5b-instruct-mixed", "qwen2.5-coder-1.5b-instruct-q4_k_m"}
+    assert {c["model"] for c in cases} == {"qwen2.5-coder-0.5b-instruct-mixed", "qwen2.5-coder-1.5b-instruct-q4_k_m",
+                                           "synth-tiny-qwen2", "synth-tiny-llama"}
     assert {c["parse_special"] for c in cases} == {True, False}
-    assert len(cases) >= 80
+    assert len(cases) >= 900
 
 
-@pytest.mark.parametrize("model_fixture", ["model_05b", "model_15b"])
-def test_identical_to_llama_cpp(model_fixture: str, request: pytest.FixtureRequest) -> None:
-    path = request.getfixturevalue(model_fixture)
-    tok = model_meta.tokenizer(path)
-    cases = [c for c in _goldens() if c["model"] == path.stem]
+def _check_goldens(tok: Tokenizer, model: str) -> None:
+    cases = [c for c in _goldens() if c["model"] == model]
     assert cases
     mismatches = []
     for c in cases:
         ids = tok.encode(c["text"], add_special=c["add_special"], parse_special=c["parse_special"])
         if ids != c["ids"]:
-            mismatches.append((c["text"][:60], c["parse_special"], ids[:20], c["ids"][:20]))
+            mismatches.append((c["text"][:60], c["parse_special"], c["add_special"], ids[:20], c["ids"][:20]))
     assert not mismatches, mismatches
+
+
+@pytest.mark.parametrize("model_fixture", ["model_05b", "model_15b"])
+def test_identical_to_llama_cpp(model_fixture: str, request: pytest.FixtureRequest) -> None:
+    path = request.getfixturevalue(model_fixture)
+    _check_goldens(model_meta.tokenizer(path), path.stem)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_identical_to_llama_cpp_on_synthetic_models(arch: str, tmp_path: Path) -> None:
+    synth = pytest.importorskip("fak.synth", reason="fak.synth has not landed in this checkout")
+    path = synth.write_tiny_model(tmp_path / f"tiny-{arch}.gguf", arch=arch)
+    tok = Tokenizer.from_gguf(path)
+    assert tok.pre == {"qwen2": "qwen2", "llama": "llama-bpe"}[arch]
+    _check_goldens(tok, f"synth-tiny-{arch}")
 
 
 def test_special_tokens_parse_special(qwen: Tokenizer) -> None:
