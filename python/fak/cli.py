@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from fak import __version__
+from fak.inspect_model import inspect_command
+from fak.synth.cli import synth_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -18,6 +20,8 @@ from fak.swebench.cli import swebench  # noqa: E402
 
 main.add_command(generate)
 main.add_command(chat)
+main.add_command(inspect_command)
+main.add_command(synth_command)
 main.add_command(swebench)
 
 
