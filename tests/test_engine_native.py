@@ -115,6 +115,10 @@ def test_cancel_frees_kv(engine: Engine) -> None:
 
 @pytest.mark.slow
 def test_16_concurrent_async_streams_equal_solo_runs(engine: Engine) -> None:
+    """Greedy continuations of 16 concurrent streams equal their solo runs, except where the
+    batched forward pass (different batch shapes, different accumulation order) flips a near-tie:
+    there the two tokens must be the solo run's top two, within 1% of each other (the criterion
+    issue 3 uses for parity with llama.cpp), and such flips must stay rare."""
     # 3 tokens: the first comes from the (batched) prefill, the next two from batched decode steps.
     solo = {p: engine.generate(p, temperature=0, max_tokens=3).token_ids for p in PROMPTS}
 
@@ -128,7 +132,19 @@ def test_16_concurrent_async_streams_equal_solo_runs(engine: Engine) -> None:
         return await asyncio.gather(*[one(p) for p in PROMPTS])
 
     together = dict(zip(PROMPTS, asyncio.run(main())))
-    assert together == solo
+    flips = []
+    for p in PROMPTS:
+        a, b = solo[p], together[p]
+        if a == b:
+            continue
+        i = next(k for k in range(min(len(a), len(b))) if a[k] != b[k])
+        logits = engine.logits(engine.tokenize(p) + a[:i])[-1]
+        top1, top2 = np.sort(logits)[::-1][:2]
+        assert {a[i], b[i]} == set(np.argsort(logits)[::-1][:2].tolist()), (p, a, b)
+        margin = float((top1 - top2) / abs(top1))
+        assert margin < 0.01, (p, a, b, margin)
+        flips.append((p, i, margin))
+    assert len(flips) <= 2, flips
 
 
 def test_cli_generate(model_05b) -> None:  # type: ignore[no-untyped-def]
