@@ -19,6 +19,7 @@ from fak.errors import (
 
 __all__ = [
     "__version__",
+    "Engine",
     "FakError",
     "GGUFError",
     "UnsupportedError",
@@ -29,3 +30,12 @@ __all__ = [
 ]
 
 _export_nvidia_lib_dirs()
+
+
+def __getattr__(name: str) -> object:
+    # fak.Engine is imported on first use, so that `import fak` stays light.
+    if name == "Engine":
+        from fak.engine import Engine
+
+        return Engine
+    raise AttributeError(f"module 'fak' has no attribute {name!r}")

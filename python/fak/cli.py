@@ -15,10 +15,13 @@ def main() -> None:
     """fak: a coding model served from fak's own kernels, its coding agent, and a tool-call policy."""
 
 
+from fak.cli_generate import chat, generate  # noqa: E402
 from fak.doctor import doctor  # noqa: E402
-from fak.gateway.cli import serve  # noqa: E402 - sub-commands register after the group
+from fak.gateway.cli import serve  # noqa: E402
 from fak.swebench.cli import swebench  # noqa: E402 - sub-commands register after the group
 
+main.add_command(generate)
+main.add_command(chat)
 main.add_command(inspect_command)
 main.add_command(synth_command)
 main.add_command(swebench)

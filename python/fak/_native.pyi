@@ -1,0 +1,151 @@
+# Type stubs for the extension module fak._native (rust/src/python/). Checked against the built
+# module by tests/test_native_stubs.py (mypy.stubtest); names whose Rust binding has not landed in
+# this checkout are listed in tests/data/native_stubtest_allowlist.txt.
+
+from typing import Any, final
+
+import numpy as np
+import numpy.typing as npt
+
+__version__: str
+__all__ = [
+    "__version__",
+    "FakError",
+    "GGUFError",
+    "UnsupportedError",
+    "ModelError",
+    "ContextLengthError",
+    "KVCacheFullError",
+    "BackendError",
+    "GgufFile",
+    "dequantize",
+    "matmul",
+    "simd_level",
+    "simd_levels",
+    "quantize_q8",
+    "Model",
+]
+
+# --- errors (rust/src/python/errors.rs) -----------------------------------------------------
+
+class FakError(Exception):
+    """Base class of every error fak raises."""
+
+class GGUFError(FakError):
+    """A GGUF file is malformed or unsupported; the message names the problem and the byte offset."""
+
+class UnsupportedError(FakError):
+    """A tensor type, architecture or feature fak does not implement."""
+
+class ModelError(FakError):
+    """A model file is readable but inconsistent (missing tensor, wrong shape, bad hyper-parameter)."""
+
+class ContextLengthError(FakError):
+    """A prompt (plus requested tokens) does not fit in the context window."""
+
+class KVCacheFullError(FakError):
+    """The KV cache has no room for another sequence or token."""
+
+class BackendError(FakError):
+    """A compute backend failed (no usable GPU, CUDA driver error, kernel load)."""
+
+# --- GGUF (rust/src/python/gguf.rs) -----------------------------------------------------------
+
+@final
+class GgufFile:
+    """A memory-mapped GGUF v2/v3 file; the header is parsed at open (GIL released)."""
+
+    def __new__(cls, path: str | bytes | Any) -> GgufFile: ...
+    @staticmethod
+    def from_bytes(data: bytes) -> GgufFile: ...
+    @property
+    def version(self) -> int: ...
+    @property
+    def alignment(self) -> int: ...
+    @property
+    def data_offset(self) -> int: ...
+    @property
+    def file_size(self) -> int: ...
+    def metadata(self) -> dict[str, Any]:
+        """Key -> int, float, bool, str or (nested) list, in file order."""
+    def metadata_types(self) -> dict[str, str]:
+        """Key -> GGUF type name (``"UINT32"``, ``"ARRAY[STRING]"``, ...)."""
+    def tensors(self) -> list[tuple[str, tuple[int, ...], str, int, int, int]]:
+        """``(name, dims in ggml order, type name, absolute offset, n_bytes, n_elements)``."""
+    def raw(self, name: str) -> npt.NDArray[np.uint8]:
+        """Read-only 1-D uint8 view of the tensor's blocks (zero copy)."""
+    def dequantize(self, name: str) -> npt.NDArray[np.float32]:
+        """1-D float32 array of ``n_elements`` values (ggml order)."""
+
+def dequantize(
+    type_name: str,
+    raw: bytes | npt.NDArray[np.uint8],
+    n_elements: int,
+    out: npt.NDArray[np.float32] | None = None,
+) -> npt.NDArray[np.float32]:
+    """Blocks of ggml type ``type_name`` -> float32: into ``out`` (writeable, contiguous,
+    ``n_elements`` values) when given, else into a new 1-D array; returns the array written."""
+
+# --- CPU ops (rust/src/python/ops.rs) ---------------------------------------------------------
+
+def matmul(
+    type_name: str,
+    w: bytes | npt.NDArray[np.uint8],
+    n_out: int,
+    k: int,
+    x: npt.NDArray[np.float32],
+    threads: int | None = None,
+    level: str | None = None,
+) -> npt.NDArray[np.float32]:
+    """``y = x · Wᵀ``: ``W`` is ``n_out`` rows of ``k`` elements in GGUF blocks, ``x`` float32
+    ``[n_rows, k]``; returns float32 ``[n_rows, n_out]``."""
+
+def simd_level() -> str:
+    """The SIMD path ``matmul`` runs by default (``"avx512"``, ``"avx2"`` or ``"scalar"``)."""
+
+def simd_levels() -> list[str]:
+    """Every SIMD path this CPU can run, lowest first."""
+
+def quantize_q8(type_name: str, x: npt.NDArray[np.float32]) -> bytes:
+    """``x`` quantized to ``"Q8_0"``, ``"Q8_1"`` or ``"Q8_K"`` blocks, as ``matmul`` quantizes activations."""
+
+# --- engine (rust/src/python/model.rs; contract in ARCHITECTURE.md) ---------------------------
+
+@final
+class Model:
+    """A loaded model with its paged KV cache and batch engine; driven by ``fak.Engine``."""
+
+    def __new__(
+        cls,
+        path: str,
+        backend: str = "cpu",
+        n_ctx: int = 4096,
+        threads: int | None = None,
+        kv_cache_tokens: int | None = None,
+        max_batch: int = 64,
+    ) -> Model: ...
+    @property
+    def backend(self) -> str: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def config(self) -> dict[str, Any]: ...
+    @property
+    def kv_blocks_total(self) -> int: ...
+    @property
+    def kv_blocks_free(self) -> int: ...
+    def add_sequence(self, seq_id: int, prompt_ids: list[int], sampling: dict[str, Any] | None = None) -> None:
+        """Queues a sequence for prefill. Raises ContextLengthError, KVCacheFullError, ValueError."""
+    def remove_sequence(self, seq_id: int) -> None:
+        """Frees the sequence's KV blocks; an unknown id is a no-op."""
+    def step(self) -> list[tuple[int, int, float, list[tuple[int, float]] | None]]:
+        """One engine iteration: ``[(seq_id, token_id, logprob, top_logprobs | None)]``."""
+    def logits(self, token_ids: list[int]) -> npt.NDArray[np.float32]:
+        """Stateless next-token logits at every position, float32 ``[n_tokens, n_vocab]``."""
+    def stats(self) -> dict[str, int | float]:
+        """running, waiting, kv_blocks_used, kv_blocks_total, prefill_tokens, decode_tokens,
+        prefill_seconds, decode_seconds, sample_seconds, steps, preemptions."""
+    def reset_stats(self) -> None:
+        """Zeroes the counters of ``stats()``."""

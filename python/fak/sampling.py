@@ -1,0 +1,167 @@
+"""Sampling parameters of one generation request, validated, and their native form.
+
+Semantics follow llama.cpp's sampler chain (``common/sampling.cpp``): repetition penalties
+(``repeat_penalty`` over the last ``repeat_last_n`` tokens, OpenAI ``presence_penalty`` /
+``frequency_penalty``), then top-k, top-p, min-p, temperature; ``temperature == 0`` is greedy
+(argmax). The sampler runs in Rust (``fak._native.Model``); stopping (EOS/EOT, ``stop`` strings,
+``max_tokens``) is decided in Python by ``fak.Engine``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import msgspec
+
+__all__ = ["SamplingParams", "MAX_STOP_STRINGS", "MAX_STOP_LENGTH", "MAX_LOGPROBS"]
+
+#: Most stop strings one request may carry.
+MAX_STOP_STRINGS = 16
+#: Longest stop string, in characters.
+MAX_STOP_LENGTH = 1024
+#: Most alternatives per token that ``logprobs`` may ask for (OpenAI's limit).
+MAX_LOGPROBS = 20
+
+
+def _check_number(name: str, value: Any, *, integer: bool = False) -> None:
+    kinds: tuple[type, ...] = (int,) if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{name} must be finite, got {value!r}")
+
+
+class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How to sample one completion and when to stop.
+
+    Attributes:
+        max_tokens: most tokens to generate (>= 1); None: until the context window is full.
+        temperature: softmax temperature (>= 0); 0 is greedy decoding.
+        top_k: keep the k most likely tokens (>= 0; 0 disables).
+        top_p: nucleus sampling mass, in (0, 1]; 1 disables.
+        min_p: drop tokens below ``min_p`` times the top probability, in [0, 1]; 0 disables.
+        repeat_penalty: llama.cpp repetition penalty, in (0, 10]; 1 disables.
+        repeat_last_n: how many recent tokens the penalties look at (>= 0; 0 disables them).
+        presence_penalty: OpenAI presence penalty, in [-2, 2].
+        frequency_penalty: OpenAI frequency penalty, in [-2, 2].
+        seed: RNG seed (any integer fitting 64 bits); None draws a fresh one. Same seed, same
+            prompt, same parameters: same output.
+        stop: stop strings (at most 16, each 1..1024 characters); the matched string is not
+            part of the output.
+        logprobs: return the log-probability of each sampled token and of the ``logprobs`` most
+            likely alternatives (0..20); None returns none.
+
+    Raises:
+        ValueError: any value out of range, naming the parameter.
+    """
+
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repeat_penalty: float = 1.0
+    repeat_last_n: int = 64
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None:
+            _check_number("max_tokens", self.max_tokens, integer=True)
+            if self.max_tokens < 1:
+                raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        _check_number("temperature", self.temperature)
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        _check_number("top_k", self.top_k, integer=True)
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
+        _check_number("top_p", self.top_p)
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        _check_number("min_p", self.min_p)
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        _check_number("repeat_penalty", self.repeat_penalty)
+        if not 0 < self.repeat_penalty <= 10:
+            raise ValueError(f"repeat_penalty must be in (0, 10] (1 disables it), got {self.repeat_penalty}")
+        _check_number("repeat_last_n", self.repeat_last_n, integer=True)
+        if self.repeat_last_n < 0:
+            raise ValueError(f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            _check_number(name, value)
+            if not -2 <= value <= 2:
+                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        if self.seed is not None:
+            _check_number("seed", self.seed, integer=True)
+            if not -(2**63) <= self.seed < 2**64:
+                raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
+        if self.stop is not None and not isinstance(self.stop, (str, list, tuple)):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        stops = self.stop_strings
+        if len(stops) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS} are allowed")
+        for s in stops:
+            if not isinstance(s, str):
+                raise ValueError(f"stop strings must be str, got {s!r}")
+            if not 1 <= len(s) <= MAX_STOP_LENGTH:
+                raise ValueError(f"each stop string must have 1..{MAX_STOP_LENGTH} characters, got {len(s)}")
+        if self.logprobs is not None:
+            _check_number("logprobs", self.logprobs, integer=True)
+            if not 0 <= self.logprobs <= MAX_LOGPROBS:
+                raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> SamplingParams:
+        """Builds and validates parameters from keyword arguments (``None`` values mean default).
+
+        Raises:
+            ValueError: a value out of range or of the wrong type, naming the parameter.
+            TypeError: a keyword that is not a sampling parameter.
+        """
+        unknown = set(kwargs) - set(cls.__struct_fields__)
+        if unknown:
+            raise TypeError(f"unknown sampling parameter(s): {', '.join(sorted(unknown))}; "
+                            f"known: {', '.join(cls.__struct_fields__)}")
+        given = {k: v for k, v in kwargs.items() if v is not None}
+        return cls(**given)
+
+    @property
+    def stop_strings(self) -> tuple[str, ...]:
+        """``stop`` as a tuple (empty when there is none)."""
+        if self.stop is None:
+            return ()
+        if isinstance(self.stop, str):
+            return (self.stop,)
+        return tuple(self.stop)
+
+    @property
+    def greedy(self) -> bool:
+        """Whether this is greedy decoding (temperature 0)."""
+        return self.temperature == 0
+
+    def to_native(self) -> dict[str, Any]:
+        """The ``sampling`` dict of ``fak._native.Model.add_sequence`` (ARCHITECTURE.md).
+
+        The seed is always an unsigned 64-bit integer: a negative seed is taken modulo 2**64, and a
+        missing one is drawn from the OS.
+        """
+        seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(8), "little")
+        return {
+            "temperature": float(self.temperature),
+            "top_k": int(self.top_k),
+            "top_p": float(self.top_p),
+            "min_p": float(self.min_p),
+            "repeat_penalty": float(self.repeat_penalty),
+            "repeat_last_n": int(self.repeat_last_n),
+            "presence_penalty": float(self.presence_penalty),
+            "frequency_penalty": float(self.frequency_penalty),
+            "seed": seed % (2**64),
+            "n_logprobs": int(self.logprobs or 0),
+        }

@@ -1,0 +1,83 @@
+"""Sampling parameters: validation names the parameter; conversion to the native dict."""
+
+from __future__ import annotations
+
+import pytest
+
+from fak.sampling import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
+
+
+@pytest.mark.parametrize("kwargs, name", [
+    ({"temperature": -0.1}, "temperature"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"temperature": float("inf")}, "temperature"),
+    ({"temperature": "hot"}, "temperature"),
+    ({"top_p": 0}, "top_p"),
+    ({"top_p": 1.01}, "top_p"),
+    ({"top_k": -1}, "top_k"),
+    ({"top_k": 1.5}, "top_k"),
+    ({"min_p": -0.01}, "min_p"),
+    ({"min_p": 1.5}, "min_p"),
+    ({"max_tokens": 0}, "max_tokens"),
+    ({"max_tokens": -5}, "max_tokens"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"repeat_penalty": 0}, "repeat_penalty"),
+    ({"repeat_penalty": 11}, "repeat_penalty"),
+    ({"repeat_last_n": -1}, "repeat_last_n"),
+    ({"presence_penalty": 2.5}, "presence_penalty"),
+    ({"frequency_penalty": -3}, "frequency_penalty"),
+    ({"seed": 2**64}, "seed"),
+    ({"seed": "42"}, "seed"),
+    ({"stop": ["x"] * (MAX_STOP_STRINGS + 1)}, "stop"),
+    ({"stop": [""]}, "stop"),
+    ({"stop": ["a", 3]}, "stop"),
+    ({"stop": 7}, "stop"),
+    ({"stop": "x" * 2000}, "stop"),
+    ({"logprobs": MAX_LOGPROBS + 1}, "logprobs"),
+    ({"logprobs": -1}, "logprobs"),
+])
+def test_invalid_values_name_the_parameter(kwargs: dict, name: str) -> None:
+    with pytest.raises(ValueError, match=name):
+        SamplingParams.from_kwargs(**kwargs)
+
+
+def test_unknown_parameter_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="temprature"):
+        SamplingParams.from_kwargs(temprature=0.5)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {}, {"temperature": 0}, {"temperature": 2}, {"top_p": 1}, {"top_p": 0.01}, {"top_k": 0}, {"top_k": 40},
+    {"min_p": 0}, {"min_p": 1}, {"max_tokens": 1}, {"seed": -1}, {"seed": 2**64 - 1}, {"stop": "x"},
+    {"stop": ["a", "b"]}, {"logprobs": 0}, {"logprobs": 20}, {"presence_penalty": -2}, {"frequency_penalty": 2},
+])
+def test_valid_values(kwargs: dict) -> None:
+    SamplingParams.from_kwargs(**kwargs)
+
+
+def test_none_means_default() -> None:
+    assert SamplingParams.from_kwargs(temperature=None, max_tokens=None, stop=None) == SamplingParams()
+
+
+def test_native_dict() -> None:
+    p = SamplingParams.from_kwargs(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05, repeat_penalty=1.1,
+                                   repeat_last_n=32, presence_penalty=0.5, frequency_penalty=-0.5, seed=-1,
+                                   logprobs=5, stop="\n\n", max_tokens=12)
+    assert p.to_native() == {
+        "temperature": 0.7, "top_k": 40, "top_p": 0.9, "min_p": 0.05, "repeat_penalty": 1.1,
+        "repeat_last_n": 32, "presence_penalty": 0.5, "frequency_penalty": -0.5,
+        "seed": 2**64 - 1, "n_logprobs": 5,
+    }
+    assert p.stop_strings == ("\n\n",)
+    assert SamplingParams().to_native()["n_logprobs"] == 0
+
+
+def test_unseeded_requests_draw_different_seeds() -> None:
+    seeds = {SamplingParams().to_native()["seed"] for _ in range(8)}
+    assert len(seeds) == 8 and all(0 <= s < 2**64 for s in seeds)
+
+
+def test_greedy_flag_and_frozen() -> None:
+    assert SamplingParams(temperature=0).greedy and not SamplingParams().greedy
+    with pytest.raises(AttributeError):
+        SamplingParams().temperature = 0.0  # type: ignore[misc]
