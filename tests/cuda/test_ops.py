@@ -280,8 +280,9 @@ def test_kv_write_and_attention(backend: str, case: tuple[str, list[tuple[int, i
     np.testing.assert_array_equal(v_read.astype(np.float64), f16_round(v).reshape(-1))
     ref = attention_ref(seqs, n_head, n_head_kv, head_dim, q, k, v)
     err = rel_err(out.reshape(rows, -1), ref)
-    # CPU: f32 throughout. CUDA: Q and P rounded to f16 for the tensor cores.
-    bound = 5e-3 if backend == "cuda" else 1e-4
+    # Both round Q and the probabilities P to f16 (CPU: as llama.cpp's CPU flash attention does;
+    # CUDA: for the tensor cores); the CUDA kernel also accumulates P·V from f16 tiles.
+    bound = 5e-3 if backend == "cuda" else 1e-3
     assert err <= bound, f"{backend} {name}: relative error {err:.3g} > {bound:g}"
     if backend == "cuda":
         cpu = runner("cpu").attention(seqs, n_head, n_head_kv, head_dim, perm, q.reshape(-1), k.reshape(-1), v.reshape(-1))[0]
