@@ -24,6 +24,12 @@ __all__ = [
     "simd_levels",
     "quantize_q8",
     "Model",
+    "cuda_available",
+    "cuda_info",
+    "cuda_memory",
+    "cuda_kernel_families",
+    "cuda_nvrtc_compile",
+    "OpRunner",
 ]
 
 # --- errors (rust/src/python/errors.rs) -----------------------------------------------------
@@ -149,3 +155,61 @@ class Model:
         prefill_seconds, decode_seconds, sample_seconds, steps, preemptions."""
     def reset_stats(self) -> None:
         """Zeroes the counters of ``stats()``."""
+
+# --- CUDA backend (rust/src/python/cuda.rs) -------------------------------------------------
+
+def cuda_available() -> bool:
+    """Whether ``backend="cuda"`` can run here (driver, a device of compute capability >= 8.0). Never raises."""
+
+def cuda_info(load_kernels: bool = True) -> dict[str, Any]:
+    """``available``, ``reason`` (when not), ``built_with_cuda``, ``build_archs``, ``kernel_families``;
+    with a GPU also ``device``, ``compute_capability``, ``sm_count``, ``total_memory_bytes``,
+    ``driver_version``, ``graphs``, ``ops`` (op -> kernel path) and, with ``load_kernels``,
+    ``kernel_images`` (family -> where its image came from) and ``nvrtc_version``."""
+
+def cuda_memory() -> dict[str, int]:
+    """Device bytes fak holds now, by kind: ``weights``, ``kv_cache``, ``activations``, ``total``."""
+
+def cuda_kernel_families() -> list[str]:
+    """The kernel families (``rust/kernels/*.cu``) embedded in this build."""
+
+def cuda_nvrtc_compile(family: str, sm: int) -> bytes:
+    """Compiles the embedded source of ``family`` for ``sm_<sm>`` with NVRTC (no GPU needed) and
+    returns the cubin. Raises BackendError (no NVRTC, compile error), ValueError (unknown family)."""
+
+@final
+class OpRunner:
+    """Single ops of a backend on NumPy arrays, through the same trait calls as the forward pass
+    (tests compare ``OpRunner("cuda")`` with ``OpRunner("cpu")``); outputs are NaN-poisoned first."""
+
+    def __new__(cls, backend: str = "cpu") -> OpRunner: ...
+    def matmul(
+        self, wtype: str, w: npt.NDArray[np.uint8], n_out: int, k: int, x: npt.NDArray[np.float32],
+        bias: npt.NDArray[np.float32] | None = None,
+    ) -> npt.NDArray[np.float32]: ...
+    def norm_matmul(
+        self, x: npt.NDArray[np.float32], w_norm: npt.NDArray[np.float32], eps: float, wtype: str,
+        w: npt.NDArray[np.uint8], n_out: int, bias: npt.NDArray[np.float32] | None = None,
+    ) -> npt.NDArray[np.float32]: ...
+    def swiglu_matmul(
+        self, gate: npt.NDArray[np.float32], up: npt.NDArray[np.float32], k: int, wtype: str,
+        w: npt.NDArray[np.uint8], n_out: int,
+    ) -> npt.NDArray[np.float32]: ...
+    def rmsnorm(self, x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], eps: float) -> npt.NDArray[np.float32]: ...
+    def rope(
+        self, x: npt.NDArray[np.float32], positions: npt.NDArray[np.uint32], n_heads: int, head_dim: int,
+        style: str, n_rot: int, freq_base: float, freq_scale: float,
+        freq_factors: npt.NDArray[np.float32] | None = None,
+    ) -> npt.NDArray[np.float32]: ...
+    def swiglu(self, gate: npt.NDArray[np.float32], up: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]: ...
+    def add(self, x: npt.NDArray[np.float32], y: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]: ...
+    def embed(
+        self, wtype: str, table: npt.NDArray[np.uint8], n_vocab: int, dim: int, tokens: npt.NDArray[np.uint32],
+    ) -> npt.NDArray[np.float32]: ...
+    def gather_rows(self, x: npt.NDArray[np.float32], dim: int, rows: npt.NDArray[np.uint32]) -> npt.NDArray[np.float32]: ...
+    def argmax(self, x: npt.NDArray[np.float32], n_cols: int) -> list[int]: ...
+    def attention(
+        self, seqs: list[tuple[int, int]], n_head: int, n_head_kv: int, head_dim: int,
+        block_perm: npt.NDArray[np.uint32], q: npt.NDArray[np.float32], k: npt.NDArray[np.float32],
+        v: npt.NDArray[np.float32],
+    ) -> list[npt.NDArray[np.float32]]: ...

@@ -303,4 +303,4 @@ def test_attention_long_context_decode(backend: str, ctx: int) -> None:
     perm = rng.permutation(ctx // 32 + 1).astype(np.uint32)
     out = runner(backend).attention(seqs, n_head, n_head_kv, head_dim, perm, q.reshape(-1), k.reshape(-1), v.reshape(-1))[0]
     ref = attention_ref(seqs, n_head, n_head_kv, head_dim, q, k, v)
-    assert rel_err(out.reshape(1, -1), ref) <= (5e-3 if backend == "cuda" else 1e-4)
+    assert rel_err(out.reshape(1, -1), ref) <= (5e-3 if backend == "cuda" else 1e-3)  # both round Q and P to f16
