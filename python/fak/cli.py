@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from fak import __version__
+from fak.inspect_model import inspect_command
+from fak.synth.cli import synth_command
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -15,6 +17,8 @@ def main() -> None:
 
 from fak.swebench.cli import swebench  # noqa: E402 - sub-commands register after the group
 
+main.add_command(inspect_command)
+main.add_command(synth_command)
 main.add_command(swebench)
 
 

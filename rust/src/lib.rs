@@ -5,8 +5,10 @@
 //! `python` module, compiled only with the `python` feature (maturin turns it on).
 
 pub mod backend;
+pub mod engine;
 pub mod error;
 pub mod gguf;
+pub mod model;
 pub mod quant;
 
 #[cfg(feature = "python")]

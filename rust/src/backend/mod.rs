@@ -1,3 +1,414 @@
-//! Compute backends: the ops of a forward pass on CPU (the reference) and CUDA.
+//! Compute backends: the [`Backend`] trait (the ops one transformer forward pass needs) and its
+//! implementations, `cpu` (the reference) and, later, `cuda`.
+//!
+//! The shape of the trait follows candle's `backend.rs` (one trait, a folder per device) and
+//! vLLM's attention-metadata split: the engine describes a batch on the host ([`BatchPlan`]:
+//! token ids, positions, KV slots, per-sequence rows and block tables, rows that need logits), the
+//! backend copies it once per forward into its own [`Backend::Batch`] (host vectors on CPU,
+//! persistent device buffers on CUDA), and every op reads positions, slots and block tables from
+//! there. A CUDA decode graph therefore never changes between tokens: only the contents of the
+//! batch buffers do. [`Backend::run_forward`] is the hook where a backend captures or replays it.
+//!
+//! Weights stay in their GGUF block formats ([`Backend::Weight`]): on CPU a slice of the file's
+//! memory map, on CUDA a device copy of the same blocks.
 
 pub mod cpu;
+
+use std::any::Any;
+use std::sync::Arc;
+
+use crate::quant::GgmlType;
+use crate::Result;
+
+/// A tensor as the loader hands it to [`Backend::load_weight`]: GGUF blocks in host memory.
+///
+/// `dims` are in ggml order (`dims[0]` contiguous): a matrix of `n_out` rows of `k` inputs has
+/// `dims = [k, n_out]`; a vector has `dims = [n]`.
+#[derive(Clone)]
+pub struct HostTensor<'a> {
+    /// Tensor name, for error messages.
+    pub name: &'a str,
+    /// Block format of `data`.
+    pub wtype: GgmlType,
+    /// Shape in ggml order.
+    pub dims: &'a [usize],
+    /// The blocks (`row_bytes(dims[0]) * rows` bytes).
+    pub data: &'a [u8],
+    /// What keeps `data` alive (the memory-mapped file). A backend that keeps the bytes in place
+    /// instead of copying them (the CPU backend) holds a clone of this.
+    pub owner: Arc<dyn Any + Send + Sync>,
+}
+
+/// RoPE pairing of dimensions, as llama.cpp's `LLAMA_ROPE_TYPE_*` (ggml `rope_f32`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RopeStyle {
+    /// `LLAMA_ROPE_TYPE_NORM` (llama, GPT-J style): rotates adjacent pairs `(2i, 2i+1)`.
+    Norm,
+    /// `LLAMA_ROPE_TYPE_NEOX` (qwen2, GPT-NeoX style): rotates `(i, i + n_rot/2)`.
+    Neox,
+}
+
+/// Rotary position embedding parameters of a model.
+///
+/// The angle of pair `i` at position `p` is `θ = p · freq_scale · base^(−2i/n_rot) / f_i`, with
+/// `f_i` the optional per-pair frequency factors (llama3-style `rope_freqs.weight`) and
+/// `freq_scale = 1/factor` for linear scaling (ggml `rope_yarn` with `ext_factor = 0`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RopeParams {
+    pub style: RopeStyle,
+    /// Rotated dimensions per head (`rope.dimension_count`, ≤ head_dim; the rest pass through).
+    pub n_rot: usize,
+    /// `rope.freq_base`.
+    pub freq_base: f32,
+    /// `1 / rope.scaling.factor` for linear scaling, else 1.
+    pub freq_scale: f32,
+}
+
+/// Shape of attention: `n_head` query heads share `n_head_kv` KV heads (GQA); `scale` multiplies
+/// `q·k` before the softmax (`1/sqrt(head_dim)`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AttnParams {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+/// Geometry of the paged KV cache a backend allocates: per layer, `n_blocks` blocks of
+/// `block_size` token slots, each slot holding `n_head_kv × head_dim` K and V values (f16).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KvLayout {
+    pub n_layer: usize,
+    pub n_blocks: usize,
+    pub block_size: usize,
+    pub n_head_kv: usize,
+    pub head_dim: usize,
+}
+
+impl KvLayout {
+    /// Bytes of K plus V for one token across all layers (f16).
+    pub fn bytes_per_token(&self) -> usize {
+        2 * 2 * self.n_layer * self.n_head_kv * self.head_dim
+    }
+}
+
+/// The largest batch a backend must be able to describe (sizes persistent batch buffers).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Most tokens (rows) in one forward.
+    pub max_tokens: usize,
+    /// Most sequences in one forward.
+    pub max_seqs: usize,
+    /// Most KV blocks one sequence can hold (`ceil(n_ctx / block_size)`).
+    pub max_blocks_per_seq: usize,
+}
+
+/// The rows of one sequence inside a batch.
+///
+/// Rows `row0 .. row0 + n_rows` of the batch are this sequence's new tokens at positions
+/// `n_past .. n_past + n_rows`; the sequence's KV blocks are
+/// `BatchPlan::block_tables[table0 .. table0 + n_blocks]`. Row `row0 + i` attends causally to the
+/// `n_past + i + 1` positions `0 ..= n_past + i`, all read from the KV cache (the new tokens' K/V
+/// are written there first by [`Backend::kv_write`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SeqRows {
+    pub row0: u32,
+    pub n_rows: u32,
+    pub n_past: u32,
+    pub table0: u32,
+    pub n_blocks: u32,
+}
+
+/// Host description of one forward call (all sequences' new tokens concatenated).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BatchPlan {
+    /// Token id of each row, `[n_tokens]`.
+    pub tokens: Vec<u32>,
+    /// Position of each row in its sequence, `[n_tokens]` (RoPE angle and KV slot).
+    pub positions: Vec<u32>,
+    /// KV slot of each row: `block * block_size + position % block_size`, `[n_tokens]`.
+    pub slots: Vec<u32>,
+    /// The sequences, in row order.
+    pub seqs: Vec<SeqRows>,
+    /// All sequences' block tables, concatenated (see [`SeqRows::table0`]).
+    pub block_tables: Vec<u32>,
+    /// Rows whose logits are wanted, in output order (`[n_logits]`).
+    pub logit_rows: Vec<u32>,
+}
+
+impl BatchPlan {
+    /// Number of rows (tokens) in the batch.
+    pub fn n_tokens(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Empties the plan, keeping its allocations.
+    pub fn clear(&mut self) {
+        self.tokens.clear();
+        self.positions.clear();
+        self.slots.clear();
+        self.seqs.clear();
+        self.block_tables.clear();
+        self.logit_rows.clear();
+    }
+
+    /// Appends one sequence's `tokens` at positions `n_past..`, with its block table
+    /// `blocks` (which must cover every new position) and a KV block size of `block_size`.
+    /// When `logits` is `All`, every new row is added to `logit_rows`; `Last` adds the last one.
+    pub fn push_seq(
+        &mut self,
+        tokens: &[u32],
+        n_past: usize,
+        blocks: &[u32],
+        block_size: usize,
+        logits: LogitRows,
+    ) {
+        let row0 = self.tokens.len();
+        let table0 = self.block_tables.len();
+        for (i, &t) in tokens.iter().enumerate() {
+            let pos = n_past + i;
+            self.tokens.push(t);
+            self.positions.push(pos as u32);
+            self.slots
+                .push(blocks[pos / block_size] * block_size as u32 + (pos % block_size) as u32);
+        }
+        self.block_tables.extend_from_slice(blocks);
+        self.seqs.push(SeqRows {
+            row0: row0 as u32,
+            n_rows: tokens.len() as u32,
+            n_past: n_past as u32,
+            table0: table0 as u32,
+            n_blocks: blocks.len() as u32,
+        });
+        match logits {
+            LogitRows::None => {}
+            LogitRows::Last => {
+                if !tokens.is_empty() {
+                    self.logit_rows.push((row0 + tokens.len() - 1) as u32)
+                }
+            }
+            LogitRows::All => self
+                .logit_rows
+                .extend((row0..row0 + tokens.len()).map(|r| r as u32)),
+        }
+    }
+}
+
+/// Which rows of a sequence need logits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogitRows {
+    None,
+    Last,
+    All,
+}
+
+/// Identifies a forward whose launch sequence a backend may capture once and replay (a CUDA graph
+/// per decode batch-size bucket). Forwards with the same key have identical shapes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GraphKey {
+    /// Rows (tokens) in the forward, padded to the bucket.
+    pub n_tokens: usize,
+    /// Rows that need logits.
+    pub n_logits: usize,
+}
+
+/// The ops of a decoder-only transformer forward pass, on backend-owned buffers.
+///
+/// Buffers are flat `f32` activation arrays with a fixed capacity; each op is told how many rows
+/// it covers. Every op may run asynchronously: results are only guaranteed after
+/// [`Backend::read_f32`] or [`Backend::synchronize`]. All methods return `Err` instead of panicking
+/// on a backend failure; shape mismatches are programming errors of the caller (the forward pass)
+/// and are checked with debug assertions.
+pub trait Backend: Send + Sync + Sized + 'static {
+    /// A weight in its GGUF block format (matrices), or as f32 (norm weights, biases).
+    type Weight: Send + Sync;
+    /// An activation buffer of `f32`.
+    type Buffer: Send;
+    /// The paged KV cache storage of all layers.
+    type KvCache: Send;
+    /// A batch description in the backend's memory (see [`BatchPlan`]).
+    type Batch: Send;
+
+    /// Short name (`"cpu"`, `"cuda"`).
+    fn name(&self) -> &'static str;
+
+    /// Takes a weight from the file. Matrices keep their block format; 1-D tensors (norms,
+    /// biases, RoPE frequency factors) may be converted to f32.
+    fn load_weight(&self, t: &HostTensor<'_>) -> Result<Self::Weight>;
+
+    /// A zeroed activation buffer of `n` f32 elements.
+    fn alloc_buffer(&self, n: usize) -> Result<Self::Buffer>;
+
+    /// A zeroed KV cache of the given geometry.
+    fn alloc_kv_cache(&self, layout: KvLayout) -> Result<Self::KvCache>;
+
+    /// Storage for batches up to `limits`.
+    fn alloc_batch(&self, limits: BatchLimits) -> Result<Self::Batch>;
+
+    /// Copies `plan` into `batch` (the only host → device transfer of a forward).
+    fn set_batch(&self, batch: &mut Self::Batch, plan: &BatchPlan) -> Result<()>;
+
+    /// Runs `f` (one whole forward). A backend may capture the launches under `key` once and
+    /// replay them afterwards; the default runs `f` directly.
+    fn run_forward(&self, key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
+        let _ = key;
+        f()
+    }
+
+    /// Waits until every queued op has finished.
+    fn synchronize(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// `out[r, :] = table[batch.tokens[r], :]` dequantized, for the batch's `n_tokens` rows.
+    /// `table` has `dims = [n_embd, n_vocab]`.
+    fn embed(
+        &self,
+        table: &Self::Weight,
+        batch: &Self::Batch,
+        n_tokens: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// RMSNorm: `out[r, i] = x[r, i] / sqrt(mean_i(x[r, :]²) + eps) · w[i]` over `n_rows` rows
+    /// of `dim` elements (Zhang & Sennrich 2019; ggml `rms_norm` followed by `mul`).
+    fn rmsnorm(
+        &self,
+        x: &Self::Buffer,
+        w: &Self::Weight,
+        eps: f32,
+        n_rows: usize,
+        dim: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// `out[r, o] = Σ_i W[o, i] · x[r, i] (+ bias[o])` for `n_rows` rows; `W` has
+    /// `dims = [k, n_out]`, `x` is `[n_rows, k]`, `out` is `[n_rows, n_out]`.
+    fn matmul(
+        &self,
+        w: &Self::Weight,
+        bias: Option<&Self::Weight>,
+        x: &Self::Buffer,
+        n_rows: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// Several matmuls of the same input: `outs[i] = x · W_iᵀ (+ b_i)` (Q/K/V, gate/up). The
+    /// default runs them one after another; a backend may overlap them (the CPU backend runs them
+    /// in one parallel region, saving a thread barrier per matmul).
+    fn matmul_multi(
+        &self,
+        ws: &[(&Self::Weight, Option<&Self::Weight>)],
+        x: &Self::Buffer,
+        n_rows: usize,
+        outs: &mut [&mut Self::Buffer],
+    ) -> Result<()> {
+        debug_assert_eq!(ws.len(), outs.len());
+        for ((w, b), out) in ws.iter().zip(outs.iter_mut()) {
+            self.matmul(w, *b, x, n_rows, out)?;
+        }
+        Ok(())
+    }
+
+    /// Rotates `x` (`[n_rows, n_heads, head_dim]`) in place by each row's position in `batch`.
+    /// `freq_factors` (`[n_rot/2]`) divides the angle of each pair when given.
+    #[allow(clippy::too_many_arguments)]
+    fn rope(
+        &self,
+        x: &mut Self::Buffer,
+        batch: &Self::Batch,
+        n_rows: usize,
+        n_heads: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+        freq_factors: Option<&Self::Weight>,
+    ) -> Result<()>;
+
+    /// Writes each row's K and V (`[n_rows, n_head_kv · head_dim]`) into its KV slot of `layer`
+    /// (rounded to f16).
+    fn kv_write(
+        &self,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        k: &Self::Buffer,
+        v: &Self::Buffer,
+        batch: &Self::Batch,
+        n_rows: usize,
+    ) -> Result<()>;
+
+    /// Causal grouped-query attention of every row of `batch` over its sequence's KV cache of
+    /// `layer`: `out[r, h, :] = softmax(scale · q[r, h, :] · K[0..=pos_r]ᵀ) · V[0..=pos_r]` with
+    /// K/V of KV head `h / (n_head / n_head_kv)`. `q` is `[n_rows, n_head · head_dim]`, `out`
+    /// the same shape.
+    #[allow(clippy::too_many_arguments)]
+    fn attention(
+        &self,
+        q: &Self::Buffer,
+        cache: &Self::KvCache,
+        layer: usize,
+        batch: &Self::Batch,
+        n_rows: usize,
+        params: &AttnParams,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// SwiGLU: `gate[i] = silu(gate[i]) · up[i]` for the first `n` elements
+    /// (Shazeer 2020, `silu(x) = x / (1 + e^−x)`).
+    fn swiglu(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()>;
+
+    /// Residual add: `x[i] += y[i]` for the first `n` elements.
+    fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, n: usize) -> Result<()>;
+
+    /// `out[j, :] = x[batch.logit_rows[j], :]` for every logit row; rows have `dim` elements.
+    fn gather_logit_rows(
+        &self,
+        x: &Self::Buffer,
+        batch: &Self::Batch,
+        dim: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// Copies the first `out.len()` elements of `buf` to the host.
+    fn read_f32(&self, buf: &Self::Buffer, out: &mut [f32]) -> Result<()>;
+
+    /// Index of the largest element of each of `n_rows` rows of `n_cols` (ties: lowest index).
+    fn argmax_rows(
+        &self,
+        x: &Self::Buffer,
+        n_rows: usize,
+        n_cols: usize,
+        out: &mut [u32],
+    ) -> Result<()>;
+
+    /// The greedy fast path over logits rows: `tokens[r]` = argmax of row `r` (lowest index on
+    /// ties) and `logprobs[r]` = its log-softmax, so the engine need not copy `n_rows · n_cols`
+    /// logits to the host when every sequence decodes greedily. A GPU backend runs it on the
+    /// device and copies back `2 · n_rows` numbers; the default reads the rows to the host.
+    fn greedy_rows(
+        &self,
+        x: &Self::Buffer,
+        n_rows: usize,
+        n_cols: usize,
+        tokens: &mut [u32],
+        logprobs: &mut [f32],
+    ) -> Result<()> {
+        let mut host = vec![0f32; n_rows * n_cols];
+        self.read_f32(x, &mut host)?;
+        for r in 0..n_rows {
+            let row = &host[r * n_cols..(r + 1) * n_cols];
+            let (t, lp) = greedy_row(row);
+            tokens[r] = t;
+            logprobs[r] = lp;
+        }
+        Ok(())
+    }
+}
+
+/// `(argmax, log-softmax at the argmax)` of one row of logits (lowest index on ties; NaN never
+/// wins). The log-softmax is `x[t] − max − ln Σ e^(x − max)`, with the sum in f64.
+pub fn greedy_row(row: &[f32]) -> (u32, f32) {
+    let t = cpu::argmax(row);
+    let max = row[t];
+    let z = cpu::vecops::exp_scaled_sum(row, max, 1.0, None);
+    (t as u32, (row[t] - max) - z.ln() as f32)
+}

@@ -5,6 +5,7 @@ use pyo3::prelude::*;
 
 mod errors;
 mod gguf;
+mod model;
 mod ops;
 
 pub(crate) use errors::to_py;
@@ -26,5 +27,6 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     errors::register(m)?;
     gguf::register(m)?;
     ops::register(m)?;
+    model::register(m)?;
     Ok(())
 }

@@ -1,4 +1,382 @@
-//! The CPU backend: the reference implementation of every op (quantized matmul with run-time
-//! chosen SIMD, multi-threaded on the caller's rayon pool).
+//! The CPU backend: the reference implementation of every op of the forward pass. Quantized
+//! matmul with run-time chosen SIMD lives in `matmul`; the other ops (RMSNorm, RoPE, attention
+//! over the paged f16 KV cache, SwiGLU, residual add, embedding gather) are here, one file per
+//! family. Everything runs on the rayon pool the caller installs (the model's pool).
 
+pub mod attention;
+pub mod kv;
 pub mod matmul;
+pub mod norm;
+pub mod rope;
+pub mod vecops;
+pub mod weight;
+
+use std::sync::Mutex;
+
+use rayon::prelude::*;
+
+pub use kv::CpuKvCache;
+pub use weight::CpuWeight;
+
+use crate::backend::{
+    AttnParams, Backend, BatchLimits, BatchPlan, HostTensor, KvLayout, RopeParams,
+};
+use crate::{FakError, Result};
+
+/// The CPU backend (stateless: the thread pool is the caller's).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CpuBackend;
+
+/// An f32 activation buffer.
+#[derive(Debug, Clone)]
+pub struct CpuBuffer(pub Vec<f32>);
+
+/// A batch on the CPU: the plan itself, plus the RoPE `cos`/`sin` table of its positions,
+/// computed on first use and shared by every layer.
+pub struct CpuBatch {
+    pub plan: BatchPlan,
+    rope_table: Mutex<Option<RopeTable>>,
+}
+
+struct RopeTable {
+    params: RopeParams,
+    freq_factors: usize,
+    table: std::sync::Arc<Vec<f32>>,
+}
+
+impl CpuBatch {
+    fn rope_table(
+        &self,
+        rope: &RopeParams,
+        freq_factors: Option<&[f32]>,
+    ) -> std::sync::Arc<Vec<f32>> {
+        let key = freq_factors.map_or(0, |f| f.as_ptr() as usize);
+        let mut slot = self.rope_table.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(t) = slot.as_ref() {
+            if t.params == *rope && t.freq_factors == key {
+                return t.table.clone();
+            }
+        }
+        let table = std::sync::Arc::new(rope::cos_sin_table(
+            &self.plan.positions,
+            rope,
+            freq_factors,
+        ));
+        *slot = Some(RopeTable {
+            params: *rope,
+            freq_factors: key,
+            table: table.clone(),
+        });
+        table
+    }
+}
+
+/// A zero-filled vector of `n` elements whose pages are committed lazily (`alloc_zeroed`, i.e.
+/// calloc: fresh mappings are already zero), or an error instead of an abort when the allocation
+/// fails. `T` must be a plain number type whose all-zero bit pattern is zero.
+pub fn zeroed_vec<T: Copy + Default>(n: usize, what: &str) -> Result<Vec<T>> {
+    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| oom(what, usize::MAX))?;
+    if layout.size() == 0 {
+        return Ok(vec![T::default(); n]);
+    }
+    // SAFETY: the layout has a non-zero size; a non-null result is a fresh zeroed allocation of
+    // `n` `T`s with `T`'s alignment from the global allocator, which is what `Vec` frees, and
+    // all-zero bytes are a valid `T` (plain numbers, see above).
+    unsafe {
+        let p = std::alloc::alloc_zeroed(layout) as *mut T;
+        if p.is_null() {
+            return Err(oom(what, layout.size()));
+        }
+        Ok(Vec::from_raw_parts(p, n, n))
+    }
+}
+
+fn oom(what: &str, bytes: usize) -> FakError {
+    FakError::Backend { backend: "cpu".into(), msg: format!("out of memory allocating {what} ({bytes} bytes); lower n_ctx, max_batch or kv_cache_tokens") }
+}
+
+fn f32_of(w: &CpuWeight) -> Result<&[f32]> {
+    w.as_f32()
+        .ok_or_else(|| FakError::model(format!("tensor {} must be a 1-D vector", w.name)))
+}
+
+impl Backend for CpuBackend {
+    type Weight = CpuWeight;
+    type Buffer = CpuBuffer;
+    type KvCache = CpuKvCache;
+    type Batch = CpuBatch;
+
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn load_weight(&self, t: &HostTensor<'_>) -> Result<CpuWeight> {
+        CpuWeight::from_host(t)
+    }
+
+    fn alloc_buffer(&self, n: usize) -> Result<CpuBuffer> {
+        Ok(CpuBuffer(zeroed_vec(n, "an activation buffer")?))
+    }
+
+    fn alloc_kv_cache(&self, layout: KvLayout) -> Result<CpuKvCache> {
+        CpuKvCache::new(layout)
+    }
+
+    fn alloc_batch(&self, limits: BatchLimits) -> Result<CpuBatch> {
+        let mut plan = BatchPlan::default();
+        plan.tokens.reserve(limits.max_tokens);
+        plan.positions.reserve(limits.max_tokens);
+        plan.slots.reserve(limits.max_tokens);
+        plan.seqs.reserve(limits.max_seqs);
+        Ok(CpuBatch {
+            plan,
+            rope_table: Mutex::new(None),
+        })
+    }
+
+    fn set_batch(&self, batch: &mut CpuBatch, plan: &BatchPlan) -> Result<()> {
+        batch.plan.clone_from(plan);
+        *batch
+            .rope_table
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+        Ok(())
+    }
+
+    fn embed(
+        &self,
+        table: &CpuWeight,
+        batch: &CpuBatch,
+        n_tokens: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        let dim = table.k();
+        let n_vocab = table.n_out();
+        let rb = table.row_bytes();
+        let bytes = table.bytes();
+        let tokens = &batch.plan.tokens[..n_tokens];
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(FakError::invalid(
+                "token_ids",
+                format!("token id {bad} is out of range for a vocabulary of {n_vocab}"),
+            ));
+        }
+        let one = |(o, &t): (&mut [f32], &u32)| {
+            crate::quant::dequantize_row(table.wtype, &bytes[t as usize * rb..][..rb], o)
+        };
+        let out = &mut out.0[..n_tokens * dim];
+        if n_tokens >= 32 {
+            out.par_chunks_mut(dim)
+                .zip(tokens.par_iter())
+                .try_for_each(one)
+        } else {
+            out.chunks_mut(dim).zip(tokens.iter()).try_for_each(one)
+        }
+    }
+
+    fn rmsnorm(
+        &self,
+        x: &CpuBuffer,
+        w: &CpuWeight,
+        eps: f32,
+        n_rows: usize,
+        dim: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        let w = f32_of(w)?;
+        debug_assert_eq!(w.len(), dim);
+        norm::rmsnorm(&x.0, w, eps, n_rows, &mut out.0);
+        Ok(())
+    }
+
+    fn matmul(
+        &self,
+        w: &CpuWeight,
+        bias: Option<&CpuWeight>,
+        x: &CpuBuffer,
+        n_rows: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        let (k, n_out) = (w.k(), w.n_out());
+        let y = &mut out.0[..n_rows * n_out];
+        matmul::matmul(w.wtype, w.bytes(), n_out, k, &x.0[..n_rows * k], n_rows, y)?;
+        if let Some(b) = bias {
+            let b = f32_of(b)?;
+            for row in y.chunks_exact_mut(n_out) {
+                for (v, &bv) in row.iter_mut().zip(b) {
+                    *v += bv;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn matmul_multi(
+        &self,
+        ws: &[(&CpuWeight, Option<&CpuWeight>)],
+        x: &CpuBuffer,
+        n_rows: usize,
+        outs: &mut [&mut CpuBuffer],
+    ) -> Result<()> {
+        debug_assert_eq!(ws.len(), outs.len());
+        outs.par_iter_mut()
+            .zip(ws.par_iter())
+            .try_for_each(|(out, (w, b))| self.matmul(w, *b, x, n_rows, out))
+    }
+
+    fn rope(
+        &self,
+        x: &mut CpuBuffer,
+        batch: &CpuBatch,
+        n_rows: usize,
+        n_heads: usize,
+        head_dim: usize,
+        rope: &RopeParams,
+        freq_factors: Option<&CpuWeight>,
+    ) -> Result<()> {
+        let ff = freq_factors.map(f32_of).transpose()?;
+        let table = batch.rope_table(rope, ff);
+        rope::apply(&mut x.0, &table, n_rows, n_heads, head_dim, rope);
+        Ok(())
+    }
+
+    fn kv_write(
+        &self,
+        cache: &mut CpuKvCache,
+        layer: usize,
+        k: &CpuBuffer,
+        v: &CpuBuffer,
+        batch: &CpuBatch,
+        n_rows: usize,
+    ) -> Result<()> {
+        cache.write(layer, &k.0, &v.0, &batch.plan, n_rows);
+        Ok(())
+    }
+
+    fn attention(
+        &self,
+        q: &CpuBuffer,
+        cache: &CpuKvCache,
+        layer: usize,
+        batch: &CpuBatch,
+        n_rows: usize,
+        params: &AttnParams,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        attention::attention(&q.0, cache, layer, &batch.plan, n_rows, params, &mut out.0);
+        Ok(())
+    }
+
+    fn swiglu(&self, gate: &mut CpuBuffer, up: &CpuBuffer, n: usize) -> Result<()> {
+        const CHUNK: usize = 1 << 14;
+        let (g, u) = (&mut gate.0[..n], &up.0[..n]);
+        if n >= 2 * CHUNK {
+            g.par_chunks_mut(CHUNK)
+                .zip(u.par_chunks(CHUNK))
+                .for_each(|(g, u)| vecops::swiglu(g, u));
+        } else {
+            vecops::swiglu(g, u);
+        }
+        Ok(())
+    }
+
+    fn add(&self, x: &mut CpuBuffer, y: &CpuBuffer, n: usize) -> Result<()> {
+        const CHUNK: usize = 1 << 15;
+        let add = |(a, b): (&mut [f32], &[f32])| {
+            for (a, &b) in a.iter_mut().zip(b) {
+                *a += b;
+            }
+        };
+        let (a, b) = (&mut x.0[..n], &y.0[..n]);
+        if n >= 2 * CHUNK {
+            a.par_chunks_mut(CHUNK)
+                .zip(b.par_chunks(CHUNK))
+                .for_each(add);
+        } else {
+            add((a, b));
+        }
+        Ok(())
+    }
+
+    fn gather_logit_rows(
+        &self,
+        x: &CpuBuffer,
+        batch: &CpuBatch,
+        dim: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        for (j, &r) in batch.plan.logit_rows.iter().enumerate() {
+            let r = r as usize;
+            out.0[j * dim..(j + 1) * dim].copy_from_slice(&x.0[r * dim..(r + 1) * dim]);
+        }
+        Ok(())
+    }
+
+    fn read_f32(&self, buf: &CpuBuffer, out: &mut [f32]) -> Result<()> {
+        out.copy_from_slice(&buf.0[..out.len()]);
+        Ok(())
+    }
+
+    fn greedy_rows(
+        &self,
+        x: &CpuBuffer,
+        n_rows: usize,
+        n_cols: usize,
+        tokens: &mut [u32],
+        logprobs: &mut [f32],
+    ) -> Result<()> {
+        let rows = &x.0[..n_rows * n_cols];
+        let one = |((row, t), lp): ((&[f32], &mut u32), &mut f32)| {
+            (*t, *lp) = crate::backend::greedy_row(row);
+        };
+        if n_rows > 1 {
+            rows.par_chunks(n_cols)
+                .zip(tokens.par_iter_mut())
+                .zip(logprobs.par_iter_mut())
+                .for_each(one);
+        } else {
+            rows.chunks(n_cols)
+                .zip(tokens.iter_mut())
+                .zip(logprobs.iter_mut())
+                .for_each(one);
+        }
+        Ok(())
+    }
+
+    fn argmax_rows(
+        &self,
+        x: &CpuBuffer,
+        n_rows: usize,
+        n_cols: usize,
+        out: &mut [u32],
+    ) -> Result<()> {
+        for (r, o) in out.iter_mut().enumerate().take(n_rows) {
+            *o = argmax(&x.0[r * n_cols..(r + 1) * n_cols]) as u32;
+        }
+        Ok(())
+    }
+}
+
+/// Index of the largest value (the first one on ties; NaN never wins).
+pub fn argmax(x: &[f32]) -> usize {
+    let mut best = 0;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &v) in x.iter().enumerate() {
+        if v > best_v {
+            best_v = v;
+            best = i;
+        }
+    }
+    best
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn argmax_first_of_ties_and_skips_nan() {
+        assert_eq!(argmax(&[1.0, 3.0, 3.0, -1.0]), 1);
+        assert_eq!(argmax(&[f32::NAN, 0.5, 0.25]), 1);
+    }
+}

@@ -1,0 +1,671 @@
+//! Causal grouped-query attention over the paged f16 KV cache, for a batch of sequences with
+//! different lengths (prefill rows and decode rows alike), with llama.cpp's CPU numerics.
+//!
+//! Each task is (sequence, KV head, tile of up to [`ROW_TILE`] consecutive rows, the query heads
+//! of that KV head's group). Keys and values are converted from f16 once per block and reused by
+//! every query vector of the tile, so GQA groups and prefill tiles read the cache once. The
+//! arithmetic is that of llama.cpp's default (non-flash) attention, `kq = mul_mat(K, q)`,
+//! `softmax_ext(kq · scale + mask)`, `mul_mat(Vᵀ, kq)`:
+//! - `q` is rounded to f16 before `q·k` (the f16 `vec_dot_type` of an f16 K), products summed in f32;
+//! - the softmax is f32 (`e^(s − max)`, sum in f64, one f32 reciprocal);
+//! - the normalized probabilities are rounded to f16 before the product with the f16 V, summed in f32.
+//!
+//! Matching these roundings matters: at a few numerically sensitive positions of real models
+//! (Qwen2.5 at position 1 of "Hello, ...") exact attention and llama.cpp differ by a logits cosine
+//! of 0.8, and llama.cpp is the oracle the goldens come from. Three passes per task (scores of all
+//! blocks, softmax per query, weighted sum of V) since the f16 rounding needs the final normalizer.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::kv::CpuKvCache;
+use super::vecops::{self, Isa};
+use crate::backend::{AttnParams, BatchPlan};
+
+/// Rows of one sequence processed together by one task (prefill).
+pub const ROW_TILE: usize = 16;
+
+/// One unit of parallel work.
+#[derive(Debug, Clone, Copy)]
+struct Task {
+    seq: u32,
+    kv_head: u32,
+    /// Rows `row_lo..row_hi` relative to the sequence's first row.
+    row_lo: u32,
+    row_hi: u32,
+    /// Query heads `head_lo..head_hi` (absolute head indices, all in `kv_head`'s group).
+    head_lo: u32,
+    head_hi: u32,
+}
+
+#[derive(Default)]
+struct Scratch {
+    /// Query vectors of the task, f16-rounded, `[nq, hd]`.
+    q: Vec<f32>,
+    /// Scores, then probabilities, `[nq, ctx_max]`.
+    s: Vec<f32>,
+    kf: Vec<f32>,
+    vf: Vec<f32>,
+    acc: Vec<f32>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+/// Output pointer shared by tasks that write disjoint (row, head) regions.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint regions (distinct (row, head) pairs), see `attention`.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// `out[r, h, :] = softmax(scale · q[r, h, :] · Kᵀ) · V` over each row's causal context (see
+/// [`crate::backend::Backend::attention`]). `q` and `out` are `[n_rows, n_head · head_dim]`.
+pub fn attention(
+    q: &[f32],
+    cache: &CpuKvCache,
+    layer: usize,
+    plan: &BatchPlan,
+    n_rows: usize,
+    p: &AttnParams,
+    out: &mut [f32],
+) {
+    let AttnParams {
+        n_head,
+        n_head_kv,
+        head_dim,
+        ..
+    } = *p;
+    let width = n_head * head_dim;
+    assert!(
+        q.len() >= n_rows * width && out.len() >= n_rows * width,
+        "attention buffers too small"
+    );
+    assert!(
+        n_head % n_head_kv == 0,
+        "n_head must be a multiple of n_head_kv"
+    );
+    let group = n_head / n_head_kv;
+
+    // Tile rows; split GQA groups per head when there are too few tasks to fill the pool.
+    let n_tiles: usize = plan
+        .seqs
+        .iter()
+        .map(|s| (s.n_rows as usize).div_ceil(ROW_TILE))
+        .sum::<usize>()
+        * n_head_kv;
+    // Split each GQA group into `parts` tasks only when the tiles alone cannot keep the pool busy
+    // (each part converts the group's K/V blocks again).
+    let parts = rayon::current_num_threads()
+        .div_ceil(n_tiles.max(1))
+        .clamp(1, group);
+    let heads_per_task = group.div_ceil(parts);
+    let mut tasks = Vec::with_capacity(n_tiles * group.div_ceil(heads_per_task));
+    for (si, s) in plan.seqs.iter().enumerate() {
+        for g in 0..n_head_kv {
+            for lo in (0..s.n_rows).step_by(ROW_TILE) {
+                for h in (0..group).step_by(heads_per_task) {
+                    tasks.push(Task {
+                        seq: si as u32,
+                        kv_head: g as u32,
+                        row_lo: lo,
+                        row_hi: (lo + ROW_TILE as u32).min(s.n_rows),
+                        head_lo: (g * group + h) as u32,
+                        head_hi: (g * group + (h + heads_per_task).min(group)) as u32,
+                    });
+                }
+            }
+        }
+    }
+    let outp = OutPtr(out.as_mut_ptr());
+    let run = |t: &Task| {
+        SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            // SAFETY: each task writes only rows row_lo..row_hi of its sequence and heads
+            // head_lo..head_hi; tasks partition (row, head) pairs, and `out` outlives the loop.
+            unsafe { attend_task(q, cache, layer, plan, p, t, &mut scratch, outp) };
+        })
+    };
+    if tasks.len() == 1 {
+        run(&tasks[0]);
+    } else {
+        tasks.par_iter().for_each(run);
+    }
+}
+
+/// # Safety
+/// `out` must be valid for `[n_rows, n_head · head_dim]` and no other thread may write the
+/// (row, head) region of task `t`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn attend_task(
+    q: &[f32],
+    cache: &CpuKvCache,
+    layer: usize,
+    plan: &BatchPlan,
+    p: &AttnParams,
+    t: &Task,
+    sc: &mut Scratch,
+    out: OutPtr,
+) {
+    let hd = p.head_dim;
+    let width = p.n_head * hd;
+    let seq = plan.seqs[t.seq as usize];
+    let table = &plan.block_tables[seq.table0 as usize..(seq.table0 + seq.n_blocks) as usize];
+    let bs = cache.layout.block_size;
+    let nh = (t.head_hi - t.head_lo) as usize;
+    let n_tile_rows = (t.row_hi - t.row_lo) as usize;
+    let nq = n_tile_rows * nh;
+
+    // Gather the tile's query vectors, rounded to f16, r = row_in_tile · nh + head_in_task.
+    sc.q.resize(nq * hd, 0.0);
+    for i in 0..n_tile_rows {
+        let row = (seq.row0 + t.row_lo) as usize + i;
+        for hh in 0..nh {
+            let h = t.head_lo as usize + hh;
+            let dst = &mut sc.q[(i * nh + hh) * hd..][..hd];
+            dst.copy_from_slice(&q[row * width + h * hd..][..hd]);
+            vecops::round_f16(dst);
+        }
+    }
+    // Context of tile row i: positions 0 .. ctx0 + i.
+    let ctx0 = (seq.n_past + t.row_lo) as usize + 1;
+    let ctx_max = ctx0 + n_tile_rows - 1;
+    let stride = ctx_max;
+    sc.s.resize(nq * stride, 0.0);
+    sc.kf.resize(bs * hd, 0.0);
+    sc.vf.resize(bs * hd, 0.0);
+    sc.acc.clear();
+    sc.acc.resize(nq * hd, 0.0);
+    let isa = if hd.is_multiple_of(8) {
+        vecops::isa()
+    } else {
+        Isa::Scalar
+    };
+    let n_blocks = ctx_max.div_ceil(bs);
+    let kv_head = t.kv_head as usize;
+
+    // Pass 1: scores of every block.
+    for (bi, &block) in table.iter().enumerate().take(n_blocks) {
+        let pos0 = bi * bs;
+        let n_k = bs.min(ctx_max - pos0);
+        if let Some(&next) = table.get(bi + 1).filter(|_| bi + 1 < n_blocks) {
+            vecops::prefetch(cache.k_block(layer, next as usize, kv_head));
+        }
+        vecops::f16_to_f32(
+            &cache.k_block(layer, block as usize, kv_head)[..n_k * hd],
+            &mut sc.kf[..n_k * hd],
+        );
+        scores(isa, &sc.q, nq, &sc.kf, n_k, hd, &mut sc.s[pos0..], stride);
+    }
+    // Pass 2: softmax of `scale · s` over each query's causal context, probabilities to f16.
+    for i in 0..n_tile_rows {
+        let valid = ctx0 + i;
+        for hh in 0..nh {
+            let r = i * nh + hh;
+            let row = &mut sc.s[r * stride..(r + 1) * stride];
+            let (live, masked) = row.split_at_mut(valid);
+            let mut max = f32::NEG_INFINITY;
+            for x in live.iter_mut() {
+                *x *= p.scale;
+                max = max.max(*x);
+            }
+            let sum = vecops::exp_scaled_sum_inplace(live, max);
+            let inv = (1.0 / sum) as f32;
+            for x in live.iter_mut() {
+                *x *= inv;
+            }
+            vecops::round_f16(live);
+            masked.fill(0.0);
+        }
+    }
+    // Pass 3: weighted sum of V.
+    for (bi, &block) in table.iter().enumerate().take(n_blocks) {
+        let pos0 = bi * bs;
+        let n_k = bs.min(ctx_max - pos0);
+        if let Some(&next) = table.get(bi + 1).filter(|_| bi + 1 < n_blocks) {
+            vecops::prefetch(cache.v_block(layer, next as usize, kv_head));
+        }
+        vecops::f16_to_f32(
+            &cache.v_block(layer, block as usize, kv_head)[..n_k * hd],
+            &mut sc.vf[..n_k * hd],
+        );
+        accumulate_v(isa, &sc.s[pos0..], stride, nq, &sc.vf, n_k, hd, &mut sc.acc);
+    }
+
+    for i in 0..n_tile_rows {
+        let row = (seq.row0 + t.row_lo) as usize + i;
+        for hh in 0..nh {
+            let r = i * nh + hh;
+            let h = t.head_lo as usize + hh;
+            std::ptr::copy_nonoverlapping(
+                sc.acc.as_ptr().add(r * hd),
+                out.0.add(row * width + h * hd),
+                hd,
+            );
+        }
+    }
+}
+
+/// `s[r·stride + j] = q[r, :] · k[j, :]` for `nq` query vectors and `n_k` keys of `hd` elements.
+#[allow(clippy::too_many_arguments)]
+fn scores(
+    isa: Isa,
+    q: &[f32],
+    nq: usize,
+    k: &[f32],
+    n_k: usize,
+    hd: usize,
+    s: &mut [f32],
+    stride: usize,
+) {
+    assert!(
+        q.len() >= nq * hd
+            && k.len() >= n_k * hd
+            && n_k <= stride
+            && (nq == 0 || s.len() >= (nq - 1) * stride + n_k)
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: AVX2/FMA/F16C detected (isa), hd % 8 == 0 (checked by the caller), slice
+        // lengths checked above.
+        unsafe { avx2_scores(q, nq, k, n_k, hd, s, stride) };
+        return;
+    }
+    let _ = isa;
+    for r in 0..nq {
+        let qr = &q[r * hd..(r + 1) * hd];
+        for j in 0..n_k {
+            let kj = &k[j * hd..(j + 1) * hd];
+            s[r * stride + j] = qr.iter().zip(kj).map(|(a, b)| a * b).sum();
+        }
+    }
+}
+
+/// `acc[r, :] += Σ_j p[r·stride + j] · v[j, :]`.
+#[allow(clippy::too_many_arguments)]
+fn accumulate_v(
+    isa: Isa,
+    p: &[f32],
+    stride: usize,
+    nq: usize,
+    v: &[f32],
+    n_k: usize,
+    hd: usize,
+    acc: &mut [f32],
+) {
+    assert!(
+        v.len() >= n_k * hd
+            && acc.len() >= nq * hd
+            && n_k <= stride
+            && (nq == 0 || p.len() >= (nq - 1) * stride + n_k)
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 {
+        // SAFETY: as in `scores`.
+        unsafe { avx2_accumulate_v(p, stride, nq, v, n_k, hd, acc) };
+        return;
+    }
+    let _ = isa;
+    for r in 0..nq {
+        let a = &mut acc[r * hd..(r + 1) * hd];
+        for j in 0..n_k {
+            let w = p[r * stride + j];
+            if w == 0.0 {
+                continue;
+            }
+            for (x, &y) in a.iter_mut().zip(&v[j * hd..(j + 1) * hd]) {
+                *x += w * y;
+            }
+        }
+    }
+}
+
+/// Sums of four accumulators: `[Σa, Σb, Σc, Σd]`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+fn reduce4(
+    a: std::arch::x86_64::__m256,
+    b: std::arch::x86_64::__m256,
+    c: std::arch::x86_64::__m256,
+    d: std::arch::x86_64::__m256,
+) -> std::arch::x86_64::__m128 {
+    use std::arch::x86_64::*;
+    let t = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));
+    _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps::<1>(t))
+}
+
+/// `s[r·stride + j] = q[r, :] · k[j, :]`, two query vectors × four keys at a time (eight
+/// independent FMA chains, one horizontal reduction per four dot products); `hd % 8 == 0`.
+///
+/// Every score is computed by the same arithmetic (one FMA chain over 8-lane steps, then the
+/// same reduction tree) whatever the number of keys and queries in the call, so a query's scores
+/// do not depend on how rows are tiled or on where a block ends: prefill, decode and recompute
+/// after preemption give identical bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx2_scores(
+    q: &[f32],
+    nq: usize,
+    k: &[f32],
+    n_k: usize,
+    hd: usize,
+    s: &mut [f32],
+    stride: usize,
+) {
+    use std::arch::x86_64::*;
+    let (q, k, s) = (q.as_ptr(), k.as_ptr(), s.as_mut_ptr());
+    let mut r = 0;
+    while r < nq {
+        let two = r + 1 < nq;
+        let q0 = q.add(r * hd);
+        let q1 = if two { q.add((r + 1) * hd) } else { q0 };
+        let mut j = 0;
+        while j < n_k {
+            // Keys j..j+4; past the end, repeat the last key and drop its results.
+            let n = (n_k - j).min(4);
+            let kp = [0, 1, 2, 3].map(|t| k.add((j + t.min(n - 1)) * hd));
+            let mut a0 = [_mm256_setzero_ps(); 4];
+            let mut a1 = [_mm256_setzero_ps(); 4];
+            let mut d = 0;
+            while d < hd {
+                let x0 = _mm256_loadu_ps(q0.add(d));
+                let x1 = _mm256_loadu_ps(q1.add(d));
+                for t in 0..4 {
+                    let kv = _mm256_loadu_ps(kp[t].add(d));
+                    a0[t] = _mm256_fmadd_ps(x0, kv, a0[t]);
+                    a1[t] = _mm256_fmadd_ps(x1, kv, a1[t]);
+                }
+                d += 8;
+            }
+            let mut out = [0f32; 4];
+            _mm_storeu_ps(out.as_mut_ptr(), reduce4(a0[0], a0[1], a0[2], a0[3]));
+            std::ptr::copy_nonoverlapping(out.as_ptr(), s.add(r * stride + j), n);
+            if two {
+                _mm_storeu_ps(out.as_mut_ptr(), reduce4(a1[0], a1[1], a1[2], a1[3]));
+                std::ptr::copy_nonoverlapping(out.as_ptr(), s.add((r + 1) * stride + j), n);
+            }
+            j += 4;
+        }
+        r += 2;
+    }
+}
+
+/// `acc[r, :] += Σ_j p[r, j] · v[j, :]`, two query vectors × 32 columns at a time (eight
+/// independent FMA chains sharing each load of `v`); `hd % 8 == 0`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx2_accumulate_v(
+    p: &[f32],
+    stride: usize,
+    nq: usize,
+    v: &[f32],
+    n_k: usize,
+    hd: usize,
+    acc: &mut [f32],
+) {
+    use std::arch::x86_64::*;
+    let (p, v, acc) = (p.as_ptr(), v.as_ptr(), acc.as_mut_ptr());
+    let mut r = 0;
+    while r < nq {
+        let two = r + 1 < nq;
+        let (p0, a0p) = (p.add(r * stride), acc.add(r * hd));
+        let (p1, a1p) = if two {
+            (p.add((r + 1) * stride), acc.add((r + 1) * hd))
+        } else {
+            (p0, a0p)
+        };
+        let mut d = 0;
+        while d + 32 <= hd {
+            let mut c0 = [_mm256_setzero_ps(); 4];
+            let mut c1 = [_mm256_setzero_ps(); 4];
+            for j in 0..n_k {
+                let (w0, w1) = (_mm256_set1_ps(*p0.add(j)), _mm256_set1_ps(*p1.add(j)));
+                let vj = v.add(j * hd + d);
+                for l in 0..4 {
+                    let x = _mm256_loadu_ps(vj.add(8 * l));
+                    c0[l] = _mm256_fmadd_ps(w0, x, c0[l]);
+                    c1[l] = _mm256_fmadd_ps(w1, x, c1[l]);
+                }
+            }
+            for l in 0..4 {
+                _mm256_storeu_ps(
+                    a0p.add(d + 8 * l),
+                    _mm256_add_ps(_mm256_loadu_ps(a0p.add(d + 8 * l)), c0[l]),
+                );
+                if two {
+                    _mm256_storeu_ps(
+                        a1p.add(d + 8 * l),
+                        _mm256_add_ps(_mm256_loadu_ps(a1p.add(d + 8 * l)), c1[l]),
+                    );
+                }
+            }
+            d += 32;
+        }
+        while d < hd {
+            let (mut c0, mut c1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            for j in 0..n_k {
+                let x = _mm256_loadu_ps(v.add(j * hd + d));
+                c0 = _mm256_fmadd_ps(_mm256_set1_ps(*p0.add(j)), x, c0);
+                c1 = _mm256_fmadd_ps(_mm256_set1_ps(*p1.add(j)), x, c1);
+            }
+            _mm256_storeu_ps(a0p.add(d), _mm256_add_ps(_mm256_loadu_ps(a0p.add(d)), c0));
+            if two {
+                _mm256_storeu_ps(a1p.add(d), _mm256_add_ps(_mm256_loadu_ps(a1p.add(d)), c1));
+            }
+            d += 8;
+        }
+        r += 2;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{KvLayout, LogitRows};
+
+    /// Deterministic pseudo-random values in [-1, 1).
+    fn rand_vec(n: usize, seed: u64) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                ((x >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Naive f64 attention of one sequence over K/V `[ctx, n_kv, hd]` (already f16-rounded), with
+    /// llama.cpp's roundings: `q` to f16 before `q·k`, normalized probabilities to f16.
+    fn naive(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        n_past: usize,
+        n_rows: usize,
+        p: &AttnParams,
+    ) -> Vec<f32> {
+        let q = round_f16(q);
+        let (nh, nkv, hd) = (p.n_head, p.n_head_kv, p.head_dim);
+        let mut out = vec![0f32; n_rows * nh * hd];
+        for i in 0..n_rows {
+            let ctx = n_past + i + 1;
+            for h in 0..nh {
+                let g = h / (nh / nkv);
+                let qv = &q[(i * nh + h) * hd..][..hd];
+                let s: Vec<f64> = (0..ctx)
+                    .map(|t| {
+                        (0..hd)
+                            .map(|d| qv[d] as f64 * k[(t * nkv + g) * hd + d] as f64)
+                            .sum::<f64>()
+                            * p.scale as f64
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                let pr: Vec<f64> = e
+                    .iter()
+                    .map(|x| half::f16::from_f64(x / z).to_f64())
+                    .collect();
+                for d in 0..hd {
+                    let o: f64 = (0..ctx)
+                        .map(|t| pr[t] * v[(t * nkv + g) * hd + d] as f64)
+                        .sum::<f64>();
+                    out[(i * nh + h) * hd + d] = o as f32;
+                }
+            }
+        }
+        out
+    }
+
+    fn round_f16(x: &[f32]) -> Vec<f32> {
+        x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect()
+    }
+
+    /// Several sequences with different histories and new-row counts, scattered blocks: every
+    /// output row must match the naive attention of its own sequence.
+    fn check(p: AttnParams, block_size: usize, seqs: &[(usize, usize)]) {
+        let kvw = p.n_head_kv * p.head_dim;
+        let max_blocks = 64;
+        let layout = KvLayout {
+            n_layer: 2,
+            n_blocks: max_blocks,
+            block_size,
+            n_head_kv: p.n_head_kv,
+            head_dim: p.head_dim,
+        };
+        let mut cache = CpuKvCache::new(layout).unwrap();
+        // Allocate blocks in a scrambled order so that tables are not contiguous.
+        let mut free: Vec<u32> = (0..max_blocks as u32).rev().collect();
+        free.sort_by_key(|b| (b * 37) % max_blocks as u32);
+        let mut all_k = Vec::new();
+        let mut all_v = Vec::new();
+        let mut tables = Vec::new();
+        // History: write each sequence's first n_past tokens in its own batch.
+        for (si, &(n_past, n_new)) in seqs.iter().enumerate() {
+            let total = n_past + n_new;
+            let table: Vec<u32> = (0..total.div_ceil(block_size))
+                .map(|_| free.pop().unwrap())
+                .collect();
+            let k = rand_vec(total * kvw, 100 + si as u64);
+            let v = rand_vec(total * kvw, 200 + si as u64);
+            if n_past > 0 {
+                let mut plan = BatchPlan::default();
+                plan.push_seq(&vec![0; n_past], 0, &table, block_size, LogitRows::None);
+                cache.write(1, &k[..n_past * kvw], &v[..n_past * kvw], &plan, n_past);
+            }
+            all_k.push(k);
+            all_v.push(v);
+            tables.push(table);
+        }
+        // The batch: every sequence's new rows.
+        let mut plan = BatchPlan::default();
+        let mut kb = Vec::new();
+        let mut vb = Vec::new();
+        for (si, &(n_past, n_new)) in seqs.iter().enumerate() {
+            plan.push_seq(
+                &vec![0; n_new],
+                n_past,
+                &tables[si],
+                block_size,
+                LogitRows::Last,
+            );
+            kb.extend_from_slice(&all_k[si][n_past * kvw..]);
+            vb.extend_from_slice(&all_v[si][n_past * kvw..]);
+        }
+        let n_rows = plan.n_tokens();
+        cache.write(1, &kb, &vb, &plan, n_rows);
+        let width = p.n_head * p.head_dim;
+        let q = rand_vec(n_rows * width, 7);
+        let mut out = vec![f32::NAN; n_rows * width];
+        attention(&q, &cache, 1, &plan, n_rows, &p, &mut out);
+        for (si, &(n_past, n_new)) in seqs.iter().enumerate() {
+            let row0 = plan.seqs[si].row0 as usize;
+            let want = naive(
+                &q[row0 * width..(row0 + n_new) * width],
+                &round_f16(&all_k[si]),
+                &round_f16(&all_v[si]),
+                n_past,
+                n_new,
+                &p,
+            );
+            let got = &out[row0 * width..(row0 + n_new) * width];
+            for (j, (g, w)) in got.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() <= 2e-5, "seq {si} elem {j}: {g} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn matches_naive_gqa_prefill_and_decode_mixed() {
+        let p = AttnParams {
+            n_head: 6,
+            n_head_kv: 2,
+            head_dim: 64,
+            scale: 0.125,
+        };
+        // (tokens already cached, new rows): decode rows, a fresh prefill, a chunked prefill.
+        check(p, 16, &[(0, 37), (20, 1), (47, 1), (33, 18), (0, 1)]);
+    }
+
+    #[test]
+    fn matches_naive_odd_head_dim_and_mha() {
+        // head_dim not a multiple of 8 takes the portable path; MHA (group of 1).
+        let p = AttnParams {
+            n_head: 3,
+            n_head_kv: 3,
+            head_dim: 12,
+            scale: 1.0 / 12f32.sqrt(),
+        };
+        check(p, 8, &[(5, 3), (0, 20)]);
+    }
+
+    #[test]
+    fn matches_naive_many_decode_rows() {
+        let p = AttnParams {
+            n_head: 14,
+            n_head_kv: 2,
+            head_dim: 64,
+            scale: 0.125,
+        };
+        let seqs: Vec<(usize, usize)> = (0..9).map(|i| (i * 13 % 70, 1)).collect();
+        check(p, 32, &seqs);
+    }
+
+    #[test]
+    fn scalar_and_simd_paths_agree() {
+        for (nq, n_k, hd, stride) in [
+            (5, 13, 128, 13),
+            (1, 32, 64, 40),
+            (6, 7, 40, 9),
+            (2, 4, 8, 4),
+        ] {
+            let q = rand_vec(nq * hd, 1);
+            let k = rand_vec(n_k * hd, 2);
+            let mut s1 = vec![0f32; nq * stride];
+            let mut s2 = vec![0f32; nq * stride];
+            scores(Isa::Scalar, &q, nq, &k, n_k, hd, &mut s1, stride);
+            scores(vecops::isa(), &q, nq, &k, n_k, hd, &mut s2, stride);
+            for (a, b) in s1.iter().zip(&s2) {
+                assert!((a - b).abs() < 1e-4, "scores {nq}x{n_k}x{hd}: {a} vs {b}");
+            }
+            let mut a1 = vec![0.5f32; nq * hd];
+            let mut a2 = a1.clone();
+            accumulate_v(Isa::Scalar, &s1, stride, nq, &k, n_k, hd, &mut a1);
+            accumulate_v(vecops::isa(), &s1, stride, nq, &k, n_k, hd, &mut a2);
+            for (a, b) in a1.iter().zip(&a2) {
+                assert!(
+                    (a - b).abs() < 1e-3,
+                    "accumulate {nq}x{n_k}x{hd}: {a} vs {b}"
+                );
+            }
+        }
+    }
+}

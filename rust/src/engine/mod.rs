@@ -1,0 +1,546 @@
+//! The engine: sequences, the paged KV cache, the continuous-batching step and the sampler, on top
+//! of a [`Model`] on any [`Backend`].
+//!
+//! [`Engine::step`] is one iteration: admit waiting sequences, run ONE forward containing every
+//! running sequence's pending tokens (prefill chunks and one decode token each, concatenated, each
+//! with its own positions and block table), sample a token for every sequence whose pending run
+//! ended, append it. The engine is driven by one thread (the Python engine loop); it owns a rayon
+//! pool of `threads` workers and runs every forward and sampling inside it.
+
+pub mod kv_cache;
+pub mod sampler;
+pub mod scheduler;
+pub mod sequence;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+use crate::backend::cpu::CpuBackend;
+use crate::backend::{Backend, BatchLimits, BatchPlan, KvLayout, LogitRows};
+use crate::model::{Model, ModelConfig, Scratch};
+use crate::{FakError, Result};
+
+pub use kv_cache::BlockPool;
+pub use sampler::{Sampled, Sampler, SamplingParams};
+pub use scheduler::{Scheduled, Scheduler, SchedulerConfig};
+pub use sequence::Sequence;
+
+/// Tokens per KV block.
+pub const BLOCK_SIZE: usize = 32;
+/// Most rows per forward by default (prefill chunk size).
+pub const DEFAULT_MAX_TOKENS: usize = 512;
+/// Most rows whose logits one forward computes (`logits()` runs in chunks of this many tokens).
+pub const LOGITS_CHUNK: usize = 64;
+
+/// Engine settings (the `fak._native.Model` constructor arguments).
+#[derive(Debug, Clone)]
+pub struct EngineOptions {
+    /// Context window per sequence, in tokens (≥ 2).
+    pub n_ctx: usize,
+    /// Worker threads; `None`: all cores.
+    pub threads: Option<usize>,
+    /// KV cache capacity in tokens shared by all sequences (≥ `n_ctx`); `None`:
+    /// `n_ctx · min(max_batch, 8)`.
+    pub kv_cache_tokens: Option<usize>,
+    /// Most sequences decoded together (≥ 1).
+    pub max_batch: usize,
+    /// Most tokens per forward (prefill chunk); raised to `max_batch` if smaller.
+    pub max_tokens_per_step: usize,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            n_ctx: 4096,
+            threads: None,
+            kv_cache_tokens: None,
+            max_batch: 64,
+            max_tokens_per_step: DEFAULT_MAX_TOKENS,
+        }
+    }
+}
+
+/// The token a step produced for one sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepOutput {
+    pub seq_id: u64,
+    pub token: u32,
+    /// log-softmax of the unmodified logits at `token`.
+    pub logprob: f32,
+    /// `(token, logprob)` of the `n_logprobs` most likely tokens, or `None`.
+    pub top_logprobs: Option<Vec<(u32, f32)>>,
+}
+
+/// Counters since creation or the last [`Engine::reset_stats`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineStats {
+    /// Prompt (and recomputed) tokens processed.
+    pub prefill_tokens: u64,
+    /// Tokens processed one per sequence per step after their prompt.
+    pub decode_tokens: u64,
+    /// Wall seconds of steps, split between prefill and decode in proportion to their tokens.
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    /// Of those, seconds spent sampling.
+    pub sample_seconds: f64,
+    /// Forward calls made by `step()`.
+    pub steps: u64,
+    /// Sequences preempted for lack of KV blocks (recomputed later).
+    pub preemptions: u64,
+}
+
+/// The object-safe face of an engine on any backend (what the Python binding holds).
+pub trait EngineApi: Send {
+    fn backend_name(&self) -> &'static str;
+    fn config(&self) -> &ModelConfig;
+    fn n_ctx(&self) -> usize;
+    fn kv_blocks_total(&self) -> usize;
+    fn kv_blocks_free(&self) -> usize;
+    fn n_running(&self) -> usize;
+    fn n_waiting(&self) -> usize;
+    fn add_sequence(&mut self, seq_id: u64, prompt: Vec<u32>, params: SamplingParams)
+        -> Result<()>;
+    fn remove_sequence(&mut self, seq_id: u64) -> bool;
+    fn step(&mut self) -> Result<Vec<StepOutput>>;
+    fn logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
+    fn stats(&self) -> EngineStats;
+    fn reset_stats(&mut self);
+    fn threads(&self) -> usize;
+}
+
+/// A model plus its KV cache, scheduler and thread pool.
+pub struct Engine<B: Backend> {
+    pub model: Model<B>,
+    kv: B::KvCache,
+    scratch: Scratch<B>,
+    sched: Scheduler,
+    pool: Arc<rayon::ThreadPool>,
+    n_ctx: usize,
+    plan: BatchPlan,
+    scheduled: Vec<Scheduled>,
+    host_logits: Vec<f32>,
+    stats: EngineStats,
+}
+
+impl Engine<CpuBackend> {
+    /// Opens `path` on the CPU backend.
+    pub fn open_cpu(
+        path: impl AsRef<std::path::Path>,
+        opts: EngineOptions,
+    ) -> Result<Engine<CpuBackend>> {
+        let pool = build_pool(opts.threads)?;
+        let path = path.as_ref().to_path_buf();
+        let model = pool.install(|| Model::open(&path, CpuBackend))?;
+        Engine::with_pool(model, opts, pool)
+    }
+}
+
+fn build_pool(threads: Option<usize>) -> Result<Arc<rayon::ThreadPool>> {
+    let n = match threads {
+        Some(0) => {
+            return Err(FakError::invalid(
+                "threads",
+                "0 (must be ≥ 1, or None for all cores)",
+            ))
+        }
+        Some(n) => n,
+        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .thread_name(|i| format!("fak-cpu-{i}"))
+        .build()
+        .map_err(|e| FakError::Backend {
+            backend: "cpu".into(),
+            msg: format!("thread pool: {e}"),
+        })?;
+    Ok(Arc::new(pool))
+}
+
+impl<B: Backend> Engine<B> {
+    /// An engine for `model` with a new pool of `opts.threads` workers.
+    pub fn new(model: Model<B>, opts: EngineOptions) -> Result<Engine<B>> {
+        let pool = build_pool(opts.threads)?;
+        Self::with_pool(model, opts, pool)
+    }
+
+    fn with_pool(
+        model: Model<B>,
+        opts: EngineOptions,
+        pool: Arc<rayon::ThreadPool>,
+    ) -> Result<Engine<B>> {
+        let n_ctx = opts.n_ctx;
+        if n_ctx < 2 {
+            return Err(FakError::invalid("n_ctx", format!("{n_ctx} (must be ≥ 2)")));
+        }
+        if opts.max_batch == 0 {
+            return Err(FakError::invalid("max_batch", "0 (must be ≥ 1)"));
+        }
+        let kv_tokens = opts
+            .kv_cache_tokens
+            .unwrap_or(n_ctx * opts.max_batch.min(8));
+        if kv_tokens < n_ctx {
+            return Err(FakError::invalid("kv_cache_tokens", format!("{kv_tokens} is smaller than n_ctx {n_ctx}; the cache must hold one full context")));
+        }
+        let c = &model.config;
+        let n_blocks = kv_tokens.div_ceil(BLOCK_SIZE);
+        let layout = KvLayout {
+            n_layer: c.n_layer,
+            n_blocks,
+            block_size: BLOCK_SIZE,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+        };
+        let max_tokens = opts
+            .max_tokens_per_step
+            .max(opts.max_batch)
+            .max(LOGITS_CHUNK);
+        let limits = BatchLimits {
+            max_tokens,
+            max_seqs: opts.max_batch.max(1),
+            max_blocks_per_seq: n_ctx.div_ceil(BLOCK_SIZE),
+        };
+        let max_logits = opts.max_batch.max(LOGITS_CHUNK);
+        let kv = model.backend.alloc_kv_cache(layout)?;
+        let scratch = Scratch::new(&model, limits, max_logits)?;
+        let sched = Scheduler::new(
+            SchedulerConfig {
+                n_ctx,
+                max_batch: opts.max_batch,
+                max_tokens,
+            },
+            BlockPool::new(n_blocks, BLOCK_SIZE),
+        );
+        Ok(Engine {
+            model,
+            kv,
+            scratch,
+            sched,
+            pool,
+            n_ctx,
+            plan: BatchPlan::default(),
+            scheduled: Vec::new(),
+            host_logits: Vec::new(),
+            stats: EngineStats::default(),
+        })
+    }
+
+    fn check_tokens(&self, tokens: &[u32], param: &str) -> Result<()> {
+        let n_vocab = self.model.config.n_vocab;
+        if tokens.is_empty() {
+            return Err(FakError::invalid(param, "empty token list"));
+        }
+        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+            return Err(FakError::invalid(
+                param,
+                format!("token id {bad} is out of range for a vocabulary of {n_vocab}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Queues a new sequence. It is prefilled by the next step that has room for it.
+    ///
+    /// Errors: [`FakError::InvalidArgument`] for a duplicate id, an empty prompt, a token outside
+    /// the vocabulary or a bad sampling value; [`FakError::ContextLength`] when
+    /// `len(prompt) + 1 > n_ctx`; [`FakError::KvCacheFull`] when the prompt needs more blocks than
+    /// the whole cache has (it could never run).
+    pub fn add_sequence(
+        &mut self,
+        seq_id: u64,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+    ) -> Result<()> {
+        if self.sched.contains(seq_id) {
+            return Err(FakError::invalid(
+                "seq_id",
+                format!("sequence {seq_id} already exists"),
+            ));
+        }
+        self.check_tokens(&prompt, "prompt_ids")?;
+        if prompt.len() + 1 > self.n_ctx {
+            return Err(FakError::ContextLength {
+                n_tokens: prompt.len() + 1,
+                n_ctx: self.n_ctx,
+            });
+        }
+        let need = self.sched.pool.blocks_for(prompt.len() + 1);
+        if need > self.sched.pool.n_total() {
+            return Err(FakError::KvCacheFull {
+                needed: need,
+                free: self.sched.pool.n_total(),
+            });
+        }
+        let sampler = Sampler::new(params)?;
+        self.sched.add(Sequence::new(seq_id, prompt, sampler));
+        Ok(())
+    }
+
+    /// Drops a sequence and frees its KV blocks. Unknown ids are ignored; returns whether it existed.
+    pub fn remove_sequence(&mut self, seq_id: u64) -> bool {
+        self.sched.remove(seq_id)
+    }
+
+    /// One engine iteration (see the module doc). Returns one output per sequence that got a new
+    /// token, in batch order; empty when nothing can run.
+    pub fn step(&mut self) -> Result<Vec<StepOutput>> {
+        let pool = self.pool.clone();
+        pool.install(|| self.step_inner())
+    }
+
+    fn step_inner(&mut self) -> Result<Vec<StepOutput>> {
+        let t0 = Instant::now();
+        self.sched.schedule(&mut self.plan, &mut self.scheduled);
+        self.stats.preemptions = self.sched.n_preempted;
+        if self.scheduled.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n_logits = self
+            .model
+            .forward(&mut self.kv, &mut self.scratch, &self.plan)?;
+        let n_vocab = self.model.config.n_vocab;
+        // Logit row j belongs to the j-th scheduled entry with logits (row order).
+        let row_of: Vec<u64> = self
+            .scheduled
+            .iter()
+            .filter(|e| e.logits)
+            .map(|e| e.seq_id)
+            .collect();
+        debug_assert_eq!(row_of.len(), n_logits);
+        let all_greedy = row_of.iter().all(|id| {
+            self.sched
+                .running()
+                .iter()
+                .any(|s| s.id == *id && s.sampler.is_plain_greedy())
+        });
+        let mut greedy = (Vec::new(), Vec::new());
+        if all_greedy {
+            greedy = (vec![0u32; n_logits], vec![0f32; n_logits]);
+            self.model.backend.greedy_rows(
+                &self.scratch.logits,
+                n_logits,
+                n_vocab,
+                &mut greedy.0,
+                &mut greedy.1,
+            )?;
+        } else {
+            self.host_logits.resize(n_logits * n_vocab, 0.0);
+            self.model
+                .backend
+                .read_f32(&self.scratch.logits, &mut self.host_logits)?;
+        }
+        let t_fwd = Instant::now();
+
+        // Token accounting before the sequences change.
+        let (mut n_prefill, mut n_decode) = (0u64, 0u64);
+        for e in &self.scheduled {
+            let s = self
+                .sched
+                .running()
+                .iter()
+                .find(|s| s.id == e.seq_id)
+                .expect("scheduled sequence runs");
+            if e.n_tokens == 1 && s.n_cached >= s.n_prompt {
+                n_decode += 1;
+            } else {
+                n_prefill += e.n_tokens as u64;
+            }
+        }
+
+        // Sample every sequence whose run ended, in parallel.
+        let logits = &self.host_logits;
+        let greedy = &greedy;
+        let mut work: Vec<(usize, &mut Sequence)> = self
+            .sched
+            .running_all_mut()
+            .iter_mut()
+            .filter_map(|s| row_of.iter().position(|&id| id == s.id).map(|j| (j, s)))
+            .collect();
+        let sample = |(j, s): &mut (usize, &mut Sequence)| -> (usize, StepOutput) {
+            if all_greedy {
+                return (
+                    *j,
+                    StepOutput {
+                        seq_id: s.id,
+                        token: greedy.0[*j],
+                        logprob: greedy.1[*j],
+                        top_logprobs: None,
+                    },
+                );
+            }
+            let row = &logits[*j * n_vocab..(*j + 1) * n_vocab];
+            let out = s.sampler.sample(row, &s.tokens);
+            (
+                *j,
+                StepOutput {
+                    seq_id: s.id,
+                    token: out.token,
+                    logprob: out.logprob,
+                    top_logprobs: out.top_logprobs,
+                },
+            )
+        };
+        let mut outputs: Vec<(usize, StepOutput)> = if work.len() > 1 {
+            work.par_iter_mut().map(sample).collect()
+        } else {
+            work.iter_mut().map(sample).collect()
+        };
+        drop(work);
+        outputs.sort_by_key(|o| o.0);
+
+        // Commit: cached counts, new tokens.
+        for e in &self.scheduled {
+            let s = self
+                .sched
+                .running_mut(e.seq_id)
+                .expect("scheduled sequence runs");
+            s.n_cached += e.n_tokens;
+        }
+        for (_, o) in &outputs {
+            let s = self
+                .sched
+                .running_mut(o.seq_id)
+                .expect("sampled sequence runs");
+            s.tokens.push(o.token);
+            s.sampler.accept(o.token);
+        }
+        let t1 = Instant::now();
+        let total = (t1 - t0).as_secs_f64();
+        let frac_prefill = n_prefill as f64 / (n_prefill + n_decode).max(1) as f64;
+        self.stats.prefill_tokens += n_prefill;
+        self.stats.decode_tokens += n_decode;
+        self.stats.prefill_seconds += total * frac_prefill;
+        self.stats.decode_seconds += total * (1.0 - frac_prefill);
+        self.stats.sample_seconds += (t1 - t_fwd).as_secs_f64();
+        self.stats.steps += 1;
+        Ok(outputs.into_iter().map(|o| o.1).collect())
+    }
+
+    /// Logits of every position of `tokens` (`[n_tokens · n_vocab]`, row-major), computed from
+    /// scratch (no sequence state is kept). Runs in chunks of [`LOGITS_CHUNK`] tokens through the
+    /// shared KV cache, which must have room for the whole list.
+    ///
+    /// Errors: [`FakError::InvalidArgument`] for an empty list or a token outside the vocabulary,
+    /// [`FakError::ContextLength`] when `len(tokens) > n_ctx`, [`FakError::KvCacheFull`] when the
+    /// free blocks cannot hold it now.
+    pub fn logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        let pool = self.pool.clone();
+        pool.install(|| self.logits_inner(tokens))
+    }
+
+    fn logits_inner(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        self.check_tokens(tokens, "token_ids")?;
+        if tokens.len() > self.n_ctx {
+            return Err(FakError::ContextLength {
+                n_tokens: tokens.len(),
+                n_ctx: self.n_ctx,
+            });
+        }
+        let n_vocab = self.model.config.n_vocab;
+        let mut out: Vec<f32> =
+            crate::backend::cpu::zeroed_vec(tokens.len() * n_vocab, "the logits array")?;
+        let mut table = Vec::new();
+        self.sched.pool.grow(&mut table, tokens.len())?;
+        let chunk = self.scratch.max_logits.min(self.scratch.max_tokens);
+        let mut result = Ok(());
+        for (ci, toks) in tokens.chunks(chunk).enumerate() {
+            let n_past = ci * chunk;
+            let mut plan = std::mem::take(&mut self.plan);
+            plan.clear();
+            plan.push_seq(toks, n_past, &table, BLOCK_SIZE, LogitRows::All);
+            let r = self.model.forward(&mut self.kv, &mut self.scratch, &plan);
+            self.plan = plan;
+            match r {
+                Ok(n) => {
+                    debug_assert_eq!(n, toks.len());
+                    if let Err(e) = self.model.backend.read_f32(
+                        &self.scratch.logits,
+                        &mut out[n_past * n_vocab..(n_past + n) * n_vocab],
+                    ) {
+                        result = Err(e);
+                        break;
+                    }
+                }
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        self.sched.pool.release(&mut table);
+        result.map(|_| out)
+    }
+
+    /// Counters (see [`EngineStats`]).
+    pub fn stats(&self) -> EngineStats {
+        self.stats.clone()
+    }
+
+    /// Zeroes the counters.
+    pub fn reset_stats(&mut self) {
+        self.stats = EngineStats::default();
+        self.sched.n_preempted = 0;
+    }
+
+    /// The scheduler (sequences, block pool).
+    pub fn scheduler(&self) -> &Scheduler {
+        &self.sched
+    }
+
+    /// The KV cache storage.
+    pub fn kv_cache(&self) -> &B::KvCache {
+        &self.kv
+    }
+}
+
+impl<B: Backend> EngineApi for Engine<B> {
+    fn backend_name(&self) -> &'static str {
+        self.model.backend.name()
+    }
+    fn config(&self) -> &ModelConfig {
+        &self.model.config
+    }
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    fn kv_blocks_total(&self) -> usize {
+        self.sched.pool.n_total()
+    }
+    fn kv_blocks_free(&self) -> usize {
+        self.sched.pool.n_free()
+    }
+    fn n_running(&self) -> usize {
+        self.sched.n_running()
+    }
+    fn n_waiting(&self) -> usize {
+        self.sched.n_waiting()
+    }
+    fn add_sequence(
+        &mut self,
+        seq_id: u64,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+    ) -> Result<()> {
+        Engine::add_sequence(self, seq_id, prompt, params)
+    }
+    fn remove_sequence(&mut self, seq_id: u64) -> bool {
+        Engine::remove_sequence(self, seq_id)
+    }
+    fn step(&mut self) -> Result<Vec<StepOutput>> {
+        Engine::step(self)
+    }
+    fn logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        Engine::logits(self, tokens)
+    }
+    fn stats(&self) -> EngineStats {
+        Engine::stats(self)
+    }
+    fn reset_stats(&mut self) {
+        Engine::reset_stats(self)
+    }
+    fn threads(&self) -> usize {
+        self.pool.current_num_threads()
+    }
+}

@@ -1,0 +1,717 @@
+//! Token sampling: penalties, greedy, temperature, top-k, top-p, min-p, a seeded RNG per
+//! sequence, and log-probabilities.
+//!
+//! Order and semantics follow llama.cpp's default sampler chain (`common/sampling.cpp`:
+//! penalties → top-k → top-p → min-p → temperature → dist):
+//! - repetition penalty (llama.cpp `penalty_repeat` over the last `repeat_last_n` tokens of prompt
+//!   and output, `-1` = all, `0` = off): each distinct token in the window has its logit divided by
+//!   the penalty if positive, multiplied if not (CTRL, Keskar et al. 2019);
+//! - presence / frequency penalties (OpenAI semantics): `logit[t] −= count[t]·frequency +
+//!   (count[t] > 0)·presence` with `count` over the tokens generated so far;
+//! - `temperature == 0` is greedy (argmax after penalties, lowest id on ties);
+//! - top-k (`0` or `-1` = off), top-p (the smallest prefix of the probability-sorted candidates
+//!   whose mass reaches `top_p`, renormalized over the candidates left by top-k, at least one kept),
+//!   min-p (keeps `p ≥ min_p · p_max`) all act on temperature-1 probabilities, as in llama.cpp;
+//!   the temperature then scales the kept logits before the draw.
+//!
+//! `logprob` and `top_logprobs` are the log-softmax of the model's **unmodified** logits (before
+//! penalties, temperature and filters), as vLLM reports by default: they describe the model, not
+//! the sampling settings.
+//!
+//! Determinism: one xoshiro256** generator per sequence, seeded with splitmix64(`seed`); the same
+//! seed, prompt and settings give the same tokens (batching does not change the draws, because
+//! each sequence draws from its own generator exactly once per token).
+
+use std::collections::HashMap;
+
+use crate::backend::cpu::vecops;
+use crate::{FakError, Result};
+
+/// Largest `n_logprobs` accepted (OpenAI's `top_logprobs` bound).
+pub const MAX_LOGPROBS: usize = 20;
+
+/// Sampling settings of one sequence (see the module doc for each one's semantics).
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// ≥ 0; 0 is greedy. Default 1.
+    pub temperature: f32,
+    /// ≥ -1; 0 and -1 disable. Default 0.
+    pub top_k: i32,
+    /// In [0, 1]; 1 disables. Default 1.
+    pub top_p: f32,
+    /// In [0, 1]; 0 disables. Default 0.
+    pub min_p: f32,
+    /// > 0; 1 disables. Default 1.
+    pub repeat_penalty: f32,
+    /// Window of the repetition penalty in tokens, ≥ -1 (-1: whole sequence, 0: off). Default 64.
+    pub repeat_last_n: i32,
+    /// In [-2, 2]. Default 0.
+    pub presence_penalty: f32,
+    /// In [-2, 2]. Default 0.
+    pub frequency_penalty: f32,
+    /// RNG seed; `None` draws one from the OS-seeded hasher.
+    pub seed: Option<u64>,
+    /// Top log-probabilities to return per token, 0..=[`MAX_LOGPROBS`]; 0 returns none.
+    pub n_logprobs: usize,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            repeat_penalty: 1.0,
+            repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            n_logprobs: 0,
+        }
+    }
+}
+
+impl SamplingParams {
+    /// Checks every value's range. Errors: [`FakError::InvalidArgument`] naming the parameter.
+    pub fn validate(&self) -> Result<()> {
+        fn check(ok: bool, param: &str, msg: String) -> Result<()> {
+            if ok {
+                Ok(())
+            } else {
+                Err(FakError::invalid(param, msg))
+            }
+        }
+        let t = self.temperature;
+        check(
+            t.is_finite() && t >= 0.0,
+            "temperature",
+            format!("{t} (must be a finite number ≥ 0)"),
+        )?;
+        check(
+            self.top_k >= -1,
+            "top_k",
+            format!("{} (must be ≥ 0, or -1 to disable)", self.top_k),
+        )?;
+        let p = self.top_p;
+        check(
+            (0.0..=1.0).contains(&p),
+            "top_p",
+            format!("{p} (must be in [0, 1])"),
+        )?;
+        let m = self.min_p;
+        check(
+            (0.0..=1.0).contains(&m),
+            "min_p",
+            format!("{m} (must be in [0, 1])"),
+        )?;
+        let r = self.repeat_penalty;
+        check(
+            r.is_finite() && r > 0.0,
+            "repeat_penalty",
+            format!("{r} (must be a finite number > 0; 1 disables)"),
+        )?;
+        check(
+            self.repeat_last_n >= -1,
+            "repeat_last_n",
+            format!(
+                "{} (must be ≥ 0, or -1 for the whole sequence)",
+                self.repeat_last_n
+            ),
+        )?;
+        let pp = self.presence_penalty;
+        check(
+            (-2.0..=2.0).contains(&pp),
+            "presence_penalty",
+            format!("{pp} (must be in [-2, 2])"),
+        )?;
+        let fp = self.frequency_penalty;
+        check(
+            (-2.0..=2.0).contains(&fp),
+            "frequency_penalty",
+            format!("{fp} (must be in [-2, 2])"),
+        )?;
+        check(
+            self.n_logprobs <= MAX_LOGPROBS,
+            "n_logprobs",
+            format!("{} (must be in [0, {MAX_LOGPROBS}])", self.n_logprobs),
+        )?;
+        Ok(())
+    }
+
+    fn has_penalties(&self) -> bool {
+        (self.repeat_penalty != 1.0 && self.repeat_last_n != 0)
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
+}
+
+/// xoshiro256** (Blackman & Vigna 2018), seeded through splitmix64.
+#[derive(Debug, Clone)]
+pub struct Rng {
+    s: [u64; 4],
+}
+
+impl Rng {
+    /// A generator whose whole stream is determined by `seed`.
+    pub fn new(seed: u64) -> Rng {
+        let mut z = seed;
+        let mut next = || {
+            z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut x = z;
+            x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            x ^ (x >> 31)
+        };
+        Rng {
+            s: [next(), next(), next(), next()],
+        }
+    }
+
+    /// A seed from the process's randomly keyed hasher and the clock.
+    pub fn entropy_seed() -> u64 {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
+        h.finish()
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let s = &mut self.s;
+        let result = s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = s[1] << 17;
+        s[2] ^= s[0];
+        s[3] ^= s[1];
+        s[1] ^= s[2];
+        s[0] ^= s[3];
+        s[2] ^= t;
+        s[3] = s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform in [0, 1) with 53 random bits.
+    pub fn next_f64(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 * (1.0 / (1u64 << 53) as f64)
+    }
+}
+
+/// One sampled token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    /// log-softmax of the unmodified logits at `token`.
+    pub logprob: f32,
+    /// The `n_logprobs` most likely tokens under the unmodified logits, most likely first
+    /// (ties: lower id first); `None` when `n_logprobs == 0`.
+    pub top_logprobs: Option<Vec<(u32, f32)>>,
+}
+
+/// The sampling state of one sequence.
+#[derive(Debug, Clone)]
+pub struct Sampler {
+    params: SamplingParams,
+    rng: Rng,
+    /// Occurrences of each generated token (presence / frequency penalties).
+    counts: HashMap<u32, u32>,
+    work: Vec<f32>,
+    idx: Vec<u32>,
+    weights: Vec<f32>,
+}
+
+impl Sampler {
+    /// A sampler for `params` (validated). Errors: [`FakError::InvalidArgument`].
+    pub fn new(params: SamplingParams) -> Result<Sampler> {
+        params.validate()?;
+        let rng = Rng::new(params.seed.unwrap_or_else(Rng::entropy_seed));
+        Ok(Sampler {
+            params,
+            rng,
+            counts: HashMap::new(),
+            work: Vec::new(),
+            idx: Vec::new(),
+            weights: Vec::new(),
+        })
+    }
+
+    /// The settings.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Records a generated token (presence / frequency penalties count generated tokens only).
+    pub fn accept(&mut self, token: u32) {
+        *self.counts.entry(token).or_insert(0) += 1;
+    }
+
+    /// Picks the next token from `logits` (`[n_vocab]`, unmodified model output). `history` is
+    /// the sequence so far (prompt and generated tokens), for the repetition penalty.
+    pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Sampled {
+        let token = self.choose(logits, history);
+        let (max, ln_z) = log_normalizer(logits);
+        let logprob = (logits[token as usize] - max) - ln_z;
+        let top_logprobs = (self.params.n_logprobs > 0).then(|| {
+            top_n(logits, self.params.n_logprobs)
+                .into_iter()
+                .map(|t| (t, (logits[t as usize] - max) - ln_z))
+                .collect()
+        });
+        Sampled {
+            token,
+            logprob,
+            top_logprobs,
+        }
+    }
+
+    /// Whether the next token is the plain argmax with nothing else to report (temperature 0, no
+    /// penalty, no top log-probabilities): the engine then takes the backend's greedy fast path.
+    pub fn is_plain_greedy(&self) -> bool {
+        let p = &self.params;
+        p.temperature <= 0.0 && !p.has_penalties() && p.n_logprobs == 0
+    }
+
+    fn choose(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let p = &self.params;
+        let l: &[f32] = if p.has_penalties() {
+            self.work.clear();
+            self.work.extend_from_slice(logits);
+            apply_penalties(&mut self.work, p, history, &self.counts);
+            &self.work
+        } else {
+            logits
+        };
+        if p.temperature <= 0.0 {
+            return crate::backend::cpu::argmax(l) as u32;
+        }
+        let n = l.len();
+        let top_k = if p.top_k > 0 && (p.top_k as usize) < n {
+            p.top_k as usize
+        } else {
+            0
+        };
+        let filtered = top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0;
+        if !filtered {
+            // Draw from the whole vocabulary.
+            let max = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            self.weights.resize(n, 0.0);
+            let total =
+                vecops::exp_scaled_sum(l, max, 1.0 / p.temperature, Some(&mut self.weights));
+            return draw(&mut self.rng, &self.weights, total, |i| i as u32);
+        }
+
+        // Candidates sorted by logit, descending (ties: lower id first).
+        let idx = &mut self.idx;
+        let by_logit = |a: &u32, b: &u32| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b));
+        if top_k > 0 {
+            top_k_sorted(l, top_k, idx);
+        } else if p.top_p < 1.0 {
+            // Sort progressively larger prefixes until the nucleus is inside one.
+            let max = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let z = vecops::exp_scaled_sum(l, max, 1.0, None);
+            let mut m = 64.min(n);
+            loop {
+                top_k_sorted(l, m, idx);
+                let mut cum = 0f64;
+                let mut cut = None;
+                for (i, &t) in idx.iter().enumerate() {
+                    cum += ((l[t as usize] - max) as f64).exp() / z;
+                    if cum >= p.top_p as f64 {
+                        cut = Some(i + 1);
+                        break;
+                    }
+                }
+                match cut {
+                    Some(c) => {
+                        idx.truncate(c);
+                        break;
+                    }
+                    None if m == n => break,
+                    None => m = (m * 8).min(n),
+                }
+            }
+        } else {
+            // min-p only: keep the tokens above the threshold, then sort them.
+            let max = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let min_logit = max + p.min_p.ln();
+            idx.clear();
+            idx.extend((0..n as u32).filter(|&t| l[t as usize] >= min_logit));
+            idx.sort_unstable_by(by_logit);
+        }
+        if top_k > 0 && p.top_p < 1.0 {
+            // top-p over the top-k candidates (renormalized over them).
+            let max = l[idx[0] as usize];
+            let z: f64 = idx
+                .iter()
+                .map(|&t| ((l[t as usize] - max) as f64).exp())
+                .sum();
+            let mut cum = 0f64;
+            let mut keep = idx.len();
+            for (i, &t) in idx.iter().enumerate() {
+                cum += ((l[t as usize] - max) as f64).exp() / z;
+                if cum >= p.top_p as f64 {
+                    keep = i + 1;
+                    break;
+                }
+            }
+            idx.truncate(keep.max(1));
+        }
+        if p.min_p > 0.0 && !idx.is_empty() {
+            let min_logit = l[idx[0] as usize] + p.min_p.ln();
+            let keep = idx
+                .iter()
+                .take_while(|&&t| l[t as usize] >= min_logit)
+                .count();
+            idx.truncate(keep.max(1));
+        }
+        // Temperature, softmax over the candidates, draw.
+        let max = l[idx[0] as usize];
+        let inv_t = 1.0 / p.temperature;
+        self.weights.clear();
+        self.weights
+            .extend(idx.iter().map(|&t| ((l[t as usize] - max) * inv_t).exp()));
+        let total: f64 = self.weights.iter().map(|&w| w as f64).sum();
+        let idx = &self.idx;
+        draw(&mut self.rng, &self.weights, total, |i| idx[i])
+    }
+}
+
+/// Applies the repetition penalty (window of `history`) and the presence/frequency penalties
+/// (`counts` of generated tokens) to `l` in place.
+pub fn apply_penalties(
+    l: &mut [f32],
+    p: &SamplingParams,
+    history: &[u32],
+    counts: &HashMap<u32, u32>,
+) {
+    if p.repeat_penalty != 1.0 && p.repeat_last_n != 0 {
+        let n = if p.repeat_last_n < 0 {
+            history.len()
+        } else {
+            (p.repeat_last_n as usize).min(history.len())
+        };
+        let mut window: Vec<u32> = history[history.len() - n..].to_vec();
+        window.sort_unstable();
+        window.dedup();
+        for t in window {
+            if let Some(v) = l.get_mut(t as usize) {
+                *v = if *v <= 0.0 {
+                    *v * p.repeat_penalty
+                } else {
+                    *v / p.repeat_penalty
+                };
+            }
+        }
+    }
+    if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
+        for (&t, &c) in counts {
+            if let Some(v) = l.get_mut(t as usize) {
+                *v -= c as f32 * p.frequency_penalty + if c > 0 { p.presence_penalty } else { 0.0 };
+            }
+        }
+    }
+}
+
+/// `(max, ln Σ e^(l − max))` of `l`: the log-softmax of token `t` is `(l[t] − max) − ln_z`
+/// (the same expression as [`crate::backend::greedy_row`], so both paths give identical bits).
+pub fn log_normalizer(l: &[f32]) -> (f32, f32) {
+    let max = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let z = vecops::exp_scaled_sum(l, max, 1.0, None);
+    (max, z.ln() as f32)
+}
+
+/// The `n` largest entries of `l` (ties: lower index first), largest first.
+pub fn top_n(l: &[f32], n: usize) -> Vec<u32> {
+    if n == 0 {
+        return Vec::new();
+    }
+    let mut best: Vec<u32> = Vec::with_capacity(n + 1);
+    for (i, &v) in l.iter().enumerate() {
+        if v.is_nan() || (best.len() == n && v <= l[*best.last().expect("n > 0") as usize]) {
+            continue;
+        }
+        let pos = best.partition_point(|&b| l[b as usize] >= v);
+        best.insert(pos, i as u32);
+        best.truncate(n);
+    }
+    best
+}
+
+/// Fills `idx` with the `k` largest indices of `l`, sorted descending (ties: lower id first).
+fn top_k_sorted(l: &[f32], k: usize, idx: &mut Vec<u32>) {
+    let by_logit = |a: &u32, b: &u32| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b));
+    idx.clear();
+    idx.extend(0..l.len() as u32);
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, by_logit);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(by_logit);
+}
+
+/// Draws index `i` with probability `w[i] / total`, mapped through `id`.
+fn draw(rng: &mut Rng, w: &[f32], total: f64, id: impl Fn(usize) -> u32) -> u32 {
+    let target = rng.next_f64() * total;
+    let mut cum = 0f64;
+    let mut last = 0;
+    for (i, &x) in w.iter().enumerate() {
+        if x > 0.0 {
+            cum += x as f64;
+            last = i;
+            if cum > target {
+                return id(i);
+            }
+        }
+    }
+    id(last)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn logits() -> Vec<f32> {
+        // A peaked distribution over 1000 tokens with a clear order.
+        (0..1000)
+            .map(|i| -((i as f32 - 500.0) / 40.0).powi(2) + ((i * 7919) % 13) as f32 * 0.01)
+            .collect()
+    }
+
+    fn params(f: impl FnOnce(&mut SamplingParams)) -> SamplingParams {
+        let mut p = SamplingParams {
+            seed: Some(42),
+            ..Default::default()
+        };
+        f(&mut p);
+        p
+    }
+
+    fn run(p: SamplingParams, l: &[f32], n: usize) -> Vec<u32> {
+        let mut s = Sampler::new(p).unwrap();
+        let mut hist = vec![1u32, 2, 3];
+        (0..n)
+            .map(|_| {
+                let t = s.sample(l, &hist).token;
+                s.accept(t);
+                hist.push(t);
+                t
+            })
+            .collect()
+    }
+
+    #[test]
+    fn greedy_is_argmax() {
+        let l = logits();
+        let want = crate::backend::cpu::argmax(&l) as u32;
+        assert_eq!(run(params(|p| p.temperature = 0.0), &l, 5), vec![want; 5]);
+    }
+
+    #[test]
+    fn same_seed_same_tokens_other_seed_differs() {
+        let l = logits();
+        let a = run(params(|_| {}), &l, 64);
+        let b = run(params(|_| {}), &l, 64);
+        let c = run(params(|p| p.seed = Some(43)), &l, 64);
+        assert_eq!(a, b);
+        assert_ne!(a, c);
+        // The draws follow the distribution: tokens near the mode.
+        assert!(a.iter().all(|&t| (400..600).contains(&t)), "{a:?}");
+    }
+
+    #[test]
+    fn top_k_limits_candidates() {
+        let l = logits();
+        let mut order: Vec<u32> = (0..l.len() as u32).collect();
+        order.sort_by(|a, b| l[*b as usize].total_cmp(&l[*a as usize]));
+        let allowed = &order[..3];
+        let toks = run(
+            params(|p| {
+                p.top_k = 3;
+                p.temperature = 5.0
+            }),
+            &l,
+            200,
+        );
+        assert!(toks.iter().all(|t| allowed.contains(t)));
+        let mut distinct = toks.clone();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(
+            distinct.len(),
+            3,
+            "high temperature over 3 candidates visits all of them"
+        );
+    }
+
+    #[test]
+    fn top_p_keeps_the_nucleus() {
+        // Probabilities 0.5, 0.3, 0.15, 0.05: top_p 0.8 keeps the first two exactly.
+        let l: Vec<f32> = [0.5f32, 0.3, 0.15, 0.05].iter().map(|p| p.ln()).collect();
+        let toks = run(params(|p| p.top_p = 0.8), &l, 300);
+        assert!(toks.iter().all(|&t| t < 2));
+        assert!(toks.contains(&0) && toks.contains(&1));
+        // 0.81 needs the third token too.
+        let toks = run(params(|p| p.top_p = 0.81), &l, 300);
+        assert!(toks.iter().all(|&t| t < 3) && toks.contains(&2));
+        // top_p = 0 keeps only the most likely token.
+        assert!(run(params(|p| p.top_p = 0.0), &l, 50)
+            .iter()
+            .all(|&t| t == 0));
+        // The nucleus search over a large vocabulary (progressive sort) agrees.
+        let big = logits();
+        let mut order: Vec<u32> = (0..big.len() as u32).collect();
+        order.sort_by(|a, b| big[*b as usize].total_cmp(&big[*a as usize]));
+        let (max, ln_z) = log_normalizer(&big);
+        let mut cum = 0.0;
+        let mut nucleus = 0;
+        for &t in &order {
+            cum += ((big[t as usize] - max - ln_z) as f64).exp();
+            nucleus += 1;
+            if cum >= 0.9 {
+                break;
+            }
+        }
+        assert!(
+            nucleus > 64,
+            "test needs a nucleus larger than the first sort"
+        );
+        let toks = run(params(|p| p.top_p = 0.9), &big, 500);
+        assert!(toks.iter().all(|t| order[..nucleus].contains(t)));
+    }
+
+    #[test]
+    fn min_p_drops_unlikely_tokens() {
+        let l: Vec<f32> = [0.5f32, 0.3, 0.15, 0.05].iter().map(|p| p.ln()).collect();
+        // p ≥ 0.35 · 0.5 = 0.175 keeps tokens 0 and 1.
+        let toks = run(params(|p| p.min_p = 0.35), &l, 300);
+        assert!(toks.iter().all(|&t| t < 2) && toks.contains(&1));
+        let toks = run(params(|p| p.min_p = 0.25), &l, 300);
+        assert!(toks.iter().all(|&t| t < 3) && toks.contains(&2));
+    }
+
+    #[test]
+    fn repetition_penalty_llama_cpp_semantics() {
+        let p = params(|p| {
+            p.repeat_penalty = 2.0;
+            p.repeat_last_n = 2
+        });
+        let mut l = vec![4.0f32, -4.0, 4.0, -4.0, 1.0];
+        // Window = the last two tokens [1, 3]; the older 0 is outside it.
+        apply_penalties(&mut l, &p, &[0, 1, 3], &HashMap::new());
+        assert_eq!(l, vec![4.0, -8.0, 4.0, -8.0, 1.0]);
+        let mut l = vec![4.0f32, -4.0, 4.0];
+        let p = params(|p| {
+            p.repeat_penalty = 2.0;
+            p.repeat_last_n = -1
+        });
+        apply_penalties(&mut l, &p, &[0, 0, 0, 1], &HashMap::new());
+        assert_eq!(
+            l,
+            vec![2.0, -8.0, 4.0],
+            "each distinct token penalized once"
+        );
+    }
+
+    #[test]
+    fn presence_and_frequency_openai_semantics() {
+        let p = params(|p| {
+            p.presence_penalty = 0.5;
+            p.frequency_penalty = 0.25
+        });
+        let counts = HashMap::from([(0u32, 3u32), (2, 1)]);
+        let mut l = vec![1.0f32, 1.0, 1.0];
+        apply_penalties(&mut l, &p, &[], &counts);
+        assert_eq!(l, vec![1.0 - 0.75 - 0.5, 1.0, 1.0 - 0.25 - 0.5]);
+        // Greedy with a strong presence penalty never repeats a token.
+        let flat = vec![0.0f32; 10];
+        let toks = run(
+            params(|p| {
+                p.temperature = 0.0;
+                p.presence_penalty = 2.0
+            }),
+            &flat,
+            10,
+        );
+        let mut d = toks.clone();
+        d.sort();
+        d.dedup();
+        assert_eq!(d.len(), 10, "{toks:?}");
+    }
+
+    #[test]
+    fn logprobs_of_unmodified_logits() {
+        let l = vec![2.0f32, 1.0, 0.5, 2.0];
+        let mut s = Sampler::new(params(|p| {
+            p.temperature = 0.0;
+            p.n_logprobs = 3;
+            p.presence_penalty = 2.0
+        }))
+        .unwrap();
+        let lse = (l.iter().map(|&x| (x as f64).exp()).sum::<f64>()).ln() as f32;
+        let out = s.sample(&l, &[]);
+        assert_eq!(out.token, 0);
+        assert!((out.logprob - (2.0 - lse)).abs() < 1e-5);
+        let top = out.top_logprobs.unwrap();
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![0, 3, 1]);
+        assert!((top[2].1 - (1.0 - lse)).abs() < 1e-5);
+        s.accept(0);
+        // Penalties change the choice, never the reported logprobs.
+        let out2 = s.sample(&l, &[0]);
+        assert_eq!(out2.token, 3);
+        assert!((out2.logprob - (2.0 - lse)).abs() < 1e-5);
+        assert!(Sampler::new(params(|p| p.n_logprobs = 0))
+            .unwrap()
+            .sample(&l, &[])
+            .top_logprobs
+            .is_none());
+    }
+
+    #[test]
+    fn greedy_fast_path_matches_sampler_bits() {
+        let l = logits();
+        let mut s = Sampler::new(params(|p| p.temperature = 0.0)).unwrap();
+        assert!(s.is_plain_greedy());
+        let out = s.sample(&l, &[]);
+        assert_eq!(crate::backend::greedy_row(&l), (out.token, out.logprob));
+        assert!(!Sampler::new(params(|p| p.temperature = 0.0 + 0.5))
+            .unwrap()
+            .is_plain_greedy());
+        assert!(!Sampler::new(params(|p| {
+            p.temperature = 0.0;
+            p.n_logprobs = 1
+        }))
+        .unwrap()
+        .is_plain_greedy());
+    }
+
+    #[test]
+    fn invalid_values_name_the_parameter() {
+        let cases: Vec<(SamplingParams, &str)> = vec![
+            (params(|p| p.temperature = -0.1), "temperature"),
+            (params(|p| p.temperature = f32::NAN), "temperature"),
+            (params(|p| p.top_k = -2), "top_k"),
+            (params(|p| p.top_p = 1.5), "top_p"),
+            (params(|p| p.min_p = -0.1), "min_p"),
+            (params(|p| p.repeat_penalty = 0.0), "repeat_penalty"),
+            (params(|p| p.repeat_last_n = -5), "repeat_last_n"),
+            (params(|p| p.presence_penalty = 2.5), "presence_penalty"),
+            (params(|p| p.frequency_penalty = -3.0), "frequency_penalty"),
+            (params(|p| p.n_logprobs = 21), "n_logprobs"),
+        ];
+        for (p, name) in cases {
+            match Sampler::new(p) {
+                Err(FakError::InvalidArgument { param, .. }) => assert_eq!(param, name),
+                other => panic!("{name}: {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn top_n_order_and_ties() {
+        assert_eq!(top_n(&[1.0, 3.0, 3.0, 2.0, 5.0], 3), vec![4, 1, 2]);
+        assert_eq!(top_n(&[1.0, 2.0], 5), vec![1, 0]);
+    }
+}

@@ -1,0 +1,216 @@
+//! The forward pass of a pre-norm decoder-only transformer (Llama / Qwen2 family), written once
+//! against the [`Backend`] trait:
+//!
+//! ```text
+//! x = embed(tokens)
+//! per block:  h = rmsnorm(x)·w_attn_norm
+//!             q, k, v = h·Wq (+bq), h·Wk (+bk), h·Wv (+bv);  rope(q), rope(k)
+//!             kv_write(k, v);  x += attention(q, KV cache)·Wo (+bo)
+//!             h = rmsnorm(x)·w_ffn_norm;  x += (silu(h·Wgate) ⊙ h·Wup)·Wdown
+//! logits = rmsnorm(x[logit rows])·w_out_norm · W_out
+//! ```
+//!
+//! (llama.cpp `build_llama` / `build_qwen2`.) Only the rows that need logits go through the last
+//! block's output projection and MLP, the final norm and the LM head, as llama.cpp's `inp_out_ids`
+//! (a prefill chunk that needs no logits skips them altogether).
+
+use super::weights::LayerWeights;
+use super::{Model, ModelConfig};
+use crate::backend::{Backend, BatchLimits, BatchPlan, GraphKey};
+use crate::{FakError, Result};
+
+/// Activation buffers and the batch storage of one forward, sized once for the largest batch.
+pub struct Scratch<B: Backend> {
+    /// Most rows (tokens) per forward.
+    pub max_tokens: usize,
+    /// Most rows that need logits per forward.
+    pub max_logits: usize,
+    x: B::Buffer,
+    h: B::Buffer,
+    q: B::Buffer,
+    k: B::Buffer,
+    v: B::Buffer,
+    att: B::Buffer,
+    att_l: B::Buffer,
+    tmp: B::Buffer,
+    gate: B::Buffer,
+    up: B::Buffer,
+    xl: B::Buffer,
+    /// `[max_logits, n_vocab]` logits of the last forward.
+    pub logits: B::Buffer,
+    batch: B::Batch,
+}
+
+impl<B: Backend> Scratch<B> {
+    /// Buffers for up to `limits.max_tokens` rows and `max_logits` logit rows.
+    pub fn new(model: &Model<B>, limits: BatchLimits, max_logits: usize) -> Result<Scratch<B>> {
+        let c = &model.config;
+        let b = &model.backend;
+        let t = limits.max_tokens;
+        let wide = c.n_embd.max(c.q_dim());
+        Ok(Scratch {
+            max_tokens: t,
+            max_logits,
+            x: b.alloc_buffer(t * c.n_embd)?,
+            h: b.alloc_buffer(t * wide)?,
+            q: b.alloc_buffer(t * c.q_dim())?,
+            k: b.alloc_buffer(t * c.kv_dim())?,
+            v: b.alloc_buffer(t * c.kv_dim())?,
+            att: b.alloc_buffer(t * c.q_dim())?,
+            att_l: b.alloc_buffer(max_logits * c.q_dim())?,
+            tmp: b.alloc_buffer(t * c.n_embd)?,
+            gate: b.alloc_buffer(t * c.n_ff)?,
+            up: b.alloc_buffer(t * c.n_ff)?,
+            xl: b.alloc_buffer(max_logits * c.n_embd)?,
+            logits: b.alloc_buffer(max_logits * c.n_vocab)?,
+            batch: b.alloc_batch(limits)?,
+        })
+    }
+}
+
+impl<B: Backend> Model<B> {
+    /// Runs one forward over `plan` (all sequences' new tokens): writes their K/V into `kv` and
+    /// leaves the logits of `plan.logit_rows` in `scratch.logits` (`[n_logits, n_vocab]`, in the
+    /// order of `logit_rows`). Returns `n_logits`.
+    ///
+    /// Errors: [`FakError::InvalidArgument`] when the batch exceeds the scratch limits or a token
+    /// id is outside the vocabulary; backend errors.
+    pub fn forward(
+        &self,
+        kv: &mut B::KvCache,
+        s: &mut Scratch<B>,
+        plan: &BatchPlan,
+    ) -> Result<usize> {
+        let n = plan.n_tokens();
+        let n_logits = plan.logit_rows.len();
+        if n == 0 {
+            return Ok(0);
+        }
+        if n > s.max_tokens || n_logits > s.max_logits {
+            return Err(FakError::invalid(
+                "batch",
+                format!(
+                    "{n} tokens / {n_logits} logit rows exceed the forward limits {} / {}",
+                    s.max_tokens, s.max_logits
+                ),
+            ));
+        }
+        let c = &self.config;
+        let be = &self.backend;
+        let w = &self.weights;
+        be.set_batch(&mut s.batch, plan)?;
+        let decode_only = plan.seqs.iter().all(|q| q.n_rows == 1);
+        let key = decode_only.then_some(GraphKey {
+            n_tokens: n,
+            n_logits,
+        });
+        let attn = c.attn();
+        let d = c.n_embd;
+        let mut run = || -> Result<()> {
+            let Scratch {
+                x,
+                h,
+                q,
+                k,
+                v,
+                att,
+                att_l,
+                tmp,
+                gate,
+                up,
+                xl,
+                logits,
+                batch,
+                ..
+            } = &mut *s;
+            let batch = &*batch;
+            be.embed(&w.token_embd, batch, n, x)?;
+            let mut pruned = false;
+            for (il, lw) in w.layers.iter().enumerate() {
+                be.rmsnorm(x, &lw.attn_norm, c.rms_eps, n, d, h)?;
+                be.matmul_multi(
+                    &[
+                        (&lw.wq, lw.bq.as_ref()),
+                        (&lw.wk, lw.bk.as_ref()),
+                        (&lw.wv, lw.bv.as_ref()),
+                    ],
+                    h,
+                    n,
+                    &mut [&mut *q, &mut *k, &mut *v],
+                )?;
+                be.rope(
+                    q,
+                    batch,
+                    n,
+                    c.n_head,
+                    c.head_dim,
+                    &c.rope,
+                    w.rope_freqs.as_ref(),
+                )?;
+                be.rope(
+                    k,
+                    batch,
+                    n,
+                    c.n_head_kv,
+                    c.head_dim,
+                    &c.rope,
+                    w.rope_freqs.as_ref(),
+                )?;
+                be.kv_write(kv, il, k, v, batch, n)?;
+                be.attention(q, kv, il, batch, n, &attn, att)?;
+                if il + 1 == w.layers.len() && n_logits < n {
+                    // Last layer: only the rows that need logits go on (llama.cpp `inp_out_ids`);
+                    // every row's K/V is already in the cache.
+                    pruned = true;
+                    if n_logits > 0 {
+                        be.gather_logit_rows(att, batch, c.q_dim(), att_l)?;
+                        be.gather_logit_rows(x, batch, d, xl)?;
+                        block_tail(be, lw, c, n_logits, xl, att_l, h, tmp, gate, up)?;
+                    }
+                } else {
+                    block_tail(be, lw, c, n, x, att, h, tmp, gate, up)?;
+                }
+            }
+            if n_logits > 0 {
+                if !pruned {
+                    be.gather_logit_rows(x, batch, d, xl)?;
+                }
+                be.rmsnorm(xl, &w.output_norm, c.rms_eps, n_logits, d, h)?;
+                be.matmul(w.lm_head(), None, h, n_logits, logits)?;
+            }
+            Ok(())
+        };
+        be.run_forward(key, &mut run)?;
+        Ok(n_logits)
+    }
+}
+
+/// The rest of a transformer block after attention, on `n` rows: `x += att·Wo (+bo)`, then
+/// `x += (silu(h·Wgate) ⊙ h·Wup)·Wdown` with `h = rmsnorm(x)·w_ffn_norm`.
+#[allow(clippy::too_many_arguments)]
+fn block_tail<B: Backend>(
+    be: &B,
+    lw: &LayerWeights<B>,
+    c: &ModelConfig,
+    n: usize,
+    x: &mut B::Buffer,
+    att: &B::Buffer,
+    h: &mut B::Buffer,
+    tmp: &mut B::Buffer,
+    gate: &mut B::Buffer,
+    up: &mut B::Buffer,
+) -> Result<()> {
+    let d = c.n_embd;
+    be.matmul(&lw.wo, lw.bo.as_ref(), att, n, tmp)?;
+    be.add(x, tmp, n * d)?;
+    be.rmsnorm(x, &lw.ffn_norm, c.rms_eps, n, d, h)?;
+    be.matmul_multi(
+        &[(&lw.w_gate, None), (&lw.w_up, None)],
+        h,
+        n,
+        &mut [&mut *gate, &mut *up],
+    )?;
+    be.swiglu(gate, up, n * c.n_ff)?;
+    be.matmul(&lw.w_down, None, gate, n, tmp)?;
+    be.add(x, tmp, n * d)
+}

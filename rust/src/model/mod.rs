@@ -1,0 +1,49 @@
+//! Model architectures: hyper-parameters from GGUF metadata ([`config`]), tensor names → weights
+//! ([`weights`]), and the forward pass over any [`Backend`] ([`forward`]).
+
+pub mod config;
+pub mod forward;
+pub mod weights;
+
+use std::path::Path;
+use std::sync::Arc;
+
+pub use config::{Arch, ModelConfig};
+pub use forward::Scratch;
+pub use weights::Weights;
+
+use crate::backend::Backend;
+use crate::gguf::GgufFile;
+use crate::Result;
+
+/// A loaded model: hyper-parameters, weights on `backend`, and the file they come from.
+pub struct Model<B: Backend> {
+    pub config: ModelConfig,
+    pub backend: B,
+    pub weights: Weights<B>,
+    /// The mapped GGUF file (metadata stays available; CPU weights borrow its pages).
+    pub file: Arc<GgufFile>,
+}
+
+impl<B: Backend> Model<B> {
+    /// Opens the GGUF file at `path` and loads it onto `backend`.
+    ///
+    /// Errors: [`crate::FakError::Io`] / [`crate::FakError::Gguf`] for the file,
+    /// [`crate::FakError::Unsupported`] for an architecture or format fak does not run,
+    /// [`crate::FakError::Model`] naming a missing or mis-shaped tensor or hyper-parameter.
+    pub fn open(path: impl AsRef<Path>, backend: B) -> Result<Model<B>> {
+        Self::from_file(Arc::new(GgufFile::open(path)?), backend)
+    }
+
+    /// Loads an already opened file onto `backend`.
+    pub fn from_file(file: Arc<GgufFile>, backend: B) -> Result<Model<B>> {
+        let config = ModelConfig::from_gguf(&file)?;
+        let weights = Weights::load(&file, &config, &backend)?;
+        Ok(Model {
+            config,
+            backend,
+            weights,
+            file,
+        })
+    }
+}

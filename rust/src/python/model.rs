@@ -1,0 +1,350 @@
+//! Python binding of the engine: `fak._native.Model` (contract in ARCHITECTURE.md, "Native
+//! engine"). Conversions and locking only; every compute call releases the GIL.
+//!
+//! Thread safety: the engine sits behind a `Mutex`, taken only after the GIL is released, so a
+//! second Python thread calling in waits for the first instead of corrupting state (and never
+//! deadlocks on the GIL). Counters that monitoring threads read (free blocks, running, waiting)
+//! are mirrored in atomics and never wait for a step.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use numpy::{IntoPyArray, PyArray2, PyArrayMethods};
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use super::detach;
+use crate::backend::RopeStyle;
+use crate::engine::{Engine, EngineApi, EngineOptions, SamplingParams};
+use crate::FakError;
+
+/// A model loaded into fak's engine: the KV cache, the running sequences and the sampler.
+#[pyclass(name = "Model", module = "fak._native", frozen)]
+pub struct PyModel {
+    engine: Mutex<Box<dyn EngineApi>>,
+    backend: &'static str,
+    n_ctx: usize,
+    n_vocab: usize,
+    config: Vec<(&'static str, ConfigValue)>,
+    kv_total: usize,
+    kv_free: AtomicUsize,
+    running: AtomicUsize,
+    waiting: AtomicUsize,
+}
+
+#[derive(Clone)]
+enum ConfigValue {
+    Int(usize),
+    Float(f64),
+    Str(String),
+}
+
+impl PyModel {
+    /// Runs `f` on the engine with the GIL released, then refreshes the mirrored counters.
+    fn with_engine<T: Send>(
+        &self,
+        py: Python<'_>,
+        f: impl Send + FnOnce(&mut dyn EngineApi) -> crate::Result<T>,
+    ) -> PyResult<T> {
+        detach(py, || {
+            let mut guard = self.engine.lock().unwrap_or_else(|e| e.into_inner());
+            let r = f(guard.as_mut());
+            self.kv_free
+                .store(guard.kv_blocks_free(), Ordering::Relaxed);
+            self.running.store(guard.n_running(), Ordering::Relaxed);
+            self.waiting.store(guard.n_waiting(), Ordering::Relaxed);
+            r
+        })
+    }
+}
+
+fn sampling_from_dict(d: Option<&Bound<'_, PyDict>>) -> PyResult<SamplingParams> {
+    let mut p = SamplingParams::default();
+    let Some(d) = d else { return Ok(p) };
+    for (k, v) in d.iter() {
+        let key: String = k
+            .extract()
+            .map_err(|_| super::to_py(FakError::invalid("sampling", "keys must be strings")))?;
+        if v.is_none() {
+            continue;
+        }
+        let bad = |what: &str| {
+            super::to_py(FakError::invalid(
+                key.as_str(),
+                format!("{v} is not {what}"),
+            ))
+        };
+        match key.as_str() {
+            "temperature" => p.temperature = v.extract::<f32>().map_err(|_| bad("a number"))?,
+            "top_k" => p.top_k = v.extract::<i32>().map_err(|_| bad("an integer"))?,
+            "top_p" => p.top_p = v.extract::<f32>().map_err(|_| bad("a number"))?,
+            "min_p" => p.min_p = v.extract::<f32>().map_err(|_| bad("a number"))?,
+            "repeat_penalty" => p.repeat_penalty = v.extract::<f32>().map_err(|_| bad("a number"))?,
+            "repeat_last_n" => p.repeat_last_n = v.extract::<i32>().map_err(|_| bad("an integer"))?,
+            "presence_penalty" => p.presence_penalty = v.extract::<f32>().map_err(|_| bad("a number"))?,
+            "frequency_penalty" => p.frequency_penalty = v.extract::<f32>().map_err(|_| bad("a number"))?,
+            "seed" => p.seed = Some(v.extract::<u64>().map_err(|_| bad("an integer in [0, 2**64)"))?),
+            "n_logprobs" => p.n_logprobs = v.extract::<usize>().map_err(|_| bad("a non-negative integer"))?,
+            other => {
+                return Err(super::to_py(FakError::invalid(
+                    other,
+                    "unknown sampling key; known: temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, n_logprobs",
+                )))
+            }
+        }
+    }
+    p.validate().map_err(super::to_py)?;
+    Ok(p)
+}
+
+type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>);
+
+#[pymethods]
+impl PyModel {
+    /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64)
+    ///
+    /// Loads the GGUF model at `path` (memory-mapped; weights stay in their block formats).
+    /// `n_ctx`: context window per sequence in tokens; `threads`: worker threads (None: all
+    /// cores); `kv_cache_tokens`: KV cache capacity in tokens shared by all sequences (None:
+    /// `n_ctx · min(max_batch, 8)`, committed lazily); `max_batch`: most sequences decoded together.
+    ///
+    /// Raises: OSError (cannot open), fak.GGUFError (malformed file), fak.UnsupportedError
+    /// (architecture / format), fak.ModelError (missing or mis-shaped tensor), fak.BackendError
+    /// (`backend="cuda"` without a usable CUDA backend), ValueError (bad argument).
+    #[new]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64))]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        backend: &str,
+        n_ctx: usize,
+        threads: Option<usize>,
+        kv_cache_tokens: Option<usize>,
+        max_batch: usize,
+    ) -> PyResult<PyModel> {
+        let opts = EngineOptions {
+            n_ctx,
+            threads,
+            kv_cache_tokens,
+            max_batch,
+            ..EngineOptions::default()
+        };
+        let engine: Box<dyn EngineApi> = match backend {
+            "cpu" => Box::new(detach(py, || Engine::open_cpu(&path, opts))?),
+            "cuda" => {
+                return Err(super::to_py(FakError::Backend {
+                    backend: "cuda".into(),
+                    msg: "CUDA backend not built/available in this fak build; use backend=\"cpu\""
+                        .into(),
+                }))
+            }
+            other => return Err(super::to_py(FakError::invalid(
+                "backend",
+                format!(
+                    "{other:?} (must be \"cpu\" or \"cuda\"; \"auto\" is resolved by fak.Engine)"
+                ),
+            ))),
+        };
+        let c = engine.config().clone();
+        let config = vec![
+            ("architecture", ConfigValue::Str(c.arch.name().to_string())),
+            ("n_layer", ConfigValue::Int(c.n_layer)),
+            ("n_embd", ConfigValue::Int(c.n_embd)),
+            ("n_ff", ConfigValue::Int(c.n_ff)),
+            ("n_head", ConfigValue::Int(c.n_head)),
+            ("n_head_kv", ConfigValue::Int(c.n_head_kv)),
+            ("head_dim", ConfigValue::Int(c.head_dim)),
+            ("n_vocab", ConfigValue::Int(c.n_vocab)),
+            ("n_ctx_train", ConfigValue::Int(c.n_ctx_train)),
+            ("rms_eps", ConfigValue::Float(c.rms_eps as f64)),
+            (
+                "rope_type",
+                ConfigValue::Str(match c.rope.style {
+                    RopeStyle::Neox => "neox".into(),
+                    RopeStyle::Norm => "norm".into(),
+                }),
+            ),
+            ("n_rot", ConfigValue::Int(c.rope.n_rot)),
+            (
+                "rope_freq_base",
+                ConfigValue::Float(c.rope.freq_base as f64),
+            ),
+            (
+                "rope_freq_scale",
+                ConfigValue::Float(c.rope.freq_scale as f64),
+            ),
+            ("kv_block_size", ConfigValue::Int(crate::engine::BLOCK_SIZE)),
+            ("threads", ConfigValue::Int(engine.threads())),
+            ("max_batch", ConfigValue::Int(max_batch)),
+        ];
+        Ok(PyModel {
+            backend: engine.backend_name(),
+            n_ctx: engine.n_ctx(),
+            n_vocab: c.n_vocab,
+            kv_total: engine.kv_blocks_total(),
+            kv_free: AtomicUsize::new(engine.kv_blocks_free()),
+            running: AtomicUsize::new(0),
+            waiting: AtomicUsize::new(0),
+            config,
+            engine: Mutex::new(engine),
+        })
+    }
+
+    /// The backend running the model (`"cpu"` or `"cuda"`).
+    #[getter]
+    fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// Context window per sequence, in tokens.
+    #[getter]
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+
+    /// Vocabulary size (columns of `logits`).
+    #[getter]
+    fn n_vocab(&self) -> usize {
+        self.n_vocab
+    }
+
+    /// Hyper-parameters (architecture, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim,
+    /// n_vocab, n_ctx_train, rms_eps, rope_type, n_rot, rope_freq_base, rope_freq_scale) and
+    /// engine settings (kv_block_size, threads, max_batch), as a new dict.
+    #[getter]
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let d = PyDict::new(py);
+        for (k, v) in &self.config {
+            match v {
+                ConfigValue::Int(i) => d.set_item(k, i)?,
+                ConfigValue::Float(f) => d.set_item(k, f)?,
+                ConfigValue::Str(s) => d.set_item(k, s)?,
+            }
+        }
+        Ok(d)
+    }
+
+    /// KV cache blocks in total (each holds `config["kv_block_size"]` tokens).
+    #[getter]
+    fn kv_blocks_total(&self) -> usize {
+        self.kv_total
+    }
+
+    /// KV cache blocks not held by any sequence (as of the end of the last call).
+    #[getter]
+    fn kv_blocks_free(&self) -> usize {
+        self.kv_free.load(Ordering::Relaxed)
+    }
+
+    /// add_sequence(seq_id, prompt_ids, sampling=None)
+    ///
+    /// Queues a sequence; the next `step()` with room prefills it. `sampling` keys: temperature,
+    /// top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
+    /// seed, n_logprobs (None values mean the default; unknown keys are errors).
+    ///
+    /// Raises: ValueError (duplicate id, empty prompt, token id ≥ n_vocab, bad or unknown sampling
+    /// value, naming it), fak.ContextLengthError (`len(prompt_ids) + 1 > n_ctx`),
+    /// fak.KVCacheFullError (the prompt needs more blocks than the whole cache).
+    #[pyo3(signature = (seq_id, prompt_ids, sampling=None))]
+    fn add_sequence(
+        &self,
+        py: Python<'_>,
+        seq_id: u64,
+        prompt_ids: Vec<u32>,
+        sampling: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<()> {
+        let params = sampling_from_dict(sampling)?;
+        self.with_engine(py, move |e| e.add_sequence(seq_id, prompt_ids, params))
+    }
+
+    /// remove_sequence(seq_id): drops the sequence and frees its KV blocks; unknown ids are a no-op.
+    fn remove_sequence(&self, py: Python<'_>, seq_id: u64) -> PyResult<()> {
+        self.with_engine(py, move |e| Ok(e.remove_sequence(seq_id)))?;
+        Ok(())
+    }
+
+    /// step() -> list[(seq_id, token_id, logprob, top_logprobs | None)]
+    ///
+    /// One engine iteration (GIL released): prefill newly added sequences (chunked beyond 512
+    /// tokens per step), decode one token for every running sequence, all in one batched forward;
+    /// sample; append. `logprob` is the log-softmax of the unmodified logits at the token;
+    /// `top_logprobs` is a list of `(token_id, logprob)`, most likely first, when `n_logprobs > 0`.
+    /// A sequence holding `n_ctx` tokens gets no more tokens (stop it).
+    fn step(&self, py: Python<'_>) -> PyResult<Vec<StepTuple>> {
+        let out = self.with_engine(py, |e| e.step())?;
+        Ok(out
+            .into_iter()
+            .map(|o| (o.seq_id, o.token, o.logprob, o.top_logprobs))
+            .collect())
+    }
+
+    /// logits(token_ids) -> np.ndarray float32 [n_tokens, n_vocab]
+    ///
+    /// Logits at every position of `token_ids`, computed from scratch (stateless; GIL released).
+    ///
+    /// Raises: ValueError (empty list, token id ≥ n_vocab), fak.ContextLengthError
+    /// (`len(token_ids) > n_ctx`), fak.KVCacheFullError (no room in the cache right now).
+    fn logits<'py>(
+        &self,
+        py: Python<'py>,
+        token_ids: Vec<u32>,
+    ) -> PyResult<Bound<'py, PyArray2<f32>>> {
+        let n = token_ids.len();
+        let v = self.with_engine(py, move |e| e.logits(&token_ids))?;
+        v.into_pyarray(py).reshape([n, self.n_vocab])
+    }
+
+    /// stats() -> dict: running, waiting, kv_blocks_used, kv_blocks_total, prefill_tokens,
+    /// decode_tokens, prefill_seconds, decode_seconds, sample_seconds, steps, preemptions.
+    /// Seconds are wall time of `step()` calls, split between prefill and decode by token count.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.with_engine(py, |e| Ok(e.stats()))?;
+        let d = PyDict::new(py);
+        d.set_item("running", self.running.load(Ordering::Relaxed))?;
+        d.set_item("waiting", self.waiting.load(Ordering::Relaxed))?;
+        d.set_item(
+            "kv_blocks_used",
+            self.kv_total - self.kv_free.load(Ordering::Relaxed),
+        )?;
+        d.set_item("kv_blocks_total", self.kv_total)?;
+        d.set_item("prefill_tokens", s.prefill_tokens)?;
+        d.set_item("decode_tokens", s.decode_tokens)?;
+        d.set_item("prefill_seconds", s.prefill_seconds)?;
+        d.set_item("decode_seconds", s.decode_seconds)?;
+        d.set_item("sample_seconds", s.sample_seconds)?;
+        d.set_item("steps", s.steps)?;
+        d.set_item("preemptions", s.preemptions)?;
+        Ok(d)
+    }
+
+    /// reset_stats(): zeroes the counters of `stats()`.
+    fn reset_stats(&self, py: Python<'_>) -> PyResult<()> {
+        self.with_engine(py, |e| {
+            e.reset_stats();
+            Ok(())
+        })
+    }
+
+    fn __repr__(&self) -> String {
+        let arch = self
+            .config
+            .iter()
+            .find(|(k, _)| *k == "architecture")
+            .map(|(_, v)| match v {
+                ConfigValue::Str(s) => s.clone(),
+                _ => String::new(),
+            });
+        format!(
+            "Model(architecture={:?}, backend={:?}, n_ctx={}, n_vocab={})",
+            arch.unwrap_or_default(),
+            self.backend,
+            self.n_ctx,
+            self.n_vocab
+        )
+    }
+}
+
+pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<PyModel>()
+}

@@ -1,0 +1,548 @@
+"""Tests of the synthetic GGUF generator (``fak.synth``).
+
+What is checked: every file parses with the ``gguf`` package's reader; tiny models have the real
+architectures' names, shapes and metadata; random blocks dequantize (with ``gguf.quants``, the
+reference) to finite weights of the intended spread in every format; the tokenizer is a working
+byte-level BPE in ``tokenizers``; the qwen2 chat template renders exactly as the real Qwen2.5
+template; twins reproduce real layouts (``--like`` on the real 0.5B file, the 1.5B preset against
+the real 1.5B file, the 7B preset against llama.cpp's Q4_K_M rule).
+
+To add a format: add it to ``fak.synth.blocks.FORMATS`` and to ``FORMATS_UNDER_TEST`` below.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+import jinja2.sandbox
+import numpy as np
+import pytest
+from fak.gguf import GGUFFile
+from fak.synth import PRESETS, GGUFPlan, plan_tiny_model, plan_twin, write_plan, write_tiny_model, write_twin
+from fak.synth.blocks import FORMATS, new_rng, random_blocks
+from fak.synth.layout import use_more_bits
+from fak.synth.vocab import bpe_merges, build_tokenizer, byte_symbols, chat_template
+from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf import quants as gguf_quants
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+FORMATS_UNDER_TEST = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                      "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"]
+
+QWEN2_SPLIT = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+               r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+# --- helpers -------------------------------------------------------------------------------------
+# The gguf package's reader is the independent reference here. It is slow on a 152k-token header
+# (seconds), so each file is opened once.
+
+@lru_cache(maxsize=16)
+def _reader(path: Path, mtime_ns: int) -> GGUFReader:
+    return GGUFReader(path)
+
+
+def reader(path: Path) -> GGUFReader:
+    return _reader(Path(path), Path(path).stat().st_mtime_ns)
+
+
+def fields(path: Path) -> dict[str, object]:
+    """Metadata of a GGUF file as Python values (via the gguf package)."""
+    r = reader(path)
+    return {k: f.contents() for k, f in r.fields.items() if not k.startswith("GGUF.")}
+
+
+def field_types(path: Path) -> dict[str, list[str]]:
+    r = reader(path)
+    return {k: [t.name for t in f.types] for k, f in r.fields.items() if not k.startswith("GGUF.")}
+
+
+def layout(path: Path) -> list[tuple[str, tuple[int, ...], str, int]]:
+    """(name, ggml dims, type, offset from the data section) of every tensor, in file order."""
+    r = reader(path)
+    return [(t.name, tuple(int(d) for d in t.shape), t.tensor_type.name, int(t.data_offset) - r.data_offset)
+            for t in r.tensors]
+
+
+def dequantize(t) -> np.ndarray:
+    data = np.asarray(t.data)
+    if t.tensor_type.name in ("F32", "F16"):
+        return data.astype(np.float32).ravel()
+    return np.asarray(gguf_quants.dequantize(data, t.tensor_type), dtype=np.float32).ravel()
+
+
+def tokenizer_from_gguf(path: Path) -> Tokenizer:
+    """A ``tokenizers`` BPE built from a GGUF's gpt2-style tokenizer metadata (tokens, merges,
+    control/user-defined tokens as special added tokens)."""
+    meta = fields(path)
+    tokens = meta["tokenizer.ggml.tokens"]
+    types = meta["tokenizer.ggml.token_type"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([t for t, ty in zip(tokens, types) if ty in (3, 4)])
+    return tok
+
+
+# --- tiny models ---------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_tiny_model_has_the_architecture_layout(tmp_path: Path, arch: str) -> None:
+    path = write_tiny_model(tmp_path / f"{arch}.gguf", arch, n_layer=3, n_embd=64, n_head=4, n_head_kv=2,
+                            n_ff=128, ctx=1024)
+    meta, types = fields(path), field_types(path)
+    assert meta["general.architecture"] == arch
+    expect = {f"{arch}.block_count": 3, f"{arch}.context_length": 1024, f"{arch}.embedding_length": 64,
+              f"{arch}.feed_forward_length": 128, f"{arch}.attention.head_count": 4,
+              f"{arch}.attention.head_count_kv": 2}
+    for key, value in expect.items():
+        assert meta[key] == value, key
+        assert types[key] == ["UINT32"], key
+    assert types[f"{arch}.rope.freq_base"] == ["FLOAT32"]
+    assert types[f"{arch}.attention.layer_norm_rms_epsilon"] == ["FLOAT32"]
+    assert meta[f"{arch}.rope.freq_base"] == (1e6 if arch == "qwen2" else 5e5)
+    assert types["tokenizer.ggml.tokens"] == ["ARRAY", "STRING"]
+    assert types["tokenizer.ggml.token_type"] == ["ARRAY", "INT32"]
+    assert types["tokenizer.ggml.bos_token_id"] == ["UINT32"]
+    assert meta["tokenizer.ggml.model"] == "gpt2"
+    assert meta["tokenizer.ggml.pre"] == ("qwen2" if arch == "qwen2" else "llama-bpe")
+    assert meta["tokenizer.ggml.add_bos_token"] is (arch == "llama")
+    assert "fak.synthetic" in meta
+
+    with GGUFFile(path) as f:  # fak's reader sees the same file
+        assert f.metadata == meta
+        assert [(t.name, t.dims, t.dtype) for t in f.tensors] == [(n, d, ty) for n, d, ty, _ in layout(path)]
+    n_vocab = len(meta["tokenizer.ggml.tokens"])
+    kv = 2 * 16
+    names = {name: (dims, ty) for name, dims, ty, _ in layout(path)}
+    assert names["token_embd.weight"][0] == (64, n_vocab)
+    assert names["output_norm.weight"] == ((64,), "F32")
+    for i in range(3):
+        b = f"blk.{i}."
+        assert names[b + "attn_q.weight"][0] == (64, 64)
+        assert names[b + "attn_k.weight"][0] == (64, kv)
+        assert names[b + "attn_v.weight"][0] == (64, kv)
+        assert names[b + "attn_output.weight"][0] == (64, 64)
+        assert names[b + "ffn_gate.weight"][0] == (64, 128)
+        assert names[b + "ffn_up.weight"][0] == (64, 128)
+        assert names[b + "ffn_down.weight"][0] == (128, 64)
+        assert names[b + "attn_norm.weight"] == ((64,), "F32")
+        assert names[b + "ffn_norm.weight"] == ((64,), "F32")
+        if arch == "qwen2":
+            assert names[b + "attn_q.bias"] == ((64,), "F32")
+            assert names[b + "attn_k.bias"] == ((kv,), "F32")
+            assert names[b + "attn_v.bias"] == ((kv,), "F32")
+        else:
+            assert not any(n.startswith(b) and n.endswith(".bias") for n in names)
+    if arch == "qwen2":
+        assert names["output.weight"] == ((64, n_vocab), "Q8_0")
+        assert len(names) == 2 + 1 + 12 * 3
+    else:
+        assert "output.weight" not in names  # tied embeddings, as Llama 3.2
+        assert len(names) == 1 + 1 + 9 * 3
+        assert meta["llama.rope.dimension_count"] == 16
+        assert meta["llama.vocab_size"] == n_vocab
+
+
+def test_tiny_model_options(tmp_path: Path) -> None:
+    tied = write_tiny_model(tmp_path / "tied.gguf", "qwen2", tied_embeddings=True, n_vocab=1024)
+    names = [n for n, *_ in layout(tied)]
+    assert "output.weight" not in names
+    assert len(fields(tied)["tokenizer.ggml.tokens"]) == 1024
+    custom = write_tiny_model(tmp_path / "custom.gguf", "llama", tensor_types={"token_embd.weight": "F16"})
+    assert {n: ty for n, _, ty, _ in layout(custom)}["token_embd.weight"] == "F16"
+    with pytest.raises(ValueError, match="n_head"):
+        write_tiny_model(tmp_path / "bad.gguf", "qwen2", n_head=5)
+    with pytest.raises(ValueError, match="IQ2_XXS"):
+        write_tiny_model(tmp_path / "bad.gguf", "qwen2", weight_type="IQ2_XXS")
+    with pytest.raises(ValueError, match="smaller than"):
+        write_tiny_model(tmp_path / "bad.gguf", "qwen2", n_vocab=300)
+    assert not (tmp_path / "bad.gguf").exists()
+
+
+def test_file_matches_its_plan_and_is_deterministic(tmp_path: Path) -> None:
+    plan = plan_tiny_model("qwen2", weight_type="Q4_K_M", n_embd=256, n_ff=512, n_head=4, n_head_kv=1)
+    a = write_plan(tmp_path / "a.gguf", plan, seed=7)
+    b = write_plan(tmp_path / "b.gguf", plan, seed=7)
+    c = write_plan(tmp_path / "c.gguf", plan, seed=8)
+    assert a.stat().st_size == plan.file_nbytes()
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes()[:plan.header_nbytes()] == c.read_bytes()[:plan.header_nbytes()]
+    assert a.read_bytes() != c.read_bytes()
+    got = layout(a)
+    assert [o for *_, o in got] == plan.data_offsets()
+    assert [(n, ty) for n, _, ty, _ in got] == [(t.name, t.dtype) for t in plan.tensors]
+    assert GGUFReader(a).data_offset == plan.header_nbytes()
+    assert all(o % 32 == 0 for o in plan.data_offsets())
+
+
+@pytest.mark.parametrize("fmt", FORMATS_UNDER_TEST)
+def test_dequantized_weights_are_finite_with_sane_spread(tmp_path: Path, fmt: str) -> None:
+    # n_embd 256 / n_ff 512: rows fit every block size, so each 2-D weight really is `fmt`
+    path = write_tiny_model(tmp_path / f"{fmt}.gguf", "qwen2", n_embd=256, n_ff=512, n_head=4, n_head_kv=2,
+                            weight_type=fmt, seed=3)
+    seen = set()
+    ours = GGUFFile(path)
+    for t in GGUFReader(path).tensors:
+        w = dequantize(t)
+        assert np.isfinite(w).all(), t.name
+        np.testing.assert_array_equal(ours.dequantize(t.name).ravel(), w, err_msg=t.name)  # fak.gguf reads it too
+        if t.name.endswith("norm.weight"):
+            assert t.tensor_type.name == "F32"
+            assert abs(w.mean() - 1.0) < 0.05 and 0.02 < w.std() < 0.1, t.name
+        elif t.name.endswith(".bias"):
+            assert abs(w.mean()) < 0.02 and 0.005 < w.std() < 0.05, t.name
+        else:
+            seen.add(t.tensor_type.name)
+            assert 0.014 < w.std() < 0.026, (t.name, w.std())
+            assert abs(w.mean()) < 0.005, (t.name, w.mean())
+    assert seen == {fmt}
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS_UNDER_TEST if f not in ("F32", "F16", "BF16")])
+def test_block_scales_are_finite_and_realistic(fmt: str) -> None:
+    spec = FORMATS[fmt]
+    blocks = random_blocks(fmt, spec.block_size * 4096, new_rng(1)).reshape(-1, spec.type_size)
+    for off in spec.scale_offsets:
+        d = blocks[:, off:off + 2].copy().view("<f2").astype(np.float32).ravel()
+        assert np.isfinite(d).all() and (d > 0).all()
+        assert 1e-6 < float(np.median(d)) < 1e-2  # real files: Q6_K ~1e-5, Q4_K ~1e-4, Q8_0 ~3e-4
+    for off in spec.min_offsets:
+        m = blocks[:, off:off + 2].copy().view("<f2").astype(np.float32).ravel()
+        assert np.isfinite(m).all() and (m != 0).all()
+
+
+def test_k_quant_rows_fall_back_like_llama_cpp(tmp_path: Path) -> None:
+    # rows of 64 and 128 are not whole 256-blocks: llama.cpp's tensor_type_fallback
+    for fmt, fallback in [("Q4_K", "Q5_0"), ("Q5_K", "Q5_1"), ("Q6_K", "Q8_0"), ("Q2_K", "Q4_0"), ("Q3_K", "Q4_0")]:
+        plan = plan_tiny_model("llama", weight_type=fmt)
+        assert {t.dtype for t in plan.tensors if len(t.shape) == 2} == {fallback}, fmt
+    plan = plan_tiny_model("llama", weight_type="Q4_K", n_embd=256, n_ff=320)
+    types = {t.name: t.dtype for t in plan.tensors}
+    assert types["blk.0.ffn_down.weight"] == "Q5_0"   # row n_ff = 320
+    assert types["blk.0.ffn_up.weight"] == "Q4_K"     # row n_embd = 256
+
+
+def test_q4_k_m_mix_on_a_tiny_model() -> None:
+    plan = plan_tiny_model("qwen2", weight_type="Q4_K_M", n_layer=8, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+    types = {t.name: t.dtype for t in plan.tensors}
+    assert types["output.weight"] == "Q6_K"
+    assert types["token_embd.weight"] == "Q4_K"
+    # file order of layers: 0, 1, 2, ... 7 (no two-digit layers); use_more_bits(i, 8): i < 1, i >= 7, (i-1)%3 == 2
+    more = {i for i in range(8) if use_more_bits(i, 8)}
+    assert more == {0, 3, 6, 7}
+    for i in range(8):
+        want = "Q6_K" if i in more else "Q4_K"
+        assert types[f"blk.{i}.attn_v.weight"] == want
+        assert types[f"blk.{i}.ffn_down.weight"] == want
+        assert types[f"blk.{i}.attn_q.weight"] == "Q4_K"
+    tied = plan_tiny_model("llama", weight_type="Q4_K_M", n_embd=256, n_ff=512)
+    assert {t.name: t.dtype for t in tied.tensors}["token_embd.weight"] == "Q6_K"  # tied: output's rule
+
+
+# --- tokenizer and chat template -----------------------------------------------------------------
+
+def test_bpe_merges_are_a_valid_byte_level_bpe() -> None:
+    symbols = byte_symbols()
+    assert len(symbols) == 256 and len(set(symbols)) == 256
+    merges = bpe_merges()
+    assert 300 <= len(merges) <= 1000
+    known = set(symbols)
+    for rank, merge in enumerate(merges):
+        left, right = merge.split(" ")
+        assert left in known and right in known, (rank, merge)
+        assert left + right not in known, (rank, merge)
+        known.add(left + right)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_tiny_tokenizer_loads_and_works_in_tokenizers(tmp_path: Path, arch: str) -> None:
+    path = write_tiny_model(tmp_path / "t.gguf", arch)
+    meta = fields(path)
+    tok = tokenizer_from_gguf(path)
+    tokens = meta["tokenizer.ggml.tokens"]
+    assert tok.get_vocab_size() == len(tokens)
+    text = "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n# the end ✓"
+    ids = tok.encode(text, add_special_tokens=False).ids
+    assert tok.decode(ids) == text
+    assert len(ids) < 0.6 * len(text.encode())  # merges apply: well under one token per byte
+    assert "Ġreturn" in tokens or "return" in tokens
+    types = meta["tokenizer.ggml.token_type"]
+    if arch == "qwen2":
+        im_start, im_end = tokens.index("<|im_start|>"), tokens.index("<|im_end|>")
+        assert tok.encode("<|im_start|>user\nhi<|im_end|>").ids[0] == im_start
+        assert tok.encode("<|im_start|>user\nhi<|im_end|>").ids[-1] == im_end
+        assert meta["tokenizer.ggml.eos_token_id"] == im_end
+        assert meta["tokenizer.ggml.bos_token_id"] == tokens.index("<|endoftext|>")
+        assert meta["tokenizer.ggml.padding_token_id"] == tokens.index("<|endoftext|>")
+        assert types[im_end] == 3 and types[tokens.index("<tool_call>")] == 4
+        assert "tokenizer.ggml.eot_token_id" not in meta  # as the real Qwen2.5 files
+    else:
+        eot = tokens.index("<|eot_id|>")
+        assert meta["tokenizer.ggml.eos_token_id"] == eot == meta["tokenizer.ggml.eot_token_id"]
+        assert meta["tokenizer.ggml.bos_token_id"] == tokens.index("<|begin_of_text|>")
+        assert tok.encode("<|start_header_id|>user<|end_header_id|>").ids[0] == tokens.index("<|start_header_id|>")
+        assert types[eot] == 3
+    assert all(ty == 1 for ty in types[:256 + len(bpe_merges())])
+
+
+def test_twin_vocab_puts_specials_at_qwen_ids() -> None:
+    spec = build_tokenizer("qwen2", 152064, special_base=151643)
+    assert spec.n_vocab == 152064
+    assert spec.tokens[151643] == "<|endoftext|>" and spec.tokens[151645] == "<|im_end|>"
+    assert spec.special_ids["eos_token_id"] == 151645
+    assert spec.token_type[1000] == 5 and spec.tokens[1000] == "[PAD1000]"
+
+
+def _render(template: str, **ctx) -> str:
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    return env.from_string(template).render(**ctx)
+
+
+TOOLS = [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+          "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello"}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
+     {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}],
+    [{"role": "system", "content": "You fix bugs."}, {"role": "user", "content": "Open a.py"},
+     {"role": "assistant", "content": "", "tool_calls": [
+         {"type": "function", "function": {"name": "read_file", "arguments": {"path": "a.py"}}},
+         {"type": "function", "function": {"name": "read_file", "arguments": {"path": "b.py"}}}]},
+     {"role": "tool", "content": "print(1)"}, {"role": "tool", "content": "print(2)"},
+     {"role": "assistant", "content": "Done."}],
+    [{"role": "user", "content": "x"}, {"role": "assistant", "content": "Calling.",
+                                        "tool_calls": [{"name": "read_file", "arguments": {"path": "c"}}]},
+     {"role": "tool", "content": "ok"}, {"role": "system", "content": "late system"}],
+]
+
+
+@pytest.fixture(scope="module")
+def real_qwen_template(model_15b: Path) -> str:
+    with GGUFFile(model_15b) as f:
+        return f.metadata["tokenizer.chat_template"]
+
+
+@pytest.mark.parametrize("case", range(len(CONVERSATIONS)))
+@pytest.mark.parametrize("tools", [None, TOOLS])
+@pytest.mark.parametrize("gen", [True, False])
+def test_qwen2_template_renders_as_the_real_qwen25_template(real_qwen_template: str, case: int, tools,
+                                                            gen: bool) -> None:
+    ctx = {"messages": CONVERSATIONS[case], "tools": tools, "add_generation_prompt": gen,
+           "bos_token": "", "eos_token": "<|im_end|>"}
+    assert _render(chat_template("qwen2"), **ctx) == _render(real_qwen_template, **ctx)
+
+
+def test_llama_template_renders_llama3_turns() -> None:
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Read a.py"},
+            {"role": "assistant", "tool_calls": [{"function": {"name": "read_file", "arguments": {"path": "a.py"}}}]},
+            {"role": "tool", "content": "print(1)"}]
+    out = _render(chat_template("llama"), messages=msgs, tools=TOOLS, add_generation_prompt=True,
+                  bos_token="<|begin_of_text|>")
+    assert out.startswith("<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nEnvironment: ipython\n\n")
+    assert '"name": "read_file"' in out and out.count("<|eot_id|>") == 4
+    assert "<|start_header_id|>user<|end_header_id|>\n\nRead a.py<|eot_id|>" in out
+    assert ('<|start_header_id|>assistant<|end_header_id|>\n\n{"name": "read_file", "parameters": {"path": "a.py"}}'
+            '<|eot_id|>') in out
+    assert "<|start_header_id|>ipython<|end_header_id|>\n\nprint(1)<|eot_id|>" in out
+    assert out.endswith("<|start_header_id|>assistant<|end_header_id|>\n\n")
+    plain = _render(chat_template("llama"), messages=[{"role": "user", "content": " hi "}], tools=None,
+                    add_generation_prompt=False, bos_token="<|begin_of_text|>")
+    assert plain == "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|>"
+
+
+# --- twins ---------------------------------------------------------------------------------------
+
+def meta_with_types(path: Path) -> dict[str, tuple[str, object]]:
+    """key -> (GGUF type, value) in file order, read with fak.gguf (fast on 152k-token headers)."""
+    with GGUFFile(path) as f:
+        types = f.metadata_types
+        return {k: (types[k], v) for k, v in f.metadata.items()}
+
+
+def fak_layout(path: Path) -> list[tuple[str, tuple[int, ...], str, int]]:
+    """``layout`` read with fak.gguf."""
+    with GGUFFile(path) as f:
+        return [(t.name, t.dims, t.dtype, t.offset - f.data_offset) for t in f.tensors]
+
+
+def test_like_twin_copies_the_real_header_and_layout(tmp_path: Path, model_05b: Path) -> None:
+    twin = write_twin(tmp_path / "twin.gguf", like=model_05b, seed=1)
+    real_meta, twin_meta = meta_with_types(model_05b), meta_with_types(twin)
+    assert list(twin_meta) == list(real_meta) + ["fak.synthetic"]
+    for key, (vtype, value) in real_meta.items():
+        assert twin_meta[key] == (vtype, value), key
+    assert fak_layout(twin) == fak_layout(model_05b)
+    # the twin also parses with the gguf package's reader, with the same layout
+    r_twin = reader(twin)
+    assert layout(twin) == fak_layout(model_05b)
+    with GGUFFile(model_05b) as real:
+        assert r_twin.alignment == real.alignment
+        extra = r_twin.data_offset - real.data_offset   # only the fak.synthetic entry (and padding)
+        assert 0 < extra <= 32 + 8 + len("fak.synthetic") + 4 + 8 + len(twin_meta["fak.synthetic"][1].encode())
+        assert twin.stat().st_size - r_twin.data_offset == real.file_size - real.data_offset
+    by_name = {t.name: t for t in r_twin.tensors}
+    for name in ["token_embd.weight", "output.weight", "blk.0.attn_v.weight", "blk.0.ffn_down.weight",
+                 "blk.3.ffn_up.weight", "blk.0.attn_q.bias", "output_norm.weight"]:
+        w = dequantize(by_name[name])
+        assert np.isfinite(w).all(), name
+        if name.endswith("norm.weight"):
+            assert abs(w.mean() - 1) < 0.05
+        elif not name.endswith(".bias"):
+            assert 0.014 < w.std() < 0.026, name
+
+
+def test_preset_15b_equals_the_real_15b_layout(model_15b: Path) -> None:
+    plan = plan_twin(preset="qwen2.5-coder-1.5b-q4_k_m", tokenizer_from=model_15b)
+    real = fak_layout(model_15b)
+    planned = [(t.name, tuple(reversed(t.shape)), t.dtype, off) for t, off in zip(plan.tensors, plan.data_offsets())]
+    assert planned == real
+    real_meta = meta_with_types(model_15b)
+    assert [e.key for e in plan.metadata] == list(real_meta) + ["fak.synthetic"]
+    for e in plan.metadata[:-1]:
+        vtype, value = real_meta[e.key]
+        assert e.type == vtype, e.key
+        if e.key.startswith("general.") and e.type == "STRING":
+            continue  # names say "fak synthetic twin"
+        if e.type == "FLOAT32":
+            assert np.float32(e.value) == np.float32(value), e.key
+        else:
+            assert e.value == value, e.key
+
+
+def test_preset_15b_with_synthetic_tokenizer_keeps_the_layout(model_15b: Path) -> None:
+    plan = plan_twin(preset="qwen2.5-coder-1.5b-q4_k_m")
+    assert [(t.name, t.dtype) for t in plan.tensors] == [(n, ty) for n, _, ty, _ in fak_layout(model_15b)]
+    assert len(plan.meta("tokenizer.ggml.tokens")) == 151936
+    assert plan.meta("tokenizer.ggml.eos_token_id") == 151645
+
+
+# The "more bits" layers of a 28-layer Q4_K_M file: llama.cpp counts attn_v / ffn_down tensors in
+# file order (layers 0, 1, 10..19, 2, 20..27, 3..9), and use_more_bits holds for counts
+# {0,1,2,5,8,11,14,17,20,23,24,25,26,27} -> layers:
+MORE_BITS_LAYERS_28 = {0, 1, 5, 6, 7, 8, 9, 10, 13, 16, 19, 21, 24, 27}
+
+
+def test_preset_7b_q4_k_m_layout() -> None:
+    plan = plan_twin(preset="qwen2.5-7b-q4_k_m")
+    cfg = PRESETS["qwen2.5-7b-q4_k_m"].config
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.n_head_kv, cfg.n_ff, cfg.n_vocab) == (28, 3584, 28, 4, 18944, 152064)
+    assert plan.meta("qwen2.rope.freq_base") == 1e6 and plan.meta("qwen2.context_length") == 32768
+    assert plan.meta("general.file_type") == 15
+    types = {t.name: t.dtype for t in plan.tensors}
+    shapes = {t.name: t.shape for t in plan.tensors}
+    assert len(plan.tensors) == 339 == 3 + 28 * 12
+    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == "Q4_K"
+    assert shapes["token_embd.weight"] == (152064, 3584) and shapes["blk.0.attn_k.weight"] == (512, 3584)
+    assert shapes["blk.0.ffn_down.weight"] == (3584, 18944)
+    for i in range(28):
+        want = "Q6_K" if i in MORE_BITS_LAYERS_28 else "Q4_K"
+        assert types[f"blk.{i}.attn_v.weight"] == want, i
+        assert types[f"blk.{i}.ffn_down.weight"] == want, i
+        for w in ("attn_q", "attn_k", "attn_output", "ffn_gate", "ffn_up"):
+            assert types[f"blk.{i}.{w}.weight"] == "Q4_K"
+        for v in ("attn_norm.weight", "ffn_norm.weight", "attn_q.bias", "attn_k.bias", "attn_v.bias"):
+            assert types[f"blk.{i}.{v}"] == "F32"
+    counts = {ty: list(types.values()).count(ty) for ty in set(types.values())}
+    assert counts == {"Q4_K": 169, "Q6_K": 29, "F32": 141}
+    assert plan.data_nbytes() == 4_677_120_000          # sum of the padded tensor sizes
+    assert abs(plan.file_nbytes() - 4.68e9) < 0.01e9    # Qwen2.5-7B-Instruct Q4_K_M: 4.68 GB
+    assert plan.n_params() == 7_615_616_512             # Qwen2.5-7B: 7.61 B parameters
+
+
+def test_twin_arguments_are_checked(tmp_path: Path, model_05b: Path) -> None:
+    with pytest.raises(ValueError, match="exactly one"):
+        plan_twin()
+    with pytest.raises(ValueError, match="exactly one"):
+        plan_twin(like=model_05b, preset="qwen2.5-7b-q4_k_m")
+    with pytest.raises(ValueError, match="unknown preset"):
+        plan_twin(preset="nope")
+    tiny = write_tiny_model(tmp_path / "tiny.gguf", "qwen2")
+    with pytest.raises(ValueError, match="more than the model"):
+        plan_twin(like=tiny, tokenizer_from=model_05b)
+
+
+def test_like_twin_of_a_tiny_model_and_tokenizer_swap(tmp_path: Path) -> None:
+    tiny = write_tiny_model(tmp_path / "tiny.gguf", "llama", weight_type="Q6_K", n_embd=256, n_ff=512)
+    twin = write_twin(tmp_path / "twin.gguf", like=tiny, seed=5)
+    assert layout(twin) == layout(tiny)
+    assert reader(twin).tensors[0].data.tobytes() != reader(tiny).tensors[0].data.tobytes()
+    qwen = write_tiny_model(tmp_path / "qwen.gguf", "qwen2")
+    swapped = write_twin(tmp_path / "swapped.gguf", like=tiny, tokenizer_from=qwen)
+    meta, tiny_meta, qwen_meta = fields(swapped), fields(tiny), fields(qwen)
+    assert meta["general.architecture"] == "llama" and meta["llama.vocab_size"] == tiny_meta["llama.vocab_size"]
+    for key in ("tokenizer.ggml.pre", "tokenizer.ggml.tokens", "tokenizer.ggml.eos_token_id", "tokenizer.chat_template"):
+        assert meta[key] == qwen_meta[key], key
+    assert "tokenizer.ggml.eot_token_id" not in meta  # the llama tokenizer's keys are all replaced
+    assert layout(swapped) == layout(tiny)
+
+
+# Runs `fak synth` in a child process that reports its own peak RSS: VmHWM of /proc/self/status,
+# the high-water mark of the child's own address space. (getrusage's ru_maxrss would not do: Linux
+# carries the forking parent's RSS across fork + exec into it, and the pytest process is large.)
+_PEAK_RSS_CHILD = """
+import sys
+from fak.cli import main
+main(sys.argv[1:], standalone_mode=False)
+hwm = next(line for line in open("/proc/self/status") if line.startswith("VmHWM:"))
+print("peak_rss_bytes", int(hwm.split()[1]) * 1024, file=sys.stderr)
+"""
+
+
+@pytest.mark.slow
+def test_7b_twin_streams_to_disk(tmp_path: Path) -> None:
+    """Writes the whole 4.68 GB twin through the CLI; checks size, layout and peak memory."""
+    out = tmp_path / "qwen2.5-7b-q4_k_m.gguf"
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PEAK_RSS_CHILD, "synth", str(out), "--preset",
+                               "qwen2.5-7b-q4_k_m"], check=True, capture_output=True, text=True)
+        peak_rss = int(proc.stderr.rsplit("peak_rss_bytes", 1)[1].split()[0])
+        assert peak_rss < 500_000_000, f"writing the 7B twin peaked at {peak_rss / 1e6:.0f} MB RSS"
+        plan = plan_twin(preset="qwen2.5-7b-q4_k_m")
+        assert out.stat().st_size == plan.file_nbytes()
+        with GGUFFile(out) as f:
+            assert [(t.name, t.dtype) for t in f.tensors] == [(t.name, t.dtype) for t in plan.tensors]
+            for name in ("output.weight", "blk.27.ffn_down.weight", "blk.13.attn_v.weight", "token_embd.weight"):
+                t = f.tensor(name)
+                rows = f.raw(name)[: 64 * t.n_bytes // t.shape[0]]
+                w = np.asarray(gguf_quants.dequantize(rows.reshape(64, -1), GGMLQuantizationType[t.dtype]))
+                assert np.isfinite(w).all() and 0.014 < w.std() < 0.026, name
+    finally:
+        out.unlink(missing_ok=True)
+
+
+def test_plan_header_size_arithmetic_matches_gguf_writer(tmp_path: Path) -> None:
+    plan = GGUFPlan("qwen2", [], [])
+    for i, (t, v) in enumerate([("UINT8", 1), ("INT16", -2), ("UINT64", 3), ("FLOAT64", 0.5), ("BOOL", True),
+                                ("STRING", "héllo"), ("ARRAY[STRING]", ["a", "bc", ""]), ("ARRAY[FLOAT32]", [1.0, 2.0])]):
+        plan.set_meta(f"k.{i}", t, v)
+    plan.set_meta("general.architecture", "STRING", "qwen2")
+    path = write_plan(tmp_path / "meta.gguf", plan)
+    assert path.stat().st_size == plan.file_nbytes()
+    meta = fields(path)
+    assert meta["k.5"] == "héllo" and meta["k.6"] == ["a", "bc", ""] and meta["k.4"] is True
+    assert json.dumps(meta["k.7"]) == "[1.0, 2.0]"
+    assert GGUFReader(path).fields["k.1"].types == [GGUFValueType.INT16]
+
+
+def test_like_twin_keeps_a_custom_alignment(tmp_path: Path) -> None:
+    plan = plan_tiny_model("qwen2")
+    plan.set_meta("general.alignment", "UINT32", 64)
+    plan.alignment = 64
+    src = write_plan(tmp_path / "a64.gguf", plan)
+    twin = write_twin(tmp_path / "twin.gguf", like=src, seed=2)
+    r = reader(twin)
+    assert r.alignment == 64 and r.data_offset % 64 == 0
+    assert all((int(t.data_offset) - r.data_offset) % 64 == 0 for t in r.tensors)
+    assert layout(twin) == layout(src)
+    assert fields(twin)["general.alignment"] == 64
