@@ -57,6 +57,31 @@ macro_rules! helpers_avx2 {
             let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
             _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
         }
+        /// Whether Q8_0 weights are offset to unsigned (`q ^ 0x80`, needs a non-saturating u8·i8
+        /// dot product): not with `maddubs`, whose i16 pair sums would overflow at 2·255·128.
+        const Q8_OFFSET: bool = false;
+        /// `u + 16` in the bytes whose bit is set in `bits` (Q5_0's 5th bit).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn add16_where(u: __m256i, bits: u32) -> __m256i {
+            _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes(bits), _mm256_set1_epi8(0x10)))
+        }
+        /// The low 16 bits of each i32 lane, as 8 i16.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn low16(v: __m256i) -> __m128i {
+            let shuf = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
+            let p = _mm256_permute4x64_epi64::<0b1000>(_mm256_shuffle_epi8(v, shuf));
+            _mm256_castsi256_si128(p)
+        }
+        /// 32 4-bit values of a 16-byte block as bytes: low nibbles then high nibbles.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c")]
+        unsafe fn nibbles32(p: *const u8) -> __m256i {
+            let t = _mm_loadu_si128(p as *const __m128i);
+            let both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
+            _mm256_and_si256(both, _mm256_set1_epi8(0xF))
+        }
         /// `(x & m) | y` on 128 bits.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -94,6 +119,29 @@ macro_rules! helpers_avx512 {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         unsafe fn bits_to_bytes(bits: u32) -> __m256i {
             _mm256_movm_epi8(bits)
+        }
+        /// Whether Q8_0 weights are offset to unsigned (`q ^ 0x80`): `vpdpbusd` sums u8·i8 in i32.
+        const Q8_OFFSET: bool = true;
+        /// `u + 16` in the bytes whose bit is set in `bits`: one masked byte add.
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn add16_where(u: __m256i, bits: u32) -> __m256i {
+            _mm256_mask_add_epi8(u, bits, u, _mm256_set1_epi8(0x10))
+        }
+        /// The low 16 bits of each i32 lane, as 8 i16 (`vpmovdw`).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn low16(v: __m256i) -> __m128i {
+            _mm256_cvtepi32_epi16(v)
+        }
+        /// 32 4-bit values of a 16-byte block as bytes: low nibbles then high nibbles (the 16 bytes
+        /// in both halves, the upper half shifted by a per-lane count).
+        #[inline]
+        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+        unsafe fn nibbles32(p: *const u8) -> __m256i {
+            let t = _mm256_broadcastsi128_si256(_mm_loadu_si128(p as *const __m128i));
+            let sh = _mm256_setr_epi16(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
+            _mm256_and_si256(_mm256_srlv_epi16(t, sh), _mm256_set1_epi8(0xF))
         }
         /// `(x & m) | y` on 128 bits in one `vpternlogd`.
         #[inline]
@@ -155,26 +203,21 @@ macro_rules! entry {
 }
 
 /// A [`Kernel`] entry point for a float kernel blocked over `NW` weight rows × `R` activation
-/// rows (`float::<NW, R, KIND>`): up to `$maxw` weight rows per call and 4 activation rows (float
-/// activations take 4 bytes per element; more rows would not stay in L1).
+/// rows (`float::<NW, R, KIND>`): up to `$maxw` weight rows and `$maxr` activation rows per call
+/// (two f32 accumulators per pair must fit the register file). A decode (`nr = 1`) goes one weight
+/// row at a time (a pure weight stream).
 macro_rules! float_entry {
-    ($maxw:tt, $name:ident, $kind:expr) => {
+    ($maxw:tt, $maxr:tt, $name:ident, $kind:expr) => {
         pub(in super::super) unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const f32, st: usize, n: usize, nr: usize, out: *mut f32) {
             debug_assert!((1..=MAX_ROWS).contains(&nr) && (1..=MAX_W).contains(&nw));
-            if nr == 1 {
-                // Decode: one row at a time with two accumulator chains (a pure weight stream).
-                for j in 0..nw {
-                    *out.add(j * MAX_ROWS) = float_gemv::<$kind>(w.add(j * w_stride), a, n);
-                }
-                return;
-            }
+            let maxw = if nr == 1 { 1 } else { $maxw };
             let mut j = 0;
             while j < nw {
-                let jw = (nw - j).min($maxw);
+                let jw = (nw - j).min(maxw);
                 let (wj, oj) = (w.add(j * w_stride), out.add(j * MAX_ROWS));
                 let mut r = 0;
                 while r < nr {
-                    let rr = (nr - r).min(4);
+                    let rr = (nr - r).min($maxr);
                     let (ar, or) = (a.add(r * st), oj.add(r));
                     float_entry!(@w jw, rr, wj, w_stride, ar, st, n, or, $kind);
                     r += rr;
@@ -187,8 +230,7 @@ macro_rules! float_entry {
         match $jw {
             1 => float_entry!(@r 1, $rr, $w, $ws, $a, $st, $n, $o, $kind),
             2 => float_entry!(@r 2, $rr, $w, $ws, $a, $st, $n, $o, $kind),
-            3 => float_entry!(@r 3, $rr, $w, $ws, $a, $st, $n, $o, $kind),
-            _ => float_entry!(@r 4, $rr, $w, $ws, $a, $st, $n, $o, $kind),
+            _ => float_entry!(@r 3, $rr, $w, $ws, $a, $st, $n, $o, $kind),
         }
     };
     (@r $nw:literal, $rr:ident, $w:ident, $ws:ident, $a:ident, $st:ident, $n:ident, $o:ident, $kind:expr) => {
@@ -252,10 +294,10 @@ static QUADS6: [[u8; 32]; 2] = {
 };
 
 macro_rules! kernels {
-    ($feat:literal, $helpers:ident, $wide:tt, $maxw:tt) => {
+    ($feat:literal, $helpers:ident, $wide:tt, $maxw:tt, $maxr:tt) => {
         use core::arch::x86_64::*;
         use super::super::blocks;
-        use super::super::act::{BlockQ8K, BlockQ8_0, BlockQ8_0x8, BlockQ8_1};
+        use super::super::act::{BlockQ8K, BlockQ8_0x8, BlockQ8_1};
         use super::super::{MAX_ROWS, MAX_W};
 
         $helpers!();
@@ -284,22 +326,6 @@ macro_rules! kernels {
             _mm256_loadu_si256(p as *const __m256i)
         }
 
-        /// An i32 vector holding `v` in lane 0 and zeros elsewhere (exact integer offset injection).
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn lane0(v: i32) -> __m256i {
-            _mm256_setr_epi32(v, 0, 0, 0, 0, 0, 0, 0)
-        }
-
-        /// 32 4-bit values of a 16-byte block as bytes: low nibbles then high nibbles.
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn nibbles32(p: *const u8) -> __m256i {
-            let t = _mm_loadu_si128(p as *const __m128i);
-            let both = _mm256_set_m128i(_mm_srli_epi16(t, 4), t);
-            _mm256_and_si256(both, _mm256_set1_epi8(0xF))
-        }
-
         #[inline]
         #[target_feature(enable = $feat)]
         unsafe fn store<const R: usize>(acc: &[__m256; R], extra: &[f32; R], out: *mut f32) {
@@ -310,45 +336,129 @@ macro_rules! kernels {
 
         // ------------------------------------------------------------ 32-element block formats
 
-        /// One Q4_0 / Q5_0 (`Q5`) block `i` · Q8_0 for `R` rows into `acc`:
-        /// `Σ u·q8 − off·Σq8` exactly in i32 lanes, `u` the unsigned 4/5-bit values.
+        /// One Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weight block as 32 bytes `u` with `Σ (u − OFF)·q8`
+        /// its exact integer dot product ([`q0_off`]): the 4- or 5-bit values, or Q8_0's `q + 128`
+        /// (`q ^ 0x80`) where [`Q8_OFFSET`], else Q8_0's signed `q` as is (see [`q0_sums8`]).
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn blk_q4_0_q5_0<const R: usize, const Q5: bool>(b: *const u8, a: *const BlockQ8_0, st: usize, i: usize, acc: &mut [__m256; R]) {
-            let qs_off = if Q5 { blocks::q5_0::QS } else { blocks::q4_0::QS };
-            let off: i32 = if Q5 { -16 } else { -8 };
-            let dw = f16(b);
-            let mut u = nibbles32(b.add(qs_off));
-            if Q5 {
-                let qh = (b.add(blocks::q5_0::QH) as *const u32).read_unaligned();
-                u = _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
-            }
-            for r in 0..R {
-                let y = &*a.add(r * st + i);
-                let dot = dot_us(lane0(off.wrapping_mul(y.sum)), u, load(y.qs.as_ptr() as *const u8));
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), _mm256_cvtepi32_ps(dot), acc[r]);
+        unsafe fn q0_unpack<const KIND: u8>(b: *const u8) -> __m256i {
+            match KIND {
+                0 => nibbles32(b.add(blocks::q4_0::QS)),
+                1 => add16_where(nibbles32(b.add(blocks::q5_0::QS)), (b.add(blocks::q5_0::QH) as *const u32).read_unaligned()),
+                _ if Q8_OFFSET => _mm256_xor_si256(load(b.add(blocks::q8_0::QS)), _mm256_set1_epi8(0x80u8 as i8)),
+                _ => load(b.add(blocks::q8_0::QS)),
             }
         }
 
-        /// Q4_0 / Q5_0 (`Q5`) weights · Q8_0; two accumulator sets break the FMA latency chain.
+        /// The offset [`q0_unpack`] adds (8, 16, 128 or none) as a shift count, `None` for none.
+        const fn q0_off<const KIND: u8>() -> Option<i32> {
+            match KIND {
+                0 => Some(3),
+                1 => Some(4),
+                _ if Q8_OFFSET => Some(7),
+                _ => None,
+            }
+        }
+
+        /// Bytes per block of `KIND`.
+        const fn q0_bytes<const KIND: u8>() -> usize {
+            match KIND {
+                0 => blocks::q4_0::BYTES,
+                1 => blocks::q5_0::BYTES,
+                _ => blocks::q8_0::BYTES,
+            }
+        }
+
+        /// The 8 lane sums of each of 8 i32 vectors, as the 8 lanes of one vector, exact when every
+        /// lane is within ±16383 (two `packs` + `madd` levels, then one cross-half add).
+        #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn q4_0_q5_0<const R: usize, const Q5: bool>(w: *const u8, a: *const BlockQ8_0, st: usize, nb: usize, out: *mut f32) {
-            let bytes = if Q5 { blocks::q5_0::BYTES } else { blocks::q4_0::BYTES };
-            let mut acc0 = [_mm256_setzero_ps(); R];
-            let mut acc1 = [_mm256_setzero_ps(); R];
-            let mut i = 0;
-            while i + 2 <= nb {
-                blk_q4_0_q5_0::<R, Q5>(w.add(i * bytes), a, st, i, &mut acc0);
-                blk_q4_0_q5_0::<R, Q5>(w.add((i + 1) * bytes), a, st, i + 1, &mut acc1);
-                i += 2;
+        unsafe fn reduce8_small(v: &[__m256i; 8]) -> __m256i {
+            let ones = _mm256_set1_epi16(1);
+            let pair = |x: __m256i, y: __m256i| _mm256_madd_epi16(_mm256_packs_epi32(x, y), ones);
+            let q0123 = pair(pair(v[0], v[1]), pair(v[2], v[3]));
+            let q4567 = pair(pair(v[4], v[5]), pair(v[6], v[7]));
+            _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(q0123, q4567), _mm256_permute2x128_si256::<0x31>(q0123, q4567))
+        }
+
+        /// [`reduce8_small`] for any i32 lanes (an unpack-and-add transpose).
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn reduce8_wide(v: &[__m256i; 8]) -> __m256i {
+            let pair = |x: __m256i, y: __m256i| _mm256_add_epi32(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y));
+            let quad = |x: __m256i, y: __m256i| _mm256_add_epi32(_mm256_unpacklo_epi64(x, y), _mm256_unpackhi_epi64(x, y));
+            let q0123 = quad(pair(v[0], v[1]), pair(v[2], v[3]));
+            let q4567 = quad(pair(v[4], v[5]), pair(v[6], v[7]));
+            _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(q0123, q4567), _mm256_permute2x128_si256::<0x31>(q0123, q4567))
+        }
+
+        /// The exact integer dot products of 8 weight blocks (`u`, unpacked) with the 8 activation
+        /// blocks `qs` in lanes: `Σ u·q8 − OFF·Σq8`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn q0_sums8<const KIND: u8>(u: &[__m256i; 8], qs: &[[i8; 32]; 8], sums: &[i32; 8]) -> __m256i {
+            let zero = _mm256_setzero_si256();
+            let mut v = [zero; 8];
+            for b in 0..8 {
+                let y = load(qs[b].as_ptr() as *const u8);
+                v[b] = if KIND == 2 && !Q8_OFFSET {
+                    // Signed · signed as |q| · (y with q's sign).
+                    dot_us(zero, _mm256_sign_epi8(u[b], u[b]), _mm256_sign_epi8(y, u[b]))
+                } else {
+                    dot_us(zero, u[b], y)
+                };
             }
-            if i < nb {
-                blk_q4_0_q5_0::<R, Q5>(w.add(i * bytes), a, st, i, &mut acc0);
+            // |lanes| ≤ 4·31·128 for the 4/5-bit formats; Q8_0's need the wide sum.
+            let s = if KIND == 2 { reduce8_wide(&v) } else { reduce8_small(&v) };
+            match q0_off::<KIND>() {
+                Some(sh) => _mm256_sub_epi32(s, _mm256_sll_epi32(_mm256_load_si256(sums.as_ptr() as *const __m256i), _mm_cvtsi32_si128(sh))),
+                None => s,
             }
-            for r in 0..R {
-                acc0[r] = _mm256_add_ps(acc0[r], acc1[r]);
+        }
+
+        /// The f16 scales of `n` ≤ 8 consecutive blocks (`bytes` apart) as f32, zero past `n`.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn dw8(b: *const u8, bytes: usize, n: usize) -> __m256 {
+            let idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bytes as i32));
+            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+            // Each dword read stays inside its block (the scale is the block's first 2 of ≥ 18 bytes).
+            let d32 = _mm256_mask_i32gather_epi32::<1>(_mm256_setzero_si256(), b as *const i32, idx, mask);
+            _mm256_cvtph_ps(low16(d32))
+        }
+
+        /// Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weights · Q8_0 activations of `R` rows, each row's blocks
+        /// grouped by 8 ([`BlockQ8_0x8`], `st` groups per row). Per group of 8 blocks, the 8 exact
+        /// integer block sums of a row land in the 8 lanes of one vector and take their scales
+        /// `d_w·d_x` in one FMA: lane `b` accumulates the row's blocks `≡ b (mod 8)` in order, and
+        /// the row's result is the fixed tree [`hsum`] of the 8 lanes — exactly what [`q0_x8`]
+        /// computes for 8 interleaved rows, so a row's result does not depend on the batch.
+        #[target_feature(enable = $feat)]
+        unsafe fn q0_rows<const R: usize, const KIND: u8>(w: *const u8, a: *const BlockQ8_0x8, st: usize, nb: usize, out: *mut f32) {
+            let bytes = q0_bytes::<KIND>();
+            let zero = _mm256_setzero_si256();
+            let mut acc = [_mm256_setzero_ps(); R];
+            let mut g = 0;
+            while 8 * g < nb {
+                let n = (nb - 8 * g).min(8);
+                let base = w.add(8 * g * bytes);
+                let mut u = [zero; 8];
+                for b in 0..8 {
+                    if b < n {
+                        u[b] = q0_unpack::<KIND>(base.add(b * bytes));
+                    }
+                }
+                let dw = dw8(base, bytes, n);
+                for r in 0..R {
+                    // A group's padding blocks are zero (d = 0, Σ = 0, q = 0): their lanes add 0·0.
+                    let y = &*a.add(r * st + g);
+                    let s = q0_sums8::<KIND>(&u, &y.qs, &y.sum);
+                    let d = _mm256_mul_ps(dw, _mm256_load_ps(y.d.as_ptr()));
+                    acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[r]);
+                }
+                g += 1;
             }
-            store(&acc0, &[0.0; R], out);
+            store(&acc, &[0.0; R], out);
         }
 
         /// One Q4_1 / Q5_1 block `i` · Q8_1 for `R` rows: `d_w·d_x·Σ u·q8` into `acc`, `m·s` into `summs`.
@@ -393,95 +503,29 @@ macro_rules! kernels {
             store(&acc0, &summs, out);
         }
 
-        /// One Q8_0 block `i` · Q8_0 for `R` rows (signed × signed through |w| and sign(x, w)).
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn blk_q8_0<const R: usize>(b: *const u8, a: *const BlockQ8_0, st: usize, i: usize, acc: &mut [__m256; R]) {
-            let dw = f16(b);
-            let q = load(b.add(blocks::q8_0::QS));
-            let aq = _mm256_sign_epi8(q, q);
-            for r in 0..R {
-                let y = &*a.add(r * st + i);
-                let sx = _mm256_sign_epi8(load(y.qs.as_ptr() as *const u8), q);
-                let dot = dot_us(_mm256_setzero_si256(), aq, sx);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), _mm256_cvtepi32_ps(dot), acc[r]);
-            }
-        }
-
-        /// Q8_0 weights · Q8_0.
-        #[target_feature(enable = $feat)]
-        unsafe fn q8_0<const R: usize>(w: *const u8, a: *const BlockQ8_0, st: usize, nb: usize, out: *mut f32) {
-            let bytes = blocks::q8_0::BYTES;
-            let mut acc0 = [_mm256_setzero_ps(); R];
-            let mut acc1 = [_mm256_setzero_ps(); R];
-            let mut i = 0;
-            while i + 2 <= nb {
-                blk_q8_0::<R>(w.add(i * bytes), a, st, i, &mut acc0);
-                blk_q8_0::<R>(w.add((i + 1) * bytes), a, st, i + 1, &mut acc1);
-                i += 2;
-            }
-            if i < nb {
-                blk_q8_0::<R>(w.add(i * bytes), a, st, i, &mut acc0);
-            }
-            for r in 0..R {
-                acc0[r] = _mm256_add_ps(acc0[r], acc1[r]);
-            }
-            store(&acc0, &[0.0; R], out);
-        }
-
-        /// Sums of each of 8 i32 vectors, as the 8 lanes of one vector (exact; a hadd tree).
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn reduce8(v: [__m256i; 8]) -> __m256i {
-            let h01 = _mm256_hadd_epi32(v[0], v[1]);
-            let h23 = _mm256_hadd_epi32(v[2], v[3]);
-            let h45 = _mm256_hadd_epi32(v[4], v[5]);
-            let h67 = _mm256_hadd_epi32(v[6], v[7]);
-            let h0123 = _mm256_hadd_epi32(h01, h23);
-            let h4567 = _mm256_hadd_epi32(h45, h67);
-            _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(h0123, h4567), _mm256_permute2x128_si256::<0x31>(h0123, h4567))
-        }
-
-        /// Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weights · one interleaved group of 8 Q8_0 rows: the
-        /// 8 per-row integer block sums land in the 8 lanes of one vector, scaled by the vector of
-        /// the rows' `d` in one FMA (instead of one convert + FMA per row and block).
+        /// Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weights · one interleaved group of 8 Q8_0 rows (the
+        /// prefill micro-tile): per block, the 8 rows' exact integer sums in the lanes of one
+        /// vector, scaled by `d_w·d_x` in one FMA into accumulator `block mod 8`; the 8
+        /// accumulators are combined in [`hsum`]'s tree, so each row gets exactly the f32
+        /// operations of [`q0_rows`].
         #[target_feature(enable = $feat)]
         unsafe fn q0_x8<const KIND: u8>(w: *const u8, a: *const BlockQ8_0x8, nb: usize, out: *mut f32) {
-            let bytes = match KIND { 0 => blocks::q4_0::BYTES, 1 => blocks::q5_0::BYTES, _ => blocks::q8_0::BYTES };
-            let mut acc = _mm256_setzero_ps();
+            let bytes = q0_bytes::<KIND>();
+            let mut acc = [_mm256_setzero_ps(); 8];
             for i in 0..nb {
                 let b = w.add(i * bytes);
                 let y = &*a.add(i);
-                let dw = _mm256_set1_ps(f16(b));
-                let mut v = [_mm256_setzero_si256(); 8];
-                if KIND == 2 {
-                    let q = load(b.add(blocks::q8_0::QS));
-                    let aq = _mm256_sign_epi8(q, q);
-                    for r in 0..8 {
-                        let sx = _mm256_sign_epi8(load(y.qs[r].as_ptr() as *const u8), q);
-                        v[r] = dot_us(_mm256_setzero_si256(), aq, sx);
-                    }
-                } else {
-                    let mut u = nibbles32(b.add(if KIND == 1 { blocks::q5_0::QS } else { blocks::q4_0::QS }));
-                    if KIND == 1 {
-                        let qh = (b.add(blocks::q5_0::QH) as *const u32).read_unaligned();
-                        u = _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
-                    }
-                    for r in 0..8 {
-                        v[r] = dot_us(_mm256_setzero_si256(), u, load(y.qs[r].as_ptr() as *const u8));
-                    }
-                }
-                let mut s = reduce8(v);
-                if KIND != 2 {
-                    // Σ(u − off)·q = Σu·q − off·Σq, off = 8 (Q4_0) or 16 (Q5_0).
-                    let sums = _mm256_load_si256(y.sum.as_ptr() as *const __m256i);
-                    let off = if KIND == 1 { _mm256_slli_epi32(sums, 4) } else { _mm256_slli_epi32(sums, 3) };
-                    s = _mm256_sub_epi32(s, off);
-                }
-                let d = _mm256_mul_ps(dw, _mm256_load_ps(y.d.as_ptr()));
-                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+                let u = q0_unpack::<KIND>(b);
+                let s = q0_sums8::<KIND>(&[u; 8], &y.qs, &y.sum);
+                let d = _mm256_mul_ps(_mm256_set1_ps(f16(b)), _mm256_load_ps(y.d.as_ptr()));
+                acc[i % 8] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[i % 8]);
             }
-            _mm256_storeu_ps(out, acc);
+            // hsum's tree: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
+            let t = _mm256_add_ps(
+                _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
+                _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])),
+            );
+            _mm256_storeu_ps(out, t);
         }
 
         macro_rules! x8_entry {
@@ -726,41 +770,29 @@ macro_rules! kernels {
             }
         }
 
-        /// One F32 / F16 / BF16 weight row (`KIND` 0/1/2) · one f32 activation row, 16 elements per
-        /// step into two accumulators (hides the FMA latency of a single output).
+        /// One float weight element (`KIND` 0/1/2: f32, f16, bf16) as f32.
+        #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn float_gemv<const KIND: u8>(w: *const u8, a: *const f32, n: usize) -> f32 {
-            let esz = if KIND == 0 { 4 } else { 2 };
-            let (mut acc0, mut acc1) = (_mm256_setzero_ps(), _mm256_setzero_ps());
-            let mut i = 0;
-            while i + 16 <= n {
-                acc0 = _mm256_fmadd_ps(load_wf::<KIND>(w.add(i * esz)), _mm256_loadu_ps(a.add(i)), acc0);
-                acc1 = _mm256_fmadd_ps(load_wf::<KIND>(w.add((i + 8) * esz)), _mm256_loadu_ps(a.add(i + 8)), acc1);
-                i += 16;
+        unsafe fn load_w1<const KIND: u8>(p: *const u8) -> f32 {
+            match KIND {
+                0 => (p as *const f32).read_unaligned(),
+                1 => f16(p),
+                _ => blocks::bf16_bits_to_f32((p as *const u16).read_unaligned()),
             }
-            let mut tail = 0.0f32;
-            for t in i..n {
-                let p = w.add(t * esz);
-                let wv = match KIND {
-                    0 => (p as *const f32).read_unaligned(),
-                    1 => f16(p),
-                    _ => blocks::bf16_bits_to_f32((p as *const u16).read_unaligned()),
-                };
-                tail += wv * *a.add(t);
-            }
-            hsum(_mm256_add_ps(acc0, acc1)) + tail
         }
 
         /// F32 / F16 / BF16 weights (`KIND` 0/1/2) · f32 activations (already rounded to the
         /// weight's type by the caller, as ggml converts them to `vec_dot_type`): an `NW × R`
         /// register tile, each weight vector and each activation vector loaded once per step.
-        /// `out[j·MAX_ROWS + r]`.
+        /// Every (weight row, activation row) pair has two accumulators, taking 8-element steps
+        /// alternately (the second hides the FMA latency of a lone GEMV), then the < 8 leftover
+        /// elements in order: the same f32 operations whatever `NW` and `R`. `out[j·MAX_ROWS + r]`.
         #[target_feature(enable = $feat)]
         unsafe fn float<const NW: usize, const R: usize, const KIND: u8>(w: *const u8, ws: usize, a: *const f32, st: usize, n: usize, out: *mut f32) {
             let esz = if KIND == 0 { 4 } else { 2 };
-            let mut acc = [[_mm256_setzero_ps(); R]; NW];
-            let mut i = 0;
-            while i + 8 <= n {
+            let mut acc = [[[_mm256_setzero_ps(); 2]; R]; NW];
+            // One 8-element step into accumulator `h` of every pair.
+            let step = |i: usize, h: usize, acc: &mut [[[__m256; 2]; R]; NW]| {
                 let mut wv = [_mm256_setzero_ps(); NW];
                 for j in 0..NW {
                     wv[j] = load_wf::<KIND>(w.add(j * ws + i * esz));
@@ -768,52 +800,57 @@ macro_rules! kernels {
                 for r in 0..R {
                     let x = _mm256_loadu_ps(a.add(r * st + i));
                     for j in 0..NW {
-                        acc[j][r] = _mm256_fmadd_ps(wv[j], x, acc[j][r]);
+                        acc[j][r][h] = _mm256_fmadd_ps(wv[j], x, acc[j][r][h]);
                     }
                 }
+            };
+            let mut i = 0;
+            while i + 16 <= n {
+                step(i, 0, &mut acc);
+                step(i + 8, 1, &mut acc);
+                i += 16;
+            }
+            if i + 8 <= n {
+                step(i, 0, &mut acc);
                 i += 8;
             }
             for j in 0..NW {
                 let mut tail = [0.0f32; R];
                 for t in i..n {
-                    let p = w.add(j * ws + t * esz);
-                    let wv = match KIND {
-                        0 => (p as *const f32).read_unaligned(),
-                        1 => f16(p),
-                        _ => blocks::bf16_bits_to_f32((p as *const u16).read_unaligned()),
-                    };
+                    let wv = load_w1::<KIND>(w.add(j * ws + t * esz));
                     for r in 0..R {
                         tail[r] += wv * *a.add(r * st + t);
                     }
                 }
-                store(&acc[j], &tail, out.add(j * MAX_ROWS));
+                let sums: [__m256; R] = core::array::from_fn(|r| _mm256_add_ps(acc[j][r][0], acc[j][r][1]));
+                store(&sums, &tail, out.add(j * MAX_ROWS));
             }
         }
 
         // ------------------------------------------------------------ Kernel entry points
 
-        entry!($wide, k_q4_0, BlockQ8_0, q4_0_q5_0, false);
-        entry!($wide, k_q5_0, BlockQ8_0, q4_0_q5_0, true);
+        entry!($wide, k_q4_0, BlockQ8_0x8, q0_rows, 0);
+        entry!($wide, k_q5_0, BlockQ8_0x8, q0_rows, 1);
         entry!($wide, k_q4_1, BlockQ8_1, q4_1_q5_1, false);
         entry!($wide, k_q5_1, BlockQ8_1, q4_1_q5_1, true);
-        entry!($wide, k_q8_0, BlockQ8_0, q8_0);
+        entry!($wide, k_q8_0, BlockQ8_0x8, q0_rows, 2);
         entry!($wide, k_q4_k, BlockQ8K, q4k_q5k, false);
         entry!($wide, k_q5_k, BlockQ8K, q4k_q5k, true);
         entry!($wide, k_q6_k, BlockQ8K, q6k);
         entry!($wide, k_q2_k, BlockQ8K, q2k);
         entry!($wide, k_q3_k, BlockQ8K, q3k);
-        float_entry!($maxw, k_f32, 0);
-        float_entry!($maxw, k_f16, 1);
-        float_entry!($maxw, k_bf16, 2);
+        float_entry!($maxw, $maxr, k_f32, 0);
+        float_entry!($maxw, $maxr, k_f16, 1);
+        float_entry!($maxw, $maxr, k_bf16, 2);
     };
 }
 
 pub(super) mod avx2 {
-    kernels!("avx2,fma,f16c", helpers_avx2, false, 2);
+    kernels!("avx2,fma,f16c", helpers_avx2, false, 2, 2);
 }
 
 pub(super) mod avx512 {
-    kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", helpers_avx512, true, 4);
+    kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", helpers_avx512, true, 3, 4);
 }
 
 /// The kernels of one x86 level for type `t`, or `None` where that level has none (the caller
@@ -826,9 +863,9 @@ pub(super) fn plan(t: GgmlType, avx512: bool) -> Option<Plan> {
         };
     }
     Some(match t {
-        G::Q4_0 => Plan::Q8_0(pick!(k_q4_0), Some(pick!(k_q4_0_x8))),
-        G::Q5_0 => Plan::Q8_0(pick!(k_q5_0), Some(pick!(k_q5_0_x8))),
-        G::Q8_0 => Plan::Q8_0(pick!(k_q8_0), Some(pick!(k_q8_0_x8))),
+        G::Q4_0 => Plan::Q8_0x8(pick!(k_q4_0), pick!(k_q4_0_x8)),
+        G::Q5_0 => Plan::Q8_0x8(pick!(k_q5_0), pick!(k_q5_0_x8)),
+        G::Q8_0 => Plan::Q8_0x8(pick!(k_q8_0), pick!(k_q8_0_x8)),
         G::Q4_1 => Plan::Q8_1(pick!(k_q4_1)),
         G::Q5_1 => Plan::Q8_1(pick!(k_q5_1)),
         G::Q4_K => Plan::Q8K(pick!(k_q4_k)),
