@@ -11,8 +11,15 @@
 //! task the activation rows are walked in groups of up to [`MAX_ROWS`] and each weight block is
 //! unpacked once per group and dotted with every row of the group, so a prefill (`n_rows` large)
 //! loads each weight block once per 8 tokens, while a decode (`n_rows` = 1..8) is one sequential
-//! pass over the weights. Q4_0/Q5_0/Q8_0 prefill reads 8 interleaved activation rows
+//! pass over the weights, one weight row at a time (interleaving several rows' streams measured
+//! markedly slower from DRAM). Q4_0/Q5_0/Q8_0 take each row's activations grouped by 8 blocks
+//! (the GEMV sums 8 blocks per vector) and, for full groups of 8 rows, interleaved
 //! ([`BlockQ8_0x8`]); the float formats block over 4 weight rows × 4 activation rows.
+//!
+//! Batch invariance: on every level, a row's result depends only on that row (never on `n_rows`
+//! or on which rows share a kernel call) for all target formats (Q4_1/Q5_1, in no target model,
+//! are not on the SIMD levels), so the
+//! engine gives a sequence the same logits alone or batched, decoded or recomputed by a prefill.
 //!
 //! `FAK_CPU_SIMD=scalar|avx2|avx512` lowers the SIMD level (tests, benches); [`simd_level`] names
 //! the one in use. Every level gives the same integer sums; only f32 summation order differs.
