@@ -37,15 +37,33 @@ pub struct BlockQ8_1 {
     pub qs: [i8; QK8],
 }
 
-/// Block `i` of 8 consecutive Q8_0 activation rows, interleaved for the prefill kernels: the 8
-/// scales and quant sums as vectors, then the 8 rows' quants (fak's layout, like ggml's
-/// `block_q8_0x4` repacking of activations).
+/// 8 Q8_0 activation blocks side by side, their scales and quant sums as vectors, then their
+/// quants: either block `i` of 8 consecutive rows ([`interleave_q8_0`], the prefill kernels; like
+/// ggml's `block_q8_0x4` repacking of activations) or 8 consecutive blocks of one row
+/// ([`group_q8_0`], the GEMV kernels). fak's layout.
 #[derive(Clone, Copy, Debug, Default)]
 #[repr(C, align(32))]
 pub struct BlockQ8_0x8 {
     pub d: [f32; 8],
     pub sum: [i32; 8],
     pub qs: [[i8; QK8]; 8],
+}
+
+/// Groups each row's `nb` blocks of `a` by 8 consecutive blocks: `[row][nb.div_ceil(8) groups]`,
+/// the last group of a row padded with zero blocks (`d = 0`, `Σq = 0`, `q = 0`).
+pub fn group_q8_0(a: &[BlockQ8_0], nb: usize) -> Vec<BlockQ8_0x8> {
+    let ng = nb.div_ceil(8);
+    let rows = a.len().checked_div(nb).unwrap_or(0);
+    let mut out = vec![BlockQ8_0x8::default(); rows * ng];
+    for (row, og) in a.chunks_exact(nb.max(1)).zip(out.chunks_mut(ng.max(1))) {
+        for (i, b) in row.iter().enumerate() {
+            let o = &mut og[i / 8];
+            o.d[i % 8] = b.d;
+            o.sum[i % 8] = b.sum;
+            o.qs[i % 8] = b.qs;
+        }
+    }
+    out
 }
 
 /// Interleaves each full group of 8 rows of `a` (`nb` blocks per row) into `[group][block]`.

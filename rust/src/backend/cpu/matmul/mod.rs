@@ -11,8 +11,15 @@
 //! task the activation rows are walked in groups of up to [`MAX_ROWS`] and each weight block is
 //! unpacked once per group and dotted with every row of the group, so a prefill (`n_rows` large)
 //! loads each weight block once per 8 tokens, while a decode (`n_rows` = 1..8) is one sequential
-//! pass over the weights. Q4_0/Q5_0/Q8_0 prefill reads 8 interleaved activation rows
+//! pass over the weights, one weight row at a time (interleaving several rows' streams measured
+//! markedly slower from DRAM). Q4_0/Q5_0/Q8_0 take each row's activations grouped by 8 blocks
+//! (the GEMV sums 8 blocks per vector) and, for full groups of 8 rows, interleaved
 //! ([`BlockQ8_0x8`]); the float formats block over 4 weight rows × 4 activation rows.
+//!
+//! Batch invariance: on every level, a row's result depends only on that row (never on `n_rows`
+//! or on which rows share a kernel call) for all target formats (Q4_1/Q5_1, in no target model,
+//! are not on the SIMD levels), so the
+//! engine gives a sequence the same logits alone or batched, decoded or recomputed by a prefill.
 //!
 //! `FAK_CPU_SIMD=scalar|avx2|avx512` lowers the SIMD level (tests, benches); [`simd_level`] names
 //! the one in use. Every level gives the same integer sums; only f32 summation order differs.
@@ -112,14 +119,15 @@ pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: u
     let shape = Shape { n_out, nb, row_bytes, n_rows };
     let q = Quantizers::at(level);
     match plan {
-        Plan::Q8_0(kern, x8) => {
+        Plan::Q8_0(kern) => drive(kern, None, w, &quantize_rows(x, k, QK8_BLOCK, q.q8_0), nb, shape, y),
+        Plan::Q8_0x8(kern, kx8) => {
             let a = quantize_rows(x, k, QK8_BLOCK, q.q8_0);
-            match x8 {
-                Some(kx8) if n_rows >= MAX_ROWS => {
-                    let ax8 = act::interleave_q8_0(&a, nb);
-                    drive(kern, Some((kx8, &ax8[..])), w, &a, nb, shape, y)
-                }
-                _ => drive(kern, None, w, &a, nb, shape, y),
+            let grouped = act::group_q8_0(&a, nb);
+            if n_rows >= MAX_ROWS {
+                let ax8 = act::interleave_q8_0(&a, nb);
+                drive(kern, Some((kx8, &ax8[..])), w, &grouped, nb.div_ceil(8), shape, y)
+            } else {
+                drive(kern, None, w, &grouped, nb.div_ceil(8), shape, y)
             }
         }
         Plan::Q8_1(kern) => drive(kern, None, w, &quantize_rows(x, k, QK8_BLOCK, q.q8_1), nb, shape, y),
@@ -196,8 +204,11 @@ impl Quantizers {
 
 /// The kernel for a weight type at a level, tagged with its activation type.
 enum Plan {
-    /// Q8_0 activations, with an optional kernel for interleaved groups of 8 rows.
-    Q8_0(Kernel<BlockQ8_0>, Option<KernelX8>),
+    /// Q8_0 activations, row-major blocks (the scalar kernels).
+    Q8_0(Kernel<BlockQ8_0>),
+    /// Q8_0 activations for the SIMD kernels: each row's blocks grouped by 8
+    /// ([`act::group_q8_0`]), and a kernel for interleaved groups of 8 rows ([`act::interleave_q8_0`]).
+    Q8_0x8(Kernel<BlockQ8_0x8>, KernelX8),
     Q8_1(Kernel<BlockQ8_1>),
     Q8K(Kernel<BlockQ8K>),
     F32(Kernel<f32>),
@@ -256,11 +267,11 @@ scalar_kernel!(k_bf16, scalar::dot_bf16, f32, 2);
 fn scalar_plan(t: GgmlType) -> Option<Plan> {
     use GgmlType as G;
     Some(match t {
-        G::Q4_0 => Plan::Q8_0(k_q4_0, None),
+        G::Q4_0 => Plan::Q8_0(k_q4_0),
         G::Q4_1 => Plan::Q8_1(k_q4_1),
-        G::Q5_0 => Plan::Q8_0(k_q5_0, None),
+        G::Q5_0 => Plan::Q8_0(k_q5_0),
         G::Q5_1 => Plan::Q8_1(k_q5_1),
-        G::Q8_0 => Plan::Q8_0(k_q8_0, None),
+        G::Q8_0 => Plan::Q8_0(k_q8_0),
         G::Q2_K => Plan::Q8K(k_q2_k),
         G::Q3_K => Plan::Q8K(k_q3_k),
         G::Q4_K => Plan::Q8K(k_q4_k),

@@ -262,3 +262,77 @@ fn non_finite_activations_do_not_panic() {
         }
     }
 }
+
+/// Formats whose SIMD kernels keep each row's f32 arithmetic independent of how many activation
+/// rows share the call (the engine batches sequences and must not change a sequence's logits).
+/// Q4_1 / Q5_1 (in no target model) are not.
+const ROW_INVARIANT: &[GgmlType] = &[
+    GgmlType::Q4_0,
+    GgmlType::Q5_0,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::F16,
+    GgmlType::BF16,
+    GgmlType::F32,
+];
+
+#[test]
+fn k_quant_rows_do_not_depend_on_the_batch() {
+    for &(t, f) in FORMATS.iter().filter(|(t, _)| ROW_INVARIANT.contains(t)) {
+        // Every kernel's tail: a partial group of 8 blocks (23 of 32 elements), leftover float
+        // elements after the 8-element steps; rows 0..16 cover two 8-row prefill tiles and a rest.
+        let k = match t.block_size() {
+            1 => 757, // 94 8-element steps and 5 left over
+            32 => 736,
+            _ => 768,
+        };
+        let n_out = 12;
+        let mut rng = Rng(21);
+        let w = random_weights(t, f, n_out, k, &mut rng);
+        let x = random_x(17 * k, &mut rng);
+        for level in available_levels() {
+            let single: Vec<Vec<f32>> = (0..17).map(|r| run(level, t, &w, n_out, k, &x[r * k..(r + 1) * k], 1)).collect();
+            for n_rows in 2..=17 {
+                let y = run(level, t, &w, n_out, k, &x[..n_rows * k], n_rows);
+                for r in 0..n_rows {
+                    let got: Vec<u32> = y[r * n_out..(r + 1) * n_out].iter().map(|v| v.to_bits()).collect();
+                    let want: Vec<u32> = single[r].iter().map(|v| v.to_bits()).collect();
+                    assert_eq!(got, want, "{t:?} {level:?}: row {r} of {n_rows} differs from the same row alone");
+                }
+            }
+        }
+    }
+}
+
+/// Weights at the largest quant magnitudes and scales, activations at ±127 after quantization:
+/// the lanes the SIMD kernels pack to i16 reach their bound (4·63·127 for Q6_K) and must not
+/// saturate. Compared with the scalar kernel (exact integer sums) at a tight relative bound.
+#[test]
+fn extreme_quants_do_not_saturate() {
+    let k = 512;
+    for &(t, f) in FORMATS.iter().filter(|(t, _)| t.block_size() > 1) {
+        let (_, ts) = t.block_geometry();
+        let mut w = vec![0xFFu8; 2 * k / t.block_size() * ts];
+        for blk in w.chunks_exact_mut(ts) {
+            for &off in f {
+                blk[off..off + 2].copy_from_slice(&blocks::f32_to_f16_bits(0.01).to_le_bytes());
+            }
+            if t == GgmlType::Q6_K {
+                // Signed scales at their largest magnitude.
+                blk[blocks::q6_k::SCALES..blocks::q6_k::SCALES + 16].fill(0x80);
+            }
+        }
+        for sign in [1.0f32, -1.0] {
+            let x: Vec<f32> = (0..2 * k).map(|i| if i < k { sign } else { -sign * (1.0 + (i % 3) as f32) }).collect();
+            let want = run(SimdLevel::Scalar, t, &w, 2, k, &x, 2);
+            for level in available_levels() {
+                let got = run(level, t, &w, 2, k, &x, 2);
+                for (g, r) in got.iter().zip(&want) {
+                    assert!((g - r).abs() <= 1e-5 * r.abs() + 1e-6, "{t:?} {level:?}: {g} vs scalar {r}");
+                }
+            }
+        }
+    }
+}
