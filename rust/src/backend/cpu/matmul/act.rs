@@ -48,13 +48,15 @@ pub struct BlockQ8_0x8 {
     pub qs: [[i8; QK8]; 8],
 }
 
-/// Interleaves each full group of 8 rows of `a` (`nb` blocks per row) into `[group][block]`.
+/// Interleaves each group of 8 rows of `a` (`nb` blocks per row) into `[group][block]`; a last,
+/// partial group is padded with zero rows (`d = 0`, no quants), whose outputs are discarded.
 pub fn interleave_q8_0(a: &[BlockQ8_0], nb: usize) -> Vec<BlockQ8_0x8> {
-    let groups = a.len() / nb / 8;
+    let n_rows = if nb == 0 { 0 } else { a.len() / nb };
+    let groups = n_rows.div_ceil(8);
     let mut out = vec![BlockQ8_0x8::default(); groups * nb];
     for (g, og) in out.chunks_mut(nb.max(1)).enumerate().take(groups) {
         for (i, o) in og.iter_mut().enumerate() {
-            for r in 0..8 {
+            for r in 0..8.min(n_rows - 8 * g) {
                 let b = &a[(8 * g + r) * nb + i];
                 o.d[r] = b.d;
                 o.sum[r] = b.sum;

@@ -16,6 +16,12 @@
 //!
 //! `FAK_CPU_SIMD=scalar|avx2|avx512` lowers the SIMD level (tests, benches); [`simd_level`] names
 //! the one in use. Every level gives the same integer sums; only f32 summation order differs.
+//!
+//! Row invariance: within one level, each output `y[r, o]` is computed by the same sequence of
+//! float operations whatever the number of rows in the call, the row's place in it and the tiling
+//! (every kernel variant of a format shares one per-(row, output) arithmetic). A token's logits
+//! and K/V are therefore the same bits whether it is prefilled alone, in a chunk, batched with
+//! other sequences or decoded, which the prefix cache and recompute-after-preemption rely on.
 
 mod act;
 mod blocks;
@@ -34,9 +40,10 @@ use rayon::prelude::*;
 
 /// Activation rows a kernel call handles at once (the prefill micro-tile height).
 pub const MAX_ROWS: usize = 8;
-/// Weight rows a kernel call handles at once (the float kernels block over them; the quantized
-/// kernels walk them one by one).
-pub const MAX_W: usize = 4;
+/// Weight rows a kernel call handles at once (the float kernels block over them; the Q4_0/Q5_0/
+/// Q8_0 GEMV puts them in the 8 lanes of a vector; the other quantized kernels walk them one by
+/// one).
+pub const MAX_W: usize = 8;
 
 /// Computes `out[j·MAX_ROWS + r] = W_row(j) · a_row(r)` for `j < nw` (≤ [`MAX_W`]) and `r < nr`
 /// (≤ [`MAX_ROWS`]), where weight row `j` starts at `w + j·w_stride` and holds `nb` blocks
@@ -115,7 +122,7 @@ pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: u
         Plan::Q8_0(kern, x8) => {
             let a = quantize_rows(x, k, QK8_BLOCK, q.q8_0);
             match x8 {
-                Some(kx8) if n_rows >= MAX_ROWS => {
+                Some(kx8) if n_rows >= X8_MIN_ROWS => {
                     let ax8 = act::interleave_q8_0(&a, nb);
                     drive(kern, Some((kx8, &ax8[..])), w, &a, nb, shape, y)
                 }
@@ -159,6 +166,10 @@ pub fn quantize_activations(vec_dot_type: GgmlType, x: &[f32]) -> Result<Vec<u8>
 }
 
 const QK8_BLOCK: usize = act::QK8;
+
+/// Fewest rows of a group that go through the interleaved 8-row Q8_0 kernel (padded with zero
+/// rows); fewer rows take the one-row kernel per row, which does less work for them.
+const X8_MIN_ROWS: usize = 4;
 
 /// Row quantizers of one SIMD level (all levels give bit-identical results).
 struct Quantizers {
@@ -318,7 +329,7 @@ fn tiling(n_out: usize, row_bytes: usize, n_rows: usize, threads: usize) -> Tili
     let want = 8 * threads;
     let by_balance = n_out.div_ceil(want);
     let min_rows = if n_rows <= MAX_ROWS { (16 * 1024usize).div_ceil(row_bytes.max(1)) } else { 4 };
-    let out_chunk = by_balance.max(min_rows).next_multiple_of(4).min(n_out).max(1);
+    let out_chunk = by_balance.max(min_rows).next_multiple_of(MAX_W).min(n_out).max(1);
     let out_tasks = n_out.div_ceil(out_chunk);
     let mut row_block = n_rows.max(1);
     if out_tasks < 2 * threads && n_rows > 2 * MAX_ROWS {
@@ -328,8 +339,8 @@ fn tiling(n_out: usize, row_bytes: usize, n_rows: usize, threads: usize) -> Tili
     Tiling { out_chunk, row_block }
 }
 
-/// Runs `kern` over all tiles; full, 8-aligned groups of activation rows go to `x8` (kernel and the
-/// interleaved activations, `[group][block]`) when given.
+/// Runs `kern` over all tiles; 8-aligned groups of at least [`X8_MIN_ROWS`] activation rows go to
+/// `x8` (kernel and the interleaved activations, `[group][block]`, zero-padded) when given.
 fn drive<A: Sync>(kern: Kernel<A>, x8: Option<(KernelX8, &[BlockQ8_0x8])>, w: &[u8], a: &[A], a_stride: usize, s: Shape, y: &mut [f32]) {
     debug_assert_eq!(a.len(), a_stride * s.n_rows);
     debug_assert_eq!(w.len(), s.n_out * s.row_bytes);
@@ -353,8 +364,9 @@ fn drive<A: Sync>(kern: Kernel<A>, x8: Option<(KernelX8, &[BlockQ8_0x8])>, w: &[
                 let wp = w.as_ptr().wrapping_add(o * s.row_bytes);
                 match x8 {
                     // SAFETY: as below; r0 is a multiple of 8 (row blocks are multiples of
-                    // MAX_ROWS = 8), so group r0/8 holds exactly these 8 rows, `nb` blocks each.
-                    Some((kx8, ax8)) if nr == 8 => unsafe {
+                    // MAX_ROWS = 8), so group r0/8 holds these `nr` rows (then zero rows), `nb`
+                    // blocks each; the kernel writes 8 outputs per weight row, `out` has room.
+                    Some((kx8, ax8)) if nr >= X8_MIN_ROWS => unsafe {
                         kx8(wp, s.row_bytes, nw, ax8[(r0 / 8) * s.nb..].as_ptr(), s.nb, out.as_mut_ptr())
                     },
                     // SAFETY: `w` holds n_out whole rows (checked by `matmul_at`) and

@@ -262,3 +262,38 @@ fn non_finite_activations_do_not_panic() {
         }
     }
 }
+
+/// Row invariance (see the module doc): every row of a call gets the same bits as when computed
+/// alone, at every level, for every format, whatever the number of rows (decode, the partial and
+/// full groups of the interleaved kernels, the float tiles), the tiling and the thread count.
+#[test]
+fn rows_are_invariant_to_the_batch() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    for (i, &(t, f)) in FORMATS.iter().enumerate() {
+        let mut rng = Rng(1000 + i as u64);
+        let (n_out, k) = (37, if t.block_size() == 1 { 263 } else { 2 * t.block_size().max(256) });
+        let w = random_weights(t, f, n_out, k, &mut rng);
+        let n_max = 41;
+        let x = random_x(n_max * k, &mut rng);
+        for level in available_levels() {
+            let alone: Vec<Vec<f32>> = (0..n_max).map(|r| run(level, t, &w, n_out, k, &x[r * k..(r + 1) * k], 1)).collect();
+            for n_rows in [2, 3, 4, 5, 7, 8, 9, 12, 16, 17, 41] {
+                for start in [0, 1, 6] {
+                    if start + n_rows > n_max {
+                        continue;
+                    }
+                    let xs = &x[start * k..(start + n_rows) * k];
+                    let got = pool.install(|| run(level, t, &w, n_out, k, xs, n_rows));
+                    for r in 0..n_rows {
+                        let row = &got[r * n_out..(r + 1) * n_out];
+                        let want = &alone[start + r];
+                        assert!(
+                            row.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{t:?} {level:?}: row {r} of {n_rows} (from {start}) differs from the row alone:\n{row:?}\n{want:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}

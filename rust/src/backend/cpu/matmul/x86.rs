@@ -10,8 +10,11 @@
 //! −16 for Q5_0, −32 for Q6_K) are applied exactly in integers through the activation sums
 //! (`Σq`, `bsums`) instead of per element.
 //!
-//! Each kernel handles `R` ≤ 4 activation rows per weight row: the weight block is unpacked once and
-//! dotted with every row (the prefill micro-tile); `R = 1` is the decode GEMV.
+//! Each kernel handles `R` ≤ 4 (8 with AVX-512) activation rows per weight row: the weight block is
+//! unpacked once and dotted with every row (the prefill micro-tile); `R = 1` is the decode GEMV.
+//! Q4_0/Q5_0/Q8_0 decode instead puts 8 weight rows in the lanes of one vector ([`q0_w8`]) and
+//! their prefill 8 activation rows ([`q0_x8`]). Whatever the variant, an output's float arithmetic
+//! depends only on its weight row and activation row (row invariance, see `super`).
 
 #![allow(clippy::missing_safety_doc, clippy::too_many_arguments, clippy::needless_range_loop)]
 
@@ -124,7 +127,7 @@ macro_rules! entry {
 
 /// A [`Kernel`] entry point for a float kernel blocked over `NW` weight rows × `R` activation
 /// rows (`float::<NW, R, KIND>`): up to `$maxw` weight rows per call and 4 activation rows (float
-/// activations take 4 bytes per element; more rows would not stay in L1).
+/// activations take 4 bytes per element; more rows would not stay in L1), two accumulators each.
 macro_rules! float_entry {
     ($maxw:tt, $name:ident, $kind:expr) => {
         pub(in super::super) unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const f32, st: usize, n: usize, nr: usize, out: *mut f32) {
@@ -232,13 +235,6 @@ macro_rules! kernels {
             _mm256_loadu_si256(p as *const __m256i)
         }
 
-        /// An i32 vector holding `v` in lane 0 and zeros elsewhere (exact integer offset injection).
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn lane0(v: i32) -> __m256i {
-            _mm256_setr_epi32(v, 0, 0, 0, 0, 0, 0, 0)
-        }
-
         /// 32 4-bit values of a 16-byte block as bytes: low nibbles then high nibbles.
         #[inline]
         #[target_feature(enable = $feat)]
@@ -257,47 +253,6 @@ macro_rules! kernels {
         }
 
         // ------------------------------------------------------------ 32-element block formats
-
-        /// One Q4_0 / Q5_0 (`Q5`) block `i` · Q8_0 for `R` rows into `acc`:
-        /// `Σ u·q8 − off·Σq8` exactly in i32 lanes, `u` the unsigned 4/5-bit values.
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn blk_q4_0_q5_0<const R: usize, const Q5: bool>(b: *const u8, a: *const BlockQ8_0, st: usize, i: usize, acc: &mut [__m256; R]) {
-            let qs_off = if Q5 { blocks::q5_0::QS } else { blocks::q4_0::QS };
-            let off: i32 = if Q5 { -16 } else { -8 };
-            let dw = f16(b);
-            let mut u = nibbles32(b.add(qs_off));
-            if Q5 {
-                let qh = (b.add(blocks::q5_0::QH) as *const u32).read_unaligned();
-                u = _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
-            }
-            for r in 0..R {
-                let y = &*a.add(r * st + i);
-                let dot = dot_us(lane0(off.wrapping_mul(y.sum)), u, load(y.qs.as_ptr() as *const u8));
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), _mm256_cvtepi32_ps(dot), acc[r]);
-            }
-        }
-
-        /// Q4_0 / Q5_0 (`Q5`) weights · Q8_0; two accumulator sets break the FMA latency chain.
-        #[target_feature(enable = $feat)]
-        unsafe fn q4_0_q5_0<const R: usize, const Q5: bool>(w: *const u8, a: *const BlockQ8_0, st: usize, nb: usize, out: *mut f32) {
-            let bytes = if Q5 { blocks::q5_0::BYTES } else { blocks::q4_0::BYTES };
-            let mut acc0 = [_mm256_setzero_ps(); R];
-            let mut acc1 = [_mm256_setzero_ps(); R];
-            let mut i = 0;
-            while i + 2 <= nb {
-                blk_q4_0_q5_0::<R, Q5>(w.add(i * bytes), a, st, i, &mut acc0);
-                blk_q4_0_q5_0::<R, Q5>(w.add((i + 1) * bytes), a, st, i + 1, &mut acc1);
-                i += 2;
-            }
-            if i < nb {
-                blk_q4_0_q5_0::<R, Q5>(w.add(i * bytes), a, st, i, &mut acc0);
-            }
-            for r in 0..R {
-                acc0[r] = _mm256_add_ps(acc0[r], acc1[r]);
-            }
-            store(&acc0, &[0.0; R], out);
-        }
 
         /// One Q4_1 / Q5_1 block `i` · Q8_1 for `R` rows: `d_w·d_x·Σ u·q8` into `acc`, `m·s` into `summs`.
         #[inline]
@@ -341,42 +296,6 @@ macro_rules! kernels {
             store(&acc0, &summs, out);
         }
 
-        /// One Q8_0 block `i` · Q8_0 for `R` rows (signed × signed through |w| and sign(x, w)).
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn blk_q8_0<const R: usize>(b: *const u8, a: *const BlockQ8_0, st: usize, i: usize, acc: &mut [__m256; R]) {
-            let dw = f16(b);
-            let q = load(b.add(blocks::q8_0::QS));
-            let aq = _mm256_sign_epi8(q, q);
-            for r in 0..R {
-                let y = &*a.add(r * st + i);
-                let sx = _mm256_sign_epi8(load(y.qs.as_ptr() as *const u8), q);
-                let dot = dot_us(_mm256_setzero_si256(), aq, sx);
-                acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * y.d), _mm256_cvtepi32_ps(dot), acc[r]);
-            }
-        }
-
-        /// Q8_0 weights · Q8_0.
-        #[target_feature(enable = $feat)]
-        unsafe fn q8_0<const R: usize>(w: *const u8, a: *const BlockQ8_0, st: usize, nb: usize, out: *mut f32) {
-            let bytes = blocks::q8_0::BYTES;
-            let mut acc0 = [_mm256_setzero_ps(); R];
-            let mut acc1 = [_mm256_setzero_ps(); R];
-            let mut i = 0;
-            while i + 2 <= nb {
-                blk_q8_0::<R>(w.add(i * bytes), a, st, i, &mut acc0);
-                blk_q8_0::<R>(w.add((i + 1) * bytes), a, st, i + 1, &mut acc1);
-                i += 2;
-            }
-            if i < nb {
-                blk_q8_0::<R>(w.add(i * bytes), a, st, i, &mut acc0);
-            }
-            for r in 0..R {
-                acc0[r] = _mm256_add_ps(acc0[r], acc1[r]);
-            }
-            store(&acc0, &[0.0; R], out);
-        }
-
         /// Sums of each of 8 i32 vectors, as the 8 lanes of one vector (exact; a hadd tree).
         #[inline]
         #[target_feature(enable = $feat)]
@@ -393,6 +312,9 @@ macro_rules! kernels {
         /// Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weights · one interleaved group of 8 Q8_0 rows: the
         /// 8 per-row integer block sums land in the 8 lanes of one vector, scaled by the vector of
         /// the rows' `d` in one FMA (instead of one convert + FMA per row and block).
+        ///
+        /// The arithmetic of every (weight row, activation row) pair, shared with [`q0_w8`]:
+        /// `acc = 0; acc = fma(d_w·d_x, (exact i32 block dot) as f32, acc)` block after block.
         #[target_feature(enable = $feat)]
         unsafe fn q0_x8<const KIND: u8>(w: *const u8, a: *const BlockQ8_0x8, nb: usize, out: *mut f32) {
             let bytes = match KIND { 0 => blocks::q4_0::BYTES, 1 => blocks::q5_0::BYTES, _ => blocks::q8_0::BYTES };
@@ -446,6 +368,76 @@ macro_rules! kernels {
         x8_entry!(k_q5_0_x8, 1);
         x8_entry!(k_q8_0_x8, 2);
 
+        /// Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weights · ONE Q8_0 activation row, up to 8 weight
+        /// rows in the 8 lanes (the decode GEMV): per block the weight rows' integer dots are
+        /// reduced into one vector and scaled in one FMA, with exactly [`q0_x8`]'s arithmetic per
+        /// (weight row, activation row) pair, so a row gets the same bits alone or in a group.
+        /// Writes `out[j·MAX_ROWS]` for `j < nw`.
+        #[target_feature(enable = $feat)]
+        unsafe fn q0_w8<const KIND: u8>(w: *const u8, w_stride: usize, nw: usize, a: *const BlockQ8_0, nb: usize, out: *mut f32) {
+            debug_assert!((1..=8).contains(&nw));
+            let bytes = match KIND { 0 => blocks::q4_0::BYTES, 1 => blocks::q5_0::BYTES, _ => blocks::q8_0::BYTES };
+            let mut acc = _mm256_setzero_ps();
+            let mut dh = [0u16; 8];
+            for i in 0..nb {
+                let y = &*a.add(i);
+                let yq = load(y.qs.as_ptr() as *const u8);
+                let mut v = [_mm256_setzero_si256(); 8];
+                for j in 0..8 {
+                    if j >= nw {
+                        break;
+                    }
+                    let b = w.add(j * w_stride + i * bytes);
+                    dh[j] = (b as *const u16).read_unaligned();
+                    v[j] = if KIND == 2 {
+                        let q = load(b.add(blocks::q8_0::QS));
+                        dot_us(_mm256_setzero_si256(), _mm256_sign_epi8(q, q), _mm256_sign_epi8(yq, q))
+                    } else {
+                        let mut u = nibbles32(b.add(if KIND == 1 { blocks::q5_0::QS } else { blocks::q4_0::QS }));
+                        if KIND == 1 {
+                            let qh = (b.add(blocks::q5_0::QH) as *const u32).read_unaligned();
+                            u = _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes(qh), _mm256_set1_epi8(0x10)));
+                        }
+                        dot_us(_mm256_setzero_si256(), u, yq)
+                    };
+                }
+                let mut s = reduce8(v);
+                if KIND != 2 {
+                    // Σ(u − off)·q = Σu·q − off·Σq, as q0_x8 (lanes j ≥ nw are discarded).
+                    let off = y.sum.wrapping_mul(if KIND == 1 { 16 } else { 8 });
+                    s = _mm256_sub_epi32(s, _mm256_set1_epi32(off));
+                }
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(dh.as_ptr() as *const __m128i));
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(y.d));
+                acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc);
+            }
+            let mut lanes = [0.0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+            for j in 0..nw {
+                *out.add(j * MAX_ROWS) = lanes[j];
+            }
+        }
+
+        macro_rules! w8_entry {
+            ($name:ident, $kind:expr) => {
+                /// A [`Kernel`](super::super::Kernel): [`q0_w8`] for each activation row.
+                pub(in super::super) unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const BlockQ8_0, st: usize, nb: usize, nr: usize, out: *mut f32) {
+                    debug_assert!((1..=MAX_ROWS).contains(&nr) && (1..=MAX_W).contains(&nw));
+                    for r in 0..nr {
+                        let mut j = 0;
+                        while j < nw {
+                            let jw = (nw - j).min(8);
+                            q0_w8::<$kind>(w.add(j * w_stride), w_stride, jw, a.add(r * st), nb, out.add(j * MAX_ROWS + r));
+                            j += jw;
+                        }
+                    }
+                }
+            };
+        }
+        w8_entry!(k_q4_0, 0);
+        w8_entry!(k_q5_0, 1);
+        w8_entry!(k_q8_0, 2);
+
         // ------------------------------------------------------------ k-quants
 
         /// The 8 scales (`sc`) and 8 mins (`mn`) of a Q4_K/Q5_K block as bytes (ggml's utmp trick).
@@ -488,7 +480,9 @@ macro_rules! kernels {
         }
 
         /// Q4_K / Q5_K (`Q5`) weights · Q8_K. For one or two rows the low- and high-nibble
-        /// products go to separate integer accumulators (two dependency chains per row).
+        /// products go to separate integer accumulators (two dependency chains per row; exact, so
+        /// the sums are the same). The float arithmetic of a row is the same for every `R`: the
+        /// scaled sums and the mins go to two chains, added at the end (as llama.cpp's GEMV).
         #[target_feature(enable = $feat)]
         unsafe fn q4k_q5k<const R: usize, const Q5: bool>(w: *const u8, a: *const BlockQ8K, st: usize, nb: usize, out: *mut f32) {
             let bytes = if Q5 { blocks::q5_k::BYTES } else { blocks::q4_k::BYTES };
@@ -535,12 +529,7 @@ macro_rules! kernels {
                     let msum = madd_acc(_mm256_setzero_si256(), load(y.bsums.as_ptr() as *const u8), mp);
                     let si = if split { _mm256_add_epi32(sumi[r], sumi2[r]) } else { sumi[r] };
                     acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(si), acc[r]);
-                    // A second float chain only where registers are plentiful (one or two rows).
-                    if split {
-                        accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * y.d), _mm256_cvtepi32_ps(msum), accm[r]);
-                    } else {
-                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * y.d), _mm256_cvtepi32_ps(msum), acc[r]);
-                    }
+                    accm[r] = _mm256_fmadd_ps(_mm256_set1_ps(-dmin * y.d), _mm256_cvtepi32_ps(msum), accm[r]);
                 }
             }
             for r in 0..R {
@@ -729,24 +718,31 @@ macro_rules! kernels {
         /// F32 / F16 / BF16 weights (`KIND` 0/1/2) · f32 activations (already rounded to the
         /// weight's type by the caller, as ggml converts them to `vec_dot_type`): an `NW × R`
         /// register tile, each weight vector and each activation vector loaded once per step.
-        /// `out[j·MAX_ROWS + r]`.
+        /// `out[j·MAX_ROWS + r]`. Each output is computed exactly as [`float_gemv`] computes it
+        /// (two accumulators over 16-element steps, a scalar tail), so rows get the same bits in
+        /// any tile.
         #[target_feature(enable = $feat)]
         unsafe fn float<const NW: usize, const R: usize, const KIND: u8>(w: *const u8, ws: usize, a: *const f32, st: usize, n: usize, out: *mut f32) {
             let esz = if KIND == 0 { 4 } else { 2 };
-            let mut acc = [[_mm256_setzero_ps(); R]; NW];
+            let mut acc0 = [[_mm256_setzero_ps(); R]; NW];
+            let mut acc1 = [[_mm256_setzero_ps(); R]; NW];
             let mut i = 0;
-            while i + 8 <= n {
-                let mut wv = [_mm256_setzero_ps(); NW];
+            while i + 16 <= n {
+                let mut w0 = [_mm256_setzero_ps(); NW];
+                let mut w1 = [_mm256_setzero_ps(); NW];
                 for j in 0..NW {
-                    wv[j] = load_wf::<KIND>(w.add(j * ws + i * esz));
+                    w0[j] = load_wf::<KIND>(w.add(j * ws + i * esz));
+                    w1[j] = load_wf::<KIND>(w.add(j * ws + (i + 8) * esz));
                 }
                 for r in 0..R {
-                    let x = _mm256_loadu_ps(a.add(r * st + i));
+                    let x0 = _mm256_loadu_ps(a.add(r * st + i));
+                    let x1 = _mm256_loadu_ps(a.add(r * st + i + 8));
                     for j in 0..NW {
-                        acc[j][r] = _mm256_fmadd_ps(wv[j], x, acc[j][r]);
+                        acc0[j][r] = _mm256_fmadd_ps(w0[j], x0, acc0[j][r]);
+                        acc1[j][r] = _mm256_fmadd_ps(w1[j], x1, acc1[j][r]);
                     }
                 }
-                i += 8;
+                i += 16;
             }
             for j in 0..NW {
                 let mut tail = [0.0f32; R];
@@ -761,17 +757,18 @@ macro_rules! kernels {
                         tail[r] += wv * *a.add(r * st + t);
                     }
                 }
-                store(&acc[j], &tail, out.add(j * MAX_ROWS));
+                let mut sum = [_mm256_setzero_ps(); R];
+                for r in 0..R {
+                    sum[r] = _mm256_add_ps(acc0[j][r], acc1[j][r]);
+                }
+                store(&sum, &tail, out.add(j * MAX_ROWS));
             }
         }
 
         // ------------------------------------------------------------ Kernel entry points
 
-        entry!($wide, k_q4_0, BlockQ8_0, q4_0_q5_0, false);
-        entry!($wide, k_q5_0, BlockQ8_0, q4_0_q5_0, true);
         entry!($wide, k_q4_1, BlockQ8_1, q4_1_q5_1, false);
         entry!($wide, k_q5_1, BlockQ8_1, q4_1_q5_1, true);
-        entry!($wide, k_q8_0, BlockQ8_0, q8_0);
         entry!($wide, k_q4_k, BlockQ8K, q4k_q5k, false);
         entry!($wide, k_q5_k, BlockQ8K, q4k_q5k, true);
         entry!($wide, k_q6_k, BlockQ8K, q6k);
@@ -784,11 +781,11 @@ macro_rules! kernels {
 }
 
 pub(super) mod avx2 {
-    kernels!("avx2,fma,f16c", helpers_avx2, false, 2);
+    kernels!("avx2,fma,f16c", helpers_avx2, false, 1);
 }
 
 pub(super) mod avx512 {
-    kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", helpers_avx512, true, 4);
+    kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", helpers_avx512, true, 2);
 }
 
 /// The kernels of one x86 level for type `t`, or `None` where that level has none (the caller
