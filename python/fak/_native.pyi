@@ -129,6 +129,7 @@ class Model:
         threads: int | None = None,
         kv_cache_tokens: int | None = None,
         max_batch: int = 64,
+        prefix_cache: bool = True,
     ) -> Model: ...
     @property
     def backend(self) -> str: ...
@@ -152,7 +153,8 @@ class Model:
         """Stateless next-token logits at every position, float32 ``[n_tokens, n_vocab]``."""
     def stats(self) -> dict[str, int | float]:
         """running, waiting, kv_blocks_used, kv_blocks_total, prefill_tokens, decode_tokens,
-        prefill_seconds, decode_seconds, sample_seconds, steps, preemptions."""
+        prefill_seconds, decode_seconds, sample_seconds, steps, preemptions,
+        prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_blocks."""
     def reset_stats(self) -> None:
         """Zeroes the counters of ``stats()``."""
 

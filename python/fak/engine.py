@@ -451,6 +451,9 @@ class Engine:
         chat_template: Jinja chat template overriding the file's ``tokenizer.chat_template``.
         kv_cache_tokens: size of the paged KV cache shared by all sequences, in tokens (None: the
             native model's default).
+        prefix_cache: automatic prefix caching: a prompt that starts with full KV blocks (32
+            tokens) already computed for an earlier request (a shared system prompt, the earlier
+            turns of a conversation) skips their prefill. Outputs are the same with it off.
 
     Raises:
         OSError / fak.GGUFError: unreadable or invalid file.
@@ -469,6 +472,7 @@ class Engine:
         chat_template: str | None = None,
         *,
         kv_cache_tokens: int | None = None,
+        prefix_cache: bool = True,
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
@@ -482,7 +486,8 @@ class Engine:
         template = _template_or_none(metadata, chat_template)
         resolved = _resolve_backend(backend)
         model = _native.Model(str(path), backend=resolved, n_ctx=n_ctx, threads=threads,
-                              kv_cache_tokens=kv_cache_tokens, max_batch=max_batch)
+                              kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
+                              prefix_cache=prefix_cache)
         self._init(model, tokenizer, template, path.stem, resolved, max_batch)
 
     @classmethod
@@ -681,7 +686,8 @@ class Engine:
         ``kv_blocks_used`` / ``kv_blocks_total`` of the paged KV cache, ``steps``,
         ``requests_finished``, ``tokens_generated``, plus the native model's own counters when it
         has them (``prefill_tokens``, ``decode_tokens``, ``prefill_seconds``, ``decode_seconds``,
-        ``preemptions``, ...; prefixed ``native_``)."""
+        ``preemptions``, ``prefix_cache_hit_tokens``, ``prefix_cache_query_tokens``, ...; prefixed
+        ``native_``)."""
         with self._cond:
             stats = dict(self._stats)
             stats["waiting"] += sum(1 for kind, _ in self._inbox if kind == "submit")

@@ -35,13 +35,13 @@ def _load_policy(policy_path: Path | None, audit_path: Path | None) -> tuple[Any
 
 
 def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_batch: int,
-                 kv_cache_tokens: int | None) -> Any:
+                 kv_cache_tokens: int | None, prefix_cache: bool = True) -> Any:
     from fak.engine import Engine
     from fak.errors import FakError
 
     try:
         return Engine(str(gguf), backend=backend, n_ctx=n_ctx, threads=threads, max_batch=max_batch,
-                      kv_cache_tokens=kv_cache_tokens)
+                      kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache)
     except (FakError, OSError, ValueError) as exc:
         raise click.ClickException(f"could not load {gguf}: {exc}") from None
 
@@ -69,6 +69,8 @@ def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads of the engine.")
 @click.option("--kv-cache-tokens", type=click.IntRange(min=16), default=None,
               help="KV cache size in tokens, shared by all sequences [default: the engine's, n_ctx x min(8, batch)].")
+@click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
+              help="Automatic prefix caching: reuse the KV cache of a shared prompt prefix (system prompt, earlier turns).")
 @click.option("--model-name", help="Model id clients send and /v1/models lists [default: the engine's].")
 @click.option("--base-url", help="Upstream OpenAI base URL (…/v1): proxy mode instead of --gguf.")
 @click.option("--upstream-key", envvar="FAK_UPSTREAM_KEY", help="API key for the upstream (env FAK_UPSTREAM_KEY).")
@@ -77,7 +79,7 @@ def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_
 def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_path: Path | None,
           policy_check: bool, audit_path: Path | None, api_key: str | None, max_concurrency: int,
           max_queue: int, n_ctx: int, threads: int | None, kv_cache_tokens: int | None,
-          model_name: str | None, base_url: str | None,
+          prefix_cache: bool, model_name: str | None, base_url: str | None,
           upstream_key: str | None, log_level: str) -> None:
     """Serve OpenAI's API (chat, completions, models, health, metrics) with a tool-call policy."""
     if policy_check:
@@ -106,7 +108,7 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
     engine = None
     if gguf is not None:
         engine = _load_engine(gguf, backend, n_ctx, threads, max_batch=max_concurrency,
-                              kv_cache_tokens=kv_cache_tokens)
+                              kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache)
         app = create_app(config, engine=engine, policy=policy, audit=audit)
         what = f"{app.state.gateway.model_name} ({gguf.name}, backend {getattr(engine, 'backend', backend)})"
     else:

@@ -6,6 +6,11 @@
 //! with its own positions and block table), sample a token for every sequence whose pending run
 //! ended, append it. The engine is driven by one thread (the Python engine loop); it owns a rayon
 //! pool of `threads` workers and runs every forward and sampling inside it.
+//!
+//! With the prefix cache on (the default), a sequence whose tokens start with full KV blocks
+//! already in the cache skips their prefill (see [`kv_cache`] and [`scheduler`]); the output is
+//! the same bits as without it, since every op of a forward computes each row independently of
+//! the others in the batch.
 
 pub mod kv_cache;
 pub mod sampler;
@@ -48,6 +53,8 @@ pub struct EngineOptions {
     pub max_batch: usize,
     /// Most tokens per forward (prefill chunk); raised to `max_batch` if smaller.
     pub max_tokens_per_step: usize,
+    /// Automatic prefix caching: reuse the K/V of full blocks of earlier sequences' tokens.
+    pub prefix_cache: bool,
 }
 
 impl Default for EngineOptions {
@@ -58,6 +65,7 @@ impl Default for EngineOptions {
             kv_cache_tokens: None,
             max_batch: 64,
             max_tokens_per_step: DEFAULT_MAX_TOKENS,
+            prefix_cache: true,
         }
     }
 }
@@ -89,6 +97,12 @@ pub struct EngineStats {
     pub steps: u64,
     /// Sequences preempted for lack of KV blocks (recomputed later).
     pub preemptions: u64,
+    /// Tokens looked up in the prefix cache (every admitted sequence's tokens, again after a
+    /// preemption) and, of those, tokens whose K/V was found there instead of computed.
+    pub prefix_cache_query_tokens: u64,
+    pub prefix_cache_hit_tokens: u64,
+    /// KV blocks in the prefix cache now (held by sequences or free and evictable); a gauge.
+    pub prefix_cache_blocks: u64,
 }
 
 /// The object-safe face of an engine on any backend (what the Python binding holds).
@@ -211,7 +225,7 @@ impl<B: Backend> Engine<B> {
                 max_batch: opts.max_batch,
                 max_tokens,
             },
-            BlockPool::new(n_blocks, BLOCK_SIZE),
+            BlockPool::new(n_blocks, BLOCK_SIZE, opts.prefix_cache),
         );
         Ok(Engine {
             model,
@@ -293,7 +307,7 @@ impl<B: Backend> Engine<B> {
     fn step_inner(&mut self) -> Result<Vec<StepOutput>> {
         let t0 = Instant::now();
         self.sched.schedule(&mut self.plan, &mut self.scheduled);
-        self.stats.preemptions = self.sched.n_preempted;
+        self.sync_sched_stats();
         if self.scheduled.is_empty() {
             return Ok(Vec::new());
         }
@@ -390,13 +404,10 @@ impl<B: Backend> Engine<B> {
         drop(work);
         outputs.sort_by_key(|o| o.0);
 
-        // Commit: cached counts, new tokens.
+        // Commit: cached counts (full blocks enter the prefix cache), new tokens.
         for e in &self.scheduled {
-            let s = self
-                .sched
-                .running_mut(e.seq_id)
-                .expect("scheduled sequence runs");
-            s.n_cached += e.n_tokens;
+            let known = self.sched.advance(e.seq_id, e.n_tokens);
+            debug_assert!(known, "scheduled sequence runs");
         }
         for (_, o) in &outputs {
             let s = self
@@ -475,13 +486,23 @@ impl<B: Backend> Engine<B> {
 
     /// Counters (see [`EngineStats`]).
     pub fn stats(&self) -> EngineStats {
-        self.stats.clone()
+        let mut s = self.stats.clone();
+        s.prefix_cache_blocks = self.sched.pool.n_cached() as u64;
+        s
     }
 
     /// Zeroes the counters.
     pub fn reset_stats(&mut self) {
         self.stats = EngineStats::default();
         self.sched.n_preempted = 0;
+        self.sched.prefix_query_tokens = 0;
+        self.sched.prefix_hit_tokens = 0;
+    }
+
+    fn sync_sched_stats(&mut self) {
+        self.stats.preemptions = self.sched.n_preempted;
+        self.stats.prefix_cache_query_tokens = self.sched.prefix_query_tokens;
+        self.stats.prefix_cache_hit_tokens = self.sched.prefix_hit_tokens;
     }
 
     /// The scheduler (sequences, block pool).

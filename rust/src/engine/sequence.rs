@@ -1,6 +1,7 @@
 //! One generation request inside the engine: its tokens, how many of them have K/V in the cache,
-//! its block table and its sampler.
+//! its block table, the chained hashes of its full blocks (prefix cache) and its sampler.
 
+use super::kv_cache::{BlockHash, BlockPool};
 use super::sampler::Sampler;
 
 /// A sequence (prompt plus generated tokens).
@@ -17,6 +18,12 @@ pub struct Sequence {
     pub n_cached: usize,
     /// Physical KV blocks holding positions `i·block_size ..` for each logical block `i`.
     pub block_table: Vec<u32>,
+    /// Leading blocks of `block_table` already offered to the prefix cache (hits, or full blocks
+    /// this sequence computed).
+    pub n_registered: usize,
+    /// Chained hashes of the first full blocks of `tokens` (computed on demand; tokens never
+    /// change, so they survive preemption).
+    pub block_hashes: Vec<BlockHash>,
     /// Sampling settings and state.
     pub sampler: Sampler,
 }
@@ -31,6 +38,8 @@ impl Sequence {
             n_prompt,
             n_cached: 0,
             block_table: Vec::new(),
+            n_registered: 0,
+            block_hashes: Vec::new(),
             sampler,
         }
     }
@@ -45,8 +54,93 @@ impl Sequence {
         self.tokens.len() - self.n_prompt
     }
 
-    /// Forgets the cached K/V (after preemption): everything is recomputed on resumption.
+    /// Forgets the cached K/V (after preemption, once the blocks are released): everything not
+    /// found in the prefix cache is recomputed on resumption.
     pub fn reset_cache(&mut self) {
+        debug_assert!(self.block_table.is_empty(), "release the blocks first");
         self.n_cached = 0;
+        self.n_registered = 0;
+    }
+
+    /// The chained hash of full block `i` (tokens `i·bs .. (i+1)·bs`, which must exist), and of
+    /// its parent, hashing the blocks before it first where needed.
+    pub fn block_hash(&mut self, pool: &BlockPool, i: usize) -> (BlockHash, Option<BlockHash>) {
+        let bs = pool.block_size();
+        while self.block_hashes.len() <= i {
+            let j = self.block_hashes.len();
+            let parent = j.checked_sub(1).map(|p| self.block_hashes[p]);
+            let h = pool.hash_block(parent, &self.tokens[j * bs..(j + 1) * bs]);
+            self.block_hashes.push(h);
+        }
+        (self.block_hashes[i], i.checked_sub(1).map(|p| self.block_hashes[p]))
+    }
+
+    /// The longest run of this sequence's next blocks found in the prefix cache, starting at
+    /// logical block `self.block_table.len()`, without taking references. Only whole blocks
+    /// strictly before the last token count (the last token is always computed, so its logits
+    /// exist). Empty when the cache is off or the sequence is not block-aligned.
+    pub fn find_cached(&mut self, pool: &BlockPool) -> Vec<u32> {
+        let bs = pool.block_size();
+        let mut hits = Vec::new();
+        if !pool.prefix_caching() || self.n_cached != self.block_table.len() * bs {
+            return hits;
+        }
+        let max_blocks = (self.tokens.len() - 1) / bs;
+        for i in self.block_table.len()..max_blocks {
+            let (h, parent) = self.block_hash(pool, i);
+            match pool.lookup(h, parent, &self.tokens[i * bs..(i + 1) * bs]) {
+                Some(b) => hits.push(b),
+                None => break,
+            }
+        }
+        hits
+    }
+
+    /// Takes a reference on each of `hits` (from [`Self::find_cached`]) and appends them to the
+    /// block table: their tokens count as computed. Returns the tokens gained.
+    pub fn take_cached(&mut self, pool: &mut BlockPool, hits: &[u32]) -> usize {
+        for &b in hits {
+            pool.touch(b);
+            self.block_table.push(b);
+        }
+        let bs = pool.block_size();
+        self.n_cached += hits.len() * bs;
+        self.n_registered = self.block_table.len();
+        hits.len() * bs
+    }
+
+    /// The hash of the next block this sequence would compute, when that block could come from
+    /// the cache instead ([`Self::find_cached`]'s conditions: block-aligned, a whole block before
+    /// the last token).
+    pub fn next_cacheable_block(&mut self, pool: &BlockPool) -> Option<BlockHash> {
+        let bs = pool.block_size();
+        let i = self.block_table.len();
+        if self.n_cached != i * bs || (i + 1) * bs > self.tokens.len() - 1 {
+            return None;
+        }
+        Some(self.block_hash(pool, i).0)
+    }
+
+    /// The hashes of the full blocks that computing the next `n` pending tokens completes.
+    pub fn blocks_completed_by(&mut self, pool: &BlockPool, n: usize) -> Vec<BlockHash> {
+        let bs = pool.block_size();
+        let end = self.n_cached + n;
+        (self.n_cached / bs..end / bs)
+            .map(|i| self.block_hash(pool, i).0)
+            .collect()
+    }
+
+    /// Offers every full block computed since the last call to the prefix cache.
+    pub fn register_full_blocks(&mut self, pool: &mut BlockPool) {
+        if !pool.prefix_caching() {
+            return;
+        }
+        let bs = pool.block_size();
+        let n_full = (self.n_cached / bs).min(self.block_table.len());
+        for i in self.n_registered..n_full {
+            let (h, parent) = self.block_hash(pool, i);
+            pool.register(self.block_table[i], h, parent, &self.tokens[i * bs..(i + 1) * bs]);
+        }
+        self.n_registered = self.n_registered.max(n_full);
     }
 }

@@ -35,6 +35,7 @@ pub struct PyModel {
 
 #[derive(Clone)]
 enum ConfigValue {
+    Bool(bool),
     Int(usize),
     Float(f64),
     Str(String),
@@ -102,7 +103,7 @@ type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>);
 
 #[pymethods]
 impl PyModel {
-    /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64)
+    /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True)
     ///
     /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
     /// "auto" (cuda when a GPU is usable, else cpu).
@@ -110,13 +111,16 @@ impl PyModel {
     /// Loads the GGUF model at `path` (memory-mapped; weights stay in their block formats).
     /// `n_ctx`: context window per sequence in tokens; `threads`: worker threads (None: all
     /// cores); `kv_cache_tokens`: KV cache capacity in tokens shared by all sequences (None:
-    /// `n_ctx · min(max_batch, 8)`, committed lazily); `max_batch`: most sequences decoded together.
+    /// `n_ctx · min(max_batch, 8)`, committed lazily); `max_batch`: most sequences decoded together;
+    /// `prefix_cache`: automatic prefix caching (a prompt that starts with full 32-token KV blocks
+    /// already computed for an earlier sequence skips their prefill; outputs are unchanged).
     ///
     /// Raises: OSError (cannot open), fak.GGUFError (malformed file), fak.UnsupportedError
     /// (architecture / format), fak.ModelError (missing or mis-shaped tensor), fak.BackendError
     /// (`backend="cuda"` without a usable CUDA backend), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true))]
+    #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
         path: PathBuf,
@@ -125,12 +129,14 @@ impl PyModel {
         threads: Option<usize>,
         kv_cache_tokens: Option<usize>,
         max_batch: usize,
+        prefix_cache: bool,
     ) -> PyResult<PyModel> {
         let opts = EngineOptions {
             n_ctx,
             threads,
             kv_cache_tokens,
             max_batch,
+            prefix_cache,
             ..EngineOptions::default()
         };
         let engine: Box<dyn EngineApi> = match backend {
@@ -176,6 +182,7 @@ impl PyModel {
             ("kv_block_size", ConfigValue::Int(crate::engine::BLOCK_SIZE)),
             ("threads", ConfigValue::Int(engine.threads())),
             ("max_batch", ConfigValue::Int(max_batch)),
+            ("prefix_cache", ConfigValue::Bool(prefix_cache)),
         ];
         Ok(PyModel {
             backend: engine.backend_name(),
@@ -210,12 +217,13 @@ impl PyModel {
 
     /// Hyper-parameters (architecture, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim,
     /// n_vocab, n_ctx_train, rms_eps, rope_type, n_rot, rope_freq_base, rope_freq_scale) and
-    /// engine settings (kv_block_size, threads, max_batch), as a new dict.
+    /// engine settings (kv_block_size, threads, max_batch, prefix_cache), as a new dict.
     #[getter]
     fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
         for (k, v) in &self.config {
             match v {
+                ConfigValue::Bool(b) => d.set_item(k, b)?,
                 ConfigValue::Int(i) => d.set_item(k, i)?,
                 ConfigValue::Float(f) => d.set_item(k, f)?,
                 ConfigValue::Str(s) => d.set_item(k, s)?,
@@ -295,8 +303,14 @@ impl PyModel {
     }
 
     /// stats() -> dict: running, waiting, kv_blocks_used, kv_blocks_total, prefill_tokens,
-    /// decode_tokens, prefill_seconds, decode_seconds, sample_seconds, steps, preemptions.
+    /// decode_tokens, prefill_seconds, decode_seconds, sample_seconds, steps, preemptions,
+    /// prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_blocks.
     /// Seconds are wall time of `step()` calls, split between prefill and decode by token count.
+    /// `prefix_cache_query_tokens` counts the tokens of every admitted sequence (again after a
+    /// preemption), `prefix_cache_hit_tokens` those of them whose K/V came from the prefix cache
+    /// (not prefilled; `prefill_tokens` counts only computed ones); `prefix_cache_blocks` is the
+    /// number of KV blocks in the cache now (in use or free and evictable; `kv_blocks_used`
+    /// counts only blocks sequences hold).
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.with_engine(py, |e| Ok(e.stats()))?;
         let d = PyDict::new(py);
@@ -314,6 +328,9 @@ impl PyModel {
         d.set_item("sample_seconds", s.sample_seconds)?;
         d.set_item("steps", s.steps)?;
         d.set_item("preemptions", s.preemptions)?;
+        d.set_item("prefix_cache_query_tokens", s.prefix_cache_query_tokens)?;
+        d.set_item("prefix_cache_hit_tokens", s.prefix_cache_hit_tokens)?;
+        d.set_item("prefix_cache_blocks", s.prefix_cache_blocks)?;
         Ok(d)
     }
 

@@ -19,7 +19,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 __all__ = ["KNOWN_ENDPOINTS", "GatewayMetrics"]
@@ -47,7 +47,7 @@ class _StateCollector(Collector):
         self.engine_stats = engine_stats
         self.admission = admission
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         if self.admission is not None:
             running, waiting = self.admission()
             yield GaugeMetricFamily("fak_requests_running", "Requests holding an admission slot.", value=running)
@@ -69,6 +69,13 @@ class _StateCollector(Collector):
         yield GaugeMetricFamily("fak_kv_cache_blocks_total", "KV cache blocks in the pool.", value=total)
         yield GaugeMetricFamily("fak_kv_cache_usage_ratio", "Fraction of KV cache blocks in use (0..1).",
                                 value=used / total if total else 0.0)
+        # Prefix cache (vLLM's prefix_cache_queries / prefix_cache_hits, in tokens).
+        yield CounterMetricFamily("fak_prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                                  value=num("native_prefix_cache_query_tokens"))
+        yield CounterMetricFamily("fak_prefix_cache_hits", "Prompt tokens found in the prefix cache (prefill skipped).",
+                                  value=num("native_prefix_cache_hit_tokens"))
+        yield GaugeMetricFamily("fak_prefix_cache_blocks", "KV cache blocks holding cached prefixes (in use or evictable).",
+                                value=num("native_prefix_cache_blocks"))
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())
