@@ -30,9 +30,11 @@ from fak.agent.trajectory import Trajectory
 
 
 class Model(Protocol):
-    """Anything that answers a chat: ``query(messages, tools) -> ModelResponse``."""
+    """Anything that answers a chat: ``query(messages, tools, options) -> ModelResponse``
+    (``options``: extra request fields such as ``tool_choice`` and ``stop``)."""
 
-    def query(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> ModelResponse:
+    def query(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+              options: dict[str, Any] | None = None) -> ModelResponse:
         ...
 
 
@@ -48,11 +50,16 @@ class Environment(Protocol):
 class AgentConfig:
     """``max_steps``: model turns before ``LimitsExceeded``. ``observation_window``: when > 0,
     tool outputs older than that many steps are cut to ``old_observation_chars`` characters in
-    what is sent to the model (the trajectory keeps them whole) so small context windows last."""
+    what is sent to the model (the trajectory keeps them whole) so small context windows last.
+    ``max_actions_per_step``: calls carried out per reply (the first ones; 0: all); the others
+    are dropped from the history and the model is told. ``failed_reply_chars``: a reply that gave
+    no usable action is kept in the history cut to this many characters."""
 
     max_steps: int = 30
     observation_window: int = 0
     old_observation_chars: int = 600
+    max_actions_per_step: int = 1
+    failed_reply_chars: int = 400
 
 
 @dataclass
@@ -119,6 +126,7 @@ class Agent:
         self.trajectory = trajectory or Trajectory(None)
         self.stop = stop or threading.Event()
         self.stats = AgentStats()
+        self._last_call: tuple[str, str, str] | None = None  # (name, digest, output)
         self.messages: list[dict[str, Any]] = self.trajectory.data["messages"]
         self.trajectory.data["config"] = asdict(self.config)
         self.trajectory.data["protocol"] = protocol.name
@@ -170,7 +178,8 @@ class Agent:
     def query(self, record: dict[str, Any]) -> ModelResponse:
         """Ask the model for the next turn; append it to the history; count tokens and time."""
         self.stats.status = "querying"
-        response = self.model.query(self._messages_to_send(), self.protocol.tools())
+        response = self.model.query(self._messages_to_send(), self.protocol.tools(),
+                                    self.protocol.request_options())
         self.stats.status = "running"
         data = self.trajectory.data
         pt, ct = response.usage.get("prompt_tokens", 0), response.usage.get("completion_tokens", 0)
@@ -181,12 +190,19 @@ class Agent:
         data["tokens"]["completion"] += ct
         data["timings"]["model_s"] = round(data["timings"]["model_s"] + response.latency_s, 3)
         record.update(model_latency_s=round(response.latency_s, 3), attempts=response.attempts,
-                      finish_reason=response.finish_reason, usage=response.usage)
+                      finish_reason=response.finish_reason, usage=response.usage,
+                      response={"content": response.message.get("content"),
+                                "tool_calls": response.message.get("tool_calls")})
         self.messages.append(self.protocol.history_message(response.message))
         return response
 
     def execute(self, response: ModelResponse, record: dict[str, Any]) -> None:
-        """Carry out the actions of ``response``; denied calls are reported, never run."""
+        """Carry out the actions of ``response``; denied calls are reported, never run.
+
+        Only the first ``max_actions_per_step`` calls run (the rest are dropped from the history
+        and the model is told). When the gateway denied the reply's first call, nothing runs: what
+        followed it was planned on a call that did not happen.
+        """
         verdicts = list((response.policy or {}).get("verdicts") or [])
         record["verdicts"] = verdicts
         denied = [v for v in verdicts if v.get("allowed") is False]
@@ -201,18 +217,34 @@ class Agent:
                 return
             record["format_error"] = str(e) or "no tool call"
             self.trajectory.data["n_format_errors"] += 1
+            self.messages[-1] = self.protocol.shorten_failed(self.messages[-1],
+                                                             self.config.failed_reply_chars)
             self.messages.append(self.protocol.format_error(str(e)))
             return
+        limit = self.config.max_actions_per_step
+        keep = actions if limit <= 0 else actions[:limit]
+        if limit > 0 and verdicts and verdicts[0].get("allowed") is False:
+            # the first call the model wrote was denied: removed by the gateway (nothing runs),
+            # or still there (it is reported as denied, never run)
+            keep = keep[:1] if keep and _blocking_verdict(keep[0], denied) else []
+        dropped = [a for a in actions if a not in keep]
+        if dropped:
+            record["dropped"] = [{"name": a.name, "arguments": a.arguments} for a in dropped]
+            self.messages[-1] = self.protocol.trim_history(self.messages[-1], keep)
         steps_left = self.config.max_steps - self.stats.step
         try:
-            for action in actions:
-                self._execute_one(action, denied, record, steps_left)
+            for i, action in enumerate(keep):
+                note = ""
+                if i == 0 and dropped and keep:
+                    note = (f"[Only your first call was run; the other {len(dropped)} were ignored. "
+                            "Make one call per reply and wait for its result.]")
+                self._execute_one(action, denied, record, steps_left, note)
         finally:
             if denied:
                 self.messages.append(self.protocol.denied(denied))
 
     def _execute_one(self, action: Action, denied: list[dict[str, Any]], record: dict[str, Any],
-                     steps_left: int) -> None:
+                     steps_left: int, note: str = "") -> None:
         entry: dict[str, Any] = {"id": action.id, "name": action.name,
                                  "arguments": action.arguments, "denied": False, "verdict": None,
                                  "executed": False, "ok": None, "returncode": None, "output": None,
@@ -240,7 +272,17 @@ class Agent:
                      output=result.output, duration_s=round(result.duration_s, 3))
         t = self.trajectory.data["timings"]
         t["tools_s"] = round(t["tools_s"] + result.duration_s, 3)
-        self.messages.append(self.protocol.observation(action, result.output, result.returncode,
+        output = result.output
+        call = (action.name, action.digest, result.output)
+        if call == self._last_call:
+            entry["repeated"] = True
+            self.trajectory.data["n_repeated"] = self.trajectory.data.get("n_repeated", 0) + 1
+            output += ("\n[This is the same call as your previous one, with the same result. "
+                       "Do not repeat it: do something else.]")
+        self._last_call = call
+        if note:
+            output = f"{note}\n{output}"
+        self.messages.append(self.protocol.observation(action, output, result.returncode,
                                                        steps_left))
 
     def _messages_to_send(self) -> list[dict[str, Any]]:
