@@ -272,8 +272,8 @@ def test_repeated_call_is_pointed_out(repo, scripted, tmp_path):
     server = scripted({"inst1": [{"tool_calls": [_call("list")]}] * 3})
     data = _agent(server, ws, tmp_path, max_steps=3).run(**_task(ws))
     tool_msgs = [m["content"] for m in data["messages"] if m["role"] == "tool"]
-    assert "same call as your previous one" not in tool_msgs[0]
-    assert all("same call as your previous one" in t for t in tool_msgs[1:])
+    assert "same call before" not in tool_msgs[0]
+    assert all("same call before" in t for t in tool_msgs[1:])
     assert data["n_repeated"] == 2
 
 
@@ -298,3 +298,37 @@ def test_context_limit_ends_the_run_as_finished(repo, scripted, tmp_path):
     data = _agent(server, ws, tmp_path).run(**_task(ws))
     assert data["exit_reason"] == "context_limit"
     assert "return a + b" in (ws.root / "calc.py").read_text()
+
+
+def test_with_a_policy_only_adjudicated_calls_run(repo, scripted, tmp_path):
+    """When the gateway runs a policy (``fak_policy`` present), a call it did not adjudicate (a
+    ``<tool_call>`` in the content that it could not read) is never run; a call with an allowing
+    verdict of the same digest is."""
+    ws, _ = repo
+    edit = {"path": "calc.py", "old": "return a - b", "new": "return a + b"}
+    ok = {"tool": "read", "allowed": True, "reason": "", "rule": "r",
+          "arguments_digest": "sha256:" + canonical_digest({"path": "calc.py"})}
+    server = scripted({"inst1": [
+        {"content": '<tool_call>\n{"name": "edit", "arguments": ' + json.dumps(edit) + "} junk",
+         "fak_policy": {"verdicts": []}},
+        {"tool_calls": [_call("read", path="calc.py")], "fak_policy": {"verdicts": [ok]}},
+        {"tool_calls": [_call("submit")], "fak_policy": {"verdicts": [
+            {"tool": "submit", "allowed": True, "reason": "", "rule": "s",
+             "arguments_digest": "sha256:" + canonical_digest({})}]}},
+    ]})
+    data = _agent(server, ws, tmp_path).run(**_task(ws))
+    assert "return a - b" in (ws.root / "calc.py").read_text()  # the unchecked edit did not run
+    first = data["steps"][0]["actions"][0]
+    assert first["name"] == "edit" and not first["executed"] and first["not_adjudicated"]
+    assert data["steps"][1]["actions"][0]["executed"] and data["exit_reason"] == "submitted"
+
+
+def test_text_protocol_submit_matches_its_bash_verdict(repo, scripted, tmp_path):
+    ws, _ = repo
+    allow = {"tool": "bash", "allowed": True, "reason": "", "rule": "b",
+             "arguments_digest": "sha256:" + canonical_digest({"command": "submit"})}
+    server = scripted({"inst1": [{"content": "Done.\n```bash\nsubmit\n```",
+                                  "fak_policy": {"verdicts": [allow]}}]})
+    data = _agent(server, ws, tmp_path, protocol="text", allow_exec=True).run(**_task(ws))
+    assert data["exit_reason"] == "submitted"
+    assert data["steps"][0]["actions"][0]["verdict"] == allow

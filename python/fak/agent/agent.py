@@ -91,9 +91,9 @@ def _blocking_verdict(action: Action, denied: list[dict[str, Any]]) -> dict[str,
     canonical digest; a verdict without a digest, or with one in another format, covers every call
     of that tool in the turn (the safe side: a denied call must never run).
     """
-    ours = action.digest
+    ours = action.policy_digest
     for v in denied:
-        if v.get("tool") != action.name:
+        if v.get("tool") != action.policy_tool:
             continue
         digest = str(v.get("arguments_digest") or "")
         digest = digest.split(":", 1)[1] if digest.startswith("sha256:") else digest
@@ -105,12 +105,29 @@ def _blocking_verdict(action: Action, denied: list[dict[str, Any]]) -> dict[str,
 
 def _matching_verdict(action: Action, verdicts: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The verdict recorded for ``action`` (same tool; same digest when one is comparable)."""
-    same_tool = [v for v in verdicts if v.get("tool") == action.name]
+    same_tool = [v for v in verdicts if v.get("tool") == action.policy_tool]
     for v in same_tool:
         digest = str(v.get("arguments_digest") or "").removeprefix("sha256:").lower()
-        if digest == action.digest:
+        if digest == action.policy_digest:
             return v
     return same_tool[0] if len(same_tool) == 1 else None
+
+
+def _allowing_verdict(action: Action, verdicts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The allowing verdict that covers ``action``: same tool, and the same digest when the
+    verdict carries one in the agent's format (else any allowed call of that tool)."""
+    for v in verdicts:
+        if v.get("tool") != action.policy_tool or v.get("allowed") is not True:
+            continue
+        digest = str(v.get("arguments_digest") or "").removeprefix("sha256:").lower()
+        comparable = len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+        if not comparable or digest == action.policy_digest:
+            return v
+    return None
+
+
+NOT_ADJUDICATED = ("[fak] not run: the gateway's policy did not check this call (the gateway did "
+                   "not read it as a tool call). Make exactly one tool call per reply.")
 
 
 class Agent:
@@ -126,7 +143,7 @@ class Agent:
         self.trajectory = trajectory or Trajectory(None)
         self.stop = stop or threading.Event()
         self.stats = AgentStats()
-        self._last_call: tuple[str, str, str] | None = None  # (name, digest, output)
+        self._seen_calls: set[tuple[str, str, str]] = set()  # (name, digest, output)
         self.messages: list[dict[str, Any]] = self.trajectory.data["messages"]
         self.trajectory.data["config"] = asdict(self.config)
         self.trajectory.data["protocol"] = protocol.name
@@ -205,6 +222,7 @@ class Agent:
         """
         verdicts = list((response.policy or {}).get("verdicts") or [])
         record["verdicts"] = verdicts
+        record["policy_active"] = response.policy is not None
         denied = [v for v in verdicts if v.get("allowed") is False]
         self.stats.allowed += sum(1 for v in verdicts if v.get("allowed") is True)
         self.stats.denied += len(denied)
@@ -258,6 +276,11 @@ class Agent:
                          output=f"[fak policy] denied {action.name}: {verdict.get('reason')}")
             self.messages.append(self.protocol.observation(action, entry["output"], None, steps_left))
             return
+        if record.get("policy_active") and _allowing_verdict(action, record["verdicts"]) is None:
+            # a policy is on, but this call was never adjudicated: it must not run
+            entry.update(ok=False, not_adjudicated=True, output=NOT_ADJUDICATED)
+            self.messages.append(self.protocol.observation(action, entry["output"], None, steps_left))
+            return
         self.stats.status = f"tool:{action.name}"
         try:
             result = self.env.execute(action.name, action.arguments)
@@ -274,12 +297,12 @@ class Agent:
         t["tools_s"] = round(t["tools_s"] + result.duration_s, 3)
         output = result.output
         call = (action.name, action.digest, result.output)
-        if call == self._last_call:
+        if call in self._seen_calls:
             entry["repeated"] = True
             self.trajectory.data["n_repeated"] = self.trajectory.data.get("n_repeated", 0) + 1
-            output += ("\n[This is the same call as your previous one, with the same result. "
-                       "Do not repeat it: do something else.]")
-        self._last_call = call
+            output += ("\n[You made this same call before and got this same result. Do not repeat "
+                       "it: do something else.]")
+        self._seen_calls.add(call)
         if note:
             output = f"{note}\n{output}"
         self.messages.append(self.protocol.observation(action, output, result.returncode,

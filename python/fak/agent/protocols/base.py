@@ -22,7 +22,7 @@ def canonical_digest(arguments: dict[str, Any]) -> str:
 class Action:
     """One tool call the model asked for: ``id`` (the tool_call id, or a made-up one in the text
     protocol), ``name`` (a tool name), ``arguments`` (dict), ``source`` (its text in the content,
-    or ``""``)."""
+    or ``""``), and how the gateway's policy saw it (``policy_tool``, ``policy_digest``)."""
 
     id: str
     name: str
@@ -30,10 +30,25 @@ class Action:
     #: the text of the call inside the reply's content, when it was written there (a
     #: ``<tool_call>`` block or a ```bash block) rather than sent as a structured tool call
     source: str = ""
+    #: the call as the gateway's policy saw it, when that differs (the text protocol's ``submit``
+    #: block is adjudicated as ``bash {"command": "submit"}``)
+    policy_name: str = ""
+    policy_arguments: dict[str, Any] | None = None
 
     @property
     def digest(self) -> str:
         return canonical_digest(self.arguments)
+
+    @property
+    def policy_tool(self) -> str:
+        """The tool name the gateway's verdict carries for this call."""
+        return self.policy_name or self.name
+
+    @property
+    def policy_digest(self) -> str:
+        """The digest the gateway's verdict carries for this call (hex, no prefix)."""
+        return canonical_digest(self.policy_arguments if self.policy_arguments is not None
+                                else self.arguments)
 
 
 class AgentProtocol(ABC):

@@ -67,7 +67,8 @@ class TextProtocol(AgentProtocol):
     def _action(command: str, source: str) -> Action:
         action_id = f"text_{uuid.uuid4().hex[:12]}"
         if command == SUBMIT_COMMAND:
-            return Action(id=action_id, name="submit", arguments={}, source=source)
+            return Action(id=action_id, name="submit", arguments={}, source=source,
+                          policy_name="bash", policy_arguments={"command": command})
         return Action(id=action_id, name="bash", arguments={"command": command}, source=source)
 
     def trim_history(self, message: dict[str, Any], keep: list[Action]) -> dict[str, Any]:
