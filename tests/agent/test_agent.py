@@ -138,9 +138,11 @@ def test_denied_call_removed_by_gateway_is_reported(repo, scripted, tmp_path):
     assert ws.diff(base) == ""
 
 
-def test_denied_call_left_in_reply_never_executes(repo, scripted, tmp_path):
-    """Defence in depth: even if the denied call is still in tool_calls, it is not executed;
-    the allowed call of the same turn is."""
+@pytest.mark.parametrize("max_actions", [0, 1])
+def test_denied_call_left_in_reply_never_executes(repo, scripted, tmp_path, max_actions):
+    """Defence in depth: even if the denied call is still in tool_calls, it is not executed.
+    With every call of a reply carried out (0), the allowed call of the same turn is; with one
+    call per reply (1, the default), the denied first call is reported and the rest dropped."""
     ws, _ = repo
     evil = {"path": "evil.py", "content": "x = 1\n"}
     server = scripted({"inst1": [
@@ -152,11 +154,18 @@ def test_denied_call_left_in_reply_never_executes(repo, scripted, tmp_path):
               "arguments_digest": canonical_digest({})}]}},
         {"tool_calls": [_call("submit")]},
     ]})
-    data = _agent(server, ws, tmp_path).run(**_task(ws))
+    agent = _agent(server, ws, tmp_path)
+    agent.config.max_actions_per_step = max_actions
+    data = agent.run(**_task(ws))
     assert not (ws.root / "evil.py").exists()
     actions = data["steps"][0]["actions"]
     assert actions[0]["name"] == "write" and actions[0]["denied"] and not actions[0]["executed"]
     assert actions[0]["verdict"]["rule"] == "r1"
+    if max_actions == 1:
+        assert len(actions) == 1 and data["steps"][0]["dropped"] == [{"name": "list", "arguments": {}}]
+        assert [c["function"]["name"] for c in data["messages"][2]["tool_calls"]] == ["write"]
+        assert data["exit_reason"] == "submitted"
+        return
     assert actions[1]["name"] == "list" and actions[1]["executed"] and "calc.py" in actions[1]["output"]
     assert actions[1]["verdict"]["allowed"] is True and actions[1]["verdict"]["rule"] == "r0"
     assert data["exit_reason"] == "submitted"
@@ -203,9 +212,26 @@ def test_protocol_parsing():
                                    '{"path": "a.py"}}\n</tool_call>'})
     assert [(a.name, a.arguments) for a in acts] == [("read", {"path": "a.py"})]
     assert tools.observation(acts[0], "x", None, 10)["role"] == "user"  # no id to answer
+    # Qwen2.5's call written in the content: closed, cut at the stop string, or bare JSON
+    acts = tools.parse({"content": '<tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}'})
+    assert [(a.name, a.arguments) for a in acts] == [("read", {"path": "a.py"})]
+    acts = tools.parse({"content": '{"name": "list", "arguments": {}}\n{"name": "submit", "argu'})
+    assert [a.name for a in acts] == ["list"]
+    with pytest.raises(FormatError, match="not valid JSON"):
+        tools.parse({"content": '<tool_call>\n{"name": "read", "arguments": {"path": '})
+    with pytest.raises(FormatError, match="empty"):
+        tools.parse({"content": ""})
+    with pytest.raises(FormatError):  # JSON that names no tool of ours is prose, not a call
+        tools.parse({"content": '{"name": "Alice"}'})
+    assert tools.request_options() == {"tool_choice": "required", "stop": ["</tool_call>"]}
+    assert ToolCallProtocol(allow_exec=False, tool_choice="auto").request_options()["tool_choice"] == "auto"
+    with pytest.raises(ValueError):
+        ToolCallProtocol(allow_exec=False, tool_choice="any")
     text = TextProtocol(allow_exec=True)
-    with pytest.raises(FormatError, match="found 2"):
-        text.parse({"content": "```bash\nls\n```\n```bash\npwd\n```"})
+    two = {"content": "First.\n```bash\nls\n```\nThen:\n```bash\npwd\n```"}
+    acts = text.parse(two)
+    assert [a.arguments["command"] for a in acts] == ["ls", "pwd"]
+    assert text.trim_history(text.history_message(two), acts[:1])["content"] == "First.\n```bash\nls\n```"
     assert text.parse({"content": "```bash\n  submit \n```"})[0].name == "submit"
     assert text.parse({"content": "```sh\nls -la\n```"})[0].arguments == {"command": "ls -la"}
     structured = {"content": "", "tool_calls": [{"id": "c1", "type": "function", "function": {
@@ -214,3 +240,95 @@ def test_protocol_parsing():
     assert "tool_calls" not in text.history_message(structured)
     with pytest.raises(ValueError, match="--allow-exec"):
         TextProtocol(allow_exec=False)
+
+
+def test_one_call_per_reply_rest_dropped(repo, scripted, tmp_path):
+    """A reply with several calls runs the first only; the history keeps only that call and its
+    observation says the others were ignored (small models plan a whole fix in one reply)."""
+    ws, _ = repo
+    server = scripted({"inst1": [
+        {"tool_calls": [_call("read", path="calc.py"),
+                        _call("edit", path="calc.py", old="return a - b", new="return a + b"),
+                        _call("submit")]},
+        {"tool_calls": [_call("submit")]},
+    ]})
+    data = _agent(server, ws, tmp_path).run(**_task(ws))
+    assert data["exit_reason"] == "submitted" and data["n_steps"] == 2
+    assert "return a - b" in (ws.root / "calc.py").read_text()  # the edit was not run
+    step = data["steps"][0]
+    assert [a["name"] for a in step["actions"]] == ["read"]
+    assert [d["name"] for d in step["dropped"]] == ["edit", "submit"]
+    assert len(step["response"]["tool_calls"]) == 3  # the raw reply is kept in the record
+    sent = server.requests[1]["body"]["messages"]
+    assert [c["function"]["name"] for c in sent[2]["tool_calls"]] == ["read"]
+    assert sent[3]["role"] == "tool" and sent[3]["content"].startswith("[Only your first call was run")
+    # tool_choice and the stop string went with every request
+    assert server.requests[0]["body"]["tool_choice"] == "required"
+    assert server.requests[0]["body"]["stop"] == ["</tool_call>"]
+
+
+def test_repeated_call_is_pointed_out(repo, scripted, tmp_path):
+    ws, _ = repo
+    server = scripted({"inst1": [{"tool_calls": [_call("list")]}] * 3})
+    data = _agent(server, ws, tmp_path, max_steps=3).run(**_task(ws))
+    tool_msgs = [m["content"] for m in data["messages"] if m["role"] == "tool"]
+    assert "same call before" not in tool_msgs[0]
+    assert all("same call before" in t for t in tool_msgs[1:])
+    assert data["n_repeated"] == 2
+
+
+def test_failed_reply_is_shortened_in_history(repo, scripted, tmp_path):
+    ws, _ = repo
+    rambling = "I will now think about the problem. " * 100
+    server = scripted({"inst1": [{"content": rambling}, {"tool_calls": [_call("submit")]}]})
+    agent = _agent(server, ws, tmp_path)
+    data = agent.run(**_task(ws))
+    assert data["n_format_errors"] == 1 and data["exit_reason"] == "submitted"
+    assert len(server.requests[1]["body"]["messages"][2]["content"]) < 500
+    assert data["steps"][0]["response"]["content"] == rambling  # the record keeps it whole
+
+
+def test_context_limit_ends_the_run_as_finished(repo, scripted, tmp_path):
+    """``context_length_exceeded`` ends the run (exit ``context_limit``), the changes so far kept."""
+    ws, _ = repo
+    server = scripted({"inst1": [
+        {"tool_calls": [_call("edit", path="calc.py", old="return a - b", new="return a + b")]},
+        {"fail": [400], "error_code": "context_length_exceeded", "tool_calls": [_call("submit")]},
+    ]})
+    data = _agent(server, ws, tmp_path).run(**_task(ws))
+    assert data["exit_reason"] == "context_limit"
+    assert "return a + b" in (ws.root / "calc.py").read_text()
+
+
+def test_with_a_policy_only_adjudicated_calls_run(repo, scripted, tmp_path):
+    """When the gateway runs a policy (``fak_policy`` present), a call it did not adjudicate (a
+    ``<tool_call>`` in the content that it could not read) is never run; a call with an allowing
+    verdict of the same digest is."""
+    ws, _ = repo
+    edit = {"path": "calc.py", "old": "return a - b", "new": "return a + b"}
+    ok = {"tool": "read", "allowed": True, "reason": "", "rule": "r",
+          "arguments_digest": "sha256:" + canonical_digest({"path": "calc.py"})}
+    server = scripted({"inst1": [
+        {"content": '<tool_call>\n{"name": "edit", "arguments": ' + json.dumps(edit) + "} junk",
+         "fak_policy": {"verdicts": []}},
+        {"tool_calls": [_call("read", path="calc.py")], "fak_policy": {"verdicts": [ok]}},
+        {"tool_calls": [_call("submit")], "fak_policy": {"verdicts": [
+            {"tool": "submit", "allowed": True, "reason": "", "rule": "s",
+             "arguments_digest": "sha256:" + canonical_digest({})}]}},
+    ]})
+    data = _agent(server, ws, tmp_path).run(**_task(ws))
+    assert "return a - b" in (ws.root / "calc.py").read_text()  # the unchecked edit did not run
+    first = data["steps"][0]["actions"][0]
+    assert first["name"] == "edit" and not first["executed"] and first["not_adjudicated"]
+    assert data["steps"][1]["actions"][0]["executed"] and data["exit_reason"] == "submitted"
+
+
+def test_text_protocol_submit_matches_its_bash_verdict(repo, scripted, tmp_path):
+    ws, _ = repo
+    allow = {"tool": "bash", "allowed": True, "reason": "", "rule": "b",
+             "arguments_digest": "sha256:" + canonical_digest({"command": "submit"})}
+    server = scripted({"inst1": [{"content": "Done.\n```bash\nsubmit\n```",
+                                  "fak_policy": {"verdicts": [allow]}}]})
+    data = _agent(server, ws, tmp_path, protocol="text", allow_exec=True).run(**_task(ws))
+    assert data["exit_reason"] == "submitted"
+    assert data["steps"][0]["actions"][0]["verdict"] == allow

@@ -37,6 +37,21 @@ def test_read_bounds_and_errors(repo):
     assert tb.execute("read", {"path": "calc.py", "start_line": "2", "end_line": "2"}).output.startswith("2")
 
 
+def test_not_found_hints(repo):
+    """A wrong path names the tracked files or folders of that name, else the root's entries."""
+    ws, _ = repo
+    tb = ToolBox(ws)
+    with pytest.raises(ToolError, match=r"no such file: src/calc.py\. Did you mean: calc.py\?"):
+        tb.execute("read", {"path": "src/calc.py"})
+    with pytest.raises(ToolError, match=r"no such folder: lib/pkg\. Did you mean: pkg\?"):
+        tb.execute("list", {"path": "lib/pkg"})
+    with pytest.raises(ToolError, match=r"relative to the repository root, which holds: blob.bin, "
+                                        r"calc.py, pkg/"):
+        tb.execute("search", {"pattern": "x", "path": "nowhere"})
+    with pytest.raises(ToolError, match="Did you mean: pkg/util.py.*write creates a new file"):
+        tb.execute("edit", {"path": "util.py", "old": "X", "new": "Y"})
+
+
 def test_list_and_search(repo):
     ws, _ = repo
     tb = ToolBox(ws)

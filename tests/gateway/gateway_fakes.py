@@ -151,12 +151,12 @@ class FakeEngine:
 
     def reply_for(self, prompt_text: str) -> str:
         """The full reply this engine gives to ``prompt_text`` (before stop strings/max_tokens)."""
-        if prompt_text.endswith("<tool_call>\n"):
+        if prompt_text.endswith('<tool_call>\n{"name": "'):
             name = "unknown"
             start = prompt_text.find('"name": "')
             if start >= 0:
                 name = prompt_text[start + 9: prompt_text.index('"', start + 9)]
-            return json.dumps({"name": name, "arguments": {"forced": True}}) + "\n</tool_call>"
+            return name + '", "arguments": {"forced": true}}\n</tool_call>'
         if prompt_text.endswith('"arguments": '):
             return '{"forced": true}}\n</tool_call>'
         best, best_pos = None, -1

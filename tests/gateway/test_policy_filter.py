@@ -25,7 +25,10 @@ from gateway_fakes import (
     audit_lines,
 )
 
+from fak.agent.protocols import canonical_digest
+
 MODEL = "fake-qwen"
+DENIED_ARGS = {"command": "rm -rf /"}
 DELETE_TOOL = {"type": "function", "function": {"name": "delete_file", "parameters": {"type": "object"}}}
 NOTE_RM = "[fak policy] Tool call `bash` was denied: command matches deny pattern 'rm -rf' (rule: bash.command.deny)."
 
@@ -65,6 +68,10 @@ def test_denied_call_removed_non_stream(policed: Any, http: httpx.Client) -> Non
     assert [(v["tool"], v["allowed"], v["rule"]) for v in verdicts] == [
         ("bash", False, "bash.command.deny"), ("bash", True, None)]
     assert verdicts[0]["tool_call_id"] is None and verdicts[1]["tool_call_id"] == msg["tool_calls"][0]["id"]
+    # the agent's side of the contract: "sha256:" + SHA-256 of the canonical JSON of the arguments
+    kept_args = json.loads(msg["tool_calls"][0]["function"]["arguments"])
+    assert verdicts[1]["arguments_digest"] == "sha256:" + canonical_digest(kept_args)
+    assert verdicts[0]["arguments_digest"] == "sha256:" + canonical_digest(DENIED_ARGS)
     assert [c[2:] for c in policy.calls] == [("conv-1", "/work/repo")] * 2
     lines = audit_lines(audit)
     assert [(x["conversation"], x["tool"], x["allowed"]) for x in lines] == [

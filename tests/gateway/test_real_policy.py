@@ -14,6 +14,8 @@ from typing import Any
 
 import openai
 import pytest
+
+from fak.agent.protocols import canonical_digest
 from fak.gateway import BackgroundServer, Upstream
 from fak.policy import AuditLog, Policy
 from gateway_fakes import (
@@ -88,14 +90,20 @@ def test_git_push_denied_git_status_kept(real: Any, stream: bool) -> None:
 
 
 def test_path_scope_uses_workspace_header(real: Any) -> None:
-    srv, _, ws = real
+    srv, audit_path, ws = real
     client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
     r = client.chat.completions.create(model="fake-qwen", messages=[{"role": "user", "content": "read secrets"}],
                                        tools=[READ_TOOL], extra_headers=headers(ws))
     kept = r.choices[0].message.tool_calls
     assert [json.loads(tc.function.arguments)["path"] for tc in kept] == ["src/app.py"]
     assert "inside its workspace only" in r.choices[0].message.content
-    assert [v["allowed"] for v in r.model_extra["fak_policy"]["verdicts"]] == [False, True]
+    verdicts = r.model_extra["fak_policy"]["verdicts"]
+    assert [v["allowed"] for v in verdicts] == [False, True]
+    # the verdict's digest is the audit log's, and the one the agent computes from the kept call
+    assert verdicts[1]["arguments_digest"] == "sha256:" + canonical_digest(
+        json.loads(kept[0].function.arguments))
+    assert [v["arguments_digest"] for v in verdicts] == [
+        x["arguments_digest"] for x in audit_lines(audit_path)]
 
 
 def test_unknown_tool_denied_by_default(real: Any) -> None:

@@ -16,6 +16,7 @@ from fak.gateway.toolcalls import (
     ToolCallParser,
     extract_tool_calls,
     parse_tool_call_json,
+    parse_tool_call_objects,
 )
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
@@ -91,6 +92,19 @@ def test_parse_tool_call_json_rejects_non_objects() -> None:
     assert parse_tool_call_json('{"name": "f", "arguments": {"a": 1}}') == ("f", '{"a": 1}')
     for bad in ("", "null", "1", '"s"', '{"name": 3}', '{"name": ""}', '{"name": "f", "arguments": "[1]"}'):
         assert parse_tool_call_json(bad) is None, bad
+
+
+def test_several_objects_in_one_block_are_several_calls() -> None:
+    """Qwen2.5-Coder-1.5B's plan in one unclosed block (seen on the coding agent's first turn)."""
+    text = ('<tool_call>\n{"name": "search", "arguments": {"pattern": "def add"}}\n'
+            '{"name": "edit", "arguments": {"path": "calc.py", "old": "a - b", "new": "a + b"}}\n')
+    parser = ToolCallParser()
+    pieces = parser.feed(text) + parser.finish()
+    assert [(p.name, json.loads(p.arguments)) for p in pieces if isinstance(p, ParsedToolCall)] == [
+        ("search", {"pattern": "def add"}), ("edit", {"path": "calc.py", "old": "a - b", "new": "a + b"})]
+    assert parse_tool_call_objects('{"name": "f", "arguments": {}}, {"name": "g"}') == [("f", "{}"), ("g", "{}")]
+    for bad in ('{"name": "f"} trailing', '{"name": "f"} {"name": 3}', '{"name": "f"} [1]'):
+        assert parse_tool_call_objects(bad) is None, bad
 
 
 def test_segmenter_holds_back_only_marker_prefixes() -> None:

@@ -30,9 +30,11 @@ from fak.agent.trajectory import Trajectory
 
 
 class Model(Protocol):
-    """Anything that answers a chat: ``query(messages, tools) -> ModelResponse``."""
+    """Anything that answers a chat: ``query(messages, tools, options) -> ModelResponse``
+    (``options``: extra request fields such as ``tool_choice`` and ``stop``)."""
 
-    def query(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> ModelResponse:
+    def query(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+              options: dict[str, Any] | None = None) -> ModelResponse:
         ...
 
 
@@ -48,11 +50,16 @@ class Environment(Protocol):
 class AgentConfig:
     """``max_steps``: model turns before ``LimitsExceeded``. ``observation_window``: when > 0,
     tool outputs older than that many steps are cut to ``old_observation_chars`` characters in
-    what is sent to the model (the trajectory keeps them whole) so small context windows last."""
+    what is sent to the model (the trajectory keeps them whole) so small context windows last.
+    ``max_actions_per_step``: calls carried out per reply (the first ones; 0: all); the others
+    are dropped from the history and the model is told. ``failed_reply_chars``: a reply that gave
+    no usable action is kept in the history cut to this many characters."""
 
     max_steps: int = 30
     observation_window: int = 0
     old_observation_chars: int = 600
+    max_actions_per_step: int = 1
+    failed_reply_chars: int = 400
 
 
 @dataclass
@@ -84,9 +91,9 @@ def _blocking_verdict(action: Action, denied: list[dict[str, Any]]) -> dict[str,
     canonical digest; a verdict without a digest, or with one in another format, covers every call
     of that tool in the turn (the safe side: a denied call must never run).
     """
-    ours = action.digest
+    ours = action.policy_digest
     for v in denied:
-        if v.get("tool") != action.name:
+        if v.get("tool") != action.policy_tool:
             continue
         digest = str(v.get("arguments_digest") or "")
         digest = digest.split(":", 1)[1] if digest.startswith("sha256:") else digest
@@ -98,12 +105,29 @@ def _blocking_verdict(action: Action, denied: list[dict[str, Any]]) -> dict[str,
 
 def _matching_verdict(action: Action, verdicts: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The verdict recorded for ``action`` (same tool; same digest when one is comparable)."""
-    same_tool = [v for v in verdicts if v.get("tool") == action.name]
+    same_tool = [v for v in verdicts if v.get("tool") == action.policy_tool]
     for v in same_tool:
         digest = str(v.get("arguments_digest") or "").removeprefix("sha256:").lower()
-        if digest == action.digest:
+        if digest == action.policy_digest:
             return v
     return same_tool[0] if len(same_tool) == 1 else None
+
+
+def _allowing_verdict(action: Action, verdicts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The allowing verdict that covers ``action``: same tool, and the same digest when the
+    verdict carries one in the agent's format (else any allowed call of that tool)."""
+    for v in verdicts:
+        if v.get("tool") != action.policy_tool or v.get("allowed") is not True:
+            continue
+        digest = str(v.get("arguments_digest") or "").removeprefix("sha256:").lower()
+        comparable = len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
+        if not comparable or digest == action.policy_digest:
+            return v
+    return None
+
+
+NOT_ADJUDICATED = ("[fak] not run: the gateway's policy did not check this call (the gateway did "
+                   "not read it as a tool call). Make exactly one tool call per reply.")
 
 
 class Agent:
@@ -119,6 +143,7 @@ class Agent:
         self.trajectory = trajectory or Trajectory(None)
         self.stop = stop or threading.Event()
         self.stats = AgentStats()
+        self._seen_calls: set[tuple[str, str, str]] = set()  # (name, digest, output)
         self.messages: list[dict[str, Any]] = self.trajectory.data["messages"]
         self.trajectory.data["config"] = asdict(self.config)
         self.trajectory.data["protocol"] = protocol.name
@@ -170,7 +195,8 @@ class Agent:
     def query(self, record: dict[str, Any]) -> ModelResponse:
         """Ask the model for the next turn; append it to the history; count tokens and time."""
         self.stats.status = "querying"
-        response = self.model.query(self._messages_to_send(), self.protocol.tools())
+        response = self.model.query(self._messages_to_send(), self.protocol.tools(),
+                                    self.protocol.request_options())
         self.stats.status = "running"
         data = self.trajectory.data
         pt, ct = response.usage.get("prompt_tokens", 0), response.usage.get("completion_tokens", 0)
@@ -181,14 +207,22 @@ class Agent:
         data["tokens"]["completion"] += ct
         data["timings"]["model_s"] = round(data["timings"]["model_s"] + response.latency_s, 3)
         record.update(model_latency_s=round(response.latency_s, 3), attempts=response.attempts,
-                      finish_reason=response.finish_reason, usage=response.usage)
+                      finish_reason=response.finish_reason, usage=response.usage,
+                      response={"content": response.message.get("content"),
+                                "tool_calls": response.message.get("tool_calls")})
         self.messages.append(self.protocol.history_message(response.message))
         return response
 
     def execute(self, response: ModelResponse, record: dict[str, Any]) -> None:
-        """Carry out the actions of ``response``; denied calls are reported, never run."""
+        """Carry out the actions of ``response``; denied calls are reported, never run.
+
+        Only the first ``max_actions_per_step`` calls run (the rest are dropped from the history
+        and the model is told). When the gateway denied the reply's first call, nothing runs: what
+        followed it was planned on a call that did not happen.
+        """
         verdicts = list((response.policy or {}).get("verdicts") or [])
         record["verdicts"] = verdicts
+        record["policy_active"] = response.policy is not None
         denied = [v for v in verdicts if v.get("allowed") is False]
         self.stats.allowed += sum(1 for v in verdicts if v.get("allowed") is True)
         self.stats.denied += len(denied)
@@ -201,18 +235,34 @@ class Agent:
                 return
             record["format_error"] = str(e) or "no tool call"
             self.trajectory.data["n_format_errors"] += 1
+            self.messages[-1] = self.protocol.shorten_failed(self.messages[-1],
+                                                             self.config.failed_reply_chars)
             self.messages.append(self.protocol.format_error(str(e)))
             return
+        limit = self.config.max_actions_per_step
+        keep = actions if limit <= 0 else actions[:limit]
+        if limit > 0 and verdicts and verdicts[0].get("allowed") is False:
+            # the first call the model wrote was denied: removed by the gateway (nothing runs),
+            # or still there (it is reported as denied, never run)
+            keep = keep[:1] if keep and _blocking_verdict(keep[0], denied) else []
+        dropped = [a for a in actions if a not in keep]
+        if dropped:
+            record["dropped"] = [{"name": a.name, "arguments": a.arguments} for a in dropped]
+            self.messages[-1] = self.protocol.trim_history(self.messages[-1], keep)
         steps_left = self.config.max_steps - self.stats.step
         try:
-            for action in actions:
-                self._execute_one(action, denied, record, steps_left)
+            for i, action in enumerate(keep):
+                note = ""
+                if i == 0 and dropped and keep:
+                    note = (f"[Only your first call was run; the other {len(dropped)} were ignored. "
+                            "Make one call per reply and wait for its result.]")
+                self._execute_one(action, denied, record, steps_left, note)
         finally:
             if denied:
                 self.messages.append(self.protocol.denied(denied))
 
     def _execute_one(self, action: Action, denied: list[dict[str, Any]], record: dict[str, Any],
-                     steps_left: int) -> None:
+                     steps_left: int, note: str = "") -> None:
         entry: dict[str, Any] = {"id": action.id, "name": action.name,
                                  "arguments": action.arguments, "denied": False, "verdict": None,
                                  "executed": False, "ok": None, "returncode": None, "output": None,
@@ -224,6 +274,11 @@ class Agent:
         if verdict is not None:
             entry.update(denied=True, verdict=verdict, ok=False,
                          output=f"[fak policy] denied {action.name}: {verdict.get('reason')}")
+            self.messages.append(self.protocol.observation(action, entry["output"], None, steps_left))
+            return
+        if record.get("policy_active") and _allowing_verdict(action, record["verdicts"]) is None:
+            # a policy is on, but this call was never adjudicated: it must not run
+            entry.update(ok=False, not_adjudicated=True, output=NOT_ADJUDICATED)
             self.messages.append(self.protocol.observation(action, entry["output"], None, steps_left))
             return
         self.stats.status = f"tool:{action.name}"
@@ -240,7 +295,17 @@ class Agent:
                      output=result.output, duration_s=round(result.duration_s, 3))
         t = self.trajectory.data["timings"]
         t["tools_s"] = round(t["tools_s"] + result.duration_s, 3)
-        self.messages.append(self.protocol.observation(action, result.output, result.returncode,
+        output = result.output
+        call = (action.name, action.digest, result.output)
+        if call in self._seen_calls:
+            entry["repeated"] = True
+            self.trajectory.data["n_repeated"] = self.trajectory.data.get("n_repeated", 0) + 1
+            output += ("\n[You made this same call before and got this same result. Do not repeat "
+                       "it: do something else.]")
+        self._seen_calls.add(call)
+        if note:
+            output = f"{note}\n{output}"
+        self.messages.append(self.protocol.observation(action, output, result.returncode,
                                                        steps_left))
 
     def _messages_to_send(self) -> list[dict[str, Any]]:

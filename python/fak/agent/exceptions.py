@@ -37,6 +37,13 @@ class ModelError(AgentStop):
     exit_reason = "model_error"
 
 
+class ContextLimitExceeded(AgentStop):
+    """The conversation no longer fits the model's context window (the endpoint answered
+    ``context_length_exceeded``); the run ends and the workspace's changes so far are the patch."""
+
+    exit_reason = "context_limit"
+
+
 class FormatError(Exception):
     """The model's turn could not be turned into actions; the message is shown to the model."""
 

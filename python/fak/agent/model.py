@@ -6,7 +6,8 @@ client would hide in ``model_extra``.
 
 Retries: HTTP 429, 5xx and connection errors are retried ``max_retries`` times with exponential
 back-off (``backoff_s * 2**attempt``, capped at 30 s; a ``Retry-After`` header in seconds wins).
-Other 4xx answers fail at once (``ModelError``), as does a body that is not a chat completion.
+Other 4xx answers fail at once (``ModelError``; ``ContextLimitExceeded`` when the error's code is
+``context_length_exceeded``), as does a body that is not a chat completion.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from fak.agent.exceptions import ModelError
+from fak.agent.exceptions import ContextLimitExceeded, ModelError
 
 
 def normalize_base_url(gateway: str) -> str:
@@ -30,6 +31,15 @@ def normalize_base_url(gateway: str) -> str:
     if not url.endswith("/v1"):
         url += "/v1"
     return url
+
+
+def _error_code(resp: httpx.Response) -> str | None:
+    """``error.code`` of an OpenAI-shaped error body, if any."""
+    try:
+        err = resp.json().get("error")
+    except (ValueError, AttributeError):
+        return None
+    return err.get("code") if isinstance(err, dict) else None
 
 
 @dataclass
@@ -75,15 +85,21 @@ class OpenAIChatModel:
     def close(self) -> None:
         self._client.close()
 
-    def query(self, messages: list[dict[str, Any]], tools: list[dict] | None = None) -> ModelResponse:
-        """One chat completion for ``messages`` (OpenAI message dicts), with ``tools`` when given.
+    def query(self, messages: list[dict[str, Any]], tools: list[dict] | None = None,
+              options: dict[str, Any] | None = None) -> ModelResponse:
+        """One chat completion for ``messages`` (OpenAI message dicts), with ``tools`` when given;
+        ``options`` are extra body fields (``tool_choice``, ``stop``; they win over ``sampling``).
 
-        Raises ``ModelError`` when the endpoint keeps failing or answers with a client error.
+        Raises ``ContextLimitExceeded`` when the conversation no longer fits the context window,
+        ``ModelError`` when the endpoint keeps failing or answers with another client error.
         """
-        body: dict[str, Any] = {"model": self.model, "messages": messages, **self.sampling}
+        body: dict[str, Any] = {"model": self.model, "messages": messages, **self.sampling,
+                                **(options or {})}
         if tools:
             body["tools"] = tools
             body.setdefault("tool_choice", "auto")
+        else:
+            body.pop("tool_choice", None)
         last_error = ""
         for attempt in range(self.max_retries + 1):
             if self.cancel.is_set():
@@ -102,6 +118,9 @@ class OpenAIChatModel:
                     return self._parse(resp, latency, attempt + 1)
                 last_error = f"HTTP {resp.status_code}: {resp.text[:500]}"
                 if resp.status_code != 429 and resp.status_code < 500:
+                    if _error_code(resp) == "context_length_exceeded":
+                        raise ContextLimitExceeded(f"the conversation outgrew the context window: "
+                                                   f"{last_error}")
                     raise ModelError(f"the model endpoint refused the request: {last_error}")
                 retry_after = resp.headers.get("retry-after")
                 if retry_after and retry_after.replace(".", "", 1).isdigit():

@@ -11,6 +11,7 @@ A turn (JSON object)::
      "tool_calls": [{"name": "edit", "arguments": {...}}],    # tool-call protocol
      "fak_policy": {"verdicts": [...]},                        # the gateway's extension object
      "fail": [429, 500],   # answer these statuses to the first attempts at this turn, then the turn
+     "error_code": "context_length_exceeded",   # the ``error.code`` of those failures
      "delay_s": 0.5,       # wait before answering (simulates decode time)
      "usage": {"prompt_tokens": 10, "completion_tokens": 5}}   # default: rough counts
 
@@ -29,7 +30,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from litestar import Litestar, Request, post
+from litestar import Litestar, Request, get, post
 from litestar.response import Response
 
 
@@ -72,7 +73,8 @@ class ScriptedModel:
             self.requests.append({"headers": headers, "body": body, "status": status,
                                   "turn": index, "time": time.time()})
         if status != 200:
-            return status, {"error": {"message": f"scripted failure {status}", "type": "scripted"}}, 0.0
+            return status, {"error": {"message": f"scripted failure {status}", "type": "scripted",
+                                      "code": turn.get("error_code")}}, 0.0
         message: dict[str, Any] = {"role": "assistant", "content": turn.get("content")}
         calls = turn.get("tool_calls") or []
         if calls:
@@ -100,7 +102,13 @@ class ScriptedModel:
 
 
 def make_app(model: ScriptedModel) -> Litestar:
-    """The Litestar app serving ``POST /v1/chat/completions`` from ``model``."""
+    """The Litestar app serving ``POST /v1/chat/completions`` from ``model`` and
+    ``GET /v1/models`` (one model, ``scripted``)."""
+
+    @get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": "scripted", "object": "model", "created": 0,
+                                            "owned_by": "fak"}]}
 
     @post("/v1/chat/completions", status_code=200)
     async def chat_completions(request: Request) -> Response:
@@ -111,7 +119,7 @@ def make_app(model: ScriptedModel) -> Litestar:
             await asyncio.sleep(delay)
         return Response(content=data, status_code=status, media_type="application/json")
 
-    return Litestar(route_handlers=[chat_completions], debug=False)
+    return Litestar(route_handlers=[chat_completions, models], debug=False)
 
 
 class ScriptedServer:

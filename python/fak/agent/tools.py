@@ -220,7 +220,31 @@ class ToolBox:
         try:
             return self.workspace.resolve(path)
         except ValueError as e:
-            raise ToolError(str(e)) from None
+            raise ToolError(f"{e}; paths are relative to the repository root") from None
+
+    def _not_found(self, what: str, path: str | None) -> ToolError:
+        """A "no such file" error with a hint: tracked files of the same name, else the root's
+        entries (small models guess paths such as ``src/x.py`` or ``OWNER/NAME/x.py``)."""
+        name = Path(str(path or "").rstrip("/")).name
+        hint = ""
+        if name:
+            proc = subprocess.run(["git", "-C", str(self.workspace.root), "ls-files", "-z"],
+                                  capture_output=True, timeout=60)
+            files = proc.stdout.decode("utf-8", "replace").split("\0")
+            found: set[str] = set()
+            for f in files:
+                parts = f.split("/")
+                for i, part in enumerate(parts):
+                    if part == name:
+                        found.add("/".join(parts[: i + 1]))
+            candidates = sorted(found, key=lambda c: (c.count("/"), c))
+            if candidates:
+                hint = " Did you mean: " + ", ".join(candidates[:5]) + "?"
+        if not hint:
+            entries = sorted(e.name + ("/" if e.is_dir() else "") for e in self.workspace.root.iterdir()
+                             if e.name != ".git")
+            hint = " Paths are relative to the repository root, which holds: " + ", ".join(entries[:40])
+        return ToolError(f"no such {what}: {path}.{hint}")
 
     # -- tools ---------------------------------------------------------------------------------
 
@@ -230,7 +254,7 @@ class ToolBox:
         if p.is_dir():
             raise ToolError(f"{path} is a folder; use list to see its entries")
         if not p.is_file():
-            raise ToolError(f"no such file: {path}")
+            raise self._not_found("file", path)
         data = p.read_bytes()
         if b"\0" in data[:8192]:
             raise ToolError(f"{path} is a binary file ({len(data)} bytes)")
@@ -256,7 +280,7 @@ class ToolBox:
     def _tool_list(self, path: str | None = None) -> ToolResult:
         p = self._path(path)
         if not p.is_dir():
-            raise ToolError(f"no such folder: {path}")
+            raise self._not_found("folder", path)
         entries = sorted(p.iterdir(), key=lambda e: (not e.is_dir(), e.name))
         names = [e.name + ("/" if e.is_dir() else "") for e in entries if e.name != ".git"]
         more = len(names) - self.max_list_entries
@@ -268,7 +292,7 @@ class ToolBox:
     def _tool_search(self, pattern: str, path: str | None = None) -> ToolResult:
         p = self._path(path)
         if not p.exists():
-            raise ToolError(f"no such file or folder: {path}")
+            raise self._not_found("file or folder", path)
         try:
             re.compile(pattern)
         except re.error as e:
@@ -302,7 +326,8 @@ class ToolBox:
     def _tool_edit(self, path: str, old: str, new: str) -> ToolResult:
         p = self._path(path)
         if not p.is_file():
-            raise ToolError(f"no such file: {path} (use write to create a file)")
+            err = self._not_found("file", path)
+            raise ToolError(f"{err} (write creates a new file)")
         text = p.read_text(encoding="utf-8", errors="surrogateescape")
         if old == "":
             raise ToolError("old must not be empty")

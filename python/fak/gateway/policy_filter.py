@@ -36,6 +36,7 @@ from fak.gateway.text_tools import (
     parse_text_tools_header,
 )
 from fak.gateway.toolcalls import ParsedToolCall, ToolCallParser
+from fak.policy.audit import arguments_digest
 
 log = logging.getLogger("fak.gateway.policy")
 
@@ -165,7 +166,8 @@ class PolicyGate:
             self.on_verdict(tool, allowed)
         info = PolicyVerdictInfo(tool=tool, allowed=allowed, reason=reason,
                                  rule=None if rule is None else str(rule),
-                                 tool_call_id=tool_call_id if allowed else None)
+                                 tool_call_id=tool_call_id if allowed else None,
+                                 arguments_digest=arguments_digest(arguments))
         self.verdicts.append(info)
         return info
 

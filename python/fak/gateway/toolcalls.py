@@ -8,9 +8,11 @@ Qwen2.5's chat template (the one inside its GGUF) tells the model to answer a to
 
 one block per call. ``ToolCallParser`` finds these blocks in streamed text (markers split across
 deltas included) and turns each into a ``ParsedToolCall`` with the arguments re-encoded as a JSON
-string, which is how OpenAI's API returns ``function.arguments``. A block whose JSON does not
-parse, or lacks a string ``name``, is returned as ordinary text (content), markers included: a
-malformed call is the model's output, never a server error.
+string, which is how OpenAI's API returns ``function.arguments``. A block holding several call
+objects one after the other (Qwen2.5-Coder-1.5B writes its whole plan that way, never closing the
+block) gives one call per object. A block whose JSON does not parse, or lacks a string ``name``, is
+returned as ordinary text (content), markers included: a malformed call is the model's output,
+never a server error.
 
 Small models sometimes drop the markers and answer with the bare object (or a ```json fence
 around it). Given the offered tool names, the parser also accepts an answer that is *entirely*
@@ -38,6 +40,7 @@ __all__ = [
     "new_tool_call_id",
     "parse_bare_calls",
     "parse_tool_call_json",
+    "parse_tool_call_objects",
 ]
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -99,6 +102,32 @@ def parse_tool_call_json(inner: str) -> tuple[str, str] | None:
     if args_json is None:
         return None
     return name, args_json
+
+
+def parse_tool_call_objects(inner: str) -> list[tuple[str, str]] | None:
+    """Parse the inside of one ``<tool_call>`` block: one call object, or several written one
+    after the other (blanks or commas between them). Returns ``[(name, arguments_json), ...]``,
+    or ``None`` unless every object is a valid call (see ``parse_tool_call_json``)."""
+    single = parse_tool_call_json(inner)
+    if single is not None:
+        return [single]
+    decoder = json.JSONDecoder()
+    calls: list[tuple[str, str]] = []
+    body = inner.strip()
+    pos = 0
+    while pos < len(body):
+        try:
+            obj, end = decoder.raw_decode(body, pos)
+        except ValueError:
+            return None
+        parsed = parse_tool_call_json(json.dumps(obj)) if isinstance(obj, dict) else None
+        if parsed is None:
+            return None
+        calls.append(parsed)
+        pos = end
+        while pos < len(body) and body[pos] in " \t\r\n,":
+            pos += 1
+    return calls or None
 
 
 def _call_of(obj: Any, tool_names: frozenset[str]) -> tuple[str, str] | None:
@@ -188,11 +217,11 @@ class ToolCallParser:
             if isinstance(piece, Text):
                 out.append(piece)
                 continue
-            parsed = parse_tool_call_json(piece.inner)
+            parsed = parse_tool_call_objects(piece.inner)
             if parsed is None:
                 out.append(Text(piece.raw))
             else:
-                out.append(ParsedToolCall(parsed[0], parsed[1], piece.raw))
+                out += [ParsedToolCall(name, args, piece.raw) for name, args in parsed]
         return out
 
     def feed(self, delta: str) -> list[Text | ParsedToolCall]:

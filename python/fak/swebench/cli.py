@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -19,8 +20,24 @@ def swebench() -> None:
 @swebench.command("run")
 @click.option("--agent", "agent_name", type=click.Choice(["fleet"]), default="fleet", show_default=True,
               help="Agent to run (fak's fleet agent).")
-@click.option("--gateway", required=True, help="fak serve address: HOST:PORT or a full URL.")
-@click.option("--model", required=True, help="Model name sent to the gateway.")
+@click.option("--gateway", default=None,
+              help="A running fak serve (or other OpenAI-compatible server): HOST:PORT or a URL.")
+@click.option("--gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              help="Serve this GGUF model with fak serve for the run (started on a free loopback "
+                   "port, stopped at the end) instead of --gateway.")
+@click.option("--backend", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
+              show_default=True, help="With --gguf: the engine's compute backend.")
+@click.option("--n-ctx", type=click.IntRange(min=256), default=16384, show_default=True,
+              help="With --gguf: context window in tokens.")
+@click.option("--kv-cache-tokens", type=click.IntRange(min=16), default=None,
+              help="With --gguf: KV cache tokens shared by all agents [default: n-ctx x workers].")
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="With --gguf: CPU threads of the engine [default: the engine's].")
+@click.option("--policy", "policy_path", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="With --gguf: the tool-call policy [default: the coding-agent "
+                                 "policy, examples/swebench-coding-agent-policy.json].")
+@click.option("--model", default=None,
+              help="Model name sent to the gateway [default: the first one it lists].")
 @click.option("--dataset", required=True, help="Rows as JSON/JSONL, or a Hugging Face dataset name.")
 @click.option("--filter", "filter_spec", default=None,
               help="smoke | ID,ID,... | REGEX (searched in instance ids).")
@@ -40,6 +57,9 @@ def swebench() -> None:
               help="Output folder; re-running the same folder skips finished instances.")
 @click.option("--protocol", type=click.Choice(sorted(PROTOCOLS)), default=DEFAULT_PROTOCOL,
               show_default=True, help="tools: OpenAI tool calls; text: one ```bash block per turn.")
+@click.option("--tool-choice", type=click.Choice(["required", "auto"]), default=None,
+              help="tools protocol: ask for a call every turn (required, the default) or let the "
+                   "model choose (auto).")
 @click.option("--run-id", default=None, help="Run id for X-Fak-Conversation (default: output folder name).")
 @click.option("--exec-timeout", type=float, default=60.0, show_default=True, help="bash timeout, seconds.")
 @click.option("--temperature", type=float, default=0.0, show_default=True)
@@ -55,20 +75,24 @@ def swebench() -> None:
 @click.option("--specs", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Extra harness specs JSON {repo: {version: spec}} for --task-env.")
 @click.option("--live/--no-live", default=None, help="Live table (default: when on a terminal).")
-def run_cmd(agent_name: str, gateway: str, model: str, dataset: str, filter_spec: str | None,
+def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: str, n_ctx: int,
+            kv_cache_tokens: int | None, threads: int | None, policy_path: Path | None,
+            model: str | None, dataset: str, filter_spec: str | None,
             difficulty_file: str | None, difficulty_labels: tuple[str, ...], allow_exec: bool,
             unsafe_network: bool, max_steps: int, workers: int, repos_dir: Path | None,
-            output: Path, protocol: str, run_id: str | None, exec_timeout: float,
-            temperature: float, max_tokens: int, observation_window: int,
+            output: Path, protocol: str, tool_choice: str | None, run_id: str | None,
+            exec_timeout: float, temperature: float, max_tokens: int, observation_window: int,
             keep_workspaces: bool, task_env: bool, envs_dir: Path | None, specs: Path | None,
             live: bool | None) -> None:
     """Run the fleet agent on SWE-bench instances; writes predictions.json, trajectories and a
-    summary under --output."""
+    summary under --output.
+
+    The model: --gguf MODEL serves it with fak serve for the length of the run (the coding-agent
+    policy loaded, its audit log and console log in --output), or --gateway HOST:PORT uses a
+    server that is already running."""
     import logging
 
-    from fak.agent.exceptions import SandboxError
     from fak.swebench.dataset import DatasetError, select
-    from fak.swebench.run import Fleet, FleetConfig
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the table
 
@@ -78,9 +102,91 @@ def run_cmd(agent_name: str, gateway: str, model: str, dataset: str, filter_spec
         raise click.ClickException(str(e)) from None
     if protocol == "text" and not allow_exec:
         raise click.UsageError("--protocol text needs --allow-exec (its only action is a shell command)")
+    if (gateway is None) == (gguf is None):
+        raise click.UsageError("give exactly one of --gguf MODEL (fak serve started for the run) "
+                               "or --gateway HOST:PORT (a running server).")
+    if gguf is None and (policy_path or kv_cache_tokens or threads):
+        raise click.UsageError("--policy, --kv-cache-tokens and --threads apply with --gguf; "
+                               "give them to the running server instead.")
+    if tool_choice is not None and protocol != "tools":
+        raise click.UsageError("--tool-choice applies to --protocol tools only.")
+    server = None
+    if gguf is not None:
+        from fak.swebench.serve import GatewayStartError, ManagedGateway
+
+        server = ManagedGateway(gguf, output, backend=backend, n_ctx=n_ctx, policy=policy_path,
+                                kv_cache_tokens=kv_cache_tokens or n_ctx * max(1, workers),
+                                threads=threads)
+        click.echo(f"starting fak serve {gguf.name} (backend {backend}, n_ctx {n_ctx}, policy "
+                   f"{server.policy_path.name}; log {server.log_path}) ...", err=True)
+        try:
+            server.start()
+        except GatewayStartError as e:
+            raise click.ClickException(str(e)) from None
+        gateway = server.addr
+        click.echo(f"fak serve ready on {gateway} (pid {server.pid}, model {server.model})", err=True)
+        # a SIGTERM stops the fleet as Ctrl-C does, so that the server is stopped too
+        signal.signal(signal.SIGTERM, _terminate)
+    try:
+        _run_fleet(gateway, server, model, rows, labels, output, workers, max_steps, allow_exec,
+                   unsafe_network, protocol, tool_choice, repos_dir, run_id, exec_timeout,
+                   temperature, max_tokens, observation_window, keep_workspaces, live, dataset,
+                   task_env, envs_dir, specs)
+    finally:
+        if server is not None:
+            code = server.stop()
+            _record_server_exit(output, server.info())
+            click.echo(f"fak serve stopped (exit status {code}); policy audit log {server.audit_path}",
+                       err=True)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def _record_server_exit(output: Path, info: dict) -> None:
+    """Put the stopped server's details (exit status included) into ``summary.json``."""
+    from fak.agent.trajectory import write_json_atomic
+
+    path = output / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    summary["server"] = info
+    write_json_atomic(path, summary)
+
+
+def _gateway_model(gateway: str) -> str:
+    """The first model id the gateway lists (``GET /v1/models``)."""
+    import httpx
+
+    from fak.agent.model import normalize_base_url
+
+    try:
+        data = httpx.get(normalize_base_url(gateway) + "/models", timeout=10.0).json()
+        return str(data["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise click.ClickException(f"could not read the model name from {gateway}/v1/models "
+                                   f"({type(e).__name__}: {e}); pass --model") from None
+
+
+def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict, output: Path,
+               workers: int, max_steps: int, allow_exec: bool, unsafe_network: bool,
+               protocol: str, tool_choice: str | None, repos_dir: Path | None,
+               run_id: str | None, exec_timeout: float, temperature: float, max_tokens: int,
+               observation_window: int, keep_workspaces: bool, live: bool | None, dataset: str,
+               task_env: bool, envs_dir: Path | None, specs: Path | None) -> None:
+    from fak.agent.exceptions import SandboxError
+    from fak.swebench.run import Fleet, FleetConfig
+
+    if model is None:
+        model = server.model if server is not None else _gateway_model(gateway)
     cfg = FleetConfig(gateway=gateway, model=model, output=output, workers=workers,
                       max_steps=max_steps, allow_exec=allow_exec, unsafe_network=unsafe_network,
-                      protocol=protocol, repos_dir=repos_dir, run_id=run_id,
+                      protocol=protocol, tool_choice=tool_choice, repos_dir=repos_dir,
+                      run_id=run_id, server=server.info() if server is not None else
+                      {"managed": False, "addr": gateway},
                       exec_timeout_s=exec_timeout,
                       sampling={"temperature": temperature, "max_tokens": max_tokens},
                       observation_window=observation_window, keep_workspaces=keep_workspaces,

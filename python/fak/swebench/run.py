@@ -13,8 +13,9 @@ Output folder (``--output``)::
                                 (repo, version) env, the repository installed in it; bash runs
                                 with it first on PATH (removed when done unless ``keep_workspaces``)
 
-An instance is *finished* when its agent ended by ``submitted``, ``max_steps`` or ``error``: its
-prediction is written (possibly an empty patch) and a re-run with the same output skips it.
+An instance is *finished* when its agent ended by ``submitted``, ``max_steps``, ``context_limit``
+or ``error``: its prediction is written (possibly an empty patch) and a re-run with the same output
+skips it.
 Instances that ended ``interrupted`` (Ctrl-C), ``model_error`` (the gateway kept failing) or
 ``setup_error`` (repository not available) get no prediction and run again next time.
 
@@ -56,7 +57,7 @@ from fak.agent.workspace import WorkspaceError, git
 from fak.swebench.envs import EnvBuilder, EnvError, make_overlay
 from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
 
-FINISHED_REASONS = ("submitted", "max_steps", "error")
+FINISHED_REASONS = ("submitted", "max_steps", "context_limit", "error")
 
 
 @dataclass
@@ -71,6 +72,7 @@ class FleetConfig:
     allow_exec: bool = False
     unsafe_network: bool = False
     protocol: str = "tools"
+    tool_choice: str | None = None  # tools protocol: "required" | "auto" (None: its default)
     repos_dir: Path | None = None
     run_id: str | None = None
     exec_timeout_s: float = 60.0
@@ -84,6 +86,8 @@ class FleetConfig:
     labels: dict[str, str] = field(default_factory=dict)
     task_env: bool = False
     envs_dir: Path | None = None
+    server: dict[str, Any] | None = None  # what the summary records about the gateway
+    max_actions_per_step: int = 1
 
 
 @dataclass
@@ -95,9 +99,22 @@ class InstanceState:
     exit_reason: str | None = None
     patch_bytes: int = 0
     message: str = ""
+    format_errors: int = 0
+    repeated: int = 0
+    tools_s: float = 0.0
 
     def __post_init__(self) -> None:
         self.stats.status = "waiting"
+
+
+def root_listing(root: Path, limit: int = 60) -> str:
+    """The entries of the workspace root for the task prompt: ``"a/, b/, setup.py"`` (folders
+    first, ``.git`` left out; at most ``limit``, then how many more)."""
+    entries = sorted((e for e in Path(root).iterdir() if e.name != ".git"),
+                     key=lambda e: (not e.is_dir(), e.name))
+    names = [e.name + ("/" if e.is_dir() else "") for e in entries]
+    more = len(names) - limit
+    return ", ".join(names[:limit]) + (f" (and {more} more)" if more > 0 else "")
 
 
 def _load_json(path: Path, default: Any) -> Any:
@@ -130,7 +147,7 @@ class Fleet:
         self.started_at = time.time()
         self._env_builder = EnvBuilder(config.envs_dir)
         # the protocol is checked once, before any work (text protocol needs --allow-exec)
-        get_protocol(config.protocol, allow_exec=config.allow_exec)
+        get_protocol(config.protocol, allow_exec=config.allow_exec, tool_choice=config.tool_choice)
         if config.allow_exec and not config.unsafe_network:
             err = check_network_isolation()
             if err is not None:
@@ -171,7 +188,7 @@ class Fleet:
             traj.save()
             state.ended = time.time()
             return
-        protocol = get_protocol(cfg.protocol, allow_exec=cfg.allow_exec)
+        protocol = get_protocol(cfg.protocol, allow_exec=cfg.allow_exec, tool_choice=cfg.tool_choice)
         headers = {"X-Fak-Conversation": f"{self.run_id}/{iid}",
                    "X-Fak-Workspace": str(ws.root), **protocol.headers()}
         model = OpenAIChatModel(cfg.gateway, cfg.model, headers=headers, sampling=cfg.sampling,
@@ -184,11 +201,12 @@ class Fleet:
                               unsafe_network=cfg.unsafe_network, env_overrides=bash_env)
             agent = Agent(model, toolbox, protocol,
                           AgentConfig(max_steps=cfg.max_steps,
-                                      observation_window=cfg.observation_window),
+                                      observation_window=cfg.observation_window,
+                                      max_actions_per_step=cfg.max_actions_per_step),
                           traj, stop=self.stop)
             agent.stats = state.stats
             data = agent.run(problem_statement=row.get("problem_statement", ""),
-                             repo=row["repo"], workspace=str(ws.root))
+                             repo=row["repo"], workspace=str(ws.root), listing=root_listing(ws.root))
             patch = ws.diff(diff_base)
             data["patch"] = patch
             data["info"]["difficulty"] = cfg.labels.get(iid)
@@ -199,6 +217,9 @@ class Fleet:
             model.close()
         state.exit_reason = data["exit_reason"]
         state.message = data.get("exit_message") or ""
+        state.format_errors = int(data.get("n_format_errors") or 0)
+        state.repeated = int(data.get("n_repeated") or 0)
+        state.tools_s = float(data["timings"].get("tools_s") or 0.0)
         state.patch_bytes = len(patch.encode("utf-8", "surrogateescape"))
         state.ended = time.time()
         if state.exit_reason in FINISHED_REASONS:
@@ -241,7 +262,7 @@ class Fleet:
         """Counts and totals so far (``final``: the run is over)."""
         per: list[dict[str, Any]] = []
         totals = {"prompt_tokens": 0, "completion_tokens": 0, "steps": 0, "allowed": 0,
-                  "denied": 0, "model_s": 0.0}
+                  "denied": 0, "format_errors": 0, "model_s": 0.0}
         by_reason: dict[str, int] = {}
         for iid, st in self.states.items():
             s = st.stats
@@ -252,10 +273,13 @@ class Fleet:
             totals["steps"] += s.step
             totals["allowed"] += s.allowed
             totals["denied"] += s.denied
+            totals["format_errors"] += st.format_errors
             totals["model_s"] += s.model_s
             per.append({"instance_id": iid, "exit_reason": reason, "steps": s.step,
                         "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
                         "denied": s.denied, "allowed": s.allowed, "patch_bytes": st.patch_bytes,
+                        "format_errors": st.format_errors, "repeated_calls": st.repeated,
+                        "model_s": round(s.model_s, 3), "tools_s": round(st.tools_s, 3),
                         "wall_s": round((st.ended or time.time()) - st.started, 3) if st.started else 0.0,
                         "difficulty": self.config.labels.get(iid), "message": st.message[:500]})
         wall = time.time() - self.started_at
@@ -263,7 +287,8 @@ class Fleet:
         totals["model_s"] = round(totals["model_s"], 3)
         return {
             "run_id": self.run_id, "model": self.config.model, "gateway": self.config.gateway,
-            "protocol": self.config.protocol, "dataset": self.config.dataset,
+            "protocol": self.config.protocol, "tool_choice": self.config.tool_choice,
+            "server": self.config.server, "dataset": self.config.dataset,
             "max_steps": self.config.max_steps, "workers": self.config.workers,
             "allow_exec": self.config.allow_exec, "final": final,
             "interrupted": self.stop.is_set(),
@@ -274,6 +299,7 @@ class Fleet:
             "wall_s": round(wall, 3),
             "instances_per_hour": round(finished * 3600 / wall, 3) if wall > 0 else 0.0,
             "completion_tok_s": round(totals["completion_tokens"] / wall, 3) if wall > 0 else 0.0,
+            "prompt_tok_s": round(totals["prompt_tokens"] / wall, 3) if wall > 0 else 0.0,
             "instances": per,
         }
 

@@ -203,7 +203,7 @@ def test_tool_choice_required_prefills_a_call(client: openai.OpenAI, fake_engine
     r = client.chat.completions.create(model=MODEL, messages=user("say hi"), tools=[WEATHER_TOOL],
                                        tool_choice="required")
     prompt = fake_engine.detokenize(fake_engine.requests[-1][0])
-    assert prompt.endswith("<|im_start|>assistant\n<tool_call>\n")
+    assert prompt.endswith('<|im_start|>assistant\n<tool_call>\n{"name": "')
     call = r.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"forced": True}
     assert r.choices[0].finish_reason == "tool_calls"

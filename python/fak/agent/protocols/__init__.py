@@ -17,13 +17,16 @@ PROTOCOLS = {"tools": ToolCallProtocol, "text": TextProtocol}
 DEFAULT_PROTOCOL = "tools"
 
 
-def get_protocol(name: str, *, allow_exec: bool) -> AgentProtocol:
-    """The protocol called ``name``. Raises ``ValueError`` for an unknown name, or for ``text``
-    without ``allow_exec`` (its only action is a shell command)."""
+def get_protocol(name: str, *, allow_exec: bool, tool_choice: str | None = None) -> AgentProtocol:
+    """The protocol called ``name``. ``tool_choice`` (``"required"`` | ``"auto"``; ``None``: the
+    protocol's default) applies to ``tools`` only. Raises ``ValueError`` for an unknown name or
+    tool choice, or for ``text`` without ``allow_exec`` (its only action is a shell command)."""
     try:
         cls = PROTOCOLS[name]
     except KeyError:
         raise ValueError(f"unknown protocol {name!r}; choose one of {', '.join(PROTOCOLS)}") from None
+    if cls is ToolCallProtocol and tool_choice is not None:
+        return ToolCallProtocol(allow_exec=allow_exec, tool_choice=tool_choice)
     return cls(allow_exec=allow_exec)
 
 

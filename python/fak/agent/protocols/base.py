@@ -15,21 +15,40 @@ def canonical_digest(arguments: dict[str, Any]) -> str:
     """SHA-256 (hex) of the canonical JSON of ``arguments`` (keys sorted, no spaces, UTF-8):
     how the agent matches a call against a verdict's ``arguments_digest``."""
     text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass
 class Action:
     """One tool call the model asked for: ``id`` (the tool_call id, or a made-up one in the text
-    protocol), ``name`` (a tool name), ``arguments`` (dict)."""
+    protocol), ``name`` (a tool name), ``arguments`` (dict), ``source`` (its text in the content,
+    or ``""``), and how the gateway's policy saw it (``policy_tool``, ``policy_digest``)."""
 
     id: str
     name: str
     arguments: dict[str, Any] = field(default_factory=dict)
+    #: the text of the call inside the reply's content, when it was written there (a
+    #: ``<tool_call>`` block or a ```bash block) rather than sent as a structured tool call
+    source: str = ""
+    #: the call as the gateway's policy saw it, when that differs (the text protocol's ``submit``
+    #: block is adjudicated as ``bash {"command": "submit"}``)
+    policy_name: str = ""
+    policy_arguments: dict[str, Any] | None = None
 
     @property
     def digest(self) -> str:
         return canonical_digest(self.arguments)
+
+    @property
+    def policy_tool(self) -> str:
+        """The tool name the gateway's verdict carries for this call."""
+        return self.policy_name or self.name
+
+    @property
+    def policy_digest(self) -> str:
+        """The digest the gateway's verdict carries for this call (hex, no prefix)."""
+        return canonical_digest(self.policy_arguments if self.policy_arguments is not None
+                                else self.arguments)
 
 
 class AgentProtocol(ABC):
@@ -61,6 +80,10 @@ class AgentProtocol(ABC):
         """Extra HTTP headers for the gateway."""
         return {}
 
+    def request_options(self) -> dict[str, Any]:
+        """Extra fields of the request body (``tool_choice``, ``stop``, ...)."""
+        return {}
+
     @staticmethod
     def history_message(message: dict[str, Any]) -> dict[str, Any]:
         """The assistant message as kept in the history (only the standard fields)."""
@@ -72,6 +95,22 @@ class AgentProtocol(ABC):
     @abstractmethod
     def parse(self, message: dict[str, Any]) -> list[Action]:
         """Actions in an assistant message. Raises ``FormatError`` when there are none usable."""
+
+    def trim_history(self, message: dict[str, Any], keep: list[Action]) -> dict[str, Any]:
+        """The history form of ``message`` (already passed through ``history_message``) when only
+        the actions ``keep`` of it are carried out: the other calls are left out, so the model
+        does not learn from its own history to put several calls in one reply."""
+        return message
+
+    def shorten_failed(self, message: dict[str, Any], limit: int) -> dict[str, Any]:
+        """The history form of a reply that gave no usable action: its text cut to ``limit``
+        characters (head and tail), so a runaway reply does not fill the context and is not
+        imitated turn after turn."""
+        from fak.agent.tools import truncate_middle
+
+        out = dict(message)
+        out["content"] = truncate_middle(out.get("content") or "", limit)
+        return out
 
     @abstractmethod
     def observation(self, action: Action, output: str, returncode: int | None,

@@ -1,6 +1,10 @@
-"""The plain text protocol (as mini-swe-agent): each reply holds exactly one ```bash block, whose
-command runs in the workspace; a block holding only ``submit`` ends the run. The gateway is told
-with ``X-Fak-Text-Tools: bash`` so that its policy adjudicates the block as a ``bash`` call.
+"""The plain text protocol (as mini-swe-agent): each reply holds one ```bash block, whose command
+runs in the workspace; a block holding only ``submit`` ends the run. The gateway is told with
+``X-Fak-Text-Tools: bash`` so that its policy adjudicates the block as a ``bash`` call.
+
+Small models often write their whole plan as several blocks in one reply; every block is parsed
+(in order) and the agent runs the first one only (``AgentConfig.max_actions_per_step``), keeps the
+reply up to the end of that block in the history, and says so in the observation.
 """
 
 from __future__ import annotations
@@ -38,30 +42,41 @@ class TextProtocol(AgentProtocol):
 
     def parse(self, message: dict[str, Any]) -> list[Action]:
         content = message.get("content") or ""
-        blocks = _BLOCK.findall(content)
-        if not blocks:
-            # a gateway that parsed the block into a structured bash call
-            for call in message.get("tool_calls") or []:
-                fn = call.get("function") or {}
-                if fn.get("name") == "bash":
-                    try:
-                        command = str(json.loads(fn.get("arguments") or "{}").get("command", ""))
-                    except (ValueError, AttributeError):
-                        command = ""
-                    if command.strip():
-                        blocks = [command]
-                        break
-        if not blocks:
-            raise FormatError("no ```bash block found")
-        if len(blocks) > 1:
-            raise FormatError(f"found {len(blocks)} ```bash blocks; put exactly one in a reply")
-        command = blocks[0].strip()
-        if not command:
-            raise FormatError("the ```bash block is empty")
+        matches = list(_BLOCK.finditer(content))
+        if matches:
+            actions = [self._action(m.group(1).strip(), m.group(0)) for m in matches
+                       if m.group(1).strip()]
+            if not actions:
+                raise FormatError("the ```bash block is empty")
+            return actions
+        # a gateway that parsed the block into a structured bash call
+        for call in message.get("tool_calls") or []:
+            fn = call.get("function") or {}
+            if fn.get("name") == "bash":
+                try:
+                    command = str(json.loads(fn.get("arguments") or "{}").get("command", ""))
+                except (ValueError, AttributeError):
+                    command = ""
+                if command.strip():
+                    return [self._action(command.strip(), "")]
+        if not content.strip():
+            raise FormatError("the reply was empty")
+        raise FormatError("no ```bash block found")
+
+    @staticmethod
+    def _action(command: str, source: str) -> Action:
         action_id = f"text_{uuid.uuid4().hex[:12]}"
         if command == SUBMIT_COMMAND:
-            return [Action(id=action_id, name="submit", arguments={})]
-        return [Action(id=action_id, name="bash", arguments={"command": command})]
+            return Action(id=action_id, name="submit", arguments={}, source=source,
+                          policy_name="bash", policy_arguments={"command": command})
+        return Action(id=action_id, name="bash", arguments={"command": command}, source=source)
+
+    def trim_history(self, message: dict[str, Any], keep: list[Action]) -> dict[str, Any]:
+        sources = [a.source for a in keep if a.source]
+        content = message.get("content") or ""
+        if not sources or sources[-1] not in content:
+            return message
+        return {**message, "content": content[: content.index(sources[-1]) + len(sources[-1])]}
 
     def observation(self, action: Action, output: str, returncode: int | None,
                     steps_left: int | None) -> dict[str, Any]:

@@ -228,7 +228,10 @@ class PolicyVerdictInfo(msgspec.Struct):
     """One policy decision on a proposed tool call (fak extension).
 
     ``tool_call_id`` is the id of the call when it was kept (``None`` for denied calls, which are
-    removed, and for ```bash`` text blocks).
+    removed, and for ```bash`` text blocks). ``arguments_digest`` is ``"sha256:"`` and the hex
+    SHA-256 of the call's arguments in canonical JSON (``json.dumps(args, sort_keys=True,
+    separators=(",", ":"), ensure_ascii=False)``, UTF-8; ``fak.policy.arguments_digest``, the
+    audit log's digest), so a client can tell which of several calls of one tool was denied.
     """
 
     tool: str
@@ -236,6 +239,7 @@ class PolicyVerdictInfo(msgspec.Struct):
     reason: str
     rule: str | None = None
     tool_call_id: str | None = None
+    arguments_digest: str | None = None
 
 
 class FakPolicyInfo(msgspec.Struct):

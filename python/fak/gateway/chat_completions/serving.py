@@ -9,8 +9,10 @@ through ``AssistantOutputFilter`` (tool-call parsing, text tools, policy) → on
 
 - ``"none"``: the tools are left out of the prompt and no tool call is parsed.
 - ``"auto"`` (default when tools are given): tools in the prompt, calls parsed.
-- ``"required"``: the assistant turn is pre-filled with ``<tool_call>\\n`` so the model starts a
-  call; a call it then botches (bad JSON) comes back as content, never as an error.
+- ``"required"``: the assistant turn is pre-filled with ``<tool_call>\\n{"name": "`` so the model
+  writes a tool name and its arguments (Qwen2.5-Coder-1.5B, given only ``<tool_call>\\n``, ends its
+  turn at once: measured, see docs/gateway.md); a call it then botches (bad JSON) comes back as
+  content, never as an error.
 - named (``{"type": "function", "function": {"name": F}}``): pre-filled with
   ``<tool_call>\\n{"name": "F", "arguments": `` so the model writes only the arguments.
 """
@@ -184,7 +186,7 @@ def forced_prefix(req: ChatCompletionRequest) -> str:
     if not req.tools or req.tool_choice is None or req.tool_choice in ("none", "auto"):
         return ""
     if req.tool_choice == "required":
-        return TOOL_CALL_OPEN + "\n"
+        return TOOL_CALL_OPEN + "\n" + '{"name": "'
     name = req.tool_choice.function.name  # type: ignore[union-attr]
     return TOOL_CALL_OPEN + "\n" + '{"name": ' + json.dumps(name) + ', "arguments": '
 
