@@ -5,7 +5,7 @@
 // the next step's tiles are read from global memory while the current one is multiplied.
 //
 // Tiles: BM = 128 weight rows (M) × BN tokens (N, 64 or 128) × BK = 32. Warps 4 (M) × 2 (N), each
-// 32 × BN/2. Requires K % 32 == 0.
+// 32 × BN/2. Requires K % 32 == 0. With `accumulate` the epilogue adds into Y (the residual add).
 #include "common.cuh"
 
 // ---- raw fetch / decode of 16 consecutive weights of a row (k % 16 == 0) ----------------
@@ -233,7 +233,7 @@ template <> struct Raw16<T_Q6_K> {
 
 template <int FMT, int BN>
 __device__ void mmq(const u8* __restrict__ W, size_t row_bytes, const float* __restrict__ X, const float* __restrict__ bias,
-                    float* __restrict__ Y, int K, int n_out, int n_rows) {
+                    float* __restrict__ Y, int K, int n_out, int n_rows, bool accumulate) {
     constexpr int BM = 128, BK = 32, LDS = BK + 8;
     constexpr int NT = BN / 16;        // n8 tiles per warp
     constexpr int BV = BN / 8;         // X values per thread per step
@@ -316,8 +316,16 @@ __device__ void mmq(const u8* __restrict__ W, size_t row_bytes, const float* __r
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const int n = n0 + wn + nt * 8 + (lane & 3) * 2;
-                if (n < n_rows) Y[(size_t)n * n_out + m] = acc[mi][nt][2 * e2] + bv;
-                if (n + 1 < n_rows) Y[(size_t)(n + 1) * n_out + m] = acc[mi][nt][2 * e2 + 1] + bv;
+                if (n < n_rows) {
+                    float* y = Y + (size_t)n * n_out + m;
+                    const float v = acc[mi][nt][2 * e2] + bv;
+                    *y = accumulate ? *y + v : v;
+                }
+                if (n + 1 < n_rows) {
+                    float* y = Y + (size_t)(n + 1) * n_out + m;
+                    const float v = acc[mi][nt][2 * e2 + 1] + bv;
+                    *y = accumulate ? *y + v : v;
+                }
             }
         }
     }
@@ -326,8 +334,8 @@ __device__ void mmq(const u8* __restrict__ W, size_t row_bytes, const float* __r
 #define MMQ(NAME, FMT, BN)                                                                                                 \
     extern "C" __global__ void __launch_bounds__(256, 2) mmq_##NAME##_f16_n##BN(                                          \
         const u8* __restrict__ W, size_t row_bytes, const float* __restrict__ X, const float* __restrict__ bias,           \
-        float* __restrict__ Y, int K, int n_out, int n_rows) {                                                             \
-        mmq<FMT, BN>(W, row_bytes, X, bias, Y, K, n_out, n_rows);                                                          \
+        float* __restrict__ Y, int K, int n_out, int n_rows, int accumulate) {                                             \
+        mmq<FMT, BN>(W, row_bytes, X, bias, Y, K, n_out, n_rows, accumulate != 0);                                         \
     }
 #define MMQ_BOTH(NAME, FMT) MMQ(NAME, FMT, 64) MMQ(NAME, FMT, 128)
 
