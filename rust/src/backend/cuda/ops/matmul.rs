@@ -5,7 +5,9 @@
 //!   on the q8_0 form; both quantized bit-exactly as the CPU backend, by a fused producer or here by
 //!   `quantize_f32_q8`), one launch for up to three matrices of the same input (Q/K/V, gate/up);
 //!   `mmv_<fmt>_f32_c<rows>` for dense weights;
-//! - more rows (prefill, batched decode): the tensor-core GEMM `mmq_<fmt>_f16_n<64|128>`.
+//! - more rows (prefill, batched decode): the int8 tensor-core GEMM `mmq_<fmt>_q8_n64` on the same
+//!   CPU-faithful 8-bit activations (integer sub-block sums scaled as the CPU), or with
+//!   `FAK_CUDA_MMQ=f16` (and for dense weights) the f16 tensor-core GEMM `mmq_<fmt>_f16_n<64|128>`.
 //! Bias is added in the kernels' epilogues, and so is the residual add of [`Backend::matmul_add`]
 //! (`accumulate`: out += x·Wᵀ).
 //!
@@ -18,6 +20,13 @@ use crate::{FakError, Result};
 
 /// Rows up to which the GEMV runs (it is instantiated for 1..=8 activation rows).
 pub const MMVQ_MAX_ROWS: usize = 8;
+
+/// `FAK_CUDA_MMQ=f16`: prefill on the previous f16 tensor-core GEMM (weights dequantized to f16,
+/// activations rounded to f16) instead of the CPU-faithful int8 one.
+pub(crate) fn mmq_f16() -> bool {
+    static F16: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *F16.get_or_init(|| std::env::var("FAK_CUDA_MMQ").as_deref() == Ok("f16"))
+}
 
 /// Whether a weight format reads the q8_K form (the k-quants) rather than the q8_0 form.
 fn is_kquant(t: GgmlType) -> bool {
@@ -144,6 +153,32 @@ impl CudaBackend {
                 );
             }
             return self.gemv_quant(&[(w, bias_ptr, out.ptr())], x, n_rows, accumulate);
+        }
+        if !is_dense(w.wtype) && !mmq_f16() {
+            let kform = is_kquant(w.wtype);
+            self.ensure_q8(x, n_rows * k, kform)?;
+            let [qs0, ds0, qsk, dk, sk] = x.q8_ptrs();
+            let (yq, ya, ys) = if kform { (qsk, dk, sk) } else { (qs0, ds0, 0) };
+            let name = intern(format!("mmq_{fmt}_q8_n64"));
+            return self.launch(
+                "mmq",
+                name,
+                (n_out.div_ceil(128) as u32, n_rows.div_ceil(64) as u32, 1),
+                256,
+                0,
+                Args::new()
+                    .ptr(w.mem.ptr())
+                    .u64(w.row_bytes as u64)
+                    .ptr(yq)
+                    .ptr(ya)
+                    .ptr(ys)
+                    .ptr(bias_ptr)
+                    .ptr(out.ptr())
+                    .i32(k as i32)
+                    .i32(n_out as i32)
+                    .i32(n_rows as i32)
+                    .i32(accumulate as i32),
+            );
         }
         let bn = if n_rows <= 64 { 64 } else { 128 };
         let name = intern(format!("mmq_{fmt}_f16_n{bn}"));
