@@ -161,16 +161,13 @@ def test_64_streams_real_engine_synthetic(tiny_engine: Any) -> None:
 
 
 @pytest.mark.slow
-def test_streams_real_engine_05b(engine_05b: Any) -> None:
-    # Bounded for CI time on 2 shared cores: 4 raw-text clients with short prompts (no chat
-    # template: a few prompt tokens each) and 8 new tokens. Note: with 16 chat clients and 24
-    # tokens, 3 of 16 greedy sequences differ between batched and alone in fak.Engine itself
-    # (no gateway involved; log-probability gaps of 0.02-0.06 at the divergence), an engine-side
-    # batch-invariance issue reported separately; this case stays below it.
-    items = ["def add(a, b):", "import numpy as", "for i in range(", "class Stack:"]
-    n_disconnected, n_cancelled = check_batching(engine_05b, engine_05b.model_name, 4, max_tokens=8, chat=False,
-                                                 items=items)
-    assert n_disconnected == 2 and n_cancelled >= 1
+def test_64_streams_real_engine_05b(engine_05b: Any) -> None:
+    # The issue's case on the real model: 64 concurrent streaming chat clients, greedy, each
+    # response identical to the same request alone. Exact equality holds because the CPU matmul is
+    # row-invariant (a sequence's logits do not depend on which others share its batch). Bounded
+    # for CI on 2 shared cores: 8 new tokens per client.
+    n_disconnected, n_cancelled = check_batching(engine_05b, engine_05b.model_name, 64, max_tokens=8)
+    assert n_disconnected == 32 and n_cancelled >= 1
 
 
 def test_client_gone_while_queued_leaves_the_queue(start_gateway: Any) -> None:
