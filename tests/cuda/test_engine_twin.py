@@ -1,0 +1,70 @@
+"""The engine's scheduling on the CUDA backend, on a synthetic twin of the real 1.5B Q4_K_M layout
+(written here by ``fak.synth.write_twin``, so the GPU machine needs no real model file):
+
+- automatic prefix caching: a prompt sent again reuses its full KV blocks from the cache (the
+  stats say so) and its greedy continuation is the same as without the cache;
+- batching: greedy continuations of several prompts decoded together equal each one alone.
+
+Both compare the CUDA backend with itself, so the bar is exact token equality.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from fak import _native
+
+N_NEW = 12
+
+
+@pytest.fixture(scope="module")
+def twin(tmp_path_factory: pytest.TempPathFactory) -> str:
+    from fak.synth import write_twin
+
+    return str(write_twin(tmp_path_factory.mktemp("twin") / "twin-1.5b.gguf", preset="qwen2.5-coder-1.5b-q4_k_m"))
+
+
+def _prompts(n: int, length: int) -> list[list[int]]:
+    rng = np.random.default_rng(7)
+    return [[int(t) for t in rng.integers(0, 150_000, size=length + 5 * i)] for i in range(n)]
+
+
+def _greedy(model: _native.Model, prompts: list[list[int]]) -> list[list[int]]:
+    out: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    for i, toks in enumerate(prompts):
+        model.add_sequence(i, toks, {"temperature": 0.0})
+    live = set(out)
+    while live:
+        for seq, tok, _lp, _top in model.step():
+            out[seq].append(tok)
+            if len(out[seq]) >= N_NEW:
+                model.remove_sequence(seq)
+                live.discard(seq)
+    return [out[i] for i in range(len(prompts))]
+
+
+@pytest.mark.cuda
+def test_prefix_cache_reuses_blocks_on_cuda(require_cuda: None, twin: str) -> None:
+    prompt = _prompts(1, 100)[0]  # three full 32-token blocks and a partial one
+    plain = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=4, prefix_cache=False)
+    want = _greedy(plain, [prompt])[0]
+    del plain
+    cached = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=4, prefix_cache=True)
+    first = _greedy(cached, [prompt])[0]
+    hits_before = cached.stats()["prefix_cache_hit_tokens"]
+    second = _greedy(cached, [prompt])[0]
+    hits = cached.stats()["prefix_cache_hit_tokens"] - hits_before
+    assert first == want and second == want
+    assert hits >= 96, cached.stats()
+
+
+@pytest.mark.cuda
+def test_batched_equals_alone_on_cuda(require_cuda: None, twin: str) -> None:
+    prompts = _prompts(4, 20)
+    model = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=8, prefix_cache=False)
+    alone = [_greedy(model, [p])[0] for p in prompts]
+    together = _greedy(model, prompts)
+    assert together == alone
