@@ -167,7 +167,9 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished(tiny, scripted, tmp_path):
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "python"))
     proc = subprocess.Popen([sys.executable, "-m", "fak.cli",
                              *_run_args(tiny, server, out, "--workers", "2", "--max-steps", "500")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            # a pytest started in the background of a script inherits SIGINT ignored
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     preds_path = out / "predictions.json"
     while time.time() < deadline:

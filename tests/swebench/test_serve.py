@@ -25,7 +25,11 @@ REPO = Path(__file__).resolve().parents[2]
 def test_packaged_policy_is_the_example():
     example = REPO / "examples" / "swebench-coding-agent-policy.json"
     assert json.loads(DEFAULT_POLICY.read_text()) == json.loads(example.read_text())
-    assert default_policy_path() == example  # a checkout uses its own examples/ file
+    # a checkout run (PYTHONPATH=python) uses its own examples/ file; an installed package its copy
+    import fak
+
+    installed = REPO / "python" not in Path(fak.__file__).resolve().parents
+    assert default_policy_path() == (DEFAULT_POLICY if installed else example)
 
 
 def test_argv(tmp_path):
