@@ -11,9 +11,10 @@ from fak.agent.protocols.tools import ToolCallProtocol
 
 PROTOCOLS = {"tools": ToolCallProtocol, "text": TextProtocol}
 
-#: The protocol used when ``--protocol`` is not given. Chosen before measuring: the tool-call
-#: protocol, because the gateway adjudicates structured calls directly (argument-level policy)
-#: and it needs no ``--allow-exec``. The lead measures both on the smoke slice and sets this.
+#: The protocol used when ``--protocol`` is not given: the tool-call protocol (the gateway
+#: adjudicates structured calls directly, argument-level policy; no ``--allow-exec`` needed).
+#: Measured against ``text`` with Qwen2.5-Coder-1.5B on the CPU (benches/results/
+#: swebench-cpu-1.5b.md): both resolved 0 of the same 14 instances, a tie, so ``tools`` stayed.
 DEFAULT_PROTOCOL = "tools"
 
 
