@@ -428,36 +428,50 @@ macro_rules! kernels {
             _mm256_cvtph_ps(low16(d32))
         }
 
+        /// One Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weight block as 32 signed bytes (the weight values
+        /// `q − 8`, `q − 16`, `q`), element order.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn q0_signed<const KIND: u8>(b: *const u8) -> __m256i {
+            match KIND {
+                0 => _mm256_sub_epi8(nibbles32(b.add(blocks::q4_0::QS)), _mm256_set1_epi8(8)),
+                1 => _mm256_sub_epi8(q0_unpack::<1>(b), _mm256_set1_epi8(16)),
+                _ => load(b.add(blocks::q8_0::QS)),
+            }
+        }
+
+        /// `acc + (d_w·d_x) · lanes(w·y)`: ggml's per-block step of `ggml_vec_dot_q*_0_q8_0` (AVX2)
+        /// and of llamafile's `tinyBLAS_Q0_AVX`: the 8 exact i32 sums of 4 consecutive products
+        /// (`w` signed weights, `y` the activation quants) converted to f32 and fused-multiply-added
+        /// with the broadcast product of the two block scales.
+        #[inline]
+        #[target_feature(enable = $feat)]
+        unsafe fn q0_step(acc: __m256, aw: __m256i, w: __m256i, y: *const i8, d: f32) -> __m256 {
+            let y = load(y as *const u8);
+            let s = dot_us(_mm256_setzero_si256(), aw, _mm256_sign_epi8(y, w));
+            _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc)
+        }
+
         /// Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weights · Q8_0 activations of `R` rows, each row's blocks
-        /// grouped by 8 ([`BlockQ8_0x8`], `st` groups per row). Per group of 8 blocks, the 8 exact
-        /// integer block sums of a row land in the 8 lanes of one vector and take their scales
-        /// `d_w·d_x` in one FMA: lane `b` accumulates the row's blocks `≡ b (mod 8)` in order, and
-        /// the row's result is the fixed tree [`hsum`] of the 8 lanes — exactly what [`q0_x8`]
-        /// computes for 8 interleaved rows, so a row's result does not depend on the batch.
+        /// grouped by 8 ([`BlockQ8_0x8`], `st` groups per row). The f32 arithmetic is ggml's (x86
+        /// `ggml_vec_dot_q8_0_q8_0` / `_q5_0_` / `_q4_0_` and llamafile `tinyBLAS_Q0_AVX`, which
+        /// llama.cpp runs for decode and prefill): one 8-lane accumulator per row, blocks in order
+        /// ([`q0_step`]), reduced by [`hsum`] — bit-identical to llama.cpp, and a row's result does
+        /// not depend on the batch.
         #[target_feature(enable = $feat)]
         unsafe fn q0_rows<const R: usize, const KIND: u8>(w: *const u8, a: *const BlockQ8_0x8, st: usize, nb: usize, out: *mut f32) {
             let bytes = q0_bytes::<KIND>();
-            let zero = _mm256_setzero_si256();
             let mut acc = [_mm256_setzero_ps(); R];
-            let mut g = 0;
-            while 8 * g < nb {
-                let n = (nb - 8 * g).min(8);
-                let base = w.add(8 * g * bytes);
-                let mut u = [zero; 8];
-                for b in 0..8 {
-                    if b < n {
-                        u[b] = q0_unpack::<KIND>(base.add(b * bytes));
-                    }
-                }
-                let dw = dw8(base, bytes, n);
+            for i in 0..nb {
+                let b = w.add(i * bytes);
+                let wv = q0_signed::<KIND>(b);
+                let aw = _mm256_sign_epi8(wv, wv);
+                let dw = f16(b);
+                let (g, k) = (i / 8, i % 8);
                 for r in 0..R {
-                    // A group's padding blocks are zero (d = 0, Σ = 0, q = 0): their lanes add 0·0.
                     let y = &*a.add(r * st + g);
-                    let s = q0_sums8::<KIND>(&u, &y.qs, &y.sum);
-                    let d = _mm256_mul_ps(dw, _mm256_load_ps(y.d.as_ptr()));
-                    acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[r]);
+                    acc[r] = q0_step(acc[r], aw, wv, y.qs[k].as_ptr(), dw * y.d[k]);
                 }
-                g += 1;
             }
             store(&acc, &[0.0; R], out);
         }
@@ -505,10 +519,8 @@ macro_rules! kernels {
         }
 
         /// Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weights · one interleaved group of 8 Q8_0 rows (the
-        /// prefill micro-tile): per block, the 8 rows' exact integer sums in the lanes of one
-        /// vector, scaled by `d_w·d_x` in one FMA into accumulator `block mod 8`; the 8
-        /// accumulators are combined in [`hsum`]'s tree, so each row gets exactly the f32
-        /// operations of [`q0_rows`].
+        /// prefill micro-tile): each weight block is unpacked once and stepped into the 8 rows'
+        /// accumulators ([`q0_step`]), the same f32 operations per row as [`q0_rows`].
         #[target_feature(enable = $feat)]
         unsafe fn q0_x8<const KIND: u8>(w: *const u8, a: *const BlockQ8_0x8, nb: usize, out: *mut f32) {
             let bytes = q0_bytes::<KIND>();
@@ -516,17 +528,16 @@ macro_rules! kernels {
             for i in 0..nb {
                 let b = w.add(i * bytes);
                 let y = &*a.add(i);
-                let u = q0_unpack::<KIND>(b);
-                let s = q0_sums8::<KIND>(&[u; 8], &y.qs, &y.sum);
-                let d = _mm256_mul_ps(_mm256_set1_ps(f16(b)), _mm256_load_ps(y.d.as_ptr()));
-                acc[i % 8] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[i % 8]);
+                let wv = q0_signed::<KIND>(b);
+                let aw = _mm256_sign_epi8(wv, wv);
+                let dw = f16(b);
+                for r in 0..8 {
+                    acc[r] = q0_step(acc[r], aw, wv, y.qs[r].as_ptr(), dw * y.d[r]);
+                }
             }
-            // hsum's tree: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
-            let t = _mm256_add_ps(
-                _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
-                _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])),
-            );
-            _mm256_storeu_ps(out, t);
+            for r in 0..8 {
+                *out.add(r) = hsum(acc[r]);
+            }
         }
 
         macro_rules! x8_entry {
