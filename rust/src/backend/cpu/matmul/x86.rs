@@ -279,6 +279,22 @@ static PAIRS4: [[u8; 32]; 4] = {
 /// Byte-shuffle patterns over the 8 i16 scales of one Q6_K half (the same 8 in both 128-bit
 /// halves) giving [s_{b} ×4, s_{b+2} ×4] in the low half and [s_{b+1} ×4, s_{b+3} ×4] in the high
 /// half, `b` = 0 or 4: the scales of two packed 32-element quarters (16-element sub-blocks).
+/// Byte shuffles picking sub-block scales `2c` (8 times) then `2c + 1` (8 times), `c < 8` (ggml
+/// `get_scale_shuffle`).
+static SCALE_PAIRS: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut c = 0;
+    while c < 8 {
+        let mut j = 0;
+        while j < 16 {
+            t[c][j] = (2 * c + j / 8) as u8;
+            j += 1;
+        }
+        c += 1;
+    }
+    t
+};
+
 static QUADS6: [[u8; 32]; 2] = {
     let mut t = [[0u8; 32]; 2];
     let mut k = 0;
@@ -630,11 +646,11 @@ macro_rules! kernels {
         }
 
         /// Q6_K weights · Q8_K, `R` activation rows: the 6-bit values `u` assembled with one
-        /// bit-select each (`vpternlogd` on AVX-512), each 32-element quarter's `Σ u·q8` by
-        /// `vpdpbusd` in i32 lanes of ≤ 4·63·127 (so they pack to i16 exactly), two quarters packed
-        /// per vector and weighted by their four 16-element sub-block scales in one `vpdpwssd`; the
-        /// −32 offset exactly through `−32·Σ sc·bsum` (ggml's `q8sums` term). Per-row f32 order is
-        /// independent of `R`.
+        /// bit-select each (`vpternlogd` on AVX-512); per super-block ggml's integer lanes
+        /// (`ggml_vec_dot_q6_K_q8_K`, x86 AVX2): each 32-element chunk's pair sums weighted by its
+        /// two 16-element sub-block scales, the −32 offset exactly through `−32·Σ sc·bsum`, then
+        /// one FMA with `d_x·d_w` into 8 f32 lanes and [`hsum`] — bit-identical to llama.cpp.
+        /// Per-row f32 order is independent of `R`.
         #[target_feature(enable = $feat)]
         unsafe fn q6k<const R: usize>(w: *const u8, a: *const BlockQ8K, st: usize, nb: usize, out: *mut f32) {
             use blocks::q6_k::*;
@@ -645,17 +661,18 @@ macro_rules! kernels {
             let mut acc = [_mm256_setzero_ps(); R];
             for i in 0..nb {
                 let b = w.add(i * BYTES);
-                let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(SCALES) as *const __m128i));
+                let sc8 = _mm_loadu_si128(b.add(SCALES) as *const __m128i);
+                let sc16 = _mm256_cvtepi8_epi16(sc8);
                 let off16 = _mm256_slli_epi16(_mm256_sub_epi16(zero, sc16), 5);
-                let split = R <= 2;
-                let mut sumi = [[zero; 2]; R];
+                // ggml's lanes: lane l of the i32 sum holds, for each 32-element chunk c, the 4
+                // products 4l..4l+3 times the chunk's sub-block scale (2c for l < 4, 2c+1 for l ≥ 4),
+                // minus 32·(bsums[2l]·sc[2l] + bsums[2l+1]·sc[2l+1]).
+                let mut sumi = [zero; R];
                 for r in 0..R {
                     let y = &*a.add(r * st + i);
-                    sumi[r][0] = madd_acc(zero, load(y.bsums.as_ptr() as *const u8), off16);
+                    sumi[r] = madd_acc(zero, load(y.bsums.as_ptr() as *const u8), off16);
                 }
                 for n in 0..2 {
-                    // The 8 scales of this half, as i16 in both 128-bit halves.
-                    let sn = if n == 0 { _mm256_permute4x64_epi64::<0x44>(sc16) } else { _mm256_permute4x64_epi64::<0xEE>(sc16) };
                     let ql0 = load(b.add(QL + 64 * n));
                     let ql1 = load(b.add(QL + 64 * n + 32));
                     let qh = load(b.add(QH + 32 * n));
@@ -668,22 +685,19 @@ macro_rules! kernels {
                         select(m4, _mm256_srli_epi16(ql0, 4), qa),
                         select(m4, _mm256_srli_epi16(ql1, 4), _mm256_srli_epi16(qb, 2)),
                     ];
-                    for k in 0..2 {
-                        let sp = _mm256_shuffle_epi8(sn, load(super::QUADS6[k].as_ptr()));
+                    for t in 0..4 {
+                        let c = 4 * n + t;
+                        let sp = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, _mm_loadu_si128(super::SCALE_PAIRS[c].as_ptr() as *const __m128i)));
                         for r in 0..R {
                             let y = (*a.add(r * st + i)).qs.as_ptr() as *const u8;
-                            let p0 = dot_us(zero, u[2 * k], load(y.add(128 * n + 64 * k)));
-                            let p1 = dot_us(zero, u[2 * k + 1], load(y.add(128 * n + 64 * k + 32)));
-                            let c = if split { k } else { 0 };
-                            sumi[r][c] = madd_acc(sumi[r][c], _mm256_packs_epi32(p0, p1), sp);
+                            sumi[r] = dot_us_scaled(sumi[r], u[t], load(y.add(32 * c)), sp);
                         }
                     }
                 }
                 let d = f16(b.add(D));
                 for r in 0..R {
                     let y = &*a.add(r * st + i);
-                    let si = if split { _mm256_add_epi32(sumi[r][0], sumi[r][1]) } else { sumi[r][0] };
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(si), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y.d * d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
                 }
             }
             store(&acc, &[0.0; R], out);
