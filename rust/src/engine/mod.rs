@@ -146,7 +146,7 @@ impl Engine<CpuBackend> {
     ) -> Result<Engine<CpuBackend>> {
         let pool = build_pool(opts.threads)?;
         let path = path.as_ref().to_path_buf();
-        let model = pool.install(|| Model::open(&path, CpuBackend))?;
+        let model = pool.install(|| Model::open(&path, CpuBackend::default()))?;
         Engine::with_pool(model, opts, pool)
     }
 }

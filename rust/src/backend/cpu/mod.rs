@@ -23,9 +23,53 @@ use crate::backend::{
 };
 use crate::{FakError, Result};
 
-/// The CPU backend (stateless: the thread pool is the caller's).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CpuBackend;
+/// The CPU backend. Its only state is which rows of the current batch llama.cpp would compute
+/// in which of its matmul kernels ([`GemmRows`]); the thread pool is the caller's.
+#[derive(Debug, Default)]
+pub struct CpuBackend {
+    gemm_rows: Mutex<GemmRows>,
+}
+
+/// For the rows of the current batch (`all`) and for its logit rows (`logits`, the rows of the
+/// last layer after llama.cpp's `inp_out_ids` pruning): which kernel llama.cpp's CPU backend runs
+/// for the row ([`matmul::LlamaRow`]). llama.cpp computes one sequence's tokens per ubatch: of its
+/// `n` rows the first `n − n mod 4` go through the repacked-Q4_K GEMM, the rest its GEMV, and
+/// with `n ≥ 8` Q6_K goes through the tiled kernel. A prefix-cache hit or a prefill chunk ends
+/// on a multiple of the KV block size (a multiple of 4), so the GEMM/GEMV split of a prompt's
+/// rows does not depend on how its prefill is split.
+#[derive(Debug, Default)]
+struct GemmRows {
+    all: Vec<matmul::LlamaRow>,
+    logits: Vec<matmul::LlamaRow>,
+}
+
+impl GemmRows {
+    fn kinds(n: usize) -> impl Iterator<Item = matmul::LlamaRow> {
+        (0..n).map(move |i| matmul::LlamaRow { gemm4: i < n - n % 4, tiled: n >= 8 })
+    }
+
+    fn set(&mut self, plan: &BatchPlan) {
+        self.all.clear();
+        self.logits.clear();
+        for s in &plan.seqs {
+            self.all.extend(Self::kinds(s.n_rows as usize));
+            let (lo, hi) = (s.row0, s.row0 + s.n_rows);
+            let m = plan.logit_rows.iter().filter(|&&r| r >= lo && r < hi).count();
+            self.logits.extend(Self::kinds(m));
+        }
+    }
+
+    /// The row kinds for a matmul over `n_rows` rows: the batch's rows or its logit rows.
+    fn for_rows(&self, n_rows: usize) -> Option<&[matmul::LlamaRow]> {
+        if n_rows == self.all.len() {
+            Some(&self.all)
+        } else if n_rows == self.logits.len() {
+            Some(&self.logits)
+        } else {
+            None
+        }
+    }
+}
 
 /// An f32 activation buffer.
 #[derive(Debug, Clone)]
@@ -135,6 +179,7 @@ impl Backend for CpuBackend {
     }
 
     fn set_batch(&self, batch: &mut CpuBatch, plan: &BatchPlan) -> Result<()> {
+        self.gemm_rows.lock().unwrap_or_else(|e| e.into_inner()).set(plan);
         batch.plan.clone_from(plan);
         *batch
             .rope_table
@@ -199,7 +244,16 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let (k, n_out) = (w.k(), w.n_out());
         let y = &mut out.0[..n_rows * n_out];
-        matmul::matmul(w.wtype, w.bytes(), n_out, k, &x.0[..n_rows * k], n_rows, y)?;
+        let x = &x.0[..n_rows * k];
+        if matches!(w.wtype, crate::quant::GgmlType::Q4_K | crate::quant::GgmlType::Q6_K) {
+            let rows = self.gemm_rows.lock().unwrap_or_else(|e| e.into_inner());
+            match rows.for_rows(n_rows) {
+                Some(kinds) => matmul::matmul_rows(w.wtype, w.bytes(), n_out, k, x, n_rows, y, kinds)?,
+                None => matmul::matmul(w.wtype, w.bytes(), n_out, k, x, n_rows, y)?,
+            }
+        } else {
+            matmul::matmul(w.wtype, w.bytes(), n_out, k, x, n_rows, y)?;
+        }
         if let Some(b) = bias {
             let b = f32_of(b)?;
             for row in y.chunks_exact_mut(n_out) {
