@@ -125,11 +125,9 @@ impl<B: Backend> Model<B> {
             } = &mut *s;
             let batch = &*batch;
             be.embed(&w.token_embd, batch, n, x)?;
-            dbg_dump(be, "embd", 99, x, n * d)?;
             let mut pruned = false;
             for (il, lw) in w.layers.iter().enumerate() {
                 be.rmsnorm(x, &lw.attn_norm, c.rms_eps, n, d, h)?;
-                dbg_dump(be, "attn_norm", il, h, n * d)?;
                 be.matmul_multi(
                     &[
                         (&lw.wq, lw.bq.as_ref()),
@@ -140,9 +138,6 @@ impl<B: Backend> Model<B> {
                     n,
                     &mut [&mut *q, &mut *k, &mut *v],
                 )?;
-                dbg_dump(be, "Qb", il, q, n * c.q_dim())?;
-                dbg_dump(be, "Kb", il, k, n * c.kv_dim())?;
-                dbg_dump(be, "Vb", il, v, n * c.kv_dim())?;
                 be.rope(
                     q,
                     batch,
@@ -161,11 +156,8 @@ impl<B: Backend> Model<B> {
                     &c.rope,
                     w.rope_freqs.as_ref(),
                 )?;
-                dbg_dump(be, "Qr", il, q, n * c.q_dim())?;
-                dbg_dump(be, "Kr", il, k, n * c.kv_dim())?;
                 be.kv_write(kv, il, k, v, batch, n)?;
                 be.attention(q, kv, il, batch, n, &attn, att)?;
-                dbg_dump(be, "kqv_out", il, att, n * c.q_dim())?;
                 if il + 1 == w.layers.len() && n_logits < n {
                     // Last layer: only the rows that need logits go on (llama.cpp `inp_out_ids`);
                     // every row's K/V is already in the cache.
@@ -177,7 +169,6 @@ impl<B: Backend> Model<B> {
                     }
                 } else {
                     block_tail(be, lw, c, n, x, att, h, tmp, gate, up)?;
-                    dbg_dump(be, "l_out", il, x, n * d)?;
                 }
             }
             if n_logits > 0 {
@@ -185,7 +176,6 @@ impl<B: Backend> Model<B> {
                     be.gather_logit_rows(x, batch, d, xl)?;
                 }
                 be.rmsnorm(xl, &w.output_norm, c.rms_eps, n_logits, d, h)?;
-                dbg_dump(be, "result_norm", 99, h, n_logits * d)?;
                 be.matmul(w.lm_head(), None, h, n_logits, logits)?;
             }
             Ok(())
@@ -212,36 +202,15 @@ fn block_tail<B: Backend>(
 ) -> Result<()> {
     let d = c.n_embd;
     be.matmul(&lw.wo, lw.bo.as_ref(), att, n, tmp)?;
-    dbg_dump(be, "attn_out", 98, tmp, n * d)?;
     be.add(x, tmp, n * d)?;
-    dbg_dump(be, "ffn_inp", 98, x, n * d)?;
     be.rmsnorm(x, &lw.ffn_norm, c.rms_eps, n, d, h)?;
-    dbg_dump(be, "ffn_norm", 98, h, n * d)?;
     be.matmul_multi(
         &[(&lw.w_gate, None), (&lw.w_up, None)],
         h,
         n,
         &mut [&mut *gate, &mut *up],
     )?;
-    dbg_dump(be, "ffn_gate", 98, gate, n * c.n_ff)?;
-    dbg_dump(be, "ffn_up", 98, up, n * c.n_ff)?;
     be.swiglu(gate, up, n * c.n_ff)?;
-    dbg_dump(be, "ffn_swiglu", 98, gate, n * c.n_ff)?;
     be.matmul(&lw.w_down, None, gate, n, tmp)?;
-    dbg_dump(be, "ffn_out", 98, tmp, n * d)?;
     be.add(x, tmp, n * d)
-}
-
-/// DEBUG (temporary): appends `buf[..len]` to `$FAK_DUMP_DIR/<name>-<il>.f32`.
-fn dbg_dump<B: Backend>(be: &B, name: &str, il: usize, buf: &B::Buffer, len: usize) -> Result<()> {
-    let Ok(dir) = std::env::var("FAK_DUMP_DIR") else { return Ok(()) };
-    let mut v = vec![0f32; len];
-    be.read_f32(buf, &mut v)?;
-    use std::io::Write;
-    static CNT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let i = CNT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let mut f = std::fs::File::create(format!("{dir}/{i:04}-{name}-{il}.f32")).unwrap();
-    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-    f.write_all(&bytes).unwrap();
-    Ok(())
 }
