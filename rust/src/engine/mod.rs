@@ -461,6 +461,7 @@ impl<B: Backend> Engine<B> {
             let mut plan = std::mem::take(&mut self.plan);
             plan.clear();
             plan.push_seq(toks, n_past, &table, BLOCK_SIZE, LogitRows::All);
+            plan.set_prompt_len(tokens.len());
             let r = self.model.forward(&mut self.kv, &mut self.scratch, &plan);
             self.plan = plan;
             match r {

@@ -190,9 +190,17 @@ unsafe fn attend_task(
     };
     let n_blocks = ctx_max.div_ceil(bs);
     let kv_head = t.kv_head as usize;
-    // llama.cpp's kernel for this sequence's ubatch: one row (decode) runs `ggml_vec_dot_f16`,
-    // several rows run llamafile's tinyBLAS; their f32 summation orders differ (see `Chains`).
-    let chains = if seq.n_rows == 1 { Chains::VecDot } else { Chains::TinyBlas };
+    // llama.cpp's kernel for each row's ubatch: one row (a decode step) runs
+    // `ggml_vec_dot_f16`, several rows (a prompt) llamafile's tinyBLAS; their f32 summation
+    // orders differ (see `Chains`).
+    let row_chains = |i: usize| {
+        let pos = seq.n_past + t.row_lo + i as u32;
+        if super::llama_ubatch(pos, seq.n_prompt).0 >= 2 {
+            Chains::TinyBlas
+        } else {
+            Chains::VecDot
+        }
+    };
     sc.vf.resize(ctx_max * hd, 0.0);
 
     // Pass 1: scores of every block.
@@ -206,7 +214,19 @@ unsafe fn attend_task(
             &cache.k_block(layer, block as usize, kv_head)[..n_k * hd],
             &mut sc.kf[..n_k * hd],
         );
-        scores(isa, chains, &sc.q, nq, &sc.kf, n_k, hd, &mut sc.s[pos0..], stride);
+        for i in 0..n_tile_rows {
+            scores(
+                isa,
+                row_chains(i),
+                &sc.q[i * nh * hd..],
+                nh,
+                &sc.kf,
+                n_k,
+                hd,
+                &mut sc.s[i * nh * stride + pos0..],
+                stride,
+            );
+        }
     }
     // Pass 2: softmax of `scale · s` over each query's causal context, probabilities to f16.
     for i in 0..n_tile_rows {
@@ -244,7 +264,7 @@ unsafe fn attend_task(
             let r = i * nh + hh;
             weighted_v(
                 isa,
-                chains,
+                row_chains(i),
                 &sc.s[r * stride..r * stride + valid],
                 &sc.vf,
                 hd,

@@ -30,13 +30,34 @@ pub struct CpuBackend {
     gemm_rows: Mutex<GemmRows>,
 }
 
-/// For the rows of the current batch (`all`) and for its logit rows (`logits`, the rows of the
-/// last layer after llama.cpp's `inp_out_ids` pruning): which kernel llama.cpp's CPU backend runs
-/// for the row ([`matmul::LlamaRow`]). llama.cpp computes one sequence's tokens per ubatch: of its
-/// `n` rows the first `n − n mod 4` go through the repacked-Q4_K GEMM, the rest its GEMV, and
-/// with `n ≥ 8` Q6_K goes through the tiled kernel. A prefix-cache hit or a prefill chunk ends
-/// on a multiple of the KV block size (a multiple of 4), so the GEMM/GEMV split of a prompt's
-/// rows does not depend on how its prefill is split.
+/// llama.cpp's ubatch size in the configuration fak reproduces (the goldens': `n_batch` =
+/// `n_ubatch` = 512). A prompt is evaluated in ubatches of this many tokens, a generated token
+/// in a one-row ubatch.
+pub const LLAMA_UBATCH: u32 = 512;
+
+/// The llama.cpp ubatch of the token at position `pos` of a sequence whose prompt has
+/// `n_prompt` tokens: `(rows in the ubatch, the token's index in it)`. Several of llama.cpp's CPU
+/// kernels depend on these (see [`matmul::LlamaRow`] and the attention's `Chains`), so fak derives
+/// them per token — independent of how fak itself batches or chunks the rows.
+pub fn llama_ubatch(pos: u32, n_prompt: u32) -> (u32, u32) {
+    if pos >= n_prompt {
+        return (1, 0);
+    }
+    let u0 = pos / LLAMA_UBATCH * LLAMA_UBATCH;
+    ((n_prompt - u0).min(LLAMA_UBATCH), pos - u0)
+}
+
+/// The kind of llama.cpp matmul kernel of the token at `pos` ([`llama_ubatch`]): of a ubatch's
+/// `n` rows the first `n − n mod 4` go through the repacked-Q4_K GEMM, the rest its GEMV; with
+/// `n ≥ 8`, Q6_K goes through the tiled kernel.
+pub fn llama_row(pos: u32, n_prompt: u32) -> matmul::LlamaRow {
+    let (n, i) = llama_ubatch(pos, n_prompt);
+    matmul::LlamaRow { gemm4: i < n - n % 4, tiled: n >= 8 }
+}
+
+/// The [`matmul::LlamaRow`] of each row of the current batch (`all`) and of its logit rows
+/// (`logits`: the rows of the last layer after llama.cpp's `inp_out_ids` pruning, one output row
+/// per ubatch, so GEMV kernels).
 #[derive(Debug, Default)]
 struct GemmRows {
     all: Vec<matmul::LlamaRow>,
@@ -44,19 +65,13 @@ struct GemmRows {
 }
 
 impl GemmRows {
-    fn kinds(n: usize) -> impl Iterator<Item = matmul::LlamaRow> {
-        (0..n).map(move |i| matmul::LlamaRow { gemm4: i < n - n % 4, tiled: n >= 8 })
-    }
-
     fn set(&mut self, plan: &BatchPlan) {
         self.all.clear();
-        self.logits.clear();
         for s in &plan.seqs {
-            self.all.extend(Self::kinds(s.n_rows as usize));
-            let (lo, hi) = (s.row0, s.row0 + s.n_rows);
-            let m = plan.logit_rows.iter().filter(|&&r| r >= lo && r < hi).count();
-            self.logits.extend(Self::kinds(m));
+            self.all.extend((0..s.n_rows).map(|i| llama_row(s.n_past + i, s.n_prompt)));
         }
+        self.logits.clear();
+        self.logits.resize(plan.logit_rows.len(), matmul::LlamaRow::default());
     }
 
     /// The row kinds for a matmul over `n_rows` rows: the batch's rows or its logit rows.

@@ -18,8 +18,13 @@
 //!
 //! Batch invariance: on every level, a row's result depends only on that row (never on `n_rows`
 //! or on which rows share a kernel call) for all target formats (Q4_1/Q5_1, in no target model,
-//! are not on the SIMD levels), so the
-//! engine gives a sequence the same logits alone or batched, decoded or recomputed by a prefill.
+//! are not on the SIMD levels) — and, through [`matmul_rows`], on the row's [`LlamaRow`], which
+//! the CPU backend derives from the token's position and its sequence's prompt length only — so
+//! the engine gives a sequence the same logits alone or batched, decoded or recomputed by a prefill.
+//!
+//! Parity: on x86 (AVX2 / AVX-512 levels) the f32 accumulation of each kernel is the one of the
+//! kernel llama.cpp's x86 CPU build runs for the format (`ggml_vec_dot_*`, llamafile tinyBLAS,
+//! the repacked Q4_K GEMM/GEMV, the tiled Q6_K kernel), so results are bit-identical to it.
 //!
 //! `FAK_CPU_SIMD=scalar|avx2|avx512` lowers the SIMD level (tests, benches); [`simd_level`] names
 //! the one in use. Every level gives the same integer sums; only f32 summation order differs.
