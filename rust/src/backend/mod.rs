@@ -120,6 +120,11 @@ pub struct SeqRows {
     pub n_past: u32,
     pub table0: u32,
     pub n_blocks: u32,
+    /// Length of the sequence's prompt: rows at positions `< n_prompt` are prompt tokens (a
+    /// prefill in llama.cpp), the others generated ones (decode steps). The CPU backend picks
+    /// llama.cpp's kernel for a row from it (see `backend::cpu::llama_row`). [`BatchPlan::push_seq`]
+    /// sets it to `n_past + tokens.len()`; [`BatchPlan::set_prompt_len`] overrides it.
+    pub n_prompt: u32,
 }
 
 /// Host description of one forward call (all sequences' new tokens concatenated).
@@ -182,6 +187,7 @@ impl BatchPlan {
             n_past: n_past as u32,
             table0: table0 as u32,
             n_blocks: blocks.len() as u32,
+            n_prompt: (n_past + tokens.len()) as u32,
         });
         match logits {
             LogitRows::None => {}
@@ -193,6 +199,15 @@ impl BatchPlan {
             LogitRows::All => self
                 .logit_rows
                 .extend((row0..row0 + tokens.len()).map(|r| r as u32)),
+        }
+    }
+}
+
+impl BatchPlan {
+    /// Sets the prompt length of the last sequence pushed (see [`SeqRows::n_prompt`]).
+    pub fn set_prompt_len(&mut self, n_prompt: usize) {
+        if let Some(s) = self.seqs.last_mut() {
+            s.n_prompt = n_prompt as u32;
         }
     }
 }

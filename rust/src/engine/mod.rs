@@ -146,7 +146,7 @@ impl Engine<CpuBackend> {
     ) -> Result<Engine<CpuBackend>> {
         let pool = build_pool(opts.threads)?;
         let path = path.as_ref().to_path_buf();
-        let model = pool.install(|| Model::open(&path, CpuBackend))?;
+        let model = pool.install(|| Model::open(&path, CpuBackend::default()))?;
         Engine::with_pool(model, opts, pool)
     }
 }
@@ -461,6 +461,7 @@ impl<B: Backend> Engine<B> {
             let mut plan = std::mem::take(&mut self.plan);
             plan.clear();
             plan.push_seq(toks, n_past, &table, BLOCK_SIZE, LogitRows::All);
+            plan.set_prompt_len(tokens.len());
             let r = self.model.forward(&mut self.kv, &mut self.scratch, &plan);
             self.plan = plan;
             match r {

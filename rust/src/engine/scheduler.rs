@@ -288,6 +288,7 @@ impl Scheduler {
                     LogitRows::None
                 },
             );
+            plan.set_prompt_len(s.n_prompt);
         }
         *out = entries;
     }

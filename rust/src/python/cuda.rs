@@ -234,7 +234,7 @@ impl PyOpRunner {
     #[pyo3(signature = (backend="cpu"))]
     fn new(py: Python<'_>, backend: &str) -> PyResult<PyOpRunner> {
         let runner = match backend {
-            "cpu" => Runner::Cpu(CpuBackend),
+            "cpu" => Runner::Cpu(CpuBackend::default()),
             #[cfg(feature = "cuda")]
             "cuda" => Runner::Cuda(Box::new(detach(py, || crate::backend::cuda::CudaBackend::new(0))?)),
             other => {

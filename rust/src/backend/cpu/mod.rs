@@ -23,9 +23,68 @@ use crate::backend::{
 };
 use crate::{FakError, Result};
 
-/// The CPU backend (stateless: the thread pool is the caller's).
-#[derive(Debug, Default, Clone, Copy)]
-pub struct CpuBackend;
+/// The CPU backend. Its only state is which rows of the current batch llama.cpp would compute
+/// in which of its matmul kernels ([`GemmRows`]); the thread pool is the caller's.
+#[derive(Debug, Default)]
+pub struct CpuBackend {
+    gemm_rows: Mutex<GemmRows>,
+}
+
+/// llama.cpp's ubatch size in the configuration fak reproduces (the goldens': `n_batch` =
+/// `n_ubatch` = 512). A prompt is evaluated in ubatches of this many tokens, a generated token
+/// in a one-row ubatch.
+pub const LLAMA_UBATCH: u32 = 512;
+
+/// The llama.cpp ubatch of the token at position `pos` of a sequence whose prompt has
+/// `n_prompt` tokens: `(rows in the ubatch, the token's index in it)`. Several of llama.cpp's CPU
+/// kernels depend on these (see [`matmul::LlamaRow`] and the attention's `Chains`), so fak derives
+/// them per token — independent of how fak itself batches or chunks the rows.
+pub fn llama_ubatch(pos: u32, n_prompt: u32) -> (u32, u32) {
+    if pos >= n_prompt {
+        return (1, 0);
+    }
+    let u0 = pos / LLAMA_UBATCH * LLAMA_UBATCH;
+    ((n_prompt - u0).min(LLAMA_UBATCH), pos - u0)
+}
+
+/// The kind of llama.cpp matmul kernel of the token at `pos` ([`llama_ubatch`]): of a ubatch's
+/// `n` rows the first `n − n mod 4` go through the repacked-Q4_K GEMM, the rest its GEMV; with
+/// `n ≥ 8`, Q6_K goes through the tiled kernel.
+pub fn llama_row(pos: u32, n_prompt: u32) -> matmul::LlamaRow {
+    let (n, i) = llama_ubatch(pos, n_prompt);
+    matmul::LlamaRow { gemm4: i < n - n % 4, tiled: n >= 8 }
+}
+
+/// The [`matmul::LlamaRow`] of each row of the current batch (`all`) and of its logit rows
+/// (`logits`: the rows of the last layer after llama.cpp's `inp_out_ids` pruning, one output row
+/// per ubatch, so GEMV kernels).
+#[derive(Debug, Default)]
+struct GemmRows {
+    all: Vec<matmul::LlamaRow>,
+    logits: Vec<matmul::LlamaRow>,
+}
+
+impl GemmRows {
+    fn set(&mut self, plan: &BatchPlan) {
+        self.all.clear();
+        for s in &plan.seqs {
+            self.all.extend((0..s.n_rows).map(|i| llama_row(s.n_past + i, s.n_prompt)));
+        }
+        self.logits.clear();
+        self.logits.resize(plan.logit_rows.len(), matmul::LlamaRow::default());
+    }
+
+    /// The row kinds for a matmul over `n_rows` rows: the batch's rows or its logit rows.
+    fn for_rows(&self, n_rows: usize) -> Option<&[matmul::LlamaRow]> {
+        if n_rows == self.all.len() {
+            Some(&self.all)
+        } else if n_rows == self.logits.len() {
+            Some(&self.logits)
+        } else {
+            None
+        }
+    }
+}
 
 /// An f32 activation buffer.
 #[derive(Debug, Clone)]
@@ -135,6 +194,7 @@ impl Backend for CpuBackend {
     }
 
     fn set_batch(&self, batch: &mut CpuBatch, plan: &BatchPlan) -> Result<()> {
+        self.gemm_rows.lock().unwrap_or_else(|e| e.into_inner()).set(plan);
         batch.plan.clone_from(plan);
         *batch
             .rope_table
@@ -199,7 +259,16 @@ impl Backend for CpuBackend {
     ) -> Result<()> {
         let (k, n_out) = (w.k(), w.n_out());
         let y = &mut out.0[..n_rows * n_out];
-        matmul::matmul(w.wtype, w.bytes(), n_out, k, &x.0[..n_rows * k], n_rows, y)?;
+        let x = &x.0[..n_rows * k];
+        if matches!(w.wtype, crate::quant::GgmlType::Q4_K | crate::quant::GgmlType::Q6_K) {
+            let rows = self.gemm_rows.lock().unwrap_or_else(|e| e.into_inner());
+            match rows.for_rows(n_rows) {
+                Some(kinds) => matmul::matmul_rows(w.wtype, w.bytes(), n_out, k, x, n_rows, y, kinds)?,
+                None => matmul::matmul(w.wtype, w.bytes(), n_out, k, x, n_rows, y)?,
+            }
+        } else {
+            matmul::matmul(w.wtype, w.bytes(), n_out, k, x, n_rows, y)?;
+        }
         if let Some(b) = bias {
             let b = f32_of(b)?;
             for row in y.chunks_exact_mut(n_out) {

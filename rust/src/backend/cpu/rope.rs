@@ -2,7 +2,9 @@
 //! the angle of pair `i` starts at `θ = p` and is multiplied by `θ_scale = base^(−2/n_rot)` once
 //! per pair in f32 (`ggml_rope_cache_init`), divided by the pair's frequency factor when a
 //! `rope_freqs` tensor exists, scaled by `freq_scale` (linear scaling), and `cos`/`sin` are taken
-//! in f32 — so angles round exactly as llama.cpp's do.
+//! in f32 — so angles round exactly as llama.cpp's do. The rotation is ggml's `rotate_pairs` as
+//! GCC contracts it in llama.cpp's x86 build: `x0·c − x1·s = fma(x0, c, −(x1·s))` and
+//! `x0·s + x1·c = fma(x0, s, x1·c)` (bit-identical to llama.cpp's `Qcur`/`Kcur` after RoPE).
 //!
 //! Pairing: [`RopeStyle::Norm`] rotates `(2i, 2i+1)` (llama.cpp `LLAMA_ROPE_TYPE_NORM`, used for
 //! `llama`: its GGUF converter permutes Q/K rows to match), [`RopeStyle::Neox`] rotates
@@ -65,16 +67,16 @@ pub fn apply(
                     for i in 0..half {
                         let (c, s) = (cs[2 * i], cs[2 * i + 1]);
                         let (x0, x1) = (head[2 * i], head[2 * i + 1]);
-                        head[2 * i] = x0 * c - x1 * s;
-                        head[2 * i + 1] = x0 * s + x1 * c;
+                        head[2 * i] = x0.mul_add(c, -(x1 * s));
+                        head[2 * i + 1] = x0.mul_add(s, x1 * c);
                     }
                 }
                 RopeStyle::Neox => {
                     for i in 0..half {
                         let (c, s) = (cs[2 * i], cs[2 * i + 1]);
                         let (x0, x1) = (head[i], head[i + half]);
-                        head[i] = x0 * c - x1 * s;
-                        head[i + half] = x0 * s + x1 * c;
+                        head[i] = x0.mul_add(c, -(x1 * s));
+                        head[i + half] = x0.mul_add(s, x1 * c);
                     }
                 }
             }

@@ -92,6 +92,60 @@ pub fn exp_scaled_sum_inplace(x: &mut [f32], m: f32) -> f64 {
     sum
 }
 
+/// ggml's `ggml_v_expf` (AVX-512 form) for one value: the scalar twin of `avx2::expf_ggml`
+/// (same operations, `mul_add` for the FMAs), for the portable paths.
+#[allow(clippy::excessive_precision)]
+pub fn expf_ggml(x: f32) -> f32 {
+    let c = f32::from_bits;
+    let r = c(0x4b40_0000);
+    let z = x.mul_add(c(0x3fb8_aa3b), r);
+    let n = z - r;
+    let b = (-n).mul_add(c(0x35bf_be8e), (-n).mul_add(c(0x3f31_7200), x));
+    if n.abs() > 192.0 {
+        return if n <= 0.0 { 0.0 } else { f32::INFINITY };
+    }
+    if n.is_nan() {
+        return f32::NAN;
+    }
+    let u = b * b;
+    let j = c(0x3c07_2010)
+        .mul_add(b, c(0x3d2b_9f17))
+        .mul_add(u, c(0x3e2a_af33).mul_add(b, c(0x3eff_fedb)))
+        .mul_add(u, c(0x3f7f_fff6).mul_add(b, 1.0));
+    let ni = n as i32;
+    let (n1, n2) = (ni >> 1, ni - (ni >> 1));
+    let p = |k: i32| f32::from_bits(((k + 127) as u32) << 23);
+    (j * p(n1)) * p(n2)
+}
+
+/// Sum of 16 values as GCC's `_mm512_reduce_add_ps` adds its lanes.
+pub fn reduce16(v: &[f32; 16]) -> f32 {
+    let t3: [f32; 8] = std::array::from_fn(|i| v[8 + i] + v[i]);
+    let t6: [f32; 4] = std::array::from_fn(|i| t3[4 + i] + t3[i]);
+    (t6[0] + t6[2]) + (t6[1] + t6[3])
+}
+
+/// Softmax numerator in place with llama.cpp's numerics (ggml `ggml_vec_soft_max_f32`, AVX-512
+/// build): `x[i] = ggml_v_expf(x[i] − m)`; returns `Σ x[i]`, summed per 16 elements from index 0
+/// by [`reduce16`] and across groups in f64 (a last partial group as if padded with zeros).
+pub fn softmax_exp_sum(x: &mut [f32], m: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if isa() == Isa::Avx2 {
+        // SAFETY: the features were detected at run time.
+        return unsafe { avx2::softmax_exp_sum(x, m) };
+    }
+    let mut total = 0f64;
+    for chunk in x.chunks_mut(16) {
+        let mut v = [0f32; 16];
+        for (o, e) in v.iter_mut().zip(chunk.iter_mut()) {
+            *e = expf_ggml(*e - m);
+            *o = *e;
+        }
+        total += reduce16(&v) as f64;
+    }
+    total
+}
+
 /// Hints the CPU to bring `data` into cache (no effect off x86-64). Used one KV block ahead in
 /// attention, where the hardware prefetcher stops at each (scattered) block boundary.
 #[inline]
@@ -112,7 +166,8 @@ pub fn prefetch<T>(data: &[T]) {
     let _ = data;
 }
 
-/// SiLU-gated product in place: `gate[i] = gate[i] / (1 + e^−gate[i]) · up[i]`.
+/// SiLU-gated product in place: `gate[i] = gate[i] / (1 + e^−gate[i]) · up[i]`, with ggml's
+/// `ggml_vec_swiglu_f32` numerics (AVX-512 build: `ggml_v_silu` with `ggml_v_expf`), element-wise.
 pub fn swiglu(gate: &mut [f32], up: &[f32]) {
     debug_assert_eq!(gate.len(), up.len());
     #[cfg(target_arch = "x86_64")]
@@ -122,7 +177,7 @@ pub fn swiglu(gate: &mut [f32], up: &[f32]) {
         return;
     }
     for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + (-*g).exp()) * u;
+        *g = *g / (1.0 + expf_ggml(-*g)) * u;
     }
 }
 
@@ -234,6 +289,94 @@ pub(crate) mod avx2 {
         _mm256_andnot_ps(underflow, _mm256_mul_ps(p, pow2n))
     }
 
+    /// `2^n · j` for integral `n` with |n| ≤ 192, rounded once (AVX-512's `vscalefps`): two exact
+    /// power-of-two factors, the second product rounds.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    fn scalef(j: __m256, n: __m256) -> __m256 {
+        let ni = _mm256_cvtps_epi32(n);
+        let n1 = _mm256_srai_epi32::<1>(ni);
+        let n2 = _mm256_sub_epi32(ni, n1);
+        let p = |k: __m256i| _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(k, _mm256_set1_epi32(127))));
+        _mm256_mul_ps(_mm256_mul_ps(j, p(n1)), p(n2))
+    }
+
+    /// e^x for 8 lanes exactly as llama.cpp's x86 AVX-512 build computes it: ggml-cpu `vec.h`
+    /// `ggml_v_expf(__m512)` (ARM optimized-routines polynomial, `n = round(x/ln2)` by the 1.5·2^23
+    /// trick, result `scalef(j, n)`; |n| > 192 gives 0 or +inf). Used where llama.cpp uses it
+    /// (softmax, SiLU) so that results are bit-identical.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn expf_ggml(x: __m256) -> __m256 {
+        let c = |b: u32| _mm256_set1_ps(f32::from_bits(b));
+        let r = c(0x4b40_0000);
+        let z = _mm256_fmadd_ps(x, c(0x3fb8_aa3b), r);
+        let n = _mm256_sub_ps(z, r);
+        let b = _mm256_fnmadd_ps(n, c(0x35bf_be8e), _mm256_fnmadd_ps(n, c(0x3f31_7200), x));
+        let abs_n = _mm256_andnot_ps(_mm256_set1_ps(-0.0), n);
+        let d = _mm256_cmp_ps::<_CMP_GT_OQ>(abs_n, _mm256_set1_ps(192.0));
+        let u = _mm256_mul_ps(b, b);
+        let j = _mm256_fmadd_ps(
+            _mm256_fmadd_ps(
+                _mm256_fmadd_ps(c(0x3c07_2010), b, c(0x3d2b_9f17)),
+                u,
+                _mm256_fmadd_ps(c(0x3e2a_af33), b, c(0x3eff_fedb)),
+            ),
+            u,
+            _mm256_fmadd_ps(c(0x3f7f_fff6), b, _mm256_set1_ps(1.0)),
+        );
+        let res = scalef(j, _mm256_andnot_ps(d, n));
+        if _mm256_movemask_ps(d) == 0 {
+            return res;
+        }
+        let le0 = _mm256_cmp_ps::<_CMP_LE_OQ>(n, _mm256_setzero_ps());
+        let alt = _mm256_andnot_ps(le0, _mm256_set1_ps(f32::INFINITY));
+        _mm256_blendv_ps(res, alt, d)
+    }
+
+    /// The 16 lanes `(lo, hi)` of a 512-bit vector summed as GCC's `_mm512_reduce_add_ps`:
+    /// `((lo + hi)` folded 128 → 64 → 32 bits).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub fn reduce16(lo: __m256, hi: __m256) -> f32 {
+        hsum(_mm256_add_ps(hi, lo))
+    }
+
+    /// `x[i] = ggml_v_expf(x[i] − m)`, returns `Σ x[i]` as ggml's `ggml_vec_soft_max_f32` sums
+    /// on AVX-512: per 16 elements (from index 0) [`reduce16`], added in f64. A last partial group
+    /// is summed as if padded with zeros (llama.cpp's masked `e^−∞` entries).
+    ///
+    /// # Safety
+    /// Requires AVX2, FMA and F16C.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn softmax_exp_sum(x: &mut [f32], m: f32) -> f64 {
+        let mv = _mm256_set1_ps(m);
+        let n = x.len();
+        let mut total = 0f64;
+        let mut i = 0;
+        let mut pad = [0f32; 16];
+        while i < n {
+            let k = (n - i).min(16);
+            let chunk: *mut f32 = if k == 16 {
+                x.as_mut_ptr().add(i)
+            } else {
+                pad = [f32::NEG_INFINITY; 16];
+                pad[..k].copy_from_slice(&x[i..n]);
+                pad.as_mut_ptr()
+            };
+            let lo = expf_ggml(_mm256_sub_ps(_mm256_loadu_ps(chunk), mv));
+            let hi = expf_ggml(_mm256_sub_ps(_mm256_loadu_ps(chunk.add(8)), mv));
+            _mm256_storeu_ps(chunk, lo);
+            _mm256_storeu_ps(chunk.add(8), hi);
+            total += reduce16(lo, hi) as f64;
+            if k < 16 {
+                x[i..n].copy_from_slice(&pad[..k]);
+            }
+            i += 16;
+        }
+        total
+    }
+
     /// # Safety
     /// Requires AVX2, FMA and F16C.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -322,7 +465,7 @@ pub(crate) mod avx2 {
         while i + 8 <= n {
             let g = _mm256_loadu_ps(gate.as_ptr().add(i));
             let u = _mm256_loadu_ps(up.as_ptr().add(i));
-            let e = exp(_mm256_sub_ps(_mm256_setzero_ps(), g));
+            let e = expf_ggml(_mm256_sub_ps(_mm256_setzero_ps(), g));
             let s = _mm256_div_ps(g, _mm256_add_ps(one, e));
             _mm256_storeu_ps(gate.as_mut_ptr().add(i), _mm256_mul_ps(s, u));
             i += 8;
@@ -415,5 +558,33 @@ mod tests {
             );
             x += 0.173;
         }
+    }
+
+    /// ggml's `ggml_v_expf`: the AVX2 and scalar forms agree bit for bit, are within 2 ulp of
+    /// e^x, and flush like ggml's AVX-512 form (0 below about −104, +inf from 88.7).
+    #[test]
+    fn expf_ggml_matches_itself_and_exp() {
+        let xs: Vec<f32> = (0..4000).map(|i| -110.0 + i as f32 * 0.05).chain([0.0, -0.0, 1e-8]).collect();
+        let mut simd = xs.clone();
+        #[cfg(target_arch = "x86_64")]
+        if isa() == Isa::Avx2 {
+            use std::arch::x86_64::*;
+            for c in simd.chunks_exact_mut(8) {
+                // SAFETY: AVX2/FMA detected; the chunk holds 8 floats.
+                unsafe { _mm256_storeu_ps(c.as_mut_ptr(), avx2::expf_ggml(_mm256_loadu_ps(c.as_ptr()))) };
+            }
+            for (i, &x) in xs.iter().enumerate().take(xs.len() / 8 * 8) {
+                assert_eq!(simd[i].to_bits(), expf_ggml(x).to_bits(), "x = {x}");
+            }
+        }
+        for &x in &xs {
+            let (got, want) = (expf_ggml(x) as f64, (x as f64).exp());
+            if x < -104.0 {
+                assert_eq!(got, 0.0);
+            } else if want > 1e-37 && x < 88.0 {
+                assert!((got - want).abs() <= 2.5 * want * f32::EPSILON as f64, "x = {x}: {got} vs {want}");
+            }
+        }
+        assert_eq!(expf_ggml(100.0), f32::INFINITY);
     }
 }

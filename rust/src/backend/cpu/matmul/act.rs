@@ -83,18 +83,33 @@ pub fn interleave_q8_0(a: &[BlockQ8_0], nb: usize) -> Vec<BlockQ8_0x8> {
     out
 }
 
-/// A Q8_K activation block (ggml `block_q8_K`): f32 `d`, 256 quants, sums of each 16 quants.
+/// Which of llama.cpp's CPU matmul kernels computes an activation row (see
+/// [`matmul_rows`](super::matmul_rows)); fak follows its f32 accumulation order for the weight
+/// formats whose kernel depends on it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LlamaRow {
+    /// The row is among the first `n − n mod 4` of its ubatch's `n` rows: llama.cpp's repacked
+    /// Q4_K GEMM (`ggml_gemm_q4_K_8x8_q8_K`), else its GEMV.
+    pub gemm4: bool,
+    /// The row's ubatch has ≥ 8 rows: llama.cpp's tiled K-quant matmul (ggml-cpu `tiled/`,
+    /// used for Q6_K), else `ggml_vec_dot_q6_K_q8_K`.
+    pub tiled: bool,
+}
+
+/// A Q8_K activation block (ggml `block_q8_K`): f32 `d`, 256 quants, sums of each 16 quants;
+/// plus, in the struct's padding, fak's [`LlamaRow`] of the block's row (set by `matmul_rows`).
 #[derive(Clone, Copy, Debug)]
 #[repr(C, align(8))]
 pub struct BlockQ8K {
     pub d: f32,
     pub qs: [i8; QK_K],
     pub bsums: [i16; QK_K / 16],
+    pub row: LlamaRow,
 }
 
 impl Default for BlockQ8K {
     fn default() -> Self {
-        BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16] }
+        BlockQ8K { d: 0.0, qs: [0; QK_K], bsums: [0; QK_K / 16], row: LlamaRow::default() }
     }
 }
 

@@ -18,8 +18,13 @@
 //!
 //! Batch invariance: on every level, a row's result depends only on that row (never on `n_rows`
 //! or on which rows share a kernel call) for all target formats (Q4_1/Q5_1, in no target model,
-//! are not on the SIMD levels), so the
-//! engine gives a sequence the same logits alone or batched, decoded or recomputed by a prefill.
+//! are not on the SIMD levels) — and, through [`matmul_rows`], on the row's [`LlamaRow`], which
+//! the CPU backend derives from the token's position and its sequence's prompt length only — so
+//! the engine gives a sequence the same logits alone or batched, decoded or recomputed by a prefill.
+//!
+//! Parity: on x86 (AVX2 / AVX-512 levels) the f32 accumulation of each kernel is the one of the
+//! kernel llama.cpp's x86 CPU build runs for the format (`ggml_vec_dot_*`, llamafile tinyBLAS,
+//! the repacked Q4_K GEMM/GEMV, the tiled Q6_K kernel), so results are bit-identical to it.
 //!
 //! `FAK_CPU_SIMD=scalar|avx2|avx512` lowers the SIMD level (tests, benches); [`simd_level`] names
 //! the one in use. Every level gives the same integer sums; only f32 summation order differs.
@@ -32,7 +37,7 @@ mod simd;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use act::{BlockQ8K, BlockQ8_0, BlockQ8_0x8, BlockQ8_1};
+pub use act::{BlockQ8K, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, LlamaRow};
 pub use simd::{available_levels, detected_level, SimdLevel};
 
 use crate::quant::GgmlType;
@@ -82,10 +87,31 @@ pub fn matmul(wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], n_ro
     matmul_at(simd::active_level(), wtype, w, n_out, k, x, n_rows, y)
 }
 
+/// [`matmul`] where `rows[r]` names the kernel llama.cpp's CPU backend runs for row `r`
+/// ([`LlamaRow`]): for Q4_K weights (which its x86 build repacks) the 4-row GEMM and the GEMV
+/// accumulate in f32 differently, and for Q6_K the tiled K-quant kernel (ubatches of ≥ 8 rows)
+/// differs from `ggml_vec_dot_q6_K_q8_K`; fak follows the one named so that its results are
+/// bit-identical. Other formats ignore `rows` (llama.cpp's kernels for them do not depend on the
+/// row count). A row's result still depends only on the row and its `LlamaRow`.
+///
+/// Errors: as [`matmul`]; [`FakError::InvalidArgument`] when `rows` is not `n_rows` long.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_rows(wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], n_rows: usize, y: &mut [f32], rows: &[LlamaRow]) -> Result<()> {
+    if rows.len() != n_rows {
+        return Err(FakError::invalid("rows", format!("{} row kinds for {n_rows} rows", rows.len())));
+    }
+    matmul_impl(simd::active_level(), wtype, w, n_out, k, x, n_rows, y, Some(rows))
+}
+
 /// [`matmul`] on an explicit SIMD level (for tests and benches); a level above what this CPU
 /// supports is an [`FakError::InvalidArgument`].
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], n_rows: usize, y: &mut [f32]) -> Result<()> {
+    matmul_impl(level, wtype, w, n_out, k, x, n_rows, y, None)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], n_rows: usize, y: &mut [f32], rows: Option<&[LlamaRow]>) -> Result<()> {
     if level > simd::detected_level() {
         return Err(FakError::invalid("level", format!("{} is not supported by this CPU", level.name())));
     }
@@ -131,7 +157,15 @@ pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: u
             }
         }
         Plan::Q8_1(kern) => drive(kern, None, w, &quantize_rows(x, k, QK8_BLOCK, q.q8_1), nb, shape, y),
-        Plan::Q8K(kern) => drive(kern, None, w, &quantize_rows(x, k, act::QK_K, q.q8_k), nb, shape, y),
+        Plan::Q8K(kern) => {
+            let mut a = quantize_rows(x, k, act::QK_K, q.q8_k);
+            if let Some(rows) = rows.filter(|_| matches!(wtype, GgmlType::Q4_K | GgmlType::Q6_K)) {
+                for (blocks, &kind) in a.chunks_mut(nb).zip(rows) {
+                    blocks.iter_mut().for_each(|b| b.row = kind);
+                }
+            }
+            drive(kern, None, w, &a, nb, shape, y)
+        }
         Plan::F32(kern) => drive(kern, None, w, x, k, shape, y),
         Plan::F16(kern) => drive(kern, None, w, &quantize_rows(x, k, 1, q.f16), k, shape, y),
         Plan::BF16(kern) => drive(kern, None, w, &quantize_rows(x, k, 1, q.bf16), k, shape, y),

@@ -66,14 +66,6 @@ macro_rules! helpers_avx2 {
         unsafe fn add16_where(u: __m256i, bits: u32) -> __m256i {
             _mm256_or_si256(u, _mm256_and_si256(bits_to_bytes(bits), _mm256_set1_epi8(0x10)))
         }
-        /// The low 16 bits of each i32 lane, as 8 i16.
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c")]
-        unsafe fn low16(v: __m256i) -> __m128i {
-            let shuf = _mm256_setr_epi8(0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1, 0, 1, 4, 5, 8, 9, 12, 13, -1, -1, -1, -1, -1, -1, -1, -1);
-            let p = _mm256_permute4x64_epi64::<0b1000>(_mm256_shuffle_epi8(v, shuf));
-            _mm256_castsi256_si128(p)
-        }
         /// 32 4-bit values of a 16-byte block as bytes: low nibbles then high nibbles.
         #[inline]
         #[target_feature(enable = "avx2,fma,f16c")]
@@ -127,12 +119,6 @@ macro_rules! helpers_avx512 {
         #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
         unsafe fn add16_where(u: __m256i, bits: u32) -> __m256i {
             _mm256_mask_add_epi8(u, bits, u, _mm256_set1_epi8(0x10))
-        }
-        /// The low 16 bits of each i32 lane, as 8 i16 (`vpmovdw`).
-        #[inline]
-        #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-        unsafe fn low16(v: __m256i) -> __m128i {
-            _mm256_cvtepi32_epi16(v)
         }
         /// 32 4-bit values of a 16-byte block as bytes: low nibbles then high nibbles (the 16 bytes
         /// in both halves, the upper half shifted by a per-lane count).
@@ -279,17 +265,18 @@ static PAIRS4: [[u8; 32]; 4] = {
 /// Byte-shuffle patterns over the 8 i16 scales of one Q6_K half (the same 8 in both 128-bit
 /// halves) giving [s_{b} ×4, s_{b+2} ×4] in the low half and [s_{b+1} ×4, s_{b+3} ×4] in the high
 /// half, `b` = 0 or 4: the scales of two packed 32-element quarters (16-element sub-blocks).
-static QUADS6: [[u8; 32]; 2] = {
-    let mut t = [[0u8; 32]; 2];
-    let mut k = 0;
-    while k < 2 {
-        let mut b = 0;
-        while b < 32 {
-            let (h, p) = (b / 16, (b % 16) / 2);
-            t[k][b] = (2 * (4 * k + 2 * (p / 4) + h) + b % 2) as u8;
-            b += 1;
+/// Byte shuffles picking sub-block scales `2c` (8 times) then `2c + 1` (8 times), `c < 8` (ggml
+/// `get_scale_shuffle`).
+static SCALE_PAIRS: [[u8; 16]; 8] = {
+    let mut t = [[0u8; 16]; 8];
+    let mut c = 0;
+    while c < 8 {
+        let mut j = 0;
+        while j < 16 {
+            t[c][j] = (2 * c + j / 8) as u8;
+            j += 1;
         }
-        k += 1;
+        c += 1;
     }
     t
 };
@@ -337,9 +324,8 @@ macro_rules! kernels {
 
         // ------------------------------------------------------------ 32-element block formats
 
-        /// One Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weight block as 32 bytes `u` with `Σ (u − OFF)·q8`
-        /// its exact integer dot product ([`q0_off`]): the 4- or 5-bit values, or Q8_0's `q + 128`
-        /// (`q ^ 0x80`) where [`Q8_OFFSET`], else Q8_0's signed `q` as is (see [`q0_sums8`]).
+        /// One Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weight block as 32 bytes: the unsigned 4- or
+        /// 5-bit values (before their −8 / −16 offset), or Q8_0's `q` (`q ^ 0x80` where [`Q8_OFFSET`]).
         #[inline]
         #[target_feature(enable = $feat)]
         unsafe fn q0_unpack<const KIND: u8>(b: *const u8) -> __m256i {
@@ -348,16 +334,6 @@ macro_rules! kernels {
                 1 => add16_where(nibbles32(b.add(blocks::q5_0::QS)), (b.add(blocks::q5_0::QH) as *const u32).read_unaligned()),
                 _ if Q8_OFFSET => _mm256_xor_si256(load(b.add(blocks::q8_0::QS)), _mm256_set1_epi8(0x80u8 as i8)),
                 _ => load(b.add(blocks::q8_0::QS)),
-            }
-        }
-
-        /// The offset [`q0_unpack`] adds (8, 16, 128 or none) as a shift count, `None` for none.
-        const fn q0_off<const KIND: u8>() -> Option<i32> {
-            match KIND {
-                0 => Some(3),
-                1 => Some(4),
-                _ if Q8_OFFSET => Some(7),
-                _ => None,
             }
         }
 
@@ -370,94 +346,50 @@ macro_rules! kernels {
             }
         }
 
-        /// The 8 lane sums of each of 8 i32 vectors, as the 8 lanes of one vector, exact when every
-        /// lane is within ±16383 (two `packs` + `madd` levels, then one cross-half add).
+        /// One Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weight block as 32 signed bytes (the weight values
+        /// `q − 8`, `q − 16`, `q`), element order.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn reduce8_small(v: &[__m256i; 8]) -> __m256i {
-            let ones = _mm256_set1_epi16(1);
-            let pair = |x: __m256i, y: __m256i| _mm256_madd_epi16(_mm256_packs_epi32(x, y), ones);
-            let q0123 = pair(pair(v[0], v[1]), pair(v[2], v[3]));
-            let q4567 = pair(pair(v[4], v[5]), pair(v[6], v[7]));
-            _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(q0123, q4567), _mm256_permute2x128_si256::<0x31>(q0123, q4567))
-        }
-
-        /// [`reduce8_small`] for any i32 lanes (an unpack-and-add transpose).
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn reduce8_wide(v: &[__m256i; 8]) -> __m256i {
-            let pair = |x: __m256i, y: __m256i| _mm256_add_epi32(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y));
-            let quad = |x: __m256i, y: __m256i| _mm256_add_epi32(_mm256_unpacklo_epi64(x, y), _mm256_unpackhi_epi64(x, y));
-            let q0123 = quad(pair(v[0], v[1]), pair(v[2], v[3]));
-            let q4567 = quad(pair(v[4], v[5]), pair(v[6], v[7]));
-            _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(q0123, q4567), _mm256_permute2x128_si256::<0x31>(q0123, q4567))
-        }
-
-        /// The exact integer dot products of 8 weight blocks (`u`, unpacked) with the 8 activation
-        /// blocks `qs` in lanes: `Σ u·q8 − OFF·Σq8`.
-        #[inline]
-        #[target_feature(enable = $feat)]
-        unsafe fn q0_sums8<const KIND: u8>(u: &[__m256i; 8], qs: &[[i8; 32]; 8], sums: &[i32; 8]) -> __m256i {
-            let zero = _mm256_setzero_si256();
-            let mut v = [zero; 8];
-            for b in 0..8 {
-                let y = load(qs[b].as_ptr() as *const u8);
-                v[b] = if KIND == 2 && !Q8_OFFSET {
-                    // Signed · signed as |q| · (y with q's sign).
-                    dot_us(zero, _mm256_sign_epi8(u[b], u[b]), _mm256_sign_epi8(y, u[b]))
-                } else {
-                    dot_us(zero, u[b], y)
-                };
-            }
-            // |lanes| ≤ 4·31·128 for the 4/5-bit formats; Q8_0's need the wide sum.
-            let s = if KIND == 2 { reduce8_wide(&v) } else { reduce8_small(&v) };
-            match q0_off::<KIND>() {
-                Some(sh) => _mm256_sub_epi32(s, _mm256_sll_epi32(_mm256_load_si256(sums.as_ptr() as *const __m256i), _mm_cvtsi32_si128(sh))),
-                None => s,
+        unsafe fn q0_signed<const KIND: u8>(b: *const u8) -> __m256i {
+            match KIND {
+                0 => _mm256_sub_epi8(nibbles32(b.add(blocks::q4_0::QS)), _mm256_set1_epi8(8)),
+                1 => _mm256_sub_epi8(q0_unpack::<1>(b), _mm256_set1_epi8(16)),
+                _ => load(b.add(blocks::q8_0::QS)),
             }
         }
 
-        /// The f16 scales of `n` ≤ 8 consecutive blocks (`bytes` apart) as f32, zero past `n`.
+        /// `acc + (d_w·d_x) · lanes(w·y)`: ggml's per-block step of `ggml_vec_dot_q*_0_q8_0` (AVX2)
+        /// and of llamafile's `tinyBLAS_Q0_AVX`: the 8 exact i32 sums of 4 consecutive products
+        /// (`w` signed weights, `y` the activation quants) converted to f32 and fused-multiply-added
+        /// with the broadcast product of the two block scales.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn dw8(b: *const u8, bytes: usize, n: usize) -> __m256 {
-            let idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(bytes as i32));
-            let mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            // Each dword read stays inside its block (the scale is the block's first 2 of ≥ 18 bytes).
-            let d32 = _mm256_mask_i32gather_epi32::<1>(_mm256_setzero_si256(), b as *const i32, idx, mask);
-            _mm256_cvtph_ps(low16(d32))
+        unsafe fn q0_step(acc: __m256, aw: __m256i, w: __m256i, y: *const i8, d: f32) -> __m256 {
+            let y = load(y as *const u8);
+            let s = dot_us(_mm256_setzero_si256(), aw, _mm256_sign_epi8(y, w));
+            _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s), acc)
         }
 
         /// Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weights · Q8_0 activations of `R` rows, each row's blocks
-        /// grouped by 8 ([`BlockQ8_0x8`], `st` groups per row). Per group of 8 blocks, the 8 exact
-        /// integer block sums of a row land in the 8 lanes of one vector and take their scales
-        /// `d_w·d_x` in one FMA: lane `b` accumulates the row's blocks `≡ b (mod 8)` in order, and
-        /// the row's result is the fixed tree [`hsum`] of the 8 lanes — exactly what [`q0_x8`]
-        /// computes for 8 interleaved rows, so a row's result does not depend on the batch.
+        /// grouped by 8 ([`BlockQ8_0x8`], `st` groups per row). The f32 arithmetic is ggml's (x86
+        /// `ggml_vec_dot_q8_0_q8_0` / `_q5_0_` / `_q4_0_` and llamafile `tinyBLAS_Q0_AVX`, which
+        /// llama.cpp runs for decode and prefill): one 8-lane accumulator per row, blocks in order
+        /// ([`q0_step`]), reduced by [`hsum`] — bit-identical to llama.cpp, and a row's result does
+        /// not depend on the batch.
         #[target_feature(enable = $feat)]
         unsafe fn q0_rows<const R: usize, const KIND: u8>(w: *const u8, a: *const BlockQ8_0x8, st: usize, nb: usize, out: *mut f32) {
             let bytes = q0_bytes::<KIND>();
-            let zero = _mm256_setzero_si256();
             let mut acc = [_mm256_setzero_ps(); R];
-            let mut g = 0;
-            while 8 * g < nb {
-                let n = (nb - 8 * g).min(8);
-                let base = w.add(8 * g * bytes);
-                let mut u = [zero; 8];
-                for b in 0..8 {
-                    if b < n {
-                        u[b] = q0_unpack::<KIND>(base.add(b * bytes));
-                    }
-                }
-                let dw = dw8(base, bytes, n);
+            for i in 0..nb {
+                let b = w.add(i * bytes);
+                let wv = q0_signed::<KIND>(b);
+                let aw = _mm256_sign_epi8(wv, wv);
+                let dw = f16(b);
+                let (g, k) = (i / 8, i % 8);
                 for r in 0..R {
-                    // A group's padding blocks are zero (d = 0, Σ = 0, q = 0): their lanes add 0·0.
                     let y = &*a.add(r * st + g);
-                    let s = q0_sums8::<KIND>(&u, &y.qs, &y.sum);
-                    let d = _mm256_mul_ps(dw, _mm256_load_ps(y.d.as_ptr()));
-                    acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[r]);
+                    acc[r] = q0_step(acc[r], aw, wv, y.qs[k].as_ptr(), dw * y.d[k]);
                 }
-                g += 1;
             }
             store(&acc, &[0.0; R], out);
         }
@@ -505,10 +437,8 @@ macro_rules! kernels {
         }
 
         /// Q4_0 / Q5_0 / Q8_0 (`KIND` 0/1/2) weights · one interleaved group of 8 Q8_0 rows (the
-        /// prefill micro-tile): per block, the 8 rows' exact integer sums in the lanes of one
-        /// vector, scaled by `d_w·d_x` in one FMA into accumulator `block mod 8`; the 8
-        /// accumulators are combined in [`hsum`]'s tree, so each row gets exactly the f32
-        /// operations of [`q0_rows`].
+        /// prefill micro-tile): each weight block is unpacked once and stepped into the 8 rows'
+        /// accumulators ([`q0_step`]), the same f32 operations per row as [`q0_rows`].
         #[target_feature(enable = $feat)]
         unsafe fn q0_x8<const KIND: u8>(w: *const u8, a: *const BlockQ8_0x8, nb: usize, out: *mut f32) {
             let bytes = q0_bytes::<KIND>();
@@ -516,17 +446,16 @@ macro_rules! kernels {
             for i in 0..nb {
                 let b = w.add(i * bytes);
                 let y = &*a.add(i);
-                let u = q0_unpack::<KIND>(b);
-                let s = q0_sums8::<KIND>(&[u; 8], &y.qs, &y.sum);
-                let d = _mm256_mul_ps(_mm256_set1_ps(f16(b)), _mm256_load_ps(y.d.as_ptr()));
-                acc[i % 8] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(s), acc[i % 8]);
+                let wv = q0_signed::<KIND>(b);
+                let aw = _mm256_sign_epi8(wv, wv);
+                let dw = f16(b);
+                for r in 0..8 {
+                    acc[r] = q0_step(acc[r], aw, wv, y.qs[r].as_ptr(), dw * y.d[r]);
+                }
             }
-            // hsum's tree: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)).
-            let t = _mm256_add_ps(
-                _mm256_add_ps(_mm256_add_ps(acc[0], acc[4]), _mm256_add_ps(acc[2], acc[6])),
-                _mm256_add_ps(_mm256_add_ps(acc[1], acc[5]), _mm256_add_ps(acc[3], acc[7])),
-            );
-            _mm256_storeu_ps(out, t);
+            for r in 0..8 {
+                *out.add(r) = hsum(acc[r]);
+            }
         }
 
         macro_rules! x8_entry {
@@ -562,9 +491,17 @@ macro_rules! kernels {
         /// Q4_K / Q5_K (`Q5`) weights · Q8_K, `R` activation rows. Each 32-element sub-block's
         /// exact `Σ u·q8` comes from `vpdpbusd` (`maddubs` + `madd` on AVX2) in 8 i32 lanes of
         /// ≤ 4·31·127, so two sub-blocks pack to i16 exactly (`vpackssdw`) and are weighted by their
-        /// 6-bit scales in one `vpdpwssd`; the mins go through `Σ m·bsum`, as in ggml. Per row the
-        /// f32 operations (and their order) do not depend on `R`, so a row's result is the same
-        /// whatever the batch it is computed in.
+        /// 6-bit scales in one `vpdpwssd`; the mins go through `Σ m·bsum`, as in ggml.
+        ///
+        /// Q4_K takes the f32 arithmetic of the kernels llama.cpp's x86 build runs for it (weights
+        /// repacked to `block_q4_Kx8`, ggml-cpu `arch/x86/repack.cpp`): exact integer sums
+        /// `isum = Σ sc·Σ u·q8` and `imin = Σ m·bsum` accumulated as `acc += isum·(d·d_x)`,
+        /// `acc_min += imin·(dmin·d_x)` (FMAs), result `acc − acc_min`; per super-block for a
+        /// GEMV row (`ggml_gemv_q4_K_8x8_q8_K`), per pair of sub-blocks for a row llama.cpp
+        /// computes in its 4-row GEMM (`ggml_gemm_q4_K_8x8_q8_K`), which the activation row's
+        /// [`LlamaRow`](super::act::LlamaRow) selects — bit-identical to llama.cpp. Q5_K keeps 8 lanes.
+        /// Per row the f32 operations (and their order) do not depend on `R`, so a row's result is
+        /// the same whatever the batch it is computed in.
         #[target_feature(enable = $feat)]
         unsafe fn q4k_q5k<const R: usize, const Q5: bool>(w: *const u8, a: *const BlockQ8K, st: usize, nb: usize, out: *mut f32) {
             let bytes = if Q5 { blocks::q5_k::BYTES } else { blocks::q4_k::BYTES };
@@ -577,12 +514,16 @@ macro_rules! kernels {
             // Two integer chains per row where registers allow (integer sums: the split is exact).
             let split = R <= 2;
             let mut acc = [_mm256_setzero_ps(); R];
+            // Q4_K: [Σ d·d_x·isum, Σ dmin·d_x·imin] per row (ggml's repacked Q4_K arithmetic).
+            let mut acc4 = [_mm_setzero_ps(); R];
             for i in 0..nb {
                 let b = w.add(i * bytes);
                 let sm = k4_scales_vec(b.add(4));
                 let s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
                 let hbits = if Q5 { load(b.add(blocks::q5_k::QH)) } else { zero };
                 let mut sumi = [[zero; 2]; R];
+                // Q4_K: each row's 4 pair-of-sub-block sums, kept apart (see `q4k_q5k`).
+                let mut vj = [[zero; 4]; R];
                 for j in 0..4 {
                     let q = load(b.add(qs_off + 32 * j));
                     let mut lo = _mm256_and_si256(q, m4);
@@ -600,7 +541,11 @@ macro_rules! kernels {
                         let y = (*a.add(r * st + i)).qs.as_ptr() as *const u8;
                         let pl = dot_us(zero, lo, load(y.add(64 * j)));
                         let ph = dot_us(zero, hi, load(y.add(64 * j + 32)));
-                        sumi[r][c] = madd_acc(sumi[r][c], _mm256_packs_epi32(pl, ph), sp);
+                        if !Q5 {
+                            vj[r][j] = madd_acc(zero, _mm256_packs_epi32(pl, ph), sp);
+                        } else {
+                            sumi[r][c] = madd_acc(sumi[r][c], _mm256_packs_epi32(pl, ph), sp);
+                        }
                     }
                 }
                 // [d, dmin] as f32 in one conversion.
@@ -610,19 +555,51 @@ macro_rules! kernels {
                     let y = &*a.add(r * st + i);
                     let dmy = _mm_mul_ps(dm, _mm_set1_ps(y.d));
                     let msum = madd_acc(zero, load(y.bsums.as_ptr() as *const u8), mp);
-                    let si = if split { _mm256_add_epi32(sumi[r][0], sumi[r][1]) } else { sumi[r][0] };
-                    acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dmy), _mm256_cvtepi32_ps(si), acc[r]);
-                    acc[r] = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dmy)), _mm256_cvtepi32_ps(msum), acc[r]);
+                    if Q5 {
+                        let si = if split { _mm256_add_epi32(sumi[r][0], sumi[r][1]) } else { sumi[r][0] };
+                        acc[r] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dmy), _mm256_cvtepi32_ps(si), acc[r]);
+                        acc[r] = _mm256_fnmadd_ps(_mm256_broadcastss_ps(_mm_movehdup_ps(dmy)), _mm256_cvtepi32_ps(msum), acc[r]);
+                    } else if y.row.gemm4 {
+                        // ggml_gemm_q4_K_8x8_q8_K: one FMA per pair of sub-blocks (64 elements).
+                        let h = _mm256_hadd_epi32(_mm256_hadd_epi32(vj[r][0], vj[r][1]), _mm256_hadd_epi32(vj[r][2], vj[r][3]));
+                        let is4 = _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+                        let mh = _mm256_permute4x64_epi64::<0b1000>(_mm256_hadd_epi32(msum, msum));
+                        let ms4 = _mm256_castsi256_si128(mh);
+                        let mut isv = [0i32; 4];
+                        let mut msv = [0i32; 4];
+                        _mm_storeu_si128(isv.as_mut_ptr() as *mut __m128i, is4);
+                        _mm_storeu_si128(msv.as_mut_ptr() as *mut __m128i, ms4);
+                        for j in 0..4 {
+                            acc4[r] = _mm_fmadd_ps(_mm_setr_ps(isv[j] as f32, msv[j] as f32, 0.0, 0.0), dmy, acc4[r]);
+                        }
+                    } else {
+                        // ggml_gemv_q4_K_8x8_q8_K: the super-block's exact totals [isum, imin]
+                        // (lanes 0, 1), then one FMA each.
+                        let si = _mm256_add_epi32(_mm256_add_epi32(vj[r][0], vj[r][1]), _mm256_add_epi32(vj[r][2], vj[r][3]));
+                        let t = _mm256_hadd_epi32(si, msum);
+                        let t = _mm256_hadd_epi32(t, t);
+                        let t = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t));
+                        acc4[r] = _mm_fmadd_ps(_mm_cvtepi32_ps(t), dmy, acc4[r]);
+                    }
                 }
             }
-            store(&acc, &[0.0; R], out);
+            if Q5 {
+                store(&acc, &[0.0; R], out);
+            } else {
+                for r in 0..R {
+                    *out.add(r) = _mm_cvtss_f32(_mm_sub_ss(acc4[r], _mm_movehdup_ps(acc4[r])));
+                }
+            }
         }
 
         /// Q6_K weights · Q8_K, `R` activation rows: the 6-bit values `u` assembled with one
-        /// bit-select each (`vpternlogd` on AVX-512), each 32-element quarter's `Σ u·q8` by
-        /// `vpdpbusd` in i32 lanes of ≤ 4·63·127 (so they pack to i16 exactly), two quarters packed
-        /// per vector and weighted by their four 16-element sub-block scales in one `vpdpwssd`; the
-        /// −32 offset exactly through `−32·Σ sc·bsum` (ggml's `q8sums` term). Per-row f32 order is
+        /// bit-select each (`vpternlogd` on AVX-512); per super-block ggml's integer lanes
+        /// (`ggml_vec_dot_q6_K_q8_K`, x86 AVX2): each 32-element chunk's pair sums weighted by its
+        /// two 16-element sub-block scales, the −32 offset exactly through `−32·Σ sc·bsum`, then
+        /// one FMA with `d_x·d_w` into 8 f32 lanes and [`hsum`]; or, for a row llama.cpp computes
+        /// in its tiled K-quant kernel ([`LlamaRow::tiled`](super::act::LlamaRow)), the exact
+        /// super-block total `isum` accumulated as `out = fma(isum·d_w, d_x, out)` (ggml-cpu
+        /// `tiled/tiled-kernel.cpp`) — bit-identical to llama.cpp. Per-row f32 order is
         /// independent of `R`.
         #[target_feature(enable = $feat)]
         unsafe fn q6k<const R: usize>(w: *const u8, a: *const BlockQ8K, st: usize, nb: usize, out: *mut f32) {
@@ -631,20 +608,22 @@ macro_rules! kernels {
             let m33 = _mm256_set1_epi8(0x33);
             let mcc = _mm256_set1_epi8(0xCCu8 as i8);
             let zero = _mm256_setzero_si256();
+            let mut tiled = [0f32; R];
             let mut acc = [_mm256_setzero_ps(); R];
             for i in 0..nb {
                 let b = w.add(i * BYTES);
-                let sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b.add(SCALES) as *const __m128i));
+                let sc8 = _mm_loadu_si128(b.add(SCALES) as *const __m128i);
+                let sc16 = _mm256_cvtepi8_epi16(sc8);
                 let off16 = _mm256_slli_epi16(_mm256_sub_epi16(zero, sc16), 5);
-                let split = R <= 2;
-                let mut sumi = [[zero; 2]; R];
+                // ggml's lanes: lane l of the i32 sum holds, for each 32-element chunk c, the 4
+                // products 4l..4l+3 times the chunk's sub-block scale (2c for l < 4, 2c+1 for l ≥ 4),
+                // minus 32·(bsums[2l]·sc[2l] + bsums[2l+1]·sc[2l+1]).
+                let mut sumi = [zero; R];
                 for r in 0..R {
                     let y = &*a.add(r * st + i);
-                    sumi[r][0] = madd_acc(zero, load(y.bsums.as_ptr() as *const u8), off16);
+                    sumi[r] = madd_acc(zero, load(y.bsums.as_ptr() as *const u8), off16);
                 }
                 for n in 0..2 {
-                    // The 8 scales of this half, as i16 in both 128-bit halves.
-                    let sn = if n == 0 { _mm256_permute4x64_epi64::<0x44>(sc16) } else { _mm256_permute4x64_epi64::<0xEE>(sc16) };
                     let ql0 = load(b.add(QL + 64 * n));
                     let ql1 = load(b.add(QL + 64 * n + 32));
                     let qh = load(b.add(QH + 32 * n));
@@ -657,25 +636,36 @@ macro_rules! kernels {
                         select(m4, _mm256_srli_epi16(ql0, 4), qa),
                         select(m4, _mm256_srli_epi16(ql1, 4), _mm256_srli_epi16(qb, 2)),
                     ];
-                    for k in 0..2 {
-                        let sp = _mm256_shuffle_epi8(sn, load(super::QUADS6[k].as_ptr()));
+                    for t in 0..4 {
+                        let c = 4 * n + t;
+                        let sp = _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, _mm_loadu_si128(super::SCALE_PAIRS[c].as_ptr() as *const __m128i)));
                         for r in 0..R {
                             let y = (*a.add(r * st + i)).qs.as_ptr() as *const u8;
-                            let p0 = dot_us(zero, u[2 * k], load(y.add(128 * n + 64 * k)));
-                            let p1 = dot_us(zero, u[2 * k + 1], load(y.add(128 * n + 64 * k + 32)));
-                            let c = if split { k } else { 0 };
-                            sumi[r][c] = madd_acc(sumi[r][c], _mm256_packs_epi32(p0, p1), sp);
+                            sumi[r] = dot_us_scaled(sumi[r], u[t], load(y.add(32 * c)), sp);
                         }
                     }
                 }
                 let d = f16(b.add(D));
                 for r in 0..R {
                     let y = &*a.add(r * st + i);
-                    let si = if split { _mm256_add_epi32(sumi[r][0], sumi[r][1]) } else { sumi[r][0] };
-                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d * y.d), _mm256_cvtepi32_ps(si), acc[r]);
+                    if y.row.tiled {
+                        // llama.cpp's tiled kernel: out = fma(isum·d_w, d_x, out) (GCC contracts
+                        // its mul + add), isum the super-block's exact total.
+                        let t = _mm256_hadd_epi32(sumi[r], sumi[r]);
+                        let t = _mm256_hadd_epi32(t, t);
+                        let isum = _mm_cvtsi128_si32(_mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256::<1>(t)));
+                        tiled[r] = (isum as f32 * d).mul_add(y.d, tiled[r]);
+                    } else {
+                        acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y.d * d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+                    }
                 }
             }
             store(&acc, &[0.0; R], out);
+            for r in 0..R {
+                if (*a.add(r * st)).row.tiled {
+                    *out.add(r) = tiled[r];
+                }
+            }
         }
 
         /// Q2_K weights · Q8_K: 2-bit values with 4-bit scales and mins per 16 elements.
