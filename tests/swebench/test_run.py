@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tiny import (
     run_fak,
     text_script_fix_add,
@@ -160,7 +162,8 @@ def test_resume_skips_finished_instances(tiny, scripted, tmp_path):
     assert summary["n_skipped_finished"] == 1 and summary["n_run"] == 1
 
 
-def test_ctrl_c_stops_cleanly_and_keeps_finished(tiny, scripted, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl_c", "sigterm"])
+def test_ctrl_c_stops_cleanly_and_keeps_finished(tiny, scripted, tmp_path, sig):
     slow = [{"tool_calls": [{"name": "list", "arguments": {}}], "delay_s": 0.5}] * 200
     server = scripted({"fak-test__calc-1": tools_script_fix_add(), "fak-test__calc-2": slow})
     out = tmp_path / "out"
@@ -182,7 +185,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished(tiny, scripted, tmp_path):
         proc.kill()
         raise AssertionError("the fleet did not get going")
     t_sig = time.time()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     stdout, stderr = proc.communicate(timeout=30)
     assert proc.returncode == 130, stderr
     assert time.time() - t_sig < 15

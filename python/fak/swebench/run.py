@@ -60,6 +60,11 @@ from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
 FINISHED_REASONS = ("submitted", "max_steps", "context_limit", "error")
 
 
+def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
+    """SIGTERM handler of a fleet run: stop as Ctrl-C does (finished results kept, summary final)."""
+    raise KeyboardInterrupt
+
+
 @dataclass
 class FleetConfig:
     """Settings of one fleet run (see ``fak swebench run --help`` for each)."""
@@ -343,8 +348,19 @@ class Fleet:
     def run(self) -> dict[str, Any]:
         """Run every instance not yet finished; returns the final summary.
 
-        Raises ``KeyboardInterrupt`` after a clean stop (summary written) when interrupted.
+        Raises ``KeyboardInterrupt`` after a clean stop (summary written) when interrupted: by
+        Ctrl-C (SIGINT) or, from the main thread, by SIGTERM, which stops the same way.
         """
+        previous_term = None
+        if threading.current_thread() is threading.main_thread():
+            previous_term = signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+        try:
+            return self._run()
+        finally:
+            if previous_term is not None:
+                signal.signal(signal.SIGTERM, previous_term)
+
+    def _run(self) -> dict[str, Any]:
         live_on = self.config.live if self.config.live is not None else self.console.is_terminal
         if self.skipped:
             self.console.print(f"skipping {len(self.skipped)} finished instance(s) in {self.out}")
