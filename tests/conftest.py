@@ -45,3 +45,20 @@ def model_15b() -> Path:
     """The real Qwen2.5-Coder-1.5B-Instruct Q4_K_M GGUF (1.1 GB)."""
     return real_model(MODEL_15B)
 
+
+@pytest.fixture()
+def scripted():
+    """Factory: ``scripted(script) -> ScriptedServer`` (the scripted OpenAI-compatible model of
+    ``fak.agent.scripted``, started; stopped after the test). Used by tests/agent and tests/swebench."""
+    from fak.agent.scripted import ScriptedServer
+
+    servers: list[ScriptedServer] = []
+
+    def start(script: dict) -> ScriptedServer:
+        server = ScriptedServer(script).start()
+        servers.append(server)
+        return server
+
+    yield start
+    for s in servers:
+        s.stop()

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from fak.agent.scripted import ScriptedServer
 from fak.agent.workspace import Workspace
 
 
@@ -28,18 +27,3 @@ def repo(tmp_path: Path) -> tuple[Workspace, str]:
     run("commit", "-qm", "base")
     base = run("rev-parse", "HEAD").stdout.strip()
     return Workspace(root), base
-
-
-@pytest.fixture()
-def scripted():
-    """Factory: ``scripted(script) -> ScriptedServer`` (started; stopped after the test)."""
-    servers: list[ScriptedServer] = []
-
-    def start(script: dict) -> ScriptedServer:
-        server = ScriptedServer(script).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for s in servers:
-        s.stop()

@@ -11,7 +11,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from tiny import make_instances  # noqa: E402
 
-from fak.agent.scripted import ScriptedServer  # noqa: E402
 
 
 @pytest.fixture()
@@ -24,18 +23,3 @@ def tiny(tmp_path: Path) -> dict:
 def envs(tmp_path_factory) -> Path:
     """One env cache for the session: the tiny repo's env is built once (pip upgrade) and reused."""
     return tmp_path_factory.mktemp("envs")
-
-
-@pytest.fixture()
-def scripted():
-    """Factory: ``scripted(script) -> ScriptedServer`` (started; stopped after the test)."""
-    servers: list[ScriptedServer] = []
-
-    def start(script: dict) -> ScriptedServer:
-        server = ScriptedServer(script).start()
-        servers.append(server)
-        return server
-
-    yield start
-    for s in servers:
-        s.stop()
