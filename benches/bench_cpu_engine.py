@@ -4,8 +4,11 @@ resident set while holding the 1.1 GB model (weights memory-mapped, not copied).
 
 Run: ``PYTHONPATH=python python -m pytest benches/bench_cpu_engine.py --benchmark-only``
 (add ``--benchmark-json FILE`` to keep the numbers). Each result's ``extra_info`` carries tok/s,
-the machine and the engine's own counters. The llama.cpp side (llama-cpp-python, same prompt, same
-threads) is added beside these by the parity work.
+the machine and the engine's own counters. ``test_prefill_512_llamacpp`` times llama.cpp
+(llama-cpp-python, CPU, ``n_batch`` 512, same prompt, same 2 threads) in the same run, and the
+ratio fak / llama.cpp is printed at the end of the session (``-s``). Decode side by side is
+``benches/bench_cpu_decode.py``. The engine's prefix cache is off here: every round re-sends the
+same prompt, which would otherwise come from the cache.
 """
 
 from __future__ import annotations
@@ -69,7 +72,11 @@ def prompt_ids(n: int) -> list[int]:
 
 @pytest.fixture(scope="module", params=MODELS)
 def model(request):
-    return request.param, _native.Model(str(real_model(request.param)), n_ctx=2048, threads=THREADS)
+    return request.param, _native.Model(str(real_model(request.param)), n_ctx=2048, threads=THREADS,
+                                        prefix_cache=False)
+
+
+PREFILL_TOK_S: dict[tuple[str, str], float] = {}
 
 
 def test_prefill_512(benchmark, model):
@@ -91,6 +98,7 @@ def test_prefill_512(benchmark, model):
     m.reset_stats()
     benchmark.pedantic(clock.wrap(prefill), setup=setup, rounds=3, iterations=1)
     stats = m.stats()
+    PREFILL_TOK_S[(name, "fak")] = N_PROMPT / benchmark.stats["median"]
     benchmark.extra_info.update(model=name, tokens=N_PROMPT, tok_per_s=N_PROMPT / benchmark.stats["mean"],
                                 tok_per_cpu_s=3 * N_PROMPT / clock.seconds,
                                 engine_prefill_tok_per_s=stats["prefill_tokens"] / stats["prefill_seconds"], **machine())
@@ -145,3 +153,27 @@ def test_rss_holding_15b(benchmark):
     # Weights are mapped, not copied: private memory grows by far less than the file.
     assert after_anon - before_anon < 0.5 * file_mb
     del m
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_prefill_512_llamacpp(benchmark, name):
+    """llama.cpp's prefill of the same 512 tokens (logits of the last position only, as fak's step)."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    llm = llama_cpp.Llama(model_path=str(real_model(name)), n_ctx=2048, n_batch=N_PROMPT, n_threads=THREADS,
+                          n_threads_batch=THREADS, verbose=False)
+    prompt = prompt_ids(N_PROMPT)
+
+    def prefill():
+        llm.reset()
+        llm.eval(prompt)
+
+    clock = CpuClock()
+    benchmark.pedantic(clock.wrap(prefill), rounds=3, iterations=1, warmup_rounds=1)
+    PREFILL_TOK_S[(name, "llama.cpp")] = N_PROMPT / benchmark.stats["median"]
+    benchmark.extra_info.update(model=name, tokens=N_PROMPT, peer="llama.cpp (llama-cpp-python "
+                                f"{llama_cpp.__version__})", tok_per_s=N_PROMPT / benchmark.stats["mean"],
+                                tok_per_cpu_s=4 * N_PROMPT / clock.seconds, **machine())
+    ours = PREFILL_TOK_S.get((name, "fak"))
+    if ours is not None:
+        print(f"\nprefill 512 {name}: fak {ours:.1f} tok/s, llama.cpp {PREFILL_TOK_S[(name, 'llama.cpp')]:.1f} "
+              f"tok/s, ratio {ours / PREFILL_TOK_S[(name, 'llama.cpp')]:.2f}x (medians, same run)")
