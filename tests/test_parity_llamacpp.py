@@ -36,6 +36,7 @@ import pytest
 
 from fak import _native
 from fak.tokenizer import Tokenizer
+from native_greedy import greedy_batched
 
 GOLDENS = Path(__file__).parent / "data" / "goldens"
 PROMPTS = json.loads((Path(__file__).parent / "data" / "golden_prompts.json").read_text())["prompts"]
@@ -53,21 +54,6 @@ def _golden(model_path: Path) -> tuple[dict, dict[str, np.ndarray]]:
 def _cosine(a: np.ndarray, b: np.ndarray) -> float:
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     return float(a64 @ b64 / (np.linalg.norm(a64) * np.linalg.norm(b64)))
-
-
-def _greedy_batched(model: _native.Model, prompts: list[list[int]], n_new: int) -> list[list[int]]:
-    """Greedy continuations of all prompts at once through the engine's batched step()."""
-    out: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-    for i, toks in enumerate(prompts):
-        model.add_sequence(i, toks, {"temperature": 0.0})
-    live = set(out)
-    while live:
-        for seq_id, token, _logprob, _top in model.step():
-            out[seq_id].append(token)
-            if len(out[seq_id]) >= n_new:
-                model.remove_sequence(seq_id)
-                live.discard(seq_id)
-    return [out[i] for i in range(len(prompts))]
 
 
 @pytest.fixture(scope="module", params=["model_05b", "model_15b"])
@@ -102,7 +88,7 @@ def measured(parity):
             first_margin[rec["id"]] = abs(top[0] - top[1]) / max(abs(top[0]), 1e-6)
 
     n_new = golden["n_greedy"]
-    conts = _greedy_batched(model, [r["prompt_tokens"] for r in records], n_new)
+    conts = greedy_batched(model, [r["prompt_tokens"] for r in records], n_new)
     identical, divergences = 0, {}
     for rec, ours in zip(records, conts):
         ref = rec["greedy"]

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from fak import _native
+from native_greedy import greedy_batched
 
 N_NEW = 12
 
@@ -36,30 +37,16 @@ def _prompts(n: int, length: int) -> list[list[int]]:
     return [[int(t) for t in rng.integers(0, 150_000, size=length + 5 * i)] for i in range(n)]
 
 
-def _greedy(model: _native.Model, prompts: list[list[int]]) -> list[list[int]]:
-    out: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
-    for i, toks in enumerate(prompts):
-        model.add_sequence(i, toks, {"temperature": 0.0})
-    live = set(out)
-    while live:
-        for seq, tok, _lp, _top in model.step():
-            out[seq].append(tok)
-            if len(out[seq]) >= N_NEW:
-                model.remove_sequence(seq)
-                live.discard(seq)
-    return [out[i] for i in range(len(prompts))]
-
-
 @pytest.mark.cuda
 def test_prefix_cache_reuses_blocks_on_cuda(require_cuda: None, twin: str) -> None:
     prompt = _prompts(1, 100)[0]  # three full 32-token blocks and a partial one
     plain = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=4, prefix_cache=False)
-    want = _greedy(plain, [prompt])[0]
+    want = greedy_batched(plain, [prompt], N_NEW)[0]
     del plain
     cached = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=4, prefix_cache=True)
-    first = _greedy(cached, [prompt])[0]
+    first = greedy_batched(cached, [prompt], N_NEW)[0]
     hits_before = cached.stats()["prefix_cache_hit_tokens"]
-    second = _greedy(cached, [prompt])[0]
+    second = greedy_batched(cached, [prompt], N_NEW)[0]
     hits = cached.stats()["prefix_cache_hit_tokens"] - hits_before
     same = next((i for i, (a, b) in enumerate(zip(second, want)) if a != b), len(want))
     print(f"\ncache hit: {hits} prompt tokens from the cache; greedy identical for {same}/{N_NEW} tokens")
@@ -72,6 +59,6 @@ def test_prefix_cache_reuses_blocks_on_cuda(require_cuda: None, twin: str) -> No
 def test_batched_equals_alone_on_cuda(require_cuda: None, twin: str) -> None:
     prompts = _prompts(4, 20)
     model = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=8, prefix_cache=False)
-    alone = [_greedy(model, [p])[0] for p in prompts]
-    together = _greedy(model, prompts)
+    alone = [greedy_batched(model, [p], N_NEW)[0] for p in prompts]
+    together = greedy_batched(model, prompts, N_NEW)
     assert together == alone

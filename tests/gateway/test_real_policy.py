@@ -60,6 +60,19 @@ def without_notes(content: str) -> str:
     return "\n".join(line for line in content.split("\n") if not line.startswith("[fak policy]"))
 
 
+def ask(client: openai.OpenAI, stream: bool, **kwargs: Any) -> tuple[str, list[str]]:
+    """One chat completion, streamed or not: ``(content, [function.arguments of each tool call])``."""
+    if stream:
+        content, calls = "", []
+        for chunk in client.chat.completions.create(stream=True, **kwargs):
+            for ch in chunk.choices:
+                content += ch.delta.content or ""
+                calls += [tc.function.arguments for tc in ch.delta.tool_calls or []]
+        return content, calls
+    msg = client.chat.completions.create(**kwargs).choices[0].message
+    return msg.content or "", [tc.function.arguments for tc in msg.tool_calls or []]
+
+
 def headers(workspace: Path, conversation: str = "real-1") -> dict[str, str]:
     return {"X-Fak-Workspace": str(workspace), "X-Fak-Conversation": conversation}
 
@@ -70,15 +83,7 @@ def test_git_push_denied_git_status_kept(real: Any, stream: bool) -> None:
     client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
     kwargs = dict(model="fake-qwen", messages=[{"role": "user", "content": "push it"}], tools=[BASH_TOOL],
                   extra_headers=headers(ws))
-    if stream:
-        content, calls = "", []
-        for chunk in client.chat.completions.create(stream=True, **kwargs):
-            for ch in chunk.choices:
-                content += ch.delta.content or ""
-                calls += [tc.function.arguments for tc in ch.delta.tool_calls or []]
-    else:
-        msg = client.chat.completions.create(**kwargs).choices[0].message
-        content, calls = msg.content, [tc.function.arguments for tc in msg.tool_calls]
+    content, calls = ask(client, stream, **kwargs)
     assert [json.loads(a)["command"] for a in calls] == ["git status"]
     assert "git push origin" not in without_notes(content)
     assert "[fak policy] Tool call `bash` was denied: pushing is not allowed" in content
@@ -136,15 +141,7 @@ def test_proxy_with_real_policy(start_gateway: Any, tmp_path: Path, stream: bool
         client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
         kwargs = dict(model="up-model", messages=[{"role": "user", "content": "escalate"}], tools=[BASH_TOOL],
                       extra_headers=headers(tmp_path, "proxy-1"))
-        if stream:
-            content, calls = "", []
-            for chunk in client.chat.completions.create(stream=True, **kwargs):
-                for ch in chunk.choices:
-                    content += ch.delta.content or ""
-                    calls += [tc.function.arguments for tc in ch.delta.tool_calls or []]
-        else:
-            msg = client.chat.completions.create(**kwargs).choices[0].message
-            content, calls = msg.content, [tc.function.arguments for tc in msg.tool_calls]
+        content, calls = ask(client, stream, **kwargs)
     assert [json.loads(a)["command"] for a in calls] == ["pytest -x"]
     assert "sudo su" not in without_notes(content) and "privilege escalation is not allowed" in content
     assert [(x["verdict"], x["conversation"]) for x in audit_lines(audit_path)] == [
