@@ -33,7 +33,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from fak import _native
 from fak.tokenizer import Tokenizer
 from native_greedy import greedy_batched

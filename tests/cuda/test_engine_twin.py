@@ -14,11 +14,8 @@ Both compare the CUDA backend with itself, so the bar is exact token equality.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
-
 from fak import _native
 from native_greedy import greedy_batched
 

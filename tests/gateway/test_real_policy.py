@@ -14,7 +14,6 @@ from typing import Any
 
 import openai
 import pytest
-
 from fak.agent.protocols import canonical_digest
 from fak.gateway import BackgroundServer, Upstream
 from fak.policy import AuditLog, Policy
