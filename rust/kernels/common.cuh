@@ -110,21 +110,87 @@ FAK_DEVICE float block_sum(float v, float* sh) {
     return warp_sum(v);
 }
 
-// ---- q8_1 activations -------------------------------------------------------------------
-// fak's int8 activation layout for the quantized GEMV: for a flat array of N values (rows of K,
-// K a multiple of 32, laid end to end), `qs[i]` int8 and, per block of 32, `ds[b] = (d, d·Σq)`
-// in f32 with x ≈ d·q, d = max|x|/127 (ggml block_q8_1 semantics, scale kept in f32 instead of
-// f16, quantities stored apart so that GEMV loads are 16-byte vectors).
+// ---- 8-bit activations, quantized exactly as fak's CPU backend ------------------------------
+// The quantized matmuls read their input in the 8-bit form that the weight format's ggml
+// `vec_dot_type` names, computed bit for bit as the CPU backend does (rust/src/backend/cpu/matmul/
+// act.rs, i.e. llama.cpp's x86 CPU build), so that GPU and CPU make the same rounding decisions:
+//
+// - "q8_0 form" (for Q4_0, Q5_0, Q8_0, Q4_1, Q5_1 weights): per block of 32, amax = max|x|,
+//   d = amax/127 (f32), q = round_half_even(x·(127/amax)) clamped to [−128, 127]; stored:
+//   `qs0[i]` int8 and `ds0[b] = (f16(d), f16(d·Σq))` widened to f32 (the Q8_0 `d`; the Q8_1 `s`);
+// - "q8_K form" (for Q4_K, Q5_K, Q6_K): per super-block of 256, `max` = the first element of
+//   largest magnitude (with its sign), iscale = −127/max, q = min(127, round_half_even(iscale·x)),
+//   d = 1/iscale (f32); stored: `qsk[i]` int8, `dk[sb] = d`, `sk[b]` = Σq of each 32 (i32).
+//
+// Both are written for flat arrays (rows of K laid end to end; K % 32 == 0 for the q8_0 form,
+// K % 256 == 0 for the q8_K form, so blocks never straddle rows). A warp quantizes one chunk of
+// 256 values: lane l holds v[j] = element 32·j + l of the chunk.
 
-// One warp quantizes one block of 32: lane l holds value v of element l.
-FAK_DEVICE void quantize_block_q8_1(float v, i8* qs, float2* ds, int lane) {
-    const float amax = warp_max(fabsf(v));
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    const int q = __float2int_rn(v * id);
-    qs[lane] = (i8)q;
-    const int s = warp_sum_i(q);
-    if (lane == 0) *ds = make_float2(d, d * (float)s);
+struct Q8Out {
+    i8* qs0;
+    float2* ds0;
+    i8* qsk;
+    float* dk;
+    int* sk;
+};
+
+FAK_DEVICE float f16_round(float x) { return f16_to_f32(f32_to_f16(x)); }
+FAK_DEVICE int warp_min_i(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = min(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Quantizes the chunk starting at flat element `base` (a multiple of 32): its first `nb` (≤ 8)
+// blocks of 32 in the q8_0 form and, when `with_k` (nb == 8, base % 256 == 0), the whole chunk as
+// one q8_K super-block. Every lane of the warp must call it.
+FAK_DEVICE void quantize_chunk(const float (&v)[8], int nb, bool with_k, size_t base, const Q8Out& o, int lane) {
+    float am[8];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        am[j] = 0.0f;
+        if (j < nb) {
+            const float a = warp_max(fabsf(v[j]));
+            am[j] = a;
+            const float d = a / 127.0f;
+            const float id = a != 0.0f ? 127.0f / a : 0.0f;
+            const int q = max(-128, min(127, __float2int_rn(v[j] * id)));
+            o.qs0[base + 32 * j + lane] = (i8)q;
+            const int s = warp_sum_i(q);
+            if (lane == 0) o.ds0[(base >> 5) + j] = make_float2(f16_round(d), f16_round(d * (float)s));
+        }
+    }
+    if (!with_k) return;
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, am[j]);
+    if (amax == 0.0f) {
+#pragma unroll
+        for (int j = 0; j < 8; ++j) o.qsk[base + 32 * j + lane] = 0;
+        if (lane < 8) o.sk[(base >> 5) + lane] = 0;
+        if (lane == 0) o.dk[base >> 8] = 0.0f;
+        return;
+    }
+    // The first element (lowest index) whose magnitude is the maximum, and its signed value.
+    int idx = 256;
+#pragma unroll
+    for (int j = 7; j >= 0; --j)
+        if (fabsf(v[j]) == amax) idx = 32 * j + lane;
+    idx = warp_min_i(idx);
+    float mine = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 8; ++j)
+        if ((idx >> 5) == j) mine = v[j];
+    const float mx = __shfl_sync(0xffffffffu, mine, idx & 31);
+    const float iscale = -127.0f / mx;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+        const int q = min(127, __float2int_rn(iscale * v[j]));
+        o.qsk[base + 32 * j + lane] = (i8)q;
+        const int s = warp_sum_i(q);
+        if (lane == 0) o.sk[(base >> 5) + j] = s;
+    }
+    if (lane == 0) o.dk[base >> 8] = 1.0f / iscale;
 }
 
 // ---- dequantization of 8 consecutive weights -----------------------------------------------

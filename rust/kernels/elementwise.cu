@@ -1,5 +1,5 @@
 // Element-wise ops of the forward pass: residual add, SwiGLU (Shazeer 2020; silu(x) = x/(1+e^−x),
-// as ggml's swiglu), the SwiGLU + q8_1 quantization fusion that feeds the down-projection GEMV,
+// as ggml's swiglu), the SwiGLU + 8-bit quantization fusion that feeds the down-projection GEMV,
 // and the gather of the rows that need logits.
 #include "common.cuh"
 
@@ -27,16 +27,26 @@ extern "C" __global__ void swiglu_f32(float* __restrict__ gate, const float* __r
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) gate[i] = silu_mul(gate[i], up[i]);
 }
 
-// The same, also writing the result in q8_1 (n % 32 == 0). One warp per block of 32.
-extern "C" __global__ void swiglu_f32_q8_1(float* __restrict__ gate, const float* __restrict__ up, i8* __restrict__ qs,
-                                           float2* __restrict__ ds, int n) {
+// The same, also writing the result's 8-bit forms (n % 32 == 0; see common.cuh). One warp per
+// chunk of 256 values.
+extern "C" __global__ void swiglu_f32_q8(float* __restrict__ gate, const float* __restrict__ up, i8* qs0, float2* ds0, i8* qsk,
+                                         float* dk, int* sk, int n) {
+    const Q8Out q{qs0, ds0, qsk, dk, sk};
     const int lane = threadIdx.x & 31;
     const int warps = (gridDim.x * blockDim.x) >> 5;
-    for (int b = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; b < n / 32; b += warps) {
-        const int i = 32 * b + lane;
-        const float v = silu_mul(gate[i], up[i]);
-        gate[i] = v;
-        quantize_block_q8_1(v, qs + 32 * b, ds + b, lane);
+    for (int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; 256 * c < n; c += warps) {
+        const int c0 = 256 * c, nb = min(8, (n - c0) / 32);
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+            v[j] = 0.0f;
+            if (j < nb) {
+                const int i = c0 + 32 * j + lane;
+                v[j] = silu_mul(gate[i], up[i]);
+                gate[i] = v[j];
+            }
+        }
+        quantize_chunk(v, nb, nb == 8, c0, q, lane);
     }
 }
 

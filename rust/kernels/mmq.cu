@@ -1,11 +1,12 @@
-// Quantized GEMM for prefill on tensor cores: Y[n, o] = Σ_k W[o, k]·X[n, k] (+ bias[o]) for many
+// Quantized GEMM for prefill on tensor cores (two kernels; the first, f16, serves dense weights and
+// FAK_CUDA_MMQ=f16; the CPU-faithful int8 one is at the end of the file): Y[n, o] = Σ_k W[o, k]·X[n, k] (+ bias[o]) for many
 // rows n. Each k-step of 32, a block dequantizes a 128×32 tile of W (any GGUF format, straight from
 // its blocks) and converts a BN×32 tile of X (f32) to f16 in shared memory; eight warps multiply
 // the tiles with mma.sync m16n8k16 (f16 inputs, f32 accumulators). Double-buffered shared memory,
 // the next step's tiles are read from global memory while the current one is multiplied.
 //
 // Tiles: BM = 128 weight rows (M) × BN tokens (N, 64 or 128) × BK = 32. Warps 4 (M) × 2 (N), each
-// 32 × BN/2. Requires K % 32 == 0.
+// 32 × BN/2. Requires K % 32 == 0. With `accumulate` the epilogue adds into Y (the residual add).
 #include "common.cuh"
 
 // ---- raw fetch / decode of 16 consecutive weights of a row (k % 16 == 0) ----------------
@@ -233,7 +234,7 @@ template <> struct Raw16<T_Q6_K> {
 
 template <int FMT, int BN>
 __device__ void mmq(const u8* __restrict__ W, size_t row_bytes, const float* __restrict__ X, const float* __restrict__ bias,
-                    float* __restrict__ Y, int K, int n_out, int n_rows) {
+                    float* __restrict__ Y, int K, int n_out, int n_rows, bool accumulate) {
     constexpr int BM = 128, BK = 32, LDS = BK + 8;
     constexpr int NT = BN / 16;        // n8 tiles per warp
     constexpr int BV = BN / 8;         // X values per thread per step
@@ -316,8 +317,16 @@ __device__ void mmq(const u8* __restrict__ W, size_t row_bytes, const float* __r
 #pragma unroll
             for (int nt = 0; nt < NT; ++nt) {
                 const int n = n0 + wn + nt * 8 + (lane & 3) * 2;
-                if (n < n_rows) Y[(size_t)n * n_out + m] = acc[mi][nt][2 * e2] + bv;
-                if (n + 1 < n_rows) Y[(size_t)(n + 1) * n_out + m] = acc[mi][nt][2 * e2 + 1] + bv;
+                if (n < n_rows) {
+                    float* y = Y + (size_t)n * n_out + m;
+                    const float v = acc[mi][nt][2 * e2] + bv;
+                    *y = accumulate ? *y + v : v;
+                }
+                if (n + 1 < n_rows) {
+                    float* y = Y + (size_t)(n + 1) * n_out + m;
+                    const float v = acc[mi][nt][2 * e2 + 1] + bv;
+                    *y = accumulate ? *y + v : v;
+                }
             }
         }
     }
@@ -326,8 +335,8 @@ __device__ void mmq(const u8* __restrict__ W, size_t row_bytes, const float* __r
 #define MMQ(NAME, FMT, BN)                                                                                                 \
     extern "C" __global__ void __launch_bounds__(256, 2) mmq_##NAME##_f16_n##BN(                                          \
         const u8* __restrict__ W, size_t row_bytes, const float* __restrict__ X, const float* __restrict__ bias,           \
-        float* __restrict__ Y, int K, int n_out, int n_rows) {                                                             \
-        mmq<FMT, BN>(W, row_bytes, X, bias, Y, K, n_out, n_rows);                                                          \
+        float* __restrict__ Y, int K, int n_out, int n_rows, int accumulate) {                                             \
+        mmq<FMT, BN>(W, row_bytes, X, bias, Y, K, n_out, n_rows, accumulate != 0);                                         \
     }
 #define MMQ_BOTH(NAME, FMT) MMQ(NAME, FMT, 64) MMQ(NAME, FMT, 128)
 
@@ -342,3 +351,341 @@ MMQ_BOTH(q6_K, T_Q6_K)
 MMQ_BOTH(f32, T_F32)
 MMQ_BOTH(f16, T_F16)
 MMQ_BOTH(bf16, T_BF16)
+
+// ================================================================================================
+// The CPU-faithful quantized GEMM: Y[n, o] = Σ_k W[o, k]·X[n, k] (+ bias) (+ Y when accumulating)
+// with X in the 8-bit form the CPU backend's matmul quantizes it to (common.cuh: q8_K for Q4_K/
+// Q5_K/Q6_K, q8_0 for the legacy formats) and integer-exact sub-block dot products on the int8
+// tensor cores (mma.sync m16n8k32 / m16n8k16 .s8, the approach of llama.cpp's mmq.cuh; the code is
+// fak's own), scaled as ggml_vec_dot_* scales them:
+//   legacy (block of 32 = one k-step):  (d_w·d_x)·Σq_w·q_x  (+ m_w·s_x for Q4_1/Q5_1);
+//   Q4_K/Q5_K (super-block = 8 k-steps): (d_x·d)·Σ_j sc_j·dot_j − (d_x·dmin)·Σ_j m_j·bsum_j, both
+//   sums integer over the whole super-block (the first in registers, the second from the mins
+//   and token sums kept in shared memory) before the one float step;
+//   Q6_K: (d_x·d)·Σ_i sc_i·dot_i over its 16 sub-blocks of 16 (two m16n8k16 per k-step).
+// So CPU and GPU differ only in the order of f32 additions.
+//
+// Tile: BM = 128 weight rows × BN = 64 tokens × BK = 32, 256 threads = 8 warps (4 along M × 2
+// along N, 32 × 32 each). Shared rows are 48 bytes (32 int8 + pad: conflict-free fragment loads).
+// Double-buffered: the next k-step's raw words are fetched into registers before the current
+// step's MMAs and decoded to int8 after them.
+
+FAK_DEVICE int nib4(u32 w, int sh) { return (int)((w >> sh) & 0x0F0F0F0Fu); }
+// Bits 0..3 of b moved to bit 4 of bytes 0..3.
+FAK_DEVICE int bits_to_b4(u32 b) { return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25)); }
+
+// c (16x8 s32) += a (16x32 s8, row) · b (32x8 s8, col).
+FAK_DEVICE void mma_s8_k32(int* c, const int* a, const int* b) {
+    asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+// c (16x8 s32) += a (16x16 s8, row) · b (16x8 s8, col).
+FAK_DEVICE void mma_s8_k16(int* c, int a0, int a1, int b0) {
+    asm("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5}, {%6}, {%0, %1, %2, %3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// Decodes the raw words of 16 weights (Raw16<FMT>::fetch at k, k % 16 == 0) to 16 int8 in four
+// words, plus the row's scalars for this k-step: si0/si1 integer scales (Q4_K/Q5_K: sc, m; Q6_K:
+// the sub-block scale of these 16), sf0/sf1 float scales (d, dmin / d, m).
+template <int FMT> struct DecI8;
+template <> struct DecI8<T_Q4_0> {
+    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
+        const int sh = (k & 16) ? 4 : 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = bytes_sub(nib4(r[1 + i], sh), 0x08080808);
+        sf0 = f16_to_f32((u16)r[0]);
+        sf1 = 0.0f;
+        si0 = si1 = 0;
+    }
+};
+template <> struct DecI8<T_Q4_1> {
+    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
+        const int sh = (k & 16) ? 4 : 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = nib4(r[1 + i], sh);
+        sf0 = f16_lo(r[0]);
+        sf1 = f16_hi(r[0]);
+        si0 = si1 = 0;
+    }
+};
+template <> struct DecI8<T_Q5_0> {
+    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
+        const int o = k & 16, sh = o ? 4 : 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = bytes_sub(nib4(r[2 + i], sh) | bits_to_b4((r[1] >> (o + 4 * i)) & 0xF), 0x10101010);
+        sf0 = f16_to_f32((u16)r[0]);
+        sf1 = 0.0f;
+        si0 = si1 = 0;
+    }
+};
+template <> struct DecI8<T_Q5_1> {
+    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
+        const int o = k & 16, sh = o ? 4 : 0;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = nib4(r[2 + i], sh) | bits_to_b4((r[1] >> (o + 4 * i)) & 0xF);
+        sf0 = f16_lo(r[0]);
+        sf1 = f16_hi(r[0]);
+        si0 = si1 = 0;
+    }
+};
+template <> struct DecI8<T_Q8_0> {
+    static FAK_DEVICE void run(const u32* r, int, int* q, int& si0, int& si1, float& sf0, float& sf1) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = (int)r[1 + i];
+        sf0 = f16_to_f32((u16)r[0]);
+        sf1 = 0.0f;
+        si0 = si1 = 0;
+    }
+};
+template <> struct DecI8<T_Q4_K> {
+    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
+        const int w = k & 255, hi = (w >> 5) & 1, j = 2 * (w >> 6) + hi;
+        k4_scale_min_r(r[1], r[2], r[3], j, si0, si1);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = nib4(r[4 + i], 4 * hi);
+        sf0 = f16_lo(r[0]);
+        sf1 = f16_hi(r[0]);
+    }
+};
+template <> struct DecI8<T_Q5_K> {
+    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
+        const int w = k & 255, hi = (w >> 5) & 1, j = 2 * (w >> 6) + hi;
+        k4_scale_min_r(r[1], r[2], r[3], j, si0, si1);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) q[i] = nib4(r[4 + i], 4 * hi) | (int)(((r[8 + i] >> j) & 0x01010101u) << 4);
+        sf0 = f16_lo(r[0]);
+        sf1 = f16_hi(r[0]);
+    }
+};
+template <> struct DecI8<T_Q6_K> {
+    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
+        const int g = (k >> 5) & 3;
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            q[i] = bytes_sub(nib4(r[i], 4 * (g >> 1)) | (int)(((r[4 + i] >> (2 * g)) & 0x03030303u) << 4), 0x20202020);
+        si0 = (int)r[8];
+        si1 = 0;
+        sf0 = f16_to_f32((u16)r[9]);
+        sf1 = 0.0f;
+    }
+};
+
+template <int FMT>
+__device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,
+                       const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,
+                       bool accumulate) {
+    constexpr int BM = 128, BN = 64, AST = 48, NT = 4;
+    constexpr bool KQ = FMT == T_Q4_K || FMT == T_Q5_K;  // super-block sums with mins
+    constexpr bool K6 = FMT == T_Q6_K;
+    constexpr bool MIN1 = FMT == T_Q4_1 || FMT == T_Q5_1;  // + m_w·s_x per block
+    __shared__ __align__(16) i8 sA[2][BM * AST];
+    __shared__ __align__(16) i8 sB[2][BN * AST];
+    __shared__ int sRi[2][BM][2];    // integer row scales of the k-step (see DecI8)
+    __shared__ float sRf[2][BM][2];  // float row scales
+    __shared__ float sTd[2][BN];     // d_x of each token (its super-block / block)
+    __shared__ int sTs[2][BN];       // Σq_x of the k-step's 32 (int; as f32 bits for the q8_0 form's s)
+    // Q4_K/Q5_K: the 8 sub-block mins of each row and the 8 quant sums of each token of a
+    // super-block, by super-block parity (read once at its end: Σ_j m_j·bsum_j).
+    __shared__ __align__(16) int sMin[KQ ? 2 : 1][KQ ? BM : 1][8];
+    __shared__ __align__(16) int sSum[KQ ? 2 : 1][KQ ? BN : 1][8];
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+    const int g = lane >> 2, tig = lane & 3;
+    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int wm = (warp & 3) * 32, wn = (warp >> 2) * 32;
+
+    // Loaders: weight row tid/2, 16 values at 16·(tid & 1); token tid/4, 8 bytes at 8·(tid & 3).
+    const int a_row = tid >> 1, a_h = tid & 1;
+    const u8* a_ptr = W + (size_t)min(m0 + a_row, n_out - 1) * row_bytes;
+    const int b_row = tid >> 2, b_part = tid & 3;
+    const bool b_ok = n0 + b_row < n_rows;
+    const size_t b_tok = (size_t)(b_ok ? n0 + b_row : 0);
+
+    float acc[2][NT][4];
+    int isum[2][NT][4];
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                acc[i][j][e] = 0.0f;
+                isum[i][j][e] = 0;
+            }
+
+    u32 raw[Raw16<FMT>::N];
+    uint2 bq;
+    float td;
+    int ts;
+    auto fetch = [&](int k0) {
+        Raw16<FMT>::fetch(a_ptr, k0 + 16 * a_h, raw);
+        if (b_ok) {
+            bq = *(const uint2*)(yq + b_tok * K + k0 + 8 * b_part);
+            if (KQ || K6) {
+                td = ((const float*)ya)[b_tok * (K / 256) + (k0 >> 8)];
+                ts = KQ ? ys[b_tok * (K / 32) + (k0 >> 5)] : 0;
+            } else {
+                const float2 ds = ((const float2*)ya)[b_tok * (K / 32) + (k0 >> 5)];
+                td = ds.x;
+                ts = __float_as_int(ds.y);
+            }
+        } else {
+            bq = make_uint2(0u, 0u);
+            td = 0.0f;
+            ts = 0;
+        }
+    };
+    auto store = [&](int k0, int buf) {
+        int q[4], si0, si1;
+        float sf0, sf1;
+        DecI8<FMT>::run(raw, k0 + 16 * a_h, q, si0, si1, sf0, sf1);
+        *(int4*)(&sA[buf][a_row * AST + 16 * a_h]) = make_int4(q[0], q[1], q[2], q[3]);
+        if (K6) {
+            sRi[buf][a_row][a_h] = si0;  // each half has its own sub-block scale
+            if (a_h == 0) sRf[buf][a_row][0] = sf0;
+        } else if (a_h == 0) {
+            sRi[buf][a_row][0] = si0;
+            sRi[buf][a_row][1] = si1;
+            sRf[buf][a_row][0] = sf0;
+            sRf[buf][a_row][1] = sf1;
+        }
+        *(uint2*)(&sB[buf][b_row * AST + 8 * b_part]) = bq;
+        if (b_part == 0) {
+            sTd[buf][b_row] = td;
+            sTs[buf][b_row] = ts;
+        }
+        if (KQ) {
+            const int par = (k0 >> 8) & 1, j = (k0 >> 5) & 7;
+            if (a_h == 0) sMin[par][a_row][j] = si1;
+            if (b_part == 0) sSum[par][b_row][j] = ts;
+        }
+    };
+
+    const int steps = K / 32;
+    fetch(0);
+    int buf = 0;
+    for (int ks = 0; ks < steps; ++ks) {
+        const int k0 = 32 * ks;
+        store(k0, buf);
+        __syncthreads();
+        if (ks + 1 < steps) fetch(k0 + 32);
+        const i8* A = sA[buf];
+        const i8* B = sB[buf];
+        int af[2][4];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi) {
+            const i8* ar = A + (wm + 16 * mi + g) * AST + 4 * tig;
+            af[mi][0] = *(const int*)ar;
+            af[mi][1] = *(const int*)(ar + 8 * AST);
+            af[mi][2] = *(const int*)(ar + 16);
+            af[mi][3] = *(const int*)(ar + 8 * AST + 16);
+        }
+        // Row scalars of the four rows this thread's accumulators belong to (those used every
+        // k-step; the super-block's float scales are read at its end).
+        int rsi[2][2][2];
+        float rsf[2][2][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int row = wm + 16 * mi + g + 8 * h;
+                rsi[mi][h][0] = (KQ || K6) ? sRi[buf][row][0] : 0;
+                rsi[mi][h][1] = K6 ? sRi[buf][row][1] : 0;
+                rsf[mi][h][0] = (KQ || K6) ? 0.0f : sRf[buf][row][0];
+                rsf[mi][h][1] = MIN1 ? sRf[buf][row][1] : 0.0f;
+            }
+        const bool sb_end = (KQ || K6) && ((ks & 7) == 7);
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) {
+            const int col = wn + 8 * nt;
+            const i8* br = B + (col + g) * AST + 4 * tig;
+            const int bf[2] = {*(const int*)br, *(const int*)(br + 16)};
+            const int c0 = col + 2 * tig;  // this thread's two columns: c0, c0 + 1
+            const float tdv[2] = {sTd[buf][c0], sTd[buf][c0 + 1]};
+            const int tsv[2] = {sTs[buf][c0], sTs[buf][c0 + 1]};
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+                if (K6) {
+                    int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
+                    mma_s8_k16(lo, af[mi][0], af[mi][1], bf[0]);
+                    mma_s8_k16(hi, af[mi][2], af[mi][3], bf[1]);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) isum[mi][nt][e] += rsi[mi][e >> 1][0] * lo[e] + rsi[mi][e >> 1][1] * hi[e];
+                } else {
+                    int c[4] = {0, 0, 0, 0};
+                    mma_s8_k32(c, af[mi], bf);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int h = e >> 1, cc = e & 1;
+                        if (KQ) {
+                            isum[mi][nt][e] += rsi[mi][h][0] * c[e];
+                        } else {
+                            float v = (rsf[mi][h][0] * tdv[cc]) * (float)c[e];
+                            if (MIN1) v += rsf[mi][h][1] * __int_as_float(tsv[cc]);
+                            acc[mi][nt][e] += v;
+                        }
+                    }
+                }
+                if (sb_end) {
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int h = e >> 1, cc = e & 1;
+                        const int row = wm + 16 * mi + g + 8 * h;
+                        float v = (tdv[cc] * sRf[buf][row][0]) * (float)isum[mi][nt][e];
+                        if (KQ) {
+                            const int par = (k0 >> 8) & 1;
+                            const int4* mr = (const int4*)sMin[par][row];
+                            const int4* sr = (const int4*)sSum[par][c0 + cc];
+                            const int4 ma = mr[0], mb = mr[1], sa = sr[0], sbv = sr[1];
+                            const int ms = ma.x * sa.x + ma.y * sa.y + ma.z * sa.z + ma.w * sa.w + mb.x * sbv.x + mb.y * sbv.y + mb.z * sbv.z + mb.w * sbv.w;
+                            v -= (tdv[cc] * sRf[buf][row][1]) * (float)ms;
+                        }
+                        acc[mi][nt][e] += v;
+                        isum[mi][nt][e] = 0;
+                    }
+                }
+            }
+        }
+        buf ^= 1;
+    }
+
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int m = m0 + wm + 16 * mi + g + 8 * h;
+            if (m >= n_out) continue;
+            const float bv = bias ? bias[m] : 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+                for (int cc = 0; cc < 2; ++cc) {
+                    const int n = n0 + wn + 8 * nt + 2 * tig + cc;
+                    if (n < n_rows) {
+                        float* y = Y + (size_t)n * n_out + m;
+                        const float v = acc[mi][nt][2 * h + cc] + bv;
+                        *y = accumulate ? *y + v : v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+#define MMQ_Q8(NAME, FMT)                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 2) mmq_##NAME##_q8_n64(                                             \
+        const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,                \
+        const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,   \
+        int accumulate) {                                                                                                  \
+        mmq_q8<FMT>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0);                                 \
+    }
+MMQ_Q8(q4_0, T_Q4_0)
+MMQ_Q8(q4_1, T_Q4_1)
+MMQ_Q8(q5_0, T_Q5_0)
+MMQ_Q8(q5_1, T_Q5_1)
+MMQ_Q8(q8_0, T_Q8_0)
+MMQ_Q8(q4_K, T_Q4_K)
+MMQ_Q8(q5_K, T_Q5_K)
+MMQ_Q8(q6_K, T_Q6_K)

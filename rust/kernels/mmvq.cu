@@ -1,15 +1,20 @@
-// Quantized GEMV for decode: y[c, o] = Σ_i W[o, i]·x[c, i] (+ bias[o]) for NC ≤ 8 activation rows,
-// W in its GGUF blocks, x in fak's q8_1 layout (int8 + per-32 (d, d·Σq), see common.cuh), integer
-// dot products with dp4a (the approach of llama.cpp's mul_mat_vec_q; the code is fak's own).
+// Quantized GEMV for decode: y[c, o] = Σ_i W[o, i]·x[c, i] (+ bias[o]) (+ y[c, o] when
+// accumulating: the residual add fused into the epilogue) for NC ≤ 8 activation rows, W in its
+// GGUF blocks, x in the 8-bit form of the weight format's ggml vec_dot_type, quantized exactly as
+// fak's CPU backend does (see common.cuh): the q8_0 form for the legacy formats, the q8_K form for
+// the k-quants. Integer dot products with dp4a (the approach of llama.cpp's mul_mat_vec_q; the code
+// is fak's own) are exact; each task's integer sum is scaled as the CPU's ggml_vec_dot_* scales its
+// block or super-block sums (`(d_w·d_x)·Σ` and, for Q4_K/Q5_K, `(d_x·dmin)·Σ m·bsum`), so CPU and
+// GPU differ only in the order of the f32 additions.
 //
-// Every format is cut into tasks of 32 weights; a task's dot product with the matching 32
-// activations of each row is exact in int32, then scaled in f32:
+// Every format is cut into tasks of 32 weights:
 //   legacy formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0): one task = one block of 32;
 //   Q4_K, Q5_K: task (super-block sb, c in 0..8): 16 low-nibble values of sub-block 2(c/2) and
-//     the 16 high-nibble values of sub-block 2(c/2)+1 sharing the same bytes; the sub-block's
-//     min term (−dmin·m·Σx) is added once, by the c even task;
+//     the 16 high-nibble values of sub-block 2(c/2)+1 sharing the same bytes; the two sub-blocks'
+//     min term (−dmin·m·Σq) is added once, by the c even task;
 //   Q6_K: task (sb, c): 8 positions l of half n = c/4 times the four 32-groups that share them.
-// Launch: 128 threads; R = rows per block (1, 2, 4), 4/R warps split a row's tasks.
+// Launch: 128 threads; R = rows per block (1, 2, 4), 4/R warps split a row's tasks. One launch
+// may cover up to three matrices of the same input (Q/K/V, gate/up): "segments" of the grid.
 #include "common.cuh"
 
 // Eight nibbles of a word as two words of bytes (low nibbles, high nibbles).
@@ -22,7 +27,8 @@ template <int FMT, int NC> struct Dot;
 
 // Q4_0: d @0, qs @2 (18 B, 2-aligned). x = d·(q − 8).
 template <int NC> struct Dot<T_Q4_0, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
+        const float2* __restrict__ yds = (const float2*)ya;
         const u8* b = row + (size_t)t * 18;
         const float d = ld_f16(b);
         int lo[4], hi[4];
@@ -45,7 +51,8 @@ template <int NC> struct Dot<T_Q4_0, NC> {
 
 // Q4_1: d @0, m @2, qs @4 (20 B, 4-aligned). x = d·q + m.
 template <int NC> struct Dot<T_Q4_1, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
+        const float2* __restrict__ yds = (const float2*)ya;
         const u8* b = row + (size_t)t * 20;
         const u32 dm = ld_u32(b);
         const float d = f16_lo(dm), m = f16_hi(dm);
@@ -70,7 +77,8 @@ template <int NC> struct Dot<T_Q4_1, NC> {
 
 // Q5_0: d @0, qh @2, qs @6 (22 B, 2-aligned). x = d·(q − 16), q = nibble | bit << 4.
 template <int NC> struct Dot<T_Q5_0, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
+        const float2* __restrict__ yds = (const float2*)ya;
         const u8* b = row + (size_t)t * 22;
         const float d = ld_f16(b);
         const u32 qh = ld_u32_a2(b + 2);
@@ -94,7 +102,8 @@ template <int NC> struct Dot<T_Q5_0, NC> {
 
 // Q5_1: d @0, m @2, qh @4, qs @8 (24 B, 8-aligned). x = d·q + m.
 template <int NC> struct Dot<T_Q5_1, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
+        const float2* __restrict__ yds = (const float2*)ya;
         const u8* b = row + (size_t)t * 24;
         const u32 dm = ld_u32(b);
         const float d = f16_lo(dm), m = f16_hi(dm);
@@ -120,7 +129,8 @@ template <int NC> struct Dot<T_Q5_1, NC> {
 
 // Q8_0: d @0, qs[32] @2 (34 B, 2-aligned).
 template <int NC> struct Dot<T_Q8_0, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
+        const float2* __restrict__ yds = (const float2*)ya;
         const u8* b = row + (size_t)t * 34;
         const float d = ld_f16(b);
         int w[8];
@@ -137,8 +147,9 @@ template <int NC> struct Dot<T_Q8_0, NC> {
     }
 };
 
-// Q4_K and Q5_K share the task shape (see the file comment).
-template <int FMT, int NC> FAK_DEVICE void dot_q45_K(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+// Q4_K and Q5_K share the task shape (see the file comment). Per super-block the CPU computes
+// (d_x·d)·Σ_j sc_j·dot_j − (d_x·dmin)·Σ_j m_j·bsum_j; a task contributes its part of both sums.
+template <int FMT, int NC> FAK_DEVICE void dot_q45_K(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float* __restrict__ yd, const int* __restrict__ ys, int K, float* acc) {
     constexpr int BB = FMT == T_Q4_K ? 144 : 176;
     constexpr int QS = FMT == T_Q4_K ? 16 : 48;
     const int sb = t >> 3, c8 = t & 7, p = c8 >> 1, h = c8 & 1;
@@ -172,27 +183,31 @@ template <int FMT, int NC> FAK_DEVICE void dot_q45_K(const u8* __restrict__ row,
         const int4 ylo = *(const int4*)y, yhi = *(const int4*)(y + 32);
         const int s0 = dp4a(lo[0], ylo.x, dp4a(lo[1], ylo.y, dp4a(lo[2], ylo.z, dp4a(lo[3], ylo.w, 0))));
         const int s1 = dp4a(hi[0], yhi.x, dp4a(hi[1], yhi.y, dp4a(hi[2], yhi.z, dp4a(hi[3], yhi.w, 0))));
-        const float2* ds = yds + (size_t)c * (K / 32) + sb * 8 + 2 * p;
-        const float2 dl = ds[0], dh = ds[1];
-        float v = d * ((float)sc0 * dl.x * (float)s0 + (float)sc1 * dh.x * (float)s1);
-        if (h == 0) v -= dmin * ((float)m0 * dl.y + (float)m1 * dh.y);
+        const float dx = yd[(size_t)c * (K / 256) + sb];
+        float v = (dx * d) * (float)(sc0 * s0 + sc1 * s1);
+        if (h == 0) {
+            const int* bs = ys + (size_t)c * (K / 32) + sb * 8 + 2 * p;
+            v -= (dx * dmin) * (float)(m0 * bs[0] + m1 * bs[1]);
+        }
         acc[c] += v;
     }
 }
 template <int NC> struct Dot<T_Q4_K, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
-        dot_q45_K<T_Q4_K, NC>(row, t, yq, yds, K, acc);
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
+        dot_q45_K<T_Q4_K, NC>(row, t, yq, (const float*)ya, ys, K, acc);
     }
 };
 template <int NC> struct Dot<T_Q5_K, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
-        dot_q45_K<T_Q5_K, NC>(row, t, yq, yds, K, acc);
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
+        dot_q45_K<T_Q5_K, NC>(row, t, yq, (const float*)ya, ys, K, acc);
     }
 };
 
-// Q6_K: ql[128] @0, qh[64] @128, scales i8[16] @192, d @208 (210 B, 2-aligned).
+// Q6_K: ql[128] @0, qh[64] @128, scales i8[16] @192, d @208 (210 B, 2-aligned). Per super-block
+// the CPU computes (d_x·d)·Σ_i sc_i·dot_i over its 16 sub-blocks of 16; a task adds its part.
 template <int NC> struct Dot<T_Q6_K, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float2* __restrict__ yds, int K, float* acc) {
+    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
+        const float* __restrict__ yd = (const float*)ya;
         const int sb = t >> 3, c8 = t & 7, n = c8 >> 2, lq = (c8 & 3) * 8;
         const u8* b = row + (size_t)sb * 210;
         const u8* qla = b + 64 * n + lq;
@@ -208,31 +223,31 @@ template <int NC> struct Dot<T_Q6_K, NC> {
         }
         // Scales of groups g = 0..3: bytes 192 + 8n + lq/16 + 2g (the offset can be odd: bytes).
         const u8* scp = b + 192 + 8 * n + (lq >> 4);
-        const float sc[4] = {(float)(i8)scp[0], (float)(i8)scp[2], (float)(i8)scp[4], (float)(i8)scp[6]};
+        const int sc[4] = {(int)(i8)scp[0], (int)(i8)scp[2], (int)(i8)scp[4], (int)(i8)scp[6]};
         const float d = ld_f16(b + 208);
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
             const i8* y = yq + (size_t)c * K + sb * 256 + 128 * n + lq;
-            const float2* ds = yds + (size_t)c * (K / 32) + sb * 8 + 4 * n;
-            float a = 0.0f;
+            int is = 0;
 #pragma unroll
             for (int g = 0; g < 4; ++g) {
                 const int2 yy = *(const int2*)(y + 32 * g);
-                const int s = dp4a(v[g][0], yy.x, dp4a(v[g][1], yy.y, 0));
-                a += sc[g] * ds[g].x * (float)s;
+                is += sc[g] * dp4a(v[g][0], yy.x, dp4a(v[g][1], yy.y, 0));
             }
-            acc[c] += d * a;
+            acc[c] += (yd[(size_t)c * (K / 256) + sb] * d) * (float)is;
         }
     }
 };
 
+// The rows of one matrix handled by local block `lb` of its segment.
 template <int FMT, int NC>
-__device__ void mmvq(const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const float2* __restrict__ yds,
-                     const float* __restrict__ bias, float* __restrict__ dst, int K, int n_out, int rpb) {
+__device__ void mmvq_rows(const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,
+                          const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ dst, int K, int n_out, int rpb,
+                          int lb, bool accumulate) {
     __shared__ float sh[4][NC];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wpr = 4 / rpb;
-    const int row = blockIdx.x * rpb + warp / wpr;
+    const int row = lb * rpb + warp / wpr;
     const int sub = (warp % wpr) * 32 + lane, nthr = wpr * 32;
     const int T = K / 32;
     float acc[NC];
@@ -241,7 +256,7 @@ __device__ void mmvq(const u8* __restrict__ W, size_t row_bytes, const i8* __res
     if (row < n_out) {
         const u8* wr = W + (size_t)row * row_bytes;
 #pragma unroll 4
-        for (int t = sub; t < T; t += nthr) Dot<FMT, NC>::run(wr, t, yq, yds, K, acc);
+        for (int t = sub; t < T; t += nthr) Dot<FMT, NC>::run(wr, t, yq, ya, ys, K, acc);
     }
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[c] = warp_sum(acc[c]);
@@ -254,14 +269,51 @@ __device__ void mmvq(const u8* __restrict__ W, size_t row_bytes, const i8* __res
         float v = 0.0f;
         for (int w = 0; w < wpr; ++w) v += sh[warp + w][lane];
         if (bias) v += bias[row];
-        dst[(size_t)lane * n_out + row] = v;
+        float* o = dst + (size_t)lane * n_out + row;
+        *o = accumulate ? *o + v : v;
+    }
+}
+
+// A launch over up to three matrices ("segments") that read the same activations: blocks
+// [0, end0) run matrix 0, [end0, end1) matrix 1, [end1, end2) matrix 2. KFORM: the k-quants on
+// the q8_K form; else the legacy formats on the q8_0 form. The format switch is uniform per block.
+template <int NC, bool KFORM>
+__device__ void mmvq_multi(const u8* W0, size_t rb0, const float* b0, float* d0, int n0, int rpb0, int f0, int end0,
+                           const u8* W1, size_t rb1, const float* b1, float* d1, int n1, int rpb1, int f1, int end1,
+                           const u8* W2, size_t rb2, const float* b2, float* d2, int n2, int rpb2, int f2,
+                           const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, int accumulate) {
+    const int blk = blockIdx.x;
+    const int s = blk < end0 ? 0 : (blk < end1 ? 1 : 2);
+    const u8* W = s == 0 ? W0 : (s == 1 ? W1 : W2);
+    const size_t rb = s == 0 ? rb0 : (s == 1 ? rb1 : rb2);
+    const float* bias = s == 0 ? b0 : (s == 1 ? b1 : b2);
+    float* dst = s == 0 ? d0 : (s == 1 ? d1 : d2);
+    const int n_out = s == 0 ? n0 : (s == 1 ? n1 : n2);
+    const int rpb = s == 0 ? rpb0 : (s == 1 ? rpb1 : rpb2);
+    const int fmt = s == 0 ? f0 : (s == 1 ? f1 : f2);
+    const int lb = blk - (s == 0 ? 0 : (s == 1 ? end0 : end1));
+    const bool acc = accumulate != 0;
+    if (KFORM) {
+        switch (fmt) {
+            case T_Q4_K: mmvq_rows<T_Q4_K, NC>(W, rb, yq, ya, ys, bias, dst, K, n_out, rpb, lb, acc); break;
+            case T_Q5_K: mmvq_rows<T_Q5_K, NC>(W, rb, yq, ya, ys, bias, dst, K, n_out, rpb, lb, acc); break;
+            case T_Q6_K: mmvq_rows<T_Q6_K, NC>(W, rb, yq, ya, ys, bias, dst, K, n_out, rpb, lb, acc); break;
+        }
+    } else {
+        switch (fmt) {
+            case T_Q4_0: mmvq_rows<T_Q4_0, NC>(W, rb, yq, ya, ys, bias, dst, K, n_out, rpb, lb, acc); break;
+            case T_Q4_1: mmvq_rows<T_Q4_1, NC>(W, rb, yq, ya, ys, bias, dst, K, n_out, rpb, lb, acc); break;
+            case T_Q5_0: mmvq_rows<T_Q5_0, NC>(W, rb, yq, ya, ys, bias, dst, K, n_out, rpb, lb, acc); break;
+            case T_Q5_1: mmvq_rows<T_Q5_1, NC>(W, rb, yq, ya, ys, bias, dst, K, n_out, rpb, lb, acc); break;
+            case T_Q8_0: mmvq_rows<T_Q8_0, NC>(W, rb, yq, ya, ys, bias, dst, K, n_out, rpb, lb, acc); break;
+        }
     }
 }
 
 // Dense weights (F32, F16, BF16) against f32 activations: tasks of 8 values (K % 8 == 0).
 template <int FMT, int NC>
 __device__ void mmv_dense(const u8* __restrict__ W, size_t row_bytes, const float* __restrict__ x, const float* __restrict__ bias,
-                          float* __restrict__ dst, int K, int n_out, int rpb) {
+                          float* __restrict__ dst, int K, int n_out, int rpb, int accumulate) {
     __shared__ float sh[4][NC];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wpr = 4 / rpb;
@@ -294,32 +346,32 @@ __device__ void mmv_dense(const u8* __restrict__ W, size_t row_bytes, const floa
         float v = 0.0f;
         for (int w = 0; w < wpr; ++w) v += sh[warp + w][lane];
         if (bias) v += bias[row];
-        dst[(size_t)lane * n_out + row] = v;
+        float* o = dst + (size_t)lane * n_out + row;
+        *o = accumulate ? *o + v : v;
     }
 }
 
-#define MMVQ(NAME, FMT, NC)                                                                                                \
-    extern "C" __global__ void __launch_bounds__(128) mmvq_##NAME##_q8_1_c##NC(                                           \
-        const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const float2* __restrict__ yds,             \
-        const float* __restrict__ bias, float* __restrict__ dst, int K, int n_out, int rpb) {                             \
-        mmvq<FMT, NC>(W, row_bytes, yq, yds, bias, dst, K, n_out, rpb);                                                   \
+#define MMVQ_MULTI(NAME, KFORM, NC)                                                                                  \
+    extern "C" __global__ void __launch_bounds__(128) mmvq_##NAME##_c##NC(                                              \
+        const u8* W0, size_t rb0, const float* b0, float* d0, int n0, int rpb0, int f0, int end0,                        \
+        const u8* W1, size_t rb1, const float* b1, float* d1, int n1, int rpb1, int f1, int end1,                        \
+        const u8* W2, size_t rb2, const float* b2, float* d2, int n2, int rpb2, int f2,                                  \
+        const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, int accumulate) {     \
+        mmvq_multi<NC, KFORM>(W0, rb0, b0, d0, n0, rpb0, f0, end0, W1, rb1, b1, d1, n1, rpb1, f1, end1, W2, rb2, b2, d2, \
+                              n2, rpb2, f2, yq, ya, ys, K, accumulate);                                                  \
     }
 #define MMV_DENSE(NAME, FMT, NC)                                                                                           \
     extern "C" __global__ void __launch_bounds__(128) mmv_##NAME##_f32_c##NC(                                             \
         const u8* __restrict__ W, size_t row_bytes, const float* __restrict__ x, const float* __restrict__ bias,           \
-        float* __restrict__ dst, int K, int n_out, int rpb) {                                                             \
-        mmv_dense<FMT, NC>(W, row_bytes, x, bias, dst, K, n_out, rpb);                                                    \
+        float* __restrict__ dst, int K, int n_out, int rpb, int accumulate) {                                             \
+        mmv_dense<FMT, NC>(W, row_bytes, x, bias, dst, K, n_out, rpb, accumulate);                                        \
     }
-#define ALL_NC(M, NAME, FMT) M(NAME, FMT, 1) M(NAME, FMT, 2) M(NAME, FMT, 3) M(NAME, FMT, 4) M(NAME, FMT, 5) M(NAME, FMT, 6) M(NAME, FMT, 7) M(NAME, FMT, 8)
+#define ALL_NC(M, NAME, X) M(NAME, X, 1) M(NAME, X, 2) M(NAME, X, 3) M(NAME, X, 4) M(NAME, X, 5) M(NAME, X, 6) M(NAME, X, 7) M(NAME, X, 8)
 
-ALL_NC(MMVQ, q4_0, T_Q4_0)
-ALL_NC(MMVQ, q4_1, T_Q4_1)
-ALL_NC(MMVQ, q5_0, T_Q5_0)
-ALL_NC(MMVQ, q5_1, T_Q5_1)
-ALL_NC(MMVQ, q8_0, T_Q8_0)
-ALL_NC(MMVQ, q4_K, T_Q4_K)
-ALL_NC(MMVQ, q5_K, T_Q5_K)
-ALL_NC(MMVQ, q6_K, T_Q6_K)
+// mmvq_kquant_q8_K_c<NC>: Q4_K, Q5_K, Q6_K on the q8_K form; mmvq_legacy_q8_0_c<NC>: Q4_0, Q4_1,
+// Q5_0, Q5_1, Q8_0 on the q8_0 form.
+ALL_NC(MMVQ_MULTI, kquant_q8_K, true)
+ALL_NC(MMVQ_MULTI, legacy_q8_0, false)
 ALL_NC(MMV_DENSE, f32, T_F32)
 ALL_NC(MMV_DENSE, f16, T_F16)
 ALL_NC(MMV_DENSE, bf16, T_BF16)

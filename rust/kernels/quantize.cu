@@ -1,12 +1,18 @@
-// Activation quantization: f32 → fak's q8_1 layout (see common.cuh), for a GEMV whose input was
-// not produced by a fused producer (rmsnorm_f32_q8_1, swiglu_f32_q8_1).
+// Activation quantization: f32 → the 8-bit forms of common.cuh (q8_0 and q8_K, bit-exact with the
+// CPU backend's quantizers), for a matmul whose input was not written by a fused producer
+// (rmsnorm_f32_q8_c*, swiglu_f32_q8).
 #include "common.cuh"
 
-// x: n values (n % 32 == 0). One warp per block of 32; grid-stride over blocks.
-extern "C" __global__ void quantize_f32_q8_1(const float* __restrict__ x, i8* __restrict__ qs, float2* __restrict__ ds, int n) {
+// x: n values (n % 32 == 0), flat. One warp per chunk of 256 (the q8_K form for whole chunks).
+extern "C" __global__ void quantize_f32_q8(const float* __restrict__ x, i8* qs0, float2* ds0, i8* qsk, float* dk, int* sk, int n) {
+    const Q8Out q{qs0, ds0, qsk, dk, sk};
     const int lane = threadIdx.x & 31;
     const int warps = (gridDim.x * blockDim.x) >> 5;
-    for (int b = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; b < n / 32; b += warps) {
-        quantize_block_q8_1(x[32 * b + lane], qs + 32 * b, ds + b, lane);
+    for (int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; 256 * c < n; c += warps) {
+        const int c0 = 256 * c, nb = min(8, (n - c0) / 32);
+        float v[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) v[j] = j < nb ? x[c0 + 32 * j + lane] : 0.0f;
+        quantize_chunk(v, nb, nb == 8, c0, q, lane);
     }
 }

@@ -35,3 +35,68 @@ extern "C" __global__ void rope_f32(float* __restrict__ x, const u32* __restrict
         hx[b] = x0 * s + x1 * c;
     }
 }
+
+// The attention block's RoPE of q and k and the KV write, in one launch: q ([n_rows, n_head,
+// head_dim]) and k ([n_rows, n_head_kv, head_dim]) rotated in place exactly as rope_f32, then the
+// rotated k and v rounded to f16 into each row's slot of the paged cache (layout as kv_write_f16:
+// [block][kv_head][slot][head_dim]). One block per row.
+extern "C" __global__ void rope_qk_kv_write_f32(float* __restrict__ q, float* __restrict__ k, const float* __restrict__ v,
+                                                const u32* __restrict__ positions, const u32* __restrict__ slots,
+                                                const float* __restrict__ freq_factors, u16* __restrict__ kc, u16* __restrict__ vc,
+                                                int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale,
+                                                int neox, int block_size) {
+    extern __shared__ float cs[];  // [n_rot/2][2]
+    const int half = n_rot / 2;
+    const size_t r = blockIdx.x;
+    const float pos = (float)positions[r];
+    for (int i = threadIdx.x; i < half; i += blockDim.x) {
+        float theta = pos;
+        for (int j = 0; j < i; ++j) theta *= theta_scale;
+        const float ff = freq_factors ? freq_factors[i] : 1.0f;
+        const float t = freq_scale * (theta / ff);
+        float s, c;
+        sincosf(t, &s, &c);
+        cs[2 * i] = c;
+        cs[2 * i + 1] = s;
+    }
+    __syncthreads();
+    float* qr = q + r * (size_t)n_head * head_dim;
+    for (int w = threadIdx.x; w < n_head * half; w += blockDim.x) {
+        const int h = w / half, i = w - h * half;
+        float* hx = qr + (size_t)h * head_dim;
+        const float c = cs[2 * i], s = cs[2 * i + 1];
+        const int a = neox ? i : 2 * i;
+        const int b = neox ? i + half : 2 * i + 1;
+        const float x0 = hx[a], x1 = hx[b];
+        hx[a] = x0 * c - x1 * s;
+        hx[b] = x0 * s + x1 * c;
+    }
+    const u32 slot = slots[r];
+    const u32 blk = slot / block_size, off = slot - blk * block_size;
+    const size_t kvw = (size_t)n_head_kv * head_dim;
+    float* kr = k + r * kvw;
+    const float* vr = v + r * kvw;
+    for (int w = threadIdx.x; w < n_head_kv * half; w += blockDim.x) {
+        const int h = w / half, i = w - h * half;
+        float* hx = kr + (size_t)h * head_dim;
+        const float c = cs[2 * i], s = cs[2 * i + 1];
+        const int a = neox ? i : 2 * i;
+        const int b = neox ? i + half : 2 * i + 1;
+        const float x0 = hx[a], x1 = hx[b];
+        const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
+        hx[a] = y0;
+        hx[b] = y1;
+        const size_t base = (((size_t)blk * n_head_kv + h) * block_size + off) * head_dim;
+        kc[base + a] = f32_to_f16(y0);
+        kc[base + b] = f32_to_f16(y1);
+    }
+    const int pass = head_dim - n_rot;  // dimensions RoPE leaves alone
+    for (int e = threadIdx.x; e < n_head_kv * pass; e += blockDim.x) {
+        const int h = e / pass, d = n_rot + (e - h * pass);
+        kc[(((size_t)blk * n_head_kv + h) * block_size + off) * head_dim + d] = f32_to_f16(kr[(size_t)h * head_dim + d]);
+    }
+    for (int e = threadIdx.x; e < n_head_kv * head_dim; e += blockDim.x) {
+        const int h = e / head_dim, d = e - h * head_dim;
+        vc[(((size_t)blk * n_head_kv + h) * block_size + off) * head_dim + d] = f32_to_f16(vr[e]);
+    }
+}

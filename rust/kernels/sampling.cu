@@ -54,3 +54,54 @@ extern "C" __global__ void argmax_f32(const float* __restrict__ x, int n_cols, u
         if (threadIdx.x == 0) stats[blockIdx.x] = make_float2(m, logf(s) + m);
     }
 }
+
+// The greedy step on the device: idx[r] = argmax of row r (as argmax_f32) and logprob[r] = its
+// log-softmax, −ln Σ e^(x − max) with the sum in f64 (as the CPU backend's greedy_row), so that a
+// greedy decode step copies back two numbers per row instead of the row of logits.
+extern "C" __global__ void greedy_f32(const float* __restrict__ x, int n_cols, u32* __restrict__ idx, float* __restrict__ logprob) {
+    __shared__ float sv[32];
+    __shared__ u32 si[32];
+    __shared__ double sd[32];
+    const float* row = x + (size_t)blockIdx.x * n_cols;
+    float bv = NEG_INF;
+    u32 bi = 0xffffffffu;
+    for (int i = threadIdx.x; i < n_cols; i += blockDim.x) better(bv, bi, row[i], (u32)i);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        better(bv, bi, ov, oi);
+    }
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    if (lane == 0) {
+        sv[wid] = bv;
+        si[wid] = bi;
+    }
+    __syncthreads();
+    bv = lane < nw ? sv[lane] : NEG_INF;
+    bi = lane < nw ? si[lane] : 0xffffffffu;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        better(bv, bi, ov, oi);
+    }
+    const float m = bv;  // every thread holds the row max now
+    double s = 0.0;
+    if (m > NEG_INF) {
+        for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
+            const float v = row[i];
+            if (v == v) s += (double)expf(v - m);
+        }
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) sd[wid] = s;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        double t = 0.0;
+        for (int w = 0; w < nw; ++w) t += sd[w];
+        idx[blockIdx.x] = bi == 0xffffffffu ? 0u : bi;
+        logprob[blockIdx.x] = t > 0.0 ? -(float)log(t) : 0.0f;
+    }
+}

@@ -328,6 +328,25 @@ pub trait Backend: Send + Sync + Sized + 'static {
         Ok(())
     }
 
+    /// `res[r, o] += Σ_i W[o, i] · x[r, i] (+ bias[o])` for `n_rows` rows of `n_out` outputs: a
+    /// projection followed by the residual add. The default runs [`Backend::matmul`] into `tmp`
+    /// (`[n_rows, n_out]` scratch) and then [`Backend::add`]; a backend may add in the matmul's
+    /// epilogue instead (same arithmetic: each output is rounded to f32, then added).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_add(
+        &self,
+        w: &Self::Weight,
+        bias: Option<&Self::Weight>,
+        x: &Self::Buffer,
+        n_rows: usize,
+        n_out: usize,
+        tmp: &mut Self::Buffer,
+        res: &mut Self::Buffer,
+    ) -> Result<()> {
+        self.matmul(w, bias, x, n_rows, tmp)?;
+        self.add(res, tmp, n_rows * n_out)
+    }
+
     /// Rotates `x` (`[n_rows, n_heads, head_dim]`) in place by each row's position in `batch`.
     /// `freq_factors` (`[n_rot/2]`) divides the angle of each pair when given.
     #[allow(clippy::too_many_arguments)]
@@ -353,6 +372,28 @@ pub trait Backend: Send + Sync + Sized + 'static {
         batch: &Self::Batch,
         n_rows: usize,
     ) -> Result<()>;
+
+    /// What the attention block runs between the Q/K/V projections and [`Backend::attention`]:
+    /// RoPE of `q` (`n_head` heads) and `k` (`n_head_kv` heads), then [`Backend::kv_write`] of
+    /// the rotated `k` and `v`. The default runs the three ops; a backend may fuse them.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_kv_write(
+        &self,
+        q: &mut Self::Buffer,
+        k: &mut Self::Buffer,
+        v: &Self::Buffer,
+        cache: &mut Self::KvCache,
+        layer: usize,
+        batch: &Self::Batch,
+        n_rows: usize,
+        attn: &AttnParams,
+        rope: &RopeParams,
+        freq_factors: Option<&Self::Weight>,
+    ) -> Result<()> {
+        self.rope(q, batch, n_rows, attn.n_head, attn.head_dim, rope, freq_factors)?;
+        self.rope(k, batch, n_rows, attn.n_head_kv, attn.head_dim, rope, freq_factors)?;
+        self.kv_write(cache, layer, k, v, batch, n_rows)
+    }
 
     /// Causal grouped-query attention of every row of `batch` over its sequence's KV cache of
     /// `layer`: `out[r, h, :] = softmax(scale · q[r, h, :] · K[0..=pos_r]ᵀ) · V[0..=pos_r]` with

@@ -275,3 +275,88 @@ pub fn attention<B: TestIo>(b: &B, case: &AttnCase<'_>, q: &[f32], k: &[f32], v:
     }
     Ok((o, kr, vr))
 }
+
+/// Several matrices of the same input through [`Backend::matmul_multi`] (Q/K/V, gate/up):
+/// `ws[i] = (wtype, blocks, n_out, bias)`, all rows of `k`; returns each output.
+pub fn matmul_multi<B: TestIo>(b: &B, ws: &[(GgmlType, &[u8], usize, Option<&[f32]>)], k: usize, x: &[f32]) -> Result<Vec<Vec<f32>>> {
+    let n_rows = x.len() / k.max(1);
+    check_len("x", x.len(), n_rows * k)?;
+    let mut wts = Vec::new();
+    let mut bts = Vec::new();
+    for (i, &(t, w, n_out, bias)) in ws.iter().enumerate() {
+        wts.push(weight(b, &format!("w{i}"), t, &[k, n_out], w.to_vec())?);
+        bts.push(bias.map(|v| f32_weight(b, "bias", v)).transpose()?);
+    }
+    let xb = b.upload(x)?;
+    let mut outs = ws.iter().map(|&(_, _, n_out, _)| out_buf(b, n_rows * n_out)).collect::<Result<Vec<_>>>()?;
+    let pairs: Vec<(&B::Weight, Option<&B::Weight>)> = wts.iter().zip(&bts).map(|(w, b)| (w, b.as_ref())).collect();
+    let mut refs: Vec<&mut B::Buffer> = outs.iter_mut().collect();
+    b.matmul_multi(&pairs, &xb, n_rows, &mut refs)?;
+    outs.iter().zip(ws).map(|(o, &(_, _, n_out, _))| read(b, o, n_rows * n_out)).collect()
+}
+
+/// `res + x·Wᵀ (+ bias)` through [`Backend::matmul_add`] (the residual add of a projection).
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_add<B: TestIo>(b: &B, wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], res: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>> {
+    let n_rows = x.len() / k.max(1);
+    check_len("x", x.len(), n_rows * k)?;
+    check_len("res", res.len(), n_rows * n_out)?;
+    let wt = weight(b, "w", wtype, &[k, n_out], w.to_vec())?;
+    let bt = bias.map(|v| f32_weight(b, "bias", v)).transpose()?;
+    let xb = b.upload(x)?;
+    let mut rb = b.upload(res)?;
+    let mut tmp = out_buf(b, n_rows * n_out)?;
+    b.matmul_add(&wt, bt.as_ref(), &xb, n_rows, n_out, &mut tmp, &mut rb)?;
+    read(b, &rb, n_rows * n_out)
+}
+
+/// [`Backend::rope_kv_write`] for one sequence of `n` rows at positions `n_past..n_past + n`
+/// with the block table `table` (block size 32): returns `(q rotated, K read back, V read back)`,
+/// K/V as `[n, n_head_kv, head_dim]`.
+#[allow(clippy::too_many_arguments)]
+pub fn rope_kv_write<B: TestIo>(
+    b: &B,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n_past: usize,
+    table: &[u32],
+    attn: &AttnParams,
+    params: &RopeParams,
+    freq_factors: Option<&[f32]>,
+) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    const BS: usize = 32;
+    let kvw = attn.n_head_kv * attn.head_dim;
+    let n = k.len() / kvw.max(1);
+    check_len("k", k.len(), n * kvw)?;
+    check_len("v", v.len(), n * kvw)?;
+    check_len("q", q.len(), n * attn.n_head * attn.head_dim)?;
+    if table.len() * BS < n_past + n || table.iter().any(|&t| t as usize >= table.len()) {
+        return Err(FakError::invalid("table", "must be a permutation covering every position"));
+    }
+    let layout = KvLayout { n_layer: 1, n_blocks: table.len(), block_size: BS, n_head_kv: attn.n_head_kv, head_dim: attn.head_dim };
+    let mut cache = b.alloc_kv_cache(layout)?;
+    let mut plan = BatchPlan::default();
+    plan.push_seq(&vec![0; n], n_past, table, BS, LogitRows::None);
+    let mut batch = b.alloc_batch(BatchLimits { max_tokens: n.max(1), max_seqs: 1, max_blocks_per_seq: table.len() })?;
+    b.set_batch(&mut batch, &plan)?;
+    let ff = freq_factors.map(|v| f32_weight(b, "rope_freqs", v)).transpose()?;
+    let mut qb = b.upload(q)?;
+    let mut kb = b.upload(k)?;
+    let vb = b.upload(v)?;
+    b.rope_kv_write(&mut qb, &mut kb, &vb, &mut cache, 0, &batch, n, attn, params, ff.as_ref())?;
+    let qo = read(b, &qb, q.len())?;
+    let kr = b.read_kv(&cache, 0, false, table, n_past..n_past + n)?;
+    let vr = b.read_kv(&cache, 0, true, table, n_past..n_past + n)?;
+    Ok((qo, kr, vr))
+}
+
+/// [`Backend::greedy_rows`]: per row of `n_cols`, the argmax and its log-softmax.
+pub fn greedy<B: TestIo>(b: &B, x: &[f32], n_cols: usize) -> Result<(Vec<u32>, Vec<f32>)> {
+    let n_rows = x.len() / n_cols;
+    let xb = b.upload(x)?;
+    let mut t = vec![0u32; n_rows];
+    let mut l = vec![0f32; n_rows];
+    b.greedy_rows(&xb, n_rows, n_cols, &mut t, &mut l)?;
+    Ok((t, l))
+}

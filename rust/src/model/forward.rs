@@ -6,6 +6,8 @@
 //! per block:  h = rmsnorm(x)·w_attn_norm
 //!             q, k, v = h·Wq (+bq), h·Wk (+bk), h·Wv (+bv);  rope(q), rope(k)
 //!             kv_write(k, v);  x += attention(q, KV cache)·Wo (+bo)
+//!             (rope + rope + kv_write is one trait call, `rope_kv_write`, and each projection
+//!             followed by its residual add is `matmul_add`, so a backend can fuse them)
 //!             h = rmsnorm(x)·w_ffn_norm;  x += (silu(h·Wgate) ⊙ h·Wup)·Wdown
 //! logits = rmsnorm(x[logit rows])·w_out_norm · W_out
 //! ```
@@ -138,25 +140,18 @@ impl<B: Backend> Model<B> {
                     n,
                     &mut [&mut *q, &mut *k, &mut *v],
                 )?;
-                be.rope(
+                be.rope_kv_write(
                     q,
-                    batch,
-                    n,
-                    c.n_head,
-                    c.head_dim,
-                    &c.rope,
-                    w.rope_freqs.as_ref(),
-                )?;
-                be.rope(
                     k,
+                    v,
+                    kv,
+                    il,
                     batch,
                     n,
-                    c.n_head_kv,
-                    c.head_dim,
+                    &attn,
                     &c.rope,
                     w.rope_freqs.as_ref(),
                 )?;
-                be.kv_write(kv, il, k, v, batch, n)?;
                 be.attention(q, kv, il, batch, n, &attn, att)?;
                 if il + 1 == w.layers.len() && n_logits < n {
                     // Last layer: only the rows that need logits go on (llama.cpp `inp_out_ids`);
@@ -201,8 +196,7 @@ fn block_tail<B: Backend>(
     up: &mut B::Buffer,
 ) -> Result<()> {
     let d = c.n_embd;
-    be.matmul(&lw.wo, lw.bo.as_ref(), att, n, tmp)?;
-    be.add(x, tmp, n * d)?;
+    be.matmul_add(&lw.wo, lw.bo.as_ref(), att, n, d, tmp, x)?;
     be.rmsnorm(x, &lw.ffn_norm, c.rms_eps, n, d, h)?;
     be.matmul_multi(
         &[(&lw.w_gate, None), (&lw.w_up, None)],
@@ -211,6 +205,5 @@ fn block_tail<B: Backend>(
         &mut [&mut *gate, &mut *up],
     )?;
     be.swiglu(gate, up, n * c.n_ff)?;
-    be.matmul(&lw.w_down, None, gate, n, tmp)?;
-    be.add(x, tmp, n * d)
+    be.matmul_add(&lw.w_down, None, gate, n, d, tmp, x)
 }

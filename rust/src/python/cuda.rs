@@ -10,7 +10,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use super::{detach, to_py};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::optest::{self, AttnCase, TestIo};
-use crate::backend::{RopeParams, RopeStyle};
+use crate::backend::{AttnParams, RopeParams, RopeStyle};
 use crate::quant::GgmlType;
 use crate::{FakError, Result};
 
@@ -187,6 +187,12 @@ trait RunAny: Sync {
     fn gather_rows(&self, x: &[f32], dim: usize, rows: &[u32]) -> Result<Vec<f32>>;
     fn argmax(&self, x: &[f32], n_cols: usize) -> Result<Vec<u32>>;
     fn attention(&self, case: &AttnCase<'_>, q: &[f32], k: &[f32], v: &[f32]) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
+    fn matmul_multi(&self, ws: &[(GgmlType, &[u8], usize, Option<&[f32]>)], k: usize, x: &[f32]) -> Result<Vec<Vec<f32>>>;
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_add(&self, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], res: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>>;
+    #[allow(clippy::too_many_arguments)]
+    fn rope_kv_write(&self, q: &[f32], k: &[f32], v: &[f32], n_past: usize, table: &[u32], a: &AttnParams, p: &RopeParams, ff: Option<&[f32]>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
+    fn greedy(&self, x: &[f32], n_cols: usize) -> Result<(Vec<u32>, Vec<f32>)>;
 }
 
 impl<B: TestIo> RunAny for B {
@@ -222,6 +228,18 @@ impl<B: TestIo> RunAny for B {
     }
     fn attention(&self, case: &AttnCase<'_>, q: &[f32], k: &[f32], v: &[f32]) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         optest::attention(self, case, q, k, v)
+    }
+    fn matmul_multi(&self, ws: &[(GgmlType, &[u8], usize, Option<&[f32]>)], k: usize, x: &[f32]) -> Result<Vec<Vec<f32>>> {
+        optest::matmul_multi(self, ws, k, x)
+    }
+    fn matmul_add(&self, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], res: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>> {
+        optest::matmul_add(self, t, w, n_out, k, x, res, bias)
+    }
+    fn rope_kv_write(&self, q: &[f32], k: &[f32], v: &[f32], n_past: usize, table: &[u32], a: &AttnParams, p: &RopeParams, ff: Option<&[f32]>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        optest::rope_kv_write(self, q, k, v, n_past, table, a, p, ff)
+    }
+    fn greedy(&self, x: &[f32], n_cols: usize) -> Result<(Vec<u32>, Vec<f32>)> {
+        optest::greedy(self, x, n_cols)
     }
 }
 
@@ -323,6 +341,60 @@ impl PyOpRunner {
     fn gather_rows<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, dim: usize, rows: PyReadonlyArray1<'py, u32>) -> PyResult<F32Out<'py>> {
         let (x, rows) = (slice(&x, "x")?, slice(&rows, "rows")?);
         Ok(self.run(py, |r| r.gather_rows(x, dim, rows))?.into_pyarray(py))
+    }
+
+    /// matmul_multi(wtypes, ws, n_outs, k, x, biases) -> list of y: several matrices of one input
+    /// through the trait's `matmul_multi` (one GEMV launch for Q/K/V on CUDA).
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_multi<'py>(&self, py: Python<'py>, wtypes: Vec<String>, ws: Vec<PyReadonlyArrayDyn<'py, u8>>, n_outs: Vec<usize>, k: usize, x: PyReadonlyArray1<'py, f32>, biases: Vec<Option<PyReadonlyArray1<'py, f32>>>) -> PyResult<Vec<F32Out<'py>>> {
+        if wtypes.len() != ws.len() || ws.len() != n_outs.len() || ws.len() != biases.len() {
+            return Err(to_py(FakError::invalid("ws", "wtypes, ws, n_outs and biases must have one entry per matrix")));
+        }
+        let ts = wtypes.iter().map(|t| gtype(t)).collect::<PyResult<Vec<_>>>()?;
+        let wsl = ws.iter().map(|w| w.as_slice().map_err(|e| to_py(FakError::invalid("w", format!("must be contiguous: {e}"))))).collect::<PyResult<Vec<_>>>()?;
+        let bsl = biases.iter().map(|b| b.as_ref().map(|b| slice(b, "bias")).transpose()).collect::<PyResult<Vec<_>>>()?;
+        let x = slice(&x, "x")?;
+        let spec: Vec<(GgmlType, &[u8], usize, Option<&[f32]>)> = (0..ts.len()).map(|i| (ts[i], wsl[i], n_outs[i], bsl[i])).collect();
+        let outs = self.run(py, |r| r.matmul_multi(&spec, k, x))?;
+        Ok(outs.into_iter().map(|o| o.into_pyarray(py)).collect())
+    }
+
+    /// matmul_add(wtype, w, n_out, k, x, res, bias=None) -> res + x·Wᵀ (+ bias), through the
+    /// trait's `matmul_add` (the residual add fused into the matmul on CUDA).
+    #[pyo3(signature = (wtype, w, n_out, k, x, res, bias=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_add<'py>(&self, py: Python<'py>, wtype: &str, w: PyReadonlyArrayDyn<'py, u8>, n_out: usize, k: usize, x: PyReadonlyArray1<'py, f32>, res: PyReadonlyArray1<'py, f32>, bias: Option<PyReadonlyArray1<'py, f32>>) -> PyResult<F32Out<'py>> {
+        let t = gtype(wtype)?;
+        let w = w.as_slice().map_err(|e| to_py(FakError::invalid("w", format!("must be contiguous: {e}"))))?;
+        let (x, res) = (slice(&x, "x")?, slice(&res, "res")?);
+        let bias = bias.as_ref().map(|b| slice(b, "bias")).transpose()?;
+        Ok(self.run(py, |r| r.matmul_add(t, w, n_out, k, x, res, bias))?.into_pyarray(py))
+    }
+
+    /// rope_kv_write(q, k, v, n_past, table, n_head, n_head_kv, head_dim, style, n_rot, freq_base,
+    /// freq_scale, freq_factors=None) -> (q rotated, K read back, V read back): the trait's
+    /// `rope_kv_write` for one sequence at positions n_past.. with block table `table`.
+    #[pyo3(signature = (q, k, v, n_past, table, n_head, n_head_kv, head_dim, style, n_rot, freq_base, freq_scale, freq_factors=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn rope_kv_write<'py>(&self, py: Python<'py>, q: PyReadonlyArray1<'py, f32>, k: PyReadonlyArray1<'py, f32>, v: PyReadonlyArray1<'py, f32>, n_past: usize, table: PyReadonlyArray1<'py, u32>, n_head: usize, n_head_kv: usize, head_dim: usize, style: &str, n_rot: usize, freq_base: f32, freq_scale: f32, freq_factors: Option<PyReadonlyArray1<'py, f32>>) -> PyResult<(F32Out<'py>, F32Out<'py>, F32Out<'py>)> {
+        let style = match style {
+            "neox" => RopeStyle::Neox,
+            "norm" => RopeStyle::Norm,
+            o => return Err(to_py(FakError::invalid("style", format!("{o:?} (neox or norm)")))),
+        };
+        let p = RopeParams { style, n_rot, freq_base, freq_scale };
+        let a = AttnParams { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt() };
+        let (q, k, v, table) = (slice(&q, "q")?, slice(&k, "k")?, slice(&v, "v")?, slice(&table, "table")?);
+        let ff = freq_factors.as_ref().map(|f| slice(f, "freq_factors")).transpose()?;
+        let (qo, kr, vr) = self.run(py, |r| r.rope_kv_write(q, k, v, n_past, table, &a, &p, ff))?;
+        Ok((qo.into_pyarray(py), kr.into_pyarray(py), vr.into_pyarray(py)))
+    }
+
+    /// greedy(x, n_cols) -> (list[int], list[float]): per row the argmax and its log-softmax, through
+    /// the trait's `greedy_rows` (on the device for CUDA).
+    fn greedy(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f32>, n_cols: usize) -> PyResult<(Vec<u32>, Vec<f32>)> {
+        let x = slice(&x, "x")?;
+        self.run(py, |r| r.greedy(x, n_cols))
     }
 
     /// argmax(x, n_cols) -> list[int] per row.

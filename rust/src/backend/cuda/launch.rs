@@ -13,7 +13,7 @@ use crate::Result;
 /// Kernel arguments in declaration order.
 #[derive(Default)]
 pub struct Args {
-    slots: [u64; 24],
+    slots: [u64; 32],
     n: usize,
 }
 
@@ -52,7 +52,7 @@ impl CudaBackend {
         self.dev.bind()?;
         let f = self.kernels.func(family, name, smem as usize)?;
         let mut slots = args.slots;
-        let mut ptrs: [*mut c_void; 24] = [std::ptr::null_mut(); 24];
+        let mut ptrs: [*mut c_void; 32] = [std::ptr::null_mut(); 32];
         for (p, s) in ptrs.iter_mut().zip(slots.iter_mut()).take(args.n) {
             *p = s as *mut u64 as *mut c_void;
         }

@@ -92,16 +92,21 @@ impl CudaWeight {
     }
 }
 
-/// An f32 activation buffer and its q8_1 side area.
+/// An f32 activation buffer and its side area for the 8-bit forms a quantized matmul reads
+/// (`rust/kernels/common.cuh`: the q8_0 form for the legacy formats, the q8_K form for the
+/// k-quants, both bit-exact with the CPU backend's activation quantizers).
 pub struct CudaBuffer {
     pub(crate) mem: Tracked,
     pub(crate) len: usize,
-    /// `len` int8 values, then (at `q8_ds_off`) `len/32` (d, d·Σq) pairs.
+    /// `qs0` (len i8) | `qsk` (len i8) | `ds0` (len/32 × (f32, f32)) | `dk` (len/256 f32) |
+    /// `sk` (len/32 i32), each part 256-byte aligned; offsets in `q8_off`.
     pub(crate) q8: Tracked,
-    pub(crate) q8_ds_off: usize,
-    /// How many leading elements have a current q8_1 copy (0: none). Every op that writes the
+    pub(crate) q8_off: [usize; 5],
+    /// How many leading elements have a current q8_0 form (0: none). Every op that writes the
     /// buffer sets it; host-side bookkeeping, identical when a forward is captured or replayed.
     pub(crate) q8_len: Cell<usize>,
+    /// The same for the q8_K form.
+    pub(crate) q8k_len: Cell<usize>,
 }
 
 impl CudaBuffer {
@@ -116,15 +121,31 @@ impl CudaBuffer {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
-    pub(crate) fn q8_qs(&self) -> u64 {
-        self.q8.ptr()
+    /// Offsets of the side area's parts for a buffer of `n` elements, and its total size.
+    fn q8_layout(n: usize) -> ([usize; 5], usize) {
+        let up = |b: usize| b.div_ceil(256) * 256;
+        let qsk = up(n);
+        let ds0 = qsk + up(n);
+        let dk = ds0 + up(8 * (n / 32 + 1));
+        let sk = dk + up(4 * (n / 256 + 1));
+        ([0, qsk, ds0, dk, sk], sk + 4 * (n / 32 + 1))
     }
-    pub(crate) fn q8_ds(&self) -> u64 {
-        self.q8.ptr() + self.q8_ds_off as u64
+    /// Device pointers `(qs0, ds0, qsk, dk, sk)`, the argument order of the quantizing kernels.
+    pub(crate) fn q8_ptrs(&self) -> [u64; 5] {
+        let b = self.q8.ptr();
+        let o = self.q8_off;
+        [b + o[0] as u64, b + o[2] as u64, b + o[1] as u64, b + o[3] as u64, b + o[4] as u64]
     }
-    /// Marks the q8 copy stale (the buffer is about to be rewritten by an op without it).
+    /// Records that a producer wrote the 8-bit forms of the first `n` elements (the q8_K form
+    /// only when `with_k`).
+    pub(crate) fn set_q8(&self, n: usize, with_k: bool) {
+        self.q8_len.set(n);
+        self.q8k_len.set(if with_k { n } else { 0 });
+    }
+    /// Marks the 8-bit forms stale (the buffer is about to be rewritten by an op without them).
     pub(crate) fn written(&mut self) {
         self.q8_len.set(0);
+        self.q8k_len.set(0);
     }
 }
 
@@ -302,17 +323,19 @@ pub fn probe() -> Result<DeviceInfo> {
 pub fn op_paths() -> Vec<(&'static str, &'static str)> {
     vec![
         ("embed", "embed_<fmt>_f32: gather + dequantize rows straight from the GGUF blocks"),
-        ("rmsnorm", "rmsnorm_f32_q8_1: RMSNorm fused with the q8_1 quantization of its output"),
-        ("matmul decode (≤ 8 rows)", "mmvq_<fmt>_q8_1_c<rows>: int8 dp4a GEMV on q8_1 activations, bias fused"),
+        ("rmsnorm", "rmsnorm_f32_q8_c<n>: RMSNorm (f64 sum of squares, as the CPU) fused with the 8-bit quantization of its output (q8_0 and q8_K forms, bit-exact with the CPU's quantizers)"),
+        ("matmul decode (≤ 8 rows)", "mmvq_<kquant_q8_K|legacy_q8_0>_c<rows>: int8 dp4a GEMV on the activations quantized as the CPU does (Q8_K for k-quants, Q8_0/Q8_1 for legacy formats), integer sub-block sums scaled as the CPU; Q/K/V and gate/up in one launch; bias and residual add fused"),
         ("matmul dense weights (≤ 8 rows)", "mmv_<f32|f16|bf16>_f32_c<rows>: f32 GEMV"),
-        ("matmul prefill (> 8 rows)", "mmq_<fmt>_f16_n<64|128>: tensor-core GEMM (mma.sync f16, weights dequantized in shared memory), bias fused"),
+        ("matmul prefill (> 8 rows)", "mmq_<fmt>_q8_n64: int8 tensor-core GEMM (mma.sync m16n8k32/k16 s8) on the CPU-faithful 8-bit activations, integer sub-block sums scaled as the CPU; bias and residual add fused (FAK_CUDA_MMQ=f16, and dense weights: mmq_<fmt>_f16_n<64|128>, f16 tiles)"),
         ("rope", "rope_f32: NORM/NEOX, ggml angle rounding, freq factors"),
+        ("rope + kv_write (forward)", "rope_qk_kv_write_f32: q and k RoPE and the f16 KV write in one launch"),
         ("kv_write", "kv_write_f16: paged f16 KV cache"),
         ("attention", "fattn_f16_d<D>_w<warps>: flash attention (mma.sync), GQA, paged KV; decode splits long KV (flash-decoding) with an in-kernel combine"),
-        ("swiglu", "swiglu_f32_q8_1: SwiGLU fused with the q8_1 quantization for the down projection"),
-        ("add", "add_f32: residual add"),
+        ("swiglu", "swiglu_f32_q8: SwiGLU fused with the 8-bit quantization for the down projection"),
+        ("add", "add_f32: residual add (the forward's adds are fused into the o/down projections)"),
         ("gather_logit_rows", "gather_rows_f32"),
         ("argmax", "argmax_f32: on-device argmax (+ log-sum-exp)"),
+        ("greedy step", "greedy_f32: argmax and its log-softmax on the device; 2 numbers per row come back"),
         ("decode step", "CUDA graph per (batch size, logit rows), replayed (FAK_CUDA_GRAPHS=0: off)"),
     ]
 }
@@ -412,9 +435,9 @@ impl Backend for CudaBackend {
     fn alloc_buffer(&self, n: usize) -> Result<CudaBuffer> {
         let mem = self.alloc_tracked(4 * n.max(1), &MEMORY.activations)?;
         mem.mem.memset(0)?;
-        let ds_off = n.div_ceil(256) * 256;
-        let q8 = self.alloc_tracked(ds_off + (n / 32 + 1) * 8, &MEMORY.activations)?;
-        Ok(CudaBuffer { mem, len: n, q8, q8_ds_off: ds_off, q8_len: Cell::new(0) })
+        let (q8_off, q8_bytes) = CudaBuffer::q8_layout(n);
+        let q8 = self.alloc_tracked(q8_bytes, &MEMORY.activations)?;
+        Ok(CudaBuffer { mem, len: n, q8, q8_off, q8_len: Cell::new(0), q8k_len: Cell::new(0) })
     }
 
     fn alloc_kv_cache(&self, layout: KvLayout) -> Result<CudaKvCache> {
@@ -491,7 +514,34 @@ impl Backend for CudaBackend {
     }
 
     fn matmul(&self, w: &CudaWeight, bias: Option<&CudaWeight>, x: &CudaBuffer, n_rows: usize, out: &mut CudaBuffer) -> Result<()> {
-        self.op_matmul(w, bias, x, n_rows, out)
+        self.op_matmul(w, bias, x, n_rows, out, false)
+    }
+
+    fn matmul_multi(&self, ws: &[(&CudaWeight, Option<&CudaWeight>)], x: &CudaBuffer, n_rows: usize, outs: &mut [&mut CudaBuffer]) -> Result<()> {
+        self.op_matmul_multi(ws, x, n_rows, outs)
+    }
+
+    fn matmul_add(&self, w: &CudaWeight, bias: Option<&CudaWeight>, x: &CudaBuffer, n_rows: usize, n_out: usize, _tmp: &mut CudaBuffer, res: &mut CudaBuffer) -> Result<()> {
+        if w.n_out() != n_out {
+            return Err(FakError::invalid("matmul_add", format!("{} has {} outputs, not {n_out}", w.name, w.n_out())));
+        }
+        self.op_matmul(w, bias, x, n_rows, res, true)
+    }
+
+    fn rope_kv_write(
+        &self,
+        q: &mut CudaBuffer,
+        k: &mut CudaBuffer,
+        v: &CudaBuffer,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        batch: &CudaBatch,
+        n_rows: usize,
+        attn: &AttnParams,
+        rope: &RopeParams,
+        freq_factors: Option<&CudaWeight>,
+    ) -> Result<()> {
+        self.op_rope_kv_write(q, k, v, cache, layer, batch, n_rows, attn, rope, freq_factors)
     }
 
     fn rope(&self, x: &mut CudaBuffer, batch: &CudaBatch, n_rows: usize, n_heads: usize, head_dim: usize, rope: &RopeParams, freq_factors: Option<&CudaWeight>) -> Result<()> {
@@ -527,5 +577,9 @@ impl Backend for CudaBackend {
 
     fn argmax_rows(&self, x: &CudaBuffer, n_rows: usize, n_cols: usize, out: &mut [u32]) -> Result<()> {
         self.op_argmax(x, n_rows, n_cols, out)
+    }
+
+    fn greedy_rows(&self, x: &CudaBuffer, n_rows: usize, n_cols: usize, tokens: &mut [u32], logprobs: &mut [f32]) -> Result<()> {
+        self.op_greedy(x, n_rows, n_cols, tokens, logprobs)
     }
 }

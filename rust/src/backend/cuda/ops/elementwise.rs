@@ -1,4 +1,4 @@
-//! Element-wise ops (`rust/kernels/elementwise.cu`): residual add, SwiGLU (fused with the q8_1
+//! Element-wise ops (`rust/kernels/elementwise.cu`): residual add, SwiGLU (fused with the 8-bit
 //! quantization of its result when the length allows), the gather of logit rows.
 
 use super::super::launch::Args;
@@ -12,15 +12,18 @@ fn grid_for(n: usize, per_block: usize) -> u32 {
 impl CudaBackend {
     pub(crate) fn op_swiglu(&self, gate: &mut CudaBuffer, up: &CudaBuffer, n: usize) -> Result<()> {
         if n % 32 == 0 {
+            gate.written();
+            let [qs0, ds0, qsk, dk, sk] = gate.q8_ptrs();
+            // One warp per chunk of 256 values, 8 warps per block.
             self.launch(
                 "elementwise",
-                "swiglu_f32_q8_1",
-                (grid_for(n, 256), 1, 1),
+                "swiglu_f32_q8",
+                (grid_for(n, 2048), 1, 1),
                 256,
                 0,
-                Args::new().ptr(gate.ptr()).ptr(up.ptr()).ptr(gate.q8_qs()).ptr(gate.q8_ds()).i32(n as i32),
+                Args::new().ptr(gate.ptr()).ptr(up.ptr()).ptr(qs0).ptr(ds0).ptr(qsk).ptr(dk).ptr(sk).i32(n as i32),
             )?;
-            gate.q8_len.set(n);
+            gate.set_q8(n, n % 256 == 0);
             Ok(())
         } else {
             gate.written();

@@ -1,10 +1,11 @@
 //! RoPE (`rust/kernels/rope.cu`): one block per row; the angle recurrence and its rounding follow
 //! the CPU backend (θ_scale = base^(−2/n_rot) is computed here, on the host, exactly as there).
+//! The forward's q RoPE, k RoPE and KV write run as one launch (`op_rope_kv_write`).
 
 use super::super::launch::Args;
-use super::super::{CudaBackend, CudaBatch, CudaBuffer, CudaWeight};
-use crate::backend::{RopeParams, RopeStyle};
-use crate::Result;
+use super::super::{CudaBackend, CudaBatch, CudaBuffer, CudaKvCache, CudaWeight};
+use crate::backend::{AttnParams, RopeParams, RopeStyle};
+use crate::{FakError, Result};
 
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
@@ -28,6 +29,57 @@ impl CudaBackend {
                 .f32(theta_scale)
                 .f32(rope.freq_scale)
                 .i32((rope.style == RopeStyle::Neox) as i32),
+        )
+    }
+}
+
+impl CudaBackend {
+    /// RoPE of q and k and the KV write in one launch (`rope_qk_kv_write_f32`).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn op_rope_kv_write(
+        &self,
+        q: &mut CudaBuffer,
+        k: &mut CudaBuffer,
+        v: &CudaBuffer,
+        cache: &mut CudaKvCache,
+        layer: usize,
+        batch: &CudaBatch,
+        n_rows: usize,
+        attn: &AttnParams,
+        rope: &RopeParams,
+        freq_factors: Option<&CudaWeight>,
+    ) -> Result<()> {
+        let l = cache.layout;
+        if l.n_head_kv != attn.n_head_kv || l.head_dim != attn.head_dim || rope.n_rot > attn.head_dim || rope.n_rot % 2 != 0 {
+            return Err(FakError::invalid("rope_kv_write", format!("cache {}×{}, attention {}×{}, n_rot {}", l.n_head_kv, l.head_dim, attn.n_head_kv, attn.head_dim, rope.n_rot)));
+        }
+        q.written();
+        k.written();
+        let theta_scale = rope.freq_base.powf(-2.0 / rope.n_rot as f32);
+        let half = rope.n_rot / 2;
+        self.launch(
+            "rope",
+            "rope_qk_kv_write_f32",
+            (n_rows as u32, 1, 1),
+            256,
+            (half.max(1) * 2 * 4) as u32,
+            Args::new()
+                .ptr(q.ptr())
+                .ptr(k.ptr())
+                .ptr(v.ptr())
+                .ptr(batch.positions())
+                .ptr(batch.slots())
+                .ptr(freq_factors.map_or(0, |f| f.mem.ptr()))
+                .ptr(cache.k_layer(layer))
+                .ptr(cache.v_layer(layer))
+                .i32(attn.n_head as i32)
+                .i32(attn.n_head_kv as i32)
+                .i32(attn.head_dim as i32)
+                .i32(rope.n_rot as i32)
+                .f32(theta_scale)
+                .f32(rope.freq_scale)
+                .i32((rope.style == RopeStyle::Neox) as i32)
+                .i32(l.block_size as i32),
         )
     }
 }

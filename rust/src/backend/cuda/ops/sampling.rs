@@ -1,4 +1,5 @@
-//! Argmax on the device (`rust/kernels/sampling.cu`): only the winning ids come back to the host.
+//! Argmax and the greedy step on the device (`rust/kernels/sampling.cu`): only the winning ids
+//! (and their log-probabilities) come back to the host.
 
 use super::super::launch::Args;
 use super::super::{CudaBackend, CudaBuffer};
@@ -13,5 +14,28 @@ impl CudaBackend {
         self.launch("sampling", "argmax_f32", (n_rows as u32, 1, 1), 1024, 0, Args::new().ptr(x.ptr()).i32(n_cols as i32).ptr(dst).ptr(0))?;
         let g = self.small.lock().unwrap_or_else(|e| e.into_inner());
         g.as_ref().expect("scratch allocated above").mem.read(0, &mut out[..n_rows])
+    }
+}
+
+impl CudaBackend {
+    /// The greedy step: argmax and its log-softmax per row on the device (`greedy_f32`); one copy
+    /// of `2 · n_rows` numbers comes back.
+    pub(crate) fn op_greedy(&self, x: &CudaBuffer, n_rows: usize, n_cols: usize, tokens: &mut [u32], logprobs: &mut [f32]) -> Result<()> {
+        if n_rows == 0 {
+            return Ok(());
+        }
+        if n_rows * n_cols > x.len || tokens.len() < n_rows || logprobs.len() < n_rows {
+            return Err(crate::FakError::invalid("greedy_rows", format!("{n_rows} rows of {n_cols} exceed the buffers")));
+        }
+        let dst = self.small_scratch(n_rows * 8)?;
+        self.launch("sampling", "greedy_f32", (n_rows as u32, 1, 1), 1024, 0, Args::new().ptr(x.ptr()).i32(n_cols as i32).ptr(dst).ptr(dst + 4 * n_rows as u64))?;
+        let mut both = vec![0u32; 2 * n_rows];
+        let g = self.small.lock().unwrap_or_else(|e| e.into_inner());
+        g.as_ref().expect("scratch allocated above").mem.read(0, &mut both)?;
+        tokens[..n_rows].copy_from_slice(&both[..n_rows]);
+        for (l, b) in logprobs[..n_rows].iter_mut().zip(&both[n_rows..]) {
+            *l = f32::from_bits(*b);
+        }
+        Ok(())
     }
 }
