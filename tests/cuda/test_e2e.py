@@ -166,12 +166,38 @@ def test_cuda_matches_cpu(model: str, graphs: str, require_cuda: None, request: 
     assert not problems, f"{model} graphs={graphs}:\n" + "\n".join(problems)
 
 
+TWIN_LOGITS = r"""
+import sys, numpy as np
+from fak import _native
+twin, out, spec = sys.argv[1], sys.argv[2], sys.argv[3]
+items = [(n, [int(t) for t in ids.split(",")]) for n, ids in (p.split(":") for p in spec.split(";"))]
+m = _native.Model(twin, backend="cpu", n_ctx=512, max_batch=1)
+np.savez(out, **{n: m.logits(ids)[-1] for n, ids in items})
+"""
+
+
+def cpu_logits_at(level: str, twin: str, items: list[tuple[str, list[int]]], out: Path) -> dict[str, np.ndarray]:
+    """Next-token logits of the CPU backend at SIMD level ``level`` (``FAK_CPU_SIMD`` is read once
+    per process, so in a child process)."""
+    import subprocess
+    import sys
+
+    spec = ";".join(f"{n}:{','.join(map(str, ids))}" for n, ids in items)
+    env = dict(os.environ, FAK_CPU_SIMD=level)
+    r = subprocess.run([sys.executable, "-c", TWIN_LOGITS, twin, str(out), spec], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    f = np.load(out)
+    return {n: f[n] for n in f.files}
+
+
 @pytest.mark.cuda
 def test_cuda_matches_cpu_twin(require_cuda: None, tmp_path: Path) -> None:
     """A synthetic twin (``FAK_E2E_TWIN``, else the 1.5B Q4_K_M preset twin written here by
-    ``fak.synth.write_twin``, so the GPU machine needs no real file): CUDA against the CPU reference computed here, on
-    the first short prompts, greedy 16 tokens; random weights give no CPU spread to lean on, so
-    the bound is cosine ≥ 0.999 and greedy mismatches are reported with their CPU top-2 margin."""
+    ``fak.synth.write_twin``, so the GPU machine needs no real file): CUDA against the CPU backend
+    on the first short prompts, greedy 16 tokens reported. Random weights make the twin chaotic:
+    the CPU backend's own scalar and SIMD levels (same integer sums, different f32 order) already
+    differ by 1 − cosine ≈ 1-2e-3 on it (measured 2026-11-30: 0.99803-0.99886), so the bound is
+    the same rule as the real models': 1 − cosine ≤ max(1e-4, 4 × that spread), per prompt."""
     twin = os.environ.get("FAK_E2E_TWIN")
     if not twin:
         from fak.synth import write_twin
@@ -180,8 +206,9 @@ def test_cuda_matches_cpu_twin(require_cuda: None, tmp_path: Path) -> None:
     items = [(n, ids) for n, ids in prompts("twin") if 4 <= len(ids) <= 40][:4]
     cpu = _native.Model(twin, backend="cpu", n_ctx=512, max_batch=len(items))
     gpu = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=len(items))
+    scalar = cpu_logits_at("scalar", twin, items, tmp_path / "scalar.npz")
     n_new = 16
-    out: dict[str, list[tuple[int, int]]] = {}
+    out: dict[str, list[list[int]]] = {}
     for m in (cpu, gpu):
         got: dict[str, list[int]] = {n: [] for n, _ in items}
         for i, (n, ids) in enumerate(items):
@@ -193,15 +220,18 @@ def test_cuda_matches_cpu_twin(require_cuda: None, tmp_path: Path) -> None:
                 if len(got[name]) >= n_new:
                     m.remove_sequence(seq)
         for n, v in got.items():
-            out.setdefault(n, []).append(v)  # type: ignore[arg-type]
+            out.setdefault(n, []).append(v)
     lines, low = [], []
     for n, ids in items:
-        c = cosine(cpu.logits(ids)[-1], gpu.logits(ids)[-1])
+        ref = cpu.logits(ids)[-1]
+        c = cosine(ref, gpu.logits(ids)[-1])
+        spread = 1.0 - cosine(ref, scalar[n])
+        bound = cosine_bound(spread)
         a, b = out[n]
         same = next((j for j in range(n_new) if a[j] != b[j]), n_new)
-        lines.append(f"{n}: cosine {c:.6f}, greedy identical for {same}/{n_new} tokens")
-        if c < 0.999:
-            low.append(f"{n}: cosine {c:.6f} < 0.999")
+        lines.append(f"{n}: cosine {c:.6f} (CPU scalar vs {_native.simd_level()}: {1 - spread:.6f}; bound {bound:.6f}), greedy identical for {same}/{n_new} tokens")
+        if c < bound:
+            low.append(f"{n}: cosine {c:.6f} < {bound:.6f}")
     print(f"\ntwin {twin}:\n" + "\n".join(lines))
     assert not low, "\n".join(low)
 

@@ -27,7 +27,11 @@ import pytest
 
 from cuda_util import BACKENDS, DENSE, QUANT, attention_ref, dequantized, f16_round, random_weights, rel_err, runner
 
-Q8 = 1.2e-2
+# 8-bit activations (ggml's Q8_K over 256 values, Q8_0 over 32) against float64: ~0.006 for
+# standard-normal inputs, up to 0.020 where one 256-value block holds a large outlier (the CPU
+# backend's own error on the mixed.forms case, 1 row); the sharp check is CUDA against the CPU
+# backend (CPU_EXACT), which computes the same 8-bit activations.
+Q8 = 2.5e-2
 F16 = 2e-3
 F32 = 1e-5
 CPU_EXACT = 5e-5

@@ -1,0 +1,77 @@
+"""Where a CUDA decode step's GPU time goes: per-kernel totals of N single-sequence decode steps,
+recorded by CUPTI through ``torch.profiler`` (the GPU machine has PyTorch; fak does not use it).
+
+Kernels are timed with the decode CUDA graph off (``FAK_CUDA_GRAPHS=0``, set here) so that every
+launch is its own record; the wall time per step with graphs on and off is printed beside it,
+the difference being the launch overhead the graph removes.
+
+Usage (GPU machine): ``python benches/profile_cuda_decode.py MODEL.gguf [--steps 64] [--ctx 0]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+
+def wall_per_step(path: str, ctx: int, steps: int, graphs: bool) -> float:
+    os.environ["FAK_CUDA_GRAPHS"] = "1" if graphs else "0"
+    from fak import _native
+
+    m = _native.Model(path, backend="cuda", n_ctx=ctx + steps + 64, max_batch=1)
+    rng = np.random.default_rng(0)
+    m.add_sequence(0, [int(t) for t in rng.integers(100, 1000, ctx + 4)], {"temperature": 0.0})
+    for _ in range(8):
+        m.step()
+    t = time.perf_counter()
+    for _ in range(steps):
+        m.step()
+    dt = (time.perf_counter() - t) / steps
+    m.remove_sequence(0)
+    return dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--ctx", type=int, default=0)
+    a = ap.parse_args()
+    on = wall_per_step(a.model, a.ctx, a.steps, True)
+    off = wall_per_step(a.model, a.ctx, a.steps, False)
+    print(f"wall per step: graphs on {on * 1e3:.3f} ms ({1 / on:.1f} tok/s), off {off * 1e3:.3f} ms ({1 / off:.1f} tok/s)")
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from fak import _native
+
+    torch.cuda.init()
+    os.environ["FAK_CUDA_GRAPHS"] = "0"
+    m = _native.Model(a.model, backend="cuda", n_ctx=a.ctx + a.steps + 64, max_batch=1)
+    rng = np.random.default_rng(0)
+    m.add_sequence(0, [int(t) for t in rng.integers(100, 1000, a.ctx + 4)], {"temperature": 0.0})
+    for _ in range(8):
+        m.step()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(a.steps):
+            m.step()
+    rows = []
+    total = 0.0
+    for e in prof.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+        if t <= 0:
+            continue
+        rows.append((t, e.count, e.key))
+        total += t
+    rows.sort(reverse=True)
+    print(f"GPU time per step: {total / a.steps:.1f} µs over {sum(r[1] for r in rows) / a.steps:.1f} launches")
+    print(f"{'µs/step':>9} {'launches/step':>14} {'µs/launch':>10}  kernel")
+    for t, n, k in rows[:40]:
+        print(f"{t / a.steps:9.1f} {n / a.steps:14.1f} {t / n:10.2f}  {k[:90]}")
+
+
+if __name__ == "__main__":
+    main()
