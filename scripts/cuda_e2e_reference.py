@@ -15,6 +15,10 @@ The test uses the spread between levels as the noise floor of "equal to the CPU"
 Usage: ``FAK_CPU_SIMD=avx2 python scripts/cuda_e2e_reference.py MODEL.gguf OUT.npz``
 Writes: ``tokens/<prompt>`` (int32, the greedy continuation), ``logits/<prompt>`` (float32, the
 next-token logits after the prompt, prompts of ≤ 600 tokens) and ``meta`` (JSON: level, commit).
+
+``python scripts/cuda_e2e_reference.py --noise DIR MODEL_NAME`` reads every
+``DIR/MODEL_NAME_<level>.npz`` and writes ``DIR/MODEL_NAME_noise.json``: the levels' disagreement
+(``noise_from_levels`` in the test), so that the GPU machine needs only one level's file.
 """
 
 from __future__ import annotations
@@ -32,7 +36,23 @@ sys.path.insert(0, str(ROOT / "python"))
 sys.path.insert(0, str(ROOT / "tests" / "cuda"))
 
 
+def write_noise(ref_dir: Path, model_name: str) -> None:
+    from test_e2e import noise_from_levels  # noqa: E402
+
+    files = sorted(ref_dir.glob(f"{model_name}_*.npz"))
+    levels = {f.stem.removeprefix(model_name + "_"): dict(np.load(f)) for f in files}
+    if len(levels) < 2:
+        sys.exit(f"need ≥ 2 levels' files {model_name}_<level>.npz in {ref_dir}, found {list(levels)}")
+    noise = noise_from_levels(levels)
+    out = ref_dir / f"{model_name}_noise.json"
+    out.write_text(json.dumps(noise, indent=1))
+    print(f"{out}: levels {noise['levels']}, max 1-cos {max(noise['spread'].values()):.2e}, margin shift {noise['margin_shift']:.4f}, greedy differs on {len(noise['greedy_differ'])}")
+
+
 def main() -> None:
+    if len(sys.argv) == 4 and sys.argv[1] == "--noise":
+        write_noise(Path(sys.argv[2]), sys.argv[3])
+        return
     if len(sys.argv) != 3:
         sys.exit(__doc__)
     from test_e2e import LOGITS_MAX_TOKENS, N_CTX, greedy, prompts  # noqa: E402

@@ -141,32 +141,47 @@ FAK_DEVICE int warp_min_i(int v) {
     return v;
 }
 
-// Quantizes the chunk starting at flat element `base` (a multiple of 32): its first `nb` (≤ 8)
-// blocks of 32 in the q8_0 form and, when `with_k` (nb == 8, base % 256 == 0), the whole chunk as
-// one q8_K super-block. Every lane of the warp must call it.
+// Quantizes the chunk of 256 values starting at flat element `base` (a multiple of 32), held
+// 8 consecutive values per lane (lane l: values base + 8l .. base + 8l + 7, so block b of 32 is
+// lanes 4b..4b+3): its first `nb` (≤ 8) blocks of 32 in the q8_0 form and, when `with_k`
+// (nb == 8, base % 256 == 0), the whole chunk as one q8_K super-block. Lanes of blocks ≥ nb
+// must hold zeros. Every lane of the warp must call it. The results depend only on the values
+// (maxima, integer sums, the lowest index of the maximum), so they are the CPU quantizers' bits;
+// holding a block in 4 lanes makes its reductions 2 shuffles instead of 5 per block.
 FAK_DEVICE void quantize_chunk(const float (&v)[8], int nb, bool with_k, size_t base, const Q8Out& o, int lane) {
-    float am[8];
+    const int b = lane >> 2;
+    const bool valid = b < nb;
+    float a = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        am[j] = 0.0f;
-        if (j < nb) {
-            const float a = warp_max(fabsf(v[j]));
-            am[j] = a;
-            const float d = a / 127.0f;
-            const float id = a != 0.0f ? 127.0f / a : 0.0f;
-            const int q = max(-128, min(127, __float2int_rn(v[j] * id)));
-            o.qs0[base + 32 * j + lane] = (i8)q;
-            const int s = warp_sum_i(q);
-            if (lane == 0) o.ds0[(base >> 5) + j] = make_float2(f16_round(d), f16_round(d * (float)s));
+    for (int i = 0; i < 8; ++i) a = fmaxf(a, fabsf(v[i]));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 1));
+    a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, 2));
+    {
+        const float d = a / 127.0f;
+        const float id = a != 0.0f ? 127.0f / a : 0.0f;
+        u32 w0 = 0, w1 = 0;
+        int s = 0;
+#pragma unroll
+        for (int i = 0; i < 8; ++i) {
+            const int q = max(-128, min(127, __float2int_rn(v[i] * id)));
+            s += q;
+            if (i < 4) w0 |= ((u32)q & 0xFFu) << (8 * i);
+            else w1 |= ((u32)q & 0xFFu) << (8 * (i - 4));
+        }
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        if (valid) {
+            *(uint2*)(o.qs0 + base + 8 * lane) = make_uint2(w0, w1);
+            if ((lane & 3) == 0) o.ds0[(base >> 5) + b] = make_float2(f16_round(d), f16_round(d * (float)s));
         }
     }
     if (!with_k) return;
-    float amax = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) amax = fmaxf(amax, am[j]);
+    float amax = a;
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 4));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 8));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 16));
     if (amax == 0.0f) {
-#pragma unroll
-        for (int j = 0; j < 8; ++j) o.qsk[base + 32 * j + lane] = 0;
+        *(uint2*)(o.qsk + base + 8 * lane) = make_uint2(0u, 0u);
         if (lane < 8) o.sk[(base >> 5) + lane] = 0;
         if (lane == 0) o.dk[base >> 8] = 0.0f;
         return;
@@ -174,22 +189,28 @@ FAK_DEVICE void quantize_chunk(const float (&v)[8], int nb, bool with_k, size_t 
     // The first element (lowest index) whose magnitude is the maximum, and its signed value.
     int idx = 256;
 #pragma unroll
-    for (int j = 7; j >= 0; --j)
-        if (fabsf(v[j]) == amax) idx = 32 * j + lane;
+    for (int i = 7; i >= 0; --i)
+        if (fabsf(v[i]) == amax) idx = 8 * lane + i;
     idx = warp_min_i(idx);
     float mine = 0.0f;
 #pragma unroll
-    for (int j = 0; j < 8; ++j)
-        if ((idx >> 5) == j) mine = v[j];
-    const float mx = __shfl_sync(0xffffffffu, mine, idx & 31);
+    for (int i = 0; i < 8; ++i)
+        if ((idx & 7) == i) mine = v[i];
+    const float mx = __shfl_sync(0xffffffffu, mine, idx >> 3);
     const float iscale = -127.0f / mx;
+    u32 w0 = 0, w1 = 0;
+    int s = 0;
 #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-        const int q = min(127, __float2int_rn(iscale * v[j]));
-        o.qsk[base + 32 * j + lane] = (i8)q;
-        const int s = warp_sum_i(q);
-        if (lane == 0) o.sk[(base >> 5) + j] = s;
+    for (int i = 0; i < 8; ++i) {
+        const int q = min(127, __float2int_rn(iscale * v[i]));
+        s += q;
+        if (i < 4) w0 |= ((u32)q & 0xFFu) << (8 * i);
+        else w1 |= ((u32)q & 0xFFu) << (8 * (i - 4));
     }
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    *(uint2*)(o.qsk + base + 8 * lane) = make_uint2(w0, w1);
+    if ((lane & 3) == 0) o.sk[(base >> 5) + b] = s;
     if (lane == 0) o.dk[base >> 8] = 1.0f / iscale;
 }
 

@@ -27,8 +27,8 @@ extern "C" __global__ void swiglu_f32(float* __restrict__ gate, const float* __r
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) gate[i] = silu_mul(gate[i], up[i]);
 }
 
-// The same, also writing the result's 8-bit forms (n % 32 == 0; see common.cuh). One warp per
-// chunk of 256 values.
+// The same, also writing the result's 8-bit forms (n % 32 == 0, buffers 16-byte aligned; see
+// common.cuh). One warp per chunk of 256 values, 8 consecutive values per lane.
 extern "C" __global__ void swiglu_f32_q8(float* __restrict__ gate, const float* __restrict__ up, i8* qs0, float2* ds0, i8* qsk,
                                          float* dk, int* sk, int n) {
     const Q8Out q{qs0, ds0, qsk, dk, sk};
@@ -36,15 +36,15 @@ extern "C" __global__ void swiglu_f32_q8(float* __restrict__ gate, const float* 
     const int warps = (gridDim.x * blockDim.x) >> 5;
     for (int c = (blockIdx.x * blockDim.x + threadIdx.x) >> 5; 256 * c < n; c += warps) {
         const int c0 = 256 * c, nb = min(8, (n - c0) / 32);
-        float v[8];
-#pragma unroll
-        for (int j = 0; j < 8; ++j) {
-            v[j] = 0.0f;
-            if (j < nb) {
-                const int i = c0 + 32 * j + lane;
-                v[j] = silu_mul(gate[i], up[i]);
-                gate[i] = v[j];
-            }
+        float v[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+        if ((lane >> 2) < nb) {
+            float4* gp = (float4*)(gate + c0 + 8 * lane);
+            const float4* up4 = (const float4*)(up + c0 + 8 * lane);
+            const float4 g0 = gp[0], g1 = gp[1], u0 = up4[0], u1 = up4[1];
+            v[0] = silu_mul(g0.x, u0.x); v[1] = silu_mul(g0.y, u0.y); v[2] = silu_mul(g0.z, u0.z); v[3] = silu_mul(g0.w, u0.w);
+            v[4] = silu_mul(g1.x, u1.x); v[5] = silu_mul(g1.y, u1.y); v[6] = silu_mul(g1.z, u1.z); v[7] = silu_mul(g1.w, u1.w);
+            gp[0] = make_float4(v[0], v[1], v[2], v[3]);
+            gp[1] = make_float4(v[4], v[5], v[6], v[7]);
         }
         quantize_chunk(v, nb, nb == 8, c0, q, lane);
     }

@@ -11,7 +11,7 @@ FAK_DEVICE double warp_sum_d(double v) {
 }
 
 // One block per row of `dim` (dim % 32 == 0 when quantizing). Warp w holds chunks w, w + nw, ...
-// (at most MAXC, 256 values each; lane l holds values 32j + l of a chunk) in registers.
+// (at most MAXC, 256 values each; lane l holds values 8l .. 8l + 7 of a chunk) in registers.
 // q8: write the q8_0 form, and the q8_K form when dim % 256 == 0.
 template <int MAXC>
 __device__ void rmsnorm_reg(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, Q8Out q, bool q8,
@@ -27,7 +27,7 @@ __device__ void rmsnorm_reg(const float* __restrict__ x, const float* __restrict
         const int c0 = 256 * (warp + c * nw);
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const int i = c0 + 32 * j + lane;
+            const int i = c0 + 8 * lane + j;
             v[c][j] = i < dim ? xr[i] : 0.0f;
             ss += (double)(v[c][j] * v[c][j]);
         }
@@ -50,7 +50,7 @@ __device__ void rmsnorm_reg(const float* __restrict__ x, const float* __restrict
         if (c0 >= dim) break;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
-            const int i = c0 + 32 * j + lane;
+            const int i = c0 + 8 * lane + j;
             if (i < dim) {
                 v[c][j] = (v[c][j] * scale) * w[i];
                 out[r * dim + i] = v[c][j];

@@ -57,15 +57,29 @@ extern "C" __global__ void argmax_f32(const float* __restrict__ x, int n_cols, u
 
 // The greedy step on the device: idx[r] = argmax of row r (as argmax_f32) and logprob[r] = its
 // log-softmax, −ln Σ e^(x − max) with the sum in f64 (as the CPU backend's greedy_row), so that a
-// greedy decode step copies back two numbers per row instead of the row of logits.
-extern "C" __global__ void greedy_f32(const float* __restrict__ x, int n_cols, u32* __restrict__ idx, float* __restrict__ logprob) {
+// greedy decode step copies back two numbers per row instead of the row of logits. Two launches
+// so that the whole GPU reads the logits (one block per row took ~90 µs for 151,936 columns):
+// greedy_partial_f32, grid (G, rows): block g takes the g-th slice of its row and writes its best
+// (value, lowest index) and s_g = Σ_slice e^(x − m_g) (f64) around its own max m_g;
+// greedy_final_f32, one warp per row: the best of the G partials (value, then lowest index),
+// Σ_g s_g·e^(m_g − m) in f64, logprob = −ln of that.
+struct GreedyPart {
+    float m;
+    u32 i;
+    double s;
+};
+
+extern "C" __global__ void greedy_partial_f32(const float* __restrict__ x, int n_cols, GreedyPart* __restrict__ part) {
     __shared__ float sv[32];
     __shared__ u32 si[32];
     __shared__ double sd[32];
-    const float* row = x + (size_t)blockIdx.x * n_cols;
+    const int G = gridDim.x, g = blockIdx.x;
+    const int per = (n_cols + G - 1) / G;
+    const int lo = g * per, hi = min(n_cols, lo + per);
+    const float* row = x + (size_t)blockIdx.y * n_cols;
     float bv = NEG_INF;
     u32 bi = 0xffffffffu;
-    for (int i = threadIdx.x; i < n_cols; i += blockDim.x) better(bv, bi, row[i], (u32)i);
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) better(bv, bi, row[i], (u32)i);
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) {
         const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
@@ -86,10 +100,10 @@ extern "C" __global__ void greedy_f32(const float* __restrict__ x, int n_cols, u
         const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
         better(bv, bi, ov, oi);
     }
-    const float m = bv;  // every thread holds the row max now
+    const float m = bv;  // every thread holds the slice's max now
     double s = 0.0;
     if (m > NEG_INF) {
-        for (int i = threadIdx.x; i < n_cols; i += blockDim.x) {
+        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
             const float v = row[i];
             if (v == v) s += (double)expf(v - m);
         }
@@ -101,6 +115,31 @@ extern "C" __global__ void greedy_f32(const float* __restrict__ x, int n_cols, u
     if (threadIdx.x == 0) {
         double t = 0.0;
         for (int w = 0; w < nw; ++w) t += sd[w];
+        part[(size_t)blockIdx.y * G + g] = GreedyPart{m, bi, t};
+    }
+}
+
+// One warp (32 threads) per row; G partials per row.
+extern "C" __global__ void greedy_final_f32(const GreedyPart* __restrict__ part, int G, u32* __restrict__ idx, float* __restrict__ logprob) {
+    const int lane = threadIdx.x;
+    const GreedyPart* p = part + (size_t)blockIdx.x * G;
+    float bv = NEG_INF;
+    u32 bi = 0xffffffffu;
+    for (int g = lane; g < G; g += 32) better(bv, bi, p[g].m, p[g].i);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        better(bv, bi, ov, oi);
+    }
+    double t = 0.0;
+    if (bv > NEG_INF) {
+        for (int g = lane; g < G; g += 32)
+            if (p[g].m > NEG_INF) t += p[g].s * exp((double)p[g].m - (double)bv);
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+    if (lane == 0) {
         idx[blockIdx.x] = bi == 0xffffffffu ? 0u : bi;
         logprob[blockIdx.x] = t > 0.0 ? -(float)log(t) : 0.0f;
     }

@@ -1,19 +1,27 @@
 """End to end: the real 0.5B and 1.5B models on the CUDA backend against the CPU backend, on the
-fixed prompt set ``tests/data/golden_prompts.json``: greedy 32-token continuations identical, and
-next-token logits after the prompt close — with the decode CUDA graphs on and off
+fixed prompt set ``tests/data/golden_prompts.json``: greedy 32-token continuations and
+next-token logits after the prompt — with the decode CUDA graphs on and off
 (``FAK_CUDA_GRAPHS``).
 
-How close: cosine ≥ 0.9999, except where the CPU backend's own SIMD levels disagree more. The CPU
-backend at ``FAK_CPU_SIMD=scalar|avx2|avx512`` computes the same integer sums and differs only in
-f32 summation order, yet on these models that alone moves the next-token logits by 1 − cosine up
-to ~1e-3 on some prompts (``docs/cuda-notes.md``, "End-to-end parity"); the CUDA backend's
-arithmetic is the CPU's up to the same summation order. So for each prompt the test allows
-1 − cosine ≤ max(1e-4, 4 × the largest 1 − cosine between two CPU levels).
+How close. The CPU backend at ``FAK_CPU_SIMD=scalar|avx2|avx512`` computes the same integer sums
+and differs only in f32 summation order, yet on these models that alone moves the next-token
+logits by 1 − cosine up to ~6e-4 and the top-10 logit margins by up to 0.30, and its scalar and
+AVX-512 levels' greedy continuations differ on 6 of the 24 prompts (0.5B, measured 2026-11-30;
+``docs/cuda-notes.md``, "End-to-end parity"). The CUDA backend computes the CPU's arithmetic (the
+same 8-bit activations, integer sums and scales) up to the same summation order, so "equal to
+the CPU" is judged against that noise floor:
+- per prompt, 1 − cosine ≤ max(1e-4, 4 × the largest 1 − cosine between two CPU levels);
+- greedy continuations identical, or first differing where CUDA's top-2 margin is ≤ twice the
+  largest margin shift between the CPU levels (a near tie, which the CPU's own levels resolve
+  differently too). Without the levels' noise the test asks for identical tokens and cosine
+  ≥ 0.9999.
 
 The CPU reference is computed in the same run, or read from ``FAK_E2E_REFERENCE_DIR``
 (``<model>_<level>.npz`` files written by ``scripts/cuda_e2e_reference.py`` with the same
 commit: the CPU backend's output depends only on its code and SIMD level); with several levels
-there, the one this machine runs by default is the reference and all of them give the spread.
+there, the one this machine runs by default is the reference and all of them give the noise
+(or ``<model>_noise.json`` from ``scripts/cuda_e2e_reference.py --noise``, so that one level's
+file suffices on the GPU machine).
 ``FAK_E2E_TWIN`` names a synthetic twin GGUF (``fak synth``) for ``test_cuda_matches_cpu_twin``.
 
 Prompt token ids come from llama.cpp's goldens (``tests/data/goldens/<model>.json``,
@@ -82,29 +90,57 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
     return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
+def top_margin_shift(a: np.ndarray, b: np.ndarray, k: int = 10) -> float:
+    """How much the CPU levels ``a`` and ``b`` disagree on the margins that greedy decoding reads:
+    the largest change, over ``a``'s top ``k`` tokens, of a token's logit minus the top logit."""
+    a, b = a.astype(np.float64), b.astype(np.float64)
+    top = np.argsort(a)[-k:]
+    return float(np.abs((a[top] - a[top[-1]]) - (b[top] - b[top[-1]])).max())
+
+
+def noise_from_levels(levels: dict[str, dict[str, np.ndarray]]) -> dict:
+    """The CPU backend's own disagreement between SIMD levels (same integer sums, different f32
+    order): per prompt the largest 1 − cosine of next-token logits between two levels, the largest
+    top-10 margin shift over all prompts, and the prompts whose greedy continuations differ."""
+    names = list(levels)
+    pairs = [(x, y) for i, x in enumerate(names) for y in names[i + 1:]]
+    first = levels[names[0]]
+    prompts_ = [k.removeprefix("logits/") for k in first if k.startswith("logits/")]
+    spread = {p: max((1.0 - cosine(levels[x][f"logits/{p}"], levels[y][f"logits/{p}"]) for x, y in pairs), default=0.0) for p in prompts_}
+    shift = max((top_margin_shift(levels[x][f"logits/{p}"], levels[y][f"logits/{p}"]) for x, y in pairs for p in prompts_), default=0.0)
+    differ = sorted({k.removeprefix("tokens/") for x, y in pairs for k in first if k.startswith("tokens/") and list(levels[x][k]) != list(levels[y][k])})
+    return {"levels": names, "spread": spread, "margin_shift": shift, "greedy_differ": differ}
+
+
 @functools.lru_cache(maxsize=2)
-def cpu_reference(path: str, model_name: str) -> tuple[dict[str, list[int]], dict[str, np.ndarray], dict[str, float], str]:
-    """(greedy tokens, next-token logits, per-prompt spread between CPU SIMD levels, source)."""
+def cpu_reference(path: str, model_name: str) -> tuple[dict[str, list[int]], dict[str, np.ndarray], dict | None, str]:
+    """(greedy tokens, next-token logits, the CPU levels' noise (``noise_from_levels``) or None,
+    source). From ``FAK_E2E_REFERENCE_DIR``: ``<model>_<level>.npz`` (the level this machine runs
+    is the reference) and the noise from ``<model>_noise.json`` when present (written by
+    ``scripts/cuda_e2e_reference.py --noise``), else from the levels there."""
     ref_dir = os.environ.get("FAK_E2E_REFERENCE_DIR")
     files = sorted(Path(ref_dir).glob(f"{model_name}_*.npz")) if ref_dir else []
     if files:
-        levels = {f.stem.removeprefix(model_name + "_"): np.load(f) for f in files}
+        levels = {f.stem.removeprefix(model_name + "_"): dict(np.load(f)) for f in files}
         mine = _native.simd_level()
         ref = levels.get(mine) or levels[max(levels, key=lambda lv: ["scalar", "avx2", "avx512"].index(lv) if lv in ("scalar", "avx2", "avx512") else -1)]
-        toks = {k.removeprefix("tokens/"): [int(t) for t in ref[k]] for k in ref.files if k.startswith("tokens/")}
-        logits = {k.removeprefix("logits/"): ref[k] for k in ref.files if k.startswith("logits/")}
-        spread = {}
-        names = list(levels)
-        for p in logits:
-            gaps = [1.0 - cosine(levels[a][f"logits/{p}"], levels[b][f"logits/{p}"]) for i, a in enumerate(names) for b in names[i + 1:]]
-            spread[p] = max(gaps, default=0.0)
-        src = f"precomputed CPU reference ({', '.join(names)}; this machine's level: {mine})"
-        return toks, logits, spread, src
+        toks = {k.removeprefix("tokens/"): [int(t) for t in v] for k, v in ref.items() if k.startswith("tokens/")}
+        logits = {k.removeprefix("logits/"): v for k, v in ref.items() if k.startswith("logits/")}
+        noise_file = Path(ref_dir) / f"{model_name}_noise.json"
+        noise = json.loads(noise_file.read_text()) if noise_file.exists() else (noise_from_levels(levels) if len(levels) > 1 else None)
+        src = f"precomputed CPU reference ({', '.join(levels)}; this machine's level: {mine}; noise between levels {noise['levels'] if noise else 'not known'})"
+        return toks, logits, noise, src
     items = prompts(model_name)
     m = _native.Model(path, backend="cpu", n_ctx=N_CTX, max_batch=len(items))
     toks = greedy(m, items)
     logits = {name: m.logits(ids)[-1].copy() for name, ids in items if len(ids) <= LOGITS_MAX_TOKENS}
-    return toks, logits, {}, f"CPU reference computed in this run ({_native.simd_level()})"
+    return toks, logits, None, f"CPU reference computed in this run ({_native.simd_level()})"
+
+
+def tie_bound(noise: dict | None) -> float:
+    """Largest top-2 margin (logits) at which CUDA may pick the other token than the CPU: twice
+    the largest margin shift between the CPU's own levels (none known: 0, i.e. identical)."""
+    return 2.0 * noise["margin_shift"] if noise else 0.0
 
 
 def cosine_bound(spread: float) -> float:
@@ -122,7 +158,9 @@ MODELS = {"0.5b": ("model_05b", "qwen2.5-coder-0.5b-instruct-mixed"), "1.5b": ("
 def test_cuda_matches_cpu(model: str, graphs: str, require_cuda: None, request: pytest.FixtureRequest) -> None:
     fixture, name = MODELS[model]
     path = str(request.getfixturevalue(fixture))
-    ref_tokens, ref_logits, spread, source = cpu_reference(path, name)
+    ref_tokens, ref_logits, noise, source = cpu_reference(path, name)
+    spread = noise["spread"] if noise else {}
+    ties = tie_bound(noise)
     items = prompts(name)
     old = os.environ.get("FAK_CUDA_GRAPHS")
     os.environ["FAK_CUDA_GRAPHS"] = "1" if graphs == "on" else "0"
@@ -136,14 +174,17 @@ def test_cuda_matches_cpu(model: str, graphs: str, require_cuda: None, request: 
     assert m.backend == "cuda"
     toks = greedy(m, items)
     report = []
-    mismatched = []
+    mismatched: list[str] = []
+    near_ties: list[str] = []
     for pname, ids in items:
         a, b = ref_tokens[pname], toks[pname]
         if a != b:
             i = next(j for j in range(min(len(a), len(b))) if a[j] != b[j])
             lg = _native.Model.logits(m, ids + b[:i])[-1]
             top = np.sort(lg)[-2:]
-            mismatched.append(f"{pname}: first difference at token {i} (cpu {a[i]}, cuda {b[i]}; cuda top-2 margin {top[1] - top[0]:.4f})")
+            margin = float(top[1] - top[0])
+            line = f"{pname}: first difference at token {i} (cpu {a[i]}, cuda {b[i]}; cuda top-2 margin {margin:.4f}, near-tie bound {ties:.4f})"
+            (near_ties if margin <= ties else mismatched).append(line)
     cos_min = 1.0
     low = []
     for pname, ids in items:
@@ -160,9 +201,12 @@ def test_cuda_matches_cpu(model: str, graphs: str, require_cuda: None, request: 
             low.append(f"{pname}: next-token logits cosine {cos:.6f} < {bound:.6f}")
     # Every prompt is checked before failing, so one run reports all of them.
     print(f"\n{model} graphs={graphs}: {source}")
-    print(f"{model} graphs={graphs}: {len(items)} prompts, min cosine {cos_min:.6f}, {len(mismatched)} greedy mismatches")
-    print("\n".join(report + mismatched))
-    problems = low + [f"greedy continuation differs from CPU: {x}" for x in mismatched]
+    cpu_differ = noise["greedy_differ"] if noise else []
+    print(f"{model} graphs={graphs}: {len(items)} prompts, min cosine {cos_min:.6f}, greedy identical on {len(items) - len(near_ties) - len(mismatched)}, "
+          f"first difference at a near tie on {len(near_ties)}, elsewhere on {len(mismatched)} "
+          f"(the CPU's own levels {noise['levels'] if noise else []} differ on {len(cpu_differ)}: {', '.join(cpu_differ)})")
+    print("\n".join(report + near_ties + mismatched))
+    problems = low + [f"greedy continuation differs from CPU beyond a near tie: {x}" for x in mismatched]
     assert not problems, f"{model} graphs={graphs}:\n" + "\n".join(problems)
 
 

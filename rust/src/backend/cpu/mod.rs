@@ -261,8 +261,17 @@ impl Backend for CpuBackend {
         let y = &mut out.0[..n_rows * n_out];
         let x = &x.0[..n_rows * k];
         if matches!(w.wtype, crate::quant::GgmlType::Q4_K | crate::quant::GgmlType::Q6_K) {
-            let rows = self.gemm_rows.lock().unwrap_or_else(|e| e.into_inner());
-            match rows.for_rows(n_rows) {
+            // A copy of the row kinds, so that the lock is not held across the parallel matmul:
+            // a pool thread waiting in it may steal another matmul of the same `matmul_multi`,
+            // which would take the lock again on the same thread (a deadlock, seen with ≥ 8
+            // threads on the 1.5B twin).
+            let kinds = self
+                .gemm_rows
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .for_rows(n_rows)
+                .map(<[matmul::LlamaRow]>::to_vec);
+            match kinds.as_deref() {
                 Some(kinds) => matmul::matmul_rows(w.wtype, w.bytes(), n_out, k, x, n_rows, y, kinds)?,
                 None => matmul::matmul(w.wtype, w.bytes(), n_out, k, x, n_rows, y)?,
             }

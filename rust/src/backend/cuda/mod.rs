@@ -335,7 +335,7 @@ pub fn op_paths() -> Vec<(&'static str, &'static str)> {
         ("add", "add_f32: residual add (the forward's adds are fused into the o/down projections)"),
         ("gather_logit_rows", "gather_rows_f32"),
         ("argmax", "argmax_f32: on-device argmax (+ log-sum-exp)"),
-        ("greedy step", "greedy_f32: argmax and its log-softmax on the device; 2 numbers per row come back"),
+        ("greedy step", "greedy_partial_f32 + greedy_final_f32: argmax and its log-softmax on the device, the row split over up to 128 blocks; 2 numbers per row come back"),
         ("decode step", "CUDA graph per (batch size, logit rows), replayed (FAK_CUDA_GRAPHS=0: off)"),
     ]
 }
