@@ -13,7 +13,8 @@
 //     the 16 high-nibble values of sub-block 2(c/2)+1 sharing the same bytes; the two sub-blocks'
 //     min term (−dmin·m·Σq) is added once, by the c even task;
 //   Q6_K: task (sb, c): 8 positions l of half n = c/4 times the four 32-groups that share them.
-// Launch: 128 threads; R = rows per block (1, 2, 4), 4/R warps split a row's tasks. One launch
+// Launch: 128 threads; R = rows per block (1, 2, 4), 4/R warps split a row's tasks; R = 8: half
+// a warp per row (rows of 33..63 tasks). One launch
 // may cover up to three matrices of the same input (Q/K/V, gate/up): "segments" of the grid.
 #include "common.cuh"
 
@@ -246,10 +247,39 @@ __device__ void mmvq_rows(const u8* __restrict__ W, size_t row_bytes, const i8* 
                           int lb, bool accumulate) {
     __shared__ float sh[4][NC];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int T = K / 32;
+    if (rpb == 8) {
+        // Half a warp per row, 8 rows per block: for rows of 33..63 tasks, which 32 lanes would
+        // split unevenly (K = 1536: 48 tasks, 2 on half the lanes, 1 on the others).
+        const int sl = lane & 15;
+        const int row = lb * 8 + warp * 2 + (lane >> 4);
+        float acc[NC];
+#pragma unroll
+        for (int c = 0; c < NC; ++c) acc[c] = 0.0f;
+        if (row < n_out) {
+            const u8* wr = W + (size_t)row * row_bytes;
+#pragma unroll 4
+            for (int t = sl; t < T; t += 16) Dot<FMT, NC>::run(wr, t, yq, ya, ys, K, acc);
+        }
+#pragma unroll
+        for (int c = 0; c < NC; ++c) {
+#pragma unroll
+            for (int o = 8; o > 0; o >>= 1) acc[c] += __shfl_xor_sync(0xffffffffu, acc[c], o);
+        }
+        if (row < n_out && sl < NC) {
+            float v = 0.0f;
+#pragma unroll
+            for (int c = 0; c < NC; ++c)
+                if (sl == c) v = acc[c];
+            if (bias) v += bias[row];
+            float* o = dst + (size_t)sl * n_out + row;
+            *o = accumulate ? *o + v : v;
+        }
+        return;
+    }
     const int wpr = 4 / rpb;
     const int row = lb * rpb + warp / wpr;
     const int sub = (warp % wpr) * 32 + lane, nthr = wpr * 32;
-    const int T = K / 32;
     float acc[NC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;

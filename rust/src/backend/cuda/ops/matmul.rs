@@ -52,6 +52,24 @@ fn gemv_shape(k: usize, n_out: usize) -> usize {
     }
 }
 
+/// `FAK_CUDA_GEMV_HALF=0`: no half-warp rows in the quantized GEMV (see [`gemv_shape_q`]).
+fn gemv_half() -> bool {
+    static HALF: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HALF.get_or_init(|| std::env::var("FAK_CUDA_GEMV_HALF").as_deref() != Ok("0"))
+}
+
+/// [`gemv_shape`] for the quantized GEMV, which also runs rows of 33..63 tasks of 32 weights
+/// (K = 1056..2016, e.g. 1536) on half a warp each, 8 rows per block (`8`): 48 tasks on 16 lanes
+/// are 3 each, where 32 lanes would take 2 on half of them and 1 on the rest.
+fn gemv_shape_q(k: usize, n_out: usize) -> usize {
+    let tasks = k / 32;
+    if gemv_half() && tasks > 32 && tasks < 64 && n_out >= 1024 {
+        8
+    } else {
+        gemv_shape(k, n_out)
+    }
+}
+
 impl CudaBackend {
     fn bias_ptr(w: &CudaWeight, bias: Option<&CudaWeight>) -> Result<u64> {
         let n_out = w.n_out();
@@ -95,11 +113,11 @@ impl CudaBackend {
         let (yq, ya, ys) = if kform { (qsk, dk, sk) } else { (qs0, ds0, 0) };
         let mut args = Args::new();
         let mut end = 0usize;
-        let total: usize = segs.iter().map(|(w, _, _)| w.n_out().div_ceil(gemv_shape(k, w.n_out()))).sum();
+        let total: usize = segs.iter().map(|(w, _, _)| w.n_out().div_ceil(gemv_shape_q(k, w.n_out()))).sum();
         for i in 0..3 {
             match segs.get(i) {
                 Some(&(w, bias, dst)) => {
-                    let rpb = gemv_shape(k, w.n_out());
+                    let rpb = gemv_shape_q(k, w.n_out());
                     end += w.n_out().div_ceil(rpb);
                     args = args.ptr(w.mem.ptr()).u64(w.row_bytes as u64).ptr(bias).ptr(dst).i32(w.n_out() as i32).i32(rpb as i32).i32(w.wtype as i32);
                 }
