@@ -215,3 +215,17 @@ class OpRunner:
         block_perm: npt.NDArray[np.uint32], q: npt.NDArray[np.float32], k: npt.NDArray[np.float32],
         v: npt.NDArray[np.float32],
     ) -> list[npt.NDArray[np.float32]]: ...
+    def matmul_multi(
+        self, wtypes: list[str], ws: list[npt.NDArray[np.uint8]], n_outs: list[int], k: int,
+        x: npt.NDArray[np.float32], biases: list[npt.NDArray[np.float32] | None],
+    ) -> list[npt.NDArray[np.float32]]: ...
+    def matmul_add(
+        self, wtype: str, w: npt.NDArray[np.uint8], n_out: int, k: int, x: npt.NDArray[np.float32],
+        res: npt.NDArray[np.float32], bias: npt.NDArray[np.float32] | None = None,
+    ) -> npt.NDArray[np.float32]: ...
+    def rope_kv_write(
+        self, q: npt.NDArray[np.float32], k: npt.NDArray[np.float32], v: npt.NDArray[np.float32], n_past: int,
+        table: npt.NDArray[np.uint32], n_head: int, n_head_kv: int, head_dim: int, style: str, n_rot: int,
+        freq_base: float, freq_scale: float, freq_factors: npt.NDArray[np.float32] | None = None,
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+    def greedy(self, x: npt.NDArray[np.float32], n_cols: int) -> tuple[list[int], list[float]]: ...
