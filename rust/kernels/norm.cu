@@ -10,6 +10,22 @@ FAK_DEVICE double warp_sum_d(double v) {
     return v;
 }
 
+// The sum of every thread's `v` over the block, returned to all threads (sh: 32 doubles of
+// shared memory; every thread must call it).
+FAK_DEVICE double block_sum_d(double v, double* sh) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = warp_sum_d(v);
+    if (lane == 0) sh[warp] = v;
+    __syncthreads();
+    if (warp == 0) {
+        double t = lane < nw ? sh[lane] : 0.0;
+        t = warp_sum_d(t);
+        if (lane == 0) sh[0] = t;
+    }
+    __syncthreads();
+    return sh[0];
+}
+
 // One block per row of `dim` (dim % 32 == 0 when quantizing). Warp w holds chunks w, w + nw, ...
 // (at most MAXC, 256 values each; lane l holds values 8l .. 8l + 7 of a chunk) in registers.
 // q8: write the q8_0 form, and the q8_K form when dim % 256 == 0.
@@ -32,16 +48,7 @@ __device__ void rmsnorm_reg(const float* __restrict__ x, const float* __restrict
             ss += (double)(v[c][j] * v[c][j]);
         }
     }
-    ss = warp_sum_d(ss);
-    if (lane == 0) sh[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        double t = lane < nw ? sh[lane] : 0.0;
-        t = warp_sum_d(t);
-        if (lane == 0) sh[0] = t;
-    }
-    __syncthreads();
-    const float mean = (float)(sh[0] / (double)dim);
+    const float mean = (float)(block_sum_d(ss, sh) / (double)dim);
     const float scale = 1.0f / sqrtf(mean + eps);
     const bool with_k = q8 && dim % 256 == 0;
 #pragma unroll
@@ -75,21 +82,11 @@ RMSNORM(4)
 // Any `dim`, no quantized copy: one block per row, two passes.
 extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int dim, float eps) {
     __shared__ double sh[32];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     const size_t r = blockIdx.x;
     const float* xr = x + r * dim;
     double ss = 0.0;
     for (int i = threadIdx.x; i < dim; i += blockDim.x) ss += (double)(xr[i] * xr[i]);
-    ss = warp_sum_d(ss);
-    if (lane == 0) sh[warp] = ss;
-    __syncthreads();
-    if (warp == 0) {
-        double t = lane < nw ? sh[lane] : 0.0;
-        t = warp_sum_d(t);
-        if (lane == 0) sh[0] = t;
-    }
-    __syncthreads();
-    const float mean = (float)(sh[0] / (double)dim);
+    const float mean = (float)(block_sum_d(ss, sh) / (double)dim);
     const float scale = 1.0f / sqrtf(mean + eps);
     for (int i = threadIdx.x; i < dim; i += blockDim.x) out[r * dim + i] = (xr[i] * scale) * w[i];
 }

@@ -5,13 +5,9 @@
 // (i, i + n_rot/2); dimensions n_rot..head_dim pass through.
 #include "common.cuh"
 
-// x: [n_rows, n_heads, head_dim] in place; positions: [n_rows]. One block per row.
-extern "C" __global__ void rope_f32(float* __restrict__ x, const u32* __restrict__ positions, const float* __restrict__ freq_factors,
-                                    int n_heads, int head_dim, int n_rot, float theta_scale, float freq_scale, int neox) {
-    extern __shared__ float cs[];  // [n_rot/2][2]
-    const int half = n_rot / 2;
-    const size_t r = blockIdx.x;
-    const float pos = (float)positions[r];
+// cs[2i], cs[2i + 1] = cos, sin of pair i's angle at position `pos`, i < half; the caller's
+// threads all call it (it ends with __syncthreads).
+FAK_DEVICE void rope_table(float* cs, float pos, const float* __restrict__ freq_factors, int half, float theta_scale, float freq_scale) {
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float theta = pos;
         for (int j = 0; j < i; ++j) theta *= theta_scale;
@@ -23,17 +19,38 @@ extern "C" __global__ void rope_f32(float* __restrict__ x, const u32* __restrict
         cs[2 * i + 1] = s;
     }
     __syncthreads();
-    float* xr = x + r * (size_t)n_heads * head_dim;
+}
+
+// Rotates pair i of one head `hx` in place; a, b: the pair's dimensions, y0, y1: the new values.
+FAK_DEVICE void rope_pair(float* hx, int i, int half, int neox, const float* cs, int& a, int& b, float& y0, float& y1) {
+    const float c = cs[2 * i], s = cs[2 * i + 1];
+    a = neox ? i : 2 * i;
+    b = neox ? i + half : 2 * i + 1;
+    const float x0 = hx[a], x1 = hx[b];
+    y0 = x0 * c - x1 * s;
+    y1 = x0 * s + x1 * c;
+    hx[a] = y0;
+    hx[b] = y1;
+}
+
+// Every pair of every head of one row [n_heads, head_dim], the block's threads striding.
+FAK_DEVICE void rope_rows(float* xr, int n_heads, int head_dim, int half, int neox, const float* cs) {
     for (int w = threadIdx.x; w < n_heads * half; w += blockDim.x) {
         const int h = w / half, i = w - h * half;
-        float* hx = xr + (size_t)h * head_dim;
-        const float c = cs[2 * i], s = cs[2 * i + 1];
-        const int a = neox ? i : 2 * i;
-        const int b = neox ? i + half : 2 * i + 1;
-        const float x0 = hx[a], x1 = hx[b];
-        hx[a] = x0 * c - x1 * s;
-        hx[b] = x0 * s + x1 * c;
+        int a, b;
+        float y0, y1;
+        rope_pair(xr + (size_t)h * head_dim, i, half, neox, cs, a, b, y0, y1);
     }
+}
+
+// x: [n_rows, n_heads, head_dim] in place; positions: [n_rows]. One block per row.
+extern "C" __global__ void rope_f32(float* __restrict__ x, const u32* __restrict__ positions, const float* __restrict__ freq_factors,
+                                    int n_heads, int head_dim, int n_rot, float theta_scale, float freq_scale, int neox) {
+    extern __shared__ float cs[];  // [n_rot/2][2]
+    const int half = n_rot / 2;
+    const size_t r = blockIdx.x;
+    rope_table(cs, (float)positions[r], freq_factors, half, theta_scale, freq_scale);
+    rope_rows(x + r * (size_t)n_heads * head_dim, n_heads, head_dim, half, neox, cs);
 }
 
 // The attention block's RoPE of q and k and the KV write, in one launch: q ([n_rows, n_head,
@@ -48,29 +65,8 @@ extern "C" __global__ void rope_qk_kv_write_f32(float* __restrict__ q, float* __
     extern __shared__ float cs[];  // [n_rot/2][2]
     const int half = n_rot / 2;
     const size_t r = blockIdx.x;
-    const float pos = (float)positions[r];
-    for (int i = threadIdx.x; i < half; i += blockDim.x) {
-        float theta = pos;
-        for (int j = 0; j < i; ++j) theta *= theta_scale;
-        const float ff = freq_factors ? freq_factors[i] : 1.0f;
-        const float t = freq_scale * (theta / ff);
-        float s, c;
-        sincosf(t, &s, &c);
-        cs[2 * i] = c;
-        cs[2 * i + 1] = s;
-    }
-    __syncthreads();
-    float* qr = q + r * (size_t)n_head * head_dim;
-    for (int w = threadIdx.x; w < n_head * half; w += blockDim.x) {
-        const int h = w / half, i = w - h * half;
-        float* hx = qr + (size_t)h * head_dim;
-        const float c = cs[2 * i], s = cs[2 * i + 1];
-        const int a = neox ? i : 2 * i;
-        const int b = neox ? i + half : 2 * i + 1;
-        const float x0 = hx[a], x1 = hx[b];
-        hx[a] = x0 * c - x1 * s;
-        hx[b] = x0 * s + x1 * c;
-    }
+    rope_table(cs, (float)positions[r], freq_factors, half, theta_scale, freq_scale);
+    rope_rows(q + r * (size_t)n_head * head_dim, n_head, head_dim, half, neox, cs);
     const u32 slot = slots[r];
     const u32 blk = slot / block_size, off = slot - blk * block_size;
     const size_t kvw = (size_t)n_head_kv * head_dim;
@@ -78,14 +74,9 @@ extern "C" __global__ void rope_qk_kv_write_f32(float* __restrict__ q, float* __
     const float* vr = v + r * kvw;
     for (int w = threadIdx.x; w < n_head_kv * half; w += blockDim.x) {
         const int h = w / half, i = w - h * half;
-        float* hx = kr + (size_t)h * head_dim;
-        const float c = cs[2 * i], s = cs[2 * i + 1];
-        const int a = neox ? i : 2 * i;
-        const int b = neox ? i + half : 2 * i + 1;
-        const float x0 = hx[a], x1 = hx[b];
-        const float y0 = x0 * c - x1 * s, y1 = x0 * s + x1 * c;
-        hx[a] = y0;
-        hx[b] = y1;
+        int a, b;
+        float y0, y1;
+        rope_pair(kr + (size_t)h * head_dim, i, half, neox, cs, a, b, y0, y1);
         const size_t base = (((size_t)blk * n_head_kv + h) * block_size + off) * head_dim;
         kc[base + a] = f32_to_f16(y0);
         kc[base + b] = f32_to_f16(y1);

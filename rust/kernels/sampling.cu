@@ -10,6 +10,31 @@ FAK_DEVICE void better(float& bv, u32& bi, float v, u32 i) {
     }
 }
 
+// The warp's best (value, lowest index), in every lane.
+FAK_DEVICE void warp_argmax(float& bv, u32& bi) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
+        better(bv, bi, ov, oi);
+    }
+}
+
+// The block's best (value, lowest index), in every thread (sv, si: 32 entries of shared memory;
+// every thread must call it).
+FAK_DEVICE void block_argmax(float& bv, u32& bi, float* sv, u32* si) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    warp_argmax(bv, bi);
+    if (lane == 0) {
+        sv[wid] = bv;
+        si[wid] = bi;
+    }
+    __syncthreads();
+    bv = lane < nw ? sv[lane] : NEG_INF;
+    bi = lane < nw ? si[lane] : 0xffffffffu;
+    warp_argmax(bv, bi);
+}
+
 // One block (≤ 1024 threads, multiple of 32) per row of n_cols.
 // idx[r] = argmax; when stats != null, stats[r] = (max, log Σ e^(x − max) + max).
 extern "C" __global__ void argmax_f32(const float* __restrict__ x, int n_cols, u32* __restrict__ idx, float2* __restrict__ stats) {
@@ -20,26 +45,7 @@ extern "C" __global__ void argmax_f32(const float* __restrict__ x, int n_cols, u
     float bv = -__int_as_float(0x7f800000);
     u32 bi = 0xffffffffu;
     for (int i = threadIdx.x; i < n_cols; i += blockDim.x) better(bv, bi, row[i], (u32)i);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        better(bv, bi, ov, oi);
-    }
-    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) {
-        sv[wid] = bv;
-        si[wid] = bi;
-    }
-    __syncthreads();
-    bv = lane < nw ? sv[lane] : -__int_as_float(0x7f800000);
-    bi = lane < nw ? si[lane] : 0xffffffffu;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        better(bv, bi, ov, oi);
-    }
+    block_argmax(bv, bi, sv, si);
     if (threadIdx.x == 0) idx[blockIdx.x] = bi == 0xffffffffu ? 0u : bi;
     if (stats) {
         const float m = bv;  // every thread holds the row max now
@@ -80,26 +86,8 @@ extern "C" __global__ void greedy_partial_f32(const float* __restrict__ x, int n
     float bv = NEG_INF;
     u32 bi = 0xffffffffu;
     for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) better(bv, bi, row[i], (u32)i);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        better(bv, bi, ov, oi);
-    }
+    block_argmax(bv, bi, sv, si);
     const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    if (lane == 0) {
-        sv[wid] = bv;
-        si[wid] = bi;
-    }
-    __syncthreads();
-    bv = lane < nw ? sv[lane] : NEG_INF;
-    bi = lane < nw ? si[lane] : 0xffffffffu;
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        better(bv, bi, ov, oi);
-    }
     const float m = bv;  // every thread holds the slice's max now
     double s = 0.0;
     if (m > NEG_INF) {
@@ -126,12 +114,7 @@ extern "C" __global__ void greedy_final_f32(const GreedyPart* __restrict__ part,
     float bv = NEG_INF;
     u32 bi = 0xffffffffu;
     for (int g = lane; g < G; g += 32) better(bv, bi, p[g].m, p[g].i);
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-        const u32 oi = __shfl_xor_sync(0xffffffffu, bi, o);
-        better(bv, bi, ov, oi);
-    }
+    warp_argmax(bv, bi);
     double t = 0.0;
     if (bv > NEG_INF) {
         for (int g = lane; g < G; g += 32)

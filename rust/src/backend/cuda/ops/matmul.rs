@@ -8,6 +8,7 @@
 //! - more rows (prefill, batched decode): the int8 tensor-core GEMM `mmq_<fmt>_q8_n64` on the same
 //!   CPU-faithful 8-bit activations (integer sub-block sums scaled as the CPU), or with
 //!   `FAK_CUDA_MMQ=f16` (and for dense weights) the f16 tensor-core GEMM `mmq_<fmt>_f16_n<64|128>`.
+//!
 //! Bias is added in the kernels' epilogues, and so is the residual add of [`Backend::matmul_add`]
 //! (`accumulate`: out += x·Wᵀ).
 //!
@@ -98,8 +99,17 @@ impl CudaBackend {
             0,
             Args::new().ptr(x.ptr()).ptr(qs0).ptr(ds0).ptr(qsk).ptr(dk).ptr(sk).i32(need as i32),
         )?;
-        x.set_q8(need, need % 256 == 0);
+        x.set_q8(need, need.is_multiple_of(256));
         Ok(())
+    }
+
+    /// The kernels' activation operands `(quants, scales, block sums)` of `x`'s first `need`
+    /// values in the q8_K form (`kform`; block sums of 32) or the q8_0 form (scale and scaled sum
+    /// pairs; no separate sums: 0), quantized first when needed ([`Self::ensure_q8`]).
+    fn q8_operands(&self, x: &CudaBuffer, need: usize, kform: bool) -> Result<(u64, u64, u64)> {
+        self.ensure_q8(x, need, kform)?;
+        let [qs0, ds0, qsk, dk, sk] = x.q8_ptrs();
+        Ok(if kform { (qsk, dk, sk) } else { (qs0, ds0, 0) })
     }
 
     /// One GEMV launch over up to three quantized matrices of the same form and row length,
@@ -108,9 +118,7 @@ impl CudaBackend {
         debug_assert!(!segs.is_empty() && segs.len() <= 3);
         let k = segs[0].0.k();
         let kform = is_kquant(segs[0].0.wtype);
-        self.ensure_q8(x, n_rows * k, kform)?;
-        let [qs0, ds0, qsk, dk, sk] = x.q8_ptrs();
-        let (yq, ya, ys) = if kform { (qsk, dk, sk) } else { (qs0, ds0, 0) };
+        let (yq, ya, ys) = self.q8_operands(x, n_rows * k, kform)?;
         let mut args = Args::new();
         let mut end = 0usize;
         let total: usize = segs.iter().map(|(w, _, _)| w.n_out().div_ceil(gemv_shape_q(k, w.n_out()))).sum();
@@ -174,9 +182,7 @@ impl CudaBackend {
         }
         if !is_dense(w.wtype) && !mmq_f16() {
             let kform = is_kquant(w.wtype);
-            self.ensure_q8(x, n_rows * k, kform)?;
-            let [qs0, ds0, qsk, dk, sk] = x.q8_ptrs();
-            let (yq, ya, ys) = if kform { (qsk, dk, sk) } else { (qs0, ds0, 0) };
+            let (yq, ya, ys) = self.q8_operands(x, n_rows * k, kform)?;
             let name = intern(format!("mmq_{fmt}_q8_n64"));
             return self.launch(
                 "mmq",
@@ -222,8 +228,7 @@ impl CudaBackend {
     /// Several matrices of the same input: one GEMV launch for each run of up to three quantized
     /// matrices of the same activation form and row length (decode), else one op each.
     pub(crate) fn op_matmul_multi(&self, ws: &[(&CudaWeight, Option<&CudaWeight>)], x: &CudaBuffer, n_rows: usize, outs: &mut [&mut CudaBuffer]) -> Result<()> {
-        let fusable = n_rows >= 1
-            && n_rows <= MMVQ_MAX_ROWS
+        let fusable = (1..=MMVQ_MAX_ROWS).contains(&n_rows)
             && ws.iter().all(|(w, _)| !w.is_vector() && !is_dense(w.wtype) && kernel_fmt(w.wtype).is_some())
             && ws.iter().all(|(w, _)| w.k() == ws[0].0.k() && is_kquant(w.wtype) == is_kquant(ws[0].0.wtype));
         if !fusable {

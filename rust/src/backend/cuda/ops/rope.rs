@@ -7,11 +7,16 @@ use super::super::{CudaBackend, CudaBatch, CudaBuffer, CudaKvCache, CudaWeight};
 use crate::backend::{AttnParams, RopeParams, RopeStyle};
 use crate::{FakError, Result};
 
+/// θ_scale = base^(−2/n_rot) in f32, as the CPU backend rounds it; the kernels multiply a pair's
+/// angle by it once per pair.
+fn theta_scale(rope: &RopeParams) -> f32 {
+    rope.freq_base.powf(-2.0 / rope.n_rot as f32)
+}
+
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn op_rope(&self, x: &mut CudaBuffer, batch: &CudaBatch, n_rows: usize, n_heads: usize, head_dim: usize, rope: &RopeParams, freq_factors: Option<&CudaWeight>) -> Result<()> {
         x.written();
-        let theta_scale = rope.freq_base.powf(-2.0 / rope.n_rot as f32);
         let half = rope.n_rot / 2;
         self.launch(
             "rope",
@@ -26,14 +31,12 @@ impl CudaBackend {
                 .i32(n_heads as i32)
                 .i32(head_dim as i32)
                 .i32(rope.n_rot as i32)
-                .f32(theta_scale)
+                .f32(theta_scale(rope))
                 .f32(rope.freq_scale)
                 .i32((rope.style == RopeStyle::Neox) as i32),
         )
     }
-}
 
-impl CudaBackend {
     /// RoPE of q and k and the KV write in one launch (`rope_qk_kv_write_f32`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn op_rope_kv_write(
@@ -50,12 +53,11 @@ impl CudaBackend {
         freq_factors: Option<&CudaWeight>,
     ) -> Result<()> {
         let l = cache.layout;
-        if l.n_head_kv != attn.n_head_kv || l.head_dim != attn.head_dim || rope.n_rot > attn.head_dim || rope.n_rot % 2 != 0 {
+        if l.n_head_kv != attn.n_head_kv || l.head_dim != attn.head_dim || rope.n_rot > attn.head_dim || !rope.n_rot.is_multiple_of(2) {
             return Err(FakError::invalid("rope_kv_write", format!("cache {}×{}, attention {}×{}, n_rot {}", l.n_head_kv, l.head_dim, attn.n_head_kv, attn.head_dim, rope.n_rot)));
         }
         q.written();
         k.written();
-        let theta_scale = rope.freq_base.powf(-2.0 / rope.n_rot as f32);
         let half = rope.n_rot / 2;
         self.launch(
             "rope",
@@ -76,7 +78,7 @@ impl CudaBackend {
                 .i32(attn.n_head_kv as i32)
                 .i32(attn.head_dim as i32)
                 .i32(rope.n_rot as i32)
-                .f32(theta_scale)
+                .f32(theta_scale(rope))
                 .f32(rope.freq_scale)
                 .i32((rope.style == RopeStyle::Neox) as i32)
                 .i32(l.block_size as i32),
