@@ -92,7 +92,8 @@ def cosine(a: np.ndarray, b: np.ndarray) -> float:
 
 def top_margin_shift(a: np.ndarray, b: np.ndarray, k: int = 10) -> float:
     """How much the CPU levels ``a`` and ``b`` disagree on the margins that greedy decoding reads:
-    the largest change, over ``a``'s top ``k`` tokens, of a token's logit minus the top logit."""
+    the largest change, over ``a``'s top ``k`` tokens, of a token's logit minus the top logit.
+    ``a``, ``b``: next-token logits, [n_vocab] float32; returns logits (float)."""
     a, b = a.astype(np.float64), b.astype(np.float64)
     top = np.argsort(a)[-k:]
     return float(np.abs((a[top] - a[top[-1]]) - (b[top] - b[top[-1]])).max())
@@ -101,7 +102,12 @@ def top_margin_shift(a: np.ndarray, b: np.ndarray, k: int = 10) -> float:
 def noise_from_levels(levels: dict[str, dict[str, np.ndarray]]) -> dict:
     """The CPU backend's own disagreement between SIMD levels (same integer sums, different f32
     order): per prompt the largest 1 − cosine of next-token logits between two levels, the largest
-    top-10 margin shift over all prompts, and the prompts whose greedy continuations differ."""
+    top-10 margin shift over all prompts, and the prompts whose greedy continuations differ.
+
+    ``levels``: level name → ``{"logits/<prompt>": float32 [n_vocab], "tokens/<prompt>": int32
+    [32]}`` (the files of ``scripts/cuda_e2e_reference.py``). Returns a JSON-able dict:
+    ``levels`` (names), ``spread`` (prompt → 1 − cosine), ``margin_shift`` (logits),
+    ``greedy_differ`` (prompt names)."""
     names = list(levels)
     pairs = [(x, y) for i, x in enumerate(names) for y in names[i + 1:]]
     first = levels[names[0]]
