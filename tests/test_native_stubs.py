@@ -8,12 +8,12 @@ Once a binding lands it is checked in full, with no edit needed here.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import fak._native
+from fak_subprocess import fak_env
 
 REPO = Path(__file__).resolve().parents[1]
 PENDING = REPO / "tests" / "data" / "native_stubtest_allowlist.txt"
@@ -29,7 +29,11 @@ def _allowlist() -> list[str]:
 def test_stubtest(tmp_path: Path) -> None:
     allow = tmp_path / "allowlist.txt"
     allow.write_text("\n".join(_allowlist()) + "\n")
-    env = dict(os.environ, PYTHONPATH=str(REPO / "python"), MYPYPATH=str(REPO / "python"))
+    # mypy finds the stub (.pyi) where the package is: the checkout's python/ or the installed copy
+    env = fak_env()
+    env.pop("MYPYPATH", None)
+    if "PYTHONPATH" in env:
+        env["MYPYPATH"] = env["PYTHONPATH"]
     result = subprocess.run(
         [sys.executable, "-m", "mypy.stubtest", "fak._native", "--allowlist", str(allow)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=300)

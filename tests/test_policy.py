@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 import fak
+from fak_subprocess import fak_env
 from fak.policy import (AuditLog, Policy, PolicyError, Verdict, arguments_digest, check_file,
                         check_main)
 
@@ -143,7 +144,7 @@ def test_check_main_prints_ok_or_errors(tmp_path: Path, capsys: pytest.CaptureFi
 
 
 def test_check_module_entry_point(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
+    env = fak_env()
     ok = subprocess.run([sys.executable, "-m", "fak.policy.check", str(EXAMPLE)],
                         capture_output=True, text=True, env=env)
     assert (ok.returncode, ok.stdout) == (0, "OK\n")

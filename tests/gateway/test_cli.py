@@ -7,7 +7,6 @@ Each server test runs ``python -m fak.cli serve ...`` on a free loopback port, w
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -23,6 +22,7 @@ import pytest
 from click.testing import CliRunner
 from fak.cli import main
 from fak.gateway import BackgroundServer
+from fak_subprocess import fak_env
 from gateway_fakes import FakeUpstream, UpstreamReply
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ def free_port() -> int:
 def fak_serve(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> Iterator[str]:
     """Run ``fak serve ARGS --addr 127.0.0.1:PORT``; yield its base URL (``.../v1``)."""
     port = free_port()
-    env = {**os.environ, "PYTHONPATH": str(REPO / "python") + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env = fak_env()
     proc = subprocess.Popen([sys.executable, "-m", "fak.cli", "serve", *args, "--addr", f"127.0.0.1:{port}",
                              "--log-level", "warning"], env=env, cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
+from fak_subprocess import fak_env
 from tiny import GOLD, run_fak
 
 
@@ -153,11 +153,10 @@ def test_harness_mode_runs_official_command_and_reads_its_report(tiny, tmp_path,
                                   "model_patch": v} for k, v in GOLD.items()]))
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     out = tmp_path / "ev"
-    env_py = f"{tmp_path / 'fake'}:{Path(__file__).resolve().parents[2] / 'python'}"
     proc = subprocess.run([sys.executable, "-m", "fak.cli", "swebench", "eval", "--predictions",
                            str(preds), "--dataset", str(tiny["dataset"]), "--run-id", "r7",
                            "--workers", "2", "--output", str(out)], capture_output=True, text=True,
-                          env={**os.environ, "PYTHONPATH": env_py}, timeout=120)
+                          env=fak_env(tmp_path / "fake"), timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "resolved 1/2" in proc.stdout
     recorded = json.loads((out / "argv.json").read_text())

@@ -8,7 +8,6 @@ To add a case: script the turns per instance id (``tiny.py`` has canned fixes), 
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from tiny import (
 )
 
 from fak.agent.protocols import canonical_digest
+from fak_subprocess import fak_env
 
 
 def _run_args(tiny, server, out, *extra):
@@ -167,7 +167,7 @@ def test_ctrl_c_stops_cleanly_and_keeps_finished(tiny, scripted, tmp_path, sig):
     slow = [{"tool_calls": [{"name": "list", "arguments": {}}], "delay_s": 0.5}] * 200
     server = scripted({"fak-test__calc-1": tools_script_fix_add(), "fak-test__calc-2": slow})
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2] / "python"))
+    env = fak_env()
     proc = subprocess.Popen([sys.executable, "-m", "fak.cli",
                              *_run_args(tiny, server, out, "--workers", "2", "--max-steps", "500")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,

@@ -141,10 +141,8 @@ def text_script_fix_add() -> list[dict]:
 
 
 def run_fak(*args: str, **kw) -> subprocess.CompletedProcess:
-    """``python -m fak.cli ARGS`` with this checkout on PYTHONPATH."""
-    import os
+    """``python -m fak.cli ARGS`` with the interpreter and ``fak`` package pytest runs."""
+    from fak_subprocess import fak_env
 
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "python")
     return subprocess.run([sys.executable, "-m", "fak.cli", *args], capture_output=True, text=True,
-                          env=env, **kw)
+                          env=fak_env(), **kw)

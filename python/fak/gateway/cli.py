@@ -7,6 +7,7 @@ file (prints ``OK`` or each error, exits 0/1). See ``docs/gateway.md``.
 
 from __future__ import annotations
 
+import errno
 import logging
 import sys
 from pathlib import Path
@@ -95,12 +96,18 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
 
     from fak.gateway.app import GatewayConfig, create_app
     from fak.gateway.proxy import Upstream
-    from fak.gateway.server import parse_addr, serve_forever
+    from fak.gateway.server import bind, parse_addr, serve_forever
 
     try:
-        parse_addr(addr)
+        host, port = parse_addr(addr)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="--addr") from None
+    try:  # bound before the model loads: a busy port fails at once, and nothing says "serving" before
+        sock = bind(host, port)
+    except OSError as exc:
+        raise click.ClickException(f"cannot listen on {addr}: {exc.strerror or exc}"
+                                   + (" (another server is using that port; pick another with --addr)"
+                                      if exc.errno == errno.EADDRINUSE else "")) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     policy, audit = _load_policy(policy_path, audit_path)
     config = GatewayConfig(model_name=model_name, api_key=api_key, max_concurrency=max_concurrency,
@@ -118,7 +125,7 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
     click.echo(f"fak serve: {what} on http://{addr}/v1"
                + (f", policy {policy_path}" if policy_path else ", no policy"), err=True)
     try:
-        serve_forever(app, addr, log_level=log_level)
+        serve_forever(app, addr, log_level=log_level, sock=sock)
     finally:
         if engine is not None:
             engine.close()

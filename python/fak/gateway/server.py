@@ -54,10 +54,12 @@ def _config(app: Any, log_level: str, access_log: bool) -> uvicorn.Config:
                           timeout_keep_alive=30, timeout_graceful_shutdown=5, backlog=2048)
 
 
-def serve_forever(app: Any, addr: str, *, log_level: str = "info", access_log: bool = True) -> None:
-    """Serve ``app`` on ``addr`` until interrupted (SIGINT/SIGTERM handled by uvicorn)."""
-    host, port = parse_addr(addr)
-    sock = bind(host, port)
+def serve_forever(app: Any, addr: str, *, log_level: str = "info", access_log: bool = True,
+                  sock: socket.socket | None = None) -> None:
+    """Serve ``app`` on ``addr`` (or on the already bound ``sock``) until interrupted
+    (SIGINT/SIGTERM handled by uvicorn). Raises ``OSError`` when ``addr`` cannot be bound."""
+    if sock is None:
+        sock = bind(*parse_addr(addr))
     uvicorn.Server(_config(app, log_level, access_log)).run(sockets=[sock])
 
 

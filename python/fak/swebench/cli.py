@@ -110,6 +110,8 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
                                "give them to the running server instead.")
     if tool_choice is not None and protocol != "tools":
         raise click.UsageError("--tool-choice applies to --protocol tools only.")
+    if task_env or specs:
+        require_swebench("--task-env" if task_env else "--specs")
     server = None
     if gguf is not None:
         from fak.swebench.serve import GatewayStartError, ManagedGateway
@@ -134,10 +136,20 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
                    task_env, envs_dir, specs)
     finally:
         if server is not None:
-            code = server.stop()
+            server.stop()
             _record_server_exit(output, server.info())
-            click.echo(f"fak serve stopped (exit status {code}); policy audit log {server.audit_path}",
+            click.echo(f"fak serve {server.exit_description()}; policy audit log {server.audit_path}",
                        err=True)
+
+
+def require_swebench(what: str) -> None:
+    """Stop with a one-line error when the ``swebench`` package (the ``swebench`` extra) is
+    missing: ``what`` names the option or command that needs it."""
+    try:
+        import swebench  # noqa: F401
+    except ImportError:
+        raise click.ClickException(f"{what} needs the swebench package (the harness specs and log "
+                                   "parsers): pip install 'fak[swebench]'") from None
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -205,11 +217,16 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
     except KeyboardInterrupt:
         click.echo(f"interrupted; finished results kept in {output}", err=True)
         sys.exit(130)
+    for inst in summary["instances"]:
+        if inst["exit_reason"] in ("setup_error", "error") and inst.get("message"):
+            click.echo(f"{inst['instance_id']}: {inst['exit_reason']} ({inst['message']})", err=True)
     t = summary["totals"]
+    preds = output / "predictions.json"
+    where = f" → {preds}" if preds.is_file() else " · no predictions written"
     click.echo(f"{summary['n_finished']}/{summary['n_run']} finished "
                f"({summary['n_skipped_finished']} skipped) · exit reasons {summary['exit_reasons']} · "
                f"steps {t['steps']} · tokens {t['prompt_tokens']}+{t['completion_tokens']} · "
-               f"denied {t['denied']} · {summary['wall_s']:.1f} s → {output / 'predictions.json'}")
+               f"denied {t['denied']} · {summary['wall_s']:.1f} s{where}")
     if summary["n_run"] and not summary["n_finished"]:
         sys.exit(1)  # nothing could run (repositories missing, gateway down): say so to scripts
 
@@ -247,6 +264,7 @@ def eval_cmd(predictions: Path, dataset: str | None, run_id: str, workers: int, 
     from fak.swebench.envs import register_specs
     from fak.swebench.local import LocalGrader
 
+    require_swebench("fak swebench eval --local")
     if not unsafe_network and (err := check_network_isolation()) is not None:
         raise click.ClickException(f"task tests must run without network, but `unshare -n` fails: "
                                    f"{err}; pass --unsafe-network to run them anyway")
@@ -262,6 +280,17 @@ def eval_cmd(predictions: Path, dataset: str | None, run_id: str, workers: int, 
     report = grader.run(load_predictions(predictions))
     for iid, d in report["instances"].items():
         click.echo(f"{iid}: {d['status']}" + (f" ({d['error']})" if d.get("error") else ""))
+    if report["unknown_ids"]:
+        click.echo(f"not in the dataset, not graded: {', '.join(report['unknown_ids'])}", err=True)
+    n_run = len(report["instances"])
+    graded = report["resolved_instances"] + report["unresolved_instances"]
     click.echo(f"resolved {report['resolved_instances']}/{report['submitted_instances']} submitted "
-               f"(total {report['total_instances']}, errors {report['error_instances']}, empty "
+               f"({graded} graded of {n_run} run; errors {report['error_instances']}, empty "
                f"{report['empty_patch_instances']}) [local grading] → {output / 'report.json'}")
+    # a patch that does not apply is graded (not resolved); an instance that could not be run is not
+    n_err = sum(1 for d in report["instances"].values() if d["status"] == "error")
+    if n_err:
+        click.echo(f"fak swebench eval: {n_err} of {n_run} could not be graded "
+                   "(see the lines above and each instance's log under "
+                   f"{output / 'logs'})", err=True)
+        sys.exit(1)

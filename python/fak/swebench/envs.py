@@ -8,8 +8,8 @@ do not carry, so 4.1.0 is pinned (pyproject extra ``swebench``).
 
 What the official harness does in its conda images, and what is done here instead:
 
-- ``conda create python=X.Y`` → ``python -m venv`` with the pyenv interpreter
-  ``~/.pyenv/versions/X.Y.*`` (``$FAK_PYENV_ROOT`` to move it).
+- ``conda create python=X.Y`` → ``python -m venv`` with an interpreter of that version found on
+  this machine (``find_python``: pyenv, uv, conda, then ``pythonX.Y`` on ``PATH``).
 - ``packages`` as conda packages (``"pytest"``, ``"mpmath flake8"``, ...) → ``pip install`` of the
   same names (``name=1.2`` → ``name==1.2.*``; a few renames, ``CONDA_TO_PIP``; conda-only build
   tools are dropped, ``CONDA_ONLY``).
@@ -44,7 +44,6 @@ from typing import Any
 from fak.swebench.repos import read_file_at
 
 DEFAULT_ENVS = Path(os.environ.get("FAK_SWEBENCH_ENVS", Path.home() / ".cache" / "fak" / "swebench-envs"))
-PYENV_ROOT = Path(os.environ.get("FAK_PYENV_ROOT", Path.home() / ".pyenv"))
 
 CONDA_TO_PIP = {"pytorch": "torch", "pyqt": "PyQt5", "pytables": "tables",
                 "matplotlib-base": "matplotlib", "msgpack-python": "msgpack",
@@ -102,21 +101,78 @@ def get_spec(repo: str, version: str) -> dict[str, Any]:
                        "4.1.0; register one with --specs FILE") from None
 
 
+def _version_of(name: str, version: str) -> tuple[int, ...] | None:
+    """``(3, 9, 18)`` when the folder name ``name`` is a CPython ``version`` (``3.9``) release
+    (``3.9``, ``3.9.18``, ``cpython-3.9.18-linux-x86_64-gnu``), else ``None``."""
+    m = re.match(r"^(?:cpython-)?(\d+)\.(\d+)(?:\.(\d+))?(?:$|-)", name)
+    if not m or f"{m.group(1)}.{m.group(2)}" != version:
+        return None
+    return tuple(int(g) for g in m.groups() if g is not None)
+
+
+def _conda_roots() -> list[Path]:
+    roots = [Path(p) for p in (os.environ.get("CONDA_PREFIX"), os.environ.get("CONDA_ROOT")) if p]
+    home = Path.home()
+    roots += [home / d for d in ("miniconda3", "anaconda3", "miniforge3", "mambaforge")]
+    roots.append(Path("/opt/conda"))
+    return roots
+
+
+def python_search_places(version: str) -> list[tuple[str, list[Path]]]:
+    """Where ``find_python`` looks for CPython ``version`` (``"3.9"``), in order: ``(label,
+    candidate interpreters)``. The order: pyenv (``$FAK_PYENV_ROOT``, else ``$PYENV_ROOT``, else
+    ``~/.pyenv``: ``versions/X.Y.*``), uv's managed Pythons (``$UV_PYTHON_INSTALL_DIR``, else
+    ``~/.local/share/uv/python``: ``cpython-X.Y.*``), conda (``$CONDA_PREFIX``, ``~/miniconda3``,
+    ``~/anaconda3``, ``~/miniforge3``, ``~/mambaforge``, ``/opt/conda``: the base and every
+    ``envs/*`` holding ``bin/pythonX.Y``), then ``pythonX.Y`` on ``PATH``. Within a place the
+    newest patch release comes first."""
+    places: list[tuple[str, list[Path]]] = []
+
+    def newest(root: Path, exe: str) -> list[Path]:
+        found = []
+        if root.is_dir():
+            for d in root.iterdir():
+                v = _version_of(d.name, version)
+                if v is not None and (d / "bin" / exe).exists():
+                    found.append((v, d / "bin" / exe))
+        return [p for _, p in sorted(found, reverse=True)]
+
+    pyenv = Path(os.environ.get("FAK_PYENV_ROOT") or os.environ.get("PYENV_ROOT")
+                 or Path.home() / ".pyenv")
+    places.append((f"pyenv {pyenv / 'versions'}", newest(pyenv / "versions", "python")))
+    uv = Path(os.environ.get("UV_PYTHON_INSTALL_DIR")
+              or Path.home() / ".local" / "share" / "uv" / "python")
+    places.append((f"uv {uv}", newest(uv, f"python{version}")))
+    conda: list[Path] = []
+    roots = _conda_roots()
+    for root in roots:
+        for env in [root, *(sorted((root / "envs").iterdir()) if (root / "envs").is_dir() else [])]:
+            exe = env / "bin" / f"python{version}"
+            if exe.exists() and exe not in conda:
+                conda.append(exe)
+    places.append((f"conda {', '.join(str(r) for r in roots)}", conda))
+    on_path = shutil.which(f"python{version}")
+    places.append((f"PATH (python{version})", [Path(on_path)] if on_path else []))
+    return places
+
+
 def find_python(version: str) -> Path:
-    """The newest pyenv interpreter ``X.Y.*`` for ``version`` (``"3.9"``). Raises ``EnvError``."""
-    versions = PYENV_ROOT / "versions"
-    cands = []
-    if versions.is_dir():
-        for d in versions.iterdir():
-            parts = d.name.split(".")
-            if d.name == version or (len(parts) >= 3 and ".".join(parts[:2]) == version
-                                     and all(p.isdigit() for p in parts)):
-                if (d / "bin" / "python").exists():
-                    cands.append((tuple(int(p) for p in parts if p.isdigit()), d))
-    if not cands:
-        raise EnvError(f"no Python {version} under {versions}; install it with "
-                       f"`pyenv install {version}`")
-    return max(cands)[1] / "bin" / "python"
+    """A CPython ``version`` (``"3.9"``) interpreter: the first of ``python_search_places``.
+
+    Raises ``EnvError`` naming each place looked and the one command that installs it (``pyenv
+    install``, ``uv python install``, or installing uv first)."""
+    places = python_search_places(version)
+    for _label, found in places:
+        if found:
+            return found[0]
+    if shutil.which("pyenv"):
+        fix = f"pyenv install {version}"
+    elif shutil.which("uv"):
+        fix = f"uv python install {version}"
+    else:
+        fix = f"pip install uv && uv python install {version}"
+    looked = "; ".join(label for label, _ in places)
+    raise EnvError(f"no Python {version} found (looked in: {looked}); install it with `{fix}`")
 
 
 def conda_to_pip(spec: str) -> str | None:

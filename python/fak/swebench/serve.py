@@ -94,6 +94,7 @@ class ManagedGateway:
     addr: str = ""
     model: str = ""
     returncode: int | None = None
+    stopped_by: str | None = None  # "sigterm" | "sigkill" once stop() signalled it
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
 
     @property
@@ -135,7 +136,8 @@ class ManagedGateway:
                 "gguf": str(self.gguf), "backend": self.backend, "n_ctx": self.n_ctx,
                 "kv_cache_tokens": self.kv_cache_tokens, "policy": str(self.policy_path),
                 "audit_log": str(self.audit_path), "serve_log": str(self.log_path),
-                "returncode": self.returncode}
+                "returncode": self.returncode,
+                "ended": self.exit_description() if self.returncode is not None else None}
 
     def start(self) -> ManagedGateway:
         """Start the server and wait for it to be ready (see the class docstring)."""
@@ -190,6 +192,7 @@ class ManagedGateway:
         if proc is None:
             return self.returncode
         if proc.poll() is None:
+            self.stopped_by = "sigterm"
             try:
                 os.killpg(proc.pid, signal.SIGTERM)
             except ProcessLookupError:
@@ -197,6 +200,7 @@ class ManagedGateway:
             try:
                 proc.wait(timeout=self.stop_timeout_s)
             except subprocess.TimeoutExpired:
+                self.stopped_by = "sigkill"
                 try:
                     os.killpg(proc.pid, signal.SIGKILL)
                 except ProcessLookupError:
@@ -204,6 +208,19 @@ class ManagedGateway:
                 proc.wait()
         self.returncode = proc.returncode
         return self.returncode
+
+    def exit_description(self) -> str:
+        """How the server ended, in words: ``"stopped"`` (it ended on the SIGTERM of ``stop``;
+        uvicorn re-raises the signal, so its status is 0 or -15), ``"killed after N s"`` (it
+        ignored SIGTERM), or ``"had exited by itself with status N"`` before ``stop``."""
+        code = self.returncode
+        if self.stopped_by == "sigterm" and code in (0, -signal.SIGTERM):
+            return "stopped"
+        if self.stopped_by == "sigkill":
+            return f"killed after {self.stop_timeout_s:g} s (it did not stop on SIGTERM)"
+        if self.stopped_by is None:
+            return f"had exited by itself with status {code}"
+        return f"stopped with exit status {code}"
 
     def __enter__(self) -> ManagedGateway:
         return self.start()
