@@ -14,7 +14,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fak.sandbox import probe  # noqa: E402
+from fak.sandbox import probe
 
 SECRET = "fak-canary-secret-5f3c1a9e"
 

@@ -14,8 +14,8 @@ See ``docs/sandbox.md``.
 """
 
 from fak.sandbox.config import GiB, Limits, MiB
-from fak.sandbox.errors import SandboxError, SandboxUnavailable
 from fak.sandbox.detect import SandboxInfo, probe
+from fak.sandbox.errors import SandboxError, SandboxUnavailable
 from fak.sandbox.run import KILL_REASONS, Sandbox, SandboxResult, run_on_host
 from fak.sandbox.venv import venv_paths
 

@@ -176,9 +176,8 @@ def setup(cfg):
         elif m["kind"] in ("ro", "rw"):
             ensure_mountpoint(dest, is_dir=os.path.isdir(f"/proc/self/fd/{fds[m['dest']]}"))
             bind(fds[m["dest"]], dest, readonly=m["kind"] == "ro")
-        elif m["kind"] == "mask":
-            if os.path.isfile(dest):
-                bind("/dev/null", dest, readonly=True)
+        elif m["kind"] == "mask" and os.path.isfile(dest):
+            bind("/dev/null", dest, readonly=True)
     for fd in [*fds.values(), root_fd]:
         os.close(fd)
     os.chdir(r)

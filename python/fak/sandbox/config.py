@@ -200,9 +200,9 @@ def visible(path: str, mounts: Sequence[Mount]) -> bool:
     p = os.path.normpath(path)
     best: Mount | None = None
     for m in mounts:
-        if p == m.dest or p.startswith(m.dest.rstrip("/") + "/"):
-            if best is None or _depth(m.dest) >= _depth(best.dest):
-                best = m
+        inside = p == m.dest or p.startswith(m.dest.rstrip("/") + "/")
+        if inside and (best is None or _depth(m.dest) >= _depth(best.dest)):
+            best = m
     return best is None or best.kind != "tmpfs" or best.dest == p
 
 

@@ -104,10 +104,11 @@ def probe(refresh: bool = False) -> SandboxInfo:
         order = [forced] if forced in METHODS else list(METHODS)
         method = next((m for m in order if methods.get(m) is None), None)
         version = bwrap_version()
-        if method is None:
+        if forced and forced not in METHODS:
+            method = None
+            detail = f"FAK_SANDBOX_METHOD={forced!r} is not one of {', '.join(METHODS)}"
+        elif method is None:
             detail = "; ".join(f"{m}: {methods[m]}" for m in order)
-            if forced and forced not in METHODS:
-                detail = f"FAK_SANDBOX_METHOD={forced!r} is not one of {', '.join(METHODS)}"
         elif method == "bwrap":
             detail = f"bubblewrap ({version or 'bwrap'}), namespaces user+mount+pid+net+ipc+uts"
         else:

@@ -24,9 +24,9 @@ from pathlib import Path
 from fak.sandbox.bwrap import bwrap_argv
 from fak.sandbox.cgroup import PidsCgroup, find_base
 from fak.sandbox.config import Limits, build_env, filter_path, host_home, plan_mounts
+from fak.sandbox.detect import probe
 from fak.sandbox.errors import SandboxError, SandboxUnavailable
 from fak.sandbox.launch import launcher_argv
-from fak.sandbox.detect import probe
 from fak.sandbox.unshare import unshare_argv
 
 KILL_REASONS = ("timeout", "process limit", "memory limit", "cpu limit", "file size limit",
@@ -101,9 +101,12 @@ class Sandbox:
         if net_setup and net != "none":
             raise ValueError("net_setup needs net='none' (it prepares the sandbox's own network)")
         info = probe()
-        method = method or os.environ.get("FAK_SANDBOX_METHOD") or info.method
-        if method not in ("bwrap", "unshare"):
-            raise SandboxUnavailable(f"no sandbox can be made here: {info.detail}")
+        if method is None:
+            if not info.ok:
+                raise SandboxUnavailable(f"no sandbox can be made here: {info.detail}")
+            method = info.method
+        elif method not in ("bwrap", "unshare"):
+            raise ValueError(f"method must be 'bwrap' or 'unshare', not {method!r}")
         err = info.methods.get(method)
         if err is not None:
             raise SandboxUnavailable(f"the {method} sandbox does not work here: {err}")
