@@ -62,3 +62,14 @@ def test_probe_json():
     assert info["ok"] and info["method"] == "bwrap" and info["bwrap_version"].startswith("bubblewrap")
     assert info["methods"] == {"bwrap": None, "unshare": None}
     assert "pids" in info["limits"]["processes"]
+
+
+def test_doctor_reports_the_sandbox():
+    p = _fak("doctor", "--no-kernels", "--json")
+    assert p.returncode == 0, p.stderr
+    sb = json.loads(p.stdout)["sandbox"]
+    assert sb["ok"] and sb["method"] == "bwrap" and sb["bwrap_version"]
+    assert set(sb["limits"]) >= {"processes", "cpu", "address_space", "file_size", "open_files",
+                                 "output"}
+    p = _fak("doctor", "--no-kernels", env={"FAK_SANDBOX_METHOD": "none-such"})
+    assert "Sandbox: NOT AVAILABLE" in p.stdout
