@@ -397,6 +397,8 @@ class ToolBox:
                                   timeout_s=self.exec_timeout_s, limits=Limits(output_bytes=4 * MiB))
         except SandboxError as e:
             raise ToolError(f"the sandbox failed to start the command: {e}") from None
+        except (ValueError, UnicodeError) as e:  # a NUL byte, a lone surrogate: not runnable
+            raise ToolError(f"the command cannot be run: {e}") from None
         text = truncate_middle(res.output, self.max_output_chars)
         extra = {"timed_out": res.killed == "timeout", "killed": res.killed}
         if res.note:
