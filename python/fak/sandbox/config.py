@@ -154,7 +154,7 @@ def plan_mounts(workspace: Path, *, writable: Sequence[Path] = (), readable: Seq
     if os.path.isdir("/var/run") and not os.path.islink("/var/run"):
         hidden.add("/var/run")
     hidden.discard("/")
-    for d in sorted(hidden):
+    for d in sorted(h for h in hidden if h in ("/tmp", "/dev/shm") or os.path.isdir(h)):
         items.append(("tmpfs", Mount("tmpfs", d, size=size, mode=0o1777 if d in (
             "/tmp", "/dev/shm") else 0o755)))
     homes = [home] + ([Path("/root")] if euid == 0 else [])
