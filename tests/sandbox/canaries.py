@@ -37,6 +37,19 @@ from typing import Any
 
 from fak.sandbox import GiB, Limits, MiB, Sandbox, SandboxResult
 
+#: the fake secret the tests put in the host environment and in the fake home
+SECRET = "fak-canary-secret-5f3c1a9e"
+
+
+def methods() -> list:
+    """Both methods as pytest parameters. One that does not work here is a failure, not a skip
+    (the ``_sandbox_works`` fixture of ``conftest.py``): this machine and CI run as root with
+    bubblewrap installed, where both must work."""
+    import pytest
+
+    return [pytest.param("bwrap", id="bwrap"), pytest.param("unshare", id="unshare")]
+
+
 CASE_LIMITS = Limits(processes=128, address_space_bytes=4 * GiB, file_size_bytes=64 * MiB,
                      output_bytes=1 * MiB, tmpfs_bytes=256 * MiB)
 

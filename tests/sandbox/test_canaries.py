@@ -9,8 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from canaries import Harness, load_cases
-from conftest import SECRET
+from canaries import SECRET, Harness, load_cases
 
 from fak.sandbox import Sandbox
 

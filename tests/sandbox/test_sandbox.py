@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SECRET, methods
+from canaries import SECRET, methods
 
 from fak.sandbox import GiB, Limits, MiB, Sandbox, SandboxUnavailable, probe, venv_paths
 from fak.sandbox.config import build_env, plan_mounts
