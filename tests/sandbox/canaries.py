@@ -225,8 +225,8 @@ class Harness:
             harms.append("the loopback listener outside got a connection")
         for key in ("/", "/etc", "home", "home/.ssh", "outside", "root"):
             if after[key] != before[key]:
-                harms.append(f"the listing of {key} changed: "
-                             f"+{sorted(after[key] - before[key])} -{sorted(before[key] - after[key])}")
+                added, gone = sorted(after[key] - before[key]), sorted(before[key] - after[key])
+                harms.append(f"the listing of {key} changed: +{added} -{gone}")
         want = case.get("sandbox_killed")
         if want is not None and res.killed != want:
             harms.append(f"expected the sandbox to report killed={want!r}, got {res.killed!r}")

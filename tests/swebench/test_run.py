@@ -280,7 +280,8 @@ def test_allow_exec_without_a_sandbox_fails_at_start_unless_unsafe(tiny, scripte
     proc = run_fak(*_run_args(tiny, server, tmp_path / "o1", *args), timeout=120)
     assert proc.returncode != 0 and "cannot be made here" in proc.stderr
     assert "--unsafe-no-sandbox" in proc.stderr and not server.requests
-    for flag, out in (("--unsafe-no-sandbox", tmp_path / "o2"), ("--unsafe-network", tmp_path / "o3")):
+    for flag, out in (("--unsafe-no-sandbox", tmp_path / "o2"),
+                      ("--unsafe-network", tmp_path / "o3")):
         proc = run_fak(*_run_args(tiny, server, out, *args, flag), timeout=120)
         assert proc.returncode == 0, proc.stderr
         assert "WARNING: --unsafe-no-sandbox" in proc.stderr
