@@ -18,6 +18,7 @@ def main() -> None:
 from fak.cli_generate import chat, generate  # noqa: E402
 from fak.doctor import doctor  # noqa: E402
 from fak.gateway.cli import serve  # noqa: E402
+from fak.sandbox.cli import sandbox  # noqa: E402
 from fak.swebench.cli import swebench  # noqa: E402 - sub-commands register after the group
 
 main.add_command(generate)
@@ -27,6 +28,7 @@ main.add_command(synth_command)
 main.add_command(swebench)
 main.add_command(doctor)
 main.add_command(serve)
+main.add_command(sandbox)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -6,7 +6,7 @@ and the file system.
 
 from __future__ import annotations
 
-import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -148,12 +148,7 @@ def test_truncate_middle():
     assert truncate_middle("short", 20) == "short"
 
 
-needs_netns = pytest.mark.skipif(check_network_isolation() is not None,
-                                 reason="unshare -n not permitted here")
-
-
-@needs_netns
-def test_bash_runs_in_workspace_without_network(repo):
+def test_bash_runs_in_the_sandbox_without_network(repo):
     ws, _ = repo
     tb = ToolBox(ws, allow_exec=True)
     r = tb.execute("bash", {"command": "pwd; ip -o link show | cut -d: -f2"})
@@ -166,30 +161,42 @@ def test_bash_runs_in_workspace_without_network(repo):
     assert r.output.strip() == "lo-ok"  # loopback is up
     r = tb.execute("bash", {"command": "exit 3"})
     assert not r.ok and r.returncode == 3
+    r = tb.execute("bash", {"command": "echo new > made.txt; (echo x >> .git/config) 2>&1; "
+                                       "(touch /fak-bash-tool) 2>&1"})
+    assert (ws.root / "made.txt").read_text() == "new\n"  # the workspace is writable
+    assert r.output.count("Read-only file system") == 2  # its .git and / are not
+    assert not Path("/fak-bash-tool").exists()
 
 
-@needs_netns
 def test_bash_timeout_and_output_bound(repo):
     ws, _ = repo
     tb = ToolBox(ws, allow_exec=True, exec_timeout_s=1, max_output_chars=1000)
     r = tb.execute("bash", {"command": "echo start; sleep 30"})
-    assert not r.ok and r.extra["timed_out"] and "killed after 1 s" in r.output
+    assert not r.ok and r.extra["timed_out"] and r.extra["killed"] == "timeout"
+    assert r.output.endswith("[killed: timeout after 1 s]") and r.output.startswith("start")
     assert r.duration_s < 10
     r = tb.execute("bash", {"command": "seq 1 100000"})
     assert len(r.output) < 1200 and r.output.startswith("1\n2\n") and r.output.endswith("100000\n")
     assert "characters cut" in r.output
 
 
-def test_bash_refuses_to_run_with_network_when_unshare_fails(repo, monkeypatch):
+def test_bash_refuses_to_run_without_the_sandbox(repo, monkeypatch):
+    from fak.sandbox import SandboxUnavailable
+    from fak.sandbox.detect import SandboxInfo
+
     ws, _ = repo
-    monkeypatch.setattr("fak.agent.tools.check_network_isolation", lambda: "Operation not permitted")
-    with pytest.raises(SandboxError, match="--unsafe-network"):
+    broken = SandboxInfo(ok=False, method=None, detail="bwrap: not installed; unshare: EPERM",
+                         methods={"bwrap": "not installed", "unshare": "EPERM"})
+    monkeypatch.setattr("fak.sandbox.run.probe", lambda: broken)
+    with pytest.raises(SandboxUnavailable, match="--unsafe-no-sandbox") as exc:
         ToolBox(ws, allow_exec=True)
-    tb = ToolBox(ws, allow_exec=True, unsafe_network=True)  # explicit opt-out works
+    assert isinstance(exc.value, SandboxError) and "bwrap: not installed" in str(exc.value)
+    tb = ToolBox(ws, allow_exec=True, unsafe_no_sandbox=True)  # the explicit opt-out works
     assert tb.execute("bash", {"command": "echo hi"}).output.strip() == "hi"
+    assert ToolBox(ws, allow_exec=True, unsafe_network=True).unsafe_no_sandbox  # old name
 
 
-def test_unshare_works_here():
-    """This machine (and CI) runs as root: `unshare -n` must work, or bash would be unusable."""
+def test_sandbox_works_here():
+    """This machine (and CI) runs as root with bubblewrap: the sandbox must work, or bash would
+    be unusable."""
     assert check_network_isolation() is None
-    assert subprocess.run(["unshare", "-n", "true"]).returncode == 0

@@ -103,6 +103,7 @@ def test_local_tests_run_without_network(tiny, tmp_path, envs):
     assert proc.returncode == 0, proc.stderr
     report = json.loads((tmp_path / "eval" / "report.json").read_text())
     assert report["resolved_ids"] == ["fak-test__calc-net"], report["instances"]
+    assert report["sandbox"]["method"] in ("bwrap", "unshare")  # the tests ran in fak's sandbox
 
 
 def test_harness_mode_without_docker_prints_command(tiny, tmp_path, monkeypatch):

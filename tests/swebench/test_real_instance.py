@@ -63,6 +63,7 @@ def test_real_instance_gold_resolves_and_noop_does_not(iid, tmp_path):
     report = json.loads((out / "report.json").read_text())
     detail = report["instances"][iid]
     assert report["resolved_ids"] == [iid], detail
+    assert report["sandbox"]["method"] in ("bwrap", "unshare")  # installs and tests sandboxed
     ts = detail["tests_status"]
     assert len(ts["FAIL_TO_PASS"]["success"]) == meta["n_F2P"]
     assert len(ts["PASS_TO_PASS"]["success"]) == meta["n_P2P"]

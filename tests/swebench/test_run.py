@@ -113,6 +113,8 @@ def test_fleet_text_protocol(tiny, scripted, tmp_path):
     assert traj["protocol"] == "text"
     assert traj["steps"][2]["actions"][0]["output"] == "5\n"
     assert all(r["headers"]["x-fak-text-tools"] == "bash" for r in server.requests)
+    sandbox = json.loads((out / "summary.json").read_text())["sandbox"]
+    assert sandbox["method"] in ("bwrap", "unshare") and not sandbox["unsafe_no_sandbox"]
 
 
 def test_text_protocol_needs_allow_exec(tiny, scripted, tmp_path):
@@ -266,3 +268,21 @@ def test_setup_errors_are_reported_and_not_recorded(tiny, scripted, tmp_path):
     assert all("no mirror of fak-test/calc" in i["message"] for i in summary["instances"])
     assert not (out / "predictions.json").exists()
     assert server.requests == []
+
+
+def test_allow_exec_without_a_sandbox_fails_at_start_unless_unsafe(tiny, scripted, tmp_path,
+                                                                     monkeypatch):
+    """No silent fallback: --allow-exec where no sandbox can be made stops before any instance
+    runs; --unsafe-no-sandbox (or its old name --unsafe-network) runs, warns, and is recorded."""
+    server = scripted({"fak-test__calc-1": text_script_fix_add()})
+    monkeypatch.setenv("FAK_SANDBOX_METHOD", "none-such")  # what a host without one looks like
+    args = ("--protocol", "text", "--allow-exec", "--filter", "fak-test__calc-1")
+    proc = run_fak(*_run_args(tiny, server, tmp_path / "o1", *args), timeout=120)
+    assert proc.returncode != 0 and "cannot be made here" in proc.stderr
+    assert "--unsafe-no-sandbox" in proc.stderr and not server.requests
+    for flag, out in (("--unsafe-no-sandbox", tmp_path / "o2"),
+                      ("--unsafe-network", tmp_path / "o3")):
+        proc = run_fak(*_run_args(tiny, server, out, *args, flag), timeout=120)
+        assert proc.returncode == 0, proc.stderr
+        assert "WARNING: --unsafe-no-sandbox" in proc.stderr
+        assert json.loads((out / "summary.json").read_text())["sandbox"]["unsafe_no_sandbox"]

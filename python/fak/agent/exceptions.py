@@ -62,6 +62,7 @@ class PolicyDenied(Exception):
         super().__init__(f"[fak policy] denied {verdict.get('tool')}: {verdict.get('reason')}")
 
 
-class SandboxError(RuntimeError):
-    """``bash`` cannot be isolated from the network here (``unshare -n`` failed) and
-    ``--unsafe-network`` was not given."""
+# ``SandboxError`` (and its ``SandboxUnavailable``) live with the sandbox, ``fak.sandbox``: a
+# command fak would run for the model cannot be run safely here, and ``--unsafe-no-sandbox`` was
+# not given. Re-exported here, where the agent's other control-flow exceptions are.
+from fak.sandbox.errors import SandboxError  # noqa: E402, F401

@@ -12,8 +12,10 @@ search      pattern (extended regex), path?              matching lines ``file:l
 edit        path, old, new                               replace ``old`` by ``new``; ``old`` must occur
                                                          exactly once; a ``.py`` file must still parse
 write       path, content                                create or overwrite a file (``.py`` must parse)
-bash        command                                      ``bash -c`` in the workspace, no network
-                                                         (``unshare -n``), only with ``--allow-exec``
+bash        command                                      ``bash -c`` in the workspace, inside the
+                                                         sandbox (``fak.sandbox``: no network, the
+                                                         workspace the only writable tree, limits),
+                                                         only with ``--allow-exec``
 submit      (none)                                       end the run; the patch is the workspace diff
 ==========  ===========================================  =========================================
 
@@ -26,8 +28,6 @@ from __future__ import annotations
 import ast
 import os
 import re
-import shutil
-import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -36,6 +36,16 @@ from typing import Any, ClassVar
 
 from fak.agent.exceptions import SandboxError, Submitted, ToolError
 from fak.agent.workspace import Workspace
+from fak.sandbox import (
+    Limits,
+    MiB,
+    Sandbox,
+    SandboxResult,
+    SandboxUnavailable,
+    probe,
+    run_on_host,
+    venv_paths,
+)
 
 TOOL_NAMES = ("read", "list", "search", "edit", "write", "bash", "submit")
 
@@ -69,8 +79,9 @@ def tool_schemas(allow_exec: bool) -> list[dict]:
             {"path": s, "content": s}, ["path", "content"]),
     ]
     if allow_exec:
-        tools.append(_fn("bash", "Run a shell command in the repository root (no network). "
-                                 "Use it to run tests or small Python scripts.",
+        tools.append(_fn("bash", "Run a shell command in the repository root (in a sandbox: no "
+                                 "network, only the repository is writable). Use it to run "
+                                 "tests or small Python scripts.",
                          {"command": s}, ["command"]))
     tools.append(_fn("submit", "Finish: submit your changes to the repository.", {}, []))
     return tools
@@ -100,16 +111,10 @@ def truncate_middle(text: str, limit: int) -> str:
 
 
 def check_network_isolation() -> str | None:
-    """``None`` when ``unshare -n`` works here, else the error text."""
-    if shutil.which("unshare") is None:
-        return "the unshare command is not installed (util-linux)"
-    try:
-        proc = subprocess.run(["unshare", "-n", "true"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return str(e)
-    if proc.returncode != 0:
-        return proc.stderr.strip() or f"exit status {proc.returncode}"
-    return None
+    """``None`` when the sandbox (``fak.sandbox``) can be made here, else what is missing.
+    (The name is older than the sandbox; it now checks the whole sandbox, not only ``-n``.)"""
+    info = probe()
+    return None if info.ok else info.detail
 
 
 def python_syntax_error(source: str, filename: str) -> str | None:
@@ -126,41 +131,50 @@ def python_syntax_error(source: str, filename: str) -> str | None:
     return None
 
 
-def _sandbox_prefix(unsafe_network: bool) -> list[str]:
-    if unsafe_network:
-        return []
-    return ["unshare", "-n"]
-
-
 @dataclass
 class ToolBox:
     """The ``Environment`` of the agent: executes tool calls in ``workspace``.
 
-    ``allow_exec`` enables ``bash``; ``exec_timeout_s`` bounds one command (seconds);
-    ``max_output_chars`` bounds what goes back to the model; ``unsafe_network`` runs bash without
-    ``unshare -n`` (only when asked); ``env_overrides`` are set in bash's environment (the task's
-    virtual environment: ``PATH``, ``VIRTUAL_ENV``). Raises ``SandboxError`` at construction
-    when exec is allowed, isolation is required and ``unshare -n`` does not work here.
+    ``allow_exec`` enables ``bash``, which runs in ``fak.sandbox`` around the workspace (its
+    ``.git`` read-only, so nothing written there runs later in fak's own git commands);
+    ``exec_timeout_s`` bounds one command (seconds); ``max_output_chars`` bounds what goes back
+    to the model; ``unsafe_no_sandbox`` runs bash on the host with fak's privileges (only when
+    asked; ``unsafe_network`` is its deprecated name); ``env_overrides`` are set in bash's
+    environment (the task's virtual environment: ``PATH``, ``VIRTUAL_ENV``; that venv and its
+    interpreter are readable inside); ``sandbox_writable``: more writable paths (the task's
+    per-instance venv). Raises ``SandboxUnavailable`` (a ``SandboxError``) at construction when
+    exec is allowed, the sandbox is required and cannot be made here.
     """
 
     workspace: Workspace
     allow_exec: bool = False
     exec_timeout_s: float = 60.0
     max_output_chars: int = 10_000
-    unsafe_network: bool = False
+    unsafe_network: bool = False  # deprecated name of unsafe_no_sandbox
     max_read_lines: int = 400
     env_overrides: dict[str, str] = field(default_factory=dict)
     max_list_entries: int = 300
     max_search_matches: int = 100
+    unsafe_no_sandbox: bool = False
+    sandbox_writable: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.allow_exec and not self.unsafe_network:
-            err = check_network_isolation()
-            if err is not None:
-                raise SandboxError(
-                    f"bash must run without network, but `unshare -n` fails here: {err}. "
-                    "Run as root or with user namespaces enabled, or pass --unsafe-network "
-                    "to run commands with the host's network (never for untrusted models).")
+        self.unsafe_no_sandbox = self.unsafe_no_sandbox or self.unsafe_network
+        self._sandbox: Sandbox | None = None
+        if self.allow_exec and not self.unsafe_no_sandbox:
+            venv = self.env_overrides.get("VIRTUAL_ENV")
+            try:
+                self._sandbox = Sandbox(
+                    self.workspace.root, writable=self.sandbox_writable,
+                    readable=venv_paths(venv) if venv else (),
+                    readonly=[self.workspace.root / ".git"], env=self._bash_env(),
+                    timeout_s=self.exec_timeout_s, limits=Limits(output_bytes=4 * MiB))
+            except SandboxUnavailable as e:
+                raise SandboxUnavailable(
+                    f"bash must run in the sandbox, and it cannot be made here: {e}. Install "
+                    "bubblewrap (apt-get install bubblewrap) or allow user namespaces; "
+                    "--unsafe-no-sandbox runs model-written commands on this host with fak's "
+                    "privileges (never for untrusted models).") from None
 
     @property
     def tool_names(self) -> tuple[str, ...]:
@@ -362,37 +376,36 @@ class ToolBox:
         verb = "overwrote" if before is not None else "created"
         return ToolResult(f"{verb} {self.workspace.display(p)} ({content.count(chr(10)) + 1} lines)")
 
-    def _tool_bash(self, command: str) -> ToolResult:
-        env = {
-            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-            "HOME": os.environ.get("HOME", "/root"),
-            "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb", "PAGER": "cat",
-            "GIT_PAGER": "cat", "PIP_NO_INPUT": "1", "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONUNBUFFERED": "1",
-        }
+    def _bash_env(self) -> dict[str, str]:
+        """bash's variables on top of the sandbox's allow-list: quiet pagers, UTF-8, unbuffered
+        Python, then ``env_overrides``."""
+        env = {"LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb", "PAGER": "cat",
+               "GIT_PAGER": "cat", "PIP_NO_INPUT": "1", "PYTHONDONTWRITEBYTECODE": "1",
+               "PYTHONUNBUFFERED": "1"}
         env.update(self.env_overrides)
-        script = command if self.unsafe_network else f"ip link set lo up 2>/dev/null\n{command}"
-        argv = [*_sandbox_prefix(self.unsafe_network), "bash", "-c", script]
-        proc = subprocess.Popen(argv, cwd=self.workspace.root, env=env, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                start_new_session=True)
-        timed_out = False
+        return env
+
+    def _tool_bash(self, command: str) -> ToolResult:
+        argv = ["bash", "-c", command]
         try:
-            out, _ = proc.communicate(timeout=self.exec_timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            out, _ = proc.communicate()
-        text = out.decode("utf-8", "replace")
-        text = truncate_middle(text, self.max_output_chars)
-        if timed_out:
-            return ToolResult(f"{text}\n[command killed after {self.exec_timeout_s:g} s timeout]",
-                              ok=False, returncode=None, extra={"timed_out": True})
-        return ToolResult(text if text.strip() else "(no output)", ok=proc.returncode == 0,
-                          returncode=proc.returncode)
+            if self._sandbox is not None:
+                res: SandboxResult = self._sandbox.run(argv, timeout_s=self.exec_timeout_s)
+            else:  # --unsafe-no-sandbox
+                env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                       "HOME": os.environ.get("HOME", "/root"), **self._bash_env()}
+                res = run_on_host(argv, cwd=self.workspace.root, env=env,
+                                  timeout_s=self.exec_timeout_s, limits=Limits(output_bytes=4 * MiB))
+        except SandboxError as e:
+            raise ToolError(f"the sandbox failed to start the command: {e}") from None
+        except (ValueError, UnicodeError) as e:  # a NUL byte, a lone surrogate: not runnable
+            raise ToolError(f"the command cannot be run: {e}") from None
+        text = truncate_middle(res.output, self.max_output_chars)
+        extra = {"timed_out": res.killed == "timeout", "killed": res.killed}
+        if res.note:
+            return ToolResult(f"{text}\n[{res.note}]", ok=False, returncode=res.returncode,
+                              extra=extra)
+        return ToolResult(text if text.strip() else "(no output)", ok=res.returncode == 0,
+                          returncode=res.returncode, extra=extra)
 
     def _tool_submit(self) -> ToolResult:
         raise Submitted("the model submitted")

@@ -11,6 +11,23 @@ import click
 
 from fak.agent.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 
+UNSAFE_HELP = ("Run model-written commands / task tests on this host with your privileges, "
+               "without fak's sandbox (never for untrusted models; recorded in the output).")
+
+
+def _unsafe_no_sandbox(unsafe_no_sandbox: bool, unsafe_network: bool) -> bool:
+    """The value of --unsafe-no-sandbox (--unsafe-network is its deprecated name), with the loud
+    warning it deserves."""
+    if unsafe_network:
+        click.echo("fak: --unsafe-network is deprecated; it means --unsafe-no-sandbox now",
+                   err=True)
+    unsafe = unsafe_no_sandbox or unsafe_network
+    if unsafe:
+        click.secho("WARNING: --unsafe-no-sandbox: commands run on this host with your "
+                    "privileges and network; a model's `rm -rf ~` or `kill -1` reaches your "
+                    "files and processes.", fg="red", bold=True, err=True)
+    return unsafe
+
 
 @click.group("swebench")
 def swebench() -> None:
@@ -46,9 +63,11 @@ def swebench() -> None:
 @click.option("--difficulty-label", "difficulty_labels", multiple=True,
               help="Keep only these labels (repeatable; easy|medium|hard|very_hard or Verified's "
                    "own labels). Without --difficulty, the rows' own field is used.")
-@click.option("--allow-exec", is_flag=True, help="Give the agent the bash tool (no network).")
-@click.option("--unsafe-network", is_flag=True,
-              help="Run bash with the host's network if `unshare -n` is not permitted.")
+@click.option("--allow-exec", is_flag=True,
+              help="Give the agent the bash tool (in fak's sandbox: see docs/sandbox.md).")
+@click.option("--unsafe-no-sandbox", is_flag=True, help=UNSAFE_HELP)
+@click.option("--unsafe-network", is_flag=True, hidden=True,
+              help="Deprecated name of --unsafe-no-sandbox.")
 @click.option("--max-steps", type=int, default=30, show_default=True, help="Model turns per instance.")
 @click.option("--workers", type=int, default=1, show_default=True, help="Agents at once.")
 @click.option("--repos", "repos_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
@@ -79,7 +98,8 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
             kv_cache_tokens: int | None, threads: int | None, policy_path: Path | None,
             model: str | None, dataset: str, filter_spec: str | None,
             difficulty_file: str | None, difficulty_labels: tuple[str, ...], allow_exec: bool,
-            unsafe_network: bool, max_steps: int, workers: int, repos_dir: Path | None,
+            unsafe_no_sandbox: bool, unsafe_network: bool, max_steps: int, workers: int,
+            repos_dir: Path | None,
             output: Path, protocol: str, tool_choice: str | None, run_id: str | None,
             exec_timeout: float, temperature: float, max_tokens: int, observation_window: int,
             keep_workspaces: bool, task_env: bool, envs_dir: Path | None, specs: Path | None,
@@ -95,6 +115,7 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
     from fak.swebench.dataset import DatasetError, select
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the table
+    unsafe_no_sandbox = _unsafe_no_sandbox(unsafe_no_sandbox, unsafe_network)
 
     try:
         rows, labels = select(dataset, filter_spec, difficulty_file, list(difficulty_labels))
@@ -131,7 +152,7 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
         signal.signal(signal.SIGTERM, _terminate)
     try:
         _run_fleet(gateway, server, model, rows, labels, output, workers, max_steps, allow_exec,
-                   unsafe_network, protocol, tool_choice, repos_dir, run_id, exec_timeout,
+                   unsafe_no_sandbox, protocol, tool_choice, repos_dir, run_id, exec_timeout,
                    temperature, max_tokens, observation_window, keep_workspaces, live, dataset,
                    task_env, envs_dir, specs)
     finally:
@@ -184,7 +205,7 @@ def _gateway_model(gateway: str) -> str:
 
 
 def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict, output: Path,
-               workers: int, max_steps: int, allow_exec: bool, unsafe_network: bool,
+               workers: int, max_steps: int, allow_exec: bool, unsafe_no_sandbox: bool,
                protocol: str, tool_choice: str | None, repos_dir: Path | None,
                run_id: str | None, exec_timeout: float, temperature: float, max_tokens: int,
                observation_window: int, keep_workspaces: bool, live: bool | None, dataset: str,
@@ -195,7 +216,8 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
     if model is None:
         model = server.model if server is not None else _gateway_model(gateway)
     cfg = FleetConfig(gateway=gateway, model=model, output=output, workers=workers,
-                      max_steps=max_steps, allow_exec=allow_exec, unsafe_network=unsafe_network,
+                      max_steps=max_steps, allow_exec=allow_exec,
+                      unsafe_no_sandbox=unsafe_no_sandbox,
                       protocol=protocol, tool_choice=tool_choice, repos_dir=repos_dir,
                       run_id=run_id, server=server.info() if server is not None else
                       {"managed": False, "addr": gateway},
@@ -248,26 +270,32 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
 @click.option("--specs", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Extra harness specs JSON {repo: {version: spec}} (repos swebench does not know).")
 @click.option("--timeout", type=float, default=1800.0, show_default=True, help="Test run limit, seconds.")
-@click.option("--unsafe-network", is_flag=True, help="Run task tests without `unshare -n`.")
+@click.option("--unsafe-no-sandbox", is_flag=True, help=UNSAFE_HELP)
+@click.option("--unsafe-network", is_flag=True, hidden=True,
+              help="Deprecated name of --unsafe-no-sandbox.")
 @click.option("--keep-workspaces", is_flag=True, help="Keep each graded clone under OUTPUT/logs/ID.")
 def eval_cmd(predictions: Path, dataset: str | None, run_id: str, workers: int, output: Path,
              local: bool, repos_dir: Path | None, envs: Path | None, specs: Path | None,
-             timeout: float, unsafe_network: bool, keep_workspaces: bool) -> None:
+             timeout: float, unsafe_no_sandbox: bool, unsafe_network: bool,
+             keep_workspaces: bool) -> None:
     """Grade predictions: the official harness (Docker), or --local without Docker."""
     from fak.swebench.eval import DEFAULT_DATASET, load_predictions, run_harness
 
     dataset = dataset or DEFAULT_DATASET
     if not local:
         sys.exit(run_harness(predictions, dataset, run_id, workers, output, echo=click.echo))
-    from fak.agent.tools import check_network_isolation
+    from fak.sandbox import probe
     from fak.swebench.dataset import DatasetError, load_rows
     from fak.swebench.envs import register_specs
     from fak.swebench.local import LocalGrader
 
     require_swebench("fak swebench eval --local")
-    if not unsafe_network and (err := check_network_isolation()) is not None:
-        raise click.ClickException(f"task tests must run without network, but `unshare -n` fails: "
-                                   f"{err}; pass --unsafe-network to run them anyway")
+    unsafe_no_sandbox = _unsafe_no_sandbox(unsafe_no_sandbox, unsafe_network)
+    if not unsafe_no_sandbox and not (info := probe()).ok:
+        raise click.ClickException(
+            f"task installs and tests run in fak's sandbox, and it cannot be made here: "
+            f"{info.detail}. Install bubblewrap (apt-get install bubblewrap); "
+            "--unsafe-no-sandbox runs them on this host instead")
     try:
         rows = {r["instance_id"]: r for r in load_rows(dataset)}
     except (DatasetError, OSError) as e:
@@ -275,7 +303,7 @@ def eval_cmd(predictions: Path, dataset: str | None, run_id: str, workers: int, 
     if specs:
         register_specs(json.loads(specs.read_text()))
     grader = LocalGrader(rows=rows, output=output, repos_dir=repos_dir, envs=envs, workers=workers,
-                         timeout_s=timeout, unsafe_network=unsafe_network, run_id=run_id,
+                         timeout_s=timeout, unsafe_no_sandbox=unsafe_no_sandbox, run_id=run_id,
                          keep_workspaces=keep_workspaces)
     report = grader.run(load_predictions(predictions))
     for iid, d in report["instances"].items():

@@ -261,6 +261,14 @@ class Env:
         env["PIP_NO_INPUT"] = "1"
         return env
 
+    def sandbox_env(self) -> dict[str, str]:
+        """The venv's variables only, for ``fak.sandbox.Sandbox(env=...)`` (which adds its
+        allow-listed host variables; ``environ()`` is the whole host environment, for fak's own
+        env builds). The venv itself and its interpreter: ``fak.sandbox.venv_paths(self.path)``."""
+        return {"VIRTUAL_ENV": str(self.path),
+                "PATH": f"{self.path / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+                "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+
 
 class EnvBuilder:
     """Builds and caches envs under ``root`` (``~/.cache/fak/swebench-envs``); thread-safe."""

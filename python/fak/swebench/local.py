@@ -8,14 +8,16 @@ Per prediction (the harness's ``run_instance`` + eval script, ``swebench`` 4.1.0
 3. ``model_patch`` applied: ``git apply --verbose``, then ``patch --batch --fuzz=5 -p1``
    (the harness's fallbacks); if neither applies → ``error_ids`` with status
    ``patch_apply_failed`` (the harness also counts it as an error);
-4. the env of (repo, version) built or reused (``fak.swebench.envs``); ``pre_install`` (minus
-   machine-changing steps) and ``install`` run in the clone, with network;
-5. with **no network** (``unshare -n``, loopback up, plus for ``psf/requests`` a tarpit for
-   10.0.0.0/8 inside the namespace so that its connect-timeout tests time out as on the
-   internet, ``NETNS_SETUP``): the
-   test files reset to ``base_commit``, ``test_patch`` applied, then the spec's ``test_cmd`` on the
-   test files of ``test_patch`` (``get_test_directives``) between the harness's
-   ``>>>>> Start Test Output`` / ``>>>>> End Test Output`` markers;
+4. the env of (repo, version) built or reused (``fak.swebench.envs``, on the host: no model code
+   is involved); ``pre_install`` (minus machine-changing steps) and ``install`` run in the clone
+   **in fak's sandbox** (``fak.sandbox``: the model's patch is in the clone, so ``setup.py`` is
+   model code) with the host's network (pip) and only the clone and the env's venv writable;
+5. in the sandbox with **no network** (loopback only, plus for ``psf/requests`` a tarpit for
+   10.0.0.0/8 inside the sandbox's network namespace so that its connect-timeout tests time out
+   as on the internet, ``NETNS_SETUP``; nothing leaves the machine), the clone the only writable
+   tree and the env read-only: the test files reset to ``base_commit``, ``test_patch`` applied,
+   then the spec's ``test_cmd`` on the test files of ``test_patch`` (``get_test_directives``)
+   between the harness's ``>>>>> Start Test Output`` / ``>>>>> End Test Output`` markers;
 6. the log graded by ``swebench.harness.grading.get_eval_report`` (the package's log parser for
    the repository; FAIL_TO_PASS and PASS_TO_PASS must all pass).
 
@@ -36,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from fak.agent.trajectory import write_json_atomic
+from fak.sandbox import Limits, MiB, Sandbox, SandboxResult, probe, run_on_host, venv_paths
 from fak.swebench.dataset import parse_test_list
 from fak.swebench.envs import SYSTEM_COMMAND, Env, EnvBuilder, EnvError, get_spec
 from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
@@ -44,7 +47,8 @@ START = ">>>>> Start Test Output"
 END = ">>>>> End Test Output"
 APPLY_FAIL = ">>>>> Patch Apply Failed"
 
-#: commands run inside the test network namespace before the tests, per repository
+#: commands run inside the sandbox's network namespace before the tests, per repository (trusted:
+#: run as root there, before the sandboxed command; ``Sandbox(net_setup=...)``)
 NETNS_SETUP: dict[str, list[str]] = {
     "psf/requests": [
         # connect timeouts (its tests dial 10.255.255.1 expecting no answer): a veth pair inside
@@ -64,8 +68,9 @@ class LocalGrader:
 
     ``repos_dir``: local mirrors (else GitHub clone cache); ``envs``: env cache root; ``workers``:
     instances at once (instances sharing an env run one after another); ``timeout_s``: test run
-    limit per instance (seconds, the harness's default 1800); ``unsafe_network``: run tests without
-    ``unshare -n`` (only when asked).
+    limit per instance (seconds, the harness's default 1800; also the limit of each install
+    step); ``unsafe_no_sandbox``: run installs and tests on the host, without ``fak.sandbox``
+    (only when asked).
     """
 
     rows: dict[str, dict[str, Any]]
@@ -74,7 +79,7 @@ class LocalGrader:
     envs: Path | None = None
     workers: int = 1
     timeout_s: float = 1800.0
-    unsafe_network: bool = False
+    unsafe_no_sandbox: bool = False
     run_id: str = "local"
     keep_workspaces: bool = False
 
@@ -180,14 +185,31 @@ class LocalGrader:
             (skipped if SYSTEM_COMMAND.search(cmd) else steps).append(cmd)
         if spec.get("install"):
             steps.append(spec["install"])
+        sandbox = None
+        if steps and not self.unsafe_no_sandbox:
+            sandbox = Sandbox(root, writable=[env.path], readable=venv_paths(env.path),
+                              env={**env.sandbox_env(), "PIP_NO_CACHE_DIR": "1"},
+                              timeout_s=self.timeout_s, net="host", limits=self._limits())
         with log_path.open("w") as log:
             for cmd in steps:
                 log.write(f"$ {cmd}\n")
                 log.flush()
-                proc = subprocess.run(["bash", "-c", cmd], cwd=root, env=env.environ(),
-                                      stdout=log, stderr=subprocess.STDOUT)
-                log.write(f"[exit {proc.returncode}]\n")
+                res = self._run(sandbox, ["bash", "-c", cmd], root, env)
+                log.write(res.output)
+                log.write(f"[exit {res.returncode}]" + (f" [{res.note}]" if res.note else "") + "\n")
         return skipped
+
+    @staticmethod
+    def _limits() -> Limits:
+        """Task suites' limits: more processes and output than the agent's commands get."""
+        return Limits(processes=1024, output_bytes=256 * MiB)
+
+    def _run(self, sandbox: Sandbox | None, argv: list[str], root: Path, env: Env,
+             stdout_path: Path | None = None) -> SandboxResult:
+        if sandbox is not None:
+            return sandbox.run(argv, stdout_path=stdout_path)
+        return run_on_host(argv, cwd=root, env=env.environ(), timeout_s=self.timeout_s,
+                           limits=self._limits(), stdout_path=stdout_path)
 
     @staticmethod
     def _eval_script(row: dict[str, Any], spec: dict[str, Any], test_files: list[str],
@@ -205,21 +227,19 @@ class LocalGrader:
 
     def _run_tests(self, env: Env, root: Path, script: str, repo: str,
                    log_path: Path) -> tuple[int | None, bool]:
-        pre = ["ip link set lo up", *NETNS_SETUP.get(repo, [])]
-        inner = "\n".join(pre) + "\n" + script
-        argv = ["bash", "-c", inner] if self.unsafe_network else ["unshare", "-n", "bash", "-c", inner]
-        with log_path.open("w") as log:
-            proc = subprocess.Popen(argv, cwd=root, env=env.environ(), stdout=log,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-            try:
-                return proc.wait(timeout=self.timeout_s), False
-            except subprocess.TimeoutExpired:
-                import os
-                import signal
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-                log.write(f"\n>>>>> Tests Timed Out after {self.timeout_s:g} s\n")
-                return None, True
+        sandbox = None
+        if not self.unsafe_no_sandbox:
+            sandbox = Sandbox(root, readable=venv_paths(env.path), env=env.sandbox_env(),
+                              timeout_s=self.timeout_s, net="none", limits=self._limits(),
+                              net_setup=NETNS_SETUP.get(repo, ()))
+        res = self._run(sandbox, ["bash", "-c", script], root, env, stdout_path=log_path)
+        if res.killed is not None:
+            with log_path.open("a") as log:
+                if res.killed == "timeout":
+                    log.write(f"\n>>>>> Tests Timed Out after {self.timeout_s:g} s\n")
+                else:
+                    log.write(f"\n>>>>> fak sandbox: {res.note}\n")
+        return res.returncode, res.killed == "timeout"
 
     # -- all predictions -----------------------------------------------------------------------
 
@@ -269,7 +289,11 @@ class LocalGrader:
             "run_id": self.run_id,
             "patch_apply_failed_ids": ids("patch_apply_failed"),
             "unknown_ids": sorted(set(preds) - set(self.rows)),
-            "network": "host (unsafe)" if self.unsafe_network else "none (unshare -n)",
+            "network": "host (unsafe, no sandbox)" if self.unsafe_no_sandbox
+                       else "none (loopback only, fak sandbox)",
+            "sandbox": {"unsafe_no_sandbox": self.unsafe_no_sandbox,
+                        **({} if self.unsafe_no_sandbox else
+                           {"method": probe().method, "detail": probe().detail})},
             "instances": dict(sorted(details.items())),
         }
         write_json_atomic(self.output / "report.json", report)

@@ -50,10 +50,9 @@ from fak.agent import (
     Trajectory,
     get_protocol,
 )
-from fak.agent.exceptions import SandboxError
-from fak.agent.tools import check_network_isolation
 from fak.agent.trajectory import write_json_atomic
 from fak.agent.workspace import WorkspaceError, git
+from fak.sandbox import SandboxUnavailable, probe
 from fak.swebench.envs import EnvBuilder, EnvError, make_overlay
 from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
 
@@ -75,7 +74,7 @@ class FleetConfig:
     workers: int = 1
     max_steps: int = 30
     allow_exec: bool = False
-    unsafe_network: bool = False
+    unsafe_no_sandbox: bool = False  # model-written commands on the host (--unsafe-no-sandbox)
     protocol: str = "tools"
     tool_choice: str | None = None  # tools protocol: "required" | "auto" (None: its default)
     repos_dir: Path | None = None
@@ -153,12 +152,17 @@ class Fleet:
         self._env_builder = EnvBuilder(config.envs_dir)
         # the protocol is checked once, before any work (text protocol needs --allow-exec)
         get_protocol(config.protocol, allow_exec=config.allow_exec, tool_choice=config.tool_choice)
-        if config.allow_exec and not config.unsafe_network:
-            err = check_network_isolation()
-            if err is not None:
-                raise SandboxError(f"--allow-exec needs `unshare -n` to keep commands off the "
-                                   f"network, and it fails here: {err}. Pass --unsafe-network to "
-                                   "run commands with the host's network anyway.")
+        self.sandbox: dict[str, Any] = {"required": config.allow_exec,
+                                        "unsafe_no_sandbox": config.unsafe_no_sandbox}
+        if config.allow_exec and not config.unsafe_no_sandbox:
+            info = probe()
+            if not info.ok:
+                raise SandboxUnavailable(
+                    f"--allow-exec runs the model's commands in fak's sandbox, and it cannot be "
+                    f"made here: {info.detail}. Install bubblewrap (apt-get install bubblewrap) "
+                    "or allow user namespaces; --unsafe-no-sandbox runs them on this host with "
+                    "your privileges instead (never for untrusted models).")
+            self.sandbox.update(method=info.method, detail=info.detail, limits=info.limits)
 
     # -- one instance ------------------------------------------------------------------------
 
@@ -202,8 +206,10 @@ class Fleet:
         with self._lock:
             self._models[iid] = model
         try:
+            venv = bash_env.get("VIRTUAL_ENV")  # the per-instance overlay: pip may write there
             toolbox = ToolBox(ws, allow_exec=cfg.allow_exec, exec_timeout_s=cfg.exec_timeout_s,
-                              unsafe_network=cfg.unsafe_network, env_overrides=bash_env)
+                              unsafe_no_sandbox=cfg.unsafe_no_sandbox, env_overrides=bash_env,
+                              sandbox_writable=(Path(venv),) if venv else ())
             agent = Agent(model, toolbox, protocol,
                           AgentConfig(max_steps=cfg.max_steps,
                                       observation_window=cfg.observation_window,
@@ -295,7 +301,7 @@ class Fleet:
             "protocol": self.config.protocol, "tool_choice": self.config.tool_choice,
             "server": self.config.server, "dataset": self.config.dataset,
             "max_steps": self.config.max_steps, "workers": self.config.workers,
-            "allow_exec": self.config.allow_exec, "final": final,
+            "allow_exec": self.config.allow_exec, "sandbox": self.sandbox, "final": final,
             "interrupted": self.stop.is_set(),
             "n_selected": len(self.rows), "n_skipped_finished": len(self.skipped),
             "n_run": len(self.todo), "n_finished": finished,
