@@ -22,7 +22,7 @@ from fak.policy.check import check_file, check_main
 from fak.policy.compile import Verdict
 from fak.policy.decide import Policy, PolicyError
 from fak.policy.shell import ShellSyntaxError, analyze
-from fak.policy.shell_checks import CHECKS
+from fak.policy.checks import CHECKS
 
 __all__ = [
     "Policy",

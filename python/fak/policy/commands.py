@@ -9,15 +9,19 @@ Nothing here touches the file system.
   "Parsing Long Options with getopt_long".
 - :func:`unwrap`: command wrappers that run another command (``sudo``, ``env``, ``xargs``,
   ``timeout``, ``nohup``, ...), with the option grammars of their man pages (coreutils, findutils,
-  sudo(8), util-linux su(1)/runuser(1)/flock(1)/script(1)/setsid(1)/taskset(1), procps watch(1)).
+  sudo(8), util-linux su(1)/runuser(1)/flock(1)/script(1)/setsid(1)/taskset(1)/setarch(8)/
+  prlimit(1)/chrt(1), procps watch(1), numactl(8), fakeroot(1), faketime(1), valgrind(1), ...).
 - :func:`interpreter_program`: where a shell (bash(1) "Invocation"), Python (python(1)), Perl,
-  Ruby, Node, PHP or Lua process takes its program from.
+  Ruby, Node, PHP, Lua, awk (POSIX, gawk(1)), sed (GNU) or make (GNU) process takes its program
+  from; :func:`descriptor_path`: paths that read an open descriptor (``/dev/stdin``,
+  ``/proc/self/fd/0``, ``/dev/fd/3``).
 - :func:`parse_git`: git(1) global options before the sub-command, ``-c`` configuration and
   aliases (git-config(1) ``alias.*``; a value starting with ``!`` is a shell command).
 - :func:`parse_find`: find(1) starting points and actions (``-exec``, ``-execdir``, ``-ok``,
   ``-okdir``, ``-delete``, ``-L``/``-follow``).
-- :func:`parse_rm`, :func:`deleted_operands`, :func:`written_operands`, :func:`parse_pip`: the file
-  operands of deleting, writing and installing commands.
+- :func:`parse_rm`, :func:`deleted_operands`, :func:`parse_pip`, :func:`parse_kill`: the operands
+  of deleting, installing and signalling commands (what commands write is
+  :mod:`fak.policy.writes`).
 """
 
 from __future__ import annotations
@@ -177,7 +181,30 @@ WRAPPERS: dict[str, _Wrapper] = {
     "script": _Wrapper(short_arg="cEIoOBT", long_arg=_f("command", "echo", "log-in", "log-out",
                                                         "log-io", "log-timing", "output-limit"),
                        program_opts=_f("-c", "--command")),
+    # util-linux prlimit(1): every limit takes an optional value attached (-n100, --nofile=100);
+    # --pid changes another process and runs nothing
+    "prlimit": _Wrapper(short_opt="cdefilmnqrstuvxy", no_command_opts=_f("-p", "--pid")),
+    # util-linux chrt(1): chrt [options] PRIORITY COMMAND; -p works on an existing process
+    "chrt": _Wrapper(short_arg="TPD", long_arg=_f("sched-runtime", "sched-period",
+                                                  "sched-deadline"),
+                     fixed=1, no_command_opts=_f("-p", "--pid", "-m", "--max")),
+    "numactl": _Wrapper(short_arg="CNmpiP", long_arg=_f(
+        "physcpubind", "cpunodebind", "membind", "preferred", "interleave", "preferred-many"),
+        no_command_opts=_f("-s", "--show", "-H", "--hardware")),
+    "fakeroot": _Wrapper(short_arg="lsib", long_arg=_f("lib", "faked", "unknown-is-real")),
+    "fakechroot": _Wrapper(short_arg="lsce", long_arg=_f("lib", "config-dir", "environment")),
+    "faketime": _Wrapper(short_arg="mfp", fixed=1),
+    "valgrind": _Wrapper(),
+    "dbus-run-session": _Wrapper(long_arg=_f("config-file", "dbus-daemon")),
+    "xvfb-run": _Wrapper(short_arg="efnpsw", long_arg=_f(
+        "error-file", "auth-file", "server-num", "xauth-protocol", "server-args", "wait")),
+    "ifne": _Wrapper(),
+    "rlwrap": _Wrapper(short_arg="aAbcCDeEfFgHiIlmMnNoOpPqrRsStTUvwWz"),
+    "linux32": _Wrapper(), "linux64": _Wrapper(), "i386": _Wrapper(), "x86_64": _Wrapper(),
+    "i686": _Wrapper(), "uname26": _Wrapper(), "aarch64": _Wrapper(), "arm64": _Wrapper(),
 }
+# setarch(8): `setarch [ARCH] [options] [PROGRAM [ARGS]]`; without a program it runs a shell
+_SETARCH = _Wrapper(short_arg="", default=("sh",))
 
 
 @dataclass
@@ -190,7 +217,9 @@ class Unwrapped:
     (``env -S``); ``chdirs``: indices of directory words the inner command runs in
     (``env -C``); ``unknown_operands``: the wrapper appends operands at run time (``xargs``);
     ``replace``: the ``xargs -I`` replacement string (words holding it are unknown at run time);
-    ``dynamic``: an unknown word stood where the wrapper's grammar needed a known one.
+    ``dynamic``: an unknown word stood where the wrapper's grammar needed a known one;
+    ``values``: for an index in ``programs``/``split``/``chdirs`` whose value is attached to
+    its option (``-S'cmd'``, ``--chdir=DIR``), the value alone.
     """
 
     start: int | None
@@ -198,6 +227,7 @@ class Unwrapped:
     programs: list[int] = field(default_factory=list)
     split: list[int] = field(default_factory=list)
     chdirs: list[int] = field(default_factory=list)
+    values: dict[int, str] = field(default_factory=dict)
     unknown_operands: bool = False
     replace: str | None = None
     join_program: bool = False
@@ -208,8 +238,12 @@ class Unwrapped:
 def unwrap(name: str, argv: list[str], dyn: list[bool]) -> Unwrapped | None:
     """The inner command of the wrapper ``name`` (``argv[0]``'s basename), or ``None`` when
     ``name`` is not a wrapper this module knows or no command follows (``sudo -l``)."""
-    if name == "busybox":
+    if name == "busybox" or name == "toybox":
         return Unwrapped(start=1) if len(argv) > 1 else None
+    if name == "setarch":
+        first = 2 if len(argv) > 1 and (dyn[1] or not argv[1].startswith("-")) else 1
+        _, operands = getopt(argv, dyn, first, permute=False)
+        return Unwrapped(start=operands[0] if operands else None, default=_SETARCH.default)
     if name == "flock":
         return _unwrap_flock(argv, dyn)
     if name == "sg":
@@ -236,6 +270,8 @@ def unwrap(name: str, argv: list[str], dyn: list[bool]) -> Unwrapped | None:
             out.replace = value or "{}"
         if value is None or idx < 0:
             continue
+        if value != argv[idx]:
+            out.values[idx] = value
         if oname in spec.program_opts:
             out.programs.append(idx)
         elif oname in spec.split_opts:
@@ -319,16 +355,39 @@ SHELL_RE = re.compile(r"(?:sh|bash|dash|zsh|ksh|mksh|ash|yash|posh|fish|csh|tcsh
                       r"(?:[0-9.]+)?\Z")
 _PYTHON_RE = re.compile(r"(?:python|pypy)(?:[0-9.]*)(?:-dbg|m)?\Z")
 _OTHER_INTERPRETERS = {
-    # name: (options whose value is the program, options taking another argument)
-    "perl": ("eE", "IMmlxC0dD"),
-    "ruby": ("e", "IrCEFK"),
-    "node": ("ep", "r"),
-    "nodejs": ("ep", "r"),
-    "php": ("r", "cdfz"),
-    "lua": ("e", "l"),
-    "luajit": ("e", "lbj"),
+    # name: (options whose value is the program, options taking an argument (the rest of the
+    # cluster or the next word), options taking optional digits in the cluster)
+    "perl": ("eE", "IMmxCdD", "l0"),
+    "ruby": ("e", "IrCEFK", "0"),
+    "node": ("ep", "r", ""),
+    "nodejs": ("ep", "r", ""),
+    "php": ("r", "cdfz", ""),
+    "lua": ("e", "l", ""),
+    "luajit": ("e", "lbj", ""),
 }
-STDIN_PATHS = frozenset({"-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"})
+STDIN_PATHS = frozenset({"-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0",
+                         "/proc/thread-self/fd/0"})
+# a path that names an open file descriptor: /dev/fd/N, /dev/stdin, /proc/<pid>/fd/N,
+# /proc/<pid>/task/<tid>/fd/N (<pid> may be self, thread-self or a run-time $$)
+_FD_PATH = re.compile(r"/dev/(?:stdin|fd/([0-9]+))|/proc/+[^/]+/+(?:task/+[^/]+/+)?fd/+([0-9]+)"
+                      r"|/proc/+thread-self/+fd/+([0-9]+)")
+AWK_RE = re.compile(r"(?:g|m|n|busybox-|original-)?awk\Z")
+_SED_RE = re.compile(r"g?sed\Z")
+_MAKE_RE = re.compile(r"(?:g|b|p)?make\Z")
+
+
+def descriptor_path(word: str) -> int | None:
+    """The file descriptor a path names when a program opens it (``-`` and ``/dev/stdin``:
+    0; ``/dev/fd/3``, ``/proc/self/fd/3``, ``/proc/$$/fd/3``: 3), or ``None`` for other
+    paths. Such a path reads whatever the descriptor holds: a pipe, a here-document, a
+    process substitution (proc(5), "/proc/pid/fd")."""
+    if word == "-" or word == "/dev/stdin":
+        return 0
+    m = _FD_PATH.fullmatch(word)
+    if m is None:
+        return None
+    digits = m.group(1) or m.group(2) or m.group(3)
+    return int(digits) if digits else 0
 
 
 def is_shell(name: str) -> bool:
@@ -339,19 +398,52 @@ def is_shell(name: str) -> bool:
 _INTERPRETER_RE = re.compile(
     r"(?:sh|bash|dash|zsh|ksh|mksh|ash|yash|posh|fish|csh|tcsh|rbash|ksh93)(?:[0-9.]+)?\Z"
     r"|(?:python|pypy)(?:[0-9.]*)(?:-dbg|m)?\Z"
-    r"|(?:perl|ruby|node|nodejs|php|lua|luajit)(?:[0-9.]+)?\Z")
+    r"|(?:perl|ruby|node|nodejs|php|lua|luajit)(?:[0-9.]+)?\Z"
+    r"|(?:g|m|n|busybox-|original-)?awk\Z|g?sed\Z|(?:g|b|p)?make\Z")
+# languages whose inline programs (-c, -e, here-documents) the policy cannot read
+_INLINE_RE = re.compile(r"(?:python|pypy)(?:[0-9.]*)(?:-dbg|m)?\Z"
+                        r"|(?:perl|ruby|node|nodejs|php|lua|luajit)(?:[0-9.]+)?\Z"
+                        r"|(?:g|b|p)?make\Z")
 
 
 def is_interpreter(name: str) -> bool:
-    """True for interpreters that can read a program from standard input."""
+    """True for programs that run a program of their own language: shells, Python, Perl,
+    Ruby, Node, PHP, Lua, awk, sed and make."""
     return _INTERPRETER_RE.match(name) is not None
+
+
+def is_opaque_language(name: str) -> bool:
+    """True for interpreters whose programs the policy does not read (Python, Perl, Ruby, Node,
+    PHP, Lua, make); shells, awk and sed programs are analyzed instead."""
+    return _INLINE_RE.match(name) is not None
+
+
+def is_awk(name: str) -> bool:
+    """True for awk, gawk, mawk, nawk."""
+    return AWK_RE.match(name) is not None
+
+
+def _from_path(argv: list[str], i: int) -> tuple[str, int | None]:
+    fd = descriptor_path(argv[i])
+    if fd is None:
+        return "file", i
+    return ("stdin", None) if fd == 0 else ("descriptor", i)
 
 
 def interpreter_program(name: str, argv: list[str], dyn: list[bool]) -> tuple[str, int | None]:
     """Where the interpreter ``name`` takes its program from: ``("string", i)`` (``-c``/``-e``
-    word ``i``), ``("file", i)`` (script operand ``i``), ``("stdin", None)`` (no program given,
-    ``-s``, ``-`` or ``/dev/stdin``), ``("module", i)`` (``python -m``) or ``("none", None)``.
-    A dynamic script operand is ``("file", i)``; the caller sees ``dyn[i]``."""
+    word ``i``, an awk or sed program operand, ``make --eval``), ``("file", i)`` (script operand
+    ``i``; ``i`` is ``None`` for make's default makefile), ``("stdin", None)`` (no program
+    given, ``-s``, or a path naming descriptor 0: ``-``, ``/dev/stdin``, ``/proc/self/fd/0``),
+    ``("descriptor", i)`` (a path naming another descriptor: ``/dev/fd/3``), ``("module", i)``
+    (``python -m``) or ``("none", None)``. A dynamic script operand is ``("file", i)``; the
+    caller sees ``dyn[i]``."""
+    if AWK_RE.match(name):
+        return _awk_program(argv, dyn)
+    if _SED_RE.match(name):
+        return _sed_program(argv, dyn)
+    if _MAKE_RE.match(name):
+        return _make_program(argv, dyn)
     if SHELL_RE.match(name):
         opts, operands = getopt(argv, dyn, 1, short_arg="oO", long_arg=_f("rcfile", "init-file"),
                                 permute=False, plus=True)
@@ -360,8 +452,7 @@ def interpreter_program(name: str, argv: list[str], dyn: list[bool]) -> tuple[st
             return ("string", operands[0]) if operands else ("none", None)
         if "s" in flags or not operands:
             return "stdin", None
-        i = operands[0]
-        return ("stdin", None) if argv[i] in STDIN_PATHS else ("file", i)
+        return _from_path(argv, operands[0])
     if _PYTHON_RE.match(name):
         i = 1
         while i < len(argv):
@@ -389,11 +480,11 @@ def interpreter_program(name: str, argv: list[str], dyn: list[bool]) -> tuple[st
             i += 1
         if i >= len(argv):
             return "stdin", None
-        return ("stdin", None) if argv[i] in STDIN_PATHS else ("file", i)
+        return _from_path(argv, i)
     spec = _OTHER_INTERPRETERS.get(name.rstrip("0123456789."))
     if spec is None:
         return "none", None
-    prog, with_arg = spec
+    prog, with_arg, with_digits = spec
     i = 1
     while i < len(argv):
         a = argv[i]
@@ -404,17 +495,104 @@ def interpreter_program(name: str, argv: list[str], dyn: list[bool]) -> tuple[st
             break
         if a in ("--eval", "--print"):
             return ("string", i + 1) if i + 1 < len(argv) else ("none", None)
-        c = a[1:2]
-        if c in prog:
-            if a[2:]:
-                return "string", i
-            return ("string", i + 1) if i + 1 < len(argv) else ("none", None)
-        if c in with_arg and not a[2:]:
-            i += 1
-        i += 1
+        took_next = False
+        j = 1
+        while j < len(a):
+            c = a[j]
+            if c in prog:
+                if a[j + 1:]:
+                    return "string", i
+                return ("string", i + 1) if i + 1 < len(argv) else ("none", None)
+            if c in with_arg:
+                took_next = not a[j + 1:]
+                break
+            j += 1
+            if c in with_digits:
+                while j < len(a) and a[j] in "0123456789abcdefABCDEFx":
+                    j += 1
+        i += 2 if took_next else 1
     if i >= len(argv):
         return "stdin", None
-    return ("stdin", None) if argv[i] in STDIN_PATHS else ("file", i)
+    return _from_path(argv, i)
+
+
+def _awk_program(argv: list[str], dyn: list[bool]) -> tuple[str, int | None]:
+    # POSIX awk: -F fs, -v assignment, -f progfile; gawk: -e/--source program, -i/-l libraries,
+    # -E/--exec progfile, and many flags
+    opts, operands = getopt(argv, dyn, 1, short_arg="FvfeilEW", short_opt="dDoOp",
+                            long_arg=_f("field-separator", "assign", "file", "source", "include",
+                                        "load", "exec"), permute=False)
+    for oname, value, idx in opts:
+        if oname in ("-f", "--file", "-E", "--exec") and idx >= 0:
+            return _from_path(argv, idx)
+        if oname in ("-e", "--source") and idx >= 0:
+            return "string", idx
+    if not operands:
+        return "none", None
+    return "string", operands[0]
+
+
+def _sed_program(argv: list[str], dyn: list[bool]) -> tuple[str, int | None]:
+    opts, operands = getopt(argv, dyn, 1, short_arg="efl", short_opt="i",
+                            long_arg=_f("expression", "file", "line-length"))
+    for oname, value, idx in opts:
+        if oname in ("-f", "--file") and idx >= 0:
+            kind, i = _from_path(argv, idx)
+            if kind != "file":
+                return kind, i
+    for oname, value, idx in opts:
+        if oname in ("-e", "--expression") and idx >= 0:
+            return "string", idx
+    if any(o[0] in ("-f", "--file") for o in opts):
+        return "file", None
+    if not operands:
+        return "none", None
+    return "string", operands[0]
+
+
+def _make_program(argv: list[str], dyn: list[bool]) -> tuple[str, int | None]:
+    opts, _ = getopt(argv, dyn, 1, short_arg="CfIjloWE",
+                     long_arg=_f("directory", "file", "makefile", "include-dir", "jobs",
+                                 "load-average", "old-file", "assume-old", "what-if", "new-file",
+                                 "assume-new", "eval"))
+    for oname, value, idx in opts:
+        if oname in ("-E", "--eval") and idx >= 0:
+            return "string", idx
+    for oname, value, idx in opts:
+        if oname in ("-f", "--file", "--makefile") and idx >= 0:
+            kind, i = _from_path(argv, idx)
+            if kind != "file":
+                return kind, i
+    return "file", None
+
+
+def sed_scripts(argv: list[str], dyn: list[bool]) -> list[tuple[str, bool]]:
+    """The sed script texts of a sed command line: every ``-e``/``--expression`` value, or the
+    first operand when there is none; ``[(text, dynamic)]``. ``--sandbox`` (GNU: ``e``, ``r``,
+    ``w`` refused) gives ``[]``."""
+    opts, operands = getopt(argv, dyn, 1, short_arg="efl", short_opt="i",
+                            long_arg=_f("expression", "file", "line-length"),
+                            long_names=("sandbox", "separate", "silent", "quiet", "expression",
+                                        "file", "in-place", "line-length", "null-data",
+                                        "zero-terminated", "regexp-extended", "posix",
+                                        "debug", "follow-symlinks", "unbuffered", "help",
+                                        "version"))
+    if any(o[0] == "--sandbox" for o in opts):
+        return []
+    scripts = [(argv[idx], dyn[idx]) for oname, _, idx in opts
+               if oname in ("-e", "--expression") and idx >= 0]
+    if not scripts and not any(o[0] in ("-f", "--file") for o in opts) and operands:
+        scripts = [(argv[operands[0]], dyn[operands[0]])]
+    return scripts
+
+
+def awk_source(argv: list[str], dyn: list[bool]) -> tuple[str, bool] | None:
+    """The awk program text given on the command line (an operand, or gawk ``-e``), as
+    ``(text, dynamic)``; ``None`` when it comes from a file or there is none."""
+    kind, idx = _awk_program(argv, dyn)
+    if kind != "string" or idx is None:
+        return None
+    return argv[idx], dyn[idx]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -492,18 +670,40 @@ def parse_git(argv: list[str], dyn: list[bool]) -> GitCall:
 
 @dataclass
 class FindCall:
-    """A parsed find(1) command: starting points (indices), whether symlinks are followed,
-    whether ``-delete`` appears, and each ``-exec``-family action as ``(action, first, end)``
-    (the command is ``argv[first:end]``)."""
+    """A parsed find(1) command: ``starts`` (indices of the starting points), ``follow``
+    (symlinks followed: ``-L``/``-follow``), ``delete`` (``-delete`` appears), ``execs``: each
+    ``-exec``-family action as ``(action, first, end)`` (the command is ``argv[first:end]``),
+    ``delete_guarded`` / ``exec_guarded`` (per action in ``execs``): a positive name or path
+    test (``-name '*.pyc'``, ``-path './build/*'``) is evaluated before the action on every
+    branch that reaches it, so the action cannot apply to every file; ``writes``: indices of
+    the files ``-fprint``/``-fprint0``/``-fls``/``-fprintf`` write."""
 
     starts: list[int]
     follow: bool = False
     delete: bool = False
     execs: list[tuple[str, int, int]] = field(default_factory=list)
+    delete_guarded: bool = True
+    exec_guarded: list[bool] = field(default_factory=list)
+    writes: list[int] = field(default_factory=list)
+
+
+# primaries that take one argument (GNU findutils "find" manual, "Primary Index")
+_FIND_ONE_ARG = frozenset({
+    "-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename", "-regex", "-iregex",
+    "-lname", "-ilname", "-type", "-xtype", "-user", "-group", "-uid", "-gid", "-perm", "-size",
+    "-mtime", "-mmin", "-atime", "-amin", "-ctime", "-cmin", "-newer", "-anewer", "-cnewer",
+    "-inum", "-links", "-samefile", "-fstype", "-used", "-context", "-maxdepth", "-mindepth",
+    "-printf", "-fprint", "-fprint0", "-fls", "-regextype", "-files0-from"})
+# tests that select files by name: a positive one before an action keeps it off the rest
+_FIND_NAME_TESTS = frozenset({"-name", "-iname", "-path", "-ipath", "-wholename", "-iwholename",
+                              "-regex", "-iregex", "-lname", "-ilname"})
+_FIND_EVERYTHING = re.compile(r"[*?./]*|\.\*|\.\*\.\*")
 
 
 def parse_find(argv: list[str], dyn: list[bool]) -> FindCall:
-    """Split ``find [-H|-L|-P] [-D x] [-Ox] [start...] [expression]`` (GNU findutils)."""
+    """Split ``find [-H|-L|-P] [-D x] [-Ox] [start...] [expression]`` (GNU findutils) and read
+    its expression: ``( )``, ``!``/``-not``, ``-a``/``-and`` (implied), ``-o``/``-or`` and
+    ``,``, in find's precedence, to tell which actions a name test guards."""
     i = 1
     n = len(argv)
     follow = False
@@ -517,6 +717,8 @@ def parse_find(argv: list[str], dyn: list[bool]) -> FindCall:
         starts.append(i)
         i += 1
     call = FindCall(starts=starts, follow=follow)
+    # tokens: ("op", text) or ("prim", name, first_arg_index, word_index)
+    tokens: list[tuple] = []
     while i < n:
         a = argv[i]
         if a in ("-exec", "-execdir", "-ok", "-okdir"):
@@ -525,14 +727,98 @@ def parse_find(argv: list[str], dyn: list[bool]) -> FindCall:
                 j += 1
             # `{} +` ends only after `{}`; `+` elsewhere is an argument, but find requires it last
             call.execs.append((a, i + 1, j))
+            tokens.append(("prim", a, i + 1, i))
             i = j + 1
+            continue
+        if a in ("(", ")", "!", "-not", "-a", "-and", "-o", "-or", ","):
+            tokens.append(("op", a))
+            i += 1
             continue
         if a == "-delete":
             call.delete = True
         elif a == "-follow":
             call.follow = True
-        i += 1
+        elif a in ("-fprint", "-fprint0", "-fls", "-fprintf") and i + 1 < n:
+            call.writes.append(i + 1)
+        width = 2 if a in _FIND_ONE_ARG else 3 if a == "-fprintf" else 1
+        tokens.append(("prim", a, i + 1 if width > 1 else -1, i))
+        i += width
+    tree, _ = _find_or(tokens, 0)
+    guards: dict[int, bool] = {}
+    _find_guards(tree, False, argv, dyn, guards)
+    call.delete_guarded = all(guards.get(t[3], False) for t in tokens
+                              if t[0] == "prim" and t[1] == "-delete")
+    call.exec_guarded = [guards.get(first - 1, False) for _, first, _ in call.execs]
     return call
+
+
+def _find_or(tokens: list[tuple], k: int) -> tuple[tuple, int]:
+    alts = []
+    node, k = _find_and(tokens, k)
+    alts.append(node)
+    while k < len(tokens) and tokens[k][0] == "op" and tokens[k][1] in ("-o", "-or", ","):
+        node, k = _find_and(tokens, k + 1)
+        alts.append(node)
+    return ("or", alts), k
+
+
+def _find_and(tokens: list[tuple], k: int) -> tuple[tuple, int]:
+    items = []
+    while k < len(tokens):
+        t = tokens[k]
+        if t[0] == "op" and t[1] in ("-o", "-or", ",", ")"):
+            break
+        if t[0] == "op" and t[1] in ("-a", "-and"):
+            k += 1
+            continue
+        node, k = _find_unary(tokens, k)
+        items.append(node)
+    return ("and", items), k
+
+
+def _find_unary(tokens: list[tuple], k: int) -> tuple[tuple, int]:
+    t = tokens[k]
+    if t[0] == "op" and t[1] in ("!", "-not"):
+        if k + 1 >= len(tokens):
+            return ("not", ("and", [])), k + 1
+        node, k = _find_unary(tokens, k + 1)
+        return ("not", node), k
+    if t[0] == "op" and t[1] == "(":
+        node, k = _find_or(tokens, k + 1)
+        if k < len(tokens) and tokens[k] == ("op", ")"):
+            k += 1
+        return node, k
+    return t, k + 1
+
+
+def _find_restricts(node: tuple, argv: list[str], dyn: list[bool]) -> bool:
+    kind = node[0]
+    if kind == "prim":
+        idx = node[2]
+        return (node[1] in _FIND_NAME_TESTS and 0 <= idx < len(argv) and not dyn[idx]
+                and _FIND_EVERYTHING.fullmatch(argv[idx]) is None)
+    if kind == "and":
+        return any(_find_restricts(x, argv, dyn) for x in node[1])
+    if kind == "or":
+        return bool(node[1]) and all(_find_restricts(x, argv, dyn) for x in node[1])
+    return False
+
+
+def _find_guards(node: tuple, guarded: bool, argv: list[str], dyn: list[bool],
+                 out: dict[int, bool]) -> None:
+    kind = node[0]
+    if kind == "prim":
+        out[node[3]] = guarded
+    elif kind == "and":
+        g = guarded
+        for item in node[1]:
+            _find_guards(item, g, argv, dyn, out)
+            g = g or _find_restricts(item, argv, dyn)
+    elif kind == "or":
+        for item in node[1]:
+            _find_guards(item, guarded, argv, dyn, out)
+    else:  # not: an action under ! is evaluated only where the inner test is false
+        _find_guards(node[1], guarded, argv, dyn, out)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -573,91 +859,6 @@ def deleted_operands(name: str, argv: list[str], dyn: list[bool]) -> list[int]:
     return []
 
 
-WRITERS = frozenset({"tee", "cp", "mv", "install", "ln", "touch", "mkdir", "truncate", "dd", "sed",
-                     "chmod", "chown", "chgrp", "rsync", "tar", "unzip", "git"})
-
-
-def written_operands(name: str, argv: list[str], dyn: list[bool]) -> list[int]:
-    """Indices of the paths a writing command writes or replaces (coreutils ``tee``, ``cp``,
-    ``mv`` (sources too: they disappear), ``install``, ``ln``, ``touch``, ``mkdir``,
-    ``truncate``, ``dd of=``, ``sed -i``, ``chmod``/``chown``/``chgrp``, the extraction
-    directory of ``tar -C``/``unzip -d``, and the repository/work tree of ``git -C``/
-    ``--git-dir``/``--work-tree``, which git may write)."""
-    if name == "tar":
-        return [i + 1 if argv[i] in ("-C", "--directory") else i
-                for i in range(1, len(argv))
-                if (argv[i] in ("-C", "--directory") and i + 1 < len(argv))
-                or argv[i].startswith("--directory=")]
-    if name == "unzip":
-        return [i + 1 if argv[i] == "-d" else i for i in range(1, len(argv))
-                if (argv[i] == "-d" and i + 1 < len(argv)) or (argv[i].startswith("-d")
-                                                                and len(argv[i]) > 2)]
-    if name == "git":
-        out = []
-        for i in range(1, len(argv)):
-            a = argv[i]
-            if not a.startswith("-") or dyn[i]:
-                break
-            if a in ("-C", "--git-dir", "--work-tree") and i + 1 < len(argv):
-                out.append(i + 1)
-            elif a.startswith(("--git-dir=", "--work-tree=")):
-                out.append(i)
-        return out
-    if name == "tee":
-        return getopt(argv, dyn, 1, long_arg=frozenset())[1]
-    if name in ("cp", "mv", "install", "ln", "rsync"):
-        opts, ops = getopt(argv, dyn, 1, short_arg="tSmogB" if name == "install" else "tS",
-                           long_arg=_f("target-directory", "suffix", "mode", "owner", "group",
-                                       "backup"))
-        target = [o for o in opts if o[0] in ("-t", "--target-directory")]
-        directory_mode = name == "install" and any(o[0] in ("-d", "--directory") for o in opts)
-        if directory_mode:
-            return ops
-        if target:
-            idx = target[-1][2]
-            dests = [idx] if idx >= 0 else []
-            return ops + dests if name == "mv" else dests
-        if name == "mv":
-            return ops
-        if name == "ln" and len(ops) == 1:
-            return []   # the link is created in the current directory, under the target's name
-        return ops[-1:] if len(ops) >= 2 else []
-    if name in ("touch", "mkdir"):
-        return getopt(argv, dyn, 1, short_arg="dtrm" if name == "touch" else "m",
-                      long_arg=_f("date", "reference", "mode", "time"))[1]
-    if name == "truncate":
-        return getopt(argv, dyn, 1, short_arg="sr", long_arg=_f("size", "reference"))[1]
-    if name == "dd":
-        return [i for i in range(1, len(argv)) if argv[i].startswith("of=") or dyn[i]]
-    if name == "sed":
-        if not any(a.startswith("-") and not a.startswith("--") and "i" in a
-                   or a.startswith("--in-place") for a in argv[1:]):
-            return []
-        opts, ops = getopt(argv, dyn, 1, short_arg="efl", short_opt="i",
-                           long_arg=_f("expression", "file", "line-length"))
-        if not any(o[0] in ("-i", "--in-place") for o in opts):
-            return []
-        has_script = any(o[0] in ("-e", "-f", "--expression", "--file") for o in opts)
-        return ops if has_script else ops[1:]
-    if name in ("chmod", "chown", "chgrp"):
-        opts, ops = getopt(argv, dyn, 1, long_arg=frozenset())
-        if any(o[0] == "--reference" for o in opts):
-            return ops
-        return ops[1:]
-    return []
-
-
-def dd_target(word: str) -> str:
-    """The path in an operand like ``of=PATH`` (dd), ``--directory=PATH`` (tar), ``-dPATH``
-    (unzip) or ``--git-dir=PATH`` (git)."""
-    for prefix in ("of=", "--directory=", "--git-dir=", "--work-tree="):
-        if word.startswith(prefix):
-            return word[len(prefix):]
-    if word.startswith("-d") and len(word) > 2:
-        return word[2:]
-    return word
-
-
 _PIP_REMOTE_OPTS = _f("-i", "--index-url", "--extra-index-url", "-f", "--find-links",
                       "--trusted-host", "-r", "--requirement", "-c", "--constraint", "--proxy")
 _LOCAL_REQ = re.compile(r"(?:\.{1,2}|\.{0,2}/[^\s\[]*|[^\s/:@\[]+\.(?:whl|tar\.gz|zip))"
@@ -688,3 +889,23 @@ def parse_pip(argv: list[str], dyn: list[bool], start: int) -> tuple[str, str] |
         if not _LOCAL_REQ.match(argv[i]):
             return argv[i], "not a local path"
     return None
+
+
+def parse_kill(argv: list[str], dyn: list[bool]) -> list[int] | None:
+    """The process operands of ``kill`` (bash builtin and util-linux kill(1)): indices after
+    the signal (``-9``, ``-KILL``, ``-s SIG``, ``-n NUM``, ``--signal SIG``) and ``--``;
+    ``None`` when it sends nothing (``-l``, ``-L``, ``--list``, ``--table``)."""
+    i = 1
+    n = len(argv)
+    if i < n and not dyn[i]:
+        a = argv[i]
+        if a in ("-l", "-L", "--list", "--table") or a.startswith("--list="):
+            return None
+        if a in ("-s", "-n", "--signal", "-q", "--queue") and i + 1 < n:
+            i += 2
+        elif a.startswith("--signal=") or (a.startswith("-") and a != "--"):
+            i += 1
+    if i < n and argv[i] == "--" and not dyn[i]:
+        i += 1
+    return list(range(i, n))
+
