@@ -102,7 +102,8 @@ def test_evasion(entry: dict, workspace: Path, policy: Policy) -> None:
     v = policy.decide("bash", entry["arguments"], conversation=f"ev-{entry['id']}",
                       workspace_root=workspace)
     want = entry["expected"] == "allow"
-    assert v.allowed is want, f"{entry['id']}: expected {entry['expected']} ({entry['why']}), got {v}"
+    assert v.allowed is want, (f"{entry['id']}: expected {entry['expected']} ({entry['why']}), "
+                               f"got {v}")
     assert v.reason
     if not want:
         # a denial comes from a rule that understood the command, not from a parse failure
@@ -120,8 +121,9 @@ def test_summary_by_family(workspace: Path, policy: Policy, capsys: pytest.Captu
             wrong.append(e["id"])
     rows = ["family               attacks denied/allowed   look-alikes allowed/denied"]
     for family in sorted(FAMILIES):
-        rows.append(f"{family:20} {got[(family, 'deny', 'deny')]:7}/{got[(family, 'deny', 'allow')]:<7}"
-                    f"          {got[(family, 'allow', 'allow')]:7}/{got[(family, 'allow', 'deny')]}")
+        dd, da = got[(family, "deny", "deny")], got[(family, "deny", "allow")]
+        aa, ad = got[(family, "allow", "allow")], got[(family, "allow", "deny")]
+        rows.append(f"{family:20} {dd:7}/{da:<7}          {aa:7}/{ad}")
     with capsys.disabled():
         print("\npolicy_evasions.jsonl with the coding-agent policy:\n" + "\n".join(rows))
     assert not wrong, wrong

@@ -98,7 +98,8 @@ _CONFIG_NO_SET = frozenset({"--get", "--get-all", "--get-regexp", "--get-urlmatc
                             "--get-colorbool", "--show-origin", "--show-scope", "--name-only"})
 
 
-def config_setting(argv: list[str], dyn: list[bool], sub: int) -> tuple[str, bool, str, bool] | None:
+def config_setting(argv: list[str], dyn: list[bool],
+                   sub: int) -> tuple[str, bool, str, bool] | None:
     """For ``git config [options] KEY VALUE`` (or ``git config set KEY VALUE``), ``(key,
     key_dynamic, value, value_dynamic)``; ``None`` when the command sets nothing."""
     i = sub + 1

@@ -55,7 +55,8 @@ def rm_outside_workspace(a: Analysis, root: str | None, extra: tuple[str, ...]) 
         elif name == "find":
             call = _cmds.parse_find(c.argv, c.dyn)
             if call.delete and call.follow:
-                return f"{short(c.line)}: -delete while following symlinks (-L) may leave the workspace"
+                return (f"{short(c.line)}: -delete while following symlinks (-L) may leave the "
+                        f"workspace")
             if call.delete:
                 starts = [(c.argv[i], c.dyn[i]) for i in call.starts] or [(".", False)]
                 for word, dyn in starts:
@@ -123,7 +124,8 @@ def _link_targets(c: SimpleCommand, root: str | None, extra: tuple[str, ...]) ->
     return None
 
 
-_GIT_RUNS = re.compile(r"(?:^|/)\.git/(?:hooks(?:/|$)|config$|info/attributes$|worktrees/[^/]+/config$)")
+_GIT_RUNS = re.compile(r"(?:^|/)\.git/(?:hooks(?:/|$)|config$|info/attributes$"
+                       r"|worktrees/[^/]+/config$)")
 
 
 def git_hooks(a: Analysis, root: str | None, extra: tuple[str, ...]) -> str | None:
@@ -154,12 +156,14 @@ _SECRET_PATH = re.compile(
     r"/proc/[^/]+/(?:task/[^/]+/)?environ"
     r"|/(?:root|home/[^/]+)/(?:" + _HOME_SECRETS + r")(?:/.*)?"
     r"|/etc/(?:shadow|gshadow|sudoers|sudoers\.d(?:/.*)?|ssh/ssh_host_[^/]*key)")
-_KEY_FILE = re.compile(r"[^/]*(?:\.pem|\.key|\.p12|\.pfx|\.jks|\.keystore)|id_(?:rsa|dsa|ecdsa|ed25519)[^/]*")
+_KEY_FILE = re.compile(r"[^/]*(?:\.pem|\.key|\.p12|\.pfx|\.jks|\.keystore)"
+                       r"|id_(?:rsa|dsa|ecdsa|ed25519)[^/]*")
 # words worth resolving: only these can name a secret (a cheap filter before any system call)
 _HINT = re.compile(r"environ|ssh|aws|azure|gnupg|netrc|credential|pypirc|npmrc|docker|kube"
                    r"|config|password|keyring|huggingface|token|shadow|sudoers|\.pem|\.key|\.p12"
                    r"|\.pfx|\.jks|keystore|id_|\*|\?|\.\.", re.IGNORECASE)
-_DYNAMIC_PART = re.compile(r"\$\{[^}]*\}|\$\([^)]*\)|\$[A-Za-z_][A-Za-z0-9_]*|\$[$!#?@*0-9-]|`[^`]*`")
+_DYNAMIC_PART = re.compile(r"\$\{[^}]*\}|\$\([^)]*\)|\$[A-Za-z_][A-Za-z0-9_]*|\$[$!#?@*0-9-]"
+                           r"|`[^`]*`")
 
 
 def _home() -> str:
@@ -218,8 +222,9 @@ def credential_files(a: Analysis, root: str | None, extra: tuple[str, ...]) -> s
                     real = resolve(text, cwd, root)
                     if real is None:
                         continue
-                    if _is_secret(real, root) or (globbed or "*" in text) and _SECRET_PATH.fullmatch(
-                            real.replace("*", "X").replace("?", "X")):
+                    pattern_hit = (globbed or "*" in text) and _SECRET_PATH.fullmatch(
+                        real.replace("*", "X").replace("?", "X")) is not None
+                    if pattern_hit or _is_secret(real, root):
                         return f"{short(c.line)}: `{short(word, 80)}` is {short(real, 80)}"
                     if globbed and _HINT.search(text.replace("*", "").replace("?", "")):
                         pattern = text if text.startswith("/") else os.path.join(
@@ -228,5 +233,6 @@ def credential_files(a: Analysis, root: str | None, extra: tuple[str, ...]) -> s
                             if k >= 64:
                                 break
                             if _is_secret(os.path.realpath(match), root):
-                                return f"{short(c.line)}: `{short(word, 80)}` matches {short(match, 80)}"
+                                return (f"{short(c.line)}: `{short(word, 80)}` matches "
+                                        f"{short(match, 80)}")
     return None

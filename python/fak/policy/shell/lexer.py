@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from fak.policy.shell.model import BRACE, COMMA, GLOB, LB, PROCSUB, RB, Redirect, ShellSyntaxError
+from fak.policy.shell.model import BRACE, COMMA, GLOB, LB, PROCSUB, RB, ShellSyntaxError
 
 _UNQ_PLAIN = re.compile(r"[^ \t\n'\"\\$`;&|<>(){},*?\[]+")
 _DQ_PLAIN = re.compile(r'[^"\\$`]+')
@@ -249,7 +249,8 @@ class Lexer:
             flags |= GLOB
         return (WORD, text, dyn, flags, plain, start)
 
-    def _dq(self, i: int, parts: list[str], quoted: bool, heredoc: bool = False) -> tuple[int, bool]:
+    def _dq(self, i: int, parts: list[str], quoted: bool,
+            heredoc: bool = False) -> tuple[int, bool]:
         """Double-quoted text from ``i`` (after the quote) to the closing quote, or a
         here-document body to its end (``heredoc``). Returns (end, dynamic)."""
         s = self.s
