@@ -1,18 +1,25 @@
-"""Policy decision latency over the corpus (``tests/data/policy_corpus.jsonl``).
+"""Policy decision latency over the corpora (``tests/data/policy_corpus.jsonl`` and
+``tests/data/policy_evasions.jsonl``) and over large, pathological inputs.
 
-Two measurements of ``Policy.decide`` on every corpus call, against the same on-disk workspace
-the corpus test builds (real symlinks, so path checks do their real system calls):
+Three measurements of ``Policy.decide``, against the same on-disk workspaces the corpus tests
+build (real symlinks and a real copy of ``rm``, so path checks and program lookups do their real
+system calls):
 
 - pytest-benchmark (``test_decide_corpus``): one round decides every corpus call once; the
   reported time divided by the number of calls is the mean per decision.
 - Percentiles (``test_decision_percentiles``, or ``python benches/bench_policy.py``): each call
   is decided ``REPEATS`` times, each decision timed alone with ``time.perf_counter_ns``; p50,
-  p90, p99 and max over all decisions, in microseconds, overall and per kind of call. The
-  timer's own cost (two ``perf_counter_ns`` calls, measured in the same run) is reported and
-  not subtracted. Budget counters are reset between decisions, outside the timed region, so
-  every decision takes its full path. On a shared, loaded machine these percentiles include
-  preemption by other processes; ``best_of`` reports, per corpus call, the fastest of its
-  repeats (the CPU cost of the decision without interference) and percentiles over calls.
+  p90, p99 and max over all decisions, in microseconds, overall, per kind of call and per input
+  size (arguments up to 4 KB, above). The timer's own cost (two ``perf_counter_ns`` calls,
+  measured in the same run) is reported and not subtracted. Budget counters are reset between
+  decisions, outside the timed region, so every decision takes its full path. On a shared,
+  loaded machine these percentiles include preemption by other processes; ``best_of`` reports,
+  per corpus call, the fastest of its repeats (the CPU cost of the decision without
+  interference) and percentiles over calls.
+- Large inputs (``LARGE``): built-up worst cases (nested ``bash -c`` at and beyond the
+  analyzer's limits, a 60 KB here-document, thousands of commands, megabytes of JSON), each
+  decided ``LARGE_REPEATS`` times: best, median and max in milliseconds, with the rule that
+  decided.
 
 Run: ``PYTHONPATH=python python -m pytest benches/bench_policy.py --benchmark-only -s`` or
 ``PYTHONPATH=python python benches/bench_policy.py [--repeats N] [--json FILE]``.
@@ -37,10 +44,14 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO / "python"))
 
 from test_policy_corpus import POLICIES, build_workspace, load_corpus, substitute  # noqa: E402
+from test_policy_evasions import POLICY as EVASION_POLICY  # noqa: E402
+from test_policy_evasions import build_evasion_workspace, load_evasions  # noqa: E402
 
 from fak.policy import Policy  # noqa: E402
 
 REPEATS = 200
+LARGE_REPEATS = 20
+SMALL = 4096            # bytes of arguments JSON: the "up to 4 KB" bucket
 
 
 def machine() -> dict:
@@ -61,14 +72,22 @@ def machine() -> dict:
             "calibration_sum_range_1000_us": round(calib, 2)}
 
 
-def prepared(tmp: Path) -> list[tuple[dict, Policy, str, object, Path | None]]:
-    ws, outside = build_workspace(tmp)
+Call = tuple[dict, Policy, str, object, "Path | None"]
+
+
+def prepared(tmp: Path) -> list[Call]:
+    """Every call of both corpora, ready to decide: ``(entry, policy, tool, arguments, root)``."""
+    ws, outside = build_workspace(tmp / "corpus")
     policies = {name: Policy.load(path) for name, path in POLICIES.items()}
-    calls = []
+    calls: list[Call] = []
     for e in load_corpus():
         root = ws if e.get("workspace_root", True) else None
         calls.append((e, policies[e.get("policy", "swebench")], e["tool"],
                       substitute(e["arguments"], ws, outside), root))
+    ews = build_evasion_workspace(tmp / "evasions")
+    epolicy = Policy.load(EVASION_POLICY)
+    for e in load_evasions():
+        calls.append((e, epolicy, e["tool"], e["arguments"], ews))
     return calls
 
 
@@ -78,10 +97,21 @@ def kind(e: dict) -> str:
     return "bash allowed" if e["expected"] == "allow" else "bash denied"
 
 
+def size_bucket(args: object) -> str:
+    n = len(args.encode() if isinstance(args, str) else json.dumps(args).encode())
+    return "args <= 4 KB" if n <= SMALL else "args > 4 KB"
+
+
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
     k = min(len(values) - 1, max(0, round(q / 100 * (len(values) - 1))))
     return values[k]
+
+
+def _stats(vs: list[float]) -> dict:
+    return {"n": len(vs), "p50": round(pct(vs, 50), 2), "p90": round(pct(vs, 90), 2),
+            "p99": round(pct(vs, 99), 2), "max": round(max(vs), 2),
+            "mean": round(statistics.fmean(vs), 2)}
 
 
 def measure(repeats: int = REPEATS) -> dict:
@@ -105,28 +135,73 @@ def measure(repeats: int = REPEATS) -> dict:
                     t1 = clock()
                     ts.append((t1 - t0) / 1000)
                     policy.reset_conversation(conv)
-                samples.setdefault(kind(e), []).extend(ts)
-                samples.setdefault("all", []).extend(ts)
+                for k in ("all", kind(e), size_bucket(args)):
+                    samples.setdefault(k, []).extend(ts)
+                    best.setdefault(k, []).append(min(ts))
                 per_entry.append((statistics.median(ts), e["id"]))
-                best.setdefault(kind(e), []).append(min(ts))
-                best.setdefault("all", []).append(min(ts))
         finally:
             gc.enable()
     summary = {"calls": len(calls), "repeats": repeats, "timer_overhead_us": round(overhead, 3),
-               "by_kind": {}}
-    for k, vs in samples.items():
-        summary["by_kind"][k] = {"n": len(vs), "p50": round(pct(vs, 50), 2),
-                                 "p90": round(pct(vs, 90), 2), "p99": round(pct(vs, 99), 2),
-                                 "max": round(max(vs), 2), "mean": round(statistics.fmean(vs), 2)}
-    summary["best_of"] = {k: {"n": len(vs), "p50": round(pct(vs, 50), 2),
-                              "p90": round(pct(vs, 90), 2), "p99": round(pct(vs, 99), 2),
-                              "max": round(max(vs), 2)} for k, vs in best.items()}
+               "by_kind": {k: _stats(vs) for k, vs in samples.items()},
+               "best_of": {k: _stats(vs) for k, vs in best.items()}}
     per_entry.sort(reverse=True)
     summary["slowest_p50"] = [(eid, round(t, 2)) for t, eid in per_entry[:10]]
     return summary
 
 
-def report(summary: dict, info: dict) -> str:
+def _nested_bash_c(levels: int, size: int) -> str:
+    src = "ls " + "a" * size
+    for _ in range(levels):
+        src = "bash -c " + json.dumps(src)
+    return src
+
+
+def large_inputs() -> list[tuple[str, object]]:
+    """``(name, arguments)`` of the large-input worst cases (a bash call each)."""
+    body = "\n".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(2000))[:60000]
+    return [
+        ("118 KB: 10 nested bash -c (the issue's input)",
+         {"command": _nested_bash_c(10, 11000)}),
+        ("60 KB: 7 nested bash -c (parse budget)", {"command": _nested_bash_c(7, 7500)}),
+        ("60 KB: 4 nested bash -c (within limits)", {"command": _nested_bash_c(4, 14000)}),
+        ("60 KB: here-document writing a file",
+         {"command": f"cat > gen.py <<'EOF'\n{body}\nEOF\npython gen.py"}),
+        ("60 KB: 2000 commands", {"command": "; ".join(f"echo {i:05d}xxxxxxxxxxxxxxxxx"
+                                                        for i in range(2000))}),
+        ("60 KB: one word", {"command": "echo " + "a" * 60000}),
+        ("60 KB: quoted words and $()", {"command": " ".join(f"echo \"$(ls d{i})\" 'x y'"
+                                                              for i in range(2500))[:60000]}),
+        ("64 KB+1: too long", {"command": "x" * 65537}),
+        ("1 MB JSON: too long", json.dumps({"command": "x" * (1 << 20)})),
+        ("5 KB JSON nested 1,000 deep", '{"command": ' + "[" * 1000 + "]" * 1000 + "}"),
+    ]
+
+
+def measure_large(repeats: int = LARGE_REPEATS) -> list[dict]:
+    """Best, median and max milliseconds of ``decide`` on each large input."""
+    policy = Policy.load(EVASION_POLICY)
+    out = []
+    with tempfile.TemporaryDirectory() as d:
+        ws = build_evasion_workspace(Path(d))
+        for name, args in large_inputs():
+            size = len(args) if isinstance(args, str) else len(json.dumps(args))
+            ts = []
+            v = None
+            for _ in range(repeats):
+                t0 = time.perf_counter_ns()
+                v = policy.decide("bash", args, conversation="large", workspace_root=ws)
+                ts.append((time.perf_counter_ns() - t0) / 1e6)
+                policy.reset_conversation("large")
+            out.append({"input": name, "chars": size, "rule": v.rule if v else "",
+                        "best_ms": round(min(ts), 3), "median_ms": round(statistics.median(ts), 3),
+                        "max_ms": round(max(ts), 3)})
+    return out
+
+
+KINDS = ("all", "bash allowed", "bash denied", "path tools", "args <= 4 KB", "args > 4 KB")
+
+
+def report(summary: dict, info: dict, large: list[dict] | None = None) -> str:
     lines = [f"machine: {info['cpu']}, {info['cores']} cores, load {info['load_avg_1m']:.1f}, "
              f"Python {info['python']}, calibration sum(range(1000)) = "
              f"{info['calibration_sum_range_1000_us']} us",
@@ -134,19 +209,24 @@ def report(summary: dict, info: dict) -> str:
              f"{summary['timer_overhead_us']} us (included)",
              f"{'kind':<14}{'n':>8}{'p50 us':>10}{'p90 us':>10}{'p99 us':>10}{'max us':>10}"
              f"{'mean us':>10}"]
-    for k in ("all", "bash allowed", "bash denied", "path tools"):
+    for k in KINDS:
         s = summary["by_kind"].get(k)
         if s:
             lines.append(f"{k:<14}{s['n']:>8}{s['p50']:>10}{s['p90']:>10}{s['p99']:>10}"
                          f"{s['max']:>10}{s['mean']:>10}")
     lines.append(f"best of {summary['repeats']} per call (percentiles over calls):")
-    for k in ("all", "bash allowed", "bash denied", "path tools"):
+    for k in KINDS:
         s = summary["best_of"].get(k)
         if s:
             lines.append(f"{k:<14}{s['n']:>8}{s['p50']:>10}{s['p90']:>10}{s['p99']:>10}"
                          f"{s['max']:>10}")
     lines.append("slowest entries (p50 us): " + ", ".join(f"{i} {t}" for i, t in
                                                           summary["slowest_p50"]))
+    if large:
+        lines.append("large inputs (ms): input | chars | rule | best | median | max")
+        for r in large:
+            lines.append(f"  {r['input']} | {r['chars']} | {r['rule']} | {r['best_ms']} | "
+                         f"{r['median_ms']} | {r['max_ms']}")
     return "\n".join(lines)
 
 
@@ -167,23 +247,28 @@ def test_decide_corpus(benchmark, tmp_path: Path) -> None:
 
 
 def test_decision_percentiles() -> None:
-    """Per-decision percentiles, printed (run with -s)."""
+    """Per-decision percentiles and the large inputs, printed (run with -s)."""
     summary = measure(repeats=50)
+    large = measure_large(repeats=5)
     print()
-    print(report(summary, machine()))
+    print(report(summary, machine(), large))
     assert summary["by_kind"]["all"]["n"] == summary["calls"] * 50
+    assert all(r["rule"] for r in large)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=REPEATS)
+    ap.add_argument("--large-repeats", type=int, default=LARGE_REPEATS)
     ap.add_argument("--json", help="also write the summary and machine as JSON here")
     a = ap.parse_args()
     info = machine()
     summary = measure(a.repeats)
-    print(report(summary, info))
+    large = measure_large(a.large_repeats)
+    print(report(summary, info, large))
     if a.json:
-        Path(a.json).write_text(json.dumps({"machine": info, **summary}, indent=2))
+        Path(a.json).write_text(json.dumps({"machine": info, **summary, "large": large},
+                                           indent=2))
 
 
 if __name__ == "__main__":

@@ -752,6 +752,18 @@ def parse_find(argv: list[str], dyn: list[bool]) -> FindCall:
     return call
 
 
+def find_of(cmd) -> FindCall:
+    """:func:`parse_find` of a :class:`~fak.policy.shell.SimpleCommand`, computed once per
+    command (kept in ``cmd.cache``)."""
+    cache = cmd.cache
+    if cache is None:
+        cache = cmd.cache = {}
+    call = cache.get("find")
+    if call is None:
+        call = cache["find"] = parse_find(cmd.argv, cmd.dyn)
+    return call
+
+
 def _find_or(tokens: list[tuple], k: int) -> tuple[tuple, int]:
     alts = []
     node, k = _find_and(tokens, k)

@@ -49,6 +49,19 @@ _TAR_LONG_ARGS = _f("file", "directory", "blocking-factor", "files-from", "exclu
                     "rsh-command", "volno-file", "suffix", "backup", "index-file")
 
 
+def paths_of(cmd) -> Written:
+    """:func:`written_paths` of a :class:`~fak.policy.shell.SimpleCommand`, computed once per
+    command (kept in ``cmd.cache``)."""
+    cache = cmd.cache
+    if cache is None:
+        cache = cmd.cache = {}
+    out = cache.get("writes")
+    if out is None:
+        out = cache["writes"] = (written_paths(cmd.name, cmd.argv, cmd.dyn)
+                                 if cmd.argv and not cmd.dyn[0] else [])
+    return out
+
+
 def written_paths(name: str, argv: list[str], dyn: list[bool]) -> Written:
     """The paths the command ``name`` (``argv[0]``'s basename) writes or replaces, as
     ``(word index, path)``: the path is the word, or the part after an option prefix
@@ -295,7 +308,7 @@ def _git(argv: list[str], dyn: list[bool]) -> Written:
 
 
 def _find(argv: list[str], dyn: list[bool]) -> Written:
-    return [(i, argv[i]) for i in parse_find(argv, dyn).writes]
+    return [(i, argv[i]) for i in parse_find(argv, dyn).writes] if "-f" in " ".join(argv) else []
 
 
 _BY_NAME = {

@@ -49,6 +49,19 @@ def outside_message(word: str, real: str, root: str | None, strict: bool) -> str
     return f"`{short(word, 80)}` resolves to {short(real, 80)}, outside the workspace"
 
 
+def cached_resolve(c: SimpleCommand, word: str, cwd: str | None, root: str | None) -> str | None:
+    """:func:`fak.policy.paths.resolve` of ``word`` for ``c``, computed once per decision (the
+    checks of one decision share ``c.cache``)."""
+    cache = c.cache
+    if cache is None:
+        cache = c.cache = {}
+    key = ("resolve", word, cwd, root)
+    if key in cache:
+        return cache[key]
+    real = cache[key] = resolve(word, cwd, root)
+    return real
+
+
 def path_problem(c: SimpleCommand, word: str, dyn: bool, globbed: bool, root: str | None,
                  extra: tuple[str, ...], strict: bool) -> str | None:
     """Why ``word`` (an operand of ``c``) is not inside the workspace or an extra root, or
@@ -58,7 +71,7 @@ def path_problem(c: SimpleCommand, word: str, dyn: bool, globbed: bool, root: st
     if dyn:
         return f"`{short(word, 80)}` is only known at run time"
     for cwd in c.cwds:
-        real = resolve(word, cwd, root)
+        real = cached_resolve(c, word, cwd, root)
         if real is None:
             if root is None and not word.startswith(("/", "~")):
                 return f"`{short(word, 80)}` is relative and no workspace root is known"
@@ -83,7 +96,7 @@ def is_root(c: SimpleCommand, word: str, root: str | None) -> bool:
     if root is None:
         return True
     for cwd in c.cwds:
-        real = resolve(word, cwd, root)
+        real = cached_resolve(c, word, cwd, root)
         if real is None or real == root:
             return True
     return False

@@ -12,7 +12,7 @@ import re
 
 from fak.policy import commands as _cmds
 from fak.policy import writes as _writes
-from fak.policy.checks.base import is_root, path_problem, short
+from fak.policy.checks.base import cached_resolve, is_root, path_problem, short
 from fak.policy.paths import HARMLESS_WRITE_TARGETS, resolve, within
 from fak.policy.shell import GLOB, Analysis, SimpleCommand
 
@@ -53,7 +53,7 @@ def rm_outside_workspace(a: Analysis, root: str | None, extra: tuple[str, ...]) 
                 if why:
                     return f"{short(c.line)}: {why}"
         elif name == "find":
-            call = _cmds.parse_find(c.argv, c.dyn)
+            call = _cmds.find_of(c)
             if call.delete and call.follow:
                 return (f"{short(c.line)}: -delete while following symlinks (-L) may leave the "
                         f"workspace")
@@ -75,9 +75,8 @@ def _written(c: SimpleCommand):
     for r in c.redirects:
         if r.writes and not r.procsub and r.target not in HARMLESS_WRITE_TARGETS:
             yield r.target, r.dynamic, False, r
-    if c.argv and not c.dyn[0]:
-        for i, path in _writes.written_paths(c.name, c.argv, c.dyn):
-            yield path, c.dyn[i], bool(c.flags[i] & GLOB), None
+    for i, path in _writes.paths_of(c):
+        yield path, c.dyn[i], bool(c.flags[i] & GLOB), None
 
 
 def write_outside_workspace(a: Analysis, root: str | None, extra: tuple[str, ...]) -> str | None:
@@ -137,7 +136,7 @@ def git_hooks(a: Analysis, root: str | None, extra: tuple[str, ...]) -> str | No
                 continue
             names = [os.path.normpath(word)]
             for cwd in c.cwds:
-                real = resolve(word, cwd, root)
+                real = cached_resolve(c, word, cwd, root)
                 if real is not None:
                     names.append(real)
             if any(_GIT_RUNS.search(n) for n in names):
@@ -158,10 +157,17 @@ _SECRET_PATH = re.compile(
     r"|/etc/(?:shadow|gshadow|sudoers|sudoers\.d(?:/.*)?|ssh/ssh_host_[^/]*key)")
 _KEY_FILE = re.compile(r"[^/]*(?:\.pem|\.key|\.p12|\.pfx|\.jks|\.keystore)"
                        r"|id_(?:rsa|dsa|ecdsa|ed25519)[^/]*")
-# words worth resolving: only these can name a secret (a cheap filter before any system call)
-_HINT = re.compile(r"environ|ssh|aws|azure|gnupg|netrc|credential|pypirc|npmrc|docker|kube"
-                   r"|config|password|keyring|huggingface|token|shadow|sudoers|\.pem|\.key|\.p12"
-                   r"|\.pfx|\.jks|keystore|id_|\*|\?|\.\.", re.IGNORECASE)
+# words worth resolving: only these can name a secret (a cheap filter before any system call;
+# substring tests, linear in the text, where an alternation regex is not)
+_HINTS = ("environ", ".ssh", ".aws", ".azure", ".gnupg", "netrc", "credential", "pypirc", "npmrc",
+          ".docker", ".kube", ".config/", "password-store", "keyring", "huggingface", "token",
+          "shadow", "sudoers", ".pem", ".key", ".p12", ".pfx", ".jks", "keystore", "id_rsa",
+          "id_dsa", "id_ecdsa", "id_ed25519", "vault", "terraform")
+
+
+def _hinted(text: str) -> bool:
+    t = text.lower()
+    return any(h in t for h in _HINTS)
 _DYNAMIC_PART = re.compile(r"\$\{[^}]*\}|\$\([^)]*\)|\$[A-Za-z_][A-Za-z0-9_]*|\$[$!#?@*0-9-]"
                            r"|`[^`]*`")
 
@@ -209,24 +215,28 @@ def credential_files(a: Analysis, root: str | None, extra: tuple[str, ...]) -> s
     for c in a.commands:
         for cwd in c.cwds:
             if cwd is not None and cwd != "":
-                real = resolve(".", cwd, root)
+                real = cached_resolve(c, ".", cwd, root)
                 if real is not None and _is_secret(real, None) and c.argv:
                     return f"{short(c.line)}: runs in `{short(real, 80)}`"
+        moved = any(cw not in ("", None) for cw in c.cwds)
+        if not moved and not _hinted(c.line) and not any(
+                _hinted(r.target) for r in c.redirects if r.op in ("<", "<>")):
+            continue
         words = [(c.argv[i], c.dyn[i], bool(c.flags[i] & GLOB)) for i in range(1, len(c.argv))]
         words.extend((r.target, r.dynamic, False) for r in c.redirects if r.op in ("<", "<>"))
         for word, dyn, globbed in words:
-            if _HINT.search(word) is None and not any(cw not in ("", None) for cw in c.cwds):
+            if not moved and not _hinted(word):
                 continue
             for text in _candidates(word, dyn):
                 for cwd in c.cwds:
-                    real = resolve(text, cwd, root)
+                    real = cached_resolve(c, text, cwd, root)
                     if real is None:
                         continue
                     pattern_hit = (globbed or "*" in text) and _SECRET_PATH.fullmatch(
                         real.replace("*", "X").replace("?", "X")) is not None
                     if pattern_hit or _is_secret(real, root):
                         return f"{short(c.line)}: `{short(word, 80)}` is {short(real, 80)}"
-                    if globbed and _HINT.search(text.replace("*", "").replace("?", "")):
+                    if globbed and _hinted(text.replace("*", "").replace("?", "")):
                         pattern = text if text.startswith("/") else os.path.join(
                             resolve(".", cwd, root) or "/", text)
                         for k, match in enumerate(_glob.iglob(os.path.expanduser(pattern))):

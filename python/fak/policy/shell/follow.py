@@ -69,17 +69,22 @@ class Follow:
               redirects: list[Redirect], stdin: str, via: str, cwds: tuple | None,
               unknown_operands: bool, find_roots: tuple | None, hops: int,
               find_guarded: bool = False) -> None:
+        cmd = SimpleCommand(argv, dyn, flags, redirects, stdin,
+                            tuple(self.ctx.cwds) if cwds is None else cwds, via, unknown_operands,
+                            find_roots)
+        cmd.find_guarded = find_guarded
+        self._emit_command(cmd, hops)
+
+    def _emit_command(self, cmd: SimpleCommand, hops: int) -> None:
+        """Record ``cmd`` (built by :meth:`_emit` or by a fast path) and follow what it runs."""
         ctx = self.ctx
         if len(ctx.commands) >= MAX_COMMANDS:
             raise self._err(f"more than {MAX_COMMANDS} commands")
-        cmd = SimpleCommand(argv, dyn, flags, redirects, stdin,
-                            tuple(ctx.cwds) if cwds is None else cwds, via, unknown_operands,
-                            find_roots)
-        cmd.find_guarded = find_guarded
         if ctx.func_stack:
             cmd.func = ctx.func_stack[-1]
         ctx.commands.append(cmd)
         self._record_writes(cmd)
+        argv, dyn, flags, find_roots = cmd.argv, cmd.dyn, cmd.flags, cmd.find_roots
         if not argv:
             return
         if dyn[0] or flags[0] & (GLOB | PROCSUB):
@@ -335,7 +340,7 @@ class Follow:
 
     def _find(self, cmd: SimpleCommand, hops: int) -> None:
         argv, dyn = cmd.argv, cmd.dyn
-        call = _cmds.parse_find(argv, dyn)
+        call = _cmds.find_of(cmd)
         if not call.execs:
             return
         if call.follow or any(dyn[i] for i in call.starts):

@@ -32,7 +32,7 @@ _FAST_TOK = re.compile(r"""[ \t]*(?:
 )""", re.X)
 _WORD_END = frozenset(" \t\n;&|<>()")
 _UNQUOTE = re.compile(r"'([^']*)'|\"([^\"]*)\"")
-# The same subset over a whole line (findall); group 5 catches any other character, which sends
+# The same subset over a whole line (finditer); group 5 catches any other character, which sends
 # the line to the full parser.
 _FAST_LINE = re.compile(_FAST_TOK.pattern[:-2] + "  | (.)\n)", re.X | re.S)
 
@@ -464,17 +464,18 @@ class Lexer:
         pending = self.pending
         self.pending = []
         for r, delim, strip, quoted in pending:
-            lines: list[str] = []
-            while self.i < n:
-                j = s.find("\n", self.i)
-                end = n if j < 0 else j
-                line = s[self.i:end]
-                self.i = n if j < 0 else j + 1
-                if strip:
-                    line = line.lstrip("\t")
-                if line == delim:
-                    break
-                lines.append(line)
+            # the first line that is the delimiter (after leading tabs, for <<-) ends the body
+            end_re = re.compile(("^\t*" if strip else "^") + re.escape(delim) + "$", re.M)
+            start = self.i
+            m = end_re.search(s, start)
+            stop = n if m is None else m.start()
+            text = s[start:stop]
+            self.i = n if m is None else min(m.end() + 1, n)
+            if text.endswith("\n"):
+                text = text[:-1]    # the newline that ends the last body line
+            lines = text.split("\n") if stop > start else []
+            if strip:
+                lines = [line.lstrip("\t") for line in lines]
             body = "\n".join(lines) + ("\n" if lines else "")
             if not quoted and ("$" in body or "`" in body or "\\" in body):
                 parts: list[str] = []

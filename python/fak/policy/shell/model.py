@@ -5,7 +5,7 @@ its words, redirections, standard input and directories), :class:`Redirect`, :cl
 from __future__ import annotations
 
 MAX_DEPTH = 8            # nested $(...), bash -c, eval, ... strings
-MAX_COMMANDS = 2048      # simple commands in one analysis
+MAX_COMMANDS = 512       # simple commands in one analysis
 MAX_CWDS = 16            # directories tracked after cd
 MAX_BRACE_WORDS = 256    # words one brace expansion may produce
 MAX_SOURCE_CHARS = 65536     # longest command line analyzed (characters)
@@ -85,11 +85,12 @@ class SimpleCommand:
     ``program_index``: the word holding the ``-c`` string, the script or the ``-m`` module, if
     any; ``note``: why the command is only known at run time, else ``None``; ``func``: the name
     of the shell function whose body holds it, else ``None``; ``concurrent``: it runs alongside
-    its caller (followed by ``&`` or piped into another command)."""
+    its caller (followed by ``&`` or piped into another command); ``cache``: values derived
+    from the command by the checks of one decision (``None`` until one is stored)."""
 
     __slots__ = ("argv", "dyn", "flags", "name", "line", "redirects", "stdin", "cwds", "via",
                  "unknown_operands", "find_roots", "find_guarded", "program", "program_index",
-                 "note", "func", "concurrent")
+                 "note", "func", "concurrent", "cache")
 
     def __init__(self, argv: list[str], dyn: list[bool], flags: list[int],
                  redirects: list[Redirect], stdin: str, cwds: tuple, via: str,
@@ -109,6 +110,7 @@ class SimpleCommand:
         self.note: str | None = None
         self.func: str | None = None
         self.concurrent = False
+        self.cache: dict | None = None
         if argv:
             a0 = argv[0]
             name = a0 if dyn[0] or "/" not in a0 else (a0.rstrip("/").rsplit("/", 1)[-1] or a0)

@@ -11,9 +11,9 @@ from fak.policy.shell.follow import _EDITORS, _ENV_SETTERS, Follow, apply_cd
 from fak.policy.shell.gitrun import GitRun
 from fak.policy.shell.grammar import KEYWORDS, Grammar, stdin_of
 from fak.policy.shell.lexer import _FAST_LINE, _SIMPLE, _UNQUOTE, CMD, Lexer, _unquote_piece
-from fak.policy.shell.model import (EMPTY, MAX_DEPTH, MAX_PARSE_CHARS, MAX_SOURCE_CHARS,
-                                    ROOT_CWD, Analysis, Redirect, ShellSyntaxError,
-                                    SimpleCommand)
+from fak.policy.shell.model import (EMPTY, MAX_COMMANDS, MAX_DEPTH, MAX_PARSE_CHARS,
+                                    MAX_SOURCE_CHARS, ROOT_CWD, Analysis, Redirect,
+                                    ShellSyntaxError, SimpleCommand)
 from fak.policy.shell.written import WrittenFiles
 
 # command names whose arguments hold other commands, change the directory or the environment
@@ -22,6 +22,15 @@ _SPECIAL = frozenset({*_cmds.WRAPPERS, "busybox", "toybox", "setarch", "flock", 
                       "tar", "parallel", "gdb", "split", *_ENV_SETTERS, *_EDITORS})
 # commands whose output files a later command of the same line may run
 _FILE_MAKERS = frozenset({"cp", "install", "ln", "mv", "dd", "tee", "echo", "printf", "cat"})
+
+
+def _may_run_written(cmds: list[SimpleCommand]) -> bool:
+    """Some command writes a file and a later one runs a program by path or a shell script."""
+    for k, c in enumerate(cmds[:-1]):
+        if c.name in _FILE_MAKERS or any(r.writes for r in c.redirects):
+            return any("/" in d.argv[0] or d.name in ("source", ".") or _cmds.is_shell(d.name)
+                       for d in cmds[k + 1:] if d.argv)
+    return False
 
 
 class Ctx:
@@ -201,7 +210,8 @@ def _analyze_line(src: str, root: str | None) -> Analysis | None:
     redirects: list[Redirect] = []
     pipe = False
     target: tuple[str, str] | None = None
-    for fd, rop, word, op, bad in _FAST_LINE.findall(src):
+    for m in _FAST_LINE.finditer(src):
+        fd, rop, word, op, bad = m.groups()
         if word:
             sq = "'" in word
             dq = '"' in word
@@ -241,7 +251,7 @@ def _analyze_line(src: str, root: str | None) -> Analysis | None:
             if target is not None:
                 return None
             target = (fd, rop)
-        else:
+        elif bad is not None:
             return None
     if target is not None:
         return None
@@ -249,18 +259,21 @@ def _analyze_line(src: str, root: str | None) -> Analysis | None:
         specs.append((words, redirects, "pipe" if pipe else ""))
     if not specs:
         return EMPTY
+    if len(specs) > MAX_COMMANDS:
+        raise ShellSyntaxError(f"more than {MAX_COMMANDS} commands")
     cmds = [SimpleCommand(argv, [False] * len(argv), [0] * len(argv), redirects,
                           stdin_of(redirects, stdin), ROOT_CWD, "")
             for argv, redirects, stdin in specs]
     kinds = [_classify_command(c) for c in cmds]
-    if len(cmds) > 1 and _PARSE not in kinds and any(
-            c.name in _FILE_MAKERS or any(r.writes for r in c.redirects) for c in cmds[:-1]):
+    if len(cmds) > 1 and _PARSE not in kinds and _may_run_written(cmds):
         kinds.append(_PARSE)    # a later command may run what an earlier one writes
     if _PARSE in kinds:
         full = Ctx(root)
         p = Parser(full, src, len(src), 0, "", "", None)
         for c in cmds:
-            p._emit(c.argv, c.dyn, c.flags, c.redirects, c.stdin, "", None, False, None, 0)
+            c.program = c.program_index = None
+            c.cwds = tuple(full.cwds)
+            p._emit_command(c, 0)
         return _done(full)
     if _CD in kinds:
         ctx = Ctx(root)

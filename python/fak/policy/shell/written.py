@@ -149,7 +149,7 @@ class WrittenFiles:
                         if key is not None:
                             written[key] = rec
         elif name not in _CONTENT_KEEPERS:
-            for idx, path in _writes.written_paths(name, argv, dyn):
+            for _, path in _writes.paths_of(cmd):
                 for cwd in cmd.cwds:
                     key = path_key(cwd, path)
                     if key is not None:
