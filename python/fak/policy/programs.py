@@ -12,16 +12,20 @@ and the files they write.
   ``>> FILE`` write files; ``ENVIRON`` reads the environment.
 
 Both return what is known from the text: a command or a file name given as a literal, or
-``None`` for one computed at run time. Neither runs anything or touches the file system.
+``None`` for one computed at run time. Neither runs anything or touches the file system; both
+are memoized per text (the analyzer and several checks ask about the same program; callers
+must not modify the returned lists).
 """
 
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 _SED_LABEL_END = re.compile(r"[;\n]")
 
 
+@lru_cache(maxsize=512)
 def sed_effects(script: str) -> tuple[list[str | None], list[str]]:
     """``(runs, writes)`` of a sed script: ``runs`` holds the shell commands it executes
     (``None``: the pattern space, known only at run time), ``writes`` the files it writes."""
@@ -217,6 +221,7 @@ def _awk_unescape(s: str) -> str:
     return re.sub(r"\\(.)", lambda m: _AWK_ESCAPES.get(m.group(1), "\\" + m.group(1)), s)
 
 
+@lru_cache(maxsize=512)
 def awk_effects(prog: str) -> tuple[list[tuple[str | None, bool]], list[str], bool]:
     """``(runs, writes, reads_environ)`` of an awk program: ``runs`` holds the shell commands
     it starts as ``(command, fed)`` (``command`` ``None``: computed at run time; ``fed``: the

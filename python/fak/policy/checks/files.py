@@ -165,8 +165,13 @@ _HINTS = ("environ", ".ssh", ".aws", ".azure", ".gnupg", "netrc", "credential", 
           "id_dsa", "id_ecdsa", "id_ed25519", "vault", "terraform")
 
 
+_HINT_RE = re.compile("|".join(re.escape(h) for h in _HINTS))
+
+
 def _hinted(text: str) -> bool:
     t = text.lower()
+    if len(t) < 512:
+        return _HINT_RE.search(t) is not None
     return any(h in t for h in _HINTS)
 _DYNAMIC_PART = re.compile(r"\$\{[^}]*\}|\$\([^)]*\)|\$[A-Za-z_][A-Za-z0-9_]*|\$[$!#?@*0-9-]"
                            r"|`[^`]*`")
@@ -218,14 +223,15 @@ def credential_files(a: Analysis, root: str | None, extra: tuple[str, ...]) -> s
                 real = cached_resolve(c, ".", cwd, root)
                 if real is not None and _is_secret(real, None) and c.argv:
                     return f"{short(c.line)}: runs in `{short(real, 80)}`"
-        moved = any(cw not in ("", None) for cw in c.cwds)
-        if not moved and not _hinted(c.line) and not any(
+        dirs = "/".join(cw for cw in c.cwds if cw)     # a word may be read from any of them
+        if not _hinted(dirs + "/" + c.line) and not any(
                 _hinted(r.target) for r in c.redirects if r.op in ("<", "<>")):
             continue
         words = [(c.argv[i], c.dyn[i], bool(c.flags[i] & GLOB)) for i in range(1, len(c.argv))]
         words.extend((r.target, r.dynamic, False) for r in c.redirects if r.op in ("<", "<>"))
         for word, dyn, globbed in words:
-            if not moved and not _hinted(word):
+            if not _hinted(word) and not (dirs and not word.startswith("/")
+                                          and _hinted(dirs + "/" + word)):
                 continue
             for text in _candidates(word, dyn):
                 for cwd in c.cwds:

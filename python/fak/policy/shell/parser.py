@@ -25,10 +25,12 @@ _FILE_MAKERS = frozenset({"cp", "install", "ln", "mv", "dd", "tee", "echo", "pri
 
 
 def _may_run_written(cmds: list[SimpleCommand]) -> bool:
-    """Some command writes a file and a later one runs a program by path or a shell script."""
+    """Some command writes a file and a later one runs a program by path or a shell script
+    (``program`` is already set by :func:`_classify_command` for plain interpreters)."""
     for k, c in enumerate(cmds[:-1]):
         if c.name in _FILE_MAKERS or any(r.writes for r in c.redirects):
-            return any("/" in d.argv[0] or d.name in ("source", ".") or _cmds.is_shell(d.name)
+            return any("/" in d.argv[0] or (d.name in ("source", ".") and len(d.argv) > 1)
+                       or (d.program == "file" and _cmds.is_shell(d.name))
                        for d in cmds[k + 1:] if d.argv)
     return False
 

@@ -265,8 +265,8 @@ class WrittenFiles:
             self._run_written(cmd, rec, hops, as_program=True)
             return True
         root = self.ctx.root
-        if root is None:
-            return False
+        if root is None or (word.startswith("/") and not word.startswith(root + "/")):
+            return False        # an absolute path elsewhere is the system's program
         candidates = [word] if "/" in word else [posixpath.join(d, word)
                                                  for d in self.ctx.path_dirs]
         for cwd in cmd.cwds:
