@@ -162,19 +162,19 @@ def large_inputs() -> list[tuple[str, object]]:
     body = "\n".join(f"def f{i}(x):\n    return x + {i}\n" for i in range(2000))[:60000]
     return [
         ("118 KB: 10 nested bash -c (the issue's input)",
-         {"command": _nested_bash_c(10, 11000)}),
-        ("60 KB: 7 nested bash -c (parse budget)", {"command": _nested_bash_c(7, 7500)}),
-        ("60 KB: 4 nested bash -c (within limits)", {"command": _nested_bash_c(4, 14000)}),
+         {"command": _nested_bash_c(10, 117_900)}),
+        ("60 KB: 7 nested bash -c (over the parse budget)", {"command": _nested_bash_c(7, 60_000)}),
+        ("60 KB: 4 nested bash -c (within limits)", {"command": _nested_bash_c(4, 60_000)}),
         ("60 KB: here-document writing a file",
          {"command": f"cat > gen.py <<'EOF'\n{body}\nEOF\npython gen.py"}),
-        ("60 KB: 2000 commands", {"command": "; ".join(f"echo {i:05d}xxxxxxxxxxxxxxxxx"
+        ("58 KB: 2000 commands (over 512)", {"command": "; ".join(f"echo {i:05d}xxxxxxxxxxxxxxxxx"
                                                         for i in range(2000))}),
         ("60 KB: one word", {"command": "echo " + "a" * 60000}),
         ("60 KB: quoted words and $()", {"command": " ".join(f"echo \"$(ls d{i})\" 'x y'"
                                                               for i in range(2500))[:60000]}),
         ("64 KB+1: too long", {"command": "x" * 65537}),
         ("1 MB JSON: too long", json.dumps({"command": "x" * (1 << 20)})),
-        ("5 KB JSON nested 1,000 deep", '{"command": ' + "[" * 1000 + "]" * 1000 + "}"),
+        ("2 KB JSON nested 1,000 deep", '{"command": ' + "[" * 1000 + "]" * 1000 + "}"),
     ]
 
 

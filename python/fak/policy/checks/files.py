@@ -166,6 +166,7 @@ _HINTS = ("environ", ".ssh", ".aws", ".azure", ".gnupg", "netrc", "credential", 
 
 
 _HINT_RE = re.compile("|".join(re.escape(h) for h in _HINTS))
+_PATH_MAX = 4096    # bytes in a path the kernel opens (linux/limits.h PATH_MAX)
 
 
 def _hinted(text: str) -> bool:
@@ -224,14 +225,18 @@ def credential_files(a: Analysis, root: str | None, extra: tuple[str, ...]) -> s
                 if real is not None and _is_secret(real, None) and c.argv:
                     return f"{short(c.line)}: runs in `{short(real, 80)}`"
         dirs = "/".join(cw for cw in c.cwds if cw)     # a word may be read from any of them
-        if not _hinted(dirs + "/" + c.line) and not any(
-                _hinted(r.target) for r in c.redirects if r.op in ("<", "<>")):
+        if len(c.line) <= _PATH_MAX:
+            hinted = _hinted(dirs + "/" + c.line)
+        else:   # a word longer than PATH_MAX cannot be opened (ENAMETOOLONG)
+            hinted = any(_hinted(dirs + "/" + w) for w in c.argv if len(w) <= _PATH_MAX)
+        if not hinted and not any(_hinted(r.target) for r in c.redirects
+                                  if r.op in ("<", "<>") and len(r.target) <= _PATH_MAX):
             continue
         words = [(c.argv[i], c.dyn[i], bool(c.flags[i] & GLOB)) for i in range(1, len(c.argv))]
         words.extend((r.target, r.dynamic, False) for r in c.redirects if r.op in ("<", "<>"))
         for word, dyn, globbed in words:
-            if not _hinted(word) and not (dirs and not word.startswith("/")
-                                          and _hinted(dirs + "/" + word)):
+            if len(word) > _PATH_MAX or (not _hinted(word) and not (
+                    dirs and not word.startswith("/") and _hinted(dirs + "/" + word))):
                 continue
             for text in _candidates(word, dyn):
                 for cwd in c.cwds:
