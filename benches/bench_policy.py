@@ -16,13 +16,19 @@ system calls):
   loaded machine these percentiles include preemption by other processes; ``best_of`` reports,
   per corpus call, the fastest of its repeats (the CPU cost of the decision without
   interference) and percentiles over calls.
-- Large inputs (``LARGE``): built-up worst cases (nested ``bash -c`` at and beyond the
+- Interleaved with a peer (``--peer CHECKOUT``): short bursts of this checkout and of the peer
+  (another checkout of fak, e.g. the main branch: its ``fak.policy`` and its coding-agent
+  policy file, on this checkout's corpora) alternate ``--rounds`` times in fresh processes;
+  per call the minimum over all bursts is kept, wall clock and thread CPU time. On a loaded
+  machine this is the fairest comparison: both sides see the same moments of load.
+- Large inputs (``large_inputs``): built-up worst cases (nested ``bash -c`` at and beyond the
   analyzer's limits, a 60 KB here-document, thousands of commands, megabytes of JSON), each
   decided ``LARGE_REPEATS`` times: best, median and max in milliseconds, with the rule that
   decided.
 
 Run: ``PYTHONPATH=python python -m pytest benches/bench_policy.py --benchmark-only -s`` or
-``PYTHONPATH=python python benches/bench_policy.py [--repeats N] [--json FILE]``.
+``PYTHONPATH=python python benches/bench_policy.py [--repeats N] [--json FILE]``, or
+``python benches/bench_policy.py --peer ../main [--rounds 8] [--burst-repeats 15]``.
 Results are recorded in ``benches/results/policy.md``.
 """
 
@@ -41,8 +47,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+# --burst CHECKOUT measures another checkout's fak.policy (the peer) with this one's corpora
+_CODE = Path(sys.argv[sys.argv.index("--burst") + 1]) if "--burst" in sys.argv else REPO
 sys.path.insert(0, str(REPO / "tests"))
-sys.path.insert(0, str(REPO / "python"))
+sys.path.insert(0, str(_CODE / "python"))
 
 from test_policy_corpus import POLICIES, build_workspace, load_corpus, substitute  # noqa: E402
 from test_policy_evasions import POLICY as EVASION_POLICY  # noqa: E402
@@ -76,19 +84,25 @@ def machine() -> dict:
 Call = tuple[dict, Policy, str, object, "Path | None"]
 
 
-def prepared(tmp: Path) -> list[Call]:
-    """Every call of both corpora, ready to decide: ``(entry, policy, tool, arguments, root)``."""
+def prepared(tmp: Path, which: str = "both") -> list[Call]:
+    """Every call of the corpora (``which``: ``"corpus"``, ``"evasions"`` or ``"both"``),
+    ready to decide: ``(entry, policy, tool, arguments, root)``. The coding-agent policy file is
+    the measured checkout's."""
     ws, outside = build_workspace(tmp / "corpus")
-    policies = {name: Policy.load(path) for name, path in POLICIES.items()}
+    policies = {name: Policy.load(_CODE / Path(path).relative_to(REPO))
+                for name, path in POLICIES.items()}
     calls: list[Call] = []
-    for e in load_corpus():
-        root = ws if e.get("workspace_root", True) else None
-        calls.append((e, policies[e.get("policy", "swebench")], e["tool"],
-                      substitute(e["arguments"], ws, outside), root))
-    ews = build_evasion_workspace(tmp / "evasions")
-    epolicy = Policy.load(EVASION_POLICY)
-    for e in load_evasions():
-        calls.append((e, epolicy, e["tool"], e["arguments"], ews))
+    if which in ("corpus", "both"):
+        for e in load_corpus():
+            root = ws if e.get("workspace_root", True) else None
+            calls.append((e, policies[e.get("policy", "swebench")], e["tool"],
+                          substitute(e["arguments"], ws, outside), root))
+    if which in ("evasions", "both"):
+        ews = build_evasion_workspace(tmp / "evasions")
+        epolicy = Policy.load(_CODE / EVASION_POLICY.relative_to(REPO))
+        for e in load_evasions():
+            e = dict(e, id="ev:" + e["id"])
+            calls.append((e, epolicy, e["tool"], e["arguments"], ews))
     return calls
 
 
@@ -182,7 +196,7 @@ def measure_large(repeats: int = LARGE_REPEATS) -> list[dict]:
     """Best, median and max milliseconds of ``decide`` on each large input (the denials these
     inputs get are logged by ``fak.policy`` at warning level; that logger is quieted here)."""
     logging.getLogger("fak.policy").setLevel(logging.ERROR)
-    policy = Policy.load(EVASION_POLICY)
+    policy = Policy.load(_CODE / EVASION_POLICY.relative_to(REPO))
     out = []
     with tempfile.TemporaryDirectory() as d:
         ws = build_evasion_workspace(Path(d))
@@ -259,13 +273,93 @@ def test_decision_percentiles() -> None:
     assert all(r["rule"] for r in large)
 
 
+def burst(which: str, repeats: int) -> dict:
+    """One burst for the interleaved comparison: per call ``[best wall us, best cpu us]`` over
+    ``repeats`` decisions (``which``: a corpus selection, or ``"large"``: the large inputs, in
+    milliseconds, with the rule that decided or the exception that escaped)."""
+    logging.getLogger("fak.policy").setLevel(logging.ERROR)
+    out: dict = {}
+    with tempfile.TemporaryDirectory() as d:
+        if which == "large":
+            policy = Policy.load(_CODE / EVASION_POLICY.relative_to(REPO))
+            ws = build_evasion_workspace(Path(d))
+            items = [(name, policy, "bash", args, ws) for name, args in large_inputs()]
+        else:
+            items = [(e["id"], p, tool, args, root) for e, p, tool, args, root in
+                     prepared(Path(d), which)]
+        scale = 1e6 if which == "large" else 1e3
+        for key, policy, tool, args, root in items:
+            bw = bt = float("inf")
+            rule = ""
+            for _ in range(repeats):
+                t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
+                try:
+                    rule = policy.decide(tool, args, conversation="b", workspace_root=root).rule
+                except Exception as e:  # noqa: BLE001 - a peer may raise; that is a result
+                    rule = f"raised {type(e).__name__}"
+                c1, t1 = time.thread_time_ns(), time.perf_counter_ns()
+                policy.reset_conversation("b")
+                bw, bt = min(bw, t1 - t0), min(bt, c1 - c0)
+            out[key] = [bw / scale, bt / scale, rule]
+    return out
+
+
+def interleaved(peer: Path, rounds: int, repeats: int) -> str:
+    """Alternate bursts of this checkout and ``peer`` (fresh processes); the per-call minimum
+    over all bursts; a table of percentiles (us) and of the large inputs (ms)."""
+    import subprocess
+    sides = {"this": REPO, "peer": peer.resolve()}
+    best: dict[tuple[str, str], dict] = {}
+    for _ in range(rounds):
+        for side, code in sides.items():
+            for which in ("both", "large"):
+                r = subprocess.run([sys.executable, __file__, "--burst", str(code), "--which",
+                                    which, "--burst-repeats", str(repeats)],
+                                   capture_output=True, text=True, check=True)
+                acc = best.setdefault((side, which), {})
+                for k, v in json.loads(r.stdout).items():
+                    old = acc.get(k)
+                    acc[k] = v if old is None else [min(old[0], v[0]), min(old[1], v[1]), v[2]]
+    lines = [f"interleaved: {rounds} rounds x {repeats} repeats per call and burst; this = "
+             f"{sides['this']}, peer = {sides['peer']}",
+             f"{'side':<6}{'calls':<16}{'clock':<6}{'n':>5}{'p50 us':>9}{'p90 us':>9}"
+             f"{'p99 us':>9}{'max us':>9}"]
+    for side in sides:
+        b = best[(side, "both")]
+        for label, sel in (("policy_corpus", lambda k: not k.startswith("ev:")),
+                           ("evasions", lambda k: k.startswith("ev:")), ("all", lambda k: True)):
+            keys = [k for k in b if sel(k)]
+            for clock, i in (("wall", 0), ("cpu", 1)):
+                vs = [b[k][i] for k in keys]
+                lines.append(f"{side:<6}{label:<16}{clock:<6}{len(vs):>5}{pct(vs, 50):>9.1f}"
+                             f"{pct(vs, 90):>9.1f}{pct(vs, 99):>9.1f}{max(vs):>9.1f}")
+    lines.append("large inputs: best wall ms (cpu ms) and rule, this | peer")
+    for k, v in best[("this", "large")].items():
+        w = best[("peer", "large")][k]
+        lines.append(f"  {k} | {v[0]:.2f} ({v[1]:.2f}) {v[2]} | {w[0]:.2f} ({w[1]:.2f}) {w[2]}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--repeats", type=int, default=REPEATS)
     ap.add_argument("--large-repeats", type=int, default=LARGE_REPEATS)
     ap.add_argument("--json", help="also write the summary and machine as JSON here")
+    ap.add_argument("--peer", type=Path, help="another fak checkout to interleave with")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--burst-repeats", type=int, default=15)
+    ap.add_argument("--burst", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--which", default="both", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.burst is not None:
+        print(json.dumps(burst(a.which, a.burst_repeats)))
+        return
     info = machine()
+    if a.peer is not None:
+        print(f"machine: {info['cpu']}, {info['cores']} cores, load {info['load_avg_1m']:.1f}, "
+              f"Python {info['python']}, calibration {info['calibration_sum_range_1000_us']} us")
+        print(interleaved(a.peer, a.rounds, a.burst_repeats))
+        return
     summary = measure(a.repeats)
     large = measure_large(a.large_repeats)
     print(report(summary, info, large))
