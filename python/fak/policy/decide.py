@@ -56,22 +56,16 @@ def _too_deep_text(text: str | bytes) -> bool:
     """True when the JSON text nests arrays/objects deeper than :data:`MAX_ARGUMENTS_DEPTH`
     (brackets inside strings do not count). Linear in the text, in C but for the brackets."""
     if isinstance(text, str):
-        opens = text.count("[") + text.count("{")
-        if opens <= MAX_ARGUMENTS_DEPTH:
+        if text.count("[") + text.count("{") <= MAX_ARGUMENTS_DEPTH:
             return False
-        stripped = _JSON_STRING.sub("", text)
-        it = _BRACKETS.finditer(stripped)
-        open_chars = "[{"
+        brackets = "".join(_BRACKETS.findall(_JSON_STRING.sub("", text)))
     else:
-        opens = text.count(b"[") + text.count(b"{")
-        if opens <= MAX_ARGUMENTS_DEPTH:
+        if text.count(b"[") + text.count(b"{") <= MAX_ARGUMENTS_DEPTH:
             return False
-        stripped = _JSON_STRING_B.sub(b"", text)
-        it = _BRACKETS_B.finditer(stripped)
-        open_chars = b"[{"  # type: ignore[assignment]
+        brackets = b"".join(_BRACKETS_B.findall(_JSON_STRING_B.sub(b"", text))).decode()
     depth = 0
-    for m in it:
-        if m.group() in open_chars:
+    for c in brackets:
+        if c == "[" or c == "{":
             depth += 1
             if depth > MAX_ARGUMENTS_DEPTH:
                 return True

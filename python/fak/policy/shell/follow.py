@@ -13,6 +13,7 @@ import itertools
 
 from fak.policy import commands as _cmds
 from fak.policy import programs as _programs
+from fak.policy.shell.base import Ctx, ParserBase
 from fak.policy.shell.brace import brace_expand
 from fak.policy.shell.lexer import WORD
 from fak.policy.shell.model import (BRACE, GLOB, MAX_COMMANDS, MAX_CWDS, PROCSUB, Redirect,
@@ -30,7 +31,7 @@ _PARALLEL_ARG_OPTS = frozenset({
     "--arg-file-sep", "--shebang-wrap", "--rpl", "--sem", "--semaphore-timeout", "--id"})
 
 
-class Follow:
+class Follow(ParserBase):
     """Semantic methods of the parser (see the module docstring)."""
 
     def _parse_string(self, text: str, via: str, stdin: str, deferred: bool = False) -> None:
@@ -485,7 +486,7 @@ def combine_cwd(c: str | None, target: str, dynamic: bool) -> str | None:
     return c + "/" + target
 
 
-def apply_cd(ctx, cmd: SimpleCommand) -> None:
+def apply_cd(ctx: Ctx, cmd: SimpleCommand) -> None:
     """Record the directories a ``cd``/``pushd``/``popd`` may move to (``ctx.cwds`` only
     grows: every later command may run in any of them)."""
     ctx.cd_seen = True

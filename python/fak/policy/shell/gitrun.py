@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from fak.policy import commands as _cmds
 from fak.policy import gitcmd as _git
+from fak.policy.shell.base import ParserBase
 from fak.policy.shell.model import SimpleCommand
 
 
-class GitRun:
+class GitRun(ParserBase):
     """Git methods of the parser (see the module docstring)."""
 
     def _git_config(self, key: str, value: str, vdyn: bool, via: str) -> None:
@@ -51,15 +52,15 @@ class GitRun:
         for prefix in ("GIT_CONFIG_KEY_", "GIT_CONFIG_VALUE_"):
             if var.startswith(prefix):
                 n = var[len(prefix):]
-                key = env.get("GIT_CONFIG_KEY_" + n)
-                value = env.get("GIT_CONFIG_VALUE_" + n)
-                if key is None or value is None or (n, key, value) in self.ctx.git_env_done:
+                k = env.get("GIT_CONFIG_KEY_" + n)
+                v = env.get("GIT_CONFIG_VALUE_" + n)
+                if k is None or v is None or (n, k, v) in self.ctx.git_env_done:
                     return
-                self.ctx.git_env_done.add((n, key, value))
-                if key[1]:
+                self.ctx.git_env_done.add((n, k, v))
+                if k[1]:
                     self._note(f"GIT_CONFIG_KEY_{n} is only known at run time")
                 else:
-                    self._git_config(key[0], value[0], value[1], f"GIT_CONFIG_KEY_{n}")
+                    self._git_config(k[0], v[0], v[1], f"GIT_CONFIG_KEY_{n}")
                 return
 
     def _git(self, cmd: SimpleCommand, hops: int) -> None:

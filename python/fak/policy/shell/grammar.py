@@ -10,10 +10,11 @@ completes goes to ``self._emit`` (:mod:`fak.policy.shell.follow`).
 
 from __future__ import annotations
 
-from fak.policy.shell.lexer import (_ASSIGN, ARITH, CASE_IN, CASE_PAT, CASE_SUBJECT, CMD,
-                                    DBRACKET, EOF, FOR_HEADER, FUNC_NAME, OP, REDIR, WORD)
-from fak.policy.shell.model import BRACE, GLOB, LB, PROCSUB, UNMARK, Redirect
+from fak.policy.shell.base import ParserBase
 from fak.policy.shell.brace import brace_expand
+from fak.policy.shell.lexer import (_ASSIGN, ARITH, CASE_IN, CASE_PAT, CASE_SUBJECT, CMD, DBRACKET,
+                                    EOF, FOR_HEADER, FUNC_NAME, OP, REDIR, WORD)
+from fak.policy.shell.model import BRACE, GLOB, LB, PROCSUB, UNMARK, Redirect
 
 KEYWORDS = {
     "if": "if", "then": "then", "else": "else", "elif": "elif", "fi": "fi", "do": "do",
@@ -45,7 +46,7 @@ def stdin_of(redirects: list[Redirect], stdin: str) -> str:
 _SAME_STDIN = frozenset({"/dev/stdin", "/dev/fd/0", "/proc/self/fd/0", "/proc/thread-self/fd/0"})
 
 
-class Grammar:
+class Grammar(ParserBase):
     """Parser methods over the lexer's tokens (see the module docstring)."""
 
     def run(self) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from fak.policy.shell.base import ParserBase
 from fak.policy.shell.model import BRACE, COMMA, GLOB, LB, PROCSUB, RB, ShellSyntaxError
 
 _UNQ_PLAIN = re.compile(r"[^ \t\n'\"\\$`;&|<>(){},*?\[]+")
@@ -57,7 +58,7 @@ _ANSI_SIMPLE = {"a": "\a", "b": "\b", "e": "\x1b", "E": "\x1b", "f": "\f", "n": 
                 "t": "\t", "v": "\v", "\\": "\\", "'": "'", '"': '"', "?": "?"}
 
 
-class Lexer:
+class Lexer(ParserBase):
     """Tokenizer methods over ``self.s`` (see the module docstring)."""
 
     # ----------------------------------------------------------------------------- lexer
@@ -415,7 +416,7 @@ class Lexer:
                 out.append(_ANSI_SIMPLE[e])
             elif e in "01234567":
                 m = _OCTAL.match(s, i)
-                digits = e + m.group()
+                digits = e + (m.group() if m else "")
                 i += len(digits) - 1
                 out.append(chr(int(digits, 8) & 0xFF))
             elif e in "xuU":

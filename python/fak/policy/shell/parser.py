@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from fak.policy import commands as _cmds
 from fak.policy import gitcmd as _git
+from fak.policy.shell.base import Ctx
 from fak.policy.shell.follow import _EDITORS, _ENV_SETTERS, Follow, apply_cd
 from fak.policy.shell.gitrun import GitRun
 from fak.policy.shell.grammar import KEYWORDS, Grammar, stdin_of
@@ -33,33 +34,6 @@ def _may_run_written(cmds: list[SimpleCommand]) -> bool:
                        or (d.program == "file" and _cmds.is_shell(d.name))
                        for d in cmds[k + 1:] if d.argv)
     return False
-
-
-class Ctx:
-    """State shared by the parsers of one analysis (nested strings included): the commands
-    found, the directories ``cd`` may have reached, loop/function nesting, the files written
-    and variables set so far, git aliases seen, the characters left to parse, and the
-    workspace root (``None``: unknown; then nothing is looked up on disk)."""
-
-    __slots__ = ("commands", "cwds", "cd_seen", "loop_depth", "cwd_unknown", "deferred", "root",
-                 "written", "env", "path_dirs", "git_aliases", "git_env_done", "func_stack",
-                 "budget")
-
-    def __init__(self, root: str | None = None) -> None:
-        self.commands: list[SimpleCommand] = []
-        self.cwds: list[str | None] = [""]
-        self.cd_seen = False
-        self.loop_depth = 0
-        self.cwd_unknown = False
-        self.deferred = False
-        self.root = root
-        self.written: dict = {}
-        self.env: dict[str, tuple[str, bool]] = {}
-        self.path_dirs: list[str] = []
-        self.git_aliases: dict[str, str | None] = {}
-        self.git_env_done: set = set()
-        self.func_stack: list[str] = []
-        self.budget = MAX_PARSE_CHARS
 
 
 class Parser(Follow, GitRun, WrittenFiles, Grammar, Lexer):

@@ -25,6 +25,7 @@ from fak.policy import binaries as _binaries
 from fak.policy import commands as _cmds
 from fak.policy import writes as _writes
 from fak.policy.paths import resolve, within
+from fak.policy.shell.base import ParserBase
 from fak.policy.shell.model import Redirect, SimpleCommand
 
 # environment variables whose value a program runs as a shell command
@@ -76,7 +77,7 @@ def _decode_printf(fmt: str) -> str | None:
             .replace("\\\\", "\\"))
 
 
-class WrittenFiles:
+class WrittenFiles(ParserBase):
     """File and environment methods of the parser (see the module docstring)."""
 
     # ------------------------------------------------------------------------- environment
