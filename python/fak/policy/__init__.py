@@ -11,7 +11,8 @@ denies each tool call a model proposes, and an audit log of the decisions.
 Modules, one job each: :mod:`~fak.policy.schema` (the file format and its validation),
 :mod:`~fak.policy.compile` (rules → compiled regexes, checks, roots), :mod:`~fak.policy.shell`
 (static analysis of shell commands: a package of lexer, grammar, command following, fast paths),
-:mod:`~fak.policy.commands` (what particular commands do with their arguments),
+:mod:`~fak.policy.commands` (what particular commands do with their arguments; with
+:mod:`~fak.policy.options`, :mod:`~fak.policy.interpreters`, :mod:`~fak.policy.findcmd`),
 :mod:`~fak.policy.writes` (the files a command writes), :mod:`~fak.policy.gitcmd` (what git
 sub-commands run and write), :mod:`~fak.policy.programs` (what sed and awk programs run and
 write), :mod:`~fak.policy.binaries` (what program a workspace file really is),

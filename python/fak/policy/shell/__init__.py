@@ -37,8 +37,8 @@ decide what bash runs.
 Modules: :mod:`~fak.policy.shell.model` (what the analysis produces), :mod:`~.lexer` (tokens and
 words), :mod:`~.grammar` (commands, lists, compound commands), :mod:`~.follow` (wrappers,
 interpreters, ``find``, ``cd``), :mod:`~.gitrun` (git), :mod:`~.written` (files and variables a
-line leaves for its own later commands), :mod:`~.brace` (brace expansion), :mod:`~.base` (the state they
-share), :mod:`~.parser` (entry points and fast paths).
+line leaves for its own later commands), :mod:`~.brace` (brace expansion), :mod:`~.base` (the
+state they share), :mod:`~.parser` (entry points and fast paths).
 """
 
 from fak.policy.shell.model import (GLOB, MAX_BRACE_WORDS, MAX_COMMANDS, MAX_CWDS, MAX_DEPTH,
