@@ -24,17 +24,22 @@ from fak.policy.compile import Verdict
 
 def arguments_digest(arguments: str | bytes | dict[str, Any] | Any) -> str:
     """``"sha256:<hex>"`` of the canonical JSON of ``arguments`` (a JSON string, bytes or a
-    decoded value); undecodable text is hashed as its raw UTF-8 bytes."""
+    decoded value); text that does not decode (invalid, or nested too deeply for Python's
+    ``json``) is hashed as its raw UTF-8 bytes, and a value that cannot be encoded as JSON as
+    the text ``<unencodable: TYPE>``. Never raises."""
     obj: Any = arguments
     if isinstance(arguments, (str, bytes, bytearray)):
         try:
             obj = json.loads(arguments)
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, UnicodeDecodeError, RecursionError):
             raw = arguments.encode("utf-8", "surrogatepass") if isinstance(arguments, str) \
                 else bytes(arguments)
             return "sha256:" + hashlib.sha256(raw).hexdigest()
-    canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                           default=str)
+    try:
+        canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                               default=str)
+    except (ValueError, TypeError, RecursionError):
+        canonical = f"<unencodable: {type(obj).__name__}>"
     return "sha256:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
 
 

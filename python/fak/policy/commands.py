@@ -4,20 +4,22 @@ Pure functions over one simple command's ``argv`` (a list of unquoted words) and
 parallel list of booleans: the word holds an expansion whose value is only known at run time).
 Nothing here touches the file system.
 
-- :func:`getopt`: GNU ``getopt_long`` argument splitting (clusters ``-rf``, ``--name=value``,
-  unambiguous long-option prefixes, ``--``, option permutation), as in the GNU C library manual,
-  "Parsing Long Options with getopt_long".
+- :func:`getopt` (:mod:`fak.policy.options`): GNU ``getopt_long`` argument splitting (clusters
+  ``-rf``, ``--name=value``, unambiguous long-option prefixes, ``--``, option permutation), as in
+  the GNU C library manual, "Parsing Long Options with getopt_long".
 - :func:`unwrap`: command wrappers that run another command (``sudo``, ``env``, ``xargs``,
   ``timeout``, ``nohup``, ...), with the option grammars of their man pages (coreutils, findutils,
-  sudo(8), util-linux su(1)/runuser(1)/flock(1)/script(1)/setsid(1)/taskset(1), procps watch(1)).
-- :func:`interpreter_program`: where a shell (bash(1) "Invocation"), Python (python(1)), Perl,
-  Ruby, Node, PHP or Lua process takes its program from.
+  sudo(8), util-linux su(1)/runuser(1)/flock(1)/script(1)/setsid(1)/taskset(1)/setarch(8)/
+  prlimit(1)/chrt(1), procps watch(1), numactl(8), fakeroot(1), faketime(1), valgrind(1), ...).
+- :func:`interpreter_program` (:mod:`fak.policy.interpreters`): where a shell, Python, Perl,
+  Ruby, Node, PHP, Lua, awk, sed or make process takes its program from.
 - :func:`parse_git`: git(1) global options before the sub-command, ``-c`` configuration and
   aliases (git-config(1) ``alias.*``; a value starting with ``!`` is a shell command).
-- :func:`parse_find`: find(1) starting points and actions (``-exec``, ``-execdir``, ``-ok``,
-  ``-okdir``, ``-delete``, ``-L``/``-follow``).
-- :func:`parse_rm`, :func:`deleted_operands`, :func:`written_operands`, :func:`parse_pip`: the file
-  operands of deleting, writing and installing commands.
+- :func:`parse_find` (:mod:`fak.policy.findcmd`): find(1) starting points, actions and the
+  name tests that guard them.
+- :func:`parse_rm`, :func:`deleted_operands`, :func:`parse_pip`, :func:`parse_kill`: the operands
+  of deleting, installing and signalling commands (what commands write is
+  :mod:`fak.policy.writes`).
 """
 
 from __future__ import annotations
@@ -25,81 +27,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-Opts = list[tuple[str, "str | None", int]]
-
-
-def getopt(args: list[str], dyn: list[bool], start: int = 1, *, short_arg: str = "",
-           short_opt: str = "", long_arg: frozenset[str] = frozenset(),
-           long_names: tuple[str, ...] = (), permute: bool = True,
-           plus: bool = False) -> tuple[Opts, list[int]]:
-    """Split ``args[start:]`` into options and operands like GNU ``getopt_long``.
-
-    Returns ``(opts, operands)``: ``opts`` is a list of ``(name, value, index)`` with ``name``
-    spelled ``-r`` or ``--recursive`` (a long prefix is resolved against ``long_names`` when
-    unambiguous), ``value`` the option argument or ``None`` and ``index`` the word that carries
-    the value (``-1`` when there is none); ``operands`` holds indices into ``args``.
-
-    ``short_arg``: short options that take an argument (rest of the cluster or the next word);
-    ``short_opt``: short options with an optional argument attached in the same cluster (``-i{}``);
-    ``long_arg``: long options that take an argument (``--name=v`` or ``--name v``; others accept
-    only ``--name=v``); ``permute``: options may follow operands (GNU) instead of ending at the
-    first operand (POSIX, and every command that runs another command); ``plus``: ``+x`` clusters
-    are options too (shells). ``--`` ends options; a lone ``-`` is an operand. A dynamic word is
-    always an operand: callers decide what an unknown word may stand for.
-    """
-    opts: Opts = []
-    operands: list[int] = []
-    i = start
-    n = len(args)
-    while i < n:
-        a = args[i]
-        if dyn[i] or len(a) < 2 or (a[0] != "-" and not (plus and a[0] == "+")):
-            operands.append(i)
-            i += 1
-            if not permute:
-                operands.extend(range(i, n))
-                break
-            continue
-        if a == "--":
-            operands.extend(range(i + 1, n))
-            break
-        if a.startswith("--"):
-            name, eq, value = a[2:].partition("=")
-            if long_names and name not in long_names:
-                hits = [ln for ln in long_names if ln.startswith(name)]
-                if len(hits) == 1:
-                    name = hits[0]
-            if eq:
-                opts.append(("--" + name, value, i))
-            elif name in long_arg and i + 1 < n:
-                opts.append(("--" + name, args[i + 1], i + 1))
-                i += 1
-            else:
-                opts.append(("--" + name, None, -1))
-            i += 1
-            continue
-        # a short-option cluster
-        prefix = a[0]
-        j = 1
-        while j < len(a):
-            c = a[j]
-            if c in short_arg:
-                if j + 1 < len(a):
-                    opts.append((prefix + c, a[j + 1:], i))
-                elif i + 1 < n:
-                    opts.append((prefix + c, args[i + 1], i + 1))
-                    i += 1
-                else:
-                    opts.append((prefix + c, None, -1))
-                break
-            if c in short_opt:
-                opts.append((prefix + c, a[j + 1:] or None, i if a[j + 1:] else -1))
-                break
-            opts.append((prefix + c, None, -1))
-            j += 1
-        i += 1
-    return opts, operands
-
+# the grammars that live in their own modules, importable from here as before
+from fak.policy.findcmd import FindCall, find_of, parse_find  # noqa: F401
+from fak.policy.interpreters import (AWK_RE, SHELL_RE, STDIN_PATHS, awk_source,  # noqa: F401
+                                     descriptor_path, interpreter_program, is_awk,
+                                     is_interpreter, is_opaque_language, is_shell, sed_scripts)
+from fak.policy.options import Opts, getopt  # noqa: F401
+from fak.policy.options import names as _f
 
 # ---------------------------------------------------------------------------------------------
 # Wrappers: commands that run another command
@@ -121,10 +55,6 @@ class _Wrapper:
     skip_assignments: bool = False      # NAME=VALUE operands before the command (env)
     join_program: bool = False          # the command words are joined and run by sh -c (watch)
     repeats: bool = False               # the command runs repeatedly (watch)
-
-
-def _f(*names: str) -> frozenset[str]:
-    return frozenset(names)
 
 
 _SUDO = _Wrapper(
@@ -177,7 +107,30 @@ WRAPPERS: dict[str, _Wrapper] = {
     "script": _Wrapper(short_arg="cEIoOBT", long_arg=_f("command", "echo", "log-in", "log-out",
                                                         "log-io", "log-timing", "output-limit"),
                        program_opts=_f("-c", "--command")),
+    # util-linux prlimit(1): every limit takes an optional value attached (-n100, --nofile=100);
+    # --pid changes another process and runs nothing
+    "prlimit": _Wrapper(short_opt="cdefilmnqrstuvxy", no_command_opts=_f("-p", "--pid")),
+    # util-linux chrt(1): chrt [options] PRIORITY COMMAND; -p works on an existing process
+    "chrt": _Wrapper(short_arg="TPD", long_arg=_f("sched-runtime", "sched-period",
+                                                  "sched-deadline"),
+                     fixed=1, no_command_opts=_f("-p", "--pid", "-m", "--max")),
+    "numactl": _Wrapper(short_arg="CNmpiP", long_arg=_f(
+        "physcpubind", "cpunodebind", "membind", "preferred", "interleave", "preferred-many"),
+        no_command_opts=_f("-s", "--show", "-H", "--hardware")),
+    "fakeroot": _Wrapper(short_arg="lsib", long_arg=_f("lib", "faked", "unknown-is-real")),
+    "fakechroot": _Wrapper(short_arg="lsce", long_arg=_f("lib", "config-dir", "environment")),
+    "faketime": _Wrapper(short_arg="mfp", fixed=1),
+    "valgrind": _Wrapper(),
+    "dbus-run-session": _Wrapper(long_arg=_f("config-file", "dbus-daemon")),
+    "xvfb-run": _Wrapper(short_arg="efnpsw", long_arg=_f(
+        "error-file", "auth-file", "server-num", "xauth-protocol", "server-args", "wait")),
+    "ifne": _Wrapper(),
+    "rlwrap": _Wrapper(short_arg="aAbcCDeEfFgHiIlmMnNoOpPqrRsStTUvwWz"),
+    "linux32": _Wrapper(), "linux64": _Wrapper(), "i386": _Wrapper(), "x86_64": _Wrapper(),
+    "i686": _Wrapper(), "uname26": _Wrapper(), "aarch64": _Wrapper(), "arm64": _Wrapper(),
 }
+# setarch(8): `setarch [ARCH] [options] [PROGRAM [ARGS]]`; without a program it runs a shell
+_SETARCH = _Wrapper(short_arg="", default=("sh",))
 
 
 @dataclass
@@ -190,7 +143,9 @@ class Unwrapped:
     (``env -S``); ``chdirs``: indices of directory words the inner command runs in
     (``env -C``); ``unknown_operands``: the wrapper appends operands at run time (``xargs``);
     ``replace``: the ``xargs -I`` replacement string (words holding it are unknown at run time);
-    ``dynamic``: an unknown word stood where the wrapper's grammar needed a known one.
+    ``dynamic``: an unknown word stood where the wrapper's grammar needed a known one;
+    ``values``: for an index in ``programs``/``split``/``chdirs`` whose value is attached to
+    its option (``-S'cmd'``, ``--chdir=DIR``), the value alone.
     """
 
     start: int | None
@@ -198,6 +153,7 @@ class Unwrapped:
     programs: list[int] = field(default_factory=list)
     split: list[int] = field(default_factory=list)
     chdirs: list[int] = field(default_factory=list)
+    values: dict[int, str] = field(default_factory=dict)
     unknown_operands: bool = False
     replace: str | None = None
     join_program: bool = False
@@ -208,8 +164,12 @@ class Unwrapped:
 def unwrap(name: str, argv: list[str], dyn: list[bool]) -> Unwrapped | None:
     """The inner command of the wrapper ``name`` (``argv[0]``'s basename), or ``None`` when
     ``name`` is not a wrapper this module knows or no command follows (``sudo -l``)."""
-    if name == "busybox":
+    if name == "busybox" or name == "toybox":
         return Unwrapped(start=1) if len(argv) > 1 else None
+    if name == "setarch":
+        first = 2 if len(argv) > 1 and (dyn[1] or not argv[1].startswith("-")) else 1
+        _, operands = getopt(argv, dyn, first, permute=False)
+        return Unwrapped(start=operands[0] if operands else None, default=_SETARCH.default)
     if name == "flock":
         return _unwrap_flock(argv, dyn)
     if name == "sg":
@@ -236,6 +196,8 @@ def unwrap(name: str, argv: list[str], dyn: list[bool]) -> Unwrapped | None:
             out.replace = value or "{}"
         if value is None or idx < 0:
             continue
+        if value != argv[idx]:
+            out.values[idx] = value
         if oname in spec.program_opts:
             out.programs.append(idx)
         elif oname in spec.split_opts:
@@ -313,108 +275,6 @@ def tar_programs(argv: list[str], dyn: list[bool]) -> list[tuple[str, bool]]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Interpreters
-
-SHELL_RE = re.compile(r"(?:sh|bash|dash|zsh|ksh|mksh|ash|yash|posh|fish|csh|tcsh|rbash|ksh93)"
-                      r"(?:[0-9.]+)?\Z")
-_PYTHON_RE = re.compile(r"(?:python|pypy)(?:[0-9.]*)(?:-dbg|m)?\Z")
-_OTHER_INTERPRETERS = {
-    # name: (options whose value is the program, options taking another argument)
-    "perl": ("eE", "IMmlxC0dD"),
-    "ruby": ("e", "IrCEFK"),
-    "node": ("ep", "r"),
-    "nodejs": ("ep", "r"),
-    "php": ("r", "cdfz"),
-    "lua": ("e", "l"),
-    "luajit": ("e", "lbj"),
-}
-STDIN_PATHS = frozenset({"-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"})
-
-
-def is_shell(name: str) -> bool:
-    """True for shell interpreters (sh, bash, dash, zsh, ksh, ..., with a version suffix)."""
-    return SHELL_RE.match(name) is not None
-
-
-_INTERPRETER_RE = re.compile(
-    r"(?:sh|bash|dash|zsh|ksh|mksh|ash|yash|posh|fish|csh|tcsh|rbash|ksh93)(?:[0-9.]+)?\Z"
-    r"|(?:python|pypy)(?:[0-9.]*)(?:-dbg|m)?\Z"
-    r"|(?:perl|ruby|node|nodejs|php|lua|luajit)(?:[0-9.]+)?\Z")
-
-
-def is_interpreter(name: str) -> bool:
-    """True for interpreters that can read a program from standard input."""
-    return _INTERPRETER_RE.match(name) is not None
-
-
-def interpreter_program(name: str, argv: list[str], dyn: list[bool]) -> tuple[str, int | None]:
-    """Where the interpreter ``name`` takes its program from: ``("string", i)`` (``-c``/``-e``
-    word ``i``), ``("file", i)`` (script operand ``i``), ``("stdin", None)`` (no program given,
-    ``-s``, ``-`` or ``/dev/stdin``), ``("module", i)`` (``python -m``) or ``("none", None)``.
-    A dynamic script operand is ``("file", i)``; the caller sees ``dyn[i]``."""
-    if SHELL_RE.match(name):
-        opts, operands = getopt(argv, dyn, 1, short_arg="oO", long_arg=_f("rcfile", "init-file"),
-                                permute=False, plus=True)
-        flags = "".join(o[0][1:] for o in opts if not o[0].startswith("--"))
-        if "c" in flags:
-            return ("string", operands[0]) if operands else ("none", None)
-        if "s" in flags or not operands:
-            return "stdin", None
-        i = operands[0]
-        return ("stdin", None) if argv[i] in STDIN_PATHS else ("file", i)
-    if _PYTHON_RE.match(name):
-        i = 1
-        while i < len(argv):
-            a = argv[i]
-            if dyn[i] or not a.startswith("-") or a == "-":
-                break
-            if a == "--":
-                i += 1
-                break
-            body = a[1:]
-            if a.startswith("--"):
-                i += 2 if a == "--check-hash-based-pycs" else 1
-                continue
-            for j, c in enumerate(body):
-                if c in "cm":
-                    val = body[j + 1:]
-                    kind = "string" if c == "c" else "module"
-                    if val:
-                        return kind, i
-                    return (kind, i + 1) if i + 1 < len(argv) else ("none", None)
-                if c in "WX":
-                    if not body[j + 1:]:
-                        i += 1
-                    break
-            i += 1
-        if i >= len(argv):
-            return "stdin", None
-        return ("stdin", None) if argv[i] in STDIN_PATHS else ("file", i)
-    spec = _OTHER_INTERPRETERS.get(name.rstrip("0123456789."))
-    if spec is None:
-        return "none", None
-    prog, with_arg = spec
-    i = 1
-    while i < len(argv):
-        a = argv[i]
-        if dyn[i] or not a.startswith("-") or a == "-":
-            break
-        if a == "--":
-            i += 1
-            break
-        if a in ("--eval", "--print"):
-            return ("string", i + 1) if i + 1 < len(argv) else ("none", None)
-        c = a[1:2]
-        if c in prog:
-            if a[2:]:
-                return "string", i
-            return ("string", i + 1) if i + 1 < len(argv) else ("none", None)
-        if c in with_arg and not a[2:]:
-            i += 1
-        i += 1
-    if i >= len(argv):
-        return "stdin", None
-    return ("stdin", None) if argv[i] in STDIN_PATHS else ("file", i)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -487,55 +347,6 @@ def parse_git(argv: list[str], dyn: list[bool]) -> GitCall:
 
 
 # ---------------------------------------------------------------------------------------------
-# find
-
-
-@dataclass
-class FindCall:
-    """A parsed find(1) command: starting points (indices), whether symlinks are followed,
-    whether ``-delete`` appears, and each ``-exec``-family action as ``(action, first, end)``
-    (the command is ``argv[first:end]``)."""
-
-    starts: list[int]
-    follow: bool = False
-    delete: bool = False
-    execs: list[tuple[str, int, int]] = field(default_factory=list)
-
-
-def parse_find(argv: list[str], dyn: list[bool]) -> FindCall:
-    """Split ``find [-H|-L|-P] [-D x] [-Ox] [start...] [expression]`` (GNU findutils)."""
-    i = 1
-    n = len(argv)
-    follow = False
-    while i < n and not dyn[i] and argv[i] in ("-H", "-L", "-P", "-D") or (
-            i < n and argv[i].startswith("-O") and len(argv[i]) > 2):
-        if argv[i] == "-L":
-            follow = True
-        i += 2 if argv[i] == "-D" else 1
-    starts = []
-    while i < n and (dyn[i] or not (argv[i].startswith("-") or argv[i] in ("(", "!", ")", ","))):
-        starts.append(i)
-        i += 1
-    call = FindCall(starts=starts, follow=follow)
-    while i < n:
-        a = argv[i]
-        if a in ("-exec", "-execdir", "-ok", "-okdir"):
-            j = i + 1
-            while j < n and argv[j] not in (";", "+"):
-                j += 1
-            # `{} +` ends only after `{}`; `+` elsewhere is an argument, but find requires it last
-            call.execs.append((a, i + 1, j))
-            i = j + 1
-            continue
-        if a == "-delete":
-            call.delete = True
-        elif a == "-follow":
-            call.follow = True
-        i += 1
-    return call
-
-
-# ---------------------------------------------------------------------------------------------
 # deleting, writing and installing commands
 
 _RM_LONG = ("force", "interactive", "one-file-system", "no-preserve-root", "preserve-root",
@@ -573,91 +384,6 @@ def deleted_operands(name: str, argv: list[str], dyn: list[bool]) -> list[int]:
     return []
 
 
-WRITERS = frozenset({"tee", "cp", "mv", "install", "ln", "touch", "mkdir", "truncate", "dd", "sed",
-                     "chmod", "chown", "chgrp", "rsync", "tar", "unzip", "git"})
-
-
-def written_operands(name: str, argv: list[str], dyn: list[bool]) -> list[int]:
-    """Indices of the paths a writing command writes or replaces (coreutils ``tee``, ``cp``,
-    ``mv`` (sources too: they disappear), ``install``, ``ln``, ``touch``, ``mkdir``,
-    ``truncate``, ``dd of=``, ``sed -i``, ``chmod``/``chown``/``chgrp``, the extraction
-    directory of ``tar -C``/``unzip -d``, and the repository/work tree of ``git -C``/
-    ``--git-dir``/``--work-tree``, which git may write)."""
-    if name == "tar":
-        return [i + 1 if argv[i] in ("-C", "--directory") else i
-                for i in range(1, len(argv))
-                if (argv[i] in ("-C", "--directory") and i + 1 < len(argv))
-                or argv[i].startswith("--directory=")]
-    if name == "unzip":
-        return [i + 1 if argv[i] == "-d" else i for i in range(1, len(argv))
-                if (argv[i] == "-d" and i + 1 < len(argv)) or (argv[i].startswith("-d")
-                                                                and len(argv[i]) > 2)]
-    if name == "git":
-        out = []
-        for i in range(1, len(argv)):
-            a = argv[i]
-            if not a.startswith("-") or dyn[i]:
-                break
-            if a in ("-C", "--git-dir", "--work-tree") and i + 1 < len(argv):
-                out.append(i + 1)
-            elif a.startswith(("--git-dir=", "--work-tree=")):
-                out.append(i)
-        return out
-    if name == "tee":
-        return getopt(argv, dyn, 1, long_arg=frozenset())[1]
-    if name in ("cp", "mv", "install", "ln", "rsync"):
-        opts, ops = getopt(argv, dyn, 1, short_arg="tSmogB" if name == "install" else "tS",
-                           long_arg=_f("target-directory", "suffix", "mode", "owner", "group",
-                                       "backup"))
-        target = [o for o in opts if o[0] in ("-t", "--target-directory")]
-        directory_mode = name == "install" and any(o[0] in ("-d", "--directory") for o in opts)
-        if directory_mode:
-            return ops
-        if target:
-            idx = target[-1][2]
-            dests = [idx] if idx >= 0 else []
-            return ops + dests if name == "mv" else dests
-        if name == "mv":
-            return ops
-        if name == "ln" and len(ops) == 1:
-            return []   # the link is created in the current directory, under the target's name
-        return ops[-1:] if len(ops) >= 2 else []
-    if name in ("touch", "mkdir"):
-        return getopt(argv, dyn, 1, short_arg="dtrm" if name == "touch" else "m",
-                      long_arg=_f("date", "reference", "mode", "time"))[1]
-    if name == "truncate":
-        return getopt(argv, dyn, 1, short_arg="sr", long_arg=_f("size", "reference"))[1]
-    if name == "dd":
-        return [i for i in range(1, len(argv)) if argv[i].startswith("of=") or dyn[i]]
-    if name == "sed":
-        if not any(a.startswith("-") and not a.startswith("--") and "i" in a
-                   or a.startswith("--in-place") for a in argv[1:]):
-            return []
-        opts, ops = getopt(argv, dyn, 1, short_arg="efl", short_opt="i",
-                           long_arg=_f("expression", "file", "line-length"))
-        if not any(o[0] in ("-i", "--in-place") for o in opts):
-            return []
-        has_script = any(o[0] in ("-e", "-f", "--expression", "--file") for o in opts)
-        return ops if has_script else ops[1:]
-    if name in ("chmod", "chown", "chgrp"):
-        opts, ops = getopt(argv, dyn, 1, long_arg=frozenset())
-        if any(o[0] == "--reference" for o in opts):
-            return ops
-        return ops[1:]
-    return []
-
-
-def dd_target(word: str) -> str:
-    """The path in an operand like ``of=PATH`` (dd), ``--directory=PATH`` (tar), ``-dPATH``
-    (unzip) or ``--git-dir=PATH`` (git)."""
-    for prefix in ("of=", "--directory=", "--git-dir=", "--work-tree="):
-        if word.startswith(prefix):
-            return word[len(prefix):]
-    if word.startswith("-d") and len(word) > 2:
-        return word[2:]
-    return word
-
-
 _PIP_REMOTE_OPTS = _f("-i", "--index-url", "--extra-index-url", "-f", "--find-links",
                       "--trusted-host", "-r", "--requirement", "-c", "--constraint", "--proxy")
 _LOCAL_REQ = re.compile(r"(?:\.{1,2}|\.{0,2}/[^\s\[]*|[^\s/:@\[]+\.(?:whl|tar\.gz|zip))"
@@ -688,3 +414,23 @@ def parse_pip(argv: list[str], dyn: list[bool], start: int) -> tuple[str, str] |
         if not _LOCAL_REQ.match(argv[i]):
             return argv[i], "not a local path"
     return None
+
+
+def parse_kill(argv: list[str], dyn: list[bool]) -> list[int] | None:
+    """The process operands of ``kill`` (bash builtin and util-linux kill(1)): indices after
+    the signal (``-9``, ``-KILL``, ``-s SIG``, ``-n NUM``, ``--signal SIG``) and ``--``;
+    ``None`` when it sends nothing (``-l``, ``-L``, ``--list``, ``--table``)."""
+    i = 1
+    n = len(argv)
+    if i < n and not dyn[i]:
+        a = argv[i]
+        if a in ("-l", "-L", "--list", "--table") or a.startswith("--list="):
+            return None
+        if a in ("-s", "-n", "--signal", "-q", "--queue") and i + 1 < n:
+            i += 2
+        elif a.startswith("--signal=") or (a.startswith("-") and a != "--"):
+            i += 1
+    if i < n and argv[i] == "--" and not dyn[i]:
+        i += 1
+    return list(range(i, n))
+

@@ -19,7 +19,7 @@ import msgspec
 
 from fak.policy.paths import real_root
 from fak.policy.schema import Budget, PolicyFile, Rule, ToolPolicy
-from fak.policy.shell_checks import CHECKS, CheckFn
+from fak.policy.checks import CHECKS, CheckFn
 
 RAW, NORMALIZED, CHECK = 0, 1, 2
 

@@ -3,7 +3,8 @@
 Evaluation order for ``decide(tool, arguments)`` (the first step that decides wins):
 
 1. ``arguments`` (a JSON string, bytes, or a dict) must decode to a JSON object, else deny
-   (rule ``arguments``).
+   (rule ``arguments``); so must text longer than :data:`MAX_ARGUMENTS_CHARS` or nested deeper
+   than :data:`MAX_ARGUMENTS_DEPTH`, which is not decoded at all.
 2. A tool the file does not list gets the ``default`` verdict (rule ``default``); if that
    allows, the total budget still applies.
 3. ``allowed: false`` → deny (``tools.<t>.allowed``).
@@ -22,7 +23,9 @@ Evaluation order for ``decide(tool, arguments)`` (the first step that decides wi
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import threading
 from pathlib import Path
 from typing import Any
@@ -38,6 +41,52 @@ from fak.policy.shell import Analysis, ShellSyntaxError, analyze
 
 _decode_json = msgspec.json.Decoder().decode
 _NOT_OBJECT = Verdict(False, "tool-call arguments must be a JSON object", "arguments")
+_log = logging.getLogger("fak.policy")
+
+MAX_ARGUMENTS_CHARS = 1 << 20    # characters (or bytes) of JSON text decoded at most
+MAX_ARGUMENTS_DEPTH = 64         # nesting of arrays and objects in the arguments
+_MAX_NODES = 1 << 16             # values walked when checking a decoded dict's depth
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.S)
+_JSON_STRING_B = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_BRACKETS = re.compile(r"[\[\]{}]")
+_BRACKETS_B = re.compile(rb"[\[\]{}]")
+
+
+def _too_deep_text(text: str | bytes) -> bool:
+    """True when the JSON text nests arrays/objects deeper than :data:`MAX_ARGUMENTS_DEPTH`
+    (brackets inside strings do not count). Linear in the text, in C but for the brackets."""
+    if isinstance(text, str):
+        if text.count("[") + text.count("{") <= MAX_ARGUMENTS_DEPTH:
+            return False
+        brackets = "".join(_BRACKETS.findall(_JSON_STRING.sub("", text)))
+    else:
+        if text.count(b"[") + text.count(b"{") <= MAX_ARGUMENTS_DEPTH:
+            return False
+        brackets = b"".join(_BRACKETS_B.findall(_JSON_STRING_B.sub(b"", text))).decode()
+    depth = 0
+    for c in brackets:
+        if c == "[" or c == "{":
+            depth += 1
+            if depth > MAX_ARGUMENTS_DEPTH:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def _too_deep_value(args: dict[str, Any]) -> bool:
+    """True when a decoded arguments dict nests lists/dicts deeper than
+    :data:`MAX_ARGUMENTS_DEPTH`, or holds more than 65,536 values (walked without recursion)."""
+    stack: list[tuple[Any, int]] = [(v, 1) for v in args.values() if type(v) in (dict, list)]
+    seen = 0
+    while stack:
+        value, depth = stack.pop()
+        seen += 1
+        if depth > MAX_ARGUMENTS_DEPTH or seen > _MAX_NODES:
+            return True
+        children = value.values() if type(value) is dict else value
+        stack.extend((c, depth + 1) for c in children if type(c) in (dict, list))
+    return False
 _TOTAL = None  # key of the all-tools count in a conversation's counters
 _NO_RULE = 1 << 30
 
@@ -115,14 +164,46 @@ class Policy:
         ``tool``: the function name; ``arguments``: OpenAI ``function.arguments`` (a JSON string)
         or the decoded dict; ``conversation``: the key budgets are counted under;
         ``workspace_root``: the directory path arguments must stay in (falls back to the file's
-        ``workspace_root``). Returns a :class:`Verdict`; never raises for any input. An allowed
-        call is counted against the conversation's budgets."""
+        ``workspace_root``). Returns a :class:`Verdict`; never raises for any input: arguments
+        too large or too deeply nested to decode are denied (rule ``arguments``), and an
+        unexpected error inside the decision denies the call (rule ``internal``) and is logged
+        to the ``fak.policy`` logger. An allowed call is counted against the conversation's
+        budgets."""
+        try:
+            return self._decide(tool, arguments, conversation, workspace_root)
+        except Exception as e:  # noqa: BLE001 - the contract: any input gets a verdict
+            _log.exception("policy decision failed for tool %r", tool if isinstance(tool, str)
+                           else type(tool).__name__)
+            return Verdict(False, f"the call could not be checked ({type(e).__name__})",
+                           "internal")
+
+    def _decide(self, tool: str, arguments: str | bytes | dict[str, Any], conversation: str,
+                workspace_root: str | os.PathLike[str] | None) -> Verdict:
+        if type(tool) is not str:
+            return Verdict(False, "the tool name must be a string", "arguments")
         if isinstance(arguments, dict):
             args = arguments
+            if _too_deep_value(args):
+                _log.warning("denied %s call: arguments nested deeper than %d", tool,
+                             MAX_ARGUMENTS_DEPTH)
+                return Verdict(False, f"tool-call arguments nested deeper than "
+                                      f"{MAX_ARGUMENTS_DEPTH} levels", "arguments")
         else:
+            if isinstance(arguments, (str, bytes, bytearray, memoryview)):
+                text = arguments if isinstance(arguments, (str, bytes)) else bytes(arguments)
+                if len(text) > MAX_ARGUMENTS_CHARS:
+                    _log.warning("denied %s call: arguments of %d characters", tool, len(text))
+                    return Verdict(False, f"tool-call arguments longer than "
+                                          f"{MAX_ARGUMENTS_CHARS} characters", "arguments")
+                if _too_deep_text(text):
+                    _log.warning("denied %s call: arguments nested deeper than %d", tool,
+                                 MAX_ARGUMENTS_DEPTH)
+                    return Verdict(False, f"tool-call arguments nested deeper than "
+                                          f"{MAX_ARGUMENTS_DEPTH} levels", "arguments")
+                arguments = text
             try:
                 args = _decode_json(arguments)
-            except (msgspec.DecodeError, TypeError) as e:
+            except (msgspec.DecodeError, TypeError, ValueError, RecursionError) as e:
                 return Verdict(False, f"tool-call arguments are not valid JSON: {e}",
                                "arguments")
             if type(args) is not dict:
@@ -167,7 +248,7 @@ class Policy:
             if plan.first_shell_index >= best:
                 continue
             try:
-                an: Analysis | None = analyze(value)
+                an: Analysis | None = analyze(value, root)
                 lines = an.lines  # type: ignore[union-attr]
             except ShellSyntaxError as e:
                 if analyses is not None:

@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal, Union
 
 import msgspec
 
-from fak.policy.shell_checks import CHECKS
+from fak.policy.checks import CHECKS
 
 VERSION = 1
 
