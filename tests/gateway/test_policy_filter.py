@@ -22,6 +22,7 @@ from gateway_fakes import (
     FakeAudit,
     FakeEngine,
     FakePolicy,
+    WEATHER_TOOL,
     audit_lines,
 )
 
@@ -143,7 +144,7 @@ def test_conversation_key_sources(policed: Any, http: httpx.Client) -> None:
 def test_call_budget_per_conversation(start_gateway: Any, http: httpx.Client) -> None:
     srv = start_gateway(engine=FakeEngine(script=list(SCRIPT)), policy=FakePolicy(budget=1))
     url = srv.base_url + "/chat/completions"
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "what weather"}], "tools": [BASH_TOOL]}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "what weather"}], "tools": [WEATHER_TOOL, BASH_TOOL]}
     assert http.post(url, json=body, headers={"X-Fak-Conversation": "c"}).json()["choices"][0]["message"]["tool_calls"]
     second = http.post(url, json=body, headers={"X-Fak-Conversation": "c"}).json()
     assert "tool_calls" not in second["choices"][0]["message"]
@@ -159,7 +160,7 @@ class _BrokenPolicy:
 def test_failing_policy_denies(start_gateway: Any, http: httpx.Client) -> None:
     srv = start_gateway(engine=FakeEngine(script=list(SCRIPT)), policy=_BrokenPolicy())
     body = http.post(srv.base_url + "/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "weather"}], "tools": [BASH_TOOL]}).json()
+        "model": MODEL, "messages": [{"role": "user", "content": "weather"}], "tools": [WEATHER_TOOL, BASH_TOOL]}).json()
     assert "tool_calls" not in body["choices"][0]["message"]
     assert body["fak_policy"]["verdicts"][0]["rule"] == "policy-error"
     assert "policy file vanished" in body["choices"][0]["message"]["content"]
@@ -226,7 +227,7 @@ def test_text_tools_header_validation(gateway: Any, http: httpx.Client) -> None:
 def test_merge_content_keeps_notes_and_calls_apart() -> None:
     from fak.gateway.chat_completions.protocol import PolicyVerdictInfo
     from fak.gateway.policy_filter import ContentOut, ToolCallOut, merge_content
-    from fak.gateway.toolcalls import ParsedToolCall
+    from fak.toolcalls import ParsedToolCall
 
     v = PolicyVerdictInfo(tool="bash", allowed=False, reason="r")
     call = ToolCallOut(ParsedToolCall("f", "{}", ""), 0)
