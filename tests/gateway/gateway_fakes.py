@@ -56,6 +56,19 @@ SCRIPT = [
 ]
 
 
+def scrape(http: Any, url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``GET url/metrics`` parsed: ``{(sample name, sorted labels): value}``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = http.get(url + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
 def audit_lines(path: Any) -> list[dict[str, Any]]:
     """The JSON lines of an audit log file."""
     with open(path, encoding="utf-8") as f:
@@ -388,6 +401,13 @@ class FakeUpstream:
         async def models() -> dict[str, Any]:
             return {"object": "list", "data": [{"id": "up-model", "object": "model", "created": 0, "owned_by": "up"}]}
 
+        @get("/v1/models/{model_id:str}")
+        async def model(model_id: str) -> Response[Any]:
+            if model_id != "up-model":
+                return Response({"error": {"message": "no such model", "type": "invalid_request_error",
+                                           "param": "model", "code": "model_not_found"}}, status_code=404)
+            return Response({"id": "up-model", "object": "model", "created": 0, "owned_by": "up"})
+
         @post("/v1/chat/completions", status_code=200)
         async def chat(request: Request) -> Response[Any]:
             raw = await request.body()
@@ -473,4 +493,4 @@ class FakeUpstream:
                              "choices": [{"index": 0, "text": rep.content, "logprobs": None, "finish_reason": "stop"}],
                              "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}})
 
-        return Litestar([models, chat, completions])
+        return Litestar([models, model, chat, completions])

@@ -211,3 +211,11 @@ def test_malformed_upstream_never_crashes_or_leaks(start_gateway: Any, upstream:
         assert r.json().get("error", {}).get("code", "upstream_error") == "upstream_error"
     assert srv.app.state.gateway.admission.running == 0
     assert http.get(srv.url + "/health").status_code == 200
+
+
+def test_models_retrieve_proxied(start_gateway: Any, upstream: Any) -> None:
+    client = oai(proxy(start_gateway, upstream))
+    assert client.models.retrieve("up-model").id == "up-model"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("nope")
+    assert err.value.code == "model_not_found"
