@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from fak.toolcalls.segmenter import Block, BlockSegmenter, Text
 from fak.toolcalls.hermes import (
     ParsedToolCall,
     ToolCallParser,
@@ -18,6 +17,7 @@ from fak.toolcalls.hermes import (
     parse_tool_call_json,
     parse_tool_call_objects,
 )
+from fak.toolcalls.segmenter import Block, BlockSegmenter, Text
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 

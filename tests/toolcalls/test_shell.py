@@ -11,7 +11,6 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from fak.toolcalls.segmenter import Block, Text
 from fak.toolcalls.shell import BashBlockParser
 

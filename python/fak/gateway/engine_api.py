@@ -13,7 +13,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -38,7 +38,9 @@ __all__ = [
 
 
 class EngineLike(Protocol):
-    """The part of ``fak.Engine`` the gateway uses."""
+    """The part of ``fak.Engine`` the gateway uses. Read when present: ``n_vocab`` (token-id
+    prompts are checked against it) and ``token_bytes(id)`` (logprobs ``bytes``); ``astream``
+    takes ``prefix_choices`` (forced tool calls)."""
 
     model_name: str
     n_ctx: int
@@ -287,12 +289,12 @@ class EngineRun:
             except StopAsyncIteration:
                 self._has_first = False
         except BaseException as exc:
-            err = engine_error(exc, prompt_param=self.prompt_param) if isinstance(exc, Exception) else None
-            if err is not None:
-                self._rejected = err.code or "engine_error"
+            mapped = engine_error(exc, prompt_param=self.prompt_param) if isinstance(exc, Exception) else None
+            if mapped is not None:
+                self._rejected = mapped.code or "engine_error"
             await self.aclose()
-            if err is not None:
-                raise err from None
+            if mapped is not None:
+                raise mapped from None
             raise
 
     async def discard(self) -> None:
@@ -332,7 +334,7 @@ class EngineRun:
         except Exception as exc:  # noqa: BLE001 - mapped for the client
             raise engine_error(exc, prompt_param=self.prompt_param) from None
 
-    async def batches(self) -> AsyncIterator[list[Any]]:
+    async def batches(self) -> AsyncGenerator[list[Any], None]:
         """Every delta, grouped: each group is what arrived while the previous one was handled.
 
         A pump task moves deltas from the engine into a queue; the consumer takes everything

@@ -35,7 +35,13 @@ from fak.toolcalls.hermes import (
 )
 from fak.toolcalls.schema import CallProblem, SchemaError, ToolSet
 from fak.toolcalls.segmenter import Block, BlockSegmenter, Text
-from fak.toolcalls.shell import BashBlockParser, ShellBlock, bash_command, fence_language, shell_blocks
+from fak.toolcalls.shell import (
+    BashBlockParser,
+    ShellBlock,
+    bash_command,
+    fence_language,
+    shell_blocks,
+)
 
 __all__ = [
     "TOOL_CALL_CLOSE",

@@ -196,7 +196,7 @@ class RejectedCall(Text):
     included, less any server pre-fill); ``problem`` says why; ``name`` is the name it gave, if any.
     """
 
-    problem: CallProblem = CallProblem("invalid_json", "")
+    problem: CallProblem
     name: str | None = None
 
 

@@ -96,7 +96,7 @@ class ToolSet:
             if isinstance(params, Mapping) and params:
                 try:
                     validator = _compile(params)
-                except Exception as exc:  # jsonschema_rs.ValidationError / ValueError / ReferencingError
+                except Exception as exc:  # noqa: BLE001 - jsonschema_rs raises ValidationError, ValueError, ReferencingError
                     raise SchemaError(i, name, str(exc).split("\n", 1)[0]) from None
             if name not in validators:
                 ordered.append(name)

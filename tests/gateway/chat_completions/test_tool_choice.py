@@ -17,7 +17,14 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from gateway_fakes import BASH_TOOL, SCRIPT, WEATHER_TOOL, FakeEngine, FakePolicy, scrape
+from gateway_fakes import (
+    BASH_TOOL,
+    SCRIPT,
+    WEATHER_TOOL,
+    FakeEngine,
+    FakePolicy,
+    scrape,
+)
 from test_chat_completions import collect_stream
 
 MODEL = "fake-qwen"

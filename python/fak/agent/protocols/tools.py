@@ -25,7 +25,13 @@ from fak.agent.exceptions import FormatError
 from fak.agent.prompts import render
 from fak.agent.protocols.base import Action, AgentProtocol
 from fak.agent.tools import TOOL_NAMES, tool_schemas
-from fak.toolcalls import TOOL_CALL_CLOSE, ParsedToolCall, RejectedCall, ToolCallParser, parse_bare_calls
+from fak.toolcalls import (
+    TOOL_CALL_CLOSE,
+    ParsedToolCall,
+    RejectedCall,
+    ToolCallParser,
+    parse_bare_calls,
+)
 
 TOOL_CHOICES = ("required", "auto")
 

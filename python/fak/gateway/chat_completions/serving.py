@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
@@ -290,7 +290,7 @@ class _Generation:
     def finish_reason(self) -> str | None:
         return self.run.finish_reason
 
-    async def groups(self) -> AsyncIterator[tuple[list[ContentOut | ToolCallOut], list[TokenLogprobs]]]:
+    async def groups(self) -> AsyncGenerator[tuple[list[ContentOut | ToolCallOut], list[TokenLogprobs]], None]:
         """See the class doc. Raises APIError (an engine failure)."""
         want_lp = bool(self.req.logprobs)
         while True:
