@@ -360,3 +360,21 @@ def test_text_blocks_matched_by_call_ref_span(repo, scripted, tmp_path):
     assert [a["executed"] for a in actions] == [True, True, False] and actions[2]["not_adjudicated"]
     assert (ws.root / "one").exists() and (ws.root / "two").exists() and not (ws.root / "three").exists()
     assert data["exit_reason"] == "submitted"
+
+
+def test_calls_in_text_are_checked_as_the_gateway_checks_them():
+    """The tool protocol reads calls written in the content with the gateway's parser and the
+    offered tools' schemas (``fak.toolcalls``): a call that does not fit says why."""
+    tools = ToolCallProtocol(allow_exec=False)
+    with pytest.raises(FormatError, match="not one of the offered tools"):
+        tools.parse({"content": '<tool_call>\n{"name": "autumn", "arguments": {}}\n</tool_call>'})
+    with pytest.raises(FormatError, match="bash"):  # bash is not offered without allow_exec
+        tools.parse({"content": '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'})
+    with pytest.raises(FormatError, match=r"schema: .*start_line"):
+        tools.parse({"content": '<tool_call>\n{"name": "read", "arguments": {"path": "a.py", "start_line": "x"}}'})
+    with pytest.raises(FormatError, match="required"):
+        tools.parse({"content": '{"name": "edit", "arguments": {"path": "a.py"}} and then'})
+    acts = tools.parse({"content": '<tool_call>\n{"name": "read", "arguments": {"path": "a.py", "start_line": 3}}'})
+    assert [(a.name, a.arguments, a.call_ref) for a in acts] == [("read", {"path": "a.py", "start_line": 3}, None)]
+    acts = tools.parse({"tool_calls": [{"id": "call_1", "function": {"name": "list", "arguments": "{}"}}]})
+    assert acts[0].call_ref == "call_1"

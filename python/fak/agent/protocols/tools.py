@@ -30,6 +30,7 @@ from fak.toolcalls import (
     ParsedToolCall,
     RejectedCall,
     ToolCallParser,
+    ToolSet,
     parse_bare_calls,
 )
 
@@ -50,22 +51,27 @@ def _arguments(raw: Any, name: str) -> dict[str, Any]:
     return value
 
 
-def calls_in_text(content: str, tool_names: Iterable[str] = TOOL_NAMES) -> list[Action]:
-    """Tool calls written in ``content``, read by the gateway's own parser
-    (``fak.toolcalls.ToolCallParser``): every ``<tool_call>`` block naming one of ``tool_names``
-    (the closing tag is optional), else a reply that starts with bare ``{"name": TOOL, ...}``
-    objects (optionally in a ```json fence). Raises ``FormatError`` saying what is wrong when a
-    ``<tool_call>`` block holds no valid call; returns ``[]`` when there is no call at all."""
-    names = frozenset(tool_names)
-    parser = ToolCallParser(tools=names)
+def calls_in_text(content: str, tools: ToolSet | Iterable[str] = TOOL_NAMES) -> list[Action]:
+    """Tool calls written in ``content``, read and checked as the gateway reads and checks them
+    (``fak.toolcalls.ToolCallParser`` over the offered ``tools``: a ``ToolSet``, or names without
+    schemas): every ``<tool_call>`` block of an offered tool whose arguments fit its schema (the
+    closing tag is optional), else a reply that starts with bare ``{"name": TOOL, ...}`` objects
+    (optionally in a ```json fence). Raises ``FormatError`` saying what is wrong when a call is
+    there but does not fit (bad JSON, an unknown tool, arguments that miss the schema); returns
+    ``[]`` when there is no call at all."""
+    toolset = tools if isinstance(tools, ToolSet) else ToolSet(dict.fromkeys(tools), tuple(tools))
+    parser = ToolCallParser(tools=toolset)
     pieces = parser.feed(content) + parser.finish()
     calls = [p for p in pieces if isinstance(p, ParsedToolCall)]
-    if not calls and not any(isinstance(p, RejectedCall) for p in pieces):
-        calls = parse_bare_calls(content, names, leading=True) or []
+    rejected = next((p for p in pieces if isinstance(p, RejectedCall)), None)
+    if not calls and rejected is None:
+        calls = parse_bare_calls(content, toolset.names, leading=True) or []
+        problem = next((pr for pr in (toolset.check(c.name, c.arguments) for c in calls) if pr), None)
+        if problem is not None:
+            raise FormatError(problem.message)
     if calls:
         return [Action(id=f"text_{uuid.uuid4().hex[:12]}", name=c.name,
                        arguments=_arguments(c.arguments, c.name), source=c.raw) for c in calls]
-    rejected = next((p for p in pieces if isinstance(p, RejectedCall)), None)
     if rejected is not None:
         raise FormatError(rejected.problem.message)
     return []
@@ -82,6 +88,7 @@ class ToolCallProtocol(AgentProtocol):
             raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)}, not {tool_choice!r}")
         super().__init__(allow_exec=allow_exec)
         self.tool_choice = tool_choice
+        self._toolset: ToolSet | None = None  # the offered tools' schemas, compiled on first use
 
     def tools(self) -> list[dict] | None:
         return tool_schemas(self.allow_exec)
@@ -103,7 +110,9 @@ class ToolCallProtocol(AgentProtocol):
         if actions:
             return actions
         content = message.get("content") or ""
-        actions = calls_in_text(content, self.tool_names)
+        if self._toolset is None:
+            self._toolset = ToolSet.from_openai(self.tools())
+        actions = calls_in_text(content, self._toolset)
         if not actions:
             raise FormatError("the reply was empty" if not content.strip() else "")
         return actions
