@@ -402,8 +402,8 @@ class FakeUpstream:
             return {"object": "list", "data": [{"id": "up-model", "object": "model", "created": 0, "owned_by": "up"}]}
 
         @get("/v1/models/{model_id:str}")
-        async def model(model_id: str) -> Response[Any]:
-            if model_id != "up-model":
+        async def model(request: Request) -> Response[Any]:
+            if request.path_params["model_id"] != "up-model":
                 return Response({"error": {"message": "no such model", "type": "invalid_request_error",
                                            "param": "model", "code": "model_not_found"}}, status_code=404)
             return Response({"id": "up-model", "object": "model", "created": 0, "owned_by": "up"})

@@ -219,3 +219,13 @@ def test_models_retrieve_proxied(start_gateway: Any, upstream: Any) -> None:
     with pytest.raises(openai.NotFoundError) as err:
         client.models.retrieve("nope")
     assert err.value.code == "model_not_found"
+
+
+def test_proxy_verdicts_carry_the_upstream_call_ids(start_gateway: Any, upstream: Any) -> None:
+    srv = proxy(start_gateway, upstream, policy=FakePolicy())
+    r = oai(srv).chat.completions.create(model="up-model", messages=[{"role": "user", "content": "clean up"}],
+                                         tools=[BASH_TOOL])
+    verdicts = r.model_extra["fak_policy"]["verdicts"]
+    kept = {c.id for c in r.choices[0].message.tool_calls}
+    assert all(v["call_ref"].startswith("call_up") for v in verdicts)
+    assert {v["call_ref"] for v in verdicts if v["allowed"]} == kept
