@@ -821,7 +821,11 @@ mod tests {
         let t = s.sample(&l, &[]).token;
         assert_eq!(t, 8);
         s.accept(t);
-        assert_eq!(s.allowed_tokens(), None, "the choice [5, 7, 8] is complete: free");
+        assert_eq!(
+            s.allowed_tokens(),
+            None,
+            "the choice [5, 7, 8] is complete: free"
+        );
         assert!(s.is_plain_greedy());
         assert_eq!(s.sample(&l, &[]).token, 3);
         // Logprobs stay those of the unmodified logits.
