@@ -170,3 +170,32 @@ def test_tiny_synthetic_models(tmp_path, arch: str) -> None:  # type: ignore[no-
             e.generate("hello", temperature=0.9, seed=3, max_tokens=8).token_ids
         if e.chat_template is not None:
             e.chat([{"role": "user", "content": "hi"}], temperature=0, max_tokens=4)
+
+
+def test_prefix_choices_hold_the_output(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``prefix_choices``: whatever the (random) weights prefer, the output begins with one of the
+    token sequences, token by token, greedy or sampled; then generation is free."""
+    synth = pytest.importorskip("fak.synth")
+    from fak import _native
+
+    path = tmp_path / "tiny.gguf"
+    synth.write_tiny_model(path)
+    with Engine(path, backend="cpu", n_ctx=256) as e:
+        choices = [e.tokenize(t, add_special=False) for t in ('get_weather", "arguments": {', 'bash", "arguments": {')]
+        free = e.generate("hello world", temperature=0, max_tokens=12).token_ids
+        assert not any(free[:len(c)] == c for c in choices)  # the model alone writes something else
+        firsts = set()
+        for seed in range(8):
+            out = e.generate("hello world", temperature=1.5, seed=seed, max_tokens=20, prefix_choices=choices).token_ids
+            assert any(out[:len(c)] == c for c in choices), out
+            firsts.add(out[0])
+        assert len(firsts) == 2  # sampling visits both choices
+        greedy = e.generate("hello world", temperature=0, max_tokens=20, prefix_choices=choices).token_ids
+        assert any(greedy[:len(c)] == c for c in choices)
+        with pytest.raises(ValueError, match="prefix_choices"):
+            e.generate("hello", max_tokens=2, prefix_choices=[[e.n_vocab]])
+    model = _native.Model(str(path), backend="cpu", n_ctx=64)
+    with pytest.raises(ValueError, match="prefix_choices"):
+        model.add_sequence(1, [1, 2], {"prefix_choices": [[10**6]]})
+    with pytest.raises(ValueError, match="prefix_choices"):
+        model.add_sequence(2, [1, 2], {"prefix_choices": [[]]})

@@ -35,6 +35,12 @@ from fak.sampling import MAX_LOGPROBS, MAX_STOP_STRINGS, SamplingParams
     ({"stop": "x" * 2000}, "stop"),
     ({"logprobs": MAX_LOGPROBS + 1}, "logprobs"),
     ({"logprobs": -1}, "logprobs"),
+    ({"prefix_choices": []}, "prefix_choices"),
+    ({"prefix_choices": [[]]}, "prefix_choices"),
+    ({"prefix_choices": [[1, -2]]}, "prefix_choices"),
+    ({"prefix_choices": [[True]]}, "prefix_choices"),
+    ({"prefix_choices": [3]}, "prefix_choices"),
+    ({"prefix_choices": [[1] * 257]}, "prefix_choices"),
 ])
 def test_invalid_values_name_the_parameter(kwargs: dict, name: str) -> None:
     with pytest.raises(ValueError, match=name):
@@ -70,6 +76,8 @@ def test_native_dict() -> None:
     }
     assert p.stop_strings == ("\n\n",)
     assert SamplingParams().to_native()["n_logprobs"] == 0
+    # prefix_choices only when set (a native module without the key still takes the rest)
+    assert SamplingParams.from_kwargs(prefix_choices=[[5, 6], [7]]).to_native()["prefix_choices"] == [[5, 6], [7]]
 
 
 def test_unseeded_requests_draw_different_seeds() -> None:

@@ -536,6 +536,17 @@ class Engine:
         """Token ids of ``text`` (llama.cpp-exact; see :meth:`fak.tokenizer.Tokenizer.encode`)."""
         return self.tokenizer.encode(text, add_special=add_special, parse_special=parse_special)
 
+    @property
+    def n_vocab(self) -> int:
+        """Number of token ids a prompt may use (the tokenizer's vocabulary), ``[0, n_vocab)``."""
+        return int(self.tokenizer.n_vocab)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes of one token as the engine emits them (control tokens rendered as their text,
+        as in logprobs): a byte-fallback piece of a multi-byte character is its own bytes, not
+        U+FFFD's. Raises IndexError for an id outside ``[0, n_vocab)``."""
+        return self.tokenizer.token_bytes(token_id, skip_special=False)
+
     def detokenize(self, ids: Sequence[int], skip_special: bool = True) -> str:
         """Text of ``ids``: the same text a stream of these tokens produces (control tokens empty
         unless ``skip_special=False``)."""
@@ -578,6 +589,9 @@ class Engine:
                 raise ValueError(f"prompt token ids outside the vocabulary [0, {self.tokenizer.n_vocab}): {bad[:8]}")
         if not ids:
             raise ValueError("the prompt is empty (no tokens); give at least one token")
+        for choice in params.prefix_choices or ():
+            if any(t >= self.tokenizer.n_vocab for t in choice):
+                raise ValueError(f"prefix_choices hold token ids outside the vocabulary [0, {self.tokenizer.n_vocab})")
         n = len(ids)
         if n >= self.n_ctx:
             raise _context_error(
@@ -598,7 +612,7 @@ class Engine:
             prompt: text or token ids.
             **sampling: :class:`fak.sampling.SamplingParams` fields (max_tokens, temperature,
                 top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
-                frequency_penalty, seed, stop, logprobs).
+                frequency_penalty, seed, stop, logprobs, prefix_choices).
 
         Returns:
             an iterator of :class:`Delta`; the last one has ``finish_reason``, ``usage``, ``timings``.

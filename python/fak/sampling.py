@@ -15,7 +15,8 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["SamplingParams", "MAX_STOP_STRINGS", "MAX_STOP_LENGTH", "MAX_LOGPROBS"]
+__all__ = ["SamplingParams", "MAX_STOP_STRINGS", "MAX_STOP_LENGTH", "MAX_LOGPROBS", "MAX_PREFIX_CHOICES",
+           "MAX_PREFIX_CHOICE_TOKENS"]
 
 #: Most stop strings one request may carry.
 MAX_STOP_STRINGS = 16
@@ -23,6 +24,11 @@ MAX_STOP_STRINGS = 16
 MAX_STOP_LENGTH = 1024
 #: Most alternatives per token that ``logprobs`` may ask for (OpenAI's limit).
 MAX_LOGPROBS = 20
+#: Most sequences in ``prefix_choices`` (the gateway sends one per offered tool name and per
+#: opening-brace token: 128 tools x a few hundred brace tokens fit).
+MAX_PREFIX_CHOICES = 1 << 16
+#: Longest sequence in ``prefix_choices``, in tokens.
+MAX_PREFIX_CHOICE_TOKENS = 256
 
 
 def _check_number(name: str, value: Any, *, integer: bool = False) -> None:
@@ -52,6 +58,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             part of the output.
         logprobs: return the log-probability of each sampled token and of the ``logprobs`` most
             likely alternatives (0..20); None returns none.
+        prefix_choices: token-id sequences the output must begin with one of: while the output
+            so far is a proper prefix of some of them, only tokens continuing those are drawn
+            (the native sampler walks a trie over them; temperature, top-k, top-p and min-p act
+            on those candidates); after a whole sequence, generation is free. At most
+            ``MAX_PREFIX_CHOICES`` sequences of at most ``MAX_PREFIX_CHOICE_TOKENS`` tokens.
+            None: no constraint.
 
     Raises:
         ValueError: any value out of range, naming the parameter.
@@ -69,6 +81,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     seed: int | None = None
     stop: str | list[str] | None = None
     logprobs: int | None = None
+    prefix_choices: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None:
@@ -116,6 +129,15 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             _check_number("logprobs", self.logprobs, integer=True)
             if not 0 <= self.logprobs <= MAX_LOGPROBS:
                 raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if self.prefix_choices is not None:
+            choices = self.prefix_choices
+            if not isinstance(choices, (list, tuple)) or not 1 <= len(choices) <= MAX_PREFIX_CHOICES:
+                raise ValueError(f"prefix_choices must be a list of 1..{MAX_PREFIX_CHOICES} token-id lists")
+            for choice in choices:
+                if (not isinstance(choice, (list, tuple)) or not 1 <= len(choice) <= MAX_PREFIX_CHOICE_TOKENS
+                        or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in choice)):
+                    raise ValueError("each of prefix_choices must be a list of 1.."
+                                     f"{MAX_PREFIX_CHOICE_TOKENS} non-negative token ids, got {choice!r:.80}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> SamplingParams:
@@ -164,4 +186,6 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             "frequency_penalty": float(self.frequency_penalty),
             "seed": seed % (2**64),
             "n_logprobs": int(self.logprobs or 0),
+            # only when set: a native module built before the key existed still takes the rest
+            **({"prefix_choices": [list(c) for c in self.prefix_choices]} if self.prefix_choices else {}),
         }

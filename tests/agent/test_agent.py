@@ -33,8 +33,11 @@ def _task(ws):
     return {"problem_statement": "add is wrong", "repo": "t/calc", "workspace": str(ws.root)}
 
 
-def _call(name, **arguments):
-    return {"name": name, "arguments": arguments}
+def _call(name, call_id=None, **arguments):
+    call = {"name": name, "arguments": arguments}
+    if call_id:
+        call["id"] = call_id
+    return call
 
 
 def test_tool_protocol_fixes_bug_and_submits(repo, scripted, tmp_path):
@@ -123,7 +126,7 @@ def test_denied_call_removed_by_gateway_is_reported(repo, scripted, tmp_path):
     the model is told, and the loop goes on to submit."""
     ws, base = repo
     verdict = {"tool": "write", "allowed": False, "reason": "writes outside src/ are denied",
-               "rule": "deny-write-root",
+               "rule": "deny-write-root", "call_ref": "call_removed",
                "arguments_digest": canonical_digest({"path": "evil.py", "content": "x = 1\n"})}
     server = scripted({"inst1": [
         {"content": "[fak policy] denied write: writes outside src/ are denied",
@@ -146,11 +149,11 @@ def test_denied_call_left_in_reply_never_executes(repo, scripted, tmp_path, max_
     ws, _ = repo
     evil = {"path": "evil.py", "content": "x = 1\n"}
     server = scripted({"inst1": [
-        {"tool_calls": [_call("write", **evil), _call("list")],
+        {"tool_calls": [_call("write", "call_w", **evil), _call("list", "call_l")],
          "fak_policy": {"verdicts": [
              {"tool": "write", "allowed": False, "reason": "denied by test", "rule": "r1",
-              "arguments_digest": canonical_digest(evil)},
-             {"tool": "list", "allowed": True, "reason": "", "rule": "r0",
+              "call_ref": "call_w", "arguments_digest": canonical_digest(evil)},
+             {"tool": "list", "allowed": True, "reason": "", "rule": "r0", "call_ref": "call_l",
               "arguments_digest": canonical_digest({})}]}},
         {"tool_calls": [_call("submit")]},
     ]})
@@ -302,18 +305,18 @@ def test_context_limit_ends_the_run_as_finished(repo, scripted, tmp_path):
 
 def test_with_a_policy_only_adjudicated_calls_run(repo, scripted, tmp_path):
     """When the gateway runs a policy (``fak_policy`` present), a call it did not adjudicate (a
-    ``<tool_call>`` in the content that it could not read) is never run; a call with an allowing
-    verdict of the same digest is."""
+    bare call object the agent reads at the start of the content, which the gateway left as text)
+    is never run; a call whose ``call_ref`` an allowing verdict names is."""
     ws, _ = repo
     edit = {"path": "calc.py", "old": "return a - b", "new": "return a + b"}
-    ok = {"tool": "read", "allowed": True, "reason": "", "rule": "r",
+    ok = {"tool": "read", "allowed": True, "reason": "", "rule": "r", "call_ref": "call_r",
           "arguments_digest": "sha256:" + canonical_digest({"path": "calc.py"})}
     server = scripted({"inst1": [
-        {"content": '<tool_call>\n{"name": "edit", "arguments": ' + json.dumps(edit) + "} junk",
+        {"content": '{"name": "edit", "arguments": ' + json.dumps(edit) + "} junk",
          "fak_policy": {"verdicts": []}},
-        {"tool_calls": [_call("read", path="calc.py")], "fak_policy": {"verdicts": [ok]}},
-        {"tool_calls": [_call("submit")], "fak_policy": {"verdicts": [
-            {"tool": "submit", "allowed": True, "reason": "", "rule": "s",
+        {"tool_calls": [_call("read", "call_r", path="calc.py")], "fak_policy": {"verdicts": [ok]}},
+        {"tool_calls": [_call("submit", "call_s")], "fak_policy": {"verdicts": [
+            {"tool": "submit", "allowed": True, "reason": "", "rule": "s", "call_ref": "call_s",
              "arguments_digest": "sha256:" + canonical_digest({})}]}},
     ]})
     data = _agent(server, ws, tmp_path).run(**_task(ws))
@@ -325,10 +328,53 @@ def test_with_a_policy_only_adjudicated_calls_run(repo, scripted, tmp_path):
 
 def test_text_protocol_submit_matches_its_bash_verdict(repo, scripted, tmp_path):
     ws, _ = repo
-    allow = {"tool": "bash", "allowed": True, "reason": "", "rule": "b",
+    allow = {"tool": "bash", "allowed": True, "reason": "", "rule": "b", "call_ref": "block:0",
+             "span": [6, len("Done.\n```bash\nsubmit\n```")],
              "arguments_digest": "sha256:" + canonical_digest({"command": "submit"})}
     server = scripted({"inst1": [{"content": "Done.\n```bash\nsubmit\n```",
                                   "fak_policy": {"verdicts": [allow]}}]})
     data = _agent(server, ws, tmp_path, protocol="text", allow_exec=True).run(**_task(ws))
     assert data["exit_reason"] == "submitted"
     assert data["steps"][0]["actions"][0]["verdict"] == allow
+
+
+def test_text_blocks_matched_by_call_ref_span(repo, scripted, tmp_path):
+    """Each shell block finds its verdict by the span of the gateway's ``block:N`` verdict (the
+    same parser finds the blocks on both sides); a block no verdict's span covers is not run."""
+    ws, _ = repo
+    content = "First:\n```bash\ntouch one\n```\nthen\n```bash\ntouch two\n```\nand ```bash\ntouch three\n```"
+    from fak.toolcalls import shell_blocks
+
+    spans = [[b.start, b.end] for b in shell_blocks(content)]
+    verdicts = [{"tool": "bash", "allowed": True, "reason": "", "rule": f"r{i}", "call_ref": f"block:{i}",
+                 "span": spans[i]} for i in range(2)]  # the third block has no verdict
+    server = scripted({"inst1": [{"content": content, "fak_policy": {"verdicts": verdicts}},
+                                 {"content": "```bash\nsubmit\n```", "fak_policy": {"verdicts": [
+                                     {"tool": "bash", "allowed": True, "reason": "", "rule": "s",
+                                      "call_ref": "block:0", "span": [0, 20]}]}}]})
+    agent = _agent(server, ws, tmp_path, protocol="text", allow_exec=True)
+    agent.config.max_actions_per_step = 0
+    data = agent.run(**_task(ws))
+    actions = data["steps"][0]["actions"]
+    assert [a["verdict"] and a["verdict"]["rule"] for a in actions] == ["r0", "r1", None]
+    assert [a["executed"] for a in actions] == [True, True, False] and actions[2]["not_adjudicated"]
+    assert (ws.root / "one").exists() and (ws.root / "two").exists() and not (ws.root / "three").exists()
+    assert data["exit_reason"] == "submitted"
+
+
+def test_calls_in_text_are_checked_as_the_gateway_checks_them():
+    """The tool protocol reads calls written in the content with the gateway's parser and the
+    offered tools' schemas (``fak.toolcalls``): a call that does not fit says why."""
+    tools = ToolCallProtocol(allow_exec=False)
+    with pytest.raises(FormatError, match="not one of the offered tools"):
+        tools.parse({"content": '<tool_call>\n{"name": "autumn", "arguments": {}}\n</tool_call>'})
+    with pytest.raises(FormatError, match="bash"):  # bash is not offered without allow_exec
+        tools.parse({"content": '<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>'})
+    with pytest.raises(FormatError, match=r"schema: .*start_line"):
+        tools.parse({"content": '<tool_call>\n{"name": "read", "arguments": {"path": "a.py", "start_line": "x"}}'})
+    with pytest.raises(FormatError, match="required"):
+        tools.parse({"content": '{"name": "edit", "arguments": {"path": "a.py"}} and then'})
+    acts = tools.parse({"content": '<tool_call>\n{"name": "read", "arguments": {"path": "a.py", "start_line": 3}}'})
+    assert [(a.name, a.arguments, a.call_ref) for a in acts] == [("read", {"path": "a.py", "start_line": 3}, None)]
+    acts = tools.parse({"tool_calls": [{"id": "call_1", "function": {"name": "list", "arguments": "{}"}}]})
+    assert acts[0].call_ref == "call_1"

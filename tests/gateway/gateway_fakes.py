@@ -8,7 +8,9 @@ the Unicode range), the chat template is Qwen2.5's layout (including its tool bl
 
 - ``script``: ``[(trigger, reply), ...]``; the trigger found *last* in the prompt picks the reply
   (so a later turn's trigger wins in a multi-turn conversation).
-- a prompt ending in the gateway's forced ``<tool_call>`` pre-fill gets a valid call completed;
+- a prompt ending in the gateway's forced ``<tool_call>`` pre-fill gets a call completed (a valid
+  one, or what ``forced_names`` / ``forced_arguments`` script), held to ``prefix_choices`` the
+  way a constrained model is (``_constrained``);
 - otherwise a pseudo-random sentence seeded by the prompt's SHA-256.
 
 Streaming is an async generator that yields ``chunk`` tokens per ``Delta``, sleeping ``delay``
@@ -54,6 +56,19 @@ SCRIPT = [
 ]
 
 
+def scrape(http: Any, url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``GET url/metrics`` parsed: ``{(sample name, sorted labels): value}``."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = http.get(url + "/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
 def audit_lines(path: Any) -> list[dict[str, Any]]:
     """The JSON lines of an audit log file."""
     with open(path, encoding="utf-8") as f:
@@ -64,6 +79,24 @@ SPECIALS = {"<|im_start|>": 0x110001, "<|im_end|>": 0x110002, "<|endoftext|>": 0
 SPECIAL_TEXT = {v: k for k, v in SPECIALS.items()}
 WORDS = ("alpha", "beta", "gamma", "delta", "kernel", "token", "cache", "batch", "prefill", "decode",
          "rope", "norm", "tensor", "block", "query", "value", "model", "agent", "policy", "gate")
+
+
+def _offered_tools(prompt_text: str) -> dict[str, dict[str, Any]]:
+    """The ``parameters`` of each tool in the fake template's ``<tools>`` block, by name, in order."""
+    start, end = prompt_text.find("<tools>\n"), prompt_text.find("\n</tools>")
+    tools: dict[str, dict[str, Any]] = {}
+    if start >= 0 and end > start:
+        for line in prompt_text[start + 8:end].splitlines():
+            fn = json.loads(line).get("function", {})
+            tools[fn.get("name", "")] = fn.get("parameters") or {}
+    return tools
+
+
+def _forced_args(parameters: dict[str, Any] | None) -> str:
+    """Arguments a cooperative model writes for a forced call: ``"forced"`` for each required
+    property, else ``{"forced": true}``."""
+    required = (parameters or {}).get("required") or []
+    return json.dumps({p: "forced" for p in required} if required else {"forced": True})
 
 
 @dataclass
@@ -94,6 +127,14 @@ class FakeEngine:
     cancelled: int = 0
     finished: int = 0
     requests: list[tuple[list[int], dict[str, Any]]] = field(default_factory=list)
+    #: under tool_choice "required": (trigger, name) the fake would write after the pre-fill,
+    #: offered or not (a small model naming a tool after a word of the prompt)
+    forced_names: list[tuple[str, str]] = field(default_factory=lambda: [("haiku", "autumn")])
+    #: under a named tool_choice: (trigger, text after `"arguments":`)
+    forced_arguments: list[tuple[str, str]] = field(default_factory=lambda: [
+        ("a number please", " 1}\n</tool_call>"), ("no city", ' {"town": "Oslo"}}\n</tool_call>')])
+    #: whether ``prefix_choices`` hold (False: a fake of an engine that ignores them)
+    honor_choices: bool = True
 
     # -- tokenizer
 
@@ -117,6 +158,9 @@ class FakeEngine:
 
     def detokenize(self, ids: list[int]) -> str:
         return "".join(SPECIAL_TEXT.get(i, chr(i) if i < 0x110000 else "") for i in ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return (SPECIAL_TEXT.get(token_id) or chr(token_id)).encode("utf-8", "surrogatepass")
 
     # -- chat template (Qwen2.5 layout)
 
@@ -152,13 +196,18 @@ class FakeEngine:
     def reply_for(self, prompt_text: str) -> str:
         """The full reply this engine gives to ``prompt_text`` (before stop strings/max_tokens)."""
         if prompt_text.endswith('<tool_call>\n{"name": "'):
-            name = "unknown"
-            start = prompt_text.find('"name": "')
-            if start >= 0:
-                name = prompt_text[start + 9: prompt_text.index('"', start + 9)]
-            return name + '", "arguments": {"forced": true}}\n</tool_call>'
-        if prompt_text.endswith('"arguments": '):
-            return '{"forced": true}}\n</tool_call>'
+            for trigger, name in self.forced_names:
+                if trigger in prompt_text:
+                    return name + '", "arguments": {}}\n</tool_call>'
+            tools = _offered_tools(prompt_text)
+            name = next(iter(tools), "unknown")
+            return name + '", "arguments": ' + _forced_args(tools.get(name)) + '}\n</tool_call>'
+        if prompt_text.endswith('"arguments":'):
+            for trigger, reply in self.forced_arguments:
+                if trigger in prompt_text:
+                    return reply
+            name = prompt_text[prompt_text.rfind('{"name": "') + 10:].split('"', 1)[0]
+            return " " + _forced_args(_offered_tools(prompt_text).get(name)) + "}\n</tool_call>"
         best, best_pos = None, -1
         for trigger, reply in self.script:
             pos = prompt_text.rfind(trigger)
@@ -172,7 +221,7 @@ class FakeEngine:
 
     def _check_sampling(self, sampling: dict[str, Any]) -> None:
         allowed = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-                   "frequency_penalty", "seed", "stop", "logprobs"}
+                   "frequency_penalty", "seed", "stop", "logprobs", "prefix_choices"}
         unknown = set(sampling) - allowed
         if unknown:
             raise TypeError(f"unknown sampling keys {sorted(unknown)}")
@@ -180,6 +229,15 @@ class FakeEngine:
             raise ValueError("temperature must be >= 0")
         if not 0 <= sampling.get("seed", 0) < 2**64:
             raise ValueError("seed out of range")
+
+    @staticmethod
+    def _constrained(text: str, choices: list[str]) -> str:
+        """What a model held to ``prefix_choices`` writes: its own reply when that begins with a
+        choice; else the first choice opening empty arguments (``{}``), then closing the call."""
+        if any(text.startswith(c) for c in choices):
+            return text
+        empty = next((c for c in choices if c.endswith("{}")), choices[0])
+        return empty + "}\n</tool_call>"
 
     def _blocks(self, n_tokens: int) -> int:
         return math.ceil(n_tokens / self.kv_block_size)
@@ -193,6 +251,8 @@ class FakeEngine:
         self.requests.append((ids, dict(sampling)))
         max_tokens = int(sampling.get("max_tokens") or (self.n_ctx - len(ids)))
         text = self.reply_for(self.detokenize(ids))
+        if sampling.get("prefix_choices") and self.honor_choices:
+            text = self._constrained(text, [self.detokenize(c) for c in sampling["prefix_choices"]])
         finish = "stop"
         stops = sampling.get("stop") or []
         for s in [stops] if isinstance(stops, str) else stops:
@@ -341,6 +401,13 @@ class FakeUpstream:
         async def models() -> dict[str, Any]:
             return {"object": "list", "data": [{"id": "up-model", "object": "model", "created": 0, "owned_by": "up"}]}
 
+        @get("/v1/models/{model_id:str}")
+        async def model(request: Request) -> Response[Any]:
+            if request.path_params["model_id"] != "up-model":
+                return Response({"error": {"message": "no such model", "type": "invalid_request_error",
+                                           "param": "model", "code": "model_not_found"}}, status_code=404)
+            return Response({"id": "up-model", "object": "model", "created": 0, "owned_by": "up"})
+
         @post("/v1/chat/completions", status_code=200)
         async def chat(request: Request) -> Response[Any]:
             raw = await request.body()
@@ -426,4 +493,4 @@ class FakeUpstream:
                              "choices": [{"index": 0, "text": rep.content, "logprobs": None, "finish_reason": "stop"}],
                              "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}})
 
-        return Litestar([models, chat, completions])
+        return Litestar([models, model, chat, completions])

@@ -74,6 +74,7 @@ def fak_serve(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> It
     (["--gguf", __file__, "--upstream-key", "k"], "--upstream-key only applies"),
     (["--base-url", "http://x/v1", "--addr", "nohost"], "HOST:PORT"),
     (["--base-url", "http://x/v1", "--max-concurrency", "0"], "--max-concurrency"),
+    (["--base-url", "http://x/v1", "--tool-call-retries", "-1"], "--tool-call-retries"),
 ])
 def test_usage_errors(args: list[str], message: str) -> None:
     result = CliRunner().invoke(main, ["serve", *args])
@@ -123,6 +124,45 @@ def test_engine_mode_end_to_end(tmp_path: Path) -> None:
         r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}],
                                            max_tokens=8, temperature=0)
         assert r.usage.completion_tokens >= 1 and r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_engine_mode_tool_names_are_the_offered_ones(tmp_path: Path) -> None:
+    """A real ``fak serve`` over the tiny synthetic model (random weights: it would name anything)
+    and the official client: with ``tool_choice: "required"`` every call names an offered tool, and
+    when its arguments do not fit (random text rarely does), the content is what the model wrote,
+    starting with an offered name (the engine's prefix_choices held it there), never the pre-fill."""
+    pytest.importorskip("fak.engine", reason="fak.Engine lands from branch pyengine")
+    synth = pytest.importorskip("fak.synth", reason="fak.synth lands from branch synth")
+    from gateway_fakes import BASH_TOOL, WEATHER_TOOL
+
+    path = tmp_path / "tiny.gguf"
+    synth.write_tiny_model(path)
+    tools = [WEATHER_TOOL, BASH_TOOL, {"type": "function", "function": {"name": "get_time"}}]
+    names = {t["function"]["name"] for t in tools}
+    haiku = [{"role": "user", "content": "Write a haiku about autumn."}]
+    with fak_serve("--gguf", str(path), "--backend", "cpu", "--n-ctx", "1024", "--model-name", "tiny",
+                   "--tool-call-retries", "1") as base:
+        client = openai.OpenAI(base_url=base, api_key="x", max_retries=0, timeout=300)
+        seen = set()
+        for seed in range(6):
+            r = client.chat.completions.create(model="tiny", messages=haiku, tools=tools, tool_choice="required",
+                                               max_tokens=24, temperature=1.0, seed=seed)
+            msg = r.choices[0].message
+            for call in msg.tool_calls or []:
+                assert call.function.name in names
+                seen.add(call.function.name)
+            if not msg.tool_calls:
+                content = msg.content or ""
+                assert "<tool_call>" not in content and '{"name": ' not in content
+                name = content.split('"', 1)[0]
+                assert name in names and content.startswith(name + '", "arguments":'), content
+                seen.add(name)
+        assert len(seen) > 1, seen  # the model chooses among them; nothing picks one for it
+        r = client.chat.completions.create(model="tiny", messages=haiku, tools=tools, max_tokens=16,
+                                           tool_choice={"type": "function", "function": {"name": "bash"}})
+        msg = r.choices[0].message
+        assert msg.tool_calls or (msg.content or "").startswith(" {"), msg.content
+        assert "<tool_call>" not in (msg.content or "")
 
 
 def test_policy_check(tmp_path: Path) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from fak.errors import KVCacheFullError
+from fak.errors import ContextLengthError, KVCacheFullError
 from gateway_fakes import WEATHER_TOOL, FakeEngine
 
 MODEL = "fake-qwen"
@@ -75,6 +75,9 @@ BAD_CHAT = [
     (chat(logit_bias={"1": 5}), 400, "logit_bias", "unsupported_parameter"),
     (chat(response_format={"type": "json_object"}), 400, "response_format", "unsupported_value"),
     (chat(seed="x"), 400, "seed", None),
+    (chat(stop=[""]), 400, "stop[0]", None),
+    (chat(stop=["END", ""]), 400, "stop[1]", None),
+    (chat(stop=""), 400, "stop", None),
 ]
 
 
@@ -109,6 +112,44 @@ def test_context_length_exceeded(start_gateway: Any) -> None:
     with pytest.raises(openai.BadRequestError) as exc:
         client.completions.create(model=MODEL, prompt="y" * 70)
     assert exc.value.body["code"] == "context_length_exceeded" and exc.value.body["param"] == "prompt"
+
+
+def test_context_length_errors_name_the_field(start_gateway: Any) -> None:
+    """The prompt alone too long names the prompt's field; a prompt that fits with a completion
+    budget that does not names the budget's field (the one the client set)."""
+    srv = start_gateway(engine=FakeEngine(n_ctx=64))
+    client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+    cases = [
+        (lambda: client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "x" * 100}]),
+         "messages"),
+        (lambda: client.chat.completions.create(model=MODEL, messages=MSG, max_tokens=60), "max_tokens"),
+        (lambda: client.chat.completions.create(model=MODEL, messages=MSG, max_completion_tokens=60),
+         "max_completion_tokens"),
+        (lambda: client.completions.create(model=MODEL, prompt="y" * 70, max_tokens=4), "prompt"),
+        (lambda: client.completions.create(model=MODEL, prompt="y" * 30, max_tokens=60), "max_tokens"),
+        (lambda: client.completions.create(model=MODEL, prompt="y" * 60), "prompt"),  # + the default 16
+        (lambda: client.completions.create(model=MODEL, prompt=[121] * 60), "prompt"),
+    ]
+    for call, param in cases:
+        with pytest.raises(openai.BadRequestError) as exc:
+            call()
+        assert (exc.value.body["code"], exc.value.body["param"]) == ("context_length_exceeded", param)
+
+
+def test_engine_side_errors_name_the_field(http: httpx.Client, start_gateway: Any) -> None:
+    """Errors the engine raises (its own limits) name the request's field, the prompt's per endpoint."""
+    eng = _FailingEngine()
+    srv = start_gateway(engine=eng)
+    eng.error = ContextLengthError("the prompt has 9 tokens but the context holds 8 tokens")
+    err = assert_error(http.post(srv.base_url + "/chat/completions", json=chat()), 400, code="context_length_exceeded")
+    assert err["param"] == "messages"
+    body = {"model": MODEL, "prompt": "hello"}
+    err = assert_error(http.post(srv.base_url + "/completions", json=body), 400, code="context_length_exceeded")
+    assert err["param"] == "prompt"
+    eng.error = ValueError("prompt token ids outside the vocabulary [0, 8): [9]")
+    assert assert_error(http.post(srv.base_url + "/completions", json=body), 400)["param"] == "prompt"
+    eng.error = ValueError("repeat_penalty must be in (0, 10] (1 disables it), got 11")
+    assert assert_error(http.post(srv.base_url + "/chat/completions", json=chat()), 400)["param"] == "repetition_penalty"
 
 
 def test_404_and_405_are_openai_shaped(http: httpx.Client, gateway: Any) -> None:

@@ -22,6 +22,7 @@ from gateway_fakes import (
     FakeAudit,
     FakeEngine,
     FakePolicy,
+    WEATHER_TOOL,
     audit_lines,
 )
 
@@ -143,7 +144,7 @@ def test_conversation_key_sources(policed: Any, http: httpx.Client) -> None:
 def test_call_budget_per_conversation(start_gateway: Any, http: httpx.Client) -> None:
     srv = start_gateway(engine=FakeEngine(script=list(SCRIPT)), policy=FakePolicy(budget=1))
     url = srv.base_url + "/chat/completions"
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "what weather"}], "tools": [BASH_TOOL]}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "what weather"}], "tools": [WEATHER_TOOL, BASH_TOOL]}
     assert http.post(url, json=body, headers={"X-Fak-Conversation": "c"}).json()["choices"][0]["message"]["tool_calls"]
     second = http.post(url, json=body, headers={"X-Fak-Conversation": "c"}).json()
     assert "tool_calls" not in second["choices"][0]["message"]
@@ -159,7 +160,7 @@ class _BrokenPolicy:
 def test_failing_policy_denies(start_gateway: Any, http: httpx.Client) -> None:
     srv = start_gateway(engine=FakeEngine(script=list(SCRIPT)), policy=_BrokenPolicy())
     body = http.post(srv.base_url + "/chat/completions", json={
-        "model": MODEL, "messages": [{"role": "user", "content": "weather"}], "tools": [BASH_TOOL]}).json()
+        "model": MODEL, "messages": [{"role": "user", "content": "weather"}], "tools": [WEATHER_TOOL, BASH_TOOL]}).json()
     assert "tool_calls" not in body["choices"][0]["message"]
     assert body["fak_policy"]["verdicts"][0]["rule"] == "policy-error"
     assert "policy file vanished" in body["choices"][0]["message"]["content"]
@@ -194,16 +195,23 @@ def test_text_tools_bash_blocks(start_gateway: Any, http: httpx.Client, tmp_path
         r = http.post(url, json=body, headers=headers).json()
         return r["choices"][0]["message"]["content"], r.get("fak_policy", {}).get("verdicts", [])
 
+    def at(content: str, verdict: dict) -> str:  # the text a verdict's call_ref span points at
+        start, end = verdict["span"]
+        return content[start:end]
+
     for stream in (False, True):
         content, verdicts = ask("list files", stream)
         assert content == "I will list the files.\n```bash\nls -la\n```"
-        assert [(v["tool"], v["allowed"]) for v in verdicts] == [("bash", True)]
+        assert [(v["tool"], v["allowed"], v["call_ref"]) for v in verdicts] == [("bash", True, "block:0")]
+        assert at(content, verdicts[0]) == "```bash\nls -la\n```"
         content, verdicts = ask("wipe disk", stream)
         assert content == "Wiping now.\n" + note + "\nDone."
         assert "sudo" not in content.replace(note, "")
         assert [v["allowed"] for v in verdicts] == [False]
+        assert verdicts[0]["call_ref"] == "block:0" and at(content, verdicts[0]) == note  # the note's place
         content, verdicts = ask("never close", stream)  # an unclosed fence is adjudicated too
         assert content == "Here:\n" + note and [v["allowed"] for v in verdicts] == [False]
+        assert at(content, verdicts[0]) == note
         content, verdicts = ask("wipe disk", stream, headers={})  # header absent: plain text
         assert "sudo shutdown -h now" in content and verdicts == []
     assert [x["allowed"] for x in audit_lines(audit)] == [True, False, False] * 2
@@ -215,6 +223,12 @@ def test_text_tools_on_completions(start_gateway: Any, http: httpx.Client) -> No
                   headers=TEXT).json()
     assert "sudo" not in r["choices"][0]["text"].split("denied")[0]
     assert r["fak_policy"]["verdicts"][0]["allowed"] is False
+    # with echo, a block's span counts the echoed prompt too: it points into choices[0].text
+    r = http.post(srv.base_url + "/completions", json={"model": MODEL, "prompt": "list files", "max_tokens": 100,
+                                                       "echo": True}, headers=TEXT).json()
+    text, verdict = r["choices"][0]["text"], r["fak_policy"]["verdicts"][0]
+    assert text.startswith("list files") and verdict["call_ref"] == "block:0"
+    assert text[verdict["span"][0]:verdict["span"][1]] == "```bash\nls -la\n```"
 
 
 def test_text_tools_header_validation(gateway: Any, http: httpx.Client) -> None:
@@ -226,7 +240,7 @@ def test_text_tools_header_validation(gateway: Any, http: httpx.Client) -> None:
 def test_merge_content_keeps_notes_and_calls_apart() -> None:
     from fak.gateway.chat_completions.protocol import PolicyVerdictInfo
     from fak.gateway.policy_filter import ContentOut, ToolCallOut, merge_content
-    from fak.gateway.toolcalls import ParsedToolCall
+    from fak.toolcalls import ParsedToolCall
 
     v = PolicyVerdictInfo(tool="bash", allowed=False, reason="r")
     call = ToolCallOut(ParsedToolCall("f", "{}", ""), 0)

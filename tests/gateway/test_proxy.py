@@ -211,3 +211,21 @@ def test_malformed_upstream_never_crashes_or_leaks(start_gateway: Any, upstream:
         assert r.json().get("error", {}).get("code", "upstream_error") == "upstream_error"
     assert srv.app.state.gateway.admission.running == 0
     assert http.get(srv.url + "/health").status_code == 200
+
+
+def test_models_retrieve_proxied(start_gateway: Any, upstream: Any) -> None:
+    client = oai(proxy(start_gateway, upstream))
+    assert client.models.retrieve("up-model").id == "up-model"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("nope")
+    assert err.value.code == "model_not_found"
+
+
+def test_proxy_verdicts_carry_the_upstream_call_ids(start_gateway: Any, upstream: Any) -> None:
+    srv = proxy(start_gateway, upstream, policy=FakePolicy())
+    r = oai(srv).chat.completions.create(model="up-model", messages=[{"role": "user", "content": "clean up"}],
+                                         tools=[BASH_TOOL])
+    verdicts = r.model_extra["fak_policy"]["verdicts"]
+    kept = {c.id for c in r.choices[0].message.tool_calls}
+    assert all(v["call_ref"].startswith("call_up") for v in verdicts)
+    assert {v["call_ref"] for v in verdicts if v["allowed"]} == kept

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 from fak.gateway import BackgroundServer, GatewayConfig, create_app
-from gateway_fakes import WEATHER_TOOL
+from gateway_fakes import BASH_TOOL, WEATHER_TOOL
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +107,25 @@ def test_engine_side_errors(tiny_server: BackgroundServer, tiny_engine: Any) -> 
         assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded"
         r = http.post("/completions", json={"model": "tiny", "prompt": [10**6], "max_tokens": 2})
         assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"]
+        assert r.json()["error"]["param"] == "prompt"  # the gateway's check (Engine.n_vocab), not a sampling error
+        r = http.post("/completions", json={"model": "tiny", "prompt": [tiny_engine.n_vocab], "max_tokens": 2})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
         r = http.get(tiny_server.url + "/health").json()
         assert r["engine"]["running"] == 0
+
+
+def test_logprob_bytes_of_byte_fallback_tokens(tiny_server: BackgroundServer, tiny_engine: Any) -> None:
+    """🚀 is split across byte-level tokens whose text alone is U+FFFD: each entry's ``bytes`` are
+    the token's own, so they join to the character's UTF-8 (not to U+FFFD's [239, 191, 189])."""
+    from fak.gateway.engine_api import TokenLogprobs
+
+    ids = tiny_engine.tokenize("🚀", add_special=False)
+    assert len(ids) > 1  # the tiny vocabulary has no token for it
+    chat = tiny_server.app.state.gateway.chat
+    entries = chat._chat_logprobs([TokenLogprobs(t, -0.5, [(t, -0.5, None)], tiny_engine._piece(t)) for t in ids])
+    assert b"".join(bytes(e.bytes) for e in entries) == "🚀".encode() == bytes([240, 159, 154, 128])
+    assert all(e.top_logprobs[0].bytes == e.bytes for e in entries)
+    assert any(e.token == "\ufffd" for e in entries)
 
 
 @pytest.mark.slow
@@ -125,3 +142,47 @@ def test_05b_answers_and_calls_a_tool(engine_05b: Any) -> None:
         calls = r.choices[0].message.tool_calls
         assert r.choices[0].finish_reason == "tool_calls" and calls and calls[0].function.name == "get_weather"
         assert json.loads(calls[0].function.arguments)["city"].lower() == "paris"
+
+
+@pytest.mark.slow
+def test_05b_tool_choice_required_names_only_offered_tools(engine_05b: Any) -> None:
+    """The replayed bug report: "Write a haiku about autumn." with tool_choice required. Unconstrained,
+    Qwen2.5-Coder-0.5B names a tool of its own (`Autumn's Song`, measured); held to the offered
+    names it calls one of them, with arguments that fit the tool's schema. A named choice gives
+    a call too, and no pre-fill ever reaches the content."""
+    from fak.toolcalls import ToolSet
+
+    tools = [WEATHER_TOOL, BASH_TOOL]
+    toolset = ToolSet.from_openai(tools)
+    haiku = [{"role": "user", "content": "Write a haiku about autumn."}]
+    with BackgroundServer(create_app(GatewayConfig(model_name="qwen-0.5b"), engine=engine_05b)) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=1200)
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            for stream in (False, True):
+                kwargs: dict[str, Any] = dict(model="qwen-0.5b", messages=haiku, tools=tools, tool_choice=choice,
+                                              temperature=0, max_tokens=40)
+                if stream:
+                    calls: dict[int, list[str]] = {}
+                    content = ""
+                    for chunk in client.chat.completions.create(stream=True, **kwargs):
+                        for ch in chunk.choices:
+                            content += ch.delta.content or ""
+                            for tc in ch.delta.tool_calls or []:
+                                calls[tc.index] = [tc.function.name, tc.function.arguments]
+                    got = [tuple(c) for c in calls.values()]
+                else:
+                    msg = client.chat.completions.create(**kwargs).choices[0].message
+                    content = msg.content or ""
+                    got = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+                assert got, (choice, stream, content)
+                for name, arguments in got:
+                    assert name in {"get_weather", "bash"} and toolset.check(name, arguments) is None
+                if not isinstance(choice, str):
+                    assert got[0][0] == "get_weather"
+                assert "<tool_call>" not in content
+        r = client.chat.completions.create(model="qwen-0.5b", tools=tools, tool_choice="required", temperature=0,
+                                           max_tokens=40,
+                                           messages=[{"role": "user", "content": "What is the weather in Paris?"}])
+        call = r.choices[0].message.tool_calls[0]
+        assert call.function.name == "get_weather" and json.loads(call.function.arguments)["city"] == "Paris"
+        assert client.models.retrieve("qwen-0.5b").id == "qwen-0.5b"

@@ -27,6 +27,7 @@ from fak.agent.model import ModelResponse
 from fak.agent.protocols import Action, AgentProtocol
 from fak.agent.tools import ToolResult, truncate_middle
 from fak.agent.trajectory import Trajectory
+from fak.toolcalls import verdict_for
 
 
 class Model(Protocol):
@@ -84,46 +85,16 @@ class AgentStats:
         return self.completion_tokens / self.model_s if self.model_s > 0 else 0.0
 
 
-def _blocking_verdict(action: Action, denied: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The denied verdict that covers ``action``, if any.
-
-    A verdict covers a call with the same tool name whose ``arguments_digest`` equals the call's
-    canonical digest; a verdict without a digest, or with one in another format, covers every call
-    of that tool in the turn (the safe side: a denied call must never run).
-    """
-    ours = action.policy_digest
-    for v in denied:
-        if v.get("tool") != action.policy_tool:
-            continue
-        digest = str(v.get("arguments_digest") or "")
-        digest = digest.split(":", 1)[1] if digest.startswith("sha256:") else digest
-        comparable = len(digest) == 64 and all(c in "0123456789abcdef" for c in digest.lower())
-        if not comparable or digest.lower() == ours:
-            return v
-    return None
-
-
-def _matching_verdict(action: Action, verdicts: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The verdict recorded for ``action`` (same tool; same digest when one is comparable)."""
-    same_tool = [v for v in verdicts if v.get("tool") == action.policy_tool]
-    for v in same_tool:
-        digest = str(v.get("arguments_digest") or "").removeprefix("sha256:").lower()
-        if digest == action.policy_digest:
-            return v
-    return same_tool[0] if len(same_tool) == 1 else None
-
-
-def _allowing_verdict(action: Action, verdicts: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The allowing verdict that covers ``action``: same tool, and the same digest when the
-    verdict carries one in the agent's format (else any allowed call of that tool)."""
-    for v in verdicts:
-        if v.get("tool") != action.policy_tool or v.get("allowed") is not True:
-            continue
-        digest = str(v.get("arguments_digest") or "").removeprefix("sha256:").lower()
-        comparable = len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)
-        if not comparable or digest == action.policy_digest:
-            return v
-    return None
+def _verdict_of(action: Action, verdicts: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The gateway's verdict about ``action``: the one whose ``call_ref`` is the action's (a
+    structured call's id) or, for a shell block, the ``block:N`` verdict with the block's span
+    (``fak.toolcalls.verdict_for``). A denied verdict that carries no ``call_ref`` (a gateway
+    without the contract) covers every call of its tool: a denied call must never run."""
+    found = verdict_for(verdicts, call_ref=action.call_ref, span=action.span)
+    if found is None:
+        found = next((v for v in verdicts if v.get("allowed") is False and not v.get("call_ref")
+                      and v.get("tool") == action.policy_tool), None)
+    return dict(found) if found is not None else None
 
 
 NOT_ADJUDICATED = ("[fak] not run: the gateway's policy did not check this call (the gateway did "
@@ -244,7 +215,8 @@ class Agent:
         if limit > 0 and verdicts and verdicts[0].get("allowed") is False:
             # the first call the model wrote was denied: removed by the gateway (nothing runs),
             # or still there (it is reported as denied, never run)
-            keep = keep[:1] if keep and _blocking_verdict(keep[0], denied) else []
+            first = _verdict_of(keep[0], verdicts) if keep else None
+            keep = keep[:1] if first is not None and first.get("allowed") is False else []
         dropped = [a for a in actions if a not in keep]
         if dropped:
             record["dropped"] = [{"name": a.name, "arguments": a.arguments} for a in dropped]
@@ -269,14 +241,14 @@ class Agent:
                                  "duration_s": 0.0}
         record["actions"].append(entry)
         self.stats.last_tool = action.name
-        verdict = _blocking_verdict(action, denied)
-        entry["verdict"] = verdict or _matching_verdict(action, record["verdicts"])
-        if verdict is not None:
-            entry.update(denied=True, verdict=verdict, ok=False,
+        verdict = _verdict_of(action, record["verdicts"])
+        entry["verdict"] = verdict
+        if verdict is not None and verdict.get("allowed") is False:
+            entry.update(denied=True, ok=False,
                          output=f"[fak policy] denied {action.name}: {verdict.get('reason')}")
             self.messages.append(self.protocol.observation(action, entry["output"], None, steps_left))
             return
-        if record.get("policy_active") and _allowing_verdict(action, record["verdicts"]) is None:
+        if record.get("policy_active") and (verdict is None or verdict.get("allowed") is not True):
             # a policy is on, but this call was never adjudicated: it must not run
             entry.update(ok=False, not_adjudicated=True, output=NOT_ADJUDICATED)
             self.messages.append(self.protocol.observation(action, entry["output"], None, steps_left))

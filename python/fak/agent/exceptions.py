@@ -55,7 +55,7 @@ class ToolError(Exception):
 
 class PolicyDenied(Exception):
     """The gateway's policy denied a tool call; it is never executed. ``verdict`` is the gateway's
-    verdict object (``tool``, ``allowed``, ``reason``, ``rule``, ``arguments_digest``)."""
+    verdict object (``tool``, ``allowed``, ``reason``, ``rule``, ``call_ref``, ``arguments_digest``)."""
 
     def __init__(self, verdict: dict):
         self.verdict = verdict

@@ -1,7 +1,7 @@
 """The agent's model: an OpenAI-compatible chat completions endpoint (``fak serve``), over httpx.
 
 The raw JSON of each response is kept, because the gateway adds a ``fak_policy`` extension object
-(``{"verdicts": [{"tool", "allowed", "reason", "rule", "arguments_digest"}]}``) that the official
+(``{"verdicts": [{"tool", "allowed", "reason", "rule", "call_ref", "span", "arguments_digest"}]}``) that the official
 client would hide in ``model_extra``.
 
 Retries: HTTP 429, 5xx and connection errors are retried ``max_retries`` times with exponential

@@ -12,6 +12,7 @@ import hmac
 import time
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import quote
 
 from litestar import Litestar, Response
 from litestar.connection import ASGIConnection
@@ -35,7 +36,7 @@ from fak.gateway.health.routes import Health, health
 from fak.gateway.metrics import GatewayMetrics
 from fak.gateway.metrics.routes import metrics
 from fak.gateway.models.protocol import ModelCard, ModelList
-from fak.gateway.models.routes import list_models
+from fak.gateway.models.routes import list_models, retrieve_model
 from fak.gateway.policy_filter import AuditLike, PolicyLike
 from fak.gateway.proxy import (
     ProxyChatServing,
@@ -57,12 +58,16 @@ class GatewayConfig:
         api_key: when set, ``/v1/*`` requires ``Authorization: Bearer <api_key>`` (else 401).
         max_concurrency: requests generating at once (admission slots).
         max_queue: requests waiting for a slot before new ones get 429.
+        tool_call_retries: extra samples of a forced tool call (``tool_choice`` ``"required"`` or
+            named) whose first call does not fit the offered tools, before its text is returned
+            as content.
     """
 
     model_name: str | None = None
     api_key: str | None = None
     max_concurrency: int = 64
     max_queue: int = 256
+    tool_call_retries: int = 2
 
 
 class Gateway:
@@ -121,8 +126,29 @@ class Gateway:
                 return Response(resp.content, media_type="application/json")
             finally:
                 await resp.aclose()
-        card = ModelCard(id=self.model_name, created=self.created, max_model_len=int(self.engine.n_ctx))  # type: ignore[union-attr]
-        return Response(ModelList(data=[card]), media_type="application/json")
+        return Response(ModelList(data=[self._card()]), media_type="application/json")
+
+    def _card(self) -> ModelCard:
+        return ModelCard(id=self.model_name, created=self.created, max_model_len=int(self.engine.n_ctx))  # type: ignore[union-attr]
+
+    async def retrieve_model(self, model_id: str) -> Response[Any]:
+        """``/v1/models/{model_id}``: the served model's card, or the upstream's answer.
+
+        Raises:
+            APIError: 404 ``model_not_found`` for another id (engine mode).
+        """
+        if self.upstream is not None:
+            resp = await self.upstream.send("GET", "/models/" + quote(model_id, safe=""))
+            try:
+                if resp.status_code != 200:
+                    return upstream_error(resp, resp.content)
+                return Response(resp.content, media_type="application/json")
+            finally:
+                await resp.aclose()
+        if model_id != self.model_name:
+            raise APIError(404, f"The model `{model_id}` does not exist. This server serves `{self.model_name}` "
+                           "(GET /v1/models).", param="model", code="model_not_found")
+        return Response(self._card(), media_type="application/json")
 
     def health(self) -> Health:
         """``/health`` body."""
@@ -185,14 +211,14 @@ def create_app(config: GatewayConfig | None = None, *, engine: EngineLike | None
         await gateway.aclose()
 
     schemas = component_schemas([ChatCompletionRequest, ChatCompletion, ChatCompletionChunk, CompletionRequest,
-                                 Completion, ModelList, ErrorResponse])
+                                 Completion, ModelList, ModelCard, ErrorResponse])
     openapi = OpenAPIConfig(
         title="fak gateway", version=__version__,
         description="OpenAI-compatible API served by fak, with every tool call adjudicated by a policy.",
         path="/schema", render_plugins=[JsonRenderPlugin(), SwaggerRenderPlugin()],
     )
     app = Litestar(
-        route_handlers=[create_chat_completion, create_completion, list_models, health, metrics],
+        route_handlers=[create_chat_completion, create_completion, list_models, retrieve_model, health, metrics],
         exception_handlers=exception_handlers(),
         guards=[_auth_guard],
         before_send=[count_response],

@@ -13,7 +13,7 @@ import asyncio
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -30,6 +30,7 @@ __all__ = [
     "EngineRun",
     "TokenLogprobs",
     "check_context",
+    "check_stop",
     "engine_error",
     "sampling_kwargs",
     "token_logprobs",
@@ -37,7 +38,9 @@ __all__ = [
 
 
 class EngineLike(Protocol):
-    """The part of ``fak.Engine`` the gateway uses."""
+    """The part of ``fak.Engine`` the gateway uses. Read when present: ``n_vocab`` (token-id
+    prompts are checked against it) and ``token_bytes(id)`` (logprobs ``bytes``); ``astream``
+    takes ``prefix_choices`` (forced tool calls)."""
 
     model_name: str
     n_ctx: int
@@ -55,10 +58,14 @@ class EngineLike(Protocol):
     def stats(self) -> dict[str, Any]: ...
 
 
-def check_context(n_prompt: int, max_tokens: int | None, n_ctx: int, *, param: str) -> int:
+def check_context(n_prompt: int, max_tokens: int | None, n_ctx: int, *, param: str,
+                  max_tokens_param: str | None = None) -> int:
     """Validate prompt + completion against the context window; return the completion budget.
 
     Without ``max_tokens`` the completion may use the rest of the window (as vLLM does).
+    ``param`` names the prompt's field (``messages``, ``prompt``): the error names it when the
+    prompt alone leaves no room; ``max_tokens_param`` (the completion budget's field, when the
+    client set it) is named when the prompt fits but prompt + ``max_tokens`` does not.
 
     Raises:
         APIError: 400 ``context_length_exceeded`` (OpenAI's wording and code).
@@ -71,12 +78,28 @@ def check_context(n_prompt: int, max_tokens: int | None, n_ctx: int, *, param: s
                 param=param, code="context_length_exceeded")
         return n_ctx - n_prompt
     if n_prompt + max_tokens > n_ctx:
+        where = "messages" if param == "messages" else param
         raise APIError(
             400, f"This model's maximum context length is {n_ctx} tokens. However, you requested "
-            f"{n_prompt + max_tokens} tokens ({n_prompt} in the messages, {max_tokens} in the completion). "
-            "Please reduce the length of the messages or completion.",
-            param=param, code="context_length_exceeded")
+            f"{n_prompt + max_tokens} tokens ({n_prompt} in the {where}, {max_tokens} in the completion). "
+            f"Please reduce the length of the {where} or completion.",
+            param=max_tokens_param if max_tokens_param is not None and n_prompt < n_ctx else param,
+            code="context_length_exceeded")
     return max_tokens
+
+
+def check_stop(stop: str | list[str] | None) -> None:
+    """Stop sequences must be non-empty (an empty one would match at once).
+
+    Raises:
+        APIError: 400 naming ``stop`` (``stop[i]`` for a list).
+    """
+    if stop is None:
+        return
+    for i, s in enumerate([stop] if isinstance(stop, str) else stop):
+        if not s:
+            raise bad_request("A stop sequence must not be empty.",
+                              param="stop" if isinstance(stop, str) else f"stop[{i}]")
 
 
 def sampling_kwargs(req: Any, max_tokens: int) -> dict[str, Any]:
@@ -111,17 +134,35 @@ def sampling_kwargs(req: Any, max_tokens: int) -> dict[str, Any]:
     return s
 
 
-def engine_error(exc: BaseException) -> APIError:
-    """Map an exception raised by the engine for one request to the client's error."""
+# The engine's sampling names (the first word of its ValueError messages) -> the request field.
+_ENGINE_PARAMS = {
+    "max_tokens": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+    "min_p": "min_p", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop", "each": "stop",
+    "logprobs": "logprobs",
+}
+
+
+def engine_error(exc: BaseException, *, prompt_param: str = "messages") -> APIError:
+    """Map an exception raised by the engine for one request to the client's error.
+
+    ``prompt_param``: the request field holding the prompt (``messages`` or ``prompt``), named by
+    context-length errors and by errors about the prompt's token ids.
+    """
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, ContextLengthError):
-        return APIError(400, str(exc), param="messages", code="context_length_exceeded")
+        return APIError(400, str(exc), param=prompt_param, code="context_length_exceeded")
     if isinstance(exc, KVCacheFullError):
         return APIError(503, f"The KV cache is full ({exc}); retry when running requests finish.",
                         type="server_error", code="kv_cache_full", headers={"Retry-After": "1"})
     if isinstance(exc, (ValueError, TypeError, OverflowError)):
-        return bad_request(f"Invalid sampling parameters: {exc}", code="invalid_value")
+        text = str(exc)
+        if text.startswith(("prompt", "the prompt")) or "token id" in text:
+            return bad_request(f"Invalid prompt: {text}", param=prompt_param, code="invalid_value")
+        first = text.split(" ", 1)[0].rstrip(":,")
+        return bad_request(f"Invalid sampling parameters: {text}", param=_ENGINE_PARAMS.get(first),
+                           code="invalid_value")
     if isinstance(exc, FakError):
         log.error("engine error: %s", exc)
         return APIError(500, f"The engine failed: {exc}", type="server_error", code="engine_error")
@@ -194,10 +235,16 @@ class EngineRun:
         admission: the gateway's admission control.
         metrics: ``GatewayMetrics`` (or ``None``).
         t_arrival: ``time.perf_counter()`` at request arrival (for time to first token).
+        prompt_param: the request field of the prompt, for errors (``messages`` / ``prompt``).
 
     ``start()`` takes a slot and waits for the first delta (so errors before the first token
     still get a proper HTTP status); ``deltas()`` yields every delta; ``aclose()`` is idempotent
     and shielded from cancellation, so a disconnect cannot skip freeing the sequence.
+
+    Metrics: a run refused before its first token (queue full, context, KV cache, bad values)
+    counts in ``fak_requests_rejected_total{reason}``; one closed before its end (client gone,
+    engine failure mid-way) in ``fak_requests_cancelled_total``; a run the server itself set
+    aside (``discard()``: a forced tool call sampled again) in neither.
     """
 
     engine: EngineLike
@@ -206,6 +253,7 @@ class EngineRun:
     admission: Admission
     metrics: Any = None
     t_arrival: float = field(default_factory=time.perf_counter)
+    prompt_param: str = "messages"
     n_completion: int = 0
     finish_reason: str | None = None
     _it: Any = None
@@ -215,6 +263,8 @@ class EngineRun:
     _closed: bool = False
     _t_first: float | None = None
     _t_last: float | None = None
+    _rejected: str | None = None
+    _discarded: bool = False
 
     async def start(self) -> None:
         """Acquire a slot, submit the sequence, wait for its first delta.
@@ -222,7 +272,12 @@ class EngineRun:
         Raises:
             APIError: 429 (queue full), 400/503/500 mapped from the engine's error.
         """
-        await self.admission.acquire()
+        try:
+            await self.admission.acquire()
+        except APIError as err:
+            if self.metrics is not None:
+                self.metrics.count_rejected(err.code or "rate_limit_exceeded")
+            raise
         self._slot = True
         if self.metrics is not None:
             self.metrics.prompt_tokens.inc(len(self.prompt_ids))
@@ -234,10 +289,18 @@ class EngineRun:
             except StopAsyncIteration:
                 self._has_first = False
         except BaseException as exc:
+            mapped = engine_error(exc, prompt_param=self.prompt_param) if isinstance(exc, Exception) else None
+            if mapped is not None:
+                self._rejected = mapped.code or "engine_error"
             await self.aclose()
-            if isinstance(exc, Exception):
-                raise engine_error(exc) from None
+            if mapped is not None:
+                raise mapped from None
             raise
+
+    async def discard(self) -> None:
+        """Close the run as set aside by the server (counted neither cancelled nor rejected)."""
+        self._discarded = True
+        await self.aclose()
 
     def _account(self, delta: Any) -> None:
         n = len(getattr(delta, "token_ids", ()) or ())
@@ -269,9 +332,9 @@ class EngineRun:
                 self._account(delta)
                 yield delta
         except Exception as exc:  # noqa: BLE001 - mapped for the client
-            raise engine_error(exc) from None
+            raise engine_error(exc, prompt_param=self.prompt_param) from None
 
-    async def batches(self) -> AsyncIterator[list[Any]]:
+    async def batches(self) -> AsyncGenerator[list[Any], None]:
         """Every delta, grouped: each group is what arrived while the previous one was handled.
 
         A pump task moves deltas from the engine into a queue; the consumer takes everything
@@ -342,5 +405,7 @@ class EngineRun:
             if self._t_first is not None and self._t_last is not None and self.n_completion > 1:
                 self.metrics.tpot.observe((self._t_last - self._t_first) / (self.n_completion - 1))
             self.metrics.e2e.observe(time.perf_counter() - self.t_arrival)
-            if self.finish_reason is None:
+            if self._rejected is not None:
+                self.metrics.count_rejected(self._rejected)
+            elif self.finish_reason is None and not self._discarded:
                 self.metrics.cancelled.inc()

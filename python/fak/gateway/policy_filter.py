@@ -28,20 +28,25 @@ from typing import Any, Protocol
 
 from fak.gateway.chat_completions.protocol import PolicyVerdictInfo
 from fak.gateway.errors import bad_request
-from fak.gateway.segmenter import Block, Text
-from fak.gateway.text_tools import (
-    TEXT_TOOLS_HEADER,
-    BashBlockParser,
-    bash_command,
-    parse_text_tools_header,
-)
-from fak.gateway.toolcalls import ParsedToolCall, ToolCallParser
 from fak.policy.audit import arguments_digest
+from fak.toolcalls import (
+    BashBlockParser,
+    Block,
+    CallProblem,
+    ParsedToolCall,
+    RejectedCall,
+    Text,
+    ToolCallParser,
+    ToolSet,
+    bash_command,
+    block_ref,
+)
 
 log = logging.getLogger("fak.gateway.policy")
 
 __all__ = [
     "CONVERSATION_HEADER",
+    "TEXT_TOOLS_HEADER",
     "WORKSPACE_HEADER",
     "AssistantOutputFilter",
     "AuditLike",
@@ -52,11 +57,30 @@ __all__ = [
     "ToolCallOut",
     "denial_note",
     "merge_content",
+    "parse_text_tools_header",
     "request_context",
 ]
 
 CONVERSATION_HEADER = "x-fak-conversation"
 WORKSPACE_HEADER = "x-fak-workspace"
+TEXT_TOOLS_HEADER = "x-fak-text-tools"
+SUPPORTED_TEXT_TOOLS = frozenset({"bash"})
+
+
+def parse_text_tools_header(value: str | None) -> frozenset[str]:
+    """The tools named by ``X-Fak-Text-Tools`` (comma-separated; only ``bash`` exists).
+
+    Raises:
+        APIError: 400 for an unknown tool name.
+    """
+    if value is None:
+        return frozenset()
+    names = frozenset(part.strip().lower() for part in value.split(",") if part.strip())
+    unknown = names - SUPPORTED_TEXT_TOOLS
+    if unknown:
+        raise bad_request(f"X-Fak-Text-Tools names unknown text tool(s) {sorted(unknown)}; "
+                          f"supported: {sorted(SUPPORTED_TEXT_TOOLS)}", param="X-Fak-Text-Tools")
+    return names
 
 
 class PolicyLike(Protocol):
@@ -140,11 +164,13 @@ class PolicyGate:
         """Whether a policy is configured."""
         return self.policy is not None
 
-    def decide(self, tool: str, arguments: str | dict[str, Any], *,
-               tool_call_id: str | None = None) -> PolicyVerdictInfo | None:
+    def decide(self, tool: str, arguments: str | dict[str, Any], *, tool_call_id: str | None = None,
+               call_ref: str | None = None, span: list[int] | None = None) -> PolicyVerdictInfo | None:
         """Decide one call; ``None`` when no policy is configured (allowed, not recorded).
 
-        A policy that raises is a deny (fail closed) with the error as the reason.
+        ``tool_call_id``: the structured call's id (also its ``call_ref``); ``call_ref``/``span``:
+        a shell block's ``block:N`` and its place in the content. A policy that raises is a deny
+        (fail closed) with the error as the reason.
         """
         if self.policy is None:
             return None
@@ -167,7 +193,8 @@ class PolicyGate:
         info = PolicyVerdictInfo(tool=tool, allowed=allowed, reason=reason,
                                  rule=None if rule is None else str(rule),
                                  tool_call_id=tool_call_id if allowed else None,
-                                 arguments_digest=arguments_digest(arguments))
+                                 arguments_digest=arguments_digest(arguments),
+                                 call_ref=call_ref if call_ref is not None else tool_call_id, span=span)
         self.verdicts.append(info)
         return info
 
@@ -183,10 +210,14 @@ class _FailClosed:
 
 @dataclass(slots=True)
 class ContentOut:
-    """Text for the message content (may be a denial note). ``verdict`` set for notes and bash blocks."""
+    """Text for the message content (may be a denial note). ``verdict`` set for notes and bash
+    blocks. An event with ``rejected`` set (and empty ``text``) follows the text of a tool-call
+    block that is not a call of an offered tool (``RejectedCall``: bad JSON, unknown name,
+    arguments failing the schema) and says why."""
 
     text: str
     verdict: PolicyVerdictInfo | None = None
+    rejected: CallProblem | None = None
 
 
 @dataclass(slots=True)
@@ -206,29 +237,39 @@ class AssistantOutputFilter:
         gate: the request's ``PolicyGate``.
         parse_tools: parse ``<tool_call>`` blocks (the request has tools and ``tool_choice``
             is not ``"none"``).
-        prefix: assistant text already in the prompt (forced tool-call opening).
-        tool_names: the offered tools (bare-JSON calls naming them are accepted).
+        prefix: assistant text already in the prompt (forced tool-call opening); never sent.
+        tools: the offered tools (``ToolSet``): a call naming another tool, or whose arguments
+            fail its schema, is returned as content (``ContentOut.rejected`` says why); bare-JSON
+            calls of offered tools are accepted.
         parallel_tool_calls: ``False`` keeps only the first sent call.
+        content_offset: characters of the message content before this output (a completion's
+            ``echo``), for the spans of shell-block verdicts.
+        on_reject: ``callback(CallProblem)`` for metrics.
 
     ``feed``/``finish`` return ``ContentOut``/``ToolCallOut`` events in order. Whitespace that
     only separates tool calls is dropped (as OpenAI returns ``content: null`` beside calls).
+    ``rejected`` lists every ``CallProblem`` met.
     """
 
     gate: PolicyGate
     parse_tools: bool = False
     prefix: str = ""
     parallel_tool_calls: bool = True
-    tool_names: frozenset[str] = frozenset()
+    tools: ToolSet | None = None
+    content_offset: int = 0
+    on_reject: Any = None
+    rejected: list[CallProblem] = field(default_factory=list, init=False)
     _tools: ToolCallParser | None = field(default=None, init=False)
     _bash: BashBlockParser | None = field(default=None, init=False)
     _held_ws: str = field(default="", init=False)
     _n_calls: int = field(default=0, init=False)
+    _n_blocks: int = field(default=0, init=False)
     _content_tail: str = field(default="", init=False)
     _any_content: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if self.parse_tools:
-            self._tools = ToolCallParser(self.prefix, self.tool_names)
+            self._tools = ToolCallParser(self.prefix, self.tools)
         if "bash" in self.gate.ctx.text_tools:
             self._bash = BashBlockParser()
 
@@ -259,7 +300,14 @@ class AssistantOutputFilter:
     def _pieces(self, pieces: list[Text | ParsedToolCall]) -> list[ContentOut | ToolCallOut]:
         out: list[ContentOut | ToolCallOut] = []
         for piece in pieces:
-            if isinstance(piece, Text):
+            if isinstance(piece, RejectedCall):
+                self.rejected.append(piece.problem)
+                if self.on_reject is not None:
+                    self.on_reject(piece.problem)
+                text, self._held_ws = self._held_ws + piece.text, ""
+                out += self._text(text)
+                out.append(ContentOut("", rejected=piece.problem))
+            elif isinstance(piece, Text):
                 if not piece.text.strip():
                     self._held_ws += piece.text
                     continue
@@ -285,12 +333,15 @@ class AssistantOutputFilter:
         text = denial_note(verdict.tool, verdict.reason, verdict.rule)
         if self._any_content and not self._content_tail.endswith("\n"):
             text = "\n" + text
+        if verdict.span is not None:  # a denied shell block: the span is the note's
+            verdict.span = [self.content_offset, self.content_offset + len(text)]
         return self._content(text, verdict)
 
     def _content(self, text: str, verdict: PolicyVerdictInfo | None = None) -> ContentOut:
         if text:
             self._any_content = True
             self._content_tail = text[-1:]
+            self.content_offset += len(text)
         return ContentOut(text, verdict)
 
     def _text(self, text: str) -> list[ContentOut | ToolCallOut]:
@@ -311,7 +362,9 @@ class AssistantOutputFilter:
             if isinstance(piece, Text):
                 out.append(self._content(piece.text))
                 continue
-            verdict = self.gate.decide("bash", {"command": bash_command(piece)})
+            ref, self._n_blocks = block_ref(self._n_blocks), self._n_blocks + 1
+            span = [self.content_offset, self.content_offset + len(piece.raw)]
+            verdict = self.gate.decide("bash", {"command": bash_command(piece)}, call_ref=ref, span=span)
             if verdict is None or verdict.allowed:
                 out.append(self._content(piece.raw, verdict))
             else:
@@ -327,8 +380,8 @@ def merge_content(events: list[ContentOut | ToolCallOut]) -> list[ContentOut | T
     """
     out: list[ContentOut | ToolCallOut] = []
     for ev in events:
-        if (isinstance(ev, ContentOut) and ev.verdict is None and out and isinstance(out[-1], ContentOut)
-                and out[-1].verdict is None):
+        if (isinstance(ev, ContentOut) and ev.verdict is None and ev.rejected is None and out
+                and isinstance(out[-1], ContentOut) and out[-1].verdict is None and out[-1].rejected is None):
             out[-1] = ContentOut(out[-1].text + ev.text)
         else:
             out.append(ev)

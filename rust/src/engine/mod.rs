@@ -287,6 +287,9 @@ impl<B: Backend> Engine<B> {
                 free: self.sched.pool.n_total(),
             });
         }
+        for choice in &params.prefix_choices {
+            self.check_tokens(choice, "prefix_choices")?;
+        }
         let sampler = Sampler::new(params)?;
         self.sched.add(Sequence::new(seq_id, prompt, sampler));
         Ok(())

@@ -14,6 +14,14 @@
 //!   min-p (keeps `p ≥ min_p · p_max`) all act on temperature-1 probabilities, as in llama.cpp;
 //!   the temperature then scales the kept logits before the draw.
 //!
+//! - prefix choices (`prefix_choices`, a list of token sequences): while set, the first generated
+//!   tokens must spell one of the sequences: at each step only the tokens that continue a
+//!   sequence still matching the output so far are candidates (a trie walk over the sequences;
+//!   top-k, top-p and min-p then act on those candidates, renormalized over them); once the output
+//!   equals a whole sequence, generation is free. The gateway uses it to let a model choose only
+//!   among the offered tool names (`tool_choice: "required"`), as grammar-constrained decoding
+//!   does (llama.cpp grammars, vLLM's `guided_choice`), without inventing a token itself.
+//!
 //! `logprob` and `top_logprobs` are the log-softmax of the model's **unmodified** logits (before
 //! penalties, temperature and filters), as vLLM reports by default: they describe the model, not
 //! the sampling settings.
@@ -53,6 +61,8 @@ pub struct SamplingParams {
     pub seed: Option<u64>,
     /// Top log-probabilities to return per token, 0..=[`MAX_LOGPROBS`]; 0 returns none.
     pub n_logprobs: usize,
+    /// Token sequences the output must begin with one of (see the module doc); empty: none.
+    pub prefix_choices: Vec<Vec<u32>>,
 }
 
 impl Default for SamplingParams {
@@ -68,6 +78,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             seed: None,
             n_logprobs: 0,
+            prefix_choices: Vec::new(),
         }
     }
 }
@@ -135,6 +146,11 @@ impl SamplingParams {
             self.n_logprobs <= MAX_LOGPROBS,
             "n_logprobs",
             format!("{} (must be in [0, {MAX_LOGPROBS}])", self.n_logprobs),
+        )?;
+        check(
+            self.prefix_choices.iter().all(|c| !c.is_empty()),
+            "prefix_choices",
+            "an empty token sequence (each choice needs at least one token)".to_string(),
         )?;
         Ok(())
     }
@@ -221,6 +237,35 @@ pub struct Sampler {
     work: Vec<f32>,
     idx: Vec<u32>,
     weights: Vec<f32>,
+    /// Walk through `params.prefix_choices`: `None` once free (or when there are none).
+    choices: Option<ChoiceWalk>,
+}
+
+/// Position in the trie of `prefix_choices`: the choices that still match the output, and how
+/// many tokens of them were generated.
+#[derive(Debug, Clone)]
+struct ChoiceWalk {
+    alive: Vec<usize>,
+    pos: usize,
+}
+
+impl ChoiceWalk {
+    /// The tokens that continue a matching choice, ascending.
+    fn next_tokens(&self, choices: &[Vec<u32>]) -> Vec<u32> {
+        let mut next: Vec<u32> = self.alive.iter().map(|&i| choices[i][self.pos]).collect();
+        next.sort_unstable();
+        next.dedup();
+        next
+    }
+
+    /// Advances past `token`; `false` when the walk is over (a choice is complete, or `token`
+    /// matches none, which the sampler never produces).
+    fn advance(&mut self, choices: &[Vec<u32>], token: u32) -> bool {
+        let pos = self.pos;
+        self.alive.retain(|&i| choices[i][pos] == token);
+        self.pos += 1;
+        !self.alive.is_empty() && self.alive.iter().all(|&i| choices[i].len() > self.pos)
+    }
 }
 
 impl Sampler {
@@ -228,6 +273,10 @@ impl Sampler {
     pub fn new(params: SamplingParams) -> Result<Sampler> {
         params.validate()?;
         let rng = Rng::new(params.seed.unwrap_or_else(Rng::entropy_seed));
+        let choices = (!params.prefix_choices.is_empty()).then(|| ChoiceWalk {
+            alive: (0..params.prefix_choices.len()).collect(),
+            pos: 0,
+        });
         Ok(Sampler {
             params,
             rng,
@@ -235,6 +284,7 @@ impl Sampler {
             work: Vec::new(),
             idx: Vec::new(),
             weights: Vec::new(),
+            choices,
         })
     }
 
@@ -246,6 +296,19 @@ impl Sampler {
     /// Records a generated token (presence / frequency penalties count generated tokens only).
     pub fn accept(&mut self, token: u32) {
         *self.counts.entry(token).or_insert(0) += 1;
+        if let Some(walk) = &mut self.choices {
+            if !walk.advance(&self.params.prefix_choices, token) {
+                self.choices = None;
+            }
+        }
+    }
+
+    /// The tokens the next draw may pick under `prefix_choices` (ascending), or `None` when
+    /// generation is free.
+    pub fn allowed_tokens(&self) -> Option<Vec<u32>> {
+        self.choices
+            .as_ref()
+            .map(|w| w.next_tokens(&self.params.prefix_choices))
     }
 
     /// Picks the next token from `logits` (`[n_vocab]`, unmodified model output). `history` is
@@ -271,10 +334,14 @@ impl Sampler {
     /// penalty, no top log-probabilities): the engine then takes the backend's greedy fast path.
     pub fn is_plain_greedy(&self) -> bool {
         let p = &self.params;
-        p.temperature <= 0.0 && !p.has_penalties() && p.n_logprobs == 0
+        p.temperature <= 0.0 && !p.has_penalties() && p.n_logprobs == 0 && self.choices.is_none()
     }
 
     fn choose(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let allowed = self.allowed_tokens().and_then(|mut a| {
+            a.retain(|&t| (t as usize) < logits.len()); // ids are checked by the engine
+            (!a.is_empty()).then_some(a)
+        });
         let p = &self.params;
         let l: &[f32] = if p.has_penalties() {
             self.work.clear();
@@ -284,6 +351,16 @@ impl Sampler {
         } else {
             logits
         };
+        let by_logit = |a: &u32, b: &u32| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b));
+        if let Some(allowed) = &allowed {
+            if p.temperature <= 0.0 {
+                // argmax over the allowed tokens (lowest id on ties, as `argmax`)
+                return *allowed
+                    .iter()
+                    .min_by(|a, b| by_logit(a, b))
+                    .expect("a walk has a next token");
+            }
+        }
         if p.temperature <= 0.0 {
             return crate::backend::cpu::argmax(l) as u32;
         }
@@ -294,7 +371,7 @@ impl Sampler {
             0
         };
         let filtered = top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0;
-        if !filtered {
+        if allowed.is_none() && !filtered {
             // Draw from the whole vocabulary.
             let max = l.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             self.weights.resize(n, 0.0);
@@ -305,8 +382,15 @@ impl Sampler {
 
         // Candidates sorted by logit, descending (ties: lower id first).
         let idx = &mut self.idx;
-        let by_logit = |a: &u32, b: &u32| l[*b as usize].total_cmp(&l[*a as usize]).then(a.cmp(b));
-        if top_k > 0 {
+        if let Some(allowed) = allowed {
+            // only the tokens that continue a prefix choice; top-k among them
+            idx.clear();
+            idx.extend(allowed);
+            idx.sort_unstable_by(by_logit);
+            if top_k > 0 {
+                idx.truncate(top_k);
+            }
+        } else if top_k > 0 {
             top_k_sorted(l, top_k, idx);
         } else if p.top_p < 1.0 {
             // Sort progressively larger prefixes until the nucleus is inside one.
@@ -341,8 +425,8 @@ impl Sampler {
             idx.extend((0..n as u32).filter(|&t| l[t as usize] >= min_logit));
             idx.sort_unstable_by(by_logit);
         }
-        if top_k > 0 && p.top_p < 1.0 {
-            // top-p over the top-k candidates (renormalized over them).
+        if (top_k > 0 || self.choices.is_some()) && p.top_p < 1.0 {
+            // top-p over the top-k (or allowed) candidates (renormalized over them).
             let max = l[idx[0] as usize];
             let z: f64 = idx
                 .iter()
@@ -706,6 +790,81 @@ mod tests {
                 Err(FakError::InvalidArgument { param, .. }) => assert_eq!(param, name),
                 other => panic!("{name}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn prefix_choices_walk_the_trie_then_free() {
+        // Choices [5, 6], [5, 7, 8] and [9]: the first token is 5 or 9 whatever the logits say.
+        let choices = vec![vec![5u32, 6], vec![5, 7, 8], vec![9]];
+        let mut l = vec![0.0f32; 16];
+        l[3] = 10.0; // the unconstrained argmax, never allowed while the walk runs
+        l[9] = 1.0;
+        l[5] = 2.0;
+        l[7] = 0.5;
+        l[6] = 0.25;
+        let greedy = params(|p| {
+            p.temperature = 0.0;
+            p.prefix_choices = choices.clone();
+        });
+        let mut s = Sampler::new(greedy.clone()).unwrap();
+        assert!(!s.is_plain_greedy(), "a walk needs the host sampler");
+        assert_eq!(s.allowed_tokens(), Some(vec![5, 9]));
+        let t = s.sample(&l, &[]).token;
+        assert_eq!(t, 5);
+        s.accept(t);
+        assert_eq!(s.allowed_tokens(), Some(vec![6, 7]));
+        let t = s.sample(&l, &[]).token;
+        assert_eq!(t, 7, "7 (0.5) beats 6 (0.25)");
+        s.accept(t);
+        assert_eq!(s.allowed_tokens(), Some(vec![8]));
+        let t = s.sample(&l, &[]).token;
+        assert_eq!(t, 8);
+        s.accept(t);
+        assert_eq!(
+            s.allowed_tokens(),
+            None,
+            "the choice [5, 7, 8] is complete: free"
+        );
+        assert!(s.is_plain_greedy());
+        assert_eq!(s.sample(&l, &[]).token, 3);
+        // Logprobs stay those of the unmodified logits.
+        let mut s = Sampler::new(params(|p| {
+            p.temperature = 0.0;
+            p.n_logprobs = 1;
+            p.prefix_choices = choices.clone();
+        }))
+        .unwrap();
+        let out = s.sample(&l, &[]);
+        assert_eq!(out.token, 5);
+        assert_eq!(out.top_logprobs.unwrap()[0].0, 3);
+        // Sampling at a high temperature with top-k and top-p still draws only allowed tokens,
+        // and visits both first tokens.
+        let mut firsts = std::collections::BTreeSet::new();
+        for seed in 0..200 {
+            let mut s = Sampler::new(params(|p| {
+                p.seed = Some(seed);
+                p.temperature = 3.0;
+                p.top_k = 40;
+                p.top_p = 0.99;
+                p.prefix_choices = choices.clone();
+            }))
+            .unwrap();
+            let mut out = Vec::new();
+            while let Some(allowed) = s.allowed_tokens() {
+                let t = s.sample(&l, &out).token;
+                assert!(allowed.contains(&t), "{t} not in {allowed:?}");
+                s.accept(t);
+                out.push(t);
+            }
+            assert!(choices.contains(&out), "{out:?} is not a choice");
+            firsts.insert(out[0]);
+        }
+        assert_eq!(firsts.into_iter().collect::<Vec<_>>(), vec![5, 9]);
+        // An empty choice is refused, naming the parameter.
+        match Sampler::new(params(|p| p.prefix_choices = vec![vec![1], vec![]])) {
+            Err(FakError::InvalidArgument { param, .. }) => assert_eq!(param, "prefix_choices"),
+            other => panic!("{other:?}"),
         }
     }
 

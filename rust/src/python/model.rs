@@ -87,10 +87,15 @@ fn sampling_from_dict(d: Option<&Bound<'_, PyDict>>) -> PyResult<SamplingParams>
             "frequency_penalty" => p.frequency_penalty = v.extract::<f32>().map_err(|_| bad("a number"))?,
             "seed" => p.seed = Some(v.extract::<u64>().map_err(|_| bad("an integer in [0, 2**64)"))?),
             "n_logprobs" => p.n_logprobs = v.extract::<usize>().map_err(|_| bad("a non-negative integer"))?,
+            "prefix_choices" => {
+                p.prefix_choices = v
+                    .extract::<Vec<Vec<u32>>>()
+                    .map_err(|_| bad("a list of lists of token ids"))?
+            }
             other => {
                 return Err(super::to_py(FakError::invalid(
                     other,
-                    "unknown sampling key; known: temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, n_logprobs",
+                    "unknown sampling key; known: temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, n_logprobs, prefix_choices",
                 )))
             }
         }
@@ -248,7 +253,8 @@ impl PyModel {
     ///
     /// Queues a sequence; the next `step()` with room prefills it. `sampling` keys: temperature,
     /// top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
-    /// seed, n_logprobs (None values mean the default; unknown keys are errors).
+    /// seed, n_logprobs, prefix_choices (a list of token-id lists: the output must begin with one
+    /// of them) (None values mean the default; unknown keys are errors).
     ///
     /// Raises: ValueError (duplicate id, empty prompt, token id ≥ n_vocab, bad or unknown sampling
     /// value, naming it), fak.ContextLengthError (`len(prompt_ids) + 1 > n_ctx`),

@@ -205,7 +205,7 @@ def test_tool_choice_required_prefills_a_call(client: openai.OpenAI, fake_engine
     prompt = fake_engine.detokenize(fake_engine.requests[-1][0])
     assert prompt.endswith('<|im_start|>assistant\n<tool_call>\n{"name": "')
     call = r.choices[0].message.tool_calls[0]
-    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"forced": True}
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "forced"}
     assert r.choices[0].finish_reason == "tool_calls"
 
 
@@ -214,9 +214,9 @@ def test_tool_choice_named_prefills_the_name(client: openai.OpenAI, fake_engine:
         model=MODEL, messages=user("say hi"), tools=[WEATHER_TOOL, BASH_TOOL],
         tool_choice={"type": "function", "function": {"name": "bash"}}, stream=False)
     prompt = fake_engine.detokenize(fake_engine.requests[-1][0])
-    assert prompt.endswith('<tool_call>\n{"name": "bash", "arguments": ')
+    assert prompt.endswith('<tool_call>\n{"name": "bash", "arguments":')
     call = r.choices[0].message.tool_calls[0]
-    assert call.function.name == "bash" and json.loads(call.function.arguments) == {"forced": True}
+    assert call.function.name == "bash" and json.loads(call.function.arguments) == {"command": "forced"}
 
 
 def test_tool_result_round_trip(client: openai.OpenAI, fake_engine: FakeEngine) -> None:

@@ -86,6 +86,9 @@ def test_logprobs_legacy_format(client: openai.OpenAI, fake_engine: FakeEngine, 
     ({"model": MODEL, "prompt": "x", "echo": "yes"}, "echo"),
     ({"model": MODEL, "prompt": "x", "messages": []}, "messages"),
     ({"model": MODEL}, "prompt"),
+    ({"model": MODEL, "prompt": "x", "stop": [""]}, "stop[0]"),
+    ({"model": MODEL, "prompt": "x", "stop": ""}, "stop"),
+    ({"model": MODEL, "prompt": [0x110004]}, "prompt"),  # the fake's vocabulary ends below it
 ])
 def test_bad_completion_requests(gateway: Any, http: httpx.Client, body: dict, param: str) -> None:
     r = http.post(gateway.base_url + "/completions", json=body)
@@ -96,3 +99,24 @@ def test_bad_completion_requests(gateway: Any, http: httpx.Client, body: dict, p
 def test_unknown_model(client: openai.OpenAI) -> None:
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="other", prompt="x")
+
+
+def test_text_offset_same_streamed_or_not(start_gateway: Any, http: httpx.Client) -> None:
+    """text_offset counts the tokens' own texts from the end of the echo, in a stream as in one
+    response, even where the text sent differs from the tokens (a denied shell block replaced by
+    the policy's note)."""
+    from gateway_fakes import SCRIPT, FakePolicy
+
+    srv = start_gateway(engine=FakeEngine(script=list(SCRIPT), chunk=3), policy=FakePolicy())
+    client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+    kwargs: dict[str, Any] = dict(model=MODEL, prompt="wipe disk", max_tokens=200, logprobs=1, echo=True,
+                                  extra_headers={"X-Fak-Text-Tools": "bash"})
+    whole = client.completions.create(**kwargs).choices[0].logprobs
+    tokens, offsets = [], []
+    for c in client.completions.create(stream=True, **kwargs):
+        if c.choices and c.choices[0].logprobs:
+            tokens += c.choices[0].logprobs.tokens
+            offsets += c.choices[0].logprobs.text_offset
+    assert tokens == whole.tokens and offsets == whole.text_offset
+    assert whole.text_offset[0] == len("wipe disk")
+    assert whole.text_offset == [len("wipe disk") + sum(len(t) for t in whole.tokens[:i]) for i in range(len(tokens))]

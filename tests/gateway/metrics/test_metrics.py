@@ -6,18 +6,7 @@ from typing import Any
 
 import httpx
 import openai
-from gateway_fakes import FakeEngine, FakePolicy
-from prometheus_client.parser import text_string_to_metric_families
-
-
-def scrape(http: httpx.Client, url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    r = http.get(url + "/metrics")
-    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
-    out = {}
-    for family in text_string_to_metric_families(r.text):
-        for s in family.samples:
-            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return out
+from gateway_fakes import FakeEngine, FakePolicy, scrape
 
 
 def test_metrics_count_requests_tokens_and_latency(start_gateway: Any, http: httpx.Client) -> None:
@@ -57,3 +46,18 @@ def test_metrics_policy_verdicts(start_gateway: Any, http: httpx.Client) -> None
     m = scrape(http, srv.url)
     assert m[("fak_policy_verdicts_total", (("tool", "bash"), ("verdict", "deny")))] == 1
     assert m[("fak_policy_verdicts_total", (("tool", "bash"), ("verdict", "allow")))] == 1
+
+
+def test_rejected_requests_are_not_cancellations(start_gateway: Any, http: httpx.Client) -> None:
+    """A request the engine refuses before its first token (here: a prompt the KV cache can never
+    hold) counts in fak_requests_rejected_total{reason}, never in fak_requests_cancelled_total."""
+    srv = start_gateway(engine=FakeEngine(kv_blocks_total=1, kv_block_size=4))
+    for stream in (False, True):
+        r = http.post(srv.base_url + "/chat/completions", json={
+            "model": "fake-qwen", "stream": stream, "messages": [{"role": "user", "content": "a long question"}]})
+        assert r.status_code == 503 and r.json()["error"]["code"] == "kv_cache_full"
+    r = http.post(srv.base_url + "/completions", json={"model": "fake-qwen", "prompt": "x", "max_tokens": 4})
+    assert r.status_code == 200
+    m = scrape(http, srv.url)
+    assert m[("fak_requests_rejected_total", (("reason", "kv_cache_full"),))] == 2
+    assert m[("fak_requests_cancelled_total", ())] == 0

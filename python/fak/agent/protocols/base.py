@@ -12,8 +12,8 @@ from fak.agent.prompts import render
 
 
 def canonical_digest(arguments: dict[str, Any]) -> str:
-    """SHA-256 (hex) of the canonical JSON of ``arguments`` (keys sorted, no spaces, UTF-8):
-    how the agent matches a call against a verdict's ``arguments_digest``."""
+    """SHA-256 (hex) of the canonical JSON of ``arguments`` (keys sorted, no spaces, UTF-8), the
+    same digest as a verdict's ``arguments_digest`` and the audit log's."""
     text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
@@ -22,7 +22,9 @@ def canonical_digest(arguments: dict[str, Any]) -> str:
 class Action:
     """One tool call the model asked for: ``id`` (the tool_call id, or a made-up one in the text
     protocol), ``name`` (a tool name), ``arguments`` (dict), ``source`` (its text in the content,
-    or ``""``), and how the gateway's policy saw it (``policy_tool``, ``policy_digest``)."""
+    or ``""``), how the gateway's verdict refers to it (``call_ref``: the tool_call id of a
+    structured call; ``span``: a shell block's place in the content, matched against the span of
+    a ``block:N`` verdict; see ``fak.toolcalls``), and how the policy saw it (``policy_tool``)."""
 
     id: str
     name: str
@@ -34,6 +36,10 @@ class Action:
     #: block is adjudicated as ``bash {"command": "submit"}``)
     policy_name: str = ""
     policy_arguments: dict[str, Any] | None = None
+    #: the gateway's ``call_ref`` of a structured call (its tool_call id); None for text calls
+    call_ref: str | None = None
+    #: ``(start, end)`` of a shell block in the content (the text protocol)
+    span: tuple[int, int] | None = None
 
     @property
     def digest(self) -> str:
@@ -43,12 +49,6 @@ class Action:
     def policy_tool(self) -> str:
         """The tool name the gateway's verdict carries for this call."""
         return self.policy_name or self.name
-
-    @property
-    def policy_digest(self) -> str:
-        """The digest the gateway's verdict carries for this call (hex, no prefix)."""
-        return canonical_digest(self.policy_arguments if self.policy_arguments is not None
-                                else self.arguments)
 
 
 class AgentProtocol(ABC):

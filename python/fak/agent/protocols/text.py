@@ -2,24 +2,27 @@
 runs in the workspace; a block holding only ``submit`` ends the run. The gateway is told with
 ``X-Fak-Text-Tools: bash`` so that its policy adjudicates the block as a ``bash`` call.
 
-Small models often write their whole plan as several blocks in one reply; every block is parsed
-(in order) and the agent runs the first one only (``AgentConfig.max_actions_per_step``), keeps the
+Blocks are found by the gateway's own parser (``fak.toolcalls.shell_blocks``), so each block's
+span in the content is the ``span`` of the gateway's ``block:N`` verdict about it; closed blocks
+fenced ``bash``, ``sh`` or ``shell`` (any case) are run. Small models often write their whole plan
+as several blocks in one reply; every block is parsed (in order) and the agent runs the first one only (``AgentConfig.max_actions_per_step``), keeps the
 reply up to the end of that block in the history, and says so in the observation.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
 from typing import Any
 
 from fak.agent.exceptions import FormatError
 from fak.agent.prompts import render
 from fak.agent.protocols.base import Action, AgentProtocol
+from fak.toolcalls import bash_command, fence_language, shell_blocks
 
-_BLOCK = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)
 SUBMIT_COMMAND = "submit"
+#: the fence languages whose blocks the agent runs (the gateway adjudicates more: zsh, console)
+RUN_LANGUAGES = frozenset({"bash", "sh", "shell"})
 
 
 class TextProtocol(AgentProtocol):
@@ -42,10 +45,12 @@ class TextProtocol(AgentProtocol):
 
     def parse(self, message: dict[str, Any]) -> list[Action]:
         content = message.get("content") or ""
-        matches = list(_BLOCK.finditer(content))
-        if matches:
-            actions = [self._action(m.group(1).strip(), m.group(0)) for m in matches
-                       if m.group(1).strip()]
+        # the blocks as the gateway finds them (fak.toolcalls.shell_blocks), so each one's span
+        # is the span of the gateway's verdict about it
+        blocks = [b for b in shell_blocks(content) if b.block.closed and fence_language(b.block) in RUN_LANGUAGES]
+        if blocks:
+            actions = [self._action(bash_command(b.block), b.block.raw, (b.start, b.end)) for b in blocks
+                       if bash_command(b.block)]
             if not actions:
                 raise FormatError("the ```bash block is empty")
             return actions
@@ -58,18 +63,20 @@ class TextProtocol(AgentProtocol):
                 except (ValueError, AttributeError):
                     command = ""
                 if command.strip():
-                    return [self._action(command.strip(), "")]
+                    action = self._action(command.strip(), "")
+                    action.call_ref = call.get("id")
+                    return [action]
         if not content.strip():
             raise FormatError("the reply was empty")
         raise FormatError("no ```bash block found")
 
     @staticmethod
-    def _action(command: str, source: str) -> Action:
+    def _action(command: str, source: str, span: tuple[int, int] | None = None) -> Action:
         action_id = f"text_{uuid.uuid4().hex[:12]}"
         if command == SUBMIT_COMMAND:
             return Action(id=action_id, name="submit", arguments={}, source=source,
-                          policy_name="bash", policy_arguments={"command": command})
-        return Action(id=action_id, name="bash", arguments={"command": command}, source=source)
+                          policy_name="bash", policy_arguments={"command": command}, span=span)
+        return Action(id=action_id, name="bash", arguments={"command": command}, source=source, span=span)
 
     def trim_history(self, message: dict[str, Any], keep: list[Action]) -> dict[str, Any]:
         sources = [a.source for a in keep if a.source]

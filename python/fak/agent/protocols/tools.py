@@ -8,25 +8,32 @@ be ``"auto"`` instead (the model may then write text before its call).
 
 Small models sometimes print the call instead of emitting it, or the server cannot parse it (a
 reply cut by ``max_tokens``): a ``<tool_call>{"name": ..., "arguments": {...}}`` block (closed or
-not) or a reply that starts with such a bare JSON object naming a tool is accepted too, and its
-result goes back as a user message, since there is no tool_call id to answer.
+not) or a reply that starts with such a bare JSON object naming a tool is accepted too (read by
+the gateway's own parser, ``fak.toolcalls``), and its result goes back as a user message, since
+there is no tool_call id to answer. Such a call has no ``call_ref``: when the gateway runs a policy,
+no verdict refers to it and it is not run.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
+from collections.abc import Iterable
 from typing import Any
 
 from fak.agent.exceptions import FormatError
 from fak.agent.prompts import render
 from fak.agent.protocols.base import Action, AgentProtocol
 from fak.agent.tools import TOOL_NAMES, tool_schemas
+from fak.toolcalls import (
+    TOOL_CALL_CLOSE,
+    ParsedToolCall,
+    RejectedCall,
+    ToolCallParser,
+    ToolSet,
+    parse_bare_calls,
+)
 
-_TOOL_CALL_OPEN = "<tool_call>"
-_TOOL_CALL_CLOSE = "</tool_call>"
-_JSON_FENCE = re.compile(r"^```(?:json)?[ \t]*\n")
 TOOL_CHOICES = ("required", "auto")
 
 
@@ -44,56 +51,30 @@ def _arguments(raw: Any, name: str) -> dict[str, Any]:
     return value
 
 
-def _decode_call(text: str, start: int) -> tuple[dict[str, Any], int]:
-    """The JSON object starting at ``text[start:]`` (after blanks) and where it ends.
-
-    Raises ``FormatError`` naming the JSON error or what the object lacks."""
-    while start < len(text) and text[start] in " \t\r\n":
-        start += 1
-    try:
-        obj, end = json.JSONDecoder().raw_decode(text, start)
-    except ValueError as e:
-        raise FormatError(f"the tool call is not valid JSON ({e}); write it as "
-                          '{"name": TOOL, "arguments": {...}}') from None
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
-        raise FormatError('the tool call needs a "name" (and "arguments", a JSON object)')
-    return obj, end
-
-
-def calls_in_text(content: str) -> list[Action]:
-    """Tool calls written in ``content``: every ``<tool_call>`` block (its JSON object; the
-    closing tag is optional), else a reply that starts with a bare ``{"name": TOOL, ...}`` object
-    (optionally in a ```json fence) naming one of fak's tools. Raises ``FormatError`` when a
-    ``<tool_call>`` block holds no valid call; returns ``[]`` when there is no call at all."""
-    actions: list[Action] = []
-    pos = content.find(_TOOL_CALL_OPEN)
-    while pos >= 0:
-        obj, end = _decode_call(content, pos + len(_TOOL_CALL_OPEN))
-        close = content.find(_TOOL_CALL_CLOSE, end)
-        if close >= 0 and not content[end:close].strip():
-            end = close + len(_TOOL_CALL_CLOSE)
-        name = str(obj["name"])
-        actions.append(Action(id=f"text_{uuid.uuid4().hex[:12]}", name=name,
-                              arguments=_arguments(obj.get("arguments", obj.get("parameters")), name),
-                              source=content[pos:end]))
-        pos = content.find(_TOOL_CALL_OPEN, end)
-    if actions:
-        return actions
-    body = content.lstrip()
-    fence = _JSON_FENCE.match(body)
-    offset = len(content) - len(body) + (fence.end() if fence else 0)
-    if content[offset:offset + 1] != "{":
-        return []
-    try:
-        obj, end = _decode_call(content, offset)
-    except FormatError:
-        return []
-    if obj["name"] not in TOOL_NAMES:
-        return []
-    name = str(obj["name"])
-    return [Action(id=f"text_{uuid.uuid4().hex[:12]}", name=name,
-                   arguments=_arguments(obj.get("arguments", obj.get("parameters")), name),
-                   source=content[:end])]
+def calls_in_text(content: str, tools: ToolSet | Iterable[str] = TOOL_NAMES) -> list[Action]:
+    """Tool calls written in ``content``, read and checked as the gateway reads and checks them
+    (``fak.toolcalls.ToolCallParser`` over the offered ``tools``: a ``ToolSet``, or names without
+    schemas): every ``<tool_call>`` block of an offered tool whose arguments fit its schema (the
+    closing tag is optional), else a reply that starts with bare ``{"name": TOOL, ...}`` objects
+    (optionally in a ```json fence). Raises ``FormatError`` saying what is wrong when a call is
+    there but does not fit (bad JSON, an unknown tool, arguments that miss the schema); returns
+    ``[]`` when there is no call at all."""
+    toolset = tools if isinstance(tools, ToolSet) else ToolSet(dict.fromkeys(tools), tuple(tools))
+    parser = ToolCallParser(tools=toolset)
+    pieces = parser.feed(content) + parser.finish()
+    calls = [p for p in pieces if isinstance(p, ParsedToolCall)]
+    rejected = next((p for p in pieces if isinstance(p, RejectedCall)), None)
+    if not calls and rejected is None:
+        calls = parse_bare_calls(content, toolset.names, leading=True) or []
+        problem = next((pr for pr in (toolset.check(c.name, c.arguments) for c in calls) if pr), None)
+        if problem is not None:
+            raise FormatError(problem.message)
+    if calls:
+        return [Action(id=f"text_{uuid.uuid4().hex[:12]}", name=c.name,
+                       arguments=_arguments(c.arguments, c.name), source=c.raw) for c in calls]
+    if rejected is not None:
+        raise FormatError(rejected.problem.message)
+    return []
 
 
 class ToolCallProtocol(AgentProtocol):
@@ -107,12 +88,13 @@ class ToolCallProtocol(AgentProtocol):
             raise ValueError(f"tool_choice must be one of {', '.join(TOOL_CHOICES)}, not {tool_choice!r}")
         super().__init__(allow_exec=allow_exec)
         self.tool_choice = tool_choice
+        self._toolset: ToolSet | None = None  # the offered tools' schemas, compiled on first use
 
     def tools(self) -> list[dict] | None:
         return tool_schemas(self.allow_exec)
 
     def request_options(self) -> dict[str, Any]:
-        return {"tool_choice": self.tool_choice, "stop": [_TOOL_CALL_CLOSE]}
+        return {"tool_choice": self.tool_choice, "stop": [TOOL_CALL_CLOSE]}
 
     def parse(self, message: dict[str, Any]) -> list[Action]:
         calls = message.get("tool_calls") or []
@@ -122,12 +104,15 @@ class ToolCallProtocol(AgentProtocol):
             name = fn.get("name")
             if not name:
                 raise FormatError("a tool call has no function name")
-            actions.append(Action(id=call.get("id") or f"call_{uuid.uuid4().hex[:12]}",
-                                  name=name, arguments=_arguments(fn.get("arguments"), name)))
+            call_id = call.get("id") or f"call_{uuid.uuid4().hex[:12]}"
+            actions.append(Action(id=call_id, name=name, arguments=_arguments(fn.get("arguments"), name),
+                                  call_ref=call.get("id")))
         if actions:
             return actions
         content = message.get("content") or ""
-        actions = calls_in_text(content)
+        if self._toolset is None:
+            self._toolset = ToolSet.from_openai(self.tools())
+        actions = calls_in_text(content, self._toolset)
         if not actions:
             raise FormatError("the reply was empty" if not content.strip() else "")
         return actions

@@ -227,11 +227,15 @@ class ChatChoice(msgspec.Struct):
 class PolicyVerdictInfo(msgspec.Struct):
     """One policy decision on a proposed tool call (fak extension).
 
-    ``tool_call_id`` is the id of the call when it was kept (``None`` for denied calls, which are
-    removed, and for ```bash`` text blocks). ``arguments_digest`` is ``"sha256:"`` and the hex
-    SHA-256 of the call's arguments in canonical JSON (``json.dumps(args, sort_keys=True,
-    separators=(",", ":"), ensure_ascii=False)``, UTF-8; ``fak.policy.arguments_digest``, the
-    audit log's digest), so a client can tell which of several calls of one tool was denied.
+    ``call_ref`` names the call the verdict is about (the contract of ``fak.toolcalls``): the
+    call's ``tool_call_id`` (for a denied call, removed from the response, the id it would have
+    had), or ``block:N`` for the ``N``-th shell block of the reply (``X-Fak-Text-Tools``), with
+    ``span`` = ``[start, end)``, the block's place in the message content as sent (or the place
+    of the note that replaced a denied block), in characters (Unicode code points).
+    ``tool_call_id`` is the id of the call when it was kept (``None`` for denied calls and for
+    shell blocks). ``arguments_digest`` is ``"sha256:"`` and the hex SHA-256 of the call's
+    arguments in canonical JSON (``json.dumps(args, sort_keys=True, separators=(",", ":"),
+    ensure_ascii=False)``, UTF-8; ``fak.policy.arguments_digest``, the audit log's digest).
     """
 
     tool: str
@@ -240,6 +244,8 @@ class PolicyVerdictInfo(msgspec.Struct):
     rule: str | None = None
     tool_call_id: str | None = None
     arguments_digest: str | None = None
+    call_ref: str | None = None
+    span: list[int] | None = None
 
 
 class FakPolicyInfo(msgspec.Struct):

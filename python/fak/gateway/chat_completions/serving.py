@@ -9,12 +9,21 @@ through ``AssistantOutputFilter`` (tool-call parsing, text tools, policy) → on
 
 - ``"none"``: the tools are left out of the prompt and no tool call is parsed.
 - ``"auto"`` (default when tools are given): tools in the prompt, calls parsed.
-- ``"required"``: the assistant turn is pre-filled with ``<tool_call>\\n{"name": "`` so the model
-  writes a tool name and its arguments (Qwen2.5-Coder-1.5B, given only ``<tool_call>\\n``, ends its
-  turn at once: measured, see docs/gateway.md); a call it then botches (bad JSON) comes back as
-  content, never as an error.
+- ``"required"``: the assistant turn is pre-filled with ``<tool_call>\\n{"name": "`` (Qwen2.5-Coder-1.5B,
+  given only ``<tool_call>\\n``, ends its turn at once: measured, see docs/gateway.md), and the
+  engine's ``prefix_choices`` let the model write only an offered name, then ``", "arguments": {``
+  (``forced_choices``): it chooses among the offered tools, token by token, and cannot name
+  another.
 - named (``{"type": "function", "function": {"name": F}}``): pre-filled with
-  ``<tool_call>\\n{"name": "F", "arguments": `` so the model writes only the arguments.
+  ``<tool_call>\\n{"name": "F", "arguments":``, the next token an opening brace.
+
+Every call is checked against the offered tools (``fak.toolcalls.ToolSet``: the name, and the
+arguments against the tool's JSON Schema). With ``"auto"`` a call that fails is content. With a
+forced choice, a first call that fails (bad JSON, arguments that do not match the schema) is
+sampled again, up to ``GatewayConfig.tool_call_retries`` more times (a fresh seed; a greedy
+request's retries sample at ``RETRY_TEMPERATURE``, since greedy decoding would write the same call
+again); if none fits, the model's own text comes back as content (never the server's pre-fill),
+with ``finish_reason`` ``"stop"``: never a 4xx.
 """
 
 from __future__ import annotations
@@ -22,7 +31,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import anyio
@@ -54,6 +64,7 @@ from fak.gateway.engine_api import (
     EngineRun,
     TokenLogprobs,
     check_context,
+    check_stop,
     sampling_kwargs,
     token_logprobs,
 )
@@ -68,19 +79,32 @@ from fak.gateway.policy_filter import (
 )
 from fak.gateway.schemas import Usage, decode_body, new_id, now
 from fak.gateway.sse import DONE, SSE_HEADERS, sse_error, sse_event
-from fak.gateway.toolcalls import TOOL_CALL_OPEN
+from fak.toolcalls import TOOL_CALL_OPEN, SchemaError, ToolSet
 
 log = logging.getLogger("fak.gateway")
 
 __all__ = [
     "ChatServing",
     "first_messages_key",
+    "forced_choices",
     "forced_prefix",
     "template_messages",
     "validate_chat_request",
 ]
 
 SYSTEM_FINGERPRINT = "fp_fak"
+#: Temperature of the retries of a greedy request whose forced call did not fit (see module doc).
+RETRY_TEMPERATURE = 0.7
+#: How the arguments object may open after a forced ``"arguments":`` (with keys, empty, or
+#: pretty-printed): the model picks one, so a forced call's arguments are always an object.
+ARGUMENT_OPENINGS = (' {"', " {}", " {\n")
+
+
+class _ClientTools(msgspec.Struct):
+    """The ``tools`` of a chat request exactly as the client sent them (only the client's fields,
+    none of the schema's defaults), for the chat template and the argument schemas."""
+
+    tools: list[dict[str, Any]] | None = None
 
 
 def validate_chat_request(req: ChatCompletionRequest) -> None:
@@ -96,6 +120,7 @@ def validate_chat_request(req: ChatCompletionRequest) -> None:
         raise bad_request("stream_options is only allowed when stream is true.", param="stream_options")
     if req.top_logprobs is not None and req.top_logprobs > 0 and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
+    check_stop(req.stop)
     if req.tool_choice is not None and req.tool_choice not in ("none", "auto") and not req.tools:
         raise bad_request("tool_choice requires tools to be given.", param="tool_choice")
     if req.tools:
@@ -188,7 +213,23 @@ def forced_prefix(req: ChatCompletionRequest) -> str:
     if req.tool_choice == "required":
         return TOOL_CALL_OPEN + "\n" + '{"name": "'
     name = req.tool_choice.function.name  # type: ignore[union-attr]
-    return TOOL_CALL_OPEN + "\n" + '{"name": ' + json.dumps(name) + ', "arguments": '
+    return TOOL_CALL_OPEN + "\n" + '{"name": ' + json.dumps(name) + ', "arguments":'
+
+
+def forced_choices(req: ChatCompletionRequest, tokenize: Any) -> list[list[int]] | None:
+    """The engine's ``prefix_choices`` after ``forced_prefix``: for ``"required"``, each offered
+    name followed by ``", "arguments":`` and an opening of the arguments object; for a named
+    function, the opening only. ``tokenize(text) -> ids`` (no special tokens). ``None`` when the
+    tool choice forces nothing."""
+    prefix = forced_prefix(req)
+    if not prefix:
+        return None
+    if req.tool_choice == "required":
+        names = list(dict.fromkeys(t.function.name for t in req.tools or []))
+        texts = [name + '", "arguments":' + opening for name in names for opening in ARGUMENT_OPENINGS]
+    else:
+        texts = list(ARGUMENT_OPENINGS)
+    return [ids for ids in (tokenize(t) for t in texts) if ids]
 
 
 def chat_sampling(req: ChatCompletionRequest, max_tokens: int) -> dict[str, Any]:
@@ -197,6 +238,128 @@ def chat_sampling(req: ChatCompletionRequest, max_tokens: int) -> dict[str, Any]
     if req.logprobs:
         s["logprobs"] = req.top_logprobs or 0
     return s
+
+
+class _Generation:
+    """One request's generation through the engine, across the attempts of a forced tool call.
+
+    ``start()`` runs the first attempt up to its first delta (so engine errors before the first
+    token still get an HTTP status). ``groups()`` yields ``(events, logprobs)`` per group of
+    deltas of the attempt that is kept: while a forced choice's first call is undecided, the
+    events are held; when it turns out not to fit the offered tools (``ContentOut.rejected``) and
+    retries are left (and the attempt did not run out of tokens), the attempt is closed and the
+    next one starts; otherwise everything held is released and the rest streams as it comes.
+    """
+
+    def __init__(self, serving: ChatServing, req: ChatCompletionRequest, prompt_ids: list[int],
+                 sampling: dict[str, Any], make_filter: Any, forced: bool, t_arrival: float) -> None:
+        self.serving = serving
+        self.gw = serving.gw
+        self.req = req
+        self.prompt_ids = prompt_ids
+        self.sampling = sampling
+        self.make_filter = make_filter
+        self.forced = forced
+        self.t_arrival = t_arrival
+        self.retries_left = max(0, int(getattr(self.gw.config, "tool_call_retries", 0))) if forced else 0
+        self.attempt = 0
+        self.n_discarded = 0  # completion tokens of attempts that were not kept
+        self.run = self._new_run()
+        self.filt: AssistantOutputFilter = make_filter()
+
+    def _new_run(self) -> EngineRun:
+        sampling = dict(self.sampling)
+        if self.attempt:
+            if "seed" in sampling:
+                sampling["seed"] = (sampling["seed"] + self.attempt) % (1 << 64)
+            if sampling.get("temperature", 1.0) == 0.0:
+                sampling["temperature"] = RETRY_TEMPERATURE
+        return EngineRun(self.serving.engine, self.prompt_ids, sampling, self.gw.admission, self.gw.metrics,
+                         self.t_arrival)
+
+    async def start(self) -> None:
+        """The first attempt up to its first delta. Raises APIError (mapped engine errors)."""
+        await self.run.start()
+
+    @property
+    def n_completion(self) -> int:
+        """Completion tokens generated by every attempt."""
+        return self.n_discarded + self.run.n_completion
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.run.finish_reason
+
+    async def groups(self) -> AsyncGenerator[tuple[list[ContentOut | ToolCallOut], list[TokenLogprobs]], None]:
+        """See the class doc. Raises APIError (an engine failure)."""
+        want_lp = bool(self.req.logprobs)
+        while True:
+            decided = not self.forced
+            held: list[ContentOut | ToolCallOut] = []
+            held_lp: list[TokenLogprobs] = []
+            retry = False
+            async with aclosing(self.run.batches()) as batches:
+                async for group in batches:
+                    events: list[ContentOut | ToolCallOut] = []
+                    lps: list[TokenLogprobs] = []
+                    for delta in group:
+                        if want_lp:
+                            lps += token_logprobs(delta)
+                        events += self.filt.feed(delta.text)
+                    if decided:
+                        yield events, lps
+                        continue
+                    held += events
+                    held_lp += lps
+                    verdict = self._first_call(held)
+                    if verdict is None:
+                        continue
+                    if verdict == "rejected" and self.retries_left:
+                        retry = True
+                        break
+                    decided = True
+                    yield held, held_lp
+                    held, held_lp = [], []
+            if not retry:
+                tail = self.filt.finish()
+                if not decided:
+                    held += tail
+                    if (self._first_call(held) == "rejected" and self.retries_left
+                            and self.run.finish_reason != "length"):
+                        retry = True
+                    else:
+                        yield held, held_lp
+                        return
+                else:
+                    yield tail, []
+                    return
+            # this attempt's first call does not fit: sample it again
+            self.retries_left -= 1
+            self.attempt += 1
+            self.gw.metrics.count_tool_call_retry()
+            log.info("forced tool call did not fit (%s); sampling attempt %d",
+                     "; ".join(p.message for p in self.filt.rejected), self.attempt + 1)
+            await self.run.discard()
+            self.n_discarded += self.run.n_completion
+            self.run = self._new_run()
+            self.filt = self.make_filter()
+            await self.run.start()
+
+    @staticmethod
+    def _first_call(events: list[ContentOut | ToolCallOut]) -> str | None:
+        """How the first tool-call block went: ``"rejected"``, ``"ok"`` (sent or denied), or
+        ``None`` while undecided."""
+        for ev in events:
+            if isinstance(ev, ToolCallOut):
+                return "ok"
+            if ev.rejected is not None:
+                return "rejected"
+            if ev.verdict is not None:
+                return "ok"
+        return None
+
+    async def aclose(self) -> None:
+        await self.run.aclose()
 
 
 class ChatServing:
@@ -215,7 +378,8 @@ class ChatServing:
     async def handle(self, request: Request[Any, Any, Any]) -> Response[Any]:
         """Serve one request (body not yet read)."""
         t_arrival = time.perf_counter()
-        req = decode_body(await request.body(), ChatCompletionRequest)
+        body = await request.body()
+        req = decode_body(body, ChatCompletionRequest)
         validate_chat_request(req)
         validate_engine_only(req)
         self.gw.check_model(req.model)
@@ -223,44 +387,57 @@ class ChatServing:
         gate = PolicyGate(self.gw.policy, self.gw.audit, ctx, on_verdict=self.gw.metrics.count_verdict)
 
         use_tools = bool(req.tools) and req.tool_choice != "none"
-        tools = [msgspec.to_builtins(t) for t in req.tools] if use_tools and req.tools else None
+        # Only the fields the client sent reach the template (no "strict": null for the model to copy).
+        client_tools = msgspec.json.decode(body, type=_ClientTools).tools if use_tools else None
+        try:
+            toolset = ToolSet.from_openai(client_tools) if use_tools else None
+        except SchemaError as exc:
+            raise bad_request(str(exc), param=f"tools[{exc.index}].function.parameters") from None
         prefix = forced_prefix(req) if use_tools else ""
         messages = template_messages(req.messages)
 
-        def prompt_tokens() -> list[int]:
-            prompt = self._render(messages, tools) + prefix
-            return self.engine.tokenize(prompt, add_special=False, parse_special=True)
+        def prompt_tokens() -> tuple[list[int], list[list[int]] | None]:
+            prompt = self._render(messages, client_tools) + prefix
+            ids = self.engine.tokenize(prompt, add_special=False, parse_special=True)
+            choices = forced_choices(req, lambda t: self.engine.tokenize(t, add_special=False, parse_special=False))
+            return ids, choices
 
         # A long conversation takes milliseconds to render and tokenize: off the event loop, so
         # the other streams keep flowing meanwhile.
-        prompt_ids = await anyio.to_thread.run_sync(prompt_tokens)
+        prompt_ids, choices = await anyio.to_thread.run_sync(prompt_tokens)
         requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        max_tokens = check_context(len(prompt_ids), requested, self.engine.n_ctx, param="messages")
+        max_tokens = check_context(
+            len(prompt_ids), requested, self.engine.n_ctx, param="messages",
+            max_tokens_param="max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
+        sampling = chat_sampling(req, max_tokens)
+        if choices and use_tools:
+            sampling["prefix_choices"] = choices
 
-        run = EngineRun(self.engine, prompt_ids, chat_sampling(req, max_tokens), self.gw.admission,
-                        self.gw.metrics, t_arrival)
-        filt = AssistantOutputFilter(gate, parse_tools=use_tools, prefix=prefix,
-                                     parallel_tool_calls=req.parallel_tool_calls is not False,
-                                     tool_names=frozenset(t.function.name for t in req.tools or []))
+        def make_filter() -> AssistantOutputFilter:
+            return AssistantOutputFilter(gate, parse_tools=use_tools, prefix=prefix,
+                                         parallel_tool_calls=req.parallel_tool_calls is not False, tools=toolset,
+                                         on_reject=self.gw.metrics.count_tool_call_rejected)
+
+        gen = _Generation(self, req, prompt_ids, sampling, make_filter, forced=bool(prefix), t_arrival=t_arrival)
         try:
-            await run_until_disconnect(request, run.start())
+            await run_until_disconnect(request, gen.start())
         except ClientDisconnected:
-            await run.aclose()
+            await gen.aclose()
             return Response(b"", status_code=499)
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
-            return Stream(self._stream(run, filt, gate, req, len(prompt_ids), include_usage),
+            return Stream(self._stream(gen, gate, req, len(prompt_ids), include_usage),
                           media_type="text/event-stream", headers=SSE_HEADERS,
-                          background=BackgroundTask(run.aclose))
+                          background=BackgroundTask(gen.aclose))
         try:
-            body = await run_until_disconnect(request, self._complete(run, filt, gate, req, len(prompt_ids)))
+            out = await run_until_disconnect(request, self._complete(gen, gate, req, len(prompt_ids)))
         except ClientDisconnected:
             return Response(b"", status_code=499)
         except APIError as err:
             return error_response(err)
         finally:
-            await run.aclose()
-        return Response(body, media_type="application/json")
+            await gen.aclose()
+        return Response(out, media_type="application/json")
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         try:
@@ -276,6 +453,17 @@ class ChatServing:
     def _text(self, token_id: int, text: str | None) -> str:
         return text if text is not None else self.engine.detokenize([token_id])
 
+    def _bytes(self, token_id: int, text: str) -> list[int]:
+        # A byte-fallback token's own bytes (the piece of a character split across tokens), not
+        # those of the U+FFFD its text shows.
+        token_bytes = getattr(self.engine, "token_bytes", None)
+        if token_bytes is not None:
+            try:
+                return list(token_bytes(token_id))
+            except (IndexError, ValueError):
+                pass
+        return list(text.encode("utf-8"))
+
     def _chat_logprobs(self, entries: list[TokenLogprobs]) -> list[TokenLogprob]:
         out = []
         for e in entries:
@@ -283,41 +471,43 @@ class ChatServing:
             tops = []
             for tid, lp, text in e.top:
                 t = self._text(tid, text)
-                tops.append(TopLogprob(token=t, logprob=lp, bytes=list(t.encode("utf-8"))))
-            out.append(TokenLogprob(token=token, logprob=e.logprob, bytes=list(token.encode("utf-8")),
+                tops.append(TopLogprob(token=t, logprob=lp, bytes=self._bytes(tid, t)))
+            out.append(TokenLogprob(token=token, logprob=e.logprob, bytes=self._bytes(e.token_id, token),
                                     top_logprobs=tops))
         return out
 
     # -- non-streaming
 
-    async def _complete(self, run: EngineRun, filt: AssistantOutputFilter, gate: PolicyGate,
-                        req: ChatCompletionRequest, n_prompt: int) -> bytes:
+    async def _complete(self, gen: _Generation, gate: PolicyGate, req: ChatCompletionRequest, n_prompt: int) -> bytes:
         content: list[str] = []
         calls: list[ChatToolCall] = []
         logprobs: list[TokenLogprobs] = []
-
-        def take(events: list[ContentOut | ToolCallOut]) -> None:
-            for ev in events:
-                if isinstance(ev, ContentOut):
-                    content.append(ev.text)
-                else:
-                    calls.append(ChatToolCall(id=ev.call.id, function=ToolCallFunction(ev.call.name, ev.call.arguments)))
-
-        async for delta in run.deltas():
-            take(filt.feed(delta.text))
-            if req.logprobs:
-                logprobs += token_logprobs(delta)
-        take(filt.finish())
+        async with aclosing(gen.groups()) as groups:
+            async for events, lps in groups:
+                logprobs += lps
+                for ev in events:
+                    if isinstance(ev, ContentOut):
+                        content.append(ev.text)
+                    else:
+                        calls.append(ChatToolCall(id=ev.call.id,
+                                                  function=ToolCallFunction(ev.call.name, ev.call.arguments)))
         text = "".join(content)
-        message = ChatResponseMessage(content=(text.strip() or None) if calls else text)
         if calls:
+            stripped = text.strip()
+            lead = len(text) - len(text.lstrip())
+            for v in gate.verdicts:  # the spans of shell blocks follow the stripped content
+                if v.span is not None:
+                    v.span = [max(0, v.span[0] - lead), max(0, v.span[1] - lead)]
+            message = ChatResponseMessage(content=stripped or None)
             message.tool_calls = calls
-        finish = _finish_reason(run.finish_reason, bool(calls))
+        else:
+            message = ChatResponseMessage(content=text)
+        finish = _finish_reason(gen.finish_reason, bool(calls))
         choice = ChatChoice(index=0, message=message, finish_reason=finish,
                             logprobs=ChoiceLogprobs(content=self._chat_logprobs(logprobs)) if req.logprobs else None)
         response = ChatCompletion(
             id=new_id("chatcmpl"), created=now(), model=self.gw.model_name, choices=[choice],
-            usage=Usage(n_prompt, run.n_completion, n_prompt + run.n_completion),
+            usage=Usage(n_prompt, gen.n_completion, n_prompt + gen.n_completion),
             system_fingerprint=SYSTEM_FINGERPRINT)
         if gate.active:
             response.fak_policy = FakPolicyInfo(verdicts=gate.verdicts)
@@ -325,8 +515,8 @@ class ChatServing:
 
     # -- streaming
 
-    async def _stream(self, run: EngineRun, filt: AssistantOutputFilter, gate: PolicyGate,
-                      req: ChatCompletionRequest, n_prompt: int, include_usage: bool) -> AsyncIterator[bytes]:
+    async def _stream(self, gen: _Generation, gate: PolicyGate, req: ChatCompletionRequest, n_prompt: int,
+                      include_usage: bool) -> AsyncIterator[bytes]:
         cid, created, model = new_id("chatcmpl"), now(), self.gw.model_name
         usage_null: Any = None if include_usage else msgspec.UNSET
         pending_lp: list[TokenLogprobs] = []
@@ -360,28 +550,24 @@ class ChatServing:
 
         try:
             yield chunk(ChatDelta(role="assistant", content=""))
-            async for group in run.batches():
-                events: list[ContentOut | ToolCallOut] = []
-                for delta in group:
-                    if req.logprobs:
-                        pending_lp += token_logprobs(delta)
-                    events += filt.feed(delta.text)
-                out = events_out(merge_content(events))
-                if out:
-                    yield b"".join(out)
-            tail = events_out(filt.finish())
-            tail.append(chunk(ChatDelta(), finish=_finish_reason(run.finish_reason, sent_calls > 0), lp=pending_lp))
+            async with aclosing(gen.groups()) as groups:
+                async for events, lps in groups:
+                    pending_lp += lps
+                    out = events_out(merge_content(events))
+                    if out:
+                        yield b"".join(out)
+            tail = [chunk(ChatDelta(), finish=_finish_reason(gen.finish_reason, sent_calls > 0), lp=pending_lp)]
             if include_usage:
                 tail.append(sse_event(ChatCompletionChunk(
                     id=cid, created=created, model=model, system_fingerprint=SYSTEM_FINGERPRINT, choices=[],
-                    usage=Usage(n_prompt, run.n_completion, n_prompt + run.n_completion))))
+                    usage=Usage(n_prompt, gen.n_completion, n_prompt + gen.n_completion))))
             tail.append(DONE)
             yield b"".join(tail)
         except APIError as err:
             yield sse_error(err)
             yield DONE
         finally:
-            await run.aclose()
+            await gen.aclose()
 
 
 def _finish_reason(engine_reason: str | None, has_calls: bool) -> str:

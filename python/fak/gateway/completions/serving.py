@@ -31,6 +31,7 @@ from fak.gateway.engine_api import (
     EngineRun,
     TokenLogprobs,
     check_context,
+    check_stop,
     sampling_kwargs,
     token_logprobs,
 )
@@ -74,6 +75,7 @@ def validate_completion_request(req: CompletionRequest) -> None:
             raise bad_request("prompt must be a string or a list of token ids, not a mix.", param="prompt")
         if kinds == {int} and any(t < 0 for t in req.prompt):  # type: ignore[operator]
             raise bad_request("Token ids must be non-negative.", param="prompt")
+    check_stop(req.stop)
 
 
 def prompt_of(req: CompletionRequest) -> str | list[int]:
@@ -113,20 +115,24 @@ class CompletionServing:
             prompt_text = prompt
         else:
             n_vocab = getattr(self.engine, "n_vocab", None)
-            if n_vocab is not None and any(t >= n_vocab for t in prompt):
-                raise bad_request(f"Token ids must be below the vocabulary size {n_vocab}.", param="prompt")
+            bad = [t for t in prompt if n_vocab is not None and t >= n_vocab]
+            if bad:
+                raise bad_request(f"Token ids must be below the vocabulary size {n_vocab}; got {bad[:8]}.",
+                                  param="prompt", code="invalid_value")
             prompt_ids = prompt
             prompt_text = self.engine.detokenize(prompt) if req.echo else ""
         if not prompt_ids:
             raise bad_request("The prompt is empty.", param="prompt")
         requested = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
-        max_tokens = check_context(len(prompt_ids), requested, self.engine.n_ctx, param="prompt")
+        max_tokens = check_context(len(prompt_ids), requested, self.engine.n_ctx, param="prompt",
+                                   max_tokens_param="max_tokens" if req.max_tokens is not None else None)
         sampling = sampling_kwargs(req, max_tokens)
         if req.logprobs is not None:
             sampling["logprobs"] = req.logprobs
-        run = EngineRun(self.engine, prompt_ids, sampling, self.gw.admission, self.gw.metrics, t_arrival)
-        filt = AssistantOutputFilter(gate)
+        run = EngineRun(self.engine, prompt_ids, sampling, self.gw.admission, self.gw.metrics, t_arrival,
+                        prompt_param="prompt")
         echo = prompt_text if req.echo else ""
+        filt = AssistantOutputFilter(gate, content_offset=len(echo))
         try:
             await run_until_disconnect(request, run.start())
         except ClientDisconnected:
@@ -184,16 +190,18 @@ class CompletionServing:
                       req: CompletionRequest, n_prompt: int, echo: str, include_usage: bool) -> AsyncIterator[bytes]:
         cid, created, model = new_id("cmpl"), now(), self.gw.model_name
         usage_null: Any = None if include_usage else msgspec.UNSET
-        offset = len(echo)
+        # text_offset counts the tokens' own texts from the end of the echo, as the non-streamed
+        # response does, whatever the chunks' text (held back, replaced by a note) looks like.
+        lp_offset = len(echo)
         pending: list[TokenLogprobs] = []
 
         def chunk(text: str, finish: str | None = None, verdict: Any = None) -> bytes:
-            nonlocal offset, pending
+            nonlocal lp_offset, pending
             lp = None
             if req.logprobs is not None and (pending or finish):
-                lp = self._logprobs(pending, offset)
+                lp = self._logprobs(pending, lp_offset)
+                lp_offset += sum(len(t) for t in lp.tokens)
                 pending = []
-            offset += len(text)
             c = Completion(id=cid, created=created, model=model, system_fingerprint=SYSTEM_FINGERPRINT,
                            usage=usage_null, choices=[CompletionChoice(text=text, index=0, finish_reason=finish,
                                                                        logprobs=lp)])
@@ -204,7 +212,6 @@ class CompletionServing:
         try:
             if echo:
                 yield chunk(echo)
-                offset = len(echo)
             async for group in run.batches():
                 events: list[ContentOut | ToolCallOut] = []
                 for delta in group:

@@ -28,7 +28,7 @@ __all__ = ["KNOWN_ENDPOINTS", "GatewayMetrics"]
 disable_created_metrics()
 
 KNOWN_ENDPOINTS = frozenset({
-    "/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+    "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model_id:path}", "/health", "/metrics",
     "/schema/openapi.json",
 })
 
@@ -105,6 +105,15 @@ class GatewayMetrics:
                              buckets=_E2E_BUCKETS, registry=r)
         self.cancelled = Counter("fak_requests_cancelled",
                                  "Generations ended before they finished (client disconnect or error).", registry=r)
+        self.rejected = Counter("fak_requests_rejected",
+                                "Requests refused before their first token, by reason (the error code: "
+                                "rate_limit_exceeded, context_length_exceeded, kv_cache_full, invalid_value, "
+                                "engine_error).", ["reason"], registry=r)
+        self.tool_calls_rejected = Counter("fak_tool_calls_rejected",
+                                           "Proposed tool calls that did not fit the offered tools, by reason "
+                                           "(unknown_tool, invalid_json, schema).", ["reason"], registry=r)
+        self.tool_call_retries = Counter("fak_tool_call_retries",
+                                         "Forced tool calls sampled again because the first did not fit.", registry=r)
         self.policy_verdicts = Counter("fak_policy_verdicts", "Tool-call policy decisions by tool and verdict.",
                                        ["tool", "verdict"], registry=r)
         r.register(_StateCollector(engine_stats, admission))
@@ -112,6 +121,18 @@ class GatewayMetrics:
     def count_request(self, path: str, status: int) -> None:
         """Count one finished HTTP response (unknown paths are counted as ``other``)."""
         self.requests.labels(path if path in KNOWN_ENDPOINTS else "other", str(status)).inc()
+
+    def count_rejected(self, reason: str) -> None:
+        """Count one request refused before its first token."""
+        self.rejected.labels(reason).inc()
+
+    def count_tool_call_rejected(self, problem: Any) -> None:
+        """Count one proposed call that did not fit the offered tools (a ``CallProblem``)."""
+        self.tool_calls_rejected.labels(str(getattr(problem, "kind", problem))).inc()
+
+    def count_tool_call_retry(self) -> None:
+        """Count one more attempt at a forced tool call."""
+        self.tool_call_retries.inc()
 
     def count_verdict(self, tool: str, allowed: bool) -> None:
         """Count one policy decision."""

@@ -11,8 +11,10 @@ deltas included) and turns each into a ``ParsedToolCall`` with the arguments re-
 string, which is how OpenAI's API returns ``function.arguments``. A block holding several call
 objects one after the other (Qwen2.5-Coder-1.5B writes its whole plan that way, never closing the
 block) gives one call per object. A block whose JSON does not parse, or lacks a string ``name``, is
-returned as ordinary text (content), markers included: a malformed call is the model's output,
-never a server error.
+returned as ordinary text (content), markers included (a ``RejectedCall`` piece, which says why):
+a malformed call is the model's output, never a server error. Given the offered tools
+(``ToolSet``), a call naming a tool that was not offered, or whose arguments fail that tool's JSON
+Schema, is rejected the same way.
 
 Small models sometimes drop the markers and answer with the bare object (or a ```json fence
 around it). Given the offered tool names, the parser also accepts an answer that is *entirely*
@@ -28,14 +30,17 @@ import string
 from dataclasses import dataclass, field
 from typing import Any
 
-from fak.gateway.segmenter import Block, BlockSegmenter, Text
+from fak.toolcalls.schema import CallProblem, ToolSet
+from fak.toolcalls.segmenter import Block, BlockSegmenter, Text
 
 __all__ = [
     "TOOL_CALL_CLOSE",
     "TOOL_CALL_OPEN",
     "ParsedToolCall",
+    "RejectedCall",
     "ToolCallParser",
     "arguments_to_json",
+    "explain_block",
     "extract_tool_calls",
     "new_tool_call_id",
     "parse_bare_calls",
@@ -137,20 +142,24 @@ def _call_of(obj: Any, tool_names: frozenset[str]) -> tuple[str, str] | None:
     return None if args_json is None else (obj["name"], args_json)
 
 
-def parse_bare_calls(text: str, tool_names: frozenset[str]) -> list[ParsedToolCall] | None:
+def parse_bare_calls(text: str, tool_names: frozenset[str], *, leading: bool = False) -> list[ParsedToolCall] | None:
     """Calls written without ``<tool_call>`` markers: the whole ``text`` is one or more JSON
     objects ``{"name": <an offered tool>, "arguments": {...}}`` (or a JSON list of them),
     optionally inside one ```json fence. ``None`` if anything else is in the text.
+
+    ``leading=True`` (the agent's reading of a reply it must act on): the calls that open the
+    text count even when something else follows them (a reply cut by ``max_tokens`` in its
+    second call); the text must still start with a call.
     """
     body = text.strip()
     if body.startswith("```"):
         newline = body.find("\n")
-        if newline < 0 or not body.endswith("```"):
+        if newline < 0 or not (body.endswith("```") or leading):
             return None
         header = body[3:newline].strip()
         if header not in ("", "json"):
             return None
-        body = body[newline + 1:-3].strip()
+        body = body[newline + 1:-3 if body.endswith("```") else None].strip()
     decoder = json.JSONDecoder()
     objects: list[Any] = []
     pos = 0
@@ -158,7 +167,11 @@ def parse_bare_calls(text: str, tool_names: frozenset[str]) -> list[ParsedToolCa
         try:
             obj, end = decoder.raw_decode(body, pos)
         except ValueError:
+            if leading and objects:
+                break
             return None
+        if leading and objects and not all(_call_of(o, tool_names) for o in (obj if isinstance(obj, list) else [obj])):
+            break
         objects += obj if isinstance(obj, list) else [obj]
         pos = end
         while pos < len(body) and body[pos] in " \t\r\n,":
@@ -175,23 +188,72 @@ def parse_bare_calls(text: str, tool_names: frozenset[str]) -> list[ParsedToolCa
 _JSON_FENCE = "```json"
 
 
+@dataclass(frozen=True, slots=True)
+class RejectedCall(Text):
+    """A ``<tool_call>`` block that is not a call of an offered tool: its JSON does not parse,
+    lacks a string ``name``, names a tool that was not offered, or has arguments that fail the
+    tool's schema. ``text`` is what a client sees in its place (the block as written, markers
+    included, less any server pre-fill); ``problem`` says why; ``name`` is the name it gave, if any.
+    """
+
+    problem: CallProblem
+    name: str | None = None
+
+
+def explain_block(inner: str) -> CallProblem:
+    """Why the inside of a ``<tool_call>`` block is not a call (for a block that
+    ``parse_tool_call_objects`` refused), in words a model can act on."""
+    body = inner.strip()
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(body)
+    except ValueError as exc:
+        return CallProblem("invalid_json", f"the tool call is not valid JSON ({exc}); write it as "
+                                           '{"name": TOOL, "arguments": {...}}')
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or not obj["name"]:
+        return CallProblem("invalid_json", 'the tool call needs a "name" (and "arguments", a JSON object)')
+    if arguments_to_json(obj.get("arguments", obj.get("parameters", {}))) is None:
+        return CallProblem("invalid_json", f"the arguments of `{obj['name']}` must be a JSON object")
+    return CallProblem("invalid_json", "the tool call block holds something besides call objects")
+
+
+def _name_in(inner: str) -> str | None:
+    try:
+        obj, _ = json.JSONDecoder().raw_decode(inner.strip())
+    except ValueError:
+        return None
+    name = obj.get("name") if isinstance(obj, dict) else None
+    return name if isinstance(name, str) else None
+
+
+def _toolset(tools: ToolSet | frozenset[str] | set[str] | None) -> ToolSet | None:
+    if tools is None or isinstance(tools, ToolSet):
+        return tools
+    names = sorted(tools)
+    return ToolSet(dict.fromkeys(names), tuple(names))
+
+
 class ToolCallParser:
-    """Streaming parser: text deltas in, ``Text`` and ``ParsedToolCall`` pieces out.
+    """Streaming parser: text deltas in, ``Text``, ``ParsedToolCall`` and ``RejectedCall`` pieces out.
 
     Args:
         prefix: text the prompt already put in the assistant turn (a forced ``<tool_call>``
             opening for ``tool_choice="required"`` or a named function); parsed as if the model
-            had written it.
-        tool_names: the offered tools; when given (and no ``prefix``), an answer made only of
-            bare call objects naming them is accepted too (``parse_bare_calls``).
+            had written it, and never returned as text: a block it opened that is not a call comes
+            back as the model's own part of it.
+        tools: the offered tools (a ``ToolSet``, or a set of names without schemas). When given,
+            every call is checked: a name that was not offered or arguments that fail the tool's
+            schema make the block a ``RejectedCall``; and (without ``prefix``) an answer made only
+            of bare call objects of offered tools is accepted too (``parse_bare_calls``).
+            ``None``: any name, no schema.
     """
 
-    def __init__(self, prefix: str = "", tool_names: frozenset[str] | None = None) -> None:
+    def __init__(self, prefix: str = "", tools: ToolSet | frozenset[str] | set[str] | None = None) -> None:
         self._seg = BlockSegmenter(TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
         self._pending: list[Text | ParsedToolCall] = []
-        self._tool_names = tool_names or frozenset()
+        self._tools = _toolset(tools)
+        self._prefix_len = len(prefix)  # stripped from the first block when it is not a call
         # "lead": deciding whether the answer may be bare JSON; "bare": holding it; "marked": normal
-        self._mode = "lead" if self._tool_names and not prefix else "marked"
+        self._mode = "lead" if self._tools is not None and self._tools.names and not prefix else "marked"
         self._held = ""
         if prefix:
             self._pending = self._convert(self._seg.feed(prefix))
@@ -210,17 +272,21 @@ class ToolCallParser:
         text, self._held = self._held, ""
         return self._convert(self._seg.feed(text))
 
-    @staticmethod
-    def _convert(pieces: list[Text | Block]) -> list[Text | ParsedToolCall]:
+    def _convert(self, pieces: list[Text | Block]) -> list[Text | ParsedToolCall]:
         out: list[Text | ParsedToolCall] = []
         for piece in pieces:
             if isinstance(piece, Text):
                 out.append(piece)
                 continue
+            strip, self._prefix_len = self._prefix_len, 0
             parsed = parse_tool_call_objects(piece.inner)
-            if parsed is None:
-                out.append(Text(piece.raw))
+            problem = explain_block(piece.inner) if parsed is None else None
+            if parsed is not None and self._tools is not None:
+                problem = next((p for p in (self._tools.check(n, a) for n, a in parsed) if p is not None), None)
+            if problem is not None:
+                out.append(RejectedCall(piece.raw[strip:], problem, _name_in(piece.inner)))
             else:
+                assert parsed is not None
                 out += [ParsedToolCall(name, args, piece.raw) for name, args in parsed]
         return out
 
@@ -241,7 +307,11 @@ class ToolCallParser:
         if self._mode != "marked":
             held, self._held = self._held, ""
             self._mode = "marked"
-            bare = parse_bare_calls(held, self._tool_names) if held.strip() else None
+            bare = None
+            if held.strip() and self._tools is not None:
+                bare = parse_bare_calls(held, self._tools.names)
+                if bare is not None and any(self._tools.check(c.name, c.arguments) for c in bare):
+                    bare = None
             if bare is not None:
                 return list(bare)
             out += self._convert(self._seg.feed(held))
@@ -250,13 +320,14 @@ class ToolCallParser:
         return out
 
 
-def extract_tool_calls(text: str) -> tuple[str, list[ParsedToolCall]]:
+def extract_tool_calls(text: str, tools: ToolSet | frozenset[str] | set[str] | None = None,
+                       ) -> tuple[str, list[ParsedToolCall]]:
     """Whole-text form of ``ToolCallParser``: ``(content, calls)``.
 
-    ``content`` is the text outside valid calls (malformed blocks stay in it as text); when there
-    are calls, whitespace around them is dropped.
+    ``content`` is the text outside valid calls (malformed or rejected blocks stay in it as
+    text); when there are calls, whitespace around them is dropped.
     """
-    parser = ToolCallParser()
+    parser = ToolCallParser(tools=tools)
     pieces = parser.feed(text) + parser.finish()
     calls = [p for p in pieces if isinstance(p, ParsedToolCall)]
     content = "".join(p.text for p in pieces if isinstance(p, Text))

@@ -10,14 +10,14 @@ from __future__ import annotations
 import json
 
 import pytest
-from fak.gateway.segmenter import Block, BlockSegmenter, Text
-from fak.gateway.toolcalls import (
+from fak.toolcalls.hermes import (
     ParsedToolCall,
     ToolCallParser,
     extract_tool_calls,
     parse_tool_call_json,
     parse_tool_call_objects,
 )
+from fak.toolcalls.segmenter import Block, BlockSegmenter, Text
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 
@@ -147,7 +147,7 @@ BARE_CASES = [
 @pytest.mark.parametrize("text,calls,content", BARE_CASES)
 def test_bare_json_calls_any_split(text: str, calls: list, content: str | None) -> None:
     for parts in _splits(text):
-        parser = ToolCallParser(tool_names=NAMES)
+        parser = ToolCallParser(tools=NAMES)
         pieces: list = []
         for part in parts:
             pieces += parser.feed(part)
@@ -165,6 +165,6 @@ def test_bare_json_needs_tool_names() -> None:
 
 
 def test_plain_answers_are_not_held_back() -> None:
-    parser = ToolCallParser(tool_names=NAMES)
+    parser = ToolCallParser(tools=NAMES)
     assert parser.feed("Hel") == [Text("Hel")]
     assert parser.feed("lo") == [Text("lo")]

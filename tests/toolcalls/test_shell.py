@@ -11,9 +11,8 @@ from __future__ import annotations
 import re
 
 import pytest
-
-from fak.gateway.segmenter import Block, Text
-from fak.gateway.text_tools import BashBlockParser
+from fak.toolcalls.segmenter import Block, Text
+from fak.toolcalls.shell import BashBlockParser
 
 FAK_AGENT = re.compile(r"```(?:bash|sh|shell)[ \t]*\n(.*?)```", re.DOTALL)  # fak.agent.protocols.text
 MINI_SWE_AGENT = re.compile(r"```bash\s*\n(.*?)\n```", re.DOTALL)  # mini-swe-agent's default action regex

@@ -19,18 +19,19 @@ arguments ``{"command": <block text>}``:
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
-from fak.gateway.errors import bad_request
-from fak.gateway.segmenter import Block, Text
+from fak.toolcalls.segmenter import Block, Text
 
 __all__ = [
     "FENCE",
     "SHELL_FENCE",
-    "SUPPORTED_TEXT_TOOLS",
-    "TEXT_TOOLS_HEADER",
+    "SHELL_LANGUAGES",
     "BashBlockParser",
+    "ShellBlock",
     "bash_command",
-    "parse_text_tools_header",
+    "fence_language",
+    "shell_blocks",
 ]
 
 FENCE = "```"
@@ -38,29 +39,42 @@ SHELL_LANGUAGES = ("bash", "sh", "shell", "zsh", "console")
 SHELL_FENCE = re.compile(r"```[ \t]*(?:" + "|".join(SHELL_LANGUAGES) + r")(?![A-Za-z0-9_+\-])", re.IGNORECASE)
 # The text after the last backticks that could still grow into an opening fence.
 _MAYBE_FENCE = re.compile(r"`{1,3}$|```[ \t]*[A-Za-z]{0,7}$")
-TEXT_TOOLS_HEADER = "x-fak-text-tools"
-SUPPORTED_TEXT_TOOLS = frozenset({"bash"})
-
-
-def parse_text_tools_header(value: str | None) -> frozenset[str]:
-    """The tools named by ``X-Fak-Text-Tools`` (comma-separated; only ``bash`` exists).
-
-    Raises:
-        APIError: 400 for an unknown tool name.
-    """
-    if value is None:
-        return frozenset()
-    names = frozenset(part.strip().lower() for part in value.split(",") if part.strip())
-    unknown = names - SUPPORTED_TEXT_TOOLS
-    if unknown:
-        raise bad_request(f"X-Fak-Text-Tools names unknown text tool(s) {sorted(unknown)}; "
-                          f"supported: {sorted(SUPPORTED_TEXT_TOOLS)}", param="X-Fak-Text-Tools")
-    return names
 
 
 def bash_command(block: Block) -> str:
     """The command inside a shell block: the text between the fences, stripped."""
     return block.inner.strip()
+
+
+def fence_language(block: Block) -> str:
+    """The shell name of a block's opening fence, lower-cased (``"bash"`` for ```` ```Bash ````)."""
+    opening = block.raw[: len(block.raw) - len(block.inner) - (len(FENCE) if block.closed else 0)]
+    return opening.lstrip("`").strip().lower()
+
+
+@dataclass(frozen=True, slots=True)
+class ShellBlock:
+    """A shell block of a whole text: the ``Block``, its index among the text's blocks (``N`` of
+    the gateway's ``call_ref`` ``block:N``) and its span ``[start, end)`` in the text (Python
+    string indices), the same span the gateway's verdict for it carries."""
+
+    block: Block
+    index: int
+    start: int
+    end: int
+
+
+def shell_blocks(text: str) -> list[ShellBlock]:
+    """Every shell block of ``text``, found exactly as the gateway finds them (``BashBlockParser``)."""
+    parser = BashBlockParser()
+    out: list[ShellBlock] = []
+    pos = 0
+    for piece in parser.feed(text) + parser.finish():
+        size = len(piece.text) if isinstance(piece, Text) else len(piece.raw)
+        if isinstance(piece, Block):
+            out.append(ShellBlock(piece, len(out), pos, pos + size))
+        pos += size
+    return out
 
 
 def _could_open(tail: str) -> bool:

@@ -1,0 +1,212 @@
+"""Tool calls a small model cannot break: offered names only, arguments that fit each tool's JSON
+Schema, no server pre-fill in the content, only the client's tool fields in the prompt.
+
+Found by replaying public llama.cpp/vLLM bug reports against ``fak serve`` (issue 12). The fake
+engine plays a model that writes what ``gateway_fakes.FakeEngine.forced_names`` /
+``forced_arguments`` script after the gateway's pre-fill, held to the engine's ``prefix_choices``
+unless ``honor_choices=False``. To add a case: script what the model writes, then assert that what
+the client receives is a call of an offered tool with fitting arguments, or content.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from gateway_fakes import (
+    BASH_TOOL,
+    SCRIPT,
+    WEATHER_TOOL,
+    FakeEngine,
+    FakePolicy,
+    scrape,
+)
+from test_chat_completions import collect_stream
+
+MODEL = "fake-qwen"
+TIME_TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+HAIKU = [{"role": "user", "content": "Write a haiku about autumn."}]
+
+
+def _client(srv: Any) -> openai.OpenAI:
+    return openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_required_never_calls_a_tool_that_was_not_offered(start_gateway: Any, stream: bool) -> None:
+    """"Write a haiku about autumn." with tool_choice required: the model would name `autumn`;
+    the engine's prefix_choices let it write only an offered name, so the call is get_time."""
+    eng = FakeEngine()
+    client = _client(start_gateway(engine=eng))
+    kwargs = dict(model=MODEL, messages=HAIKU, tools=[TIME_TOOL, WEATHER_TOOL], tool_choice="required")
+    if stream:
+        got = collect_stream(client.chat.completions.create(stream=True, **kwargs))
+        calls = [(c["name"], json.loads(c["arguments"])) for c in got["tool_calls"].values()]
+        assert got["content"] == "" and got["finish_reason"] == "tool_calls"
+    else:
+        r = client.chat.completions.create(**kwargs)
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls]
+        assert r.choices[0].finish_reason == "tool_calls"
+    assert calls == [("get_time", {})]
+    # every choice the engine was given spells an offered name, then the arguments' opening
+    choices = {eng.detokenize(c) for c in eng.requests[-1][1]["prefix_choices"]}
+    assert choices == {f'{n}", "arguments":{o}' for n in ("get_weather", "get_time") for o in (' {"', " {}", " {\n")}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_unoffered_name_is_content_not_a_call(start_gateway: Any, stream: bool) -> None:
+    """An engine that does not hold the model to the choices (or a model writing a second block):
+    a call of an unknown tool is never returned as a call; the model's text is content."""
+    srv = start_gateway(engine=FakeEngine(honor_choices=False))
+    client = _client(srv)
+    kwargs = dict(model=MODEL, messages=HAIKU, tools=[WEATHER_TOOL], tool_choice="required")
+    if stream:
+        got = collect_stream(client.chat.completions.create(stream=True, **kwargs))
+        content, calls, finish = got["content"], got["tool_calls"], got["finish_reason"]
+    else:
+        r = client.chat.completions.create(**kwargs)
+        content, calls, finish = r.choices[0].message.content, r.choices[0].message.tool_calls, r.choices[0].finish_reason
+    assert not calls and finish == "stop"
+    assert content == 'autumn", "arguments": {}}\n</tool_call>'  # what the model wrote, no pre-fill
+
+
+def test_unoffered_name_in_auto_mode_is_content(start_gateway: Any, http: httpx.Client) -> None:
+    block = '<tool_call>\n{"name": "autumn", "arguments": {}}\n</tool_call>'
+    srv = start_gateway(engine=FakeEngine(script=[("haiku", block)]))
+    r = _client(srv).chat.completions.create(model=MODEL, messages=HAIKU, tools=[WEATHER_TOOL])
+    assert r.choices[0].message.tool_calls is None and r.choices[0].message.content == block
+    assert scrape(http, srv.url)[("fak_tool_calls_rejected_total", (("reason", "unknown_tool"),))] == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_arguments_that_fail_the_schema_are_content_in_auto_mode(start_gateway: Any, http: httpx.Client,
+                                                                  stream: bool) -> None:
+    block = '<tool_call>\n{"name": "get_weather", "arguments": {"town": "Oslo"}}\n</tool_call>'
+    srv = start_gateway(engine=FakeEngine(script=[("weather in Oslo", block)]), policy=FakePolicy())
+    client = _client(srv)
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "weather in Oslo?"}], tools=[WEATHER_TOOL])
+    if stream:
+        got = collect_stream(client.chat.completions.create(stream=True, **kwargs))
+        assert got["content"] == block and not got["tool_calls"] and got["finish_reason"] == "stop"
+    else:
+        r = client.chat.completions.create(**kwargs)
+        assert r.choices[0].message.content == block and r.choices[0].message.tool_calls is None
+        assert r.model_extra["fak_policy"]["verdicts"] == []  # never reached the policy
+    assert scrape(http, srv.url)[("fak_tool_calls_rejected_total", (("reason", "schema"),))] == 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_named_choice_never_leaks_the_prefill(start_gateway: Any, stream: bool) -> None:
+    """The model answers the pre-filled `"arguments":` with `1}` (not an object): the client gets
+    the model's own text, never `<tool_call>\\n{"name": "get_weather", "arguments": 1}`."""
+    srv = start_gateway(engine=FakeEngine(honor_choices=False), tool_call_retries=1)
+    client = _client(srv)
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "a number please"}], tools=[WEATHER_TOOL],
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    if stream:
+        got = collect_stream(client.chat.completions.create(stream=True, **kwargs))
+        content, calls = got["content"], got["tool_calls"]
+    else:
+        r = client.chat.completions.create(**kwargs)
+        content, calls = r.choices[0].message.content, r.choices[0].message.tool_calls
+    assert not calls and content == " 1}\n</tool_call>"
+    assert "<tool_call>" not in content.replace("</tool_call>", "") and '"name"' not in content
+
+
+def test_named_choice_opens_an_object(start_gateway: Any) -> None:
+    """Held to the opening brace, the same model writes an object: a call comes back."""
+    eng = FakeEngine()
+    r = _client(start_gateway(engine=eng)).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "a number please"}], tools=[TIME_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_time"}})
+    assert [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls] == [("get_time", "{}")]
+    assert {eng.detokenize(c) for c in eng.requests[-1][1]["prefix_choices"]} == {' {"', " {}", " {\n"}
+
+
+class _SecondTimeLucky(FakeEngine):
+    """Writes arguments that miss the schema's required `city` on the first attempt, a fitting
+    call on the next ones."""
+
+    async def astream(self, prompt: Any, **sampling: Any) -> AsyncIterator[Any]:
+        self.forced_arguments = [("weather", ' {"town": "Oslo"}}\n</tool_call>')] if not self.requests else []
+        async for delta in super().astream(prompt, **sampling):
+            yield delta
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_forced_call_that_misses_the_schema_is_sampled_again(start_gateway: Any, http: httpx.Client,
+                                                              stream: bool) -> None:
+    eng = _SecondTimeLucky()
+    srv = start_gateway(engine=eng)
+    client = _client(srv)
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "weather please"}], tools=[WEATHER_TOOL],
+                  tool_choice={"type": "function", "function": {"name": "get_weather"}}, temperature=0, seed=7,
+                  stream_options={"include_usage": True} if stream else None)
+    if stream:
+        got = collect_stream(client.chat.completions.create(stream=True, **kwargs))
+        calls = [(c["name"], json.loads(c["arguments"])) for c in got["tool_calls"].values()]
+        content, usage = got["content"], got["usage"]
+    else:
+        r = client.chat.completions.create(**kwargs)
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in r.choices[0].message.tool_calls]
+        content, usage = r.choices[0].message.content or "", r.usage
+    assert calls == [("get_weather", {"city": "forced"})] and "Oslo" not in content
+    first, second = eng.requests[0][1], eng.requests[1][1]
+    assert (first["temperature"], first["seed"]) == (0, 7)
+    assert (second["temperature"], second["seed"]) == (0.7, 8)  # a greedy retry would repeat itself
+    n_first = len(' {"town": "Oslo"}}\n</tool_call>')
+    assert usage.completion_tokens == n_first + len(' {"city": "forced"}}\n</tool_call>')
+    m = scrape(http, srv.url)
+    assert m[("fak_tool_call_retries_total", ())] == 1
+    assert m[("fak_requests_cancelled_total", ())] == 0  # the set-aside attempt is no cancellation
+
+
+def test_retries_exhausted_return_the_text(start_gateway: Any) -> None:
+    eng = FakeEngine()
+    srv = start_gateway(engine=eng, tool_call_retries=2)
+    r = _client(srv).chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "no city"}], tools=[WEATHER_TOOL],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == ' {"town": "Oslo"}}\n</tool_call>'
+    assert len(eng.requests) == 3
+
+
+def test_only_the_clients_tool_fields_reach_the_template(start_gateway: Any) -> None:
+    eng = FakeEngine()
+    bare = {"type": "function", "function": {"name": "get_time"}}  # no description, parameters, strict
+    _client(start_gateway(engine=eng)).chat.completions.create(model=MODEL, messages=HAIKU, tools=[bare])
+    prompt = eng.detokenize(eng.requests[-1][0])
+    tools_block = prompt[prompt.index("<tools>\n") + 8: prompt.index("\n</tools>")]
+    assert json.loads(tools_block) == bare
+    assert "null" not in tools_block and "strict" not in tools_block
+
+
+def test_invalid_parameters_schema_is_a_400(start_gateway: Any, http: httpx.Client) -> None:
+    srv = start_gateway(engine=FakeEngine())
+    bad = {"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}
+    for tools, param in (([bad], "tools[0].function.parameters"),
+                         ([WEATHER_TOOL, {"type": "function", "function": {
+                             "name": "g", "parameters": {"$ref": "http://127.0.0.1:9/schema.json"}}}],
+                          "tools[1].function.parameters")):
+        r = http.post(srv.base_url + "/chat/completions",
+                      json={"model": MODEL, "messages": HAIKU, "tools": tools})
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == param and "JSON Schema" in r.json()["error"]["message"]
+
+
+def test_bash_tool_schema_and_policy_together(start_gateway: Any) -> None:
+    """A fitting call still goes to the policy; its verdict carries the call's id as call_ref."""
+    srv = start_gateway(engine=FakeEngine(script=list(SCRIPT)), policy=FakePolicy())
+    r = _client(srv).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "clean up"}],
+                                             tools=[BASH_TOOL])
+    verdicts = r.model_extra["fak_policy"]["verdicts"]
+    kept = r.choices[0].message.tool_calls
+    assert [v["allowed"] for v in verdicts] == [False, True]
+    assert verdicts[1]["call_ref"] == kept[0].id == verdicts[1]["tool_call_id"]
+    assert verdicts[0]["call_ref"].startswith("call_") and verdicts[0]["call_ref"] != kept[0].id
+    assert verdicts[0]["tool_call_id"] is None and verdicts[0]["span"] is None

@@ -1,0 +1,119 @@
+"""The shared tool-call contract (``fak.toolcalls``): calls checked against the offered tools,
+rejected blocks without the server's pre-fill, shell blocks with the spans of their verdicts,
+and ``verdict_for``. To add a case, feed a reply to the parser and assert on the pieces."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from fak.toolcalls import (
+    ParsedToolCall,
+    RejectedCall,
+    SchemaError,
+    Text,
+    ToolCallParser,
+    ToolSet,
+    fence_language,
+    shell_blocks,
+    verdict_for,
+)
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+TIME = {"type": "function", "function": {"name": "get_time"}}
+TOOLS = ToolSet.from_openai([WEATHER, TIME])
+
+
+def _pieces(text: str, prefix: str = "", tools: ToolSet | None = TOOLS) -> list:
+    out = []
+    for parts in ([text], list(text)):  # whole, and one character at a time
+        parser = ToolCallParser(prefix, tools)
+        pieces = []
+        for part in parts:
+            pieces += parser.feed(part)
+        out.append(pieces + parser.finish())
+    assert _shape(out[0]) == _shape(out[1])  # the split changes nothing
+    return out[0]
+
+
+def _shape(pieces: list) -> list:
+    """Pieces without ids, adjacent plain text joined."""
+    out: list = []
+    for p in pieces:
+        if isinstance(p, ParsedToolCall):
+            out.append(("call", p.name, p.arguments))
+        elif isinstance(p, RejectedCall):
+            out.append(("rejected", p.text, p.problem.kind))
+        elif out and out[-1][0] == "text":
+            out[-1] = ("text", out[-1][1] + p.text)
+        else:
+            out.append(("text", p.text))
+    return out
+
+
+@pytest.mark.parametrize("block,kind", [
+    ('{"name": "autumn", "arguments": {}}', "unknown_tool"),
+    ('{"name": "get_weather", "arguments": {"town": "Oslo"}}', "schema"),
+    ('{"name": "get_weather", "arguments": {"city": 5}}', "schema"),
+    ('{"name": "get_weather", "arguments": 1}', "invalid_json"),
+    ('{"name": "get_weather", "arguments": {"city": ', "invalid_json"),
+])
+def test_calls_that_do_not_fit_are_rejected_with_the_reason(block: str, kind: str) -> None:
+    raw = "<tool_call>\n" + block + "\n</tool_call>"
+    pieces = _pieces("Sure. " + raw)
+    rejected = [p for p in pieces if isinstance(p, RejectedCall)]
+    assert len(rejected) == 1 and rejected[0].problem.kind == kind and rejected[0].text == raw
+    assert not any(isinstance(p, ParsedToolCall) for p in pieces)
+    assert "".join(p.text for p in pieces if isinstance(p, Text)) == "Sure. " + raw  # content, unchanged
+
+
+def test_fitting_calls_pass() -> None:
+    pieces = _pieces('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+                     '<tool_call>{"name": "get_time", "arguments": {"anything": [1]}}</tool_call>')
+    assert [(p.name, json.loads(p.arguments)) for p in pieces if isinstance(p, ParsedToolCall)] == [
+        ("get_weather", {"city": "Paris"}), ("get_time", {"anything": [1]})]
+
+
+def test_a_rejected_forced_block_drops_the_prefill() -> None:
+    """The server's pre-fill is never content: a forced block that is not a call comes back as
+    the model's part of it only."""
+    prefix = '<tool_call>\n{"name": "get_weather", "arguments":'
+    pieces = _pieces(" 1}\n</tool_call>", prefix=prefix)
+    assert pieces == [RejectedCall(" 1}\n</tool_call>", pieces[0].problem, "get_weather")]
+    pieces = _pieces(' {"city": "Rome"}}\n</tool_call>', prefix=prefix)
+    assert [(p.name, json.loads(p.arguments)) for p in pieces] == [("get_weather", {"city": "Rome"})]
+    assert _pieces("", prefix=prefix) == [RejectedCall("", _pieces("", prefix=prefix)[0].problem, None)]
+
+
+def test_bare_calls_must_fit_too() -> None:
+    assert [p.name for p in _pieces('{"name": "get_weather", "arguments": {"city": "Lima"}}')] == ["get_weather"]
+    pieces = _pieces('{"name": "get_weather", "arguments": {}}')
+    assert pieces == [Text('{"name": "get_weather", "arguments": {}}')]
+
+
+def test_toolset_schemas() -> None:
+    with pytest.raises(SchemaError, match=r"tools\[1\]"):
+        ToolSet.from_openai([TIME, {"function": {"name": "f", "parameters": {"type": "nope"}}}])
+    with pytest.raises(SchemaError, match="not fetched"):
+        ToolSet.from_openai([{"function": {"name": "f", "parameters": {"$ref": "file:///etc/passwd"}}}])
+    local = ToolSet.from_openai([{"function": {"name": "f", "parameters": {
+        "$defs": {"p": {"type": "string"}}, "type": "object", "properties": {"p": {"$ref": "#/$defs/p"}}}}}])
+    assert local.check("f", {"p": "x"}) is None and local.check("f", {"p": 1}).kind == "schema"
+    assert TOOLS.ordered == ("get_weather", "get_time") and TOOLS.check("get_time", "{}") is None
+
+
+def test_shell_blocks_and_their_spans() -> None:
+    text = "Run:\n```bash\nls\n```\nor ```ZSH pwd``` and ```console\n$ x"
+    blocks = shell_blocks(text)
+    assert [(b.index, text[b.start:b.end]) for b in blocks] == [
+        (0, "```bash\nls\n```"), (1, "```ZSH pwd```"), (2, "```console\n$ x")]
+    assert [fence_language(b.block) for b in blocks] == ["bash", "zsh", "console"]
+    assert [b.block.closed for b in blocks] == [True, True, False]
+
+
+def test_verdict_for() -> None:
+    verdicts = [{"call_ref": "call_a", "allowed": True}, {"call_ref": "block:0", "span": [5, 19], "allowed": False}]
+    assert verdict_for(verdicts, call_ref="call_a") is verdicts[0]
+    assert verdict_for(verdicts, span=(5, 19)) is verdicts[1]
+    assert verdict_for(verdicts, span=(5, 18)) is None and verdict_for(verdicts, call_ref="call_b") is None
