@@ -139,6 +139,8 @@ def extract(text: str) -> Clues:
             clues.add_identifier(m.group(1), strength + (1 if src is not text else 0))
         for m in _SNAKE.finditer(src):
             clues.add_identifier(m.group(1), strength + (1 if src is not text else 0))
+    for m in _CALL.finditer(text):
+        clues.add_identifier(m.group(1), 2)
     for src in (code, ticks):
         for m in _CALL.finditer(src):
             clues.add_identifier(m.group(1), 3)

@@ -15,6 +15,8 @@ Sample statuses: ``ok`` (a new candidate), ``duplicate`` (an earlier candidate a
 
 from __future__ import annotations
 
+import ast
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +48,23 @@ class RepairConfig:
 def prefill_of(path: str) -> str:
     """The opening of an edit of ``path`` that a raw-completion answer starts with."""
     return f"```python\n### {path}\n<<<<<<< SEARCH\n"
+
+
+def example_line_of(lines: list[str], start: int, end: int) -> str:
+    """A real line of the region for the format example: the first statement of the function's
+    body that is not its docstring (else the region's first non-blank line)."""
+    region = lines[start - 1:end]
+    try:
+        tree = ast.parse(textwrap.dedent("\n".join(region)))
+        node = tree.body[0]
+        body = getattr(node, "body", [])
+        if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant):
+            body = body[1:]
+        if body:
+            return region[body[0].lineno - 1]
+    except (SyntaxError, ValueError, IndexError):
+        pass
+    return next((ln for ln in region if ln.strip()), "")
 
 
 def _resolve(path: str, files: set[str], default: str) -> str | None:
@@ -99,8 +118,7 @@ def repair(repo: Repo, issue: str, task: dict[str, Any], locations: list[dict[st
     for loc in locations:
         text = repo.text(loc["path"]) or ""
         lines = text.splitlines()
-        example_line = next((ln for ln in lines[loc["start"] - 1:loc["end"]]
-                             if ln.strip() and not ln.strip().startswith(("#", "@", '"""'))), "")
+        example_line = example_line_of(lines, loc["start"], loc["end"])
         prompt = render("repair.j2", issue=issue, path=loc["path"], start=loc["start"],
                         end=loc["end"], symbol=loc.get("symbol"),
                         code=numbered(text, loc["start"], loc["end"]),

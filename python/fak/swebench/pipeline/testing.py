@@ -37,7 +37,7 @@ from fak.swebench.pipeline.source import Repo, is_test_path, module_name
 PASS = ("PASSED", "XFAIL")
 UNFIXABLE = ("SyntaxError", "IndentationError", "TabError", "ModuleNotFoundError", "ImportError")
 _EXC = re.compile(r"^(?:[\w.]+\.)?([A-Z]\w*(?:Error|Exception|Exit|Failure|Warning))\b")
-HOST_TEST_CMD = "python -m pytest -rA -p no:cacheprovider"
+HOST_TEST_CMD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -p no:cacheprovider"
 
 
 @dataclass
