@@ -302,7 +302,7 @@ class ShapesModel:
         if "Python script that checks" in prompt:
             i = self.index_of.get(f"{iid}/reproduce", {}).get(seed, 0)
             if iid.endswith("-2"):
-                return "```python\nfrom shapes import Point\nassert sum([Point(1, 2)]) == Point(1, 2)\n```"
+                return "```python\nfrom shapes import Point\nassert Point(1, 2) + 0 == Point(1, 2)\n```"
             return self.SCRIPTS[i % len(self.SCRIPTS)]
         return "?"
 

@@ -11,7 +11,7 @@ temporary file and a rename, when its stage has finished: a file that exists is 
 
 ``input_digest`` is the SHA-256 of the stage's configuration and of the ``content_digest`` of the
 artifacts it reads; ``content_digest`` that of its own records (the header, with its timings, is
-not part of it). A re-run reuses a finished stage whose ``input_digest`` is still the same, and
+not part of it, nor are the records' timings and output excerpts, ``VOLATILE``). A re-run reuses a finished stage whose ``input_digest`` is still the same, and
 redoes it otherwise (the stage's budget changed, or an earlier stage was redone with a different
 result), so a change runs down the chain and nothing else is recomputed.
 """
@@ -25,6 +25,18 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+
+#: record keys that say how a result was obtained, not what it is: left out of ``content_digest``
+VOLATILE = frozenset({"seconds", "output_tail", "latency_s", "model_s"})
+
+
+def _stable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {k: _stable(v) for k, v in obj.items() if k not in VOLATILE}
+    if isinstance(obj, list):
+        return [_stable(v) for v in obj]
+    return obj
 
 
 def _canonical(obj: Any) -> str:
@@ -77,7 +89,7 @@ class Store:
               records: list[dict[str, Any]]) -> Artifact:
         """Write the stage's file (header completed with ``content_digest``); returns it."""
         header = {"kind": "header", "stage": stage, "instance_id": instance_id, **header,
-                  "content_digest": digest(records), "created_at": round(time.time(), 3)}
+                  "content_digest": digest(_stable(records)), "created_at": round(time.time(), 3)}
         path = self.path(instance_id, stage)
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
