@@ -257,7 +257,8 @@ class ShapesModel:
     and most others are the *wrong* fix (``y + factor``), a few the right one, the rest are
     answers that must be dropped (SEARCH not in the file, no change, a syntax error, a comment-
     only change, no block); reproduction scripts: one that shows the bug, one that passes on the
-    original code, one that cannot import, one that does not parse."""
+    original code, one that cannot import, one that does not parse. ``rewrite`` answers: the
+    right fix (shapes-1), the fix with the method moved to column 0 (shapes-2)."""
 
     REPAIR_1 = [
         edit("shapes/geometry.py", SCALE_LINE, WRONG_FIX),                  # 0 greedy: wrong
@@ -291,6 +292,15 @@ class ShapesModel:
             return "shapes/geometry.py"
         if "Which function or class" in prompt:
             return "scale" if iid.endswith("-1") else "def Point.__add__(self, other)"
+        if "Rewrite these lines" in prompt:
+            if iid.endswith("-1"):
+                return ('```python\ndef scale(point, factor):\n    """The point scaled by factor."""\n'
+                        '    return Point(point.x * factor, point.y * factor)\n```')
+            # the method moved to column 0: re-indented when it replaces the region
+            return ('```python\ndef __add__(self, other):\n    if other == 0:\n        return self\n'
+                    '    if not isinstance(other, Point):\n'
+                    '        raise TypeError("can only add a Point to a Point")\n'
+                    '    return Point(self.x + other.x, self.y + other.y)\n```')
         if "SEARCH/REPLACE edit" in prompt:
             i = self.index_of.get(f"{iid}/repair", {}).get(seed, 0)
             if iid.endswith("-2"):

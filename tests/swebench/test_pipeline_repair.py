@@ -106,16 +106,19 @@ def test_repair_drops_bad_answers_and_deduplicates(tmp_path: Path):
     ]
     sampler = FakeSampler(answers)
     records = repair(repo, "scale does not scale y", {"repo": "fak-test/shapes"}, [loc], sampler,
-                     RepairConfig(samples=len(answers)), Usage(), "fak-test__shapes-1")
+                     RepairConfig(samples=len(answers), forms=("search_replace",)), Usage(),
+                     "fak-test__shapes-1")
     statuses = [r["status"] for r in records if r["kind"] == "sample"]
     assert statuses == ["ok", "duplicate", "no_apply", "noop", "syntax", "ok", "format", "noop",
                         "bad_path", "duplicate"]
     cands = [r for r in records if r["kind"] == "candidate"]
     assert [(c["id"], c["votes"]) for c in cands] == [("c0", 2), ("c1", 2)]
-    assert cands[0]["samples"] == [[0, 0], [0, 1]] and cands[1]["samples"] == [[0, 5], [0, 9]]
-    # the prompt shows the region with line numbers and a real line as the SEARCH example
+    assert cands[0]["samples"] == [[0, "search_replace", 0], [0, "search_replace", 1]]
+    assert cands[1]["samples"] == [[0, "search_replace", 5], [0, "search_replace", 9]]
+    # the prompt shows the region with line numbers, and no placeholder to copy
     prompt = sampler.calls[0]["messages"][1]["content"]
-    assert "26  def scale(point, factor):" in prompt and f"<<<<<<< SEARCH\n{SCALE_LINE}\n" in prompt
+    assert "26  def scale(point, factor):" in prompt and "28      return Point(" in prompt
+    assert "<<<<<<< SEARCH\n" not in prompt
     # every candidate is a patch that git applies to the base commit and that parses
     for c, fixed in zip(cands, (WRONG_FIX, RIGHT_FIX)):
         ws = tmp_path / c["id"]
@@ -124,6 +127,22 @@ def test_repair_drops_bad_answers_and_deduplicates(tmp_path: Path):
         text = (ws / "shapes" / "geometry.py").read_text()
         assert fixed in text and text != GEOMETRY
         assert c["files"] == ["shapes/geometry.py"] and c["diff_lines"] == 2
+
+
+def test_rewrite_answers_replace_the_region(tmp_path: Path):
+    sh = make_shapes(tmp_path / "shapes")
+    repo = Repo(sh["repos"] / "fak-test" / "shapes", sh["base_commit"])
+    loc = {"rank": 0, "path": "shapes/geometry.py", "symbol": "Point.__add__", "start": 11, "end": 14}
+    moved = ShapesModel({})("Rewrite these lines", {"body": {}, "headers": {
+        "x-fak-conversation": "r/fak-test__shapes-2"}, "mode": "chat"})
+    same = "```python\n" + "\n".join(GEOMETRY.splitlines()[10:14]) + "\n```"
+    sampler = FakeSampler([moved, same, "```python\n    def __add__(self, other:\n```", "```python\n```"])
+    records = repair(repo, "sum of points", {"repo": "fak-test/shapes"}, [loc], sampler,
+                     RepairConfig(samples=4, forms=("rewrite",)), Usage(), "fak-test__shapes-2")
+    assert [r["status"] for r in records if r["kind"] == "sample"] == ["ok", "noop", "syntax", "format"]
+    cand = records[-1]
+    assert "+        if other == 0:\n+            return self\n" in cand["patch"]
+    assert sampler.calls[0]["key"] == "fak-test__shapes-2/rewrite/0"
 
 
 def _cand(cid: str, votes: int, lines: int) -> dict:

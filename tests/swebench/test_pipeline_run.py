@@ -51,7 +51,7 @@ def rules():
 def test_generate_then_test_and_rank_elsewhere_then_resume(shapes, rules, tmp_path):
     out = tmp_path / "out"
     gen = ("--stages", "gen", "--chat-template", str(shapes["template"]), "--repair-samples", "10",
-           "--max-locations", "1")
+           "--max-locations", "1", "--repair-forms", "search_replace")
     # 1. the generating stages (the GPU machine): artifacts, no predictions yet
     proc = _run(shapes, out, *gen, server=rules)
     assert proc.returncode == 0, proc.stderr
@@ -117,7 +117,8 @@ def test_generate_then_test_and_rank_elsewhere_then_resume(shapes, rules, tmp_pa
 
     # 5. a larger repair budget redoes repair and what reads it (test, rank), nothing before it
     proc = _run(shapes, out, "--stages", "locate,choose,repair,rank", "--chat-template",
-                str(shapes["template"]), "--repair-samples", "12", "--max-locations", "1", server=rules)
+                str(shapes["template"]), "--repair-samples", "12", "--max-locations", "1",
+                "--repair-forms", "search_replace", server=rules)
     assert proc.returncode == 0, proc.stderr
     summary = json.loads((out / "summary.json").read_text())
     t = summary["stage_totals"]
@@ -143,6 +144,13 @@ def test_chat_mode_and_stage_errors(shapes, rules, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert {r["mode"] for r in rules.requests} == {"chat"}
     assert "if other == 0:" in _predictions(out)["fak-test__shapes-2"]
+    # both forms gave the same fix (the rewrite re-indented to the method's column): one candidate
+    repair = _records(out, "fak-test__shapes-2", "repair")
+    assert [(r["form"], r["status"]) for r in repair if r["kind"] == "sample"] == [
+        ("search_replace", "ok"), ("search_replace", "duplicate"), ("rewrite", "duplicate"),
+        ("rewrite", "duplicate")]
+    cand = [r for r in repair if r["kind"] == "candidate"]
+    assert len(cand) == 1 and cand[0]["votes"] == 4 and cand[0]["forms"] == ["search_replace", "rewrite"]
     loc = [r for r in _records(out, "fak-test__shapes-2", "choose") if r["kind"] == "location"]
     assert loc[0]["path"] == "shapes/geometry.py" and loc[0]["symbol"] == "Point.__add__"
     assert loc[0]["votes"] == 3

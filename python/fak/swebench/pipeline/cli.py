@@ -52,7 +52,11 @@ def pipeline_options(fn: Callable) -> Callable:
                      help="pipeline: locations repaired per instance."),
         click.option("--repair-samples", "pl_repair_samples", type=click.IntRange(min=1),
                      default=rp.samples, show_default=True,
-                     help="pipeline: edit samples per location (the first greedy)."),
+                     help="pipeline: edit samples per location and form (the first greedy)."),
+        click.option("--repair-forms", "pl_repair_forms", default=",".join(rp.forms),
+                     show_default=True, metavar="LIST",
+                     help="pipeline: answer forms of repair, comma-separated: search_replace "
+                          "(SEARCH/REPLACE blocks), rewrite (the whole region rewritten)."),
         click.option("--repair-max-tokens", "pl_repair_max_tokens", type=click.IntRange(min=16),
                      default=rp.max_tokens, show_default=True),
         click.option("--repro-samples", "pl_repro_samples", type=click.IntRange(min=0),
@@ -179,6 +183,12 @@ def _config(cls: type, opts: dict[str, Any], **kw: Any) -> Any:
     cfg.choose.temperature = t
     cfg.repair.samples = opts["pl_repair_samples"]
     cfg.repair.max_tokens = opts["pl_repair_max_tokens"]
+    forms = tuple(f.strip() for f in opts["pl_repair_forms"].split(",") if f.strip())
+    from fak.swebench.pipeline.repair import FORMS
+
+    if not forms or any(f not in FORMS for f in forms):
+        raise click.UsageError(f"--repair-forms takes {', '.join(FORMS)}, not {opts['pl_repair_forms']!r}")
+    cfg.repair.forms = forms
     cfg.repair.temperature = t
     cfg.reproduce.samples = opts["pl_repro_samples"]
     cfg.reproduce.max_tokens = opts["pl_repro_max_tokens"]

@@ -77,11 +77,11 @@ def strip_line_numbers(lines: list[str], gutter_width: int | None = None) -> lis
     return [_GUTTER.sub("", ln, count=1) if _GUTTER.match(ln) else ln for ln in lines]
 
 
-def _indent(s: str) -> int:
+def indent_of(s: str) -> int:
     return len(s) - len(s.lstrip(" \t"))
 
 
-def _reindent(lines: list[str], delta: int) -> list[str]:
+def reindent(lines: list[str], delta: int) -> list[str]:
     out = []
     for ln in lines:
         if not ln.strip():
@@ -89,7 +89,7 @@ def _reindent(lines: list[str], delta: int) -> list[str]:
         elif delta >= 0:
             out.append(" " * delta + ln)
         else:
-            out.append(ln[min(-delta, _indent(ln)):])
+            out.append(ln[min(-delta, indent_of(ln)):])
     return out
 
 
@@ -121,7 +121,7 @@ def apply_block(text: str, block: Block, near_line: int = 1) -> str:
         if not s_lines:
             continue
         # exact (as lines)
-        for norm, reindent in ((lambda x: x.rstrip(), False), (lambda x: x.strip(), True)):
+        for norm, loose in ((lambda x: x.rstrip(), False), (lambda x: x.strip(), True)):
             want = [norm(x) for x in s_lines]
             have = [norm(x) for x in file_lines]
             n = len(want)
@@ -130,12 +130,10 @@ def apply_block(text: str, block: Block, near_line: int = 1) -> str:
                 continue
             i = min(starts, key=lambda k: (abs(k + 1 - near_line), k))
             new = r_lines
-            if reindent:
+            if loose:
                 first = next(j for j, x in enumerate(s_lines) if x.strip())
-                delta = _indent(file_lines[i + first]) - _indent(s_lines[first])
-                new = _reindent(r_lines, delta)
-            while new and not new[-1].strip() and len(new) > 1 and not s_lines[-1].strip():
-                new = new[:-1]
+                delta = indent_of(file_lines[i + first]) - indent_of(s_lines[first])
+                new = reindent(r_lines, delta)
             return "\n".join(file_lines[:i] + list(new) + file_lines[i + n:])
     raise EditError("not_found", "the SEARCH lines are not in the file")
 

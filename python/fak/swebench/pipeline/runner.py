@@ -4,7 +4,8 @@ predictions as it grades the fleet's).
 
 ``predictions.json`` gets one entry per instance whose ``rank`` stage ran (or was reused) in
 this run: the chosen patch (``""`` when there was no candidate); entries of other instances
-already in the file are kept. ``summary.json``: the run's settings, per instance its result,
+already in the file are kept; the list is in dataset order (the same bytes for the same
+results, whatever order the workers finish in). ``summary.json``: the run's settings, per instance its result,
 per-stage seconds/requests/tokens (``reused`` when the artifact was current), candidate and
 script counts, the chosen candidate; and totals per stage.
 """
@@ -91,6 +92,9 @@ class PipelineRun:
             self.predictions = [p for p in self.predictions if p["instance_id"] != iid]
             self.predictions.append({"instance_id": iid, "model_name_or_path": model,
                                      "model_patch": patch})
+            order = {t["instance_id"]: i for i, t in enumerate(self.tasks)}
+            self.predictions.sort(key=lambda p: (order.get(p["instance_id"], len(order)),
+                                                 p["instance_id"]))
             write_json_atomic(self.out / "predictions.json", self.predictions)
             self._write_summary(final=False)
 
