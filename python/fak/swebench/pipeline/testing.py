@@ -12,7 +12,8 @@ that need nothing installed.
   not killed) with an error that a source change can fix — not a ``SyntaxError`` of its own, not
   a module that cannot be imported (``UNFIXABLE``).
 - Regression tests: the existing test files of the modules the candidates touch
-  (``find_test_files``), run with the spec's ``test_cmd`` (host: ``python -m pytest -rA``) and
+  (``find_test_files``), run with the spec's ``test_cmd`` (``pytest`` as ``python -m pytest`` of
+  the overlay's interpreter; host: ``python -m pytest -rA``) and
   read with the repository's log parser from ``swebench``; the tests that pass on the original
   code are the regression set.
 - Candidates, most votes first, at most ``candidates``: applied with ``git apply``; each kept
@@ -37,6 +38,8 @@ from fak.swebench.pipeline.source import Repo, is_test_path, module_name
 PASS = ("PASSED", "XFAIL")
 UNFIXABLE = ("SyntaxError", "IndentationError", "TabError", "ModuleNotFoundError", "ImportError")
 _EXC = re.compile(r"^(?:[\w.]+\.)?([A-Z]\w*(?:Error|Exception|Exit|Failure|Warning))\b")
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+_PYTEST_CMD = re.compile(r"^((?:\s*[A-Za-z_]\w*=\S+)*\s*)pytest\b")
 HOST_TEST_CMD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -p no:cacheprovider"
 
 
@@ -107,15 +110,19 @@ def prepare(task: dict[str, Any], mirror: Path, work_dir: Path, *, task_env: boo
                                     task.get("environment_setup_commit") or task["base_commit"])
         overlay = make_overlay(shared, work_dir / "env", root, work_dir / "install.log")
         git(root, "commit", "--quiet", "--allow-empty", "--no-verify", "-am", "fak: task setup")
-        environ = overlay.environ()
-        env.update(PATH=environ["PATH"], VIRTUAL_ENV=environ["VIRTUAL_ENV"])
+        # the overlay's interpreter first, then the shared env's scripts; never the host's PATH
+        env.update(PATH=f"{overlay.path / 'bin'}:{shared.path / 'bin'}:{SYSTEM_PATH}",
+                   VIRTUAL_ENV=str(overlay.path))
         spec = get_spec(task["repo"], task["version"])
         cmd = spec["test_cmd"][-1] if isinstance(spec["test_cmd"], list) else spec["test_cmd"]
+        # the overlay has no console scripts: run pytest with its interpreter, which sees the
+        # shared env's packages and the repository installed in the overlay
+        cmd = _PYTEST_CMD.sub(r"\1python -m pytest", cmd)
         exports = [c for c in spec.get("eval_commands", []) if not SYSTEM_COMMAND.search(c)]
         info.update(env=shared.key, python=str(spec.get("python")),
                     unreproduced=overlay.unreproduced)
     else:
-        env["PATH"] = f"{Path(sys.executable).parent}:/usr/local/bin:/usr/bin:/bin"
+        env["PATH"] = f"{Path(sys.executable).parent}:{SYSTEM_PATH}"
         cmd, exports = HOST_TEST_CMD, []
         info.update(python=sys.version.split()[0])
     return TaskEnv(root, env, cmd, exports, pre, unsafe_network, info)
