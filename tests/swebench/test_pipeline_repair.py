@@ -123,7 +123,7 @@ def test_repair_drops_bad_answers_and_deduplicates(tmp_path: Path):
     for c, fixed in zip(cands, (WRONG_FIX, RIGHT_FIX)):
         ws = tmp_path / c["id"]
         subprocess.run(["git", "clone", "-q", str(sh["src"]), str(ws)], check=True)
-        subprocess.run(["git", "apply", "-"], input=c["patch"].encode(), cwd=ws, check=True)
+        subprocess.run(["git", "apply", "-"], input=c["diff"].encode(), cwd=ws, check=True)
         text = (ws / "shapes" / "geometry.py").read_text()
         assert fixed in text and text != GEOMETRY
         assert c["files"] == ["shapes/geometry.py"] and c["diff_lines"] == 2
@@ -141,12 +141,12 @@ def test_rewrite_answers_replace_the_region(tmp_path: Path):
                      RepairConfig(samples=4, forms=("rewrite",)), Usage(), "fak-test__shapes-2")
     assert [r["status"] for r in records if r["kind"] == "sample"] == ["ok", "noop", "syntax", "format"]
     cand = records[-1]
-    assert "+        if other == 0:\n+            return self\n" in cand["patch"]
+    assert "+        if other == 0:\n+            return self\n" in cand["diff"]
     assert sampler.calls[0]["key"] == "fak-test__shapes-2/rewrite/0"
 
 
 def _cand(cid: str, votes: int, lines: int) -> dict:
-    return {"id": cid, "votes": votes, "diff_lines": lines, "files": ["m.py"], "patch": f"P{cid}"}
+    return {"id": cid, "votes": votes, "diff_lines": lines, "files": ["m.py"], "diff": f"P{cid}"}
 
 
 def test_rank_order_repro_then_regressions_then_votes_then_size():
@@ -169,10 +169,10 @@ def test_rank_order_repro_then_regressions_then_votes_then_size():
     # apply) come last, by votes
     assert order == ["c3", "c2", "c1", "c0", "c5", "c4"]
     chosen = records[-1]
-    assert chosen == {"kind": "chosen", "id": "c3", "patch": "Pc3"}
+    assert chosen == {"kind": "chosen", "id": "c3", "diff": "Pc3"}
 
 
 def test_rank_without_tests_is_votes_then_diff_size_and_empty_without_candidates():
     records = rank([_cand("c0", 2, 5), _cand("c1", 2, 3), _cand("c2", 1, 1)], None)
     assert [r["id"] for r in records if r["kind"] == "ranked"] == ["c1", "c0", "c2"]
-    assert rank([], None) == [{"kind": "chosen", "id": None, "patch": ""}]
+    assert rank([], None) == [{"kind": "chosen", "id": None, "diff": ""}]

@@ -137,7 +137,7 @@ def run_pipeline(*, gateway: str | None, gguf: Path | None, backend: str, n_ctx:
         from fak.swebench.serve import GatewayStartError, ManagedGateway
 
         server = ManagedGateway(gguf, output, backend=backend, n_ctx=n_ctx, policy=policy_path,
-                                kv_cache_tokens=kv_cache_tokens or n_ctx * 4, threads=threads,
+                                kv_cache_tokens=kv_cache_tokens or n_ctx * max(4, workers), threads=threads,
                                 max_concurrency=max(64, workers * opts["pl_concurrency"]))
         click.echo(f"starting fak serve {gguf.name} (backend {backend}, n_ctx {n_ctx}; log "
                    f"{server.log_path}) ...", err=True)

@@ -162,7 +162,7 @@ def process_instance(task: dict[str, Any], cfg: PipelineConfig, store: Store,
     finally:
         state.counts = _counts(current)
         if "rank" in cfg.stages and "rank" in current and state.result == "done":
-            state.patch = current["rank"].of_kind("chosen")[0]["patch"]
+            state.patch = current["rank"].of_kind("chosen")[0]["diff"]
             repair_art = current.get("repair")
             state.model = (repair_art.header.get("model") if repair_art else None) or cfg.model
         state.status = state.result or "error"
@@ -189,6 +189,8 @@ def _run_stage(stage: str, task: dict[str, Any], issue: str, cfg: PipelineConfig
         return reproduce(repo, issue, task, locations, sampler, cfg.reproduce, usage, iid)
     candidates = current["repair"].of_kind("candidate")
     if stage == "test":
+        if not candidates:
+            return [{"kind": "env", "mode": "skipped", "why": "no candidate to test"}]
         scripts = current["reproduce"].of_kind("script") if "reproduce" in current else []
         work = Path(cfg.output) / "workspaces" / iid
         tenv = testing.prepare(task, mirror, work, task_env=cfg.task_env,

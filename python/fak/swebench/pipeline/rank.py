@@ -25,7 +25,7 @@ def rank_key(c: dict[str, Any], result: dict[str, Any] | None) -> tuple:
 def rank(candidates: list[dict[str, Any]], tests: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
     """The rank stage's records: ``ranked`` per candidate (``rank``, ``id``, ``votes``,
     ``tested``, ``repro_fixed``, ``n_scripts``, ``regression_failures``, ``diff_lines``), then
-    ``chosen`` (``id`` or ``None``, ``patch``)."""
+    ``chosen`` (``id`` or ``None``, ``diff``: the patch)."""
     results = {r["id"]: r for r in (tests or []) if r.get("kind") == "candidate_test"}
     n_scripts = sum(1 for r in (tests or []) if r.get("kind") == "script_base" and r.get("kept"))
     order = sorted(candidates, key=lambda c: rank_key(c, results.get(c["id"])))
@@ -41,5 +41,5 @@ def rank(candidates: list[dict[str, Any]], tests: list[dict[str, Any]] | None) -
                         "diff_lines": c["diff_lines"], "files": c["files"]})
     best = order[0] if order else None
     records.append({"kind": "chosen", "id": best["id"] if best else None,
-                    "patch": best["patch"] if best else ""})
+                    "diff": best["diff"] if best else ""})
     return records

@@ -155,7 +155,7 @@ def _prompt(form: str, issue: str, loc: dict[str, Any], text: str, system: str, 
 def repair(repo: Repo, issue: str, task: dict[str, Any], locations: list[dict[str, Any]],
            sampler: Sampler, cfg: RepairConfig, usage: Usage, key: str) -> list[dict[str, Any]]:
     """The repair stage's records: one ``sample`` per answer (``location``, ``form``, ``status``,
-    ``candidate``), then one ``candidate`` per distinct patch (``id``, ``patch``, ``files``,
+    ``candidate``), then one ``candidate`` per distinct patch (``id``, ``diff`` (the patch), ``files``,
     ``votes``, ``samples`` as ``[location, form, index]``, ``locations``, ``forms``,
     ``diff_lines``, ``norm``), in order of first appearance."""
     records: list[dict[str, Any]] = []
@@ -186,7 +186,7 @@ def repair(repo: Repo, issue: str, task: dict[str, Any], locations: list[dict[st
                             cand["forms"].append(form)
                     else:
                         patch = make_patch(changes)
-                        cand = {"kind": "candidate", "id": f"c{len(candidates)}", "patch": patch,
+                        cand = {"kind": "candidate", "id": f"c{len(candidates)}", "diff": patch,
                                 "files": sorted(changes), "votes": 1,
                                 "samples": [[loc["rank"], form, s.index]], "locations": [loc["rank"]],
                                 "forms": [form], "diff_lines": diff_size(patch), "norm": norm}

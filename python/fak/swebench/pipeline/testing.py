@@ -241,7 +241,7 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
     for c in tested:
         t0 = time.perf_counter()
         tenv.reset()
-        rec: dict[str, Any] = {"kind": "candidate_test", "id": c["id"], "applied": tenv.apply(c["patch"])}
+        rec: dict[str, Any] = {"kind": "candidate_test", "id": c["id"], "applied": tenv.apply(c["diff"])}
         if rec["applied"]:
             repro = {}
             for sid in kept:
