@@ -173,7 +173,8 @@ def choose(repo: Repo, issue: str, task: dict[str, Any], located: dict[str, Any]
                 file_votes[vote] += 1
             records.append({"kind": "file_sample", **s.to_json(), "vote": vote})
     order = sorted(paths, key=lambda p: (-file_votes[p], paths.index(p)))
-    chosen = [p for p in order if file_votes[p] > 0][: cfg.max_files] or order[:1]
+    n_files = max(1, min(cfg.max_files, cfg.max_locations))  # files that can give a location
+    chosen = [p for p in order if file_votes[p] > 0][:n_files] or order[:1]
     records.append({"kind": "file_votes", "votes": dict(file_votes), "chosen": chosen})
 
     per_file: list[list[dict[str, Any]]] = []
