@@ -24,8 +24,9 @@ import sys
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, ClassVar
 
 import uvicorn
 from litestar import Litestar, Request, get, post
@@ -228,7 +229,7 @@ class RuleServer:
     def addr(self) -> str:
         return f"127.0.0.1:{self.port}"
 
-    def start(self) -> "RuleServer":
+    def start(self) -> RuleServer:
         self._thread.start()
         deadline = time.monotonic() + 10
         while not self._server.started:
@@ -260,7 +261,7 @@ class ShapesModel:
     original code, one that cannot import, one that does not parse. ``rewrite`` answers: the
     right fix (shapes-1), the fix with the method moved to column 0 (shapes-2)."""
 
-    REPAIR_1 = [
+    REPAIR_1: ClassVar[list[str]] = [
         edit("shapes/geometry.py", SCALE_LINE, WRONG_FIX),                  # 0 greedy: wrong
         edit("shapes/geometry.py", SCALE_LINE, WRONG_FIX + "  # fixed"),    # 1 same AST as 0
         edit("shapes/geometry.py", "    return point * factor", RIGHT_FIX),  # 2 not in the file
@@ -269,12 +270,12 @@ class ShapesModel:
         edit("shapes/geometry.py", SCALE_LINE, RIGHT_FIX),                  # 5 right
         "I would change the scale function.",                               # 6 no block
         edit("shapes/geometry.py", SCALE_LINE, SCALE_LINE + "  # TODO"),     # 7 comment only
-        "24      return Point(point.x * factor, point.y)\n=======\n"
-        "24      return Point(point.x * factor, point.y + factor)\n>>>>>>> REPLACE",  # 8 numbers copied, = 0
+        ("24      return Point(point.x * factor, point.y)\n=======\n"
+         "24      return Point(point.x * factor, point.y + factor)\n>>>>>>> REPLACE"),  # 8 numbers copied, = 0
         edit("shapes/geometry.py", "return Point(point.x * factor, point.y)",
              "return Point(factor * point.x, factor * point.y)"),          # 9 right, other AST
     ]
-    SCRIPTS = [
+    SCRIPTS: ClassVar[list[str]] = [
         "```python\nfrom shapes import Point, scale\nassert scale(Point(1, 2), 3) == Point(3, 6)\n```",
         "```python\nfrom shapes import Point, scale\nassert scale(Point(1, 2), 3) == Point(3, 2)\n```",
         "```python\nimport shapes_nowhere\n```",

@@ -13,15 +13,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
+from fak.swebench.repos import DEFAULT_CACHE, ensure_mirror, find_mirror, make_workspace
 from test_real_instance import SMOKE
 from tiny import make_instances, run_fak
 
-from fak.swebench.repos import DEFAULT_CACHE, ensure_mirror, find_mirror, make_workspace
-
 
 def _git(repo: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True,
+                          check=False)
 
 
 def test_mirror_of_a_tiny_dataset_holds_only_its_commits(tmp_path):

@@ -17,11 +17,16 @@ import json
 import re
 from pathlib import Path
 
-from pipeline_fixtures import RIGHT_FIX, RuleServer, ShapesModel, make_shapes, shapes_index
-from tiny import run_fak
-
 import fak.swebench.pipeline as pipeline_pkg
 from fak.swebench.pipeline.artifacts import VOLATILE
+from pipeline_fixtures import (
+    RIGHT_FIX,
+    RuleServer,
+    ShapesModel,
+    make_shapes,
+    shapes_index,
+)
+from tiny import run_fak
 
 GRADING_FIELDS = ("FAIL_TO_PASS", "PASS_TO_PASS", "test_patch", "patch")
 POISON = {

@@ -10,12 +10,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from pipeline_fixtures import ISSUES, make_shapes
-
 from fak.swebench.pipeline.clues import error_fragments, extract
 from fak.swebench.pipeline.locate import locate, resolve_path
 from fak.swebench.pipeline.source import Repo, is_source_path, outline_of
+from pipeline_fixtures import ISSUES, make_shapes
 
 
 @pytest.fixture()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from pipeline_fixtures import make_shapes
 from tiny import run_fak
 

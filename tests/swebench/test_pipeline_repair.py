@@ -11,17 +11,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from pipeline_fixtures import (
-    GEOMETRY,
-    RIGHT_FIX,
-    SCALE_LINE,
-    WRONG_FIX,
-    ShapesModel,
-    edit,
-    make_shapes,
-)
-
 from fak.swebench.pipeline.edits import (
     Block,
     EditError,
@@ -34,6 +23,15 @@ from fak.swebench.pipeline.rank import rank
 from fak.swebench.pipeline.repair import RepairConfig, repair
 from fak.swebench.pipeline.sampler import Sample, Usage
 from fak.swebench.pipeline.source import Repo
+from pipeline_fixtures import (
+    GEOMETRY,
+    RIGHT_FIX,
+    SCALE_LINE,
+    WRONG_FIX,
+    ShapesModel,
+    edit,
+    make_shapes,
+)
 
 
 class FakeSampler:

@@ -14,8 +14,14 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
-from pipeline_fixtures import RIGHT_FIX, WRONG_FIX, RuleServer, ShapesModel, make_shapes, shapes_index
+from pipeline_fixtures import (
+    RIGHT_FIX,
+    WRONG_FIX,
+    RuleServer,
+    ShapesModel,
+    make_shapes,
+    shapes_index,
+)
 from tiny import run_fak
 
 

@@ -279,6 +279,6 @@ def eval_cmd(predictions: Path, dataset: str | None, run_id: str, workers: int, 
                f"{report['empty_patch_instances']}) [local grading] → {output / 'report.json'}")
 
 
-from fak.swebench.mirror import mirror_cmd  # noqa: E402 - registered on the group above
+from fak.swebench.mirror import mirror_cmd
 
 swebench.add_command(mirror_cmd)

@@ -76,7 +76,7 @@ def compact_mirror(repo: str, base: list[str], setup: list[str], out: Path,
     missing = [c for c in commits if not _has(dest, c)]
     if missing:
         proc = subprocess.run(["git", "-C", str(dest), "fetch", "--quiet", "--depth", "1",
-                               "--no-tags", "origin", *missing], capture_output=True, text=True,
+                               "--no-tags", "origin", *missing], capture_output=True, text=True, check=False,
                               env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
         if proc.returncode != 0:
             raise RepoError(f"fetching {len(missing)} commit(s) of {repo} from {source} failed: "

@@ -23,6 +23,11 @@ when its inputs and budget are unchanged, so the generating stages can run on on
 ``test,rank`` on another. Only ``task.task_view`` of a dataset row is read (the honesty boundary).
 """
 
-from fak.swebench.pipeline.config import MODEL_STAGES, STAGES, PipelineConfig, parse_stages
+from fak.swebench.pipeline.config import (
+    MODEL_STAGES,
+    STAGES,
+    PipelineConfig,
+    parse_stages,
+)
 
 __all__ = ["MODEL_STAGES", "STAGES", "PipelineConfig", "parse_stages"]

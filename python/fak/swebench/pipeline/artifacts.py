@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-
 #: record keys that say how a result was obtained, not what it is: left out of ``content_digest``
 VOLATILE = frozenset({"seconds", "output_tail", "latency_s", "model_s"})
 

@@ -8,10 +8,12 @@ Defaults are the per-stage budgets of ``config.py``.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import click
+
 
 def _defaults() -> dict[str, Any]:
     from fak.swebench.pipeline.choose import ChooseConfig

@@ -22,15 +22,15 @@ import keyword
 import re
 from dataclasses import dataclass, field
 
-_CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)(?:```|$)", re.S)
+_CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)(?:```|$)", re.DOTALL)
 _BACKTICK = re.compile(r"`([^`\n]{2,120})`")
 _PY_FRAME = re.compile(r'File "([^"]+)", line (\d+)(?:, in ([\w<>.]+))?')
-_IPY_FRAME = re.compile(r"^\s*(\S+\.py) in ([\w<>.]+)\(", re.M)
-_IPY_ARROW = re.compile(r"^-*> ?(\d+)\s", re.M)
-_PYTEST_FRAME = re.compile(r"^(\S+\.py):(\d+): (?:in (\w+)|\w*Error)", re.M)
+_IPY_FRAME = re.compile(r"^\s*(\S+\.py) in ([\w<>.]+)\(", re.MULTILINE)
+_IPY_ARROW = re.compile(r"^-*> ?(\d+)\s", re.MULTILINE)
+_PYTEST_FRAME = re.compile(r"^(\S+\.py):(\d+): (?:in (\w+)|\w*Error)", re.MULTILINE)
 _LINK = re.compile(r"github\.com/[\w.-]+/[\w.-]+/blob/[\w.-]+/([\w./-]+)(?:#L(\d+))?")
 _PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+[/\\])*[\w-]+\.(?:py|pyx|pxd|pyi|cfg|toml|ini|c|h|js))\b")
-_ERROR_LINE = re.compile(r"^\s*(?:E\s+)?([A-Z]\w*(?:Error|Exception|Warning)): (.{6,300})$", re.M)
+_ERROR_LINE = re.compile(r"^\s*(?:E\s+)?([A-Z]\w*(?:Error|Exception|Warning)): (.{6,300})$", re.MULTILINE)
 _ERROR_INLINE = re.compile(r"\b([A-Z]\w*(?:Error|Exception|Warning)): ([^`\n]{6,300})")
 _QUOTED = re.compile(r"""(?<![\w])(["'])([^"'\n]{12,200})\1""")
 _DOTTED = re.compile(r"\b([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)\b")

@@ -30,7 +30,7 @@ from pathlib import Path
 _BLOCK = re.compile(
     r"(?:^|\n)(?:###\s*(?P<path>[^\n]+?)\s*\n)?(?:```[\w+-]*\n)?"
     r"<{5,9} ?SEARCH[^\n]*\n(?P<search>.*?)(?:^|\n)={5,9}[^\n]*\n(?P<replace>.*?)(?:^|\n)>{5,9} ?REPLACE",
-    re.S)
+    re.DOTALL)
 _GUTTER = re.compile(r"^\s{0,6}\d{1,6}(?: {1,2}|\t|[:|] ?)")
 
 
@@ -182,7 +182,7 @@ def make_patch(changes: dict[str, tuple[str, str]]) -> str:
             b.write_text(new, encoding="utf-8", errors="surrogateescape")
             proc = subprocess.run(["git", "diff", "--no-index", "--no-color", "--no-prefix",
                                    "--no-ext-diff", f"a/{path}", f"b/{path}"], cwd=tmp,
-                                  capture_output=True)
+                                  capture_output=True, check=False)
             if proc.returncode not in (0, 1):
                 raise RuntimeError(f"git diff --no-index failed: {proc.stderr.decode()[:300]}")
             parts.append(proc.stdout.decode("utf-8", "surrogateescape"))

@@ -63,7 +63,7 @@ def run_in_sandbox(argv: list[str], *, workspace: Path, env: dict[str, str] | No
     try:
         from fak.sandbox import Sandbox
     except ImportError:
-        Sandbox = None  # noqa: N806
+        Sandbox = None
     if Sandbox is not None:
         box = Sandbox(workspace, writable=(), env=full_env, timeout_s=timeout_s, net="none")
         res = box.run(["bash", "-c", script], cwd=workdir)

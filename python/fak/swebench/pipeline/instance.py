@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fak.swebench.pipeline import testing
 from fak.swebench.pipeline.artifacts import Artifact, Store, digest
 from fak.swebench.pipeline.choose import choose
 from fak.swebench.pipeline.config import INPUTS, MODEL_STAGES, STAGES, PipelineConfig
@@ -25,7 +26,6 @@ from fak.swebench.pipeline.reproduce import reproduce
 from fak.swebench.pipeline.sampler import Sampler, SamplerError, Usage
 from fak.swebench.pipeline.source import Repo
 from fak.swebench.pipeline.task import issue_text
-from fak.swebench.pipeline import testing
 
 
 class StageInputError(RuntimeError):

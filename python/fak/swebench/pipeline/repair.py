@@ -29,13 +29,13 @@ from typing import Any
 
 from fak.swebench.pipeline.edits import (
     EditError,
-    indent_of,
-    reindent,
     apply_block,
     diff_size,
+    indent_of,
     make_patch,
     normalized,
     parse_blocks,
+    reindent,
     syntax_ok,
 )
 from fak.swebench.pipeline.prompts import render
@@ -43,7 +43,7 @@ from fak.swebench.pipeline.sampler import Sampler, Usage
 from fak.swebench.pipeline.source import Repo, is_source_path, numbered, region
 
 FORMS = ("search_replace", "rewrite")
-_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:\n```|$)", re.S)
+_FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:\n```|$)", re.DOTALL)
 
 @dataclass
 class RepairConfig:

@@ -19,7 +19,7 @@ from fak.swebench.pipeline.prompts import render
 from fak.swebench.pipeline.sampler import Sampler, Usage
 from fak.swebench.pipeline.source import Repo, module_name, region
 
-_FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)(?:\n```|$)", re.S)
+_FENCE = re.compile(r"```(?:python|py|python3)?[ \t]*\n(.*?)(?:\n```|$)", re.DOTALL)
 
 
 @dataclass

@@ -85,7 +85,7 @@ class Repo:
             parts = raw.split(b"\0", 2)
             if len(parts) != 3 or not parts[1].isdigit():
                 continue
-            path = parts[0][len(prefix):] if parts[0].startswith(prefix) else parts[0]
+            path = parts[0].removeprefix(prefix)
             out.append((path.decode("utf-8", "replace"), int(parts[1]),
                         parts[2].decode("utf-8", "replace")[:400]))
             if len(out) >= max_lines:
@@ -195,7 +195,7 @@ _PY_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 def module_name(path: str) -> str:
     """``sympy/core/evalf.py`` → ``sympy.core.evalf``; ``src/_pytest/x.py`` → ``_pytest.x``;
     ``pkg/__init__.py`` → ``pkg``."""
-    p = path[:-3] if path.endswith(".py") else path
+    p = path.removesuffix(".py")
     parts = [x for x in p.split("/") if x]
     if parts and parts[0] in ("src", "lib"):
         parts = parts[1:]

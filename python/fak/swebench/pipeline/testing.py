@@ -80,7 +80,8 @@ class TaskEnv:
 
     def apply(self, patch: str) -> bool:
         proc = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=self.root,
-                              input=patch.encode("utf-8", "surrogateescape"), capture_output=True)
+                              input=patch.encode("utf-8", "surrogateescape"), capture_output=True,
+                              check=False)
         return proc.returncode == 0
 
 
