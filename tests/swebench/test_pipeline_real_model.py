@@ -23,7 +23,8 @@ def test_pipeline_with_the_real_small_model(model_05b, tmp_path):
                    "--filter", "fak-test__shapes-1", "--repos", str(sh["repos"]),
                    "--output", str(out), "--no-live", "--stages", "locate,choose,repair,rank",
                    "--choose-samples", "2", "--max-locations", "1", "--repair-samples", "3",
-                   "--repair-max-tokens", "64", "--concurrency", "3", timeout=600)
+                   "--repair-max-tokens", "64", "--repair-forms", "search_replace", "--concurrency", "3",
+                   timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     iid = "fak-test__shapes-1"
     rows = [json.loads(ln) for ln in (out / "pipeline" / iid / "repair.jsonl").read_text().splitlines()]
