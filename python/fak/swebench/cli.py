@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from fak.agent.protocols import DEFAULT_PROTOCOL, PROTOCOLS
+from fak.swebench.pipeline.cli import pipeline_options
 
 UNSAFE_HELP = ("Run model-written commands / task tests on this host with your privileges, "
                "without fak's sandbox (never for untrusted models; recorded in the output).")
@@ -35,8 +36,9 @@ def swebench() -> None:
 
 
 @swebench.command("run")
-@click.option("--agent", "agent_name", type=click.Choice(["fleet"]), default="fleet", show_default=True,
-              help="Agent to run (fak's fleet agent).")
+@click.option("--agent", "agent_name", type=click.Choice(["fleet", "pipeline"]), default="fleet",
+              show_default=True, help="fleet: fak's agent loop; pipeline: the staged locate → "
+                                      "repair → test → rank pipeline (docs/swebench.md).")
 @click.option("--gateway", default=None,
               help="A running fak serve (or other OpenAI-compatible server): HOST:PORT or a URL.")
 @click.option("--gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
@@ -94,6 +96,7 @@ def swebench() -> None:
 @click.option("--specs", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Extra harness specs JSON {repo: {version: spec}} for --task-env.")
 @click.option("--live/--no-live", default=None, help="Live table (default: when on a terminal).")
+@pipeline_options
 def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: str, n_ctx: int,
             kv_cache_tokens: int | None, threads: int | None, policy_path: Path | None,
             model: str | None, dataset: str, filter_spec: str | None,
@@ -103,7 +106,7 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
             output: Path, protocol: str, tool_choice: str | None, run_id: str | None,
             exec_timeout: float, temperature: float, max_tokens: int, observation_window: int,
             keep_workspaces: bool, task_env: bool, envs_dir: Path | None, specs: Path | None,
-            live: bool | None) -> None:
+            live: bool | None, **pipeline_opts) -> None:
     """Run the fleet agent on SWE-bench instances; writes predictions.json, trajectories and a
     summary under --output.
 
@@ -121,6 +124,15 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
         rows, labels = select(dataset, filter_spec, difficulty_file, list(difficulty_labels))
     except (DatasetError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
+    if agent_name == "pipeline":
+        from fak.swebench.pipeline.cli import run_pipeline
+
+        return run_pipeline(gateway=gateway, gguf=gguf, backend=backend, n_ctx=n_ctx,
+                            kv_cache_tokens=kv_cache_tokens, threads=threads, policy_path=policy_path,
+                            model=model, rows=rows, workers=workers, repos_dir=repos_dir,
+                            output=output, run_id=run_id, keep_workspaces=keep_workspaces,
+                            task_env=task_env, envs_dir=envs_dir, specs=specs,
+                            unsafe_no_sandbox=unsafe_no_sandbox, live=live, dataset=dataset, **pipeline_opts)
     if protocol == "text" and not allow_exec:
         raise click.UsageError("--protocol text needs --allow-exec (its only action is a shell command)")
     if (gateway is None) == (gguf is None):
@@ -322,3 +334,8 @@ def eval_cmd(predictions: Path, dataset: str | None, run_id: str, workers: int, 
                    "(see the lines above and each instance's log under "
                    f"{output / 'logs'})", err=True)
         sys.exit(1)
+
+
+from fak.swebench.mirror import mirror_cmd
+
+swebench.add_command(mirror_cmd)
