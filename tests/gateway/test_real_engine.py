@@ -64,6 +64,19 @@ def test_chat_matches_the_engine(tiny_engine: Any, tiny_client: openai.OpenAI) -
     assert (streamed, finish_s) == (text, finish)
 
 
+def test_chat_reports_its_decode_time(tiny_server: BackgroundServer) -> None:
+    """``timings`` (llama.cpp's names): the completion tokens, decode time from the first to the
+    last token, and queue + prefill before it; what the fleet's decode tok/s is computed from."""
+    body = {"model": "tiny", "messages": MESSAGES, "max_tokens": 16, "temperature": 0}
+    data = httpx.post(tiny_server.base_url + "/chat/completions", json=body, timeout=60).json()
+    t = data["timings"]
+    assert t["predicted_n"] == data["usage"]["completion_tokens"] > 1
+    assert t["prompt_n"] == data["usage"]["prompt_tokens"]
+    assert t["predicted_ms"] > 0 and t["prompt_ms"] > 0
+    assert t["predicted_per_second"] == pytest.approx((t["predicted_n"] - 1) / (t["predicted_ms"] / 1e3),
+                                                      rel=1e-2)
+
+
 def test_seeded_sampling_is_reproducible(tiny_client: openai.OpenAI) -> None:
     kwargs = dict(model="tiny", messages=MESSAGES, max_tokens=16, temperature=0.9, top_p=0.95, seed=1234)
     a = tiny_client.chat.completions.create(**kwargs).choices[0].message.content

@@ -22,6 +22,7 @@ import anyio
 from fak.errors import ContextLengthError, FakError, KVCacheFullError
 from fak.gateway.admission import Admission
 from fak.gateway.errors import APIError, bad_request
+from fak.gateway.schemas import Timings
 
 log = logging.getLogger("fak.gateway")
 
@@ -296,6 +297,17 @@ class EngineRun:
             if mapped is not None:
                 raise mapped from None
             raise
+
+    def timings(self) -> Timings | None:
+        """This run's ``Timings`` (``None`` before its first token)."""
+        if self._t_first is None or self._t_last is None:
+            return None
+        decode_s = self._t_last - self._t_first
+        n_decode = max(0, self.n_completion - 1)  # the first token ends the prefill
+        return Timings(prompt_n=len(self.prompt_ids),
+                       prompt_ms=round((self._t_first - self.t_arrival) * 1e3, 3),
+                       predicted_n=self.n_completion, predicted_ms=round(decode_s * 1e3, 3),
+                       predicted_per_second=round(n_decode / decode_s, 3) if decode_s > 0 else 0.0)
 
     async def discard(self) -> None:
         """Close the run as set aside by the server (counted neither cancelled nor rejected)."""

@@ -41,6 +41,19 @@ class Usage(msgspec.Struct):
     total_tokens: int
 
 
+class Timings(msgspec.Struct):
+    """Where one request's time went, with llama.cpp server's field names (``timings``): prompt
+    = arrival to the first completion token (queue + prefill), predicted = first to last token
+    (decode); milliseconds, and the token counts they cover. A fak extension; OpenAI clients
+    ignore it."""
+
+    prompt_n: int
+    prompt_ms: float
+    predicted_n: int
+    predicted_ms: float
+    predicted_per_second: float
+
+
 class StreamOptions(msgspec.Struct, forbid_unknown_fields=True):
     """``stream_options``: ``include_usage`` adds a final chunk with ``usage`` (and ``choices: []``)."""
 

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from fak.gateway.schemas import StreamOptions, Usage
+from fak.gateway.schemas import StreamOptions, Timings, Usage
 
 __all__ = [
     "ChatChoice",
@@ -265,6 +265,7 @@ class ChatCompletion(msgspec.Struct):
     object: str = "chat.completion"
     system_fingerprint: str | None = None
     fak_policy: FakPolicyInfo | UnsetType = UNSET
+    timings: Timings | UnsetType = UNSET  # engine mode: queue+prefill and decode time (llama.cpp's names)
 
 
 class ChunkFunction(msgspec.Struct):

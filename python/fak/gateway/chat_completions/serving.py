@@ -511,6 +511,8 @@ class ChatServing:
             system_fingerprint=SYSTEM_FINGERPRINT)
         if gate.active:
             response.fak_policy = FakPolicyInfo(verdicts=gate.verdicts)
+        if (timings := gen.run.timings()) is not None:
+            response.timings = timings
         return msgspec.json.encode(response)
 
     # -- streaming
