@@ -17,16 +17,17 @@ from fak.agent.tools import ToolBox, check_network_isolation, tool_schemas, trun
 def test_read_numbered_range(repo):
     ws, _ = repo
     out = ToolBox(ws).execute("read", {"path": "calc.py", "start_line": 2, "end_line": 2}).output
-    assert out == "2      return a - b"
-    full = ToolBox(ws).execute("read", {"path": "calc.py"}).output
-    assert full.splitlines()[0] == "1  def add(a, b):" and len(full.splitlines()) == 6
+    assert out.splitlines() == ["[calc.py: lines 2-2 of 6]", "2      return a - b"]
+    full = ToolBox(ws).execute("read", {"path": "calc.py"}).output.splitlines()
+    assert full[0] == "[calc.py: lines 1-6 of 6 (the whole file)]"
+    assert full[1] == "1  def add(a, b):" and len(full) == 1 + 6
 
 
 def test_read_bounds_and_errors(repo):
     ws, _ = repo
     tb = ToolBox(ws, max_read_lines=2)
     out = tb.execute("read", {"path": "calc.py"}).output
-    assert "showing lines 1-2 of 6" in out and "start_line=3" in out
+    assert out.startswith("[calc.py: lines 1-2 of 6]") and "start_line 3" in out
     with pytest.raises(ToolError, match="no such file"):
         tb.execute("read", {"path": "nope.py"})
     with pytest.raises(ToolError, match="binary"):
@@ -57,13 +58,15 @@ def test_list_and_search(repo):
     tb = ToolBox(ws)
     assert tb.execute("list", {}).output.splitlines() == ["pkg/", "blob.bin", "calc.py"]
     assert tb.execute("list", {"path": "pkg"}).output == "util.py"
-    assert tb.execute("search", {"pattern": "def (add|mul)"}).output.splitlines() == [
+    assert tb.execute("search", {"pattern": "def (add|mul)", "regex": True}).output.splitlines() == [
         "calc.py:1:def add(a, b):", "calc.py:5:def mul(a, b):"]
     assert tb.execute("search", {"pattern": "X = ", "path": "pkg"}).output.splitlines() == [
         "pkg/util.py:1:X = 1", "pkg/util.py:3:X = 1"]
     assert "no matches" in tb.execute("search", {"pattern": "zzz"}).output
     with pytest.raises(ToolError, match="bad regular expression"):
-        tb.execute("search", {"pattern": "("})
+        tb.execute("search", {"pattern": "(", "regex": True})
+    # the default is a fixed string: "(" is just a character
+    assert tb.execute("search", {"pattern": "("}).output.splitlines()[0] == "calc.py:1:def add(a, b):"
 
 
 def test_edit_exactly_once(repo):
@@ -74,7 +77,7 @@ def test_edit_exactly_once(repo):
     assert "return a + b" in (ws.root / "calc.py").read_text()
     with pytest.raises(ToolError, match="not found"):
         tb.execute("edit", {"path": "calc.py", "old": "return a - b", "new": "x"})
-    with pytest.raises(ToolError, match="occurs 2 times"):
+    with pytest.raises(ToolError, match="old occurs 2 times"):
         tb.execute("edit", {"path": "pkg/util.py", "old": "X = 1", "new": "X = 3"})
     assert (ws.root / "pkg" / "util.py").read_text() == "X = 1\nY = 2\nX = 1\n"
     with pytest.raises(ToolError, match="indentation"):
