@@ -437,7 +437,7 @@ class ToolBox:
         whole = " (the whole file)" if start == 1 and end == n else ""
         header = f"[{shown}: lines {start}-{end} of {n}{whole}]"
         footer = ""
-        if end < n:
+        if end < n and (end_line is None or end_line > end):  # the window ended the read
             nxt = min(n, end + self.max_read_lines)
             footer = (f"\n[lines {end + 1}-{n} not shown; the next window: read with path "
                       f"{shown!r} and start_line {end + 1} (lines {end + 1}-{nxt})]")
