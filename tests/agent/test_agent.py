@@ -298,7 +298,7 @@ def test_repeated_call_is_not_run_with_tell(repo, scripted, tmp_path):
     for a in actions[1:]:
         assert not a["executed"] and a["repeated"] and a["repeat_of"] == 1
         assert a["output"].startswith("[not run] You already made this exact call at step 1")
-    assert data["n_repeated"] == 2 and "n_resampled" not in data
+    assert data["n_repeated"] == 2 and data["n_resampled"] == 0
     tool_msgs = [m["content"] for m in data["messages"] if m["role"] == "tool"]
     assert tool_msgs[1].startswith("[not run]")
     assert len(server.requests) == 3  # no resampling
@@ -335,7 +335,7 @@ def test_repeated_call_is_resampled(repo, scripted, tmp_path):
     names = [m["tool_calls"][0]["function"]["name"] for m in data["messages"]
              if m["role"] == "assistant"]
     assert names == ["search", "read", "submit"]
-    assert data.get("n_repeated", 0) == 0
+    assert data["n_repeated"] == 0
 
 
 def test_resamples_are_bounded_then_told(repo, scripted, tmp_path):

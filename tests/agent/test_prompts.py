@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from fak.agent.context import (
     PROMPT_DEFAULTS,
     normalize_seeds,

@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from fak.agent.tools import check_network_isolation
 from fak.swebench.envs import ENV_KEYS, EnvBuilder, register_specs
 from fak.swebench.interpreter import choose_python
@@ -75,9 +74,8 @@ def test_a_package_that_imports_nowhere_is_reported(tmp_path):
 
 @needs_netns
 def test_fleet_gives_seed_locations_and_python_note_to_the_agent(tiny, scripted, tmp_path):
-    from tiny import tools_script_fix_add
-
     from fak.swebench.run import HIDDEN_FIELDS, Fleet, FleetConfig
+    from tiny import tools_script_fix_add
 
     seen: list[dict] = []
 

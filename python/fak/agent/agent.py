@@ -36,6 +36,7 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from fak.agent.context import prompt_variables
 from fak.agent.exceptions import (
     AgentStop,
     FormatError,
@@ -44,7 +45,6 @@ from fak.agent.exceptions import (
     Submitted,
     ToolError,
 )
-from fak.agent.context import prompt_variables
 from fak.agent.model import ModelResponse
 from fak.agent.prompts import render
 from fak.agent.protocols import Action, AgentProtocol

@@ -190,8 +190,9 @@ def prompt_variables(root: str | Path, repo: str = "",
         if old:
             first, second = old.split("\n", 1)
             new = f"{first}\n{second}  # the fixed line(s) here"
-            if not seeds or not seeds[0].get("symbol"):
-                symbol = _TOP_DEF.match(first).group(2)  # the function the example edits
+            m = _TOP_DEF.match(first)
+            if m and (not seeds or not seeds[0].get("symbol")):
+                symbol = m.group(2)  # the function the example edits
     return {"example_path": example, "example_symbol": symbol or "main",
             "example_dir": pkg or ".", "example_test": _example_test(files, pkg, example),
             "example_old": old, "example_new": new, "seeds": seeds,

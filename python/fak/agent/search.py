@@ -37,12 +37,7 @@ _REGEX_META = re.compile(r"\\[()\[\]{}.*+?|^$\\sdwbSDWB]|\.\*|\.\+|\[[^\]]*\]|\(
 _ESCAPED = re.compile(r"\\([^A-Za-z0-9])")
 _LETTER_ESCAPE = re.compile(r"\\[A-Za-z]")
 #: words of a phrase that say nothing about where code is (not looked up as identifiers)
-_STOPWORDS = frozenset("""
-    the and for not are but with from this that when what which then than into have has had was
-    were will would should could can does did doing done get gets got use used using how why who
-    error errors issue bug fix wrong work works working returns return result results value values
-    true false none self cls def class import raise print pass
-""".split()) | frozenset(keyword.kwlist)
+_STOPWORDS = frozenset(["the", "and", "for", "not", "are", "but", "with", "from", "this", "that", "when", "what", "which", "then", "than", "into", "have", "has", "had", "was", "were", "will", "would", "should", "could", "can", "does", "did", "doing", "done", "get", "gets", "got", "use", "used", "using", "how", "why", "who", "error", "errors", "issue", "bug", "fix", "wrong", "work", "works", "working", "returns", "return", "result", "results", "value", "values", "true", "false", "none", "self", "cls", "def", "class", "import", "raise", "print", "pass"]) | frozenset(keyword.kwlist)
 _TEST_DIRS = {"test", "tests", "testing"}
 _DOC_DIRS = {"doc", "docs", "documentation", "examples", "example", "bench", "benchmarks"}
 _DOC_SUFFIXES = {".rst", ".md", ".txt", ".tex", ".html", ".ipynb", ".css", ".js", ".json", ".yml",
@@ -77,7 +72,7 @@ def list_files(root: Path, rel: str = ".") -> list[str]:
     walk that skips ``.git``."""
     proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
                            "--exclude-standard", "--", rel],
-                          capture_output=True, timeout=120)
+                          capture_output=True, timeout=120, check=False)
     if proc.returncode == 0:
         names = {n for n in proc.stdout.decode("utf-8", "surrogateescape").split("\0") if n}
         return sorted(names)
@@ -129,7 +124,7 @@ class Searcher:
     def __init__(self, root: Path):
         self.root = Path(root)
         probe = subprocess.run(["git", "-C", str(self.root), "rev-parse", "--is-inside-work-tree"],
-                               capture_output=True, text=True)
+                               capture_output=True, text=True, check=False)
         self.git = probe.returncode == 0 and probe.stdout.strip() == "true"
         self._has_pcre: bool | None = None
 
@@ -159,9 +154,9 @@ class Searcher:
             if out is not None:
                 counts: dict[str, int] = {}
                 for raw in out.split(b"\n"):
-                    path, _, n = raw.partition(b"\0")
-                    if n.isdigit():
-                        counts[path.decode("utf-8", "surrogateescape")] = int(n)
+                    name, _, num = raw.partition(b"\0")
+                    if num.isdigit():
+                        counts[name.decode("utf-8", "surrogateescape")] = int(num)
                 return counts
         rx = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(word) + r"(?![A-Za-z0-9_])")
         counts = {}
@@ -181,14 +176,15 @@ class Searcher:
         cmd = ["git", "-C", str(self.root), "grep", "-z", "-I", "--untracked", "--no-color",
                *extra, "-P" if regex else "-F", *(["-i"] if ignore_case else []),
                "-e", pattern, "--", rel]
-        proc = subprocess.run(cmd, capture_output=True, timeout=120)
+        proc = subprocess.run(cmd, capture_output=True, timeout=120, check=False)
         return proc.stdout if proc.returncode in (0, 1) else None
 
     def _pcre(self) -> bool:
         """Whether this git's grep takes ``-P`` (built with PCRE; checked once)."""
         if self._has_pcre is None:
             proc = subprocess.run(["git", "-C", str(self.root), "grep", "-P", "-q", "-e", "x",
-                                   "--", ":(exclude)*"], capture_output=True, text=True)
+                                   "--", ":(exclude)*"], capture_output=True, text=True,
+                                  check=False)
             self._has_pcre = proc.returncode in (0, 1)
         return self._has_pcre
 

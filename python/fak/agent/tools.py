@@ -142,7 +142,9 @@ def normalize_arguments(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 def call_key(name: str, arguments: dict[str, Any]) -> str:
     """``name`` plus the canonical digest of the normalized arguments: equal for two calls that
     do the same thing (``normalize_arguments``)."""
-    from fak.agent.protocols.base import canonical_digest  # protocols import this module
+    from fak.agent.protocols.base import (
+        canonical_digest,  # protocols import this module
+    )
 
     return f"{name}:{canonical_digest(normalize_arguments(name, arguments))}"
 
@@ -247,7 +249,7 @@ def _closest_lines(text: str, old: str, min_ratio: float = 0.5) -> tuple[int, in
     matcher = difflib.SequenceMatcher(autojunk=False)
     matcher.set_seq2(target)
     best: tuple[float, int] = (0.0, 0)
-    for i in range(0, max(1, len(lines) - k + 1)):
+    for i in range(max(1, len(lines) - k + 1)):
         window = "\n".join(ln.strip() for ln in lines[i:i + k])
         matcher.set_seq1(window)
         if matcher.real_quick_ratio() <= best[0] or matcher.quick_ratio() <= best[0]:

@@ -61,7 +61,7 @@ def _host_python() -> Path | None:
         return None
     try:
         out = subprocess.run([exe, "-c", "import sys; print(sys.executable)"], capture_output=True,
-                             text=True, timeout=30).stdout.strip()
+                             text=True, timeout=30, check=False).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
     return Path(out) if out else None

@@ -126,6 +126,7 @@ class InstanceState:
     message: str = ""
     format_errors: int = 0
     repeated: int = 0
+    resampled: int = 0
     tools_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -256,6 +257,7 @@ class Fleet:
         state.message = data.get("exit_message") or ""
         state.format_errors = int(data.get("n_format_errors") or 0)
         state.repeated = int(data.get("n_repeated") or 0)
+        state.resampled = int(data.get("n_resampled") or 0)
         state.tools_s = float(data["timings"].get("tools_s") or 0.0)
         state.patch_bytes = len(patch.encode("utf-8", "surrogateescape"))
         state.ended = time.time()
@@ -340,6 +342,7 @@ class Fleet:
                         "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
                         "denied": s.denied, "allowed": s.allowed, "patch_bytes": st.patch_bytes,
                         "format_errors": st.format_errors, "repeated_calls": st.repeated,
+                        "resampled_turns": st.resampled,
                         "model_s": round(s.model_s, 3), "tools_s": round(st.tools_s, 3),
                         "wall_s": round((st.ended or time.time()) - st.started, 3) if st.started else 0.0,
                         "difficulty": self.config.labels.get(iid), "message": st.message[:500]})
