@@ -375,6 +375,29 @@ def test_same_call_after_a_change_runs_again(repo, scripted, tmp_path):
     assert "return a + b" in acts[4]["output"]
 
 
+def test_same_denied_call_is_resampled(repo, scripted, tmp_path):
+    """The gateway removed a call it denied (an unknown tool, say); the same denial again at the
+    next step is a repeat: that turn is resampled."""
+    ws, _ = repo
+    verdict = {"tool": "PolyElement.as_expr()", "allowed": False, "reason": "unknown tool",
+               "rule": "default", "arguments_digest": "sha256:" + canonical_digest({"x": 1})}
+    denied = {"content": "[fak policy] Tool call `PolyElement.as_expr()` was denied",
+              "fak_policy": {"verdicts": [verdict]}}
+    server = scripted({"inst1": [
+        denied,
+        {**denied, "resampled": [{"tool_calls": [_call("search", pattern="as_expr")]}]},
+        {"tool_calls": [_call("submit")]},
+    ]})
+    data = _agent(server, ws, tmp_path).run(**_task(ws))
+    assert data["exit_reason"] == "submitted"
+    res = data["steps"][1]["resamples"]
+    assert len(res) == 1 and res[0]["repeated_call"] == {"name": "PolyElement.as_expr()",
+                                                         "denied": True}
+    assert res[0]["repeat_of_step"] == 1 and res[0]["verdicts"] == [verdict]
+    assert data["steps"][1]["actions"][0]["name"] == "search"
+    assert data["n_denied"] == 1  # the dropped reply's verdict is in its resample record
+
+
 def test_config_checks_on_repeat():
     with pytest.raises(ValueError, match="on_repeat"):
         AgentConfig(on_repeat="ignore")

@@ -18,7 +18,9 @@ again; what happens instead is ``AgentConfig.on_repeat``:
   swebench-cpu-1.5b.md``) although each repeat was pointed out to it, e.g. the same search 10
   times in a row: a greedy model in an all-but-unchanged context writes the same reply again,
   while a resample changes the reply itself, and costs little (the prompt is the one just
-  prefilled: the prefix cache serves it).
+  prefilled: the prefix cache serves it). A reply whose only calls the gateway removed as denied,
+  each one (tool, arguments digest) denied at an earlier step already, is resampled the same way
+  (the 0.5B model called a tool named after the issue's method 8 times in a row).
 - ``"tell"``: the call is not run; the model is told it made it at step N and that the result
   would be the same (``prompts/repeated.j2``).
 - ``"run"``: run it anyway and say so after its output (the old behaviour).
@@ -80,7 +82,8 @@ class AgentConfig:
     are dropped from the history and the model is told. ``failed_reply_chars``: a reply that gave
     no usable action is kept in the history cut to this many characters. ``on_repeat``: what to do
     with a call identical to one already made (``"resample"`` | ``"tell"`` | ``"run"``, see the
-    module docstring); ``repeat_resamples``: new samples asked for one turn before telling;
+    module docstring; ``"resample"`` also resamples a reply whose only calls the gateway denied
+    before and removed); ``repeat_resamples``: new samples asked for one turn before telling;
     ``resample_temperature`` and ``seed`` (the n-th resample of step s uses seed
     ``seed + 1000 * s + n``) are sent with a resample. Raises ``ValueError`` for an unknown
     ``on_repeat`` or a negative count."""
@@ -187,6 +190,7 @@ class Agent:
         # (call key, workspace state) → {"step", "ok"} of the first execution
         self._calls: dict[tuple[str, Any], dict[str, Any]] = {}
         self._mutations = 0  # state for an environment without state_token()
+        self._denials: dict[tuple[str, str], int] = {}  # (tool, digest) → step first denied
         self.messages: list[dict[str, Any]] = self.trajectory.data["messages"]
         self.trajectory.data["config"] = asdict(self.config)
         self.trajectory.data["protocol"] = protocol.name
@@ -284,6 +288,23 @@ class Agent:
             return None
         return self._calls.get((call_key(action.name, action.arguments), self._state()))
 
+    @staticmethod
+    def _denial_key(verdict: dict[str, Any]) -> tuple[str, str]:
+        digest = str(verdict.get("arguments_digest") or "").removeprefix("sha256:").lower()
+        return str(verdict.get("tool")), digest
+
+    def _repeated_denial(self, response: ModelResponse) -> dict[str, Any] | None:
+        """When every verdict of ``response`` is a denial of a call (tool and arguments digest)
+        the gateway already denied at an earlier step, that step (``{"step", "tool"}``); else
+        ``None``. A reply whose only call the gateway removed has no action to compare."""
+        verdicts = list((response.policy or {}).get("verdicts") or [])
+        if not verdicts or any(v.get("allowed") is not False for v in verdicts):
+            return None
+        steps = [self._denials.get(self._denial_key(v)) for v in verdicts]
+        if any(s is None for s in steps):
+            return None
+        return {"step": min(steps), "tool": verdicts[0].get("tool")}
+
     def resample_repeats(self, response: ModelResponse, record: dict[str, Any]) -> ModelResponse:
         """With ``on_repeat="resample"``: while the reply's first call repeats an earlier one,
         drop the reply from the history and ask again (``resample_temperature``, a new seed), at
@@ -295,14 +316,19 @@ class Agent:
             try:
                 actions = self.protocol.parse(response.message)
             except FormatError:
-                return response
-            prior = self._repeat_of(actions[0]) if actions else None
+                actions = []
+            if actions:
+                prior = self._repeat_of(actions[0])
+                call = {"name": actions[0].name, "arguments": actions[0].arguments}
+            else:  # the gateway removed the call: the same denied call as before?
+                prior = self._repeated_denial(response)
+                call = {"name": (prior or {}).get("tool"), "denied": True}
             if prior is None:
                 return response
             seed = cfg.seed + 1000 * self.stats.step + attempt
             record.setdefault("resamples", []).append({
                 "attempt": attempt, "temperature": cfg.resample_temperature, "seed": seed,
-                "repeated_call": {"name": actions[0].name, "arguments": actions[0].arguments},
+                "repeated_call": call,
                 "repeat_of_step": prior["step"], "response": record.get("response"),
                 "usage": record.get("usage"), "model_latency_s": record.get("model_latency_s"),
                 "verdicts": list((response.policy or {}).get("verdicts") or [])})
@@ -323,6 +349,8 @@ class Agent:
         record["verdicts"] = verdicts
         record["policy_active"] = response.policy is not None
         denied = [v for v in verdicts if v.get("allowed") is False]
+        for v in denied:  # for _repeated_denial
+            self._denials.setdefault(self._denial_key(v), self.stats.step)
         self.stats.allowed += sum(1 for v in verdicts if v.get("allowed") is True)
         self.stats.denied += len(denied)
         self.trajectory.data["n_denied"] += len(denied)

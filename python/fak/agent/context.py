@@ -78,6 +78,8 @@ def _example_snippet(text: str) -> str | None:
                 or len(body) > 90:
             continue
         snippet = f"{line}\n{body}"
+        if "'''" in snippet or "\\" in snippet:  # it must fit the example's '''...''' literal
+            continue
         if text.count(snippet) == 1:
             return snippet
     return None

@@ -142,9 +142,8 @@ def normalize_arguments(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 def call_key(name: str, arguments: dict[str, Any]) -> str:
     """``name`` plus the canonical digest of the normalized arguments: equal for two calls that
     do the same thing (``normalize_arguments``)."""
-    from fak.agent.protocols.base import (
-        canonical_digest,  # protocols import this module
-    )
+    # imported here: the protocols import this module
+    from fak.agent.protocols.base import canonical_digest
 
     return f"{name}:{canonical_digest(normalize_arguments(name, arguments))}"
 
