@@ -257,6 +257,11 @@ def test_search_miss_tries_regex_reading_and_case(repo):
     assert "Ignoring upper/lower case" in out and "calc.py:5:def mul(a, b):" in out
     out = tb.execute("search", {"pattern": "def add(a", "regex": False}).output
     assert out == "calc.py:1:def add(a, b):"
+    # an error message as the issue quotes it: the source holds it without the prefix
+    (ws.root / "err.py").write_text("raise TypeError('A Vector must be supplied')\n")
+    out = tb.execute("search", {"pattern": "TypeError: A Vector must be supplied"}).output
+    assert "after its 'TypeError' prefix, 'A Vector must be supplied', matches" in out
+    assert "err.py:1:raise TypeError" in out
 
 
 def test_search_output_is_bounded_and_counts_what_is_left_out(repo):

@@ -15,7 +15,8 @@ Shared by the agent loop (``ToolBox._tool_search``) and anything else that greps
 - **Bounds**: at most ``per_file`` lines per file and ``max_lines`` lines (and about
   ``max_chars`` characters) in all, each line cut to ``line_chars``; what was left out is counted.
 - **On a miss** (``explain_miss``): the pattern read the other way (as a regular expression, or with
-  its regex escapes removed), case-insensitive matches, and for each identifier in the pattern the
+  its regex escapes removed, or an error message without its ``TypeError:`` prefix),
+  case-insensitive matches, and for each identifier in the pattern the
   files it appears in as a whole word, most matches first (``foo.bar(baz`` misses, but ``bar`` is in
   ``x.py (3), y.py (1)``).
 """
@@ -318,6 +319,11 @@ def explain_miss(searcher: Searcher, pattern: str, rel: str, regex: bool, bounds
             alternatives.append((f"as the text {plain!r} (without the backslashes)", plain, False))
     elif regex:
         alternatives.append(("as plain text", pattern, False))
+    if not regex and ": " in pattern:  # "TypeError: A Vector must be supplied": the message
+        tail = pattern.split(": ", 1)[1].strip()
+        if len(tail) >= 8:
+            alternatives.append((f"after its {pattern.split(': ', 1)[0]!r} prefix, {tail!r},",
+                                 tail, False))
     for label, pat, rx in alternatives:
         try:
             hits = searcher.grep(pat, rel, regex=rx)
