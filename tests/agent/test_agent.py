@@ -192,9 +192,9 @@ def test_text_protocol_denial(repo, scripted, tmp_path):
 
 def test_observation_window_cuts_old_outputs(repo, scripted, tmp_path):
     ws, _ = repo
-    (ws.root / "big.txt").write_text("line\n" * 3000)
-    server = scripted({"inst1": [{"tool_calls": [_call("read", path="big.txt")]}] * 3
-                       + [{"tool_calls": [_call("submit")]}]})
+    (ws.root / "big.txt").write_text("a line of text in a big file\n" * 3000)
+    server = scripted({"inst1": [{"tool_calls": [_call("read", path="big.txt", start_line=n)]}
+                                 for n in (1, 101, 201)] + [{"tool_calls": [_call("submit")]}]})
     agent = _agent(server, ws, tmp_path)
     agent.config.observation_window = 1
     agent.config.old_observation_chars = 100
@@ -271,13 +271,198 @@ def test_one_call_per_reply_rest_dropped(repo, scripted, tmp_path):
 
 
 def test_repeated_call_is_pointed_out(repo, scripted, tmp_path):
+    """``on_repeat="run"`` (the old behaviour): the repeat runs and the model is told."""
     ws, _ = repo
     server = scripted({"inst1": [{"tool_calls": [_call("list")]}] * 3})
-    data = _agent(server, ws, tmp_path, max_steps=3).run(**_task(ws))
+    agent = _agent(server, ws, tmp_path, max_steps=3)
+    agent.config.on_repeat = "run"
+    data = agent.run(**_task(ws))
     tool_msgs = [m["content"] for m in data["messages"] if m["role"] == "tool"]
     assert "same call before" not in tool_msgs[0]
     assert all("same call before" in t for t in tool_msgs[1:])
     assert data["n_repeated"] == 2
+    assert all(a["executed"] for s in data["steps"] for a in s["actions"])
+
+
+def test_repeated_call_is_not_run_with_tell(repo, scripted, tmp_path):
+    """``on_repeat="tell"``: an identical call (normalized: ``./calc.py`` is ``calc.py``, line 1 is
+    the default start) is not executed again; the model is told the step it repeats."""
+    ws, _ = repo
+    server = scripted({"inst1": [
+        {"tool_calls": [_call("read", path="calc.py")]},
+        {"tool_calls": [_call("read", path="./calc.py", start_line=1)]},
+        {"tool_calls": [_call("read", path="calc.py", start_line="1")]},
+    ]})
+    agent = _agent(server, ws, tmp_path, max_steps=3)
+    agent.config.on_repeat = "tell"
+    data = agent.run(**_task(ws))
+    actions = [a for s in data["steps"] for a in s["actions"]]
+    assert actions[0]["executed"] and "def add" in actions[0]["output"]
+    for a in actions[1:]:
+        assert not a["executed"] and a["repeated"] and a["repeat_of"] == 1
+        assert a["output"].startswith("[not run] You already made this exact call at step 1")
+    assert data["n_repeated"] == 2 and data["n_resampled"] == 0
+    tool_msgs = [m["content"] for m in data["messages"] if m["role"] == "tool"]
+    assert tool_msgs[1].startswith("[not run]")
+    assert len(server.requests) == 3  # no resampling
+
+
+def test_repeated_call_is_resampled(repo, scripted, tmp_path):
+    """The default: a reply whose call repeats an earlier one is dropped and the turn sampled
+    again with a temperature and a new seed; the repeat never enters the history."""
+    ws, _ = repo
+    search = _call("search", pattern="def add")
+    server = scripted({"inst1": [
+        {"tool_calls": [search]},
+        {"tool_calls": [search], "resampled": [{"tool_calls": [search]},
+                                               {"tool_calls": [_call("read", path="calc.py")]}]},
+        {"tool_calls": [_call("submit")]},
+    ]})
+    agent = _agent(server, ws, tmp_path)
+    assert agent.config.on_repeat == "resample" and agent.config.repeat_resamples == 2
+    data = agent.run(**_task(ws))
+    assert data["exit_reason"] == "submitted" and data["n_steps"] == 3
+    step2 = data["steps"][1]
+    assert [a["name"] for a in step2["actions"]] == ["read"] and step2["actions"][0]["executed"]
+    res = step2["resamples"]
+    assert [r["attempt"] for r in res] == [1, 2] and data["n_resampled"] == 2
+    assert all(r["repeated_call"] == {"name": "search", "arguments": {"pattern": "def add"}}
+               and r["repeat_of_step"] == 1 for r in res)
+    assert res[0]["response"]["tool_calls"][0]["function"]["name"] == "search"
+    # the resamples asked for a temperature and distinct seeds; the first try of a turn did not
+    bodies = [r["body"] for r in server.requests]
+    assert [b.get("seed") for b in bodies] == [None, None, 2001, 2002, None]  # 1000*step + n
+    assert [b.get("temperature") for b in bodies][2:4] == [0.7, 0.7]
+    assert bodies[2]["tool_choice"] == "required"  # the protocol's options stay
+    # the history holds one assistant turn per step: the repeats were dropped
+    names = [m["tool_calls"][0]["function"]["name"] for m in data["messages"]
+             if m["role"] == "assistant"]
+    assert names == ["search", "read", "submit"]
+    assert data["n_repeated"] == 0
+
+
+def test_resamples_are_bounded_then_told(repo, scripted, tmp_path):
+    ws, _ = repo
+    lst = _call("list")
+    server = scripted({"inst1": [{"tool_calls": [lst]},
+                                 {"tool_calls": [lst], "resampled": [{"tool_calls": [lst]}]}]})
+    agent = _agent(server, ws, tmp_path, max_steps=2)
+    agent.config.repeat_resamples = 3
+    data = agent.run(**_task(ws))
+    step2 = data["steps"][1]
+    assert len(step2["resamples"]) == 3 and len(server.requests) == 1 + 1 + 3
+    action = step2["actions"][0]
+    assert action["repeated"] and not action["executed"] and data["n_repeated"] == 1
+    assert "read or search one of the files it listed" in action["output"]
+
+
+def test_same_call_after_a_change_runs_again(repo, scripted, tmp_path):
+    """A call identical to an earlier one runs again when a file changed in between (its result
+    may differ): read, edit, read; a failed edit changes nothing, so its repeat is a repeat."""
+    ws, _ = repo
+    bad = _call("edit", path="calc.py", old="return a -- b", new="return a + b")
+    server = scripted({"inst1": [
+        {"tool_calls": [_call("read", path="calc.py")]},
+        {"tool_calls": [bad]},
+        {"tool_calls": [bad]},
+        {"tool_calls": [_call("edit", path="calc.py", old="return a - b", new="return a + b")]},
+        {"tool_calls": [_call("read", path="calc.py")]},
+    ]})
+    agent = _agent(server, ws, tmp_path, max_steps=5)
+    agent.config.on_repeat = "tell"
+    data = agent.run(**_task(ws))
+    acts = [s["actions"][0] for s in data["steps"]]
+    assert [a["executed"] for a in acts] == [True, True, False, True, True]
+    assert acts[2]["repeat_of"] == 2 and "(it failed)" in acts[2]["output"]
+    assert "copy `old` exactly" in acts[2]["output"]
+    assert "return a + b" in acts[4]["output"]
+
+
+def test_same_denied_call_is_resampled(repo, scripted, tmp_path):
+    """The gateway removed a call it denied (an unknown tool, say); the same denial again at the
+    next step is a repeat: that turn is resampled."""
+    ws, _ = repo
+    verdict = {"tool": "PolyElement.as_expr()", "allowed": False, "reason": "unknown tool",
+               "rule": "default", "arguments_digest": "sha256:" + canonical_digest({"x": 1})}
+    denied = {"content": "[fak policy] Tool call `PolyElement.as_expr()` was denied",
+              "fak_policy": {"verdicts": [verdict]}}
+    server = scripted({"inst1": [
+        denied,
+        {**denied, "resampled": [{"tool_calls": [_call("search", pattern="as_expr")]}]},
+        {"tool_calls": [_call("submit")]},
+    ]})
+    data = _agent(server, ws, tmp_path).run(**_task(ws))
+    assert data["exit_reason"] == "submitted"
+    res = data["steps"][1]["resamples"]
+    assert len(res) == 1 and res[0]["repeated_call"] == {"name": "PolyElement.as_expr()",
+                                                         "denied": True}
+    assert res[0]["repeat_of_step"] == 1 and res[0]["verdicts"] == [verdict]
+    assert data["steps"][1]["actions"][0]["name"] == "search"
+    assert data["n_denied"] == 1  # the dropped reply's verdict is in its resample record
+
+
+def test_config_checks_on_repeat():
+    with pytest.raises(ValueError, match="on_repeat"):
+        AgentConfig(on_repeat="ignore")
+    with pytest.raises(ValueError, match="repeat_resamples"):
+        AgentConfig(repeat_resamples=-1)
+
+
+def test_seed_locations_in_first_message(repo, scripted, tmp_path):
+    """Seed locations from a localizer are shown in the first user message (files not in the
+    workspace dropped) and recorded; the prompts' examples are real paths of the workspace."""
+    ws, _ = repo
+    server = scripted({"inst1": [{"tool_calls": [_call("submit")]}]})
+    agent = _agent(server, ws, tmp_path)
+    seeds = [{"path": "calc.py", "line": 1, "symbol": "add"}, {"path": "nope.py", "line": 3},
+             {"path": "pkg/util.py"}, "calc.py"]
+    data = agent.run(**_task(ws), seed_locations=seeds)
+    first = data["messages"][1]["content"]
+    assert "Likely relevant" in first
+    assert "- calc.py line 1 (add)\n- pkg/util.py" in first and "nope.py" not in first
+    assert data["info"]["seed_locations"] == [{"path": "calc.py", "line": 1, "symbol": "add"},
+                                              {"path": "pkg/util.py"}, {"path": "calc.py"}]
+    system = data["messages"][0]["content"]
+    assert "for example `calc.py`" in system and "src/package" not in system
+    assert data["info"]["prompt_examples"]["example_path"] == "calc.py"
+    # without seeds: no such section
+    server2 = scripted({"inst1": [{"tool_calls": [_call("submit")]}]})
+    data2 = _agent(server2, ws, tmp_path).run(**_task(ws))
+    assert "Likely relevant" not in data2["messages"][1]["content"]
+    assert data2["info"]["seed_locations"] == []
+
+
+def test_python_note_is_shown_with_exec(repo, scripted, tmp_path):
+    ws, _ = repo
+    server = scripted({"inst1": [{"content": "```bash\nsubmit\n```"}]})
+    note = "`python` here is Python 3.9.18 (the task's environment)."
+    data = _agent(server, ws, tmp_path, protocol="text", allow_exec=True).run(
+        **_task(ws), python_note=note)
+    assert note in data["messages"][1]["content"]
+    server2 = scripted({"inst1": [{"tool_calls": [_call("submit")]}]})
+    data2 = _agent(server2, ws, tmp_path).run(**_task(ws), python_note=note)
+    assert note not in data2["messages"][1]["content"]  # no bash: nothing runs python
+
+
+def test_thought_before_the_call_is_kept(repo, scripted, tmp_path):
+    """A short thought before the call: in the tools protocol, content beside the tool call; in
+    the text protocol, prose before the block. The call runs; the thought stays in the history."""
+    ws, _ = repo
+    server = scripted({"inst1": [
+        {"content": "The bug is in add; look at it.", "tool_calls": [_call("read", path="calc.py")]},
+        {"tool_calls": [_call("submit")]},
+    ]})
+    agent = Agent(OpenAIChatModel(server.url, "scripted", backoff_s=0.01,
+                                  headers={"X-Fak-Conversation": "run1/inst1"}),
+                  ToolBox(ws), get_protocol("tools", allow_exec=False, tool_choice="auto"),
+                  AgentConfig(max_steps=3), Trajectory(tmp_path / "t.traj.json"))
+    data = agent.run(**_task(ws))
+    assert data["steps"][0]["actions"][0]["executed"]
+    assert data["messages"][2]["content"] == "The bug is in add; look at it."
+    assert "you may write one short sentence" in data["messages"][0]["content"]
+    assert server.requests[0]["body"]["tool_choice"] == "auto"
+    # with tool_choice "required" the gateway pre-fills the call: the prompt does not offer it
+    assert "short sentence" not in get_protocol("tools", allow_exec=False).system_prompt()
 
 
 def test_failed_reply_is_shortened_in_history(repo, scripted, tmp_path):

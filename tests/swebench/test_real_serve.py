@@ -72,20 +72,22 @@ def test_fleet_through_real_fak_serve(model_05b: Path, tiny: dict, tmp_path: Pat
     assert 1 <= traj["n_steps"] <= 3 and len(traj["steps"]) == traj["n_steps"]
     assert traj["tokens"]["prompt"] > 500 and traj["tokens"]["completion"] > 0
     assistant = [m for m in traj["messages"] if m["role"] == "assistant"]
-    assert len(assistant) == traj["n_steps"]
+    assert len(assistant) == traj["n_steps"]  # a resampled reply is not in the history
     for step in traj["steps"]:
         assert step["usage"]["prompt_tokens"] > 0 and step["usage"]["completion_tokens"] > 0
         assert step["finish_reason"] in ("stop", "length", "tool_calls")
         assert step["response"]["content"] or step["response"]["tool_calls"]
 
-    # one verdict per proposed call, recorded on both sides with the same digests
-    verdicts = [v for s in traj["steps"] for v in s["verdicts"]]
+    # one verdict per proposed call, recorded on both sides with the same digests (a reply
+    # dropped as a repeated call and sampled again keeps its verdicts in its resample record)
+    verdicts = [v for s in traj["steps"]
+                for v in [*(x for r in s.get("resamples", []) for x in r["verdicts"]), *s["verdicts"]]]
     audit = [json.loads(line) for line in (out / "audit.jsonl").read_text().splitlines()]
     assert len(audit) == len(verdicts)
     assert [(a["tool"], a["verdict"] == "allow", a["arguments_digest"]) for a in audit] == [
         (v["tool"], v["allowed"], v["arguments_digest"]) for v in verdicts]
     assert all(a["conversation"] == f"run/{iid}" for a in audit)
-    assert traj["n_denied"] == sum(1 for v in verdicts if not v["allowed"])
+    assert traj["n_denied"] == sum(1 for s in traj["steps"] for v in s["verdicts"] if not v["allowed"])
     for step in traj["steps"]:
         for action in step["actions"]:
             if action["executed"]:

@@ -1,10 +1,33 @@
 """The agent loop: ``run → step → query → execute`` (the shape of mini-swe-agent's default agent).
 
-``run`` seeds the conversation (system prompt + the task), then ``step``s until an ``AgentStop``
+``run`` seeds the conversation (system prompt + the task, with real example paths of the
+workspace and the seed locations a localizer found), then ``step``s until an ``AgentStop``
 (submit, step limit, interrupt, model failure). A step queries the model once, records the
 gateway's policy verdicts, parses the reply into actions (``FormatError`` → a message back to the
 model), and executes each action unless the policy denied it (a denied call is never executed; the
 model is told and the loop goes on). The trajectory is saved after every step.
+
+A call identical to one already executed (same tool, same normalized arguments:
+``tools.call_key``) while no file has changed since (``ToolBox.state_token``) is not executed
+again; what happens instead is ``AgentConfig.on_repeat``:
+
+- ``"resample"`` (default): the reply is dropped from the history and the model is asked again
+  for that turn at ``resample_temperature`` with a new seed, up to ``repeat_resamples`` times;
+  a reply still repeating is then answered as with ``"tell"``. Why: at temperature 0 the 1.5B
+  model repeated a call in 65 of 109 turns of the CPU runs (``benches/results/
+  swebench-cpu-1.5b.md``) although each repeat was pointed out to it, e.g. the same search 10
+  times in a row: a greedy model in an all-but-unchanged context writes the same reply again,
+  while a resample changes the reply itself, and costs little (the prompt is the one just
+  prefilled: the prefix cache serves it). A reply whose only calls the gateway removed as denied,
+  each one (tool, arguments digest) denied at an earlier step already, is resampled the same way
+  (the 0.5B model called a tool named after the issue's method 8 times in a row).
+- ``"tell"``: the call is not run; the model is told it made it at step N and that the result
+  would be the same (``prompts/repeated.j2``).
+- ``"run"``: run it anyway and say so after its output (the old behaviour).
+
+The trajectory records each resample (``steps[i].resamples``: the dropped reply, the repeated call,
+the step it repeats, temperature and seed; ``n_resampled``) and each call not run
+(``actions[j].repeated``, ``repeat_of``; ``n_repeated``).
 """
 
 from __future__ import annotations
@@ -15,6 +38,7 @@ import traceback
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from fak.agent.context import prompt_variables
 from fak.agent.exceptions import (
     AgentStop,
     FormatError,
@@ -24,10 +48,13 @@ from fak.agent.exceptions import (
     ToolError,
 )
 from fak.agent.model import ModelResponse
+from fak.agent.prompts import render
 from fak.agent.protocols import Action, AgentProtocol
-from fak.agent.tools import ToolResult, truncate_middle
+from fak.agent.tools import ToolResult, call_key, truncate_middle
 from fak.agent.trajectory import Trajectory
 from fak.toolcalls import verdict_for
+
+REPEAT_POLICIES = ("resample", "tell", "run")
 
 
 class Model(Protocol):
@@ -54,13 +81,30 @@ class AgentConfig:
     what is sent to the model (the trajectory keeps them whole) so small context windows last.
     ``max_actions_per_step``: calls carried out per reply (the first ones; 0: all); the others
     are dropped from the history and the model is told. ``failed_reply_chars``: a reply that gave
-    no usable action is kept in the history cut to this many characters."""
+    no usable action is kept in the history cut to this many characters. ``on_repeat``: what to do
+    with a call identical to one already made (``"resample"`` | ``"tell"`` | ``"run"``, see the
+    module docstring; ``"resample"`` also resamples a reply whose only calls the gateway denied
+    before and removed); ``repeat_resamples``: new samples asked for one turn before telling;
+    ``resample_temperature`` and ``seed`` (the n-th resample of step s uses seed
+    ``seed + 1000 * s + n``) are sent with a resample. Raises ``ValueError`` for an unknown
+    ``on_repeat`` or a negative count."""
 
     max_steps: int = 30
     observation_window: int = 0
     old_observation_chars: int = 600
     max_actions_per_step: int = 1
     failed_reply_chars: int = 400
+    on_repeat: str = "resample"
+    repeat_resamples: int = 2
+    resample_temperature: float = 0.7
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.on_repeat not in REPEAT_POLICIES:
+            raise ValueError(f"on_repeat must be one of {', '.join(REPEAT_POLICIES)}, "
+                             f"not {self.on_repeat!r}")
+        if self.repeat_resamples < 0:
+            raise ValueError(f"repeat_resamples must be >= 0, not {self.repeat_resamples}")
 
 
 @dataclass
@@ -114,20 +158,36 @@ class Agent:
         self.trajectory = trajectory or Trajectory(None)
         self.stop = stop or threading.Event()
         self.stats = AgentStats()
-        self._seen_calls: set[tuple[str, str, str]] = set()  # (name, digest, output)
+        # (call key, workspace state) → {"step", "ok"} of the first execution
+        self._calls: dict[tuple[str, Any], dict[str, Any]] = {}
+        self._mutations = 0  # state for an environment without state_token()
+        self._denials: dict[tuple[str, str], int] = {}  # (tool, digest) → step first denied
         self.messages: list[dict[str, Any]] = self.trajectory.data["messages"]
         self.trajectory.data["config"] = asdict(self.config)
         self.trajectory.data["protocol"] = protocol.name
 
     # -- loop ------------------------------------------------------------------------------
 
-    def run(self, **task: Any) -> dict[str, Any]:
+    def run(self, *, seed_locations: list[dict[str, Any]] | None = None,
+            **task: Any) -> dict[str, Any]:
         """Run to the end on ``task`` (template variables: ``problem_statement``, ``repo``,
-        ``workspace``). Returns the trajectory dict (``exit_reason`` set)."""
-        self.messages.append({"role": "system", "content": self.protocol.system_prompt(**task)})
-        self.messages.append({"role": "user", "content": self.protocol.instance_prompt(**task)})
-        self.stats.status = "running"
+        ``workspace``, optionally ``listing``, ``python_note`` and any of
+        ``context.PROMPT_DEFAULTS`` to override what is read from the workspace).
+        ``seed_locations``: ``[{"path", "line"?, "symbol"?}]`` from a localizer, shown in the
+        first user message as likely relevant (``None``: none). Returns the trajectory dict
+        (``exit_reason`` set)."""
         data = self.trajectory.data
+        context: dict[str, Any] = {}
+        workspace = task.get("workspace")
+        if workspace:
+            context = prompt_variables(workspace, str(task.get("repo") or ""), seed_locations)
+        self.protocol.context = {**context, **task}
+        data["info"]["seed_locations"] = context.get("seeds", [])
+        data["info"]["prompt_examples"] = {k: v for k, v in context.items()
+                                           if k.startswith("example_")}
+        self.messages.append({"role": "system", "content": self.protocol.system_prompt()})
+        self.messages.append({"role": "user", "content": self.protocol.instance_prompt()})
+        self.stats.status = "running"
         try:
             while True:
                 self.step()
@@ -159,15 +219,17 @@ class Agent:
         self.trajectory.data["n_steps"] = self.stats.step
         try:
             response = self.query(record)
+            response = self.resample_repeats(response, record)
             self.execute(response, record)
         finally:
             self.trajectory.save()
 
-    def query(self, record: dict[str, Any]) -> ModelResponse:
-        """Ask the model for the next turn; append it to the history; count tokens and time."""
+    def query(self, record: dict[str, Any], options: dict[str, Any] | None = None) -> ModelResponse:
+        """Ask the model for the next turn; append it to the history; count tokens and time.
+        ``options`` are extra request fields (they win over the protocol's)."""
         self.stats.status = "querying"
         response = self.model.query(self._messages_to_send(), self.protocol.tools(),
-                                    self.protocol.request_options())
+                                    {**self.protocol.request_options(), **(options or {})})
         self.stats.status = "running"
         data = self.trajectory.data
         pt, ct = response.usage.get("prompt_tokens", 0), response.usage.get("completion_tokens", 0)
@@ -184,6 +246,69 @@ class Agent:
         self.messages.append(self.protocol.history_message(response.message))
         return response
 
+    # -- repeated calls ----------------------------------------------------------------------
+
+    def _state(self) -> Any:
+        token = getattr(self.env, "state_token", None)
+        return token() if callable(token) else self._mutations
+
+    def _repeat_of(self, action: Action) -> dict[str, Any] | None:
+        """The first execution of a call identical to ``action`` at the current workspace state
+        (``{"step", "ok"}``), or ``None``. ``submit`` is never a repeat."""
+        if action.name == "submit":
+            return None
+        return self._calls.get((call_key(action.name, action.arguments), self._state()))
+
+    @staticmethod
+    def _denial_key(verdict: dict[str, Any]) -> tuple[str, str]:
+        digest = str(verdict.get("arguments_digest") or "").removeprefix("sha256:").lower()
+        return str(verdict.get("tool")), digest
+
+    def _repeated_denial(self, response: ModelResponse) -> dict[str, Any] | None:
+        """When every verdict of ``response`` is a denial of a call (tool and arguments digest)
+        the gateway already denied at an earlier step, that step (``{"step", "tool"}``); else
+        ``None``. A reply whose only call the gateway removed has no action to compare."""
+        verdicts = list((response.policy or {}).get("verdicts") or [])
+        if not verdicts or any(v.get("allowed") is not False for v in verdicts):
+            return None
+        steps = [self._denials.get(self._denial_key(v)) for v in verdicts]
+        if any(s is None for s in steps):
+            return None
+        return {"step": min(steps), "tool": verdicts[0].get("tool")}
+
+    def resample_repeats(self, response: ModelResponse, record: dict[str, Any]) -> ModelResponse:
+        """With ``on_repeat="resample"``: while the reply's first call repeats an earlier one,
+        drop the reply from the history and ask again (``resample_temperature``, a new seed), at
+        most ``repeat_resamples`` times. Returns the reply to execute."""
+        cfg = self.config
+        if cfg.on_repeat != "resample":
+            return response
+        for attempt in range(1, cfg.repeat_resamples + 1):
+            try:
+                actions = self.protocol.parse(response.message)
+            except FormatError:
+                actions = []
+            if actions:
+                prior = self._repeat_of(actions[0])
+                call = {"name": actions[0].name, "arguments": actions[0].arguments}
+            else:  # the gateway removed the call: the same denied call as before?
+                prior = self._repeated_denial(response)
+                call = {"name": (prior or {}).get("tool"), "denied": True}
+            if prior is None:
+                return response
+            seed = cfg.seed + 1000 * self.stats.step + attempt
+            record.setdefault("resamples", []).append({
+                "attempt": attempt, "temperature": cfg.resample_temperature, "seed": seed,
+                "repeated_call": call,
+                "repeat_of_step": prior["step"], "response": record.get("response"),
+                "usage": record.get("usage"), "model_latency_s": record.get("model_latency_s"),
+                "verdicts": list((response.policy or {}).get("verdicts") or [])})
+            data = self.trajectory.data
+            data["n_resampled"] = data.get("n_resampled", 0) + 1
+            self.messages.pop()  # the repeated reply is not part of the conversation
+            response = self.query(record, {"temperature": cfg.resample_temperature, "seed": seed})
+        return response
+
     def execute(self, response: ModelResponse, record: dict[str, Any]) -> None:
         """Carry out the actions of ``response``; denied calls are reported, never run.
 
@@ -195,6 +320,8 @@ class Agent:
         record["verdicts"] = verdicts
         record["policy_active"] = response.policy is not None
         denied = [v for v in verdicts if v.get("allowed") is False]
+        for v in denied:  # for _repeated_denial
+            self._denials.setdefault(self._denial_key(v), self.stats.step)
         self.stats.allowed += sum(1 for v in verdicts if v.get("allowed") is True)
         self.stats.denied += len(denied)
         self.trajectory.data["n_denied"] += len(denied)
@@ -253,6 +380,16 @@ class Agent:
             entry.update(ok=False, not_adjudicated=True, output=NOT_ADJUDICATED)
             self.messages.append(self.protocol.observation(action, entry["output"], None, steps_left))
             return
+        state = self._state()
+        prior = self._repeat_of(action)
+        if prior is not None and self.config.on_repeat != "run":
+            entry.update(ok=False, repeated=True, repeat_of=prior["step"],
+                         output=render("repeated.j2", tool=action.name, step=prior["step"],
+                                       ok=prior["ok"]))
+            data = self.trajectory.data
+            data["n_repeated"] = data.get("n_repeated", 0) + 1
+            self.messages.append(self.protocol.observation(action, entry["output"], None, steps_left))
+            return
         self.stats.status = f"tool:{action.name}"
         try:
             result = self.env.execute(action.name, action.arguments)
@@ -263,18 +400,21 @@ class Agent:
             result = ToolResult(f"Error: {e}", ok=False)
         finally:
             self.stats.status = "running"
+            if action.name in ("edit", "write", "bash"):
+                self._mutations += 1
         entry.update(executed=True, ok=result.ok, returncode=result.returncode,
                      output=result.output, duration_s=round(result.duration_s, 3))
         t = self.trajectory.data["timings"]
         t["tools_s"] = round(t["tools_s"] + result.duration_s, 3)
         output = result.output
-        call = (action.name, action.digest, result.output)
-        if call in self._seen_calls:
-            entry["repeated"] = True
+        if prior is not None:  # on_repeat == "run"
+            entry.update(repeated=True, repeat_of=prior["step"])
             self.trajectory.data["n_repeated"] = self.trajectory.data.get("n_repeated", 0) + 1
             output += ("\n[You made this same call before and got this same result. Do not repeat "
                        "it: do something else.]")
-        self._seen_calls.add(call)
+        else:
+            self._calls[(call_key(action.name, action.arguments), state)] = {
+                "step": self.stats.step, "ok": result.ok}
         if note:
             output = f"{note}\n{output}"
         self.messages.append(self.protocol.observation(action, output, result.returncode,

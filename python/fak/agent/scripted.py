@@ -13,6 +13,9 @@ A turn (JSON object)::
      "fail": [429, 500],   # answer these statuses to the first attempts at this turn, then the turn
      "error_code": "context_length_exceeded",   # the ``error.code`` of those failures
      "delay_s": 0.5,       # wait before answering (simulates decode time)
+     "resampled": [turn, ...],   # the turns given to requests for this turn that carry a
+                                 # "seed" (the agent's resample of a repeated call), in order;
+                                 # the last one repeats
      "usage": {"prompt_tokens": 10, "completion_tokens": 5}}   # default: rough counts
 
 Run it: ``ScriptedServer(script).start()`` (a uvicorn thread on a free loopback port; ``.url``,
@@ -48,6 +51,7 @@ class ScriptedModel:
         self.script = script
         self.requests: list[dict[str, Any]] = []
         self._failures: dict[tuple[str, int], int] = {}
+        self._resamples: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
 
     def turn_for(self, conversation: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
@@ -62,6 +66,12 @@ class ScriptedModel:
         """(status, JSON body, delay seconds) for one request."""
         conversation = headers.get("x-fak-conversation", "")
         index, turn = self.turn_for(conversation, body)
+        if body.get("seed") is not None and turn.get("resampled"):
+            with self._lock:
+                n = self._resamples.get((conversation, index), 0)
+                self._resamples[(conversation, index)] = n + 1
+            alternatives = turn["resampled"]
+            turn = alternatives[min(n, len(alternatives) - 1)]
         fails = list(turn.get("fail") or [])
         with self._lock:
             key = (conversation, index)

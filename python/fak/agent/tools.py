@@ -3,7 +3,6 @@
 Tool names and argument names are a contract with the policy engine (``fak.policy``) and the
 gateway; keep them:
 
-==========  ===========================================  =========================================
 tool        arguments                                    what it does
 ==========  ===========================================  =========================================
 read        path, start_line?, end_line? (1-based, incl.) numbered lines of a file
@@ -18,14 +17,54 @@ bash        command                                      ``bash -c`` in the work
                                                          only with ``--allow-exec``
 submit      (none)                                       end the run; the patch is the workspace diff
 ==========  ===========================================  =========================================
+=======
+==========  ==============================================  ======================================
+tool        arguments                                       what it does
+==========  ==============================================  ======================================
+read        path, start_line?, end_line? (1-based, incl.)   a window of at most ``max_read_lines``
+                                                            (100) numbered lines under a
+                                                            ``path: lines a-b of N`` header, and
+                                                            how to read the next window
+list        path?                                           entries of a directory (dirs end in
+                                                            ``/``)
+search      pattern, path?, regex? (default false)          matching lines ``file:line:text``;
+                                                            ``pattern`` is a fixed string unless
+                                                            ``regex`` (Python ``re``); source files
+                                                            first, bounded per file and in all;
+                                                            on a miss, where each identifier of
+                                                            the pattern occurs (``search.py``)
+edit        path, old, new                                  replace ``old`` by ``new``; ``old``
+                                                            must occur exactly once (else every
+                                                            match, or the closest lines, are
+                                                            shown), differ from ``new``; a ``.py``
+                                                            file must still parse; the changed
+                                                            lines are shown; a note on test/doc
+                                                            files
+write       path, content                                   create or overwrite a file (``.py``
+                                                            must parse)
+bash        command                                         ``bash -c`` in the workspace, inside
+                                                            the sandbox (``fak.sandbox``: no
+                                                            network, the workspace the only
+                                                            writable tree, limits), only with
+                                                            ``--allow-exec``
+submit      (none)                                          end the run; the patch is the
+                                                            workspace diff
+==========  ==============================================  ======================================
 
 Outputs are cut to a bound (``max_output_chars``): the head and the tail are kept, the middle is
 replaced by a line saying how many characters were cut.
+
+Identical calls: ``call_key(name, arguments)`` is the same for two calls that do the same thing
+(arguments normalized: defaults dropped, paths normalized, integers given as strings read as
+integers), and ``ToolBox.state_token()`` changes whenever the workspace's files may have changed
+(a successful edit or write; a bash command after which ``git status`` differs), so the agent can
+tell a repeated call (same key, same state) from a call worth running again.
 """
 
 from __future__ import annotations
 
 import ast
+import difflib
 import os
 import re
 import subprocess
@@ -34,7 +73,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
+from fak.agent import search as code_search
 from fak.agent.exceptions import SandboxError, Submitted, ToolError
+from fak.agent.search import Bounds, path_kind
 from fak.agent.workspace import Workspace
 from fak.sandbox import (
     Limits,
@@ -60,16 +101,19 @@ def tool_schemas(allow_exec: bool) -> list[dict]:
     """The OpenAI ``tools`` array (JSON Schema per function); ``bash`` only when ``allow_exec``."""
     s = {"type": "string"}
     i = {"type": "integer"}
+    b = {"type": "boolean"}
     tools = [
-        _fn("read", "Show a file with line numbers. Optionally only lines start_line..end_line.",
+        _fn("read", "Show up to 100 lines of a file with line numbers, from start_line (default 1).",
             {"path": {**s, "description": "file path, relative to the repository root"},
              "start_line": {**i, "description": "first line (1-based)"},
              "end_line": {**i, "description": "last line (inclusive)"}}, ["path"]),
         _fn("list", "List the files and folders in a folder (default: the repository root).",
             {"path": {**s, "description": "folder path"}}, []),
-        _fn("search", "Search files for a regular expression; prints file:line:text for each match.",
-            {"pattern": {**s, "description": "regular expression (extended syntax)"},
-             "path": {**s, "description": "file or folder to search (default: everything)"}},
+        _fn("search", "Search the files for a text (an exact string, not a regular expression, "
+                      "unless regex is true); prints file:line:text for each matching line.",
+            {"pattern": {**s, "description": "the text to find, e.g. a function or class name"},
+             "path": {**s, "description": "file or folder to search (default: everything)"},
+             "regex": {**b, "description": "true: pattern is a Python regular expression"}},
             ["pattern"]),
         _fn("edit", "Replace the text `old` with `new` in a file. `old` must appear exactly once "
                     "and match the file exactly, including indentation.",
@@ -85,6 +129,49 @@ def tool_schemas(allow_exec: bool) -> list[dict]:
                          {"command": s}, ["command"]))
     tools.append(_fn("submit", "Finish: submit your changes to the repository.", {}, []))
     return tools
+
+
+_PATH_ARGS = ("path",)
+_MISSING = object()
+#: argument values equal to the tool's default (dropped by ``normalize_arguments``)
+_DEFAULTS: dict[str, dict[str, Any]] = {"read": {"start_line": 1}, "search": {"regex": False}}
+
+
+def normalize_arguments(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """``arguments`` of tool ``name`` in the form two calls that do the same thing share:
+    ``None`` values and defaults dropped (``read`` from line 1, ``search`` not regex), a path
+    normalized (``./a//b/`` → ``a/b``; the root, ``.`` or ``""``, dropped), integers and booleans
+    given as strings read as such, a bash command stripped of surrounding blanks. Unknown
+    arguments are kept as they are (the call fails the same way each time)."""
+    out: dict[str, Any] = {}
+    for key, value in (arguments or {}).items():
+        if value is None:
+            continue
+        if key in _PATH_ARGS and isinstance(value, str):
+            value = os.path.normpath(value.strip()) if value.strip() else "."
+            if value in (".", "./"):
+                continue
+        elif isinstance(value, str) and key in ("start_line", "end_line") \
+                and value.strip().lstrip("-").isdigit():
+            value = int(value)
+        elif isinstance(value, str) and key == "regex" and value.strip().lower() in ("true", "false"):
+            value = value.strip().lower() == "true"
+        elif key == "command" and isinstance(value, str):
+            value = value.strip()
+        default = _DEFAULTS.get(name, {}).get(key, _MISSING)
+        if default is not _MISSING and type(value) is type(default) and value == default:
+            continue
+        out[key] = value
+    return out
+
+
+def call_key(name: str, arguments: dict[str, Any]) -> str:
+    """``name`` plus the canonical digest of the normalized arguments: equal for two calls that
+    do the same thing (``normalize_arguments``)."""
+    # imported here: the protocols import this module
+    from fak.agent.protocols.base import canonical_digest
+
+    return f"{name}:{canonical_digest(normalize_arguments(name, arguments))}"
 
 
 @dataclass
@@ -131,6 +218,70 @@ def python_syntax_error(source: str, filename: str) -> str | None:
     return None
 
 
+_LINE_NUMBER = re.compile(r"^ *\d+(?:  |\t|: ?| \| ?)")
+
+
+def _strip_line_numbers(text: str) -> str | None:
+    """``text`` without the ``  12  `` prefixes that read puts before each line, when every
+    non-blank line has one; else ``None``."""
+    lines = text.split("\n")
+    if not any(ln.strip() for ln in lines):
+        return None
+    out = []
+    for ln in lines:
+        if not ln.strip():
+            out.append(ln)
+            continue
+        m = _LINE_NUMBER.match(ln)
+        if m is None:
+            return None
+        out.append(ln[m.end():])
+    return "\n".join(out)
+
+
+def _edit_not_unique(shown: str, text: str, old: str, count: int, limit: int = 10) -> str:
+    """Every line where ``old`` starts (line number, that line, how many times), up to ``limit``."""
+    starts: dict[int, int] = {}
+    pos = text.find(old)
+    while pos >= 0:
+        lineno = text.count("\n", 0, pos) + 1
+        starts[lineno] = starts.get(lineno, 0) + 1
+        pos = text.find(old, pos + 1)
+    lines = text.splitlines()
+    places = [f"  line {n}: {lines[n - 1].strip()[:120]}" + (f"  ({k} times)" if k > 1 else "")
+              for n, k in list(starts.items())[:limit]]
+    more = f"\n  ... and {len(starts) - limit} more lines" if len(starts) > limit else ""
+    return (f"old occurs {count} times in {shown}, so it is not clear which one to change; the "
+            f"file was not changed. It occurs at:\n" + "\n".join(places) + more
+            + "\nPut more of the surrounding lines into old (and new) so that it occurs once.")
+
+
+def _closest_lines(text: str, old: str, min_ratio: float = 0.5) -> tuple[int, int, float] | None:
+    """The lines of ``text`` most like ``old`` (as many lines as ``old`` has): (first line, last
+    line, similarity 0..1 by ``difflib.SequenceMatcher``), or ``None`` below ``min_ratio``."""
+    lines = text.splitlines()
+    want = old.strip("\n").split("\n")
+    k = max(1, len(want))
+    if not lines:
+        return None
+    target = "\n".join(ln.strip() for ln in want)
+    matcher = difflib.SequenceMatcher(autojunk=False)
+    matcher.set_seq2(target)
+    best: tuple[float, int] = (0.0, 0)
+    for i in range(max(1, len(lines) - k + 1)):
+        window = "\n".join(ln.strip() for ln in lines[i:i + k])
+        matcher.set_seq1(window)
+        if matcher.real_quick_ratio() <= best[0] or matcher.quick_ratio() <= best[0]:
+            continue
+        r = matcher.ratio()
+        if r > best[0]:
+            best = (r, i)
+    ratio, i = best
+    if ratio < min_ratio:
+        return None
+    return i + 1, min(len(lines), i + k), ratio
+
+
 @dataclass
 class ToolBox:
     """The ``Environment`` of the agent: executes tool calls in ``workspace``.
@@ -143,7 +294,9 @@ class ToolBox:
     environment (the task's virtual environment: ``PATH``, ``VIRTUAL_ENV``; that venv and its
     interpreter are readable inside); ``sandbox_writable``: more writable paths (the task's
     per-instance venv). Raises ``SandboxUnavailable`` (a ``SandboxError``) at construction when
-    exec is allowed, the sandbox is required and cannot be made here.
+    exec is allowed, the sandbox is required and cannot be made here. ``max_read_lines`` is
+    the read window (lines); ``search_bounds`` bounds a search's output
+    (``fak.agent.search.Bounds``: lines per file, lines and characters in all).
     """
 
     workspace: Workspace
@@ -151,12 +304,14 @@ class ToolBox:
     exec_timeout_s: float = 60.0
     max_output_chars: int = 10_000
     unsafe_network: bool = False  # deprecated name of unsafe_no_sandbox
-    max_read_lines: int = 400
+    max_read_lines: int = 100
     env_overrides: dict[str, str] = field(default_factory=dict)
     max_list_entries: int = 300
-    max_search_matches: int = 100
+    search_bounds: Bounds = field(default_factory=Bounds)
     unsafe_no_sandbox: bool = False
     sandbox_writable: tuple[Path, ...] = ()
+    _generation: int = field(default=0, init=False, repr=False)
+    _fingerprint: str | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         self.unsafe_no_sandbox = self.unsafe_no_sandbox or self.unsafe_network
@@ -192,16 +347,35 @@ class ToolBox:
             raise ToolError("the bash tool is not available in this run (no --allow-exec)")
         if not isinstance(arguments, dict):
             raise ToolError(f"arguments of {name} must be a JSON object")
+        checked = self._check_args(name, arguments)
+        if name == "bash" and self._fingerprint is None:
+            self._fingerprint = self.workspace.fingerprint()
         t0 = time.perf_counter()
-        result = getattr(self, f"_tool_{name}")(**self._check_args(name, arguments))
+        try:
+            result = getattr(self, f"_tool_{name}")(**checked)
+        finally:
+            if name == "bash":  # a command may have changed files
+                fp = self.workspace.fingerprint()
+                if fp != self._fingerprint:
+                    self._fingerprint = fp
+                    self._generation += 1
+        if name in ("edit", "write"):  # only reached when the change was made
+            self._generation += 1
+            self._fingerprint = None
         result.duration_s = time.perf_counter() - t0
         result.output = truncate_middle(result.output, self.max_output_chars)
         return result
 
+    def state_token(self) -> int:
+        """A number that changes whenever the workspace's files may have changed through this
+        toolbox (a successful edit or write, a bash command after which the work tree's status
+        differs). Two identical calls made at the same token give the same result."""
+        return self._generation
+
     _ARGS: ClassVar[dict[str, dict[str, tuple[type, bool]]]] = {
         "read": {"path": (str, True), "start_line": (int, False), "end_line": (int, False)},
         "list": {"path": (str, False)},
-        "search": {"pattern": (str, True), "path": (str, False)},
+        "search": {"pattern": (str, True), "path": (str, False), "regex": (bool, False)},
         "edit": {"path": (str, True), "old": (str, True), "new": (str, True)},
         "write": {"path": (str, True), "content": (str, True)},
         "bash": {"command": (str, True)},
@@ -222,6 +396,10 @@ class ToolBox:
                 continue
             if typ is int and isinstance(value, str) and value.strip().lstrip("-").isdigit():
                 value = int(value)
+            if typ is bool and isinstance(value, str) and value.strip().lower() in ("true", "false"):
+                value = value.strip().lower() == "true"
+            if typ is bool and isinstance(value, int) and value in (0, 1):
+                value = bool(value)
             if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
                 raise ToolError(f"argument {key!r} of {name} must be a {typ.__name__}")
             out[key] = value
@@ -274,22 +452,26 @@ class ToolBox:
             raise ToolError(f"{path} is a binary file ({len(data)} bytes)")
         lines = data.decode("utf-8", "replace").splitlines()
         n = len(lines)
-        start = max(1, start_line or 1)
-        end = min(n, end_line if end_line is not None else n)
+        shown = self.workspace.display(p)
         if n == 0:
-            return ToolResult(f"{path} is empty")
+            return ToolResult(f"{shown} is empty (0 lines)")
+        start = max(1, start_line or 1)
         if start > n:
-            raise ToolError(f"{path} has only {n} lines")
+            raise ToolError(f"{shown} has only {n} lines; read it with start_line between 1 and {n}")
+        end = min(n, end_line if end_line is not None else n)
         if end < start:
             raise ToolError(f"end_line {end_line} is before start_line {start}")
-        note = ""
-        if end - start + 1 > self.max_read_lines:
-            end = start + self.max_read_lines - 1
-            note = (f"\n[showing lines {start}-{end} of {n}; read with start_line={end + 1} "
-                    "to see more]")
+        end = min(end, start + self.max_read_lines - 1)
         width = len(str(end))
         body = "\n".join(f"{i:>{width}}  {lines[i - 1]}" for i in range(start, end + 1))
-        return ToolResult(body + note)
+        whole = " (the whole file)" if start == 1 and end == n else ""
+        header = f"[{shown}: lines {start}-{end} of {n}{whole}]"
+        footer = ""
+        if end < n and (end_line is None or end_line > end):  # the window ended the read
+            nxt = min(n, end + self.max_read_lines)
+            footer = (f"\n[lines {end + 1}-{n} not shown; the next window: read with path "
+                      f"{shown!r} and start_line {end + 1} (lines {end + 1}-{nxt})]")
+        return ToolResult(f"{header}\n{body}{footer}")
 
     def _tool_list(self, path: str | None = None) -> ToolResult:
         p = self._path(path)
@@ -303,28 +485,35 @@ class ToolBox:
             names.append(f"[{more} more entries]")
         return ToolResult("\n".join(names) if names else "(empty folder)")
 
-    def _tool_search(self, pattern: str, path: str | None = None) -> ToolResult:
+    def _tool_search(self, pattern: str, path: str | None = None,
+                     regex: bool = False) -> ToolResult:
         p = self._path(path)
         if not p.exists():
             raise self._not_found("file or folder", path)
-        try:
-            re.compile(pattern)
-        except re.error as e:
-            raise ToolError(f"bad regular expression {pattern!r}: {e}") from None
+        if not pattern.strip():
+            raise ToolError("pattern is empty: give the text to find, e.g. a function name")
+        note = ""
+        if "\n" in pattern:  # matching is per line: look for the first line that says something
+            first = next(ln for ln in pattern.splitlines() if ln.strip())
+            note = f"[matching is per line: searched only the first line, {first!r}]\n"
+            pattern = first
+        if regex:
+            try:
+                re.compile(pattern)
+            except re.error as e:
+                raise ToolError(f"bad regular expression {pattern!r}: {e}; leave out regex (or "
+                                "set it false) to search for the text as it is") from None
         rel = self.workspace.display(p)
-        cmd = ["git", "-C", str(self.workspace.root), "grep", "-n", "-I", "-E", "--untracked",
-               "--no-color", "-e", pattern, "--", rel]
-        proc = subprocess.run(cmd, capture_output=True, text=True, errors="replace", timeout=60)
-        if proc.returncode not in (0, 1):
-            raise ToolError(f"search failed: {proc.stderr.strip()}")
-        lines = [ln[:300] for ln in proc.stdout.splitlines()]
-        if not lines:
-            return ToolResult(f"no matches for {pattern!r} in {rel}")
-        more = len(lines) - self.max_search_matches
-        lines = lines[: self.max_search_matches]
-        if more > 0:
-            lines.append(f"[{more} more matches; narrow the pattern or the path]")
-        return ToolResult("\n".join(lines))
+        searcher = code_search.Searcher(self.workspace.root)
+        hits = searcher.grep(pattern, rel, regex=regex)
+        if hits:
+            text, _ = code_search.format_hits(hits, self.search_bounds)
+            return ToolResult(note + text)
+        kind = "regular expression" if regex else "text"
+        where = "the repository" if rel == "." else rel
+        msg = f"no matches for the {kind} {pattern!r} in {where}."
+        extra = code_search.explain_miss(searcher, pattern, rel, regex, self.search_bounds)
+        return ToolResult(note + msg + (f"\n{extra}" if extra else ""))
 
     def _check_python(self, p: Path, before: str | None, after: str) -> None:
         if p.suffix != ".py":
@@ -342,19 +531,29 @@ class ToolBox:
         if not p.is_file():
             err = self._not_found("file", path)
             raise ToolError(f"{err} (write creates a new file)")
+        shown = self.workspace.display(p)
         text = p.read_text(encoding="utf-8", errors="surrogateescape")
         if old == "":
-            raise ToolError("old must not be empty")
+            raise ToolError("old must not be empty: copy the lines to change from what read showed")
+        if old == new:
+            raise ToolError("old and new are the same text, so the edit would change nothing; "
+                            "put the changed code in new")
+        note = ""
         count = text.count(old)
         if count == 0:
-            hint = ""
-            if old.strip() and text.count(old.strip()) == 1:
-                hint = " (it matches once without its leading/trailing whitespace: fix the indentation)"
-            raise ToolError(f"old text not found in {path}{hint}; read the file and copy the text "
-                            "exactly")
+            stripped_old, stripped_new = _strip_line_numbers(old), _strip_line_numbers(new)
+            if stripped_old is not None and text.count(stripped_old) == 1:
+                # the model copied read's line numbers into old (and maybe new): take them out
+                old, new = stripped_old, stripped_new if stripped_new is not None else new
+                count = 1
+                note = "\n[the line numbers copied from read were taken out of old and new]"
+                if old == new:
+                    raise ToolError("old and new are the same text once the line numbers are "
+                                    "taken out, so the edit would change nothing")
+        if count == 0:
+            raise ToolError(self._edit_not_found(shown, text, old))
         if count > 1:
-            raise ToolError(f"old text occurs {count} times in {path}; include more surrounding "
-                            "lines so that it occurs exactly once")
+            raise ToolError(_edit_not_unique(shown, text, old, count))
         updated = text.replace(old, new, 1)
         self._check_python(p, text, updated)
         p.write_text(updated, encoding="utf-8", errors="surrogateescape")
@@ -363,7 +562,28 @@ class ToolBox:
         lo = max(1, start - 2)
         hi = min(len(new_lines), start + new.count("\n") + 2)
         snippet = "\n".join(f"{i:>{len(str(hi))}}  {new_lines[i - 1]}" for i in range(lo, hi + 1))
-        return ToolResult(f"edited {self.workspace.display(p)}; lines {lo}-{hi} now:\n{snippet}")
+        kind = path_kind(shown)
+        if kind != "source":
+            what = "a test file" if kind == "test" else "documentation, not code"
+            note += (f"\n[note: {shown} is {what}. The issue is fixed by changing the source "
+                     "code; change tests or docs only in addition to that]")
+        return ToolResult(f"edited {shown}; lines {lo}-{hi} now:\n{snippet}{note}")
+
+    @staticmethod
+    def _edit_not_found(shown: str, text: str, old: str) -> str:
+        msg = f"old was not found in {shown}; the file was not changed."
+        if old.strip() and text.count(old.strip()) == 1:
+            return (msg + " It matches once without its leading/trailing whitespace: fix the "
+                    "indentation (copy it exactly as read showed it, without the line numbers).")
+        close = _closest_lines(text, old)
+        if close is None:
+            return msg + " Nothing in the file is close to it: read the file and copy the text exactly."
+        lo, hi, ratio = close
+        lines = text.splitlines()
+        width = len(str(hi))
+        block = "\n".join(f"{i:>{width}}  {lines[i - 1]}" for i in range(lo, hi + 1))
+        return (f"{msg} The closest lines ({lo}-{hi}, {ratio:.0%} similar) are:\n{block}\n"
+                "Copy old exactly from these lines (without the line numbers), or read the file.")
 
     def _tool_write(self, path: str, content: str) -> ToolResult:
         p = self._path(path)

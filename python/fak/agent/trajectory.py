@@ -7,12 +7,20 @@ Shape (``"format": "fak-trajectory/1"``)::
      "steps": [{"step", "started_at" (unix s), "model_latency_s", "attempts", "finish_reason",
                 "usage": {"prompt_tokens", "completion_tokens"},
                 "verdicts": [gateway fak_policy verdicts], "format_error": str | null,
+                "resamples": [{"attempt", "temperature", "seed", "repeated_call": {"name",
+                               "arguments"}, "repeat_of_step", "response", "usage",
+                               "model_latency_s", "verdicts"}]   (replies dropped as repeats),
                 "actions": [{"id", "name", "arguments", "denied", "verdict", "executed", "ok",
-                             "returncode", "output", "duration_s"}]}],
+                             "returncode", "output", "duration_s",
+                             "repeated"?, "repeat_of"? (a call identical to the one of that
+                             step, not run again)}]}],
      "tokens": {"prompt", "completion"}, "n_steps", "n_denied", "n_format_errors",
+     "n_repeated" (calls not run as repeats), "n_resampled" (turns asked again),
      "timings": {"started_at", "ended_at", "wall_s", "model_s", "tools_s"},
      "exit_reason": "submitted" | "max_steps" | "model_error" | "interrupted" | "error" | null,
-     "exit_message", "patch" (str, set by the fleet), "info": {...}}
+     "exit_message", "patch" (str, set by the fleet),
+     "info": {"seed_locations": [{"path", "line"?, "symbol"?}], "prompt_examples": {...},
+              "python": {...} (the fleet's interpreter choice), ...}}
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ class Trajectory:
         self.data: dict[str, Any] = {
             "format": FORMAT, **header, "messages": [], "steps": [],
             "tokens": {"prompt": 0, "completion": 0}, "n_steps": 0, "n_denied": 0,
-            "n_format_errors": 0,
+            "n_format_errors": 0, "n_repeated": 0, "n_resampled": 0,
             "timings": {"started_at": time.time(), "ended_at": None, "wall_s": 0.0,
                         "model_s": 0.0, "tools_s": 0.0},
             "exit_reason": None, "exit_message": None, "info": {},

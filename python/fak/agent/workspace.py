@@ -17,6 +17,8 @@ always in the patch.
 
 from __future__ import annotations
 
+import fnmatch
+import hashlib
 import os
 import subprocess
 import tempfile
@@ -35,6 +37,20 @@ JUNK_PATTERNS: tuple[str, ...] = (
     "*~",
     ".fak/",
 )
+
+
+def _is_junk(path: str) -> bool:
+    """Whether a root-relative path is junk by ``JUNK_PATTERNS`` (``dir/`` patterns match any
+    folder of that name on the path, the others the file name)."""
+    parts = path.rstrip("/").split("/")
+    for pat in JUNK_PATTERNS:
+        if pat.endswith("/"):
+            if any(fnmatch.fnmatch(p, pat[:-1]) for p in parts[:-1]) or \
+                    (path.endswith("/") and fnmatch.fnmatch(parts[-1], pat[:-1])):
+                return True
+        elif fnmatch.fnmatch(parts[-1], pat):
+            return True
+    return False
 
 
 class WorkspaceError(RuntimeError):
@@ -93,6 +109,30 @@ class Workspace:
         except ValueError:
             return str(path)
         return str(rel) if str(rel) != "." else "."
+
+    def fingerprint(self) -> str:
+        """A short digest of the work tree's changes: the paths ``git status`` lists (untracked
+        files one by one, junk of ``JUNK_PATTERNS`` left out) with each one's size and
+        modification time (ns), so it changes when a changed file changes again. Cheap (one
+        ``git status``); outside a git repository, ``""``."""
+        proc = git(self.root, "status", "--porcelain=v1", "-z", "--untracked-files=all",
+                   "--no-renames", check=False, text=False)
+        if proc.returncode != 0:
+            return ""
+        h = hashlib.sha256()
+        for entry in proc.stdout.decode("utf-8", "surrogateescape").split("\0"):
+            if len(entry) < 4:
+                continue
+            path = entry[3:]
+            if _is_junk(path):
+                continue
+            try:
+                st = (self.root / path).lstat()
+                stamp = f"{st.st_size}:{st.st_mtime_ns}"
+            except OSError:
+                stamp = "gone"
+            h.update(f"{entry[:2]} {path} {stamp}\0".encode("utf-8", "surrogateescape"))
+        return h.hexdigest()[:16]
 
     def write_junk_excludes(self) -> None:
         """Add ``JUNK_PATTERNS`` to ``.git/info/exclude`` so untracked junk never enters a patch."""

@@ -95,6 +95,13 @@ def swebench() -> None:
               help="Env cache for --task-env (default ~/.cache/fak/swebench-envs).")
 @click.option("--specs", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
               help="Extra harness specs JSON {repo: {version: spec}} for --task-env.")
+@click.option("--on-repeat", type=click.Choice(["resample", "tell", "run"]), default="resample",
+              show_default=True,
+              help="A call identical to an earlier one, no file changed since: ask the model again "
+                   "at a temperature with a new seed (resample; then tell), tell it the result "
+                   "would be the same without running it (tell), or run it anyway (run).")
+@click.option("--repeat-resamples", type=click.IntRange(min=0), default=2, show_default=True,
+              help="With --on-repeat resample: new samples per repeated turn before telling.")
 @click.option("--live/--no-live", default=None, help="Live table (default: when on a terminal).")
 @pipeline_options
 def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: str, n_ctx: int,
@@ -106,7 +113,7 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
             output: Path, protocol: str, tool_choice: str | None, run_id: str | None,
             exec_timeout: float, temperature: float, max_tokens: int, observation_window: int,
             keep_workspaces: bool, task_env: bool, envs_dir: Path | None, specs: Path | None,
-            live: bool | None, **pipeline_opts) -> None:
+            on_repeat: str, repeat_resamples: int, live: bool | None, **pipeline_opts) -> None:
     """Run the fleet agent on SWE-bench instances; writes predictions.json, trajectories and a
     summary under --output.
 
@@ -166,7 +173,7 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
         _run_fleet(gateway, server, model, rows, labels, output, workers, max_steps, allow_exec,
                    unsafe_no_sandbox, protocol, tool_choice, repos_dir, run_id, exec_timeout,
                    temperature, max_tokens, observation_window, keep_workspaces, live, dataset,
-                   task_env, envs_dir, specs)
+                   task_env, envs_dir, specs, on_repeat, repeat_resamples)
     finally:
         if server is not None:
             server.stop()
@@ -221,7 +228,8 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
                protocol: str, tool_choice: str | None, repos_dir: Path | None,
                run_id: str | None, exec_timeout: float, temperature: float, max_tokens: int,
                observation_window: int, keep_workspaces: bool, live: bool | None, dataset: str,
-               task_env: bool, envs_dir: Path | None, specs: Path | None) -> None:
+               task_env: bool, envs_dir: Path | None, specs: Path | None,
+               on_repeat: str = "resample", repeat_resamples: int = 2) -> None:
     from fak.agent.exceptions import SandboxError
     from fak.swebench.run import Fleet, FleetConfig
 
@@ -237,7 +245,7 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
                       sampling={"temperature": temperature, "max_tokens": max_tokens},
                       observation_window=observation_window, keep_workspaces=keep_workspaces,
                       live=live, dataset=str(dataset), labels=labels, task_env=task_env,
-                      envs_dir=envs_dir)
+                      envs_dir=envs_dir, on_repeat=on_repeat, repeat_resamples=repeat_resamples)
     if specs:
         from fak.swebench.envs import register_specs
 

@@ -286,6 +286,27 @@ class EnvBuilder:
     def key(repo: str, version: str) -> str:
         return f"{repo.replace('/', '__')}__{version}"
 
+    def ready(self, repo: str, version: str) -> Env | None:
+        """The env of ``repo`` ``version`` if it is already built and current (its stamp matches
+        the spec), else ``None``; builds nothing, needs no network. ``None`` too when the
+        harness has no spec for it."""
+        try:
+            spec = get_spec(repo, version)
+        except EnvError:
+            return None
+        path = self.root / self.key(repo, version)
+        stamp = path / ".fak-env.json"
+        env_part = {k: spec.get(k) for k in ENV_KEYS}
+        digest = hashlib.sha256(json.dumps(env_part, sort_keys=True).encode()).hexdigest()[:16]
+        try:
+            meta = json.loads(stamp.read_text())
+        except (OSError, ValueError):
+            return None
+        if meta.get("spec_hash") != digest or not (path / "bin" / "python").exists():
+            return None
+        return Env(self.key(repo, version), path, path / "bin" / "python", spec,
+                   meta.get("unreproduced", []), path / "build.log")
+
     def ensure(self, repo: str, version: str, mirror: Path, env_setup_commit: str) -> Env:
         """The env of ``repo`` ``version``, built now if missing or stale (caller holds
         ``lock(key)``). Raises ``EnvError`` when it cannot be built at all."""

@@ -13,6 +13,14 @@ Output folder (``--output``)::
                                 (repo, version) env, the repository installed in it; bash runs
                                 with it first on PATH (removed when done unless ``keep_workspaces``)
 
+Without ``task_env``, bash still runs on a Python that can import the task's package when one
+is here (a task env already built in the cache, the machine's ``python3``, or the spec's pyenv
+version: ``fak.swebench.interpreter``), and the model is told which one it is.
+
+Seed locations: ``FleetConfig.localizer`` (``(row, workspace root) -> [{path, line?, symbol?}]``,
+e.g. the staged pipeline's localizer) gives each agent its first hints; it sees the row without
+the fields that hold the answer (``HIDDEN_FIELDS``). Default: none.
+
 An instance is *finished* when its agent ended by ``submitted``, ``max_steps``, ``context_limit``
 or ``error``: its prediction is written (possibly an empty patch) and a re-run with the same output
 skips it.
@@ -33,6 +41,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -54,9 +63,15 @@ from fak.agent.trajectory import write_json_atomic
 from fak.agent.workspace import WorkspaceError, git
 from fak.sandbox import SandboxUnavailable, probe
 from fak.swebench.envs import EnvBuilder, EnvError, make_overlay
+from fak.swebench.interpreter import choose_python
 from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
 
 FINISHED_REASONS = ("submitted", "max_steps", "context_limit", "error")
+#: row fields that hold the answer or the grading: never shown to the agent or a localizer
+HIDDEN_FIELDS = ("patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS", "hints_text")
+
+#: ``(row without HIDDEN_FIELDS, workspace root) -> [{"path", "line"?, "symbol"?}]``
+Localizer = Callable[[dict[str, Any], Path], list[dict[str, Any]]]
 
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
@@ -92,6 +107,11 @@ class FleetConfig:
     envs_dir: Path | None = None
     server: dict[str, Any] | None = None  # what the summary records about the gateway
     max_actions_per_step: int = 1
+    on_repeat: str = "resample"  # AgentConfig.on_repeat: "resample" | "tell" | "run"
+    repeat_resamples: int = 2
+    resample_temperature: float = 0.7
+    localizer: Localizer | None = None  # seed locations per instance (None: none)
+    pick_python: bool = True  # without task_env: bash on a Python that imports the package
 
 
 @dataclass
@@ -105,6 +125,7 @@ class InstanceState:
     message: str = ""
     format_errors: int = 0
     repeated: int = 0
+    resampled: int = 0
     tools_s: float = 0.0
 
     def __post_init__(self) -> None:
@@ -186,9 +207,16 @@ class Fleet:
             ws = make_workspace(mirror, row["base_commit"], ws_dir)
             diff_base = row["base_commit"]
             bash_env: dict[str, str] = {}
+            python_note = None
             if cfg.task_env:
                 state.stats.status = "env"
                 bash_env, diff_base = self._task_env(row, mirror, ws, traj)
+                python_note = ("In the shell, `python` is the task's own environment (the "
+                               "repository installed in it), so you can run scripts and tests.")
+            elif cfg.allow_exec and cfg.pick_python:
+                state.stats.status = "python"
+                bash_env, python_note = self._pick_python(row, ws.root, traj)
+            seeds = self._seeds(row, ws.root, traj)
         except (RepoError, EnvError, WorkspaceError) as e:
             state.exit_reason, state.message = "setup_error", str(e)
             state.stats.status = "setup_error"
@@ -213,11 +241,16 @@ class Fleet:
             agent = Agent(model, toolbox, protocol,
                           AgentConfig(max_steps=cfg.max_steps,
                                       observation_window=cfg.observation_window,
-                                      max_actions_per_step=cfg.max_actions_per_step),
+                                      max_actions_per_step=cfg.max_actions_per_step,
+                                      on_repeat=cfg.on_repeat,
+                                      repeat_resamples=cfg.repeat_resamples,
+                                      resample_temperature=cfg.resample_temperature,
+                                      seed=int(cfg.sampling.get("seed") or 0)),
                           traj, stop=self.stop)
             agent.stats = state.stats
             data = agent.run(problem_statement=row.get("problem_statement", ""),
-                             repo=row["repo"], workspace=str(ws.root), listing=root_listing(ws.root))
+                             repo=row["repo"], workspace=str(ws.root), listing=root_listing(ws.root),
+                             python_note=python_note, seed_locations=seeds)
             patch = ws.diff(diff_base)
             data["patch"] = patch
             data["info"]["difficulty"] = cfg.labels.get(iid)
@@ -230,6 +263,7 @@ class Fleet:
         state.message = data.get("exit_message") or ""
         state.format_errors = int(data.get("n_format_errors") or 0)
         state.repeated = int(data.get("n_repeated") or 0)
+        state.resampled = int(data.get("n_resampled") or 0)
         state.tools_s = float(data["timings"].get("tools_s") or 0.0)
         state.patch_bytes = len(patch.encode("utf-8", "surrogateescape"))
         state.ended = time.time()
@@ -258,6 +292,30 @@ class Fleet:
                                          "unreproduced": overlay.unreproduced}
         environ = overlay.environ()
         return {"PATH": environ["PATH"], "VIRTUAL_ENV": environ["VIRTUAL_ENV"]}, setup_commit
+
+    def _pick_python(self, row: dict[str, Any], root: Path,
+                     traj: Trajectory) -> tuple[dict[str, str], str | None]:
+        """Without ``task_env``: the interpreter bash runs and the note for the prompt
+        (``interpreter.choose_python``), recorded under ``info.python``."""
+        choice = choose_python(root, row["repo"], str(row.get("version") or ""),
+                               self._env_builder, unsafe_network=self.config.unsafe_network,
+                               shim_dir=self.out / "envs" / row["instance_id"] / "bin")
+        traj.data["info"]["python"] = {"label": choice.label, "bin": str(choice.bin_dir or ""),
+                                       "version": choice.version, "imports": choice.imports,
+                                       "tried": choice.tried}
+        return choice.env_overrides, choice.note or None
+
+    def _seeds(self, row: dict[str, Any], root: Path, traj: Trajectory) -> list[dict[str, Any]]:
+        """Seed locations from ``config.localizer`` (none without one); a failing localizer is
+        recorded and the agent starts without seeds."""
+        if self.config.localizer is None:
+            return []
+        public = {k: v for k, v in row.items() if k not in HIDDEN_FIELDS}
+        try:
+            return list(self.config.localizer(public, root) or [])
+        except Exception as e:  # noqa: BLE001 - a hint source must not stop the instance
+            traj.data["info"]["localizer_error"] = f"{type(e).__name__}: {e}"
+            return []
 
     def _record(self, iid: str, patch: str) -> None:
         with self._lock:
@@ -290,6 +348,7 @@ class Fleet:
                         "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
                         "denied": s.denied, "allowed": s.allowed, "patch_bytes": st.patch_bytes,
                         "format_errors": st.format_errors, "repeated_calls": st.repeated,
+                        "resampled_turns": st.resampled,
                         "model_s": round(s.model_s, 3), "tools_s": round(st.tools_s, 3),
                         "wall_s": round((st.ended or time.time()) - st.started, 3) if st.started else 0.0,
                         "difficulty": self.config.labels.get(iid), "message": st.message[:500]})

@@ -60,6 +60,19 @@ class AgentProtocol(ABC):
 
     def __init__(self, *, allow_exec: bool):
         self.allow_exec = allow_exec
+        #: template variables about the task (``fak.agent.context.prompt_variables``: real
+        #: example paths and names, seed locations), set by the agent before the first prompt
+        #: and used by every template this protocol renders
+        self.context: dict[str, Any] = {}
+
+    def variables(self, **extra: Any) -> dict[str, Any]:
+        """What a template of this protocol sees: the defaults (``PROMPT_DEFAULTS``), the task
+        context, the protocol's own settings, then ``extra``."""
+        from fak.agent.context import PROMPT_DEFAULTS
+
+        return {**PROMPT_DEFAULTS, **self.context, "protocol": self.name,
+                "allow_exec": self.allow_exec, "tool_choice": getattr(self, "tool_choice", None),
+                **extra}
 
     @property
     def tool_names(self) -> list[str]:
@@ -67,10 +80,10 @@ class AgentProtocol(ABC):
         return [n for n in TOOL_NAMES if n != "bash" or self.allow_exec]
 
     def system_prompt(self, **variables: Any) -> str:
-        return render(f"system_{self.name}.j2", allow_exec=self.allow_exec, **variables)
+        return render(f"system_{self.name}.j2", **self.variables(**variables))
 
     def instance_prompt(self, **variables: Any) -> str:
-        return render("instance.j2", protocol=self.name, allow_exec=self.allow_exec, **variables)
+        return render("instance.j2", **self.variables(**variables))
 
     def tools(self) -> list[dict] | None:
         """The ``tools`` field of the request, or ``None``."""

@@ -92,4 +92,5 @@ class TextProtocol(AgentProtocol):
                                                   returncode=rc, steps_left=steps_left)}
 
     def format_error(self, error: str) -> dict[str, Any]:
-        return {"role": "user", "content": render("format_error_text.j2", error=error)}
+        return {"role": "user", "content": render("format_error_text.j2",
+                                                  **self.variables(error=error))}
