@@ -415,7 +415,6 @@ def test_state_token_changes_with_the_files(repo):
     assert tb.state_token() != t1
 
 
-@needs_netns
 def test_state_token_follows_bash_changes(repo):
     ws, _ = repo
     tb = ToolBox(ws, allow_exec=True)

@@ -113,7 +113,7 @@ def _path_for(bin_dir: Path, shim_dir: Path | None) -> str:
 
 
 def choose_python(root: Path, repo: str, version: str, builder: EnvBuilder, *,
-                  unsafe_network: bool = False, timeout_s: float = 120.0,
+                  unsafe_no_sandbox: bool = False, timeout_s: float = 120.0,
                   shim_dir: Path | None = None) -> PythonChoice:
     """The interpreter for the agent's bash in the workspace ``root`` (see the module
     docstring); ``shim_dir``: where a ``python`` link may be made for an interpreter that has
@@ -127,7 +127,7 @@ def choose_python(root: Path, repo: str, version: str, builder: EnvBuilder, *,
     for label, bin_dir, extra in cands:
         overrides = {"PATH": _path_for(bin_dir, shim_dir), **extra}
         name, command = _import_probe(pkg)
-        box = ToolBox(Workspace(root), allow_exec=True, unsafe_network=unsafe_network,
+        box = ToolBox(Workspace(root), allow_exec=True, unsafe_no_sandbox=unsafe_no_sandbox,
                       exec_timeout_s=timeout_s, env_overrides=overrides)
         try:
             result = box.execute("bash", {"command": command})

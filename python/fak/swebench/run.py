@@ -298,7 +298,7 @@ class Fleet:
         """Without ``task_env``: the interpreter bash runs and the note for the prompt
         (``interpreter.choose_python``), recorded under ``info.python``."""
         choice = choose_python(root, row["repo"], str(row.get("version") or ""),
-                               self._env_builder, unsafe_network=self.config.unsafe_network,
+                               self._env_builder, unsafe_no_sandbox=self.config.unsafe_no_sandbox,
                                shim_dir=self.out / "envs" / row["instance_id"] / "bin")
         traj.data["info"]["python"] = {"label": choice.label, "bin": str(choice.bin_dir or ""),
                                        "version": choice.version, "imports": choice.imports,
