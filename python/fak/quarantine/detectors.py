@@ -1,0 +1,594 @@
+"""Deterministic prompt-injection detectors over the text of one tool result.
+
+Four detector families, each a set of weighted *features* (a regex or a count, with a stable id
+such as ``override.ignore_previous``). A family fires when the sum of its feature weights reaches
+its threshold (1.0 by default); :func:`scan` returns every finding and the families that fired.
+
+- ``role_markup``: chat-template and tool-call markup inside a result: the served model's control
+  tokens (``<|im_start|>``, ``<|im_end|>``, ``<|endoftext|>`` and any ``<|name|>`` token),
+  Qwen/Hermes ``<tool_call>``/``<tool_response>`` blocks, Llama ``[INST]``/``<<SYS>>``, Alpaca
+  ``### System:`` headers, Bing-style ``[system](#...)`` links, ``Human:``/``Assistant:`` turns.
+  A control token in a result is never harmless in fak's engine: the gateway tokenizes the
+  rendered prompt with special tokens parsed, so the text *becomes* a turn boundary.
+- ``override``: instruction-override phrasing ("ignore all previous instructions", "your new
+  task is", "do not tell the user", AgentDojo's "important message ... before you can solve the
+  task", InjecAgent's "IMPORTANT!!! ... strictly adhere", Tensor Trust's prompt-extraction and
+  fake boundary lines), also when spelled with separators, leetspeak or homoglyphs.
+- ``exec_request``: requests to run commands or to exfiltrate: a download piped to a shell, a
+  base64 blob piped to a shell, reverse shells, secrets sent to a URL or address, credential
+  files read into a network command, markdown images whose URL carries a placeholder.
+- ``hidden_text``: text a human reviewer would not see: Unicode tag characters (ASCII
+  smuggling), bidi controls (Trojan Source), zero-width characters, HTML comments / CSS-hidden
+  elements / markdown comments / base64 blobs / whitespace-padded tails that carry instructions.
+
+Two *booster* features, addressing the AI ("note to the AI agent", "dear assistant") and urgency
+("immediately", "you must", "IMPORTANT:"), add to ``override`` and ``exec_request`` only when the
+family has a base finding of its own; on their own they never fire.
+
+Text that *talks about* injection (security docs, tests of a filter) quotes the phrases: a
+phrase match inside quotes or backticks, or within a short distance of words like "attack",
+"injection", "example", "such as", counts ``META_FACTOR`` of its weight. Control tokens are
+exempt from this (see ``role_markup``).
+
+Sources the families were designed from (read, not copied): BIPIA (Yi et al. 2023, task-
+irrelevant and code attacks), InjecAgent (Zhan et al. 2024, base and "enhanced" attacker
+instructions), AgentDojo (Debenedetti et al. 2024, ``important_instructions``,
+``ignore_previous``, ``tool_knowledge`` attacks), Tensor Trust (Toyer et al. 2023, hijacking and
+prompt extraction), Greshake et al. 2023 (indirect injection through hidden web content),
+Trojan Source (Boucher & Anderson 2021, bidi controls) and the Unicode-tag "ASCII smuggling"
+technique. The corpus in ``tests/data/quarantine_corpus.jsonl`` measures them.
+
+Every function here is pure and thread-safe; the compiled patterns are module constants.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import functools
+import re
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+__all__ = [
+    "FAMILIES",
+    "FAMILY_DESCRIPTIONS",
+    "META_FACTOR",
+    "Finding",
+    "HiddenTextLimits",
+    "ScanResult",
+    "scan",
+]
+
+ROLE_MARKUP, OVERRIDE, EXEC_REQUEST, HIDDEN_TEXT = "role_markup", "override", "exec_request", "hidden_text"
+FAMILIES = (ROLE_MARKUP, OVERRIDE, EXEC_REQUEST, HIDDEN_TEXT)
+FAMILY_DESCRIPTIONS = {
+    ROLE_MARKUP: "fake role or tool-call markup",
+    OVERRIDE: "instruction override",
+    EXEC_REQUEST: "request to run commands or exfiltrate data",
+    HIDDEN_TEXT: "hidden text",
+}
+#: Weight multiplier of a phrase match that is quoted or discussed (meta context).
+META_FACTOR = 0.25
+#: Boosters add to a family only when its own findings weigh at least this much.
+BOOST_MIN_BASE = 0.4
+#: Weight multiplier of findings inside a hidden carrier (comment, hidden element, base64, tags).
+HIDDEN_FACTOR = 1.5
+_BOOST = "boost"
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One feature that matched: ``family``, ``feature`` id, ``weight`` (after context factors),
+    ``start``/``end`` offsets (characters of the scanned text; ``-1`` for counts)."""
+
+    family: str
+    feature: str
+    weight: float
+    start: int = -1
+    end: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class HiddenTextLimits:
+    """Parameters of ``hidden_text``: invisible characters tolerated (bidi controls, zero-width
+    characters outside emoji and joining scripts), and the whitespace run (characters) after
+    which trailing text counts as hidden: with an instruction in it at ``padding_chars``, any text
+    at ``padding_chars_any``."""
+
+    max_bidi: int = 0
+    max_zero_width: int = 2
+    padding_chars: int = 256
+    padding_chars_any: int = 4096
+
+
+@dataclass(slots=True)
+class ScanResult:
+    """What :func:`scan` found: ``findings`` in order, ``scores`` per family (boosters
+    included), ``fired`` families (score ≥ threshold), in :data:`FAMILIES` order."""
+
+    findings: list[Finding] = field(default_factory=list)
+    scores: dict[str, float] = field(default_factory=dict)
+    fired: list[str] = field(default_factory=list)
+
+    @property
+    def features(self) -> list[str]:
+        """Feature ids of the findings of the fired families (deduplicated, in order)."""
+        fired = set(self.fired)
+        return list(dict.fromkeys(f.feature for f in self.findings if f.family in fired or
+                                  (f.family == _BOOST and fired & {OVERRIDE, EXEC_REQUEST})))
+
+
+# --------------------------------------------------------------------------------------------
+# normalization
+
+_INVISIBLE = re.compile("[\u00ad\u034f\u061c\u115f\u1160\u17b4\u17b5\u180b-\u180f\u200b-\u200f"
+                        "\u202a-\u202e\u2060-\u206f\u3164\ufe00-\ufe0f\ufeff\uffa0\U000e0000-\U000e0fff]")
+_BIDI = re.compile("[\u202a-\u202e\u2066-\u2069]")
+_ZERO_WIDTH = re.compile("[\u200b-\u200d\u2060-\u2064\u180e\ufeff\u034f\u115f\u1160\u3164\uffa0]")
+_TAGS = re.compile("[\U000e0000-\U000e007f]+")
+# Cyrillic/Greek/Latin-extended letters that look like ASCII ones (a few dozen of Unicode's
+# confusables.txt, the ones used in practice to dodge keyword filters).
+_CONFUSABLES = str.maketrans({
+    "а": "a", "е": "e", "о": "o", "р": "p", "с": "c", "у": "y", "х": "x", "і": "i", "ј": "j",
+    "ѕ": "s", "ԁ": "d", "ԛ": "q", "ԝ": "w", "һ": "h", "ӏ": "l", "ɡ": "g", "ı": "i", "ո": "n",
+    "ν": "v", "ο": "o", "ρ": "p", "τ": "t", "α": "a", "ε": "e", "ι": "i", "κ": "k", "υ": "u",
+    "А": "A", "В": "B", "Е": "E", "К": "K", "М": "M", "Н": "H", "О": "O", "Р": "P", "С": "C",
+    "Т": "T", "Х": "X", "І": "I", "Ѕ": "S", "Ј": "J", "Α": "A", "Β": "B", "Ε": "E", "Η": "H",
+    "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N", "Ο": "O", "Ρ": "P", "Τ": "T", "Χ": "X", "Υ": "Y",
+    "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"',
+})
+# Collapsed view: letters only, with common leetspeak digits mapped to letters.
+_COLLAPSE = str.maketrans({**{chr(c): None for c in range(128) if not chr(c).isalpha()},
+                           "0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s"})
+
+
+def _normalize(text: str) -> str:
+    """NFKC, confusables folded to ASCII, invisible characters removed (non-ASCII text only)."""
+    t = unicodedata.normalize("NFKC", text).translate(_CONFUSABLES)
+    return _INVISIBLE.sub("", t)
+
+
+# --------------------------------------------------------------------------------------------
+# feature tables: (feature id, family, weight, gate substrings (lower case), regex, meta-aware)
+
+_F = re.IGNORECASE | re.MULTILINE
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    feature: str
+    family: str
+    weight: float
+    gate: tuple[str, ...]
+    rx: re.Pattern[str]
+    meta: bool = True          # reduced in quoted / meta context
+    once: bool = True          # count the first match only
+
+
+def _r(feature: str, family: str, weight: float, gate: Iterable[str], pattern: str, *, meta: bool = True,
+       once: bool = True, flags: int = _F) -> _Rule:
+    return _Rule(feature, family, weight, tuple(gate), re.compile(pattern, flags), meta, once)
+
+
+_PREV = r"(?:previous|prior|above|earlier|preceding|former|original|initial|system|old|existing|foregoing|other)"
+_INSTR = (r"(?:instructions?|directions?|prompts?|rules|guidelines|directives?|commands?|orders|constraints|"
+          r"guardrails|programming|context|messages|tasks?|restrictions|policies|system\s+prompt|training)")
+_QUAL = r"(?:(?:all|any|the|your|my|of|every|these|those)\s+)*"
+_VERBS = r"(?:ignore|ignoring|disregard|disregarding|forget|forgetting|override|bypass|neglect|discard|abandon)"
+
+RULES: tuple[_Rule, ...] = (
+    # ---------------------------------------------------------------- role_markup
+    _r("role_markup.control_token", ROLE_MARKUP, 1.0, ("<|",), r"<\|[A-Za-z][A-Za-z0-9_]{1,40}\|>", meta=False),
+    _r("role_markup.tool_call_tag", ROLE_MARKUP, 1.0, ("<tool_call", "</tool_call", "<tool_response",
+                                                       "</tool_response", "<function_call", "<function=",
+                                                       "<tool_result", "</tool_result"),
+       r"</?(?:tool_call|tool_response|tool_result|function_call)\b[^>\n]{0,40}>|<function=[a-z_]", meta=False),
+    _r("role_markup.inst", ROLE_MARKUP, 1.0, ("[inst]", "[/inst]", "<<sys>>", "<</sys>>"),
+       r"\[/?INST\]|<</?SYS>>"),
+    _r("role_markup.header", ROLE_MARKUP, 1.0, ("#",),
+       r"^[ \t]*#{2,4}[ \t]*(?:system|instructions?|assistant|response|human|user|input)[ \t]*:"),
+    _r("role_markup.role_tag", ROLE_MARKUP, 1.0, ("<system", "</system", "<assistant", "</assistant", "[system]",
+                                                  "[assistant]", "<im_start", "<sys>", "<|"),
+       r"</?(?:system|assistant|system_prompt|sys|im_start|im_end)>|\[(?:system|assistant)\]\(#\w*\)"),
+    _r("role_markup.human_turn", ROLE_MARKUP, 0.5, ("human:", "user:"), r"^[ \t]*(?:human|user)[ \t]*:[ \t]*\S"),
+    _r("role_markup.assistant_turn", ROLE_MARKUP, 0.5, ("assistant:", "ai:"), r"^[ \t]*(?:assistant|ai)[ \t]*:[ \t]*\S"),
+    _r("role_markup.system_turn", ROLE_MARKUP, 0.3, ("system:",), r"^[ \t]*system[ \t]*:[ \t]*\S"),
+    _r("role_markup.fake_call_json", ROLE_MARKUP, 0.5, ('"arguments"',),
+       r'\{\s*"name"\s*:\s*"[A-Za-z0-9_\-]{1,64}"\s*,\s*"arguments"\s*:\s*\{'),
+    # ---------------------------------------------------------------- override
+    _r("override.ignore_previous", OVERRIDE, 1.0, ("ignor", "disregard", "forget", "override", "bypass", "neglect",
+                                                   "discard", "abandon"),
+       rf"\b{_VERBS}\s+{_QUAL}{_PREV}\s+(?:and\s+\w+\s+)?{_INSTR}\b"
+       rf"|\b{_VERBS}\s+{_QUAL}(?:instructions|system\s+prompt|directives|prompts?)\b"
+       rf"|\b{_VERBS}\s+(?:all\s+)?your\s+(?:rules|guidelines|programming|training|restrictions|guardrails|"
+       rf"policies|safety|constraints)\b"),
+    _r("override.ignore_what", OVERRIDE, 1.0, ("ignor", "disregard", "forget"),
+       r"\b(?:ignore|disregard|forget)\s+(?:all\s+|everything\s+)?(?:(?:that\s+)?(?:you\s+(?:were|have\s+been)\s+"
+       r"(?:told|given|asked|instructed))|what\s+(?:you\s+were|i|the\s+user)\s+(?:told|said|asked)|"
+       r"(?:everything|all)\s+(?:above|before|else\s+you|prior|so\s+far)|the\s+above\b(?!\s+(?:error|warning|"
+       r"message|output|line|example|code)))"),
+    _r("override.new_instructions", OVERRIDE, 0.6, ("instruction", "task", "objective", "directive", "goal", "prompt"),
+       r"\b(?:new|updated|real|actual|true|revised|different|additional|secret|hidden|override)\s+"
+       r"(?:system\s+)?(?:instructions?|task|objective|directive|goal|mission|system\s+prompt)\s*(?::|is\b|are\b)"),
+    _r("override.real_task", OVERRIDE, 0.8, ("task", "job", "goal", "purpose", "objective", "mission"),
+       r"\b(?:your|the)\s+(?:real|true|actual|new|only|primary|sole)\s+(?:task|job|goal|purpose|objective|mission)"
+       r"\s+(?:is|now\s+is|from\s+now|:)"),
+    _r("override.you_are_now", OVERRIDE, 0.6, ("you are now", "you're now", "you are no longer", "from now on",
+                                               "you will now", "you must now", "you shall now"),
+       r"\byou(?:\s+are|'re)\s+now\s+(?:a|an|the|my|dan|free|unrestricted|operating|acting|working\s+for)\b|"
+       r"\byou(?:\s+are|'re)\s+no\s+longer\s+(?:an?|bound|restricted|required|limited|allowed|a\s+helpful)\b|"
+       r"\bfrom\s+now\s+on,?\s+(?:you|your|act|always|only|respond)|"
+       r"\byou\s+(?:will|must|shall)\s+now\s+(?:act|behave|respond|follow|obey|only|ignore|execute|run)"),
+    _r("override.secrecy", OVERRIDE, 1.0, ("tell", "inform", "mention", "reveal", "alert", "notify", "disclos"),
+       r"\b(?:do\s+not|don't|dont|never|must\s+not|without)\s+(?:ever\s+)?(?:tell(?:ing)?|inform(?:ing)?|"
+       r"mention(?:ing)?|reveal(?:ing)?|alert(?:ing)?|notify(?:ing)?|disclos(?:e|ing))\s+"
+       r"(?:(?:this|it|anything|any\s+of\s+this)\s+(?:to\s+)?)?(?:the\s+|your\s+)?(?:user|human|operator|"
+       r"owner|reviewer|maintainers?)s?\b"),
+    _r("override.silently", OVERRIDE, 0.5, ("silently", "secretly", "covertly", "without asking",
+                                            "without confirm", "without telling", "without informing"),
+       r"\b(?:silently|secretly|covertly)\s+(?:run|execute|send|add|insert|delete|remove|modify|change|"
+       r"upload|push|install|call|include|append|write|replace)\b|\bwithout\s+(?:asking|confirmation|"
+       r"confirming|telling|informing|notifying)\s+(?:the\s+)?(?:user|human|anyone|them)\b"),
+    _r("override.mode", OVERRIDE, 1.0, ("mode", "do anything now"),
+       r"\b(?:enable|enter|activate|switch\s+to|engage|turn\s+on|you\s+are\s+(?:now\s+)?in)\s+(?:the\s+)?(?:god|dan|"
+       r"jailbreak|jailbroken|unrestricted|unfiltered|uncensored|evil)\s+mode\b|\bdo\s+anything\s+now\b"),
+    _r("override.developer_mode", OVERRIDE, 0.6, ("developer mode", "admin mode"),
+       r"\b(?:developer|admin|administrator)\s+mode\s+(?:enabled|activated|on)\b|\byou\s+are\s+(?:now\s+)?in\s+"
+       r"(?:developer|admin|administrator)\s+mode\b"),
+    _r("override.jailbreak", OVERRIDE, 0.5, ("jailbreak",), r"\bjailbreak(?:ing)?\b(?!\s+(?:detection|attempt))"),
+    _r("override.authority", OVERRIDE, 0.6, ("override", "system", "admin", "notice", "message", "instruction"),
+       r"\b(?:system|admin|administrator|developer|root|priority)\s+(?:override|instruction|"
+       r"message|notice|command|directive|alert)\b\s*[:!\-]"),
+    _r("override.important_message", OVERRIDE, 1.0, ("message", "note", "notice", "instruction"),
+       r"\bthis\s+is\s+an?\s+(?:very\s+)?(?:important|urgent|critical|official|priority)\s+(?:message|note|notice|"
+       r"instruction|update|request)\s+(?:from|for)\s+(?:me|the\s+user|your\s+user|your\s+(?:owner|developer|"
+       r"operator|creator)|you|the\s+(?:developer|administrator|admin|operator|owner|system))"),
+    _r("override.before_task", OVERRIDE, 0.8, ("before you", "before solving", "before completing",
+                                               "after you do that", "after you've done", "after doing that"),
+       r"\bbefore\s+(?:you\s+(?:can\s+|do\s+)?)?(?:solve|solving|complete|completing|continue|continuing|proceed|"
+       r"proceeding|finish|finishing|answer|answering|respond|responding)\s+(?:on\s+|with\s+)?(?:the|your|this|my)\s+"
+       r"(?:task|request|question|assignment)|\bafter\s+(?:you\s+do|you've\s+done|doing|completing)\s+(?:that|this)"
+       r",?\s+(?:you\s+can|please|then)\s+(?:solve|continue|proceed|complete|go\s+back|return|finish)"),
+    _r("override.gave_you", OVERRIDE, 0.8, ("gave you", "given you", "asked you", "assigned you"),
+       r"\b(?:task|instructions?|request|job)\s+(?:that\s+)?(?:i|the\s+user|your\s+user)\s+(?:gave|have\s+given|"
+       r"assigned|asked)\s+(?:you|to\s+you)\s+(?:in\s+the\s+beginning|earlier|before|originally|at\s+the\s+start|"
+       r"first)"),
+    _r("override.tags", OVERRIDE, 0.6, ("<information", "<important", "<instructions", "<admin", "<secret",
+                                        "<hidden", "<urgent", "<override", "<injected", "</information",
+                                        "</important", "</instructions"),
+       r"</?(?:information|important|instructions?|admin|secret|hidden|urgent|override|injected)>"),
+    _r("override.strictly_adhere", OVERRIDE, 0.8, ("adhere", "follow", "obey", "comply"),
+       r"\b(?:strictly|carefully|only|now|must|exactly)\s+(?:adhere\s+to|follow|obey|comply\s+with|execute)\s+"
+       r"(?:the\s+|these\s+|my\s+)?(?:following|new|below|next)\s+(?:instructions?|commands?|steps?|directives?|"
+       r"orders?|task)"),
+    _r("override.stop_task", OVERRIDE, 0.8, ("stop", "halt", "abort", "cease"),
+       r"\b(?:stop|halt|abort|cease|pause)\s+(?:what\s+you\s+are\s+doing|(?:your|the)\s+current\s+(?:task|work|"
+       r"activity)|everything\s+(?:you|and)|all\s+(?:other\s+)?(?:tasks|work|activities))"),
+    _r("override.extract_prompt", OVERRIDE, 0.8, ("prompt", "instructions", "password", "secret"),
+       r"\b(?:repeat|print|reveal|output|show|display|leak|tell\s+me|write\s+out|recite|dump|echo)\s+(?:back\s+)?"
+       r"(?:all\s+of\s+|everything\s+in\s+)?(?:your|the)\s+(?:entire\s+|full\s+|whole\s+|original\s+|initial\s+|"
+       r"hidden\s+|secret\s+)?(?:system\s+prompt|instructions\s+(?:above|you\s+were\s+given)|initial\s+prompt|"
+       r"pre-?prompt|prompt\s+(?:above|so\s+far)|secret\s+(?:password|key|code)|access\s+code|context\s+window)"),
+    _r("override.access_granted", OVERRIDE, 0.5, ("access granted",),
+       r"\b(?:say|respond\s+with|reply\s+with|begin\s+(?:your\s+)?(?:reply|response)\s+with|output|print)\s+"
+       r"[\"']?access\s+granted"),
+    _r("override.boundary", OVERRIDE, 0.8, ("end", "begin"),
+       r"(?:%{3}|={3,}|-{3,}|\*{3}|#{3,}|\[)\s*(?:end|begin|start)\s+(?:of\s+)?(?:the\s+)?(?:user(?:\s+input)?|"
+       r"system(?:\s+prompt)?|ambiguity|input|instructions|prompt|context|tool\s+(?:output|result|response)|"
+       r"untrusted\s+(?:content|data)|(?:function|tool)\s+call)\s*(?:%{3}|={3,}|-{3,}|\*{3}|#{3,}|\])"),
+    # ---------------------------------------------------------------- exec_request
+    _r("exec_request.pipe_to_shell", EXEC_REQUEST, 0.5, ("curl", "wget", "fetch", "iwr", "invoke-webrequest"),
+       r"\b(?:curl|wget|fetch|iwr|invoke-webrequest)\b[^\n|;]{0,300}\|\s*(?:sudo\s+(?:-\S+\s+)*)?"
+       r"(?:ba|z|da|k|c|tc|fi|a)?sh\b|\b(?:curl|wget)\b[^\n|;]{0,300}\|\s*(?:sudo\s+)?(?:python[0-9.]*|perl|ruby|node"
+       r"|php|iex)\b"),
+    _r("exec_request.procsub_shell", EXEC_REQUEST, 0.7, ("<(curl", "<(wget", "$(curl", "$(wget", "`curl", "`wget",
+                                                         "<( curl", "$( curl"),
+       r"(?:\b(?:ba|z)?sh|\bsource|\beval|\.)\s+(?:-c\s+)?[\"']?(?:<\(|\$\(|`)\s*(?:curl|wget)\b"),
+    _r("exec_request.base64_shell", EXEC_REQUEST, 1.0, ("base64",),
+       r"\bbase64\s+(?:-d|--decode|-D|-di)\b[^\n]{0,80}\|\s*(?:sudo\s+)?(?:ba|z|da|k)?sh\b|"
+       r"\becho\s+[\"']?[A-Za-z0-9+/=]{16,}[\"']?\s*\|\s*base64\s+(?:-d|--decode|-D)"),
+    _r("exec_request.py_exec_b64", EXEC_REQUEST, 1.0, ("exec(", "eval("),
+       r"\b(?:exec|eval)\s*\(\s*(?:__import__\(\s*['\"]base64['\"]\s*\)|base64)\.b64decode"),
+    _r("exec_request.reverse_shell", EXEC_REQUEST, 1.0, ("/dev/tcp/", "/dev/udp/", "nc ", "ncat", "socat", "mkfifo",
+                                                         "netcat"),
+       r"/dev/(?:tcp|udp)/[\w.\-]+/\d+|\b(?:nc|ncat|netcat)\s+(?:-\S+\s+)*-(?:e|c)\s+\S+|\bsocat\b[^\n]{0,120}"
+       r"\bexec:|\bmkfifo\b[^\n]{0,120}\|\s*(?:nc|ncat|netcat)\b"),
+    _r("exec_request.secret_to_network", EXEC_REQUEST, 1.0, ("env", "printenv", "id_rsa", ".aws", ".ssh",
+                                                             "credentials", ".netrc", "/etc/shadow", "/etc/passwd",
+                                                             "token", "secret", "_key"),
+       r"\b(?:env|printenv|set|cat\s+[^\n|]*(?:\.env|id_rsa|id_ed25519|\.aws/credentials|\.netrc|/etc/shadow|"
+       r"/etc/passwd|\.ssh/\S+|\.git-credentials|\.npmrc|\.pypirc))\s*\|\s*(?:curl|nc|ncat|wget|netcat|ssh|base64)\b"
+       r"|\b(?:curl|wget)\b[^\n]{0,200}(?:-d|--data(?:-binary|-raw|-urlencode)?|-F|--form|-T|--upload-file|"
+       r"--post-file|-H)[=\s]+[\"']?@?[^\s\"']*(?:\.env\b|id_rsa|id_ed25519|\.aws|\.ssh|credentials|\.netrc|/etc/"
+       r"(?:shadow|passwd)|\$\(|`|\$\{?[A-Z_]*(?:TOKEN|KEY|SECRET|PASS))"),
+    _r("exec_request.secret_file", EXEC_REQUEST, 1.0, ("id_rsa", "id_ed25519", ".ssh", ".aws", ".env", ".netrc",
+                                                       "/etc/shadow", ".git-credentials", ".pypirc", ".npmrc"),
+       r"\b(?:send|post|upload|e-?mail|mail|forward|transmit|leak|exfiltrate|share|submit|paste|copy|attach|"
+       r"include|read|cat|print|output|show)\s+(?:me\s+|us\s+)?(?:the\s+)?(?:contents?\s+of\s+|full\s+)?"
+       r"(?:your\s+|the\s+user's\s+|their\s+)?[\"'`]?(?:~|\$HOME|/root|/home/\w+)?/?(?:\.ssh/(?:id_\w+|"
+       r"authorized_keys|config)|\.aws/credentials|\.env\b|\.netrc|/etc/shadow|\.git-credentials|\.pypirc|\.npmrc)"
+       r"(?:[^.\n]{0,80}?\b(?:to|at|via|into|in\s+your\s+(?:reply|response|answer|commit|pr|pull\s+request)|"
+       r"below)\b)"),
+    _r("exec_request.exfil_secret", EXEC_REQUEST, 0.7, ("send", "post", "upload", "email", "mail", "forward",
+                                                        "transmit", "leak", "exfiltrat", "share", "submit", "paste",
+                                                        "copy"),
+       r"\b(?:send|post|upload|e-?mail|mail|forward|transmit|leak|exfiltrate|share|submit|paste|copy|report)\s+"
+       r"[^.\n]{0,60}?\b(?:tokens?|api[ _\-]?keys?|secrets?|passwords?|passwd|credentials?|private\s+keys?|"
+       r"ssh\s+keys?|env(?:ironment)?\s+(?:variables|vars)|cookies?|session\s+(?:ids?|tokens?)|"
+       r"access\s+keys?|auth(?:orization)?\s+(?:headers?|tokens?)|bearer)\b[^.\n]{0,80}?\b(?:to|at|via|into)\s+"
+       r"(?:https?://|[\w.+\-]+@[\w\-]+\.[\w.]+|(?:this|the\s+following|my|our)\s+(?:url|address|endpoint|"
+       r"server|webhook|email|inbox|channel|gist|pastebin)|(?:a\s+)?(?:webhook|pastebin|gist|attacker))"),
+    _r("exec_request.exfil_to_me", EXEC_REQUEST, 0.6, ("send me", "send us", "email me", "forward me", "give me",
+                                                       "post them", "send them", "send it"),
+       r"\b(?:send|email|e-mail|forward|give|post|upload|leak)\s+(?:me|us|them|it)\s+(?:all\s+)?(?:(?:your|the\s+"
+       r"user's|the|their)\s+)?(?:[\w\-]+\s+){0,2}?(?:tokens?|api[ _\-]?keys?|secrets?|passwords?|credentials?|"
+       r"private\s+keys?|ssh\s+keys?|environment\s+variables|cookies?|source\s+code|repository|codebase|conversation|"
+       r"chat\s+history)\b"),
+    _r("exec_request.attacker_host", EXEC_REQUEST, 0.5, ("http", "@", "webhook", "ngrok", "pastebin"),
+       r"\bhttps?://(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?/|\b(?:webhook\.site|requestbin|pipedream\.net|ngrok(?:-free)?\."
+       r"(?:io|app|dev)|burpcollaborator|interact\.sh|oast\.\w+|pastebin\.com|transfer\.sh|hastebin|"
+       r"discord(?:app)?\.com/api/webhooks|api\.telegram\.org/bot)|\b[\w.+\-]+@[\w.\-]*(?:evil|attacker|exfil|"
+       r"hacker|malicious|pwn)[\w.\-]*\.[a-z]{2,}|\bhttps?://[\w.\-]*(?:evil|attacker|exfil|malicious|pwn3?d?)"
+       r"[\w\-]*\.[a-z]{2,}"),
+    _r("exec_request.md_image_exfil", EXEC_REQUEST, 1.0, ("![",),
+       r"!\[[^\]\n]{0,100}\]\(\s*https?://[^)\s]{1,200}[?&][^)\s]{0,200}(?:\{[^}\s]{1,40}\}|\$\{?\w+|%7B|"
+       r"\[(?:secret|token|data|password|key|conversation|history)\])"),
+    _r("exec_request.run_request", EXEC_REQUEST, 0.4, ("run", "execute", "exec", "type", "paste", "invoke"),
+       r"\b(?:please\s+|you\s+(?:must|should|need\s+to|have\s+to)\s+|now\s+|first,?\s+|immediately\s+|simply\s+|"
+       r"just\s+)(?:run|execute|exec|type|paste|invoke)\s+(?:the\s+following|this|these|the\s+command|this\s+"
+       r"command|`)"),
+    _r("exec_request.dangerous_command", EXEC_REQUEST, 0.5, ("rm -rf", "rm -fr", "chmod", "git push",
+                                                             "mkfs", ":(){", "dd if=", "/dev/sd"),
+       r"\brm\s+-(?:rf|fr)\s+(?:/|~|\$HOME|\*|\.\s|\.$|--no-preserve-root)|\bchmod\s+-R\s+777\s+/|\bgit\s+push\s+"
+       r"(?:-f\s+|--force\s+)?(?:https?://|\S+@\S+:)|:\(\)\s*\{\s*:\|:&\s*\};:|\bdd\s+if=\S+\s+of=/dev/sd|"
+       r">\s*/dev/sd[a-z]\b"),
+    _r("exec_request.install_remote", EXEC_REQUEST, 0.3, ("pip install", "npm install", "pip3 install"),
+       r"\b(?:pip3?|npm)\s+install\s+(?:-\S+\s+)*(?:git\+)?https?://"),
+    # ---------------------------------------------------------------- boosters (never fire alone)
+    _r("boost.ai_address", _BOOST, 0.6, ("ai", "assistant", "agent", "model", "llm", "gpt", "claude", "copilot",
+                                        "bot", "qwen", "gemini", "cursor", "devin"),
+       r"\b(?:note|message|instructions?|attention|notice|reminder|important|request)\s+(?:to|for)\s+(?:the\s+|any\s+|"
+       r"all\s+)?(?:ai|llm|language\s+model|assistant|agent|model|bot|chatbot|copilot|automated\s+(?:tool|agent|"
+       r"system)s?|coding\s+(?:agent|assistant))s?\b|\b(?:dear|hey|hi|hello|attention|psst)[,!\s]+(?:ai|llm|"
+       r"assistant|agent|model|bot|chatgpt|claude|gpt(?:-?\d\w*)?|copilot|qwen|gemini|llama|cursor|devin)\b|"
+       r"\bif\s+you\s+are\s+an?\s+(?:ai|llm|language\s+model|assistant|agent|bot|automated|coding)|\b(?:ai|llm)\s+"
+       r"(?:agents?|assistants?|models?|tools?|systems?)\s+(?:reading|processing|parsing|analy[sz]ing|reviewing|"
+       r"summari[sz]ing|seeing)\s+this\b|\bas\s+an\s+ai\s+(?:agent|assistant|model|language\s+model),?\s+you\s+"
+       r"(?:must|should|will|are)|\bto\s+you,?\s+(?:gpt|claude|qwen|the\s+(?:ai|assistant|agent|model))"),
+    _r("boost.urgency_caps", _BOOST, 0.4, ("IMPORTANT", "URGENT", "ATTENTION", "CRITICAL", "MANDATORY", "WARNING"),
+       r"\b(?:IMPORTANT|URGENT|ATTENTION|CRITICAL|MANDATORY)\b|\bWARNING\s*!", flags=re.MULTILINE),
+    _r("boost.urgency", _BOOST, 0.4, ("important", "urgent", "immediately", "must", "critical", "attention",
+                                     "right now", "right away", "without delay", "required to", "obligated",
+                                     "essential", "imperative", "mandatory", "vital"),
+       r"\b(?:important|urgent|attention|critical|alert)\s*!{2,}|\b(?:immediately|right\s+now|right\s+away|"
+       r"without\s+delay|as\s+soon\s+as\s+you\s+read\s+this)\b|\byou\s+(?:must|are\s+required\s+to|are\s+obligated"
+       r"\s+to|have\s+to)\s+(?:first\s+|now\s+|immediately\s+|also\s+)?(?:run|execute|send|call|use|follow|obey|"
+       r"perform|add|write|delete|remove|push|upload|install|include|insert|change|modify|reply|respond|output|"
+       r"print|say|ignore|forward|email)\b|\bit\s+is\s+(?:critical|essential|mandatory|required|vital|imperative)\s+"
+       r"(?:that|to)\s+(?:you|the\s+(?:ai|assistant|agent|model))"),
+)
+
+# Phrases searched in the collapsed (letters-only, leetspeak-folded) view; a hit there that the
+# plain rules missed means the phrase was spelled to dodge them.
+_COLLAPSED = re.compile(
+    r"(?:ignore|disregard|forget|bypass|override)(?:all|any|the|your|my|every|of|these)*(?:previous|prior|above|"
+    r"earlier|preceding|system|original)?(?:instructions?|directions|prompts?|rules|guidelines|directives)"
+    r"|donot(?:tell|inform|alert)the(?:user|human)|yourrealtaskis|youarenowdan|developermode(?:enabled|on)")
+_COLLAPSE_GATE = ("ignore", "disregard", "forget", "bypass", "override", "donot", "realtask", "youarenow",
+                  "developermode")
+
+_QUOTES = {'"': '"', "'": "'", "`": "`", "\u201c": "\u201d", "\u2018": "\u2019", "\u00ab": "\u00bb"}
+_META_WORDS = re.compile(
+    r"injection|injected|\battack|adversar|malicious|jailbreak|\bphrases?\b|payload|\bexample|e\.g\.|such\s+as|"
+    r"for\s+instance|red[- ]team|exploit|mitigat|defen[cs]e|quarantin|threat|benchmark|corpus|vulnerab|"
+    r"test\s+case",
+    re.IGNORECASE)
+#: A quote counts as wrapping a match when it opens at most this many characters before it and
+#: closes at most ``_QUOTE_AFTER`` after it (a long quoted string, such as a JSON value that
+#: carries an injection, is not a quotation of a phrase).
+_QUOTE_BEFORE, _QUOTE_AFTER = 12, 48
+
+
+def _quoted(text: str, start: int, end: int) -> bool:
+    """Whether ``text[start:end]`` is wrapped closely in quotes or backticks."""
+    before = text[max(0, start - _QUOTE_BEFORE):start]
+    after = text[end:end + _QUOTE_AFTER]
+    if "\n" in before:
+        before = before[before.rfind("\n") + 1:]
+    if "\n" in after:
+        after = after[:after.find("\n")]
+    for i in range(len(before) - 1, -1, -1):
+        closing = _QUOTES.get(before[i])
+        if closing is not None:
+            return closing in after
+    return False
+
+
+def _meta(text: str, start: int, end: int) -> bool:
+    """Quoted, or talked about: meta words within 100 characters before or 60 after the match."""
+    if _quoted(text, start, end):
+        return True
+    window = text[max(0, start - 100):start] + " " + text[end:end + 60]
+    return _META_WORDS.search(window) is not None
+
+
+# --------------------------------------------------------------------------------------------
+# hidden carriers
+
+_HTML_COMMENT = re.compile(r"<!--(.*?)(?:-->|$)", re.DOTALL)
+_MD_COMMENT = re.compile(r"^\[(?://|comment|_)\]:\s*(?:#|<>)\s*\((.*)\)\s*$", re.MULTILINE | re.IGNORECASE)
+_HIDDEN_STYLE = re.compile(
+    r"<(\w+)[^>]{0,300}?style\s*=\s*[\"'][^\"']{0,300}?(?:display\s*:\s*none|visibility\s*:\s*hidden|"
+    r"font-size\s*:\s*0(?:\.0*)?(?:px|em|rem|pt|%)?\s*[;\"']|opacity\s*:\s*0(?:\.0*)?\s*[;\"']|"
+    r"color\s*:\s*(?:white|#fff(?:fff)?|transparent|rgba?\(\s*255\s*,\s*255\s*,\s*255)|"
+    r"(?:left|top|text-indent)\s*:\s*-\d{3,})[^>]*>(.*?)</\1>",
+    re.IGNORECASE | re.DOTALL)
+_HIDDEN_ATTR = re.compile(r"<(\w+)[^>]{0,300}?\b(?:hidden|aria-hidden\s*=\s*[\"']true[\"'])[^>]*>(.*?)</\1>",
+                          re.IGNORECASE | re.DOTALL)
+_B64 = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{40,}={0,2}(?![A-Za-z0-9+/=])")
+_PADDING = r"[ \t\r\n\u00a0\u2000-\u200a\u2028\u2029\u3000]{%d,}(?=\S)"
+_PRINTABLE = frozenset(range(32, 127)) | {9, 10, 13}
+_EMOJI_OR_JOINING = re.compile(r"[\u0600-\u06ff\u0900-\u0dff\u200c\u200d\u2600-\u27bf\U0001f000-\U0001faff\ufe0f]")
+
+
+@functools.lru_cache(maxsize=16)
+def _padding_rx(n: int) -> re.Pattern[str]:
+    return re.compile(_PADDING % n)
+
+
+@dataclass
+class _Scanner:
+    text: str
+    limits: HiddenTextLimits
+    extra: tuple[tuple[str, str, re.Pattern[str]], ...] = ()
+    findings: list[Finding] = field(default_factory=list)
+
+    def add(self, family: str, feature: str, weight: float, start: int = -1, end: int = -1) -> None:
+        self.findings.append(Finding(family, feature, round(weight, 3), start, end))
+
+    def phrases(self, text: str, factor: float = 1.0, offset: int = 0, depth: int = 0) -> float:
+        """Run the rule tables over ``text``; returns the weight added (for carriers)."""
+        low = text.lower()
+        added = 0.0
+        plain_ignore = False
+        for rule in RULES:
+            if not any(g in low for g in rule.gate):
+                continue
+            for m in rule.rx.finditer(text):
+                w = rule.weight * factor
+                if rule.meta and _meta(text, m.start(), m.end()):
+                    w *= META_FACTOR
+                self.add(rule.family, rule.feature, w, offset + m.start(), offset + m.end())
+                added += w
+                if rule.feature in ("override.ignore_previous", "override.secrecy", "override.real_task",
+                                    "override.you_are_now", "override.mode", "override.developer_mode"):
+                    plain_ignore = True
+                if rule.once:
+                    break
+        for feature, family, rx in self.extra:
+            m = rx.search(text)
+            if m is not None:
+                self.add(family, feature, 1.0 * factor, offset + m.start(), offset + m.end())
+                added += factor
+        if not plain_ignore:
+            # a phrase found only once separators, case, digits and homoglyphs are folded away was
+            # spelled to dodge the rules above
+            collapsed = low.encode("ascii", "ignore").decode().translate(_COLLAPSE)
+            if any(g in collapsed for g in _COLLAPSE_GATE) and _COLLAPSED.search(collapsed) is not None:
+                self.add(OVERRIDE, "override.obfuscated", 1.0 * factor)
+                added += factor
+        if depth == 0:
+            added += self.carriers(text)
+        return added
+
+    def carriers(self, text: str) -> float:
+        """Hidden carriers: their payloads are scanned with the phrase rules, weighted up."""
+        added = 0.0
+        low = text.lower()
+        if "<!--" in text:
+            for m in _HTML_COMMENT.finditer(text):
+                added += self._payload("hidden_text.html_comment", m.group(1), m.start(1))
+        if "]:" in text:
+            for m in _MD_COMMENT.finditer(text):
+                added += self._payload("hidden_text.markdown_comment", m.group(1), m.start(1))
+        if "style" in low and "<" in text:
+            for m in _HIDDEN_STYLE.finditer(text):
+                added += self._payload("hidden_text.css_hidden", m.group(2), m.start(2))
+        if "hidden" in low and "<" in text:
+            for m in _HIDDEN_ATTR.finditer(text):
+                added += self._payload("hidden_text.hidden_element", m.group(2), m.start(2))
+        n_b64 = 0
+        for m in _B64.finditer(text):
+            if n_b64 >= 16:
+                break
+            n_b64 += 1
+            blob = m.group(0)
+            try:
+                raw = base64.b64decode(blob + "=" * (-len(blob) % 4), validate=False)
+            except (binascii.Error, ValueError):
+                continue
+            if len(raw) >= 24 and sum(b in _PRINTABLE for b in raw) >= 0.95 * len(raw):
+                added += self._payload("hidden_text.base64_payload", raw.decode("ascii", "replace"), m.start())
+        lim = self.limits
+        if lim.padding_chars > 0 and len(text) > lim.padding_chars:
+            for m in _padding_rx(lim.padding_chars).finditer(text):
+                tail = text[m.end():m.end() + 4096]
+                n = len(m.group(0))
+                if n >= lim.padding_chars_any > 0:
+                    self.add(HIDDEN_TEXT, "hidden_text.padding", 1.0, m.start(), m.end())
+                    added += 1.0
+                    break
+                added += self._payload("hidden_text.padding", tail, m.end())
+        return added
+
+    def _payload(self, feature: str, payload: str, offset: int) -> float:
+        inner = _Scanner(payload, self.limits, self.extra)
+        got = inner.phrases(payload, HIDDEN_FACTOR, offset, depth=1)
+        instr = sum(f.weight for f in inner.findings if f.family in (OVERRIDE, EXEC_REQUEST, ROLE_MARKUP, _BOOST))
+        self.findings.extend(inner.findings)
+        if instr >= 0.5:
+            self.add(HIDDEN_TEXT, feature, 1.0, offset, offset + len(payload))
+            return got + 1.0
+        return got
+
+    def invisible(self, text: str) -> None:
+        """Unicode tags (decoded and scanned), bidi controls, zero-width characters."""
+        lim = self.limits
+        tags = _TAGS.findall(text)
+        if tags:
+            self.add(HIDDEN_TEXT, "hidden_text.unicode_tags", 1.0)
+            decoded = "".join(chr(ord(c) - 0xE0000) for run in tags for c in run if 0xE0020 <= ord(c) <= 0xE007E)
+            if decoded:
+                self._payload("hidden_text.unicode_tags", decoded, 0)
+        n_bidi = len(_BIDI.findall(text))
+        if n_bidi > lim.max_bidi:
+            self.add(HIDDEN_TEXT, "hidden_text.bidi_control", 1.0)
+        zw = 0
+        for m in _ZERO_WIDTH.finditer(text):
+            i = m.start()
+            if text[i] == "\ufeff" and i == 0:
+                continue  # a byte-order mark
+            if text[i] in "\u200c\u200d" and _EMOJI_OR_JOINING.search(text[max(0, i - 2):i + 3].replace(text[i], "")):
+                continue  # emoji sequences, Persian/Indic joiners
+            zw += 1
+        if zw > lim.max_zero_width:
+            self.add(HIDDEN_TEXT, "hidden_text.zero_width", 1.0)
+
+
+def scan(text: str, *, thresholds: dict[str, float] | None = None, enabled: Iterable[str] = FAMILIES,
+         limits: HiddenTextLimits = HiddenTextLimits(),
+         extra: tuple[tuple[str, str, re.Pattern[str]], ...] = ()) -> ScanResult:
+    """Scan one tool result.
+
+    Args:
+        text: the result's text (any size; the cost is linear, see ``benches/results/quarantine.md``).
+        thresholds: family → score at which it fires (default 1.0 each).
+        enabled: the families to evaluate (findings of others are dropped).
+        limits: ``hidden_text`` parameters.
+        extra: operator patterns ``(feature id, family, compiled regex)``; each match weighs 1.0.
+
+    Returns:
+        A :class:`ScanResult`. Never raises for any string.
+    """
+    sc = _Scanner(text, limits, extra)
+    if text.isascii():
+        sc.phrases(text)
+    else:
+        sc.invisible(text)
+        norm = _normalize(text)
+        sc.phrases(norm)
+    on = set(enabled)
+    findings = [f for f in sc.findings if f.family in on or f.family == _BOOST]
+    scores = {fam: 0.0 for fam in FAMILIES if fam in on}
+    for f in findings:
+        if f.family in scores:
+            scores[f.family] += f.weight
+    boost = sum(f.weight for f in findings if f.family == _BOOST)
+    for fam in (OVERRIDE, EXEC_REQUEST):
+        if fam in scores and scores[fam] >= BOOST_MIN_BASE:
+            scores[fam] += boost
+    th = thresholds or {}
+    fired = [fam for fam in FAMILIES if fam in scores and scores[fam] >= th.get(fam, 1.0) - 1e-9]
+    return ScanResult(findings, {k: round(v, 3) for k, v in scores.items()}, fired)
