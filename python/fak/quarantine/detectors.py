@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import functools
 import re
 import unicodedata
@@ -151,9 +152,23 @@ def _normalize(text: str) -> str:
 
 
 # --------------------------------------------------------------------------------------------
-# feature tables: (feature id, family, weight, gate substrings (lower case), regex, meta-aware)
+# feature tables
+#
+# A rule's regex runs over the whole text only when its *gate* passes: an AND of groups, each an
+# OR of lower-case words (looked up in the set of the text's words, punctuation split off) or
+# other strings (searched as substrings). Gates keep the cost near one pass over the text for
+# the usual benign result, where no gate passes (Python's ``re`` spends ~100 ns per character
+# on a pattern that starts with an alternation; a set lookup costs nothing).
 
 _F = re.IGNORECASE | re.MULTILINE
+_WORD = re.compile(r"[a-z0-9_]+")
+_SPLIT = bytes(c if (48 <= c <= 57 or 97 <= c <= 122 or c == 95 or c >= 128) else 32 for c in range(256))
+
+
+@dataclass(frozen=True, slots=True)
+class _Group:
+    words: frozenset[bytes]
+    subs: tuple[str, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,15 +176,74 @@ class _Rule:
     feature: str
     family: str
     weight: float
-    gate: tuple[str, ...]
+    gate: tuple[_Group, ...]
     rx: re.Pattern[str]
     meta: bool = True          # reduced in quoted / meta context
     once: bool = True          # count the first match only
+    anchors: tuple[str, ...] = ()  # every match starts at most ``back`` characters before one
+    back: int = 0
+    span: int = 640                # and ends at most ``span`` characters after it
+
+    def open(self, low: str, words: set[bytes]) -> bool:
+        """Whether the gate passes for the lower-cased text ``low`` with word set ``words``."""
+        for g in self.gate:
+            if g.words.isdisjoint(words) and not any(x in low for x in g.subs):
+                return False
+        return True
 
 
-def _r(feature: str, family: str, weight: float, gate: Iterable[str], pattern: str, *, meta: bool = True,
-       once: bool = True, flags: int = _F) -> _Rule:
-    return _Rule(feature, family, weight, tuple(gate), re.compile(pattern, flags), meta, once)
+def _r(feature: str, family: str, weight: float, gate: Iterable[str] | Iterable[Iterable[str]], pattern: str, *,
+       meta: bool = True, once: bool = True, flags: int = _F, anchors: Iterable[str] | None = None,
+       back: int = 0) -> _Rule:
+    gate = tuple(gate)
+    groups = (gate,) if all(isinstance(g, str) for g in gate) else gate
+    built = tuple(_Group(frozenset(w.encode() for w in grp if _WORD.fullmatch(w)),
+                         tuple(w.lower() for w in grp if not _WORD.fullmatch(w))) for grp in groups)
+    anchor = tuple(anchors) if anchors is not None else tuple(groups[0])
+    return _Rule(feature, family, weight, built, re.compile(pattern, flags), meta, once, anchor, back)
+
+
+_LEAD = re.compile(r"[a-z0-9_]+")
+
+
+@functools.lru_cache(maxsize=1024)
+def _lead_word(anchor: str) -> bytes | None:
+    """The word an anchor starts with when it is a whole word of the text (``"note "`` → ``note``)."""
+    m = _LEAD.match(anchor)
+    if m is None:
+        return None
+    rest = anchor[m.end():]
+    return m.group(0).encode() if not rest or not rest[0].isalnum() else None
+
+
+def _windows(low: str, rule: _Rule, n: int, words: set[bytes]) -> list[tuple[int, int]]:
+    """Merged ``(start, end)`` windows of ``low`` (length ``n``) around every anchor of ``rule``
+    (an anchor that starts with a word the text does not have is skipped without a search)."""
+    spots: list[int] = []
+    for a in rule.anchors:
+        lead = _lead_word(a)
+        if lead is not None and lead not in words:
+            continue
+        i = low.find(a)
+        while i >= 0:
+            spots.append(i)
+            if len(spots) > 4096:
+                return [(0, n)]
+            i = low.find(a, i + 1)
+    spots.sort()
+    out: list[tuple[int, int]] = []
+    for i in spots:
+        a, b = max(0, i - rule.back), min(n, i + rule.span)
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _words(low: str) -> set[bytes]:
+    """The words of a lower-cased text (runs of ``[a-z0-9_]`` and non-ASCII), as bytes."""
+    return set(low.encode("utf-8", "surrogatepass").translate(_SPLIT).split())
 
 
 _PREV = r"(?:previous|prior|above|earlier|preceding|former|original|initial|system|old|existing|foregoing|other)"
@@ -180,39 +254,35 @@ _VERBS = r"(?:ignore|ignoring|disregard|disregarding|forget|forgetting|override|
 
 RULES: tuple[_Rule, ...] = (
     # ---------------------------------------------------------------- role_markup
-    _r("role_markup.control_token", ROLE_MARKUP, 1.0, ("<|",), r"<\|[A-Za-z][A-Za-z0-9_]{1,40}\|>", meta=False),
-    _r("role_markup.tool_call_tag", ROLE_MARKUP, 1.0, ("<tool_call", "</tool_call", "<tool_response",
-                                                       "</tool_response", "<function_call", "<function=",
-                                                       "<tool_result", "</tool_result"),
+    _r("role_markup.control_token", ROLE_MARKUP, 1.0, (('<|',),), r"<\|[A-Za-z][A-Za-z0-9_]{1,40}\|>", meta=False),
+    _r("role_markup.tool_call_tag", ROLE_MARKUP, 1.0, (('tool_call', 'tool_response', 'tool_result', 'function_call', 'function'), ('<tool_call', '</tool_call', '<tool_response', '</tool_response', '<function_call', '<function=', '<tool_result', '</tool_result')),
        r"</?(?:tool_call|tool_response|tool_result|function_call)\b[^>\n]{0,40}>|<function=[a-z_]", meta=False),
-    _r("role_markup.inst", ROLE_MARKUP, 1.0, ("[inst]", "[/inst]", "<<sys>>", "<</sys>>"),
+    _r("role_markup.inst", ROLE_MARKUP, 1.0, (('inst', 'sys'), ('[inst]', '[/inst]', '<<sys>>', '<</sys>>')),
        r"\[/?INST\]|<</?SYS>>"),
-    _r("role_markup.header", ROLE_MARKUP, 1.0, ("#",),
+    _r("role_markup.header", ROLE_MARKUP, 1.0, (('#',), ('system', 'instruction', 'instructions', 'assistant', 'response', 'human', 'user', 'input')),
        r"^[ \t]*#{2,4}[ \t]*(?:system|instructions?|assistant|response|human|user|input)[ \t]*:"),
-    _r("role_markup.role_tag", ROLE_MARKUP, 1.0, ("<system", "</system", "<assistant", "</assistant", "[system]",
-                                                  "[assistant]", "<im_start", "<sys>", "<|"),
+    _r("role_markup.role_tag", ROLE_MARKUP, 1.0, (('system', 'assistant', 'sys', 'im_start', 'im_end', 'system_prompt'), ('<system', '</system', '<assistant', '</assistant', '[system]', '[assistant]', '<im_start', '<sys>')),
        r"</?(?:system|assistant|system_prompt|sys|im_start|im_end)>|\[(?:system|assistant)\]\(#\w*\)"),
-    _r("role_markup.human_turn", ROLE_MARKUP, 0.5, ("human:", "user:"), r"^[ \t]*(?:human|user)[ \t]*:[ \t]*\S"),
-    _r("role_markup.assistant_turn", ROLE_MARKUP, 0.5, ("assistant:", "ai:"), r"^[ \t]*(?:assistant|ai)[ \t]*:[ \t]*\S"),
-    _r("role_markup.system_turn", ROLE_MARKUP, 0.3, ("system:",), r"^[ \t]*system[ \t]*:[ \t]*\S"),
-    _r("role_markup.fake_call_json", ROLE_MARKUP, 0.5, ('"arguments"',),
+    _r("role_markup.human_turn", ROLE_MARKUP, 0.5, (('human', 'user'), ('human:', 'user:')), r"^[ \t]*(?:human|user)[ \t]*:[ \t]*\S"),
+    _r("role_markup.assistant_turn", ROLE_MARKUP, 0.5, (('assistant', 'ai'), ('assistant:', 'ai:')), r"^[ \t]*(?:assistant|ai)[ \t]*:[ \t]*\S"),
+    _r("role_markup.system_turn", ROLE_MARKUP, 0.3, (('system',), ('system:',)), r"^[ \t]*system[ \t]*:[ \t]*\S"),
+    _r("role_markup.fake_call_json", ROLE_MARKUP, 0.5, (('arguments',), ('"arguments"',)),
        r'\{\s*"name"\s*:\s*"[A-Za-z0-9_\-]{1,64}"\s*,\s*"arguments"\s*:\s*\{'),
     # ---------------------------------------------------------------- override
-    _r("override.ignore_previous", OVERRIDE, 1.0, ("ignor", "disregard", "forget", "override", "bypass", "neglect",
-                                                   "discard", "abandon"),
+    _r("override.ignore_previous", OVERRIDE, 1.0, (('ignore', 'ignoring', 'disregard', 'disregarding', 'forget', 'forgetting', 'override', 'bypass', 'neglect', 'discard', 'abandon'), ('instructions', 'instruction', 'prompt', 'prompts', 'rules', 'guidelines', 'directives', 'directive', 'directions', 'direction', 'commands', 'command', 'orders', 'constraints', 'guardrails', 'programming', 'context', 'messages', 'task', 'tasks', 'restrictions', 'policies', 'training', 'safety')),
        rf"\b{_VERBS}\s+{_QUAL}{_PREV}\s+(?:and\s+\w+\s+)?{_INSTR}\b"
        rf"|\b{_VERBS}\s+{_QUAL}(?:instructions|system\s+prompt|directives|prompts?)\b"
        rf"|\b{_VERBS}\s+(?:all\s+)?your\s+(?:rules|guidelines|programming|training|restrictions|guardrails|"
        rf"policies|safety|constraints)\b"),
-    _r("override.ignore_what", OVERRIDE, 1.0, ("ignor", "disregard", "forget"),
+    _r("override.ignore_what", OVERRIDE, 1.0, (('ignore', 'disregard', 'forget'), ('told', 'given', 'asked', 'instructed', 'said', 'above', 'before', 'else', 'prior', 'far', 'training', 'guidelines')),
        r"\b(?:ignore|disregard|forget)\s+(?:all\s+|everything\s+)?(?:(?:that\s+)?(?:you\s+(?:were|have\s+been)\s+"
        r"(?:told|given|asked|instructed))|what\s+(?:you\s+were|i|the\s+user)\s+(?:told|said|asked)|"
        r"(?:everything|all)\s+(?:above|before|else\s+you|prior|so\s+far)|the\s+above\b(?!\s+(?:error|warning|"
        r"message|output|line|example|code)))"),
-    _r("override.new_instructions", OVERRIDE, 0.6, ("instruction", "task", "objective", "directive", "goal", "prompt"),
+    _r("override.new_instructions", OVERRIDE, 0.6, (('new', 'updated', 'real', 'actual', 'true', 'revised', 'different', 'additional', 'secret', 'hidden', 'override'), ('instruction', 'instructions', 'task', 'objective', 'directive', 'goal', 'mission', 'prompt')),
        r"\b(?:new|updated|real|actual|true|revised|different|additional|secret|hidden|override)\s+"
        r"(?:system\s+)?(?:instructions?|task|objective|directive|goal|mission|system\s+prompt)\s*(?::|is\b|are\b)"),
-    _r("override.real_task", OVERRIDE, 0.8, ("task", "job", "goal", "purpose", "objective", "mission"),
+    _r("override.real_task", OVERRIDE, 0.8, (('real', 'true', 'actual', 'new', 'only', 'primary', 'sole'), ('task', 'job', 'goal', 'purpose', 'objective', 'mission'), ('your', 'the')),
        r"\b(?:your|the)\s+(?:real|true|actual|new|only|primary|sole)\s+(?:task|job|goal|purpose|objective|mission)"
        r"\s+(?:is|now\s+is|from\s+now|:)"),
     _r("override.you_are_now", OVERRIDE, 0.6, ("you are now", "you're now", "you are no longer", "from now on",
@@ -221,7 +291,7 @@ RULES: tuple[_Rule, ...] = (
        r"\byou(?:\s+are|'re)\s+no\s+longer\s+(?:an?|bound|restricted|required|limited|allowed|a\s+helpful)\b|"
        r"\bfrom\s+now\s+on,?\s+(?:you|your|act|always|only|respond)|"
        r"\byou\s+(?:will|must|shall)\s+now\s+(?:act|behave|respond|follow|obey|only|ignore|execute|run)"),
-    _r("override.secrecy", OVERRIDE, 1.0, ("tell", "inform", "mention", "reveal", "alert", "notify", "disclos"),
+    _r("override.secrecy", OVERRIDE, 1.0, (('tell', 'telling', 'inform', 'informing', 'mention', 'mentioning', 'reveal', 'revealing', 'alert', 'alerting', 'notify', 'notifying', 'disclose', 'disclosing'), ('user', 'users', 'human', 'operator', 'owner', 'reviewer', 'maintainer', 'maintainers')),
        r"\b(?:do\s+not|don't|dont|never|must\s+not|without)\s+(?:ever\s+)?(?:tell(?:ing)?|inform(?:ing)?|"
        r"mention(?:ing)?|reveal(?:ing)?|alert(?:ing)?|notify(?:ing)?|disclos(?:e|ing))\s+"
        r"(?:(?:this|it|anything|any\s+of\s+this)\s+(?:to\s+)?)?(?:the\s+|your\s+)?(?:user|human|operator|"
@@ -231,17 +301,17 @@ RULES: tuple[_Rule, ...] = (
        r"\b(?:silently|secretly|covertly)\s+(?:run|execute|send|add|insert|delete|remove|modify|change|"
        r"upload|push|install|call|include|append|write|replace)\b|\bwithout\s+(?:asking|confirmation|"
        r"confirming|telling|informing|notifying)\s+(?:the\s+)?(?:user|human|anyone|them)\b"),
-    _r("override.mode", OVERRIDE, 1.0, ("mode", "do anything now"),
+    _r("override.mode", OVERRIDE, 1.0, (('mode', 'anything'), ('god', 'dan', 'jailbreak', 'jailbroken', 'unrestricted', 'unfiltered', 'uncensored', 'evil', 'now')),
        r"\b(?:enable|enter|activate|switch\s+to|engage|turn\s+on|you\s+are\s+(?:now\s+)?in)\s+(?:the\s+)?(?:god|dan|"
        r"jailbreak|jailbroken|unrestricted|unfiltered|uncensored|evil)\s+mode\b|\bdo\s+anything\s+now\b"),
     _r("override.developer_mode", OVERRIDE, 0.6, ("developer mode", "admin mode"),
        r"\b(?:developer|admin|administrator)\s+mode\s+(?:enabled|activated|on)\b|\byou\s+are\s+(?:now\s+)?in\s+"
        r"(?:developer|admin|administrator)\s+mode\b"),
     _r("override.jailbreak", OVERRIDE, 0.5, ("jailbreak",), r"\bjailbreak(?:ing)?\b(?!\s+(?:detection|attempt))"),
-    _r("override.authority", OVERRIDE, 0.6, ("override", "system", "admin", "notice", "message", "instruction"),
+    _r("override.authority", OVERRIDE, 0.6, (('override', 'instruction', 'message', 'notice', 'command', 'directive', 'alert'), ('system', 'admin', 'administrator', 'developer', 'root', 'priority')),
        r"\b(?:system|admin|administrator|developer|root|priority)\s+(?:override|instruction|"
        r"message|notice|command|directive|alert)\b\s*[:!\-]"),
-    _r("override.important_message", OVERRIDE, 1.0, ("message", "note", "notice", "instruction"),
+    _r("override.important_message", OVERRIDE, 1.0, (('message', 'note', 'notice', 'instruction', 'update', 'request'), ('important', 'urgent', 'critical', 'official', 'priority')),
        r"\bthis\s+is\s+an?\s+(?:very\s+)?(?:important|urgent|critical|official|priority)\s+(?:message|note|notice|"
        r"instruction|update|request)\s+(?:from|for)\s+(?:me|the\s+user|your\s+user|your\s+(?:owner|developer|"
        r"operator|creator)|you|the\s+(?:developer|administrator|admin|operator|owner|system))"),
@@ -255,18 +325,16 @@ RULES: tuple[_Rule, ...] = (
        r"\b(?:task|instructions?|request|job)\s+(?:that\s+)?(?:i|the\s+user|your\s+user)\s+(?:gave|have\s+given|"
        r"assigned|asked)\s+(?:you|to\s+you)\s+(?:in\s+the\s+beginning|earlier|before|originally|at\s+the\s+start|"
        r"first)"),
-    _r("override.tags", OVERRIDE, 0.6, ("<information", "<important", "<instructions", "<admin", "<secret",
-                                        "<hidden", "<urgent", "<override", "<injected", "</information",
-                                        "</important", "</instructions"),
+    _r("override.tags", OVERRIDE, 0.6, (('information', 'important', 'instructions', 'instruction', 'admin', 'secret', 'hidden', 'urgent', 'override', 'injected'), ('<information', '<important', '<instruction', '<admin', '<secret', '<hidden', '<urgent', '<override', '<injected', '</information', '</important', '</instruction')),
        r"</?(?:information|important|instructions?|admin|secret|hidden|urgent|override|injected)>"),
-    _r("override.strictly_adhere", OVERRIDE, 0.8, ("adhere", "follow", "obey", "comply"),
+    _r("override.strictly_adhere", OVERRIDE, 0.8, (('adhere', 'follow', 'obey', 'comply', 'execute'), ('following', 'new', 'below', 'next'), ('instructions', 'instruction', 'commands', 'command', 'steps', 'step', 'directive', 'directives', 'orders', 'order', 'task')),
        r"\b(?:strictly|carefully|only|now|must|exactly)\s+(?:adhere\s+to|follow|obey|comply\s+with|execute)\s+"
        r"(?:the\s+|these\s+|my\s+)?(?:following|new|below|next)\s+(?:instructions?|commands?|steps?|directives?|"
        r"orders?|task)"),
-    _r("override.stop_task", OVERRIDE, 0.8, ("stop", "halt", "abort", "cease"),
+    _r("override.stop_task", OVERRIDE, 0.8, (('stop', 'halt', 'abort', 'cease', 'pause'), ('doing', 'current', 'everything', 'tasks', 'work', 'activities')),
        r"\b(?:stop|halt|abort|cease|pause)\s+(?:what\s+you\s+are\s+doing|(?:your|the)\s+current\s+(?:task|work|"
        r"activity)|everything\s+(?:you|and)|all\s+(?:other\s+)?(?:tasks|work|activities))"),
-    _r("override.extract_prompt", OVERRIDE, 0.8, ("prompt", "instructions", "password", "secret"),
+    _r("override.extract_prompt", OVERRIDE, 0.8, (('repeat', 'print', 'reveal', 'output', 'show', 'display', 'leak', 'tell', 'write', 'recite', 'dump', 'echo'), ('prompt', 'instructions', 'preprompt', 'pre', 'password', 'secret', 'code', 'window')),
        r"\b(?:repeat|print|reveal|output|show|display|leak|tell\s+me|write\s+out|recite|dump|echo)\s+(?:back\s+)?"
        r"(?:all\s+of\s+|everything\s+in\s+)?(?:your|the)\s+(?:entire\s+|full\s+|whole\s+|original\s+|initial\s+|"
        r"hidden\s+|secret\s+)?(?:system\s+prompt|instructions\s+(?:above|you\s+were\s+given)|initial\s+prompt|"
@@ -274,81 +342,71 @@ RULES: tuple[_Rule, ...] = (
     _r("override.access_granted", OVERRIDE, 0.5, ("access granted",),
        r"\b(?:say|respond\s+with|reply\s+with|begin\s+(?:your\s+)?(?:reply|response)\s+with|output|print)\s+"
        r"[\"']?access\s+granted"),
-    _r("override.boundary", OVERRIDE, 0.8, ("end", "begin"),
+    _r("override.boundary", OVERRIDE, 0.8, (('end', 'begin', 'start'), ('%%%', '===', '---', '***', '###', '[')),
        r"(?:%{3}|={3,}|-{3,}|\*{3}|#{3,}|\[)\s*(?:end|begin|start)\s+(?:of\s+)?(?:the\s+)?(?:user(?:\s+input)?|"
        r"system(?:\s+prompt)?|ambiguity|input|instructions|prompt|context|tool\s+(?:output|result|response)|"
        r"untrusted\s+(?:content|data)|(?:function|tool)\s+call)\s*(?:%{3}|={3,}|-{3,}|\*{3}|#{3,}|\])"),
     # ---------------------------------------------------------------- exec_request
-    _r("exec_request.pipe_to_shell", EXEC_REQUEST, 0.5, ("curl", "wget", "fetch", "iwr", "invoke-webrequest"),
+    _r("exec_request.pipe_to_shell", EXEC_REQUEST, 0.5, (('curl', 'wget', 'fetch', 'iwr', 'invoke'), ('|',)),
        r"\b(?:curl|wget|fetch|iwr|invoke-webrequest)\b[^\n|;]{0,300}\|\s*(?:sudo\s+(?:-\S+\s+)*)?"
        r"(?:ba|z|da|k|c|tc|fi|a)?sh\b|\b(?:curl|wget)\b[^\n|;]{0,300}\|\s*(?:sudo\s+)?(?:python[0-9.]*|perl|ruby|node"
        r"|php|iex)\b"),
-    _r("exec_request.procsub_shell", EXEC_REQUEST, 0.7, ("<(curl", "<(wget", "$(curl", "$(wget", "`curl", "`wget",
-                                                         "<( curl", "$( curl"),
+    _r("exec_request.procsub_shell", EXEC_REQUEST, 0.7, (('curl', 'wget'), ('<(curl', '<(wget', '$(curl', '$(wget', '`curl', '`wget', '<( curl', '$( curl')),
        r"(?:\b(?:ba|z)?sh|\bsource|\beval|\.)\s+(?:-c\s+)?[\"']?(?:<\(|\$\(|`)\s*(?:curl|wget)\b"),
-    _r("exec_request.base64_shell", EXEC_REQUEST, 1.0, ("base64",),
+    _r("exec_request.base64_shell", EXEC_REQUEST, 1.0, (('base64',),),
        r"\bbase64\s+(?:-d|--decode|-D|-di)\b[^\n]{0,80}\|\s*(?:sudo\s+)?(?:ba|z|da|k)?sh\b|"
        r"\becho\s+[\"']?[A-Za-z0-9+/=]{16,}[\"']?\s*\|\s*base64\s+(?:-d|--decode|-D)"),
-    _r("exec_request.py_exec_b64", EXEC_REQUEST, 1.0, ("exec(", "eval("),
+    _r("exec_request.py_exec_b64", EXEC_REQUEST, 1.0, (('b64decode',), ('exec', 'eval')),
        r"\b(?:exec|eval)\s*\(\s*(?:__import__\(\s*['\"]base64['\"]\s*\)|base64)\.b64decode"),
-    _r("exec_request.reverse_shell", EXEC_REQUEST, 1.0, ("/dev/tcp/", "/dev/udp/", "nc ", "ncat", "socat", "mkfifo",
-                                                         "netcat"),
+    _r("exec_request.reverse_shell", EXEC_REQUEST, 1.0, (('/dev/tcp/', '/dev/udp/', 'nc', 'ncat', 'netcat', 'socat', 'mkfifo'), ('/dev/', '-e', '-c', 'exec:', '|')),
        r"/dev/(?:tcp|udp)/[\w.\-]+/\d+|\b(?:nc|ncat|netcat)\s+(?:-\S+\s+)*-(?:e|c)\s+\S+|\bsocat\b[^\n]{0,120}"
        r"\bexec:|\bmkfifo\b[^\n]{0,120}\|\s*(?:nc|ncat|netcat)\b"),
-    _r("exec_request.secret_to_network", EXEC_REQUEST, 1.0, ("env", "printenv", "id_rsa", ".aws", ".ssh",
-                                                             "credentials", ".netrc", "/etc/shadow", "/etc/passwd",
-                                                             "token", "secret", "_key"),
+    _r("exec_request.secret_to_network", EXEC_REQUEST, 1.0, (('env', 'printenv', 'set', 'cat', 'curl', 'wget'), ('curl', 'nc', 'ncat', 'wget', 'netcat', 'ssh', 'base64'), ('|', '-d', '--data', '-f', '--form', '-t', '--upload-file', '--post-file', '-h')),
        r"\b(?:env|printenv|set|cat\s+[^\n|]*(?:\.env|id_rsa|id_ed25519|\.aws/credentials|\.netrc|/etc/shadow|"
        r"/etc/passwd|\.ssh/\S+|\.git-credentials|\.npmrc|\.pypirc))\s*\|\s*(?:curl|nc|ncat|wget|netcat|ssh|base64)\b"
        r"|\b(?:curl|wget)\b[^\n]{0,200}(?:-d|--data(?:-binary|-raw|-urlencode)?|-F|--form|-T|--upload-file|"
        r"--post-file|-H)[=\s]+[\"']?@?[^\s\"']*(?:\.env\b|id_rsa|id_ed25519|\.aws|\.ssh|credentials|\.netrc|/etc/"
        r"(?:shadow|passwd)|\$\(|`|\$\{?[A-Z_]*(?:TOKEN|KEY|SECRET|PASS))"),
-    _r("exec_request.secret_file", EXEC_REQUEST, 1.0, ("id_rsa", "id_ed25519", ".ssh", ".aws", ".env", ".netrc",
-                                                       "/etc/shadow", ".git-credentials", ".pypirc", ".npmrc"),
+    _r("exec_request.secret_file", EXEC_REQUEST, 1.0, (('id_rsa', 'id_ed25519', 'ssh', 'aws', 'env', 'netrc', 'shadow', 'git', 'pypirc', 'npmrc', 'credentials'), ('id_rsa', 'id_ed25519', '.ssh/', '.aws/', '.env', '.netrc', '/etc/shadow', '.git-credentials', '.pypirc', '.npmrc')),
        r"\b(?:send|post|upload|e-?mail|mail|forward|transmit|leak|exfiltrate|share|submit|paste|copy|attach|"
        r"include|read|cat|print|output|show)\s+(?:me\s+|us\s+)?(?:the\s+)?(?:contents?\s+of\s+|full\s+)?"
        r"(?:your\s+|the\s+user's\s+|their\s+)?[\"'`]?(?:~|\$HOME|/root|/home/\w+)?/?(?:\.ssh/(?:id_\w+|"
        r"authorized_keys|config)|\.aws/credentials|\.env\b|\.netrc|/etc/shadow|\.git-credentials|\.pypirc|\.npmrc)"
        r"(?:[^.\n]{0,80}?\b(?:to|at|via|into|in\s+your\s+(?:reply|response|answer|commit|pr|pull\s+request)|"
        r"below)\b)"),
-    _r("exec_request.exfil_secret", EXEC_REQUEST, 0.7, ("send", "post", "upload", "email", "mail", "forward",
-                                                        "transmit", "leak", "exfiltrat", "share", "submit", "paste",
-                                                        "copy"),
+    _r("exec_request.exfil_secret", EXEC_REQUEST, 0.7, (('send', 'post', 'upload', 'email', 'e', 'mail', 'forward', 'transmit', 'leak', 'exfiltrate', 'share', 'submit', 'paste', 'copy', 'report'), ('token', 'tokens', 'api', 'apikey', 'api_key', 'key', 'keys', 'secret', 'secrets', 'password', 'passwords', 'passwd', 'credential', 'credentials', 'private', 'ssh', 'env', 'environment', 'cookie', 'cookies', 'session', 'access', 'auth', 'authorization', 'bearer'), ('to', 'at', 'via', 'into')),
        r"\b(?:send|post|upload|e-?mail|mail|forward|transmit|leak|exfiltrate|share|submit|paste|copy|report)\s+"
        r"[^.\n]{0,60}?\b(?:tokens?|api[ _\-]?keys?|secrets?|passwords?|passwd|credentials?|private\s+keys?|"
        r"ssh\s+keys?|env(?:ironment)?\s+(?:variables|vars)|cookies?|session\s+(?:ids?|tokens?)|"
        r"access\s+keys?|auth(?:orization)?\s+(?:headers?|tokens?)|bearer)\b[^.\n]{0,80}?\b(?:to|at|via|into)\s+"
        r"(?:https?://|[\w.+\-]+@[\w\-]+\.[\w.]+|(?:this|the\s+following|my|our)\s+(?:url|address|endpoint|"
        r"server|webhook|email|inbox|channel|gist|pastebin)|(?:a\s+)?(?:webhook|pastebin|gist|attacker))"),
-    _r("exec_request.exfil_to_me", EXEC_REQUEST, 0.6, ("send me", "send us", "email me", "forward me", "give me",
-                                                       "post them", "send them", "send it"),
+    _r("exec_request.exfil_to_me", EXEC_REQUEST, 0.6, (('send', 'email', 'e', 'forward', 'give', 'post', 'upload', 'leak'), ('me', 'us', 'them', 'it')),
        r"\b(?:send|email|e-mail|forward|give|post|upload|leak)\s+(?:me|us|them|it)\s+(?:all\s+)?(?:(?:your|the\s+"
        r"user's|the|their)\s+)?(?:[\w\-]+\s+){0,2}?(?:tokens?|api[ _\-]?keys?|secrets?|passwords?|credentials?|"
        r"private\s+keys?|ssh\s+keys?|environment\s+variables|cookies?|source\s+code|repository|codebase|conversation|"
        r"chat\s+history)\b"),
-    _r("exec_request.attacker_host", EXEC_REQUEST, 0.5, ("http", "@", "webhook", "ngrok", "pastebin"),
+    _r("exec_request.attacker_host", EXEC_REQUEST, 0.5, (('http', 'https', 'webhook', 'ngrok', 'pastebin', 'requestbin', 'pipedream', 'burpcollaborator', 'interact', 'oast', 'transfer', 'hastebin', 'discord', 'telegram', 'evil', 'attacker', 'exfil', 'hacker', 'malicious', 'pwn', 'pwned'),),
        r"\bhttps?://(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?/|\b(?:webhook\.site|requestbin|pipedream\.net|ngrok(?:-free)?\."
        r"(?:io|app|dev)|burpcollaborator|interact\.sh|oast\.\w+|pastebin\.com|transfer\.sh|hastebin|"
        r"discord(?:app)?\.com/api/webhooks|api\.telegram\.org/bot)|\b[\w.+\-]+@[\w.\-]*(?:evil|attacker|exfil|"
        r"hacker|malicious|pwn)[\w.\-]*\.[a-z]{2,}|\bhttps?://[\w.\-]*(?:evil|attacker|exfil|malicious|pwn3?d?)"
        r"[\w\-]*\.[a-z]{2,}"),
-    _r("exec_request.md_image_exfil", EXEC_REQUEST, 1.0, ("![",),
+    _r("exec_request.md_image_exfil", EXEC_REQUEST, 1.0, (('http', 'https'), ('![',)),
        r"!\[[^\]\n]{0,100}\]\(\s*https?://[^)\s]{1,200}[?&][^)\s]{0,200}(?:\{[^}\s]{1,40}\}|\$\{?\w+|%7B|"
        r"\[(?:secret|token|data|password|key|conversation|history)\])"),
-    _r("exec_request.run_request", EXEC_REQUEST, 0.4, ("run", "execute", "exec", "type", "paste", "invoke"),
+    _r("exec_request.run_request", EXEC_REQUEST, 0.4, (('run', 'execute', 'exec', 'type', 'paste', 'invoke'), ('please', 'must', 'should', 'need', 'have', 'now', 'first', 'immediately', 'simply', 'just')),
        r"\b(?:please\s+|you\s+(?:must|should|need\s+to|have\s+to)\s+|now\s+|first,?\s+|immediately\s+|simply\s+|"
        r"just\s+)(?:run|execute|exec|type|paste|invoke)\s+(?:the\s+following|this|these|the\s+command|this\s+"
        r"command|`)"),
-    _r("exec_request.dangerous_command", EXEC_REQUEST, 0.5, ("rm -rf", "rm -fr", "chmod", "git push",
-                                                             "mkfs", ":(){", "dd if=", "/dev/sd"),
+    _r("exec_request.dangerous_command", EXEC_REQUEST, 0.5, (('rm', 'chmod', 'git', 'mkfs', 'dd', 'dev'), ('rm -rf', 'rm -fr', 'chmod', 'git push', 'mkfs', ':(){', 'dd if=', '/dev/sd')),
        r"\brm\s+-(?:rf|fr)\s+(?:/|~|\$HOME|\*|\.\s|\.$|--no-preserve-root)|\bchmod\s+-R\s+777\s+/|\bgit\s+push\s+"
        r"(?:-f\s+|--force\s+)?(?:https?://|\S+@\S+:)|:\(\)\s*\{\s*:\|:&\s*\};:|\bdd\s+if=\S+\s+of=/dev/sd|"
        r">\s*/dev/sd[a-z]\b"),
-    _r("exec_request.install_remote", EXEC_REQUEST, 0.3, ("pip install", "npm install", "pip3 install"),
+    _r("exec_request.install_remote", EXEC_REQUEST, 0.3, (('pip', 'pip3', 'npm'), ('install',), ('http://', 'https://')),
        r"\b(?:pip3?|npm)\s+install\s+(?:-\S+\s+)*(?:git\+)?https?://"),
     # ---------------------------------------------------------------- boosters (never fire alone)
-    _r("boost.ai_address", _BOOST, 0.6, ("ai", "assistant", "agent", "model", "llm", "gpt", "claude", "copilot",
-                                        "bot", "qwen", "gemini", "cursor", "devin"),
+    _r("boost.ai_address", _BOOST, 0.6, (('ai', 'assistant', 'agent', 'agents', 'model', 'models', 'llm', 'gpt', 'claude', 'copilot', 'bot', 'chatbot', 'qwen', 'gemini', 'cursor', 'devin', 'chatgpt', 'llama', 'coding', 'automated', 'assistants', 'tools', 'systems'),),
        r"\b(?:note|message|instructions?|attention|notice|reminder|important|request)\s+(?:to|for)\s+(?:the\s+|any\s+|"
        r"all\s+)?(?:ai|llm|language\s+model|assistant|agent|model|bot|chatbot|copilot|automated\s+(?:tool|agent|"
        r"system)s?|coding\s+(?:agent|assistant))s?\b|\b(?:dear|hey|hi|hello|attention|psst)[,!\s]+(?:ai|llm|"
@@ -359,9 +417,7 @@ RULES: tuple[_Rule, ...] = (
        r"(?:must|should|will|are)|\bto\s+you,?\s+(?:gpt|claude|qwen|the\s+(?:ai|assistant|agent|model))"),
     _r("boost.urgency_caps", _BOOST, 0.4, ("IMPORTANT", "URGENT", "ATTENTION", "CRITICAL", "MANDATORY", "WARNING"),
        r"\b(?:IMPORTANT|URGENT|ATTENTION|CRITICAL|MANDATORY)\b|\bWARNING\s*!", flags=re.MULTILINE),
-    _r("boost.urgency", _BOOST, 0.4, ("important", "urgent", "immediately", "must", "critical", "attention",
-                                     "right now", "right away", "without delay", "required to", "obligated",
-                                     "essential", "imperative", "mandatory", "vital"),
+    _r("boost.urgency", _BOOST, 0.4, (('important', 'urgent', 'immediately', 'must', 'critical', 'attention', 'right', 'without', 'required', 'obligated', 'essential', 'imperative', 'mandatory', 'vital', 'alert', 'soon'),),
        r"\b(?:important|urgent|attention|critical|alert)\s*!{2,}|\b(?:immediately|right\s+now|right\s+away|"
        r"without\s+delay|as\s+soon\s+as\s+you\s+read\s+this)\b|\byou\s+(?:must|are\s+required\s+to|are\s+obligated"
        r"\s+to|have\s+to)\s+(?:first\s+|now\s+|immediately\s+|also\s+)?(?:run|execute|send|call|use|follow|obey|"
@@ -369,6 +425,64 @@ RULES: tuple[_Rule, ...] = (
        r"print|say|ignore|forward|email)\b|\bit\s+is\s+(?:critical|essential|mandatory|required|vital|imperative)\s+"
        r"(?:that|to)\s+(?:you|the\s+(?:ai|assistant|agent|model))"),
 )
+
+# Anchors (substrings of the lower-cased text that every match contains near its start) where the
+# first gate group is not the right choice: (anchors, back, span).
+_ANCHORS: dict[str, tuple[tuple[str, ...], int, int]] = {
+    "role_markup.tool_call_tag": (("<tool_", "</tool_", "<function"), 0, 60),
+    "role_markup.inst": (("[inst]", "[/inst]", "<<sys>>", "<</sys>>"), 0, 10),
+    "role_markup.role_tag": (("<system", "</system", "<assistant", "</assistant", "[system]", "[assistant]", "<im_",
+                              "</im_", "<sys>", "</sys>"), 0, 40),
+    "override.tags": (("<information", "<important", "<instruction", "<admin", "<secret", "<hidden", "<urgent",
+                       "<override", "<injected", "</information", "</important", "</instruction"), 0, 20),
+    "exec_request.secret_file": (("id_rsa", "id_ed25519", ".ssh/", ".aws/", ".env", ".netrc", "/etc/shadow",
+                                  ".git-credentials", ".pypirc", ".npmrc"), 120, 200),
+    "exec_request.md_image_exfil": (("![",), 0, 520),
+    "exec_request.dangerous_command": (("rm -", "chmod", "git push", "mkfs", ":(){", "dd if=", "/dev/sd"), 0, 120),
+    "role_markup.header": (("##",), 8, 120),
+    "role_markup.human_turn": (("human:", "user:"), 12, 64),
+    "role_markup.assistant_turn": (("assistant:", "ai:"), 12, 64),
+    "role_markup.system_turn": (("system:",), 12, 64),
+    "role_markup.fake_call_json": (('"arguments"',), 100, 40),
+    "override.new_instructions": (("instruction", "task", "objective", "directive", "goal", "mission",
+                                   "system prompt"), 40, 80),
+    "override.real_task": (("task", "job", "goal", "purpose", "objective", "mission"), 30, 60),
+    "override.secrecy": (("tell", "inform", "mention", "reveal", "alert", "notify", "disclos"), 32, 120),
+    "override.mode": (("mode", "anything now"), 60, 40),
+    "override.developer_mode": (("developer mode", "admin mode", "administrator mode"), 24, 40),
+    "override.authority": (("override", "instruction", "message", "notice", "command", "directive", "alert"), 30, 40),
+    "override.important_message": (("message", "note", "notice", "instruction", "update", "request"), 50, 120),
+    "override.gave_you": (("gave you", "given you", "asked you", "assigned you"), 60, 80),
+    "override.strictly_adhere": (("adhere", "follow", "obey", "comply", "execute"), 20, 120),
+    "override.access_granted": (("access granted",), 60, 20),
+    "override.boundary": (("end ", "begin ", "start "), 8, 80),
+    "exec_request.procsub_shell": (("<(curl", "<(wget", "$(curl", "$(wget", "`curl", "`wget", "<( curl", "$( curl"),
+                                   24, 40),
+    "exec_request.base64_shell": (("base64", "echo "), 100, 8192),
+    "exec_request.py_exec_b64": (("exec", "eval"), 0, 120),
+    "exec_request.reverse_shell": (("/dev/tcp/", "/dev/udp/", "nc ", "ncat", "netcat", "socat", "mkfifo"), 0, 200),
+    "exec_request.secret_to_network": (("| curl", "|curl", "| nc", "|nc", "| wget", "|wget", "| ncat", "| netcat",
+                                        "| ssh", "| base64", "|base64", "curl ", "wget "), 300, 400),
+    "exec_request.secret_file": (("id_rsa", "id_ed25519", ".ssh/", ".aws/", ".env", ".netrc", "/etc/shadow",
+                                  ".git-credentials", ".pypirc", ".npmrc"), 120, 200),
+    "exec_request.exfil_secret": (("send", "post", "upload", "mail", "forward", "transmit", "leak", "exfiltrat",
+                                   "share", "submit", "paste", "copy", "report"), 2, 280),
+    "exec_request.exfil_to_me": (("send ", "email ", "e-mail ", "forward ", "give ", "post ", "upload ", "leak "),
+                                 0, 160),
+    "exec_request.attacker_host": (("http", "webhook", "requestbin", "pipedream", "ngrok", "burpcollaborator",
+                                    "interact.sh", "oast.", "pastebin", "transfer.sh", "hastebin", "discord",
+                                    "api.telegram", "evil", "attacker", "exfil", "hacker", "malicious", "pwn"), 64, 200),
+    "exec_request.run_request": (("please ", "you must ", "you should ", "you need to ", "you have to ", "now ",
+                                  "first", "immediately ", "simply ", "just "), 0, 80),
+    "boost.ai_address": (("note ", "message ", "instruction", "attention", "notice ", "reminder ", "important ",
+                          "request ", "dear ", "hey", "hi ", "hi,", "hello", "psst", "if you are", "ai ", "llm ",
+                          "as an ai", "to you"), 0, 120),
+    "boost.urgency": (("important", "urgent", "attention", "critical", "alert", "immediately", "right now",
+                       "right away", "without delay", "as soon as", "you must", "you are required",
+                       "you are obligated", "you have to", "it is "), 0, 120),
+}
+RULES = tuple(dataclasses.replace(r, anchors=_ANCHORS[r.feature][0], back=_ANCHORS[r.feature][1],
+                                  span=_ANCHORS[r.feature][2]) if r.feature in _ANCHORS else r for r in RULES)
 
 # Phrases searched in the collapsed (letters-only, leetspeak-folded) view; a hit there that the
 # plain rules missed means the phrase was spelled to dodge them.
@@ -444,6 +558,7 @@ class _Scanner:
     limits: HiddenTextLimits
     extra: tuple[tuple[str, str, re.Pattern[str]], ...] = ()
     findings: list[Finding] = field(default_factory=list)
+    words: set[bytes] = field(default_factory=set)
 
     def add(self, family: str, feature: str, weight: float, start: int = -1, end: int = -1) -> None:
         self.findings.append(Finding(family, feature, round(weight, 3), start, end))
@@ -451,12 +566,18 @@ class _Scanner:
     def phrases(self, text: str, factor: float = 1.0, offset: int = 0, depth: int = 0) -> float:
         """Run the rule tables over ``text``; returns the weight added (for carriers)."""
         low = text.lower()
+        words = _words(low)
+        if depth == 0:
+            self.words = words
         added = 0.0
         plain_ignore = False
+        aligned = len(low) == len(text)
+        n = len(text)
         for rule in RULES:
-            if not any(g in low for g in rule.gate):
+            if not rule.open(low, words):
                 continue
-            for m in rule.rx.finditer(text):
+            windows = _windows(low, rule, n, words) if aligned and rule.anchors else [(0, n)]
+            for m in (m for a, b in windows for m in rule.rx.finditer(text, a, b)):
                 w = rule.weight * factor
                 if rule.meta and _meta(text, m.start(), m.end()):
                     w *= META_FACTOR
@@ -500,7 +621,7 @@ class _Scanner:
             for m in _HIDDEN_ATTR.finditer(text):
                 added += self._payload("hidden_text.hidden_element", m.group(2), m.start(2))
         n_b64 = 0
-        for m in _B64.finditer(text):
+        for m in self._b64_candidates(text):
             if n_b64 >= 16:
                 break
             n_b64 += 1
@@ -522,6 +643,23 @@ class _Scanner:
                     break
                 added += self._payload("hidden_text.padding", tail, m.end())
         return added
+
+    def _b64_candidates(self, text: str) -> Iterable[re.Match[str]]:
+        """Base64 runs of 40+ characters, searched only around long letter-digit words."""
+        longs = [w for w in self.words if len(w) >= 20 and b"_" not in w]
+        if not longs:
+            return ()
+        low = text.lower()
+        spots = sorted({i for w in longs[:64] for i in [low.find(w.decode("utf-8", "ignore"))] if i >= 0})
+        out: list[re.Match[str]] = []
+        end = -1
+        for i in spots:
+            a = max(0, i - 8192, end)
+            for m in _B64.finditer(text, a, min(len(text), i + 8192)):
+                if m.start() >= end:
+                    out.append(m)
+                    end = m.end()
+        return out
 
     def _payload(self, feature: str, payload: str, offset: int) -> float:
         inner = _Scanner(payload, self.limits, self.extra)
