@@ -183,6 +183,7 @@ class _Rule:
     anchors: tuple[str, ...] = ()  # every match starts at most ``back`` characters before one
     back: int = 0
     span: int = 640                # and ends at most ``span`` characters after it
+    whole: bool = True             # every anchor is a whole word of any match (absent words skip)
 
     def open(self, low: str, words: set[bytes]) -> bool:
         """Whether the gate passes for the lower-cased text ``low`` with word set ``words``."""
@@ -197,9 +198,12 @@ def _r(feature: str, family: str, weight: float, gate: Iterable[str] | Iterable[
        back: int = 0) -> _Rule:
     gate = tuple(gate)
     groups = (gate,) if all(isinstance(g, str) for g in gate) else gate
+    # a gate string is a word of the text, or (not a word, or marked with a leading ``*``) a substring
     built = tuple(_Group(frozenset(w.encode() for w in grp if _WORD.fullmatch(w)),
-                         tuple(w.lower() for w in grp if not _WORD.fullmatch(w))) for grp in groups)
-    anchor = tuple(anchors) if anchors is not None else tuple(groups[0])
+                         tuple(w.lstrip("*").lower() for w in grp if not _WORD.fullmatch(w))) for grp in groups)
+    anchor = tuple(a.lstrip("*") for a in anchors) if anchors is not None else tuple(g.lstrip("*") for g in groups[0])
+    if family in (EXEC_REQUEST, _BOOST):
+        meta = False  # attackers quote commands in backticks too; these need a target signal anyway
     return _Rule(feature, family, weight, built, re.compile(pattern, flags), meta, once, anchor, back)
 
 
@@ -207,13 +211,16 @@ _LEAD = re.compile(r"[a-z0-9_]+")
 
 
 @functools.lru_cache(maxsize=1024)
-def _lead_word(anchor: str) -> bytes | None:
-    """The word an anchor starts with when it is a whole word of the text (``"note "`` → ``note``)."""
+def _lead_word(anchor: str, whole: bool) -> bytes | None:
+    """The word an anchor starts with when a match needs it as a whole word of the text
+    (``"note "`` → ``note``; a bare word only when the rule says its anchors are whole words)."""
     m = _LEAD.match(anchor)
     if m is None:
         return None
     rest = anchor[m.end():]
-    return m.group(0).encode() if not rest or not rest[0].isalnum() else None
+    if not rest and not whole:
+        return None
+    return m.group(0).encode() if not rest or not (rest[0].isalnum() or rest[0] == "_") else None
 
 
 def _windows(low: str, rule: _Rule, n: int, words: set[bytes]) -> list[tuple[int, int]]:
@@ -221,7 +228,7 @@ def _windows(low: str, rule: _Rule, n: int, words: set[bytes]) -> list[tuple[int
     (an anchor that starts with a word the text does not have is skipped without a search)."""
     spots: list[int] = []
     for a in rule.anchors:
-        lead = _lead_word(a)
+        lead = _lead_word(a, rule.whole)
         if lead is not None and lead not in words:
             continue
         i = low.find(a)
@@ -247,9 +254,9 @@ def _words(low: str) -> set[bytes]:
 
 
 _PREV = r"(?:previous|prior|above|earlier|preceding|former|original|initial|system|old|existing|foregoing|other)"
-_INSTR = (r"(?:instructions?|directions?|prompts?|rules|guidelines|directives?|commands?|orders|constraints|"
+_INSTR = (r"(?:\w{0,3}nstruct\w*|directions?|prompts?|rules|guidelines|directives?|commands?|orders|constraints|"
           r"guardrails|programming|context|messages|tasks?|restrictions|policies|system\s+prompt|training)")
-_QUAL = r"(?:(?:all|any|the|your|my|of|every|these|those)\s+)*"
+_QUAL = r"(?:(?:all|any|the|your|my|of|every|these|those|the\s+user'?s|user|their)\s+)*"
 _VERBS = r"(?:ignore|ignoring|disregard|disregarding|forget|forgetting|override|bypass|neglect|discard|abandon)"
 
 RULES: tuple[_Rule, ...] = (
@@ -269,9 +276,9 @@ RULES: tuple[_Rule, ...] = (
     _r("role_markup.fake_call_json", ROLE_MARKUP, 0.5, (('arguments',), ('"arguments"',)),
        r'\{\s*"name"\s*:\s*"[A-Za-z0-9_\-]{1,64}"\s*,\s*"arguments"\s*:\s*\{'),
     # ---------------------------------------------------------------- override
-    _r("override.ignore_previous", OVERRIDE, 1.0, (('ignore', 'ignoring', 'disregard', 'disregarding', 'forget', 'forgetting', 'override', 'bypass', 'neglect', 'discard', 'abandon'), ('instructions', 'instruction', 'prompt', 'prompts', 'rules', 'guidelines', 'directives', 'directive', 'directions', 'direction', 'commands', 'command', 'orders', 'constraints', 'guardrails', 'programming', 'context', 'messages', 'task', 'tasks', 'restrictions', 'policies', 'training', 'safety')),
+    _r("override.ignore_previous", OVERRIDE, 1.0, (('ignore', 'ignoring', 'disregard', 'disregarding', 'forget', 'forgetting', 'override', 'bypass', 'neglect', 'discard', 'abandon'), ('*nstruct', 'instructions', 'instruction', 'prompt', 'prompts', 'rules', 'guidelines', 'directives', 'directive', 'directions', 'direction', 'commands', 'command', 'orders', 'constraints', 'guardrails', 'programming', 'context', 'messages', 'task', 'tasks', 'restrictions', 'policies', 'training', 'safety')),
        rf"\b{_VERBS}\s+{_QUAL}{_PREV}\s+(?:and\s+\w+\s+)?{_INSTR}\b"
-       rf"|\b{_VERBS}\s+{_QUAL}(?:instructions|system\s+prompt|directives|prompts?)\b"
+       rf"|\b{_VERBS}\s+{_QUAL}(?:\w{{0,3}}nstructions|system\s+prompt|directives|prompts?)\b"
        rf"|\b{_VERBS}\s+(?:all\s+)?your\s+(?:rules|guidelines|programming|training|restrictions|guardrails|"
        rf"policies|safety|constraints)\b"),
     _r("override.ignore_what", OVERRIDE, 1.0, (('ignore', 'disregard', 'forget'), ('told', 'given', 'asked', 'instructed', 'said', 'above', 'before', 'else', 'prior', 'far', 'training', 'guidelines')),
@@ -279,6 +286,19 @@ RULES: tuple[_Rule, ...] = (
        r"(?:told|given|asked|instructed))|what\s+(?:you\s+were|i|the\s+user)\s+(?:told|said|asked)|"
        r"(?:everything|all)\s+(?:above|before|else\s+you|prior|so\s+far)|the\s+above\b(?!\s+(?:error|warning|"
        r"message|output|line|example|code)))"),
+    _r("override.ignore_given", OVERRIDE, 1.0, (("ignore", "disregard", "forget", "ignoring"),
+                                                ("given", "gave", "received", "assigned", "user")),
+       r"\b(?:ignore|ignoring|disregard|forget)\s+(?:the|your|this|any)\s+(?:task|request|question|assignment|job|"
+       r"instructions?|directions?)\s+(?:(?:that\s+)?you\s+(?:were|have\s+been)\s+(?:given|assigned)|(?:that\s+)?"
+       r"(?:the\s+user|your\s+user|i)\s+(?:gave|assigned)|you\s+received|given\s+to\s+you|from\s+(?:the|your)\s+user)"),
+    _r("override.conceal", OVERRIDE, 0.6, (("mention", "tell", "reveal", "say", "disclose", "admit"),
+                                          ("not", "don", "never", "t")),
+       r"\b(?:do\s+not|don't|never)\s+(?:mention|tell\s+anyone|reveal|say|disclose|admit)\s+(?:that\s+you|this\s+"
+       r"(?:step|instruction|message|note)|anything\s+about\s+this|you\s+(?:read|did|ran|saw))"),
+    _r("override.claimed_consent", OVERRIDE, 0.6, (("authorised", "authorized", "approved", "allowed", "permitted",
+                                                   "requested", "consented"),),
+       r"\b(?:the\s+user|your\s+user|the\s+owner|the\s+maintainers?|the\s+admin\w*|the\s+security\s+team|i)\s+"
+       r"(?:has|have|had)\s+(?:already\s+)?(?:authori[sz]ed|approved|allowed|permitted|requested|consented)\b"),
     _r("override.new_instructions", OVERRIDE, 0.6, (('new', 'updated', 'real', 'actual', 'true', 'revised', 'different', 'additional', 'secret', 'hidden', 'override'), ('instruction', 'instructions', 'task', 'objective', 'directive', 'goal', 'mission', 'prompt')),
        r"\b(?:new|updated|real|actual|true|revised|different|additional|secret|hidden|override)\s+"
        r"(?:system\s+)?(?:instructions?|task|objective|directive|goal|mission|system\s+prompt)\s*(?::|is\b|are\b)"),
@@ -296,11 +316,13 @@ RULES: tuple[_Rule, ...] = (
        r"mention(?:ing)?|reveal(?:ing)?|alert(?:ing)?|notify(?:ing)?|disclos(?:e|ing))\s+"
        r"(?:(?:this|it|anything|any\s+of\s+this)\s+(?:to\s+)?)?(?:the\s+|your\s+)?(?:user|human|operator|"
        r"owner|reviewer|maintainers?)s?\b"),
-    _r("override.silently", OVERRIDE, 0.5, ("silently", "secretly", "covertly", "without asking",
-                                            "without confirm", "without telling", "without informing"),
+    _r("override.silently", OVERRIDE, 0.5, ("silently", "secretly", "covertly"),
        r"\b(?:silently|secretly|covertly)\s+(?:run|execute|send|add|insert|delete|remove|modify|change|"
-       r"upload|push|install|call|include|append|write|replace)\b|\bwithout\s+(?:asking|confirmation|"
-       r"confirming|telling|informing|notifying)\s+(?:the\s+)?(?:user|human|anyone|them)\b"),
+       r"upload|push|install|call|include|append|write|replace)\b"),
+    _r("override.without_asking", OVERRIDE, 0.5, (("without",), ("asking", "confirmation", "confirming", "telling",
+                                                                  "informing", "notifying")),
+       r"\bwithout\s+(?:asking|confirmation|confirming|telling|informing|notifying)\s+(?:the\s+|your\s+)?"
+       r"(?:user|human|anyone|them|permission)\b"),
     _r("override.mode", OVERRIDE, 1.0, (('mode', 'anything'), ('god', 'dan', 'jailbreak', 'jailbroken', 'unrestricted', 'unfiltered', 'uncensored', 'evil', 'now')),
        r"\b(?:enable|enter|activate|switch\s+to|engage|turn\s+on|you\s+are\s+(?:now\s+)?in)\s+(?:the\s+)?(?:god|dan|"
        r"jailbreak|jailbroken|unrestricted|unfiltered|uncensored|evil)\s+mode\b|\bdo\s+anything\s+now\b"),
@@ -334,22 +356,22 @@ RULES: tuple[_Rule, ...] = (
     _r("override.stop_task", OVERRIDE, 0.8, (('stop', 'halt', 'abort', 'cease', 'pause'), ('doing', 'current', 'everything', 'tasks', 'work', 'activities')),
        r"\b(?:stop|halt|abort|cease|pause)\s+(?:what\s+you\s+are\s+doing|(?:your|the)\s+current\s+(?:task|work|"
        r"activity)|everything\s+(?:you|and)|all\s+(?:other\s+)?(?:tasks|work|activities))"),
-    _r("override.extract_prompt", OVERRIDE, 0.8, (('repeat', 'print', 'reveal', 'output', 'show', 'display', 'leak', 'tell', 'write', 'recite', 'dump', 'echo'), ('prompt', 'instructions', 'preprompt', 'pre', 'password', 'secret', 'code', 'window')),
+    _r("override.extract_prompt", OVERRIDE, 0.6, (('repeat', 'print', 'reveal', 'output', 'show', 'display', 'leak', 'tell', 'write', 'recite', 'dump', 'echo'), ('prompt', 'instructions', 'preprompt', 'pre', 'password', 'secret', 'code', 'window')),
        r"\b(?:repeat|print|reveal|output|show|display|leak|tell\s+me|write\s+out|recite|dump|echo)\s+(?:back\s+)?"
        r"(?:all\s+of\s+|everything\s+in\s+)?(?:your|the)\s+(?:entire\s+|full\s+|whole\s+|original\s+|initial\s+|"
        r"hidden\s+|secret\s+)?(?:system\s+prompt|instructions\s+(?:above|you\s+were\s+given)|initial\s+prompt|"
-       r"pre-?prompt|prompt\s+(?:above|so\s+far)|secret\s+(?:password|key|code)|access\s+code|context\s+window)"),
+       r"pre-?prompt|prompt\s+(?:above|so\s+far)|secret\s+(?:password|key|code)|access\s+code|context\s+window)", once=False),
     _r("override.access_granted", OVERRIDE, 0.5, ("access granted",),
        r"\b(?:say|respond\s+with|reply\s+with|begin\s+(?:your\s+)?(?:reply|response)\s+with|output|print)\s+"
        r"[\"']?access\s+granted"),
     _r("override.boundary", OVERRIDE, 0.8, (('end', 'begin', 'start'), ('%%%', '===', '---', '***', '###', '[')),
        r"(?:%{3}|={3,}|-{3,}|\*{3}|#{3,}|\[)\s*(?:end|begin|start)\s+(?:of\s+)?(?:the\s+)?(?:user(?:\s+input)?|"
-       r"system(?:\s+prompt)?|ambiguity|input|instructions|prompt|context|tool\s+(?:output|result|response)|"
+       r"system(?:\s+prompt)?|ambiguity|user\s+ambiguity|input|instructions|prompt|context|tool\s+(?:output|result|response)|"
        r"untrusted\s+(?:content|data)|(?:function|tool)\s+call)\s*(?:%{3}|={3,}|-{3,}|\*{3}|#{3,}|\])"),
     # ---------------------------------------------------------------- exec_request
-    _r("exec_request.pipe_to_shell", EXEC_REQUEST, 0.5, (('curl', 'wget', 'fetch', 'iwr', 'invoke'), ('|',)),
+    _r("exec_request.pipe_to_shell", EXEC_REQUEST, 0.5, (('curl', 'wget', 'fetch', 'iwr', 'irm', 'invoke'), ('|',)),
        r"\b(?:curl|wget|fetch|iwr|invoke-webrequest)\b[^\n|;]{0,300}\|\s*(?:sudo\s+(?:-\S+\s+)*)?"
-       r"(?:ba|z|da|k|c|tc|fi|a)?sh\b|\b(?:curl|wget)\b[^\n|;]{0,300}\|\s*(?:sudo\s+)?(?:python[0-9.]*|perl|ruby|node"
+       r"(?:ba|z|da|k|c|tc|fi|a)?sh\b|\b(?:curl|wget|iwr|irm|invoke-webrequest|invoke-restmethod)\b[^\n|;]{0,300}\|\s*(?:sudo\s+)?(?:python[0-9.]*|perl|ruby|node"
        r"|php|iex)\b"),
     _r("exec_request.procsub_shell", EXEC_REQUEST, 0.7, (('curl', 'wget'), ('<(curl', '<(wget', '$(curl', '$(wget', '`curl', '`wget', '<( curl', '$( curl')),
        r"(?:\b(?:ba|z)?sh|\bsource|\beval|\.)\s+(?:-c\s+)?[\"']?(?:<\(|\$\(|`)\s*(?:curl|wget)\b"),
@@ -374,10 +396,10 @@ RULES: tuple[_Rule, ...] = (
        r"authorized_keys|config)|\.aws/credentials|\.env\b|\.netrc|/etc/shadow|\.git-credentials|\.pypirc|\.npmrc)"
        r"(?:[^.\n]{0,80}?\b(?:to|at|via|into|in\s+your\s+(?:reply|response|answer|commit|pr|pull\s+request)|"
        r"below)\b)"),
-    _r("exec_request.exfil_secret", EXEC_REQUEST, 0.7, (('send', 'post', 'upload', 'email', 'e', 'mail', 'forward', 'transmit', 'leak', 'exfiltrate', 'share', 'submit', 'paste', 'copy', 'report'), ('token', 'tokens', 'api', 'apikey', 'api_key', 'key', 'keys', 'secret', 'secrets', 'password', 'passwords', 'passwd', 'credential', 'credentials', 'private', 'ssh', 'env', 'environment', 'cookie', 'cookies', 'session', 'access', 'auth', 'authorization', 'bearer'), ('to', 'at', 'via', 'into')),
+    _r("exec_request.exfil_secret", EXEC_REQUEST, 0.7, (('send', 'post', 'upload', 'email', 'e', 'mail', 'forward', 'transmit', 'leak', 'exfiltrate', 'share', 'submit', 'paste', 'copy', 'report'), ('token', 'tokens', 'api', 'apikey', 'api_key', 'key', 'keys', 'secret', 'secrets', 'password', 'passwords', 'passwd', 'credential', 'credentials', 'private', 'ssh', 'env', 'environ', 'environment', 'cookie', 'cookies', 'session', 'access', 'auth', 'authorization', 'bearer'), ('to', 'at', 'via', 'into')),
        r"\b(?:send|post|upload|e-?mail|mail|forward|transmit|leak|exfiltrate|share|submit|paste|copy|report)\s+"
        r"[^.\n]{0,60}?\b(?:tokens?|api[ _\-]?keys?|secrets?|passwords?|passwd|credentials?|private\s+keys?|"
-       r"ssh\s+keys?|env(?:ironment)?\s+(?:variables|vars)|cookies?|session\s+(?:ids?|tokens?)|"
+       r"ssh\s+keys?|env(?:ironment)?\s+(?:variables|vars)|os\.environ|environ|cookies?|session\s+(?:ids?|tokens?)|"
        r"access\s+keys?|auth(?:orization)?\s+(?:headers?|tokens?)|bearer)\b[^.\n]{0,80}?\b(?:to|at|via|into)\s+"
        r"(?:https?://|[\w.+\-]+@[\w\-]+\.[\w.]+|(?:this|the\s+following|my|our)\s+(?:url|address|endpoint|"
        r"server|webhook|email|inbox|channel|gist|pastebin)|(?:a\s+)?(?:webhook|pastebin|gist|attacker))"),
@@ -398,24 +420,38 @@ RULES: tuple[_Rule, ...] = (
     _r("exec_request.run_request", EXEC_REQUEST, 0.4, (('run', 'execute', 'exec', 'type', 'paste', 'invoke'), ('please', 'must', 'should', 'need', 'have', 'now', 'first', 'immediately', 'simply', 'just')),
        r"\b(?:please\s+|you\s+(?:must|should|need\s+to|have\s+to)\s+|now\s+|first,?\s+|immediately\s+|simply\s+|"
        r"just\s+)(?:run|execute|exec|type|paste|invoke)\s+(?:the\s+following|this|these|the\s+command|this\s+"
-       r"command|`)"),
+       r"command|`)|\b(?:please|you\s+(?:must|need\s+to|have\s+to))\s+(?:now\s+|first\s+|also\s+)?(?:run|execute)\s+"
+       r"(?:sudo\s+)?(?:rm|curl|wget|bash|sh|chmod|git\s+push|nc|python\s+-c)\b|\b(?:please|you\s+(?:must|need\s+to|"
+       r"have\s+to))\s+(?:now\s+|first\s+|also\s+)?(?:run|execute)\s*:\s*(?:sudo\s+)?(?:rm|curl|wget|bash|sh|chmod|"
+       r"git|nc|iwr|irm|python)\b"),
     _r("exec_request.dangerous_command", EXEC_REQUEST, 0.5, (('rm', 'chmod', 'git', 'mkfs', 'dd', 'dev'), ('rm -rf', 'rm -fr', 'chmod', 'git push', 'mkfs', ':(){', 'dd if=', '/dev/sd')),
        r"\brm\s+-(?:rf|fr)\s+(?:/|~|\$HOME|\*|\.\s|\.$|--no-preserve-root)|\bchmod\s+-R\s+777\s+/|\bgit\s+push\s+"
        r"(?:-f\s+|--force\s+)?(?:https?://|\S+@\S+:)|:\(\)\s*\{\s*:\|:&\s*\};:|\bdd\s+if=\S+\s+of=/dev/sd|"
        r">\s*/dev/sd[a-z]\b"),
+    _r("exec_request.persistence", EXEC_REQUEST, 0.6, (("authorized_keys", "bashrc", "zshrc", "profile", "crontab",
+                                                         "hooks", "sudoers"),),
+       r"\b(?:add|append|write|insert|put|copy|echo)\b[^\n]{0,80}(?:\.ssh/authorized_keys|\.bashrc|\.zshrc|"
+       r"\.profile|crontab|\.git/hooks/|/etc/sudoers)"),
     _r("exec_request.install_remote", EXEC_REQUEST, 0.3, (('pip', 'pip3', 'npm'), ('install',), ('http://', 'https://')),
        r"\b(?:pip3?|npm)\s+install\s+(?:-\S+\s+)*(?:git\+)?https?://"),
     # ---------------------------------------------------------------- boosters (never fire alone)
     _r("boost.ai_address", _BOOST, 0.6, (('ai', 'assistant', 'agent', 'agents', 'model', 'models', 'llm', 'gpt', 'claude', 'copilot', 'bot', 'chatbot', 'qwen', 'gemini', 'cursor', 'devin', 'chatgpt', 'llama', 'coding', 'automated', 'assistants', 'tools', 'systems'),),
-       r"\b(?:note|message|instructions?|attention|notice|reminder|important|request)\s+(?:to|for)\s+(?:the\s+|any\s+|"
+       r"\b(?:note|message|instructions?|attention|notice|reminder|important|request|hint|tip)\s+(?:to|for)\s+(?:the\s+|any\s+|"
        r"all\s+)?(?:ai|llm|language\s+model|assistant|agent|model|bot|chatbot|copilot|automated\s+(?:tool|agent|"
        r"system)s?|coding\s+(?:agent|assistant))s?\b|\b(?:dear|hey|hi|hello|attention|psst)[,!\s]+(?:ai|llm|"
        r"assistant|agent|model|bot|chatgpt|claude|gpt(?:-?\d\w*)?|copilot|qwen|gemini|llama|cursor|devin)\b|"
        r"\bif\s+you\s+are\s+an?\s+(?:ai|llm|language\s+model|assistant|agent|bot|automated|coding)|\b(?:ai|llm)\s+"
        r"(?:agents?|assistants?|models?|tools?|systems?)\s+(?:reading|processing|parsing|analy[sz]ing|reviewing|"
        r"summari[sz]ing|seeing)\s+this\b|\bas\s+an\s+ai\s+(?:agent|assistant|model|language\s+model),?\s+you\s+"
-       r"(?:must|should|will|are)|\bto\s+you,?\s+(?:gpt|claude|qwen|the\s+(?:ai|assistant|agent|model))"),
-    _r("boost.urgency_caps", _BOOST, 0.4, ("IMPORTANT", "URGENT", "ATTENTION", "CRITICAL", "MANDATORY", "WARNING"),
+       r"(?:must|should|will|are)|\bto\s+you,?\s+(?:gpt|claude|qwen|the\s+(?:ai|assistant|agent|model))"
+       r"|\bthe\s+(?:ai\s+|coding\s+)?(?:agent|assistant|model|llm|bot)\s+(?:must|should|needs\s+to|has\s+to|is\s+"
+       r"required\s+to)\b|(?:^\s*|[#/*\-]\s*|<!--\s*)(?:ai|llm|copilot|claude|chatgpt|gpt)(?:\s+(?:agents?|assistants?|"
+       r"models?))?\s*:\s+(?:when|if|you|please|always|never|ignore|do|make|add|remove|delete|run|from|your|before)\b"),
+    _r("boost.impersonation", _BOOST, 0.4, (("maintainer", "maintainers", "developer", "admin", "administrator",
+                                             "owner", "boss", "author"),),
+       r"\b(?:it's|it\s+is|this\s+is|i\s+am|i'm)\s+(?:the|your)\s+(?:maintainer|developer|admin\w*|owner|boss|"
+       r"author|project\s+lead)\b"),
+    _r("boost.urgency_caps", _BOOST, 0.4, ("important", "urgent", "attention", "critical", "mandatory", "warning"),
        r"\b(?:IMPORTANT|URGENT|ATTENTION|CRITICAL|MANDATORY)\b|\bWARNING\s*!", flags=re.MULTILINE),
     _r("boost.urgency", _BOOST, 0.4, (('important', 'urgent', 'immediately', 'must', 'critical', 'attention', 'right', 'without', 'required', 'obligated', 'essential', 'imperative', 'mandatory', 'vital', 'alert', 'soon'),),
        r"\b(?:important|urgent|attention|critical|alert)\s*!{2,}|\b(?:immediately|right\s+now|right\s+away|"
@@ -454,6 +490,14 @@ _ANCHORS: dict[str, tuple[tuple[str, ...], int, int]] = {
     "override.important_message": (("message", "note", "notice", "instruction", "update", "request"), 50, 120),
     "override.gave_you": (("gave you", "given you", "asked you", "assigned you"), 60, 80),
     "override.strictly_adhere": (("adhere", "follow", "obey", "comply", "execute"), 20, 120),
+    "override.ignore_given": (("ignore", "ignoring", "disregard", "forget"), 0, 120),
+    "override.conceal": (("do not", "don't", "never"), 0, 80),
+    "override.claimed_consent": (("authorised", "authorized", "approved", "allowed", "permitted", "requested",
+                                  "consented"), 40, 30),
+    "override.without_asking": (("without",), 0, 60),
+    "exec_request.persistence": (("authorized_keys", "bashrc", "zshrc", ".profile", "crontab", "hooks", "sudoers"),
+                                 100, 40),
+    "boost.impersonation": (("it's", "it is", "this is", "i am", "i'm"), 0, 60),
     "override.access_granted": (("access granted",), 60, 20),
     "override.boundary": (("end ", "begin ", "start "), 8, 80),
     "exec_request.procsub_shell": (("<(curl", "<(wget", "$(curl", "$(wget", "`curl", "`wget", "<( curl", "$( curl"),
@@ -476,13 +520,16 @@ _ANCHORS: dict[str, tuple[tuple[str, ...], int, int]] = {
                                   "first", "immediately ", "simply ", "just "), 0, 80),
     "boost.ai_address": (("note ", "message ", "instruction", "attention", "notice ", "reminder ", "important ",
                           "request ", "dear ", "hey", "hi ", "hi,", "hello", "psst", "if you are", "ai ", "llm ",
-                          "as an ai", "to you"), 0, 120),
+                          "as an ai", "to you", "hint ", "tip ", "the agent", "the assistant", "the model",
+                          "the ai", "the llm", "the bot", "the coding", "ai:", "llm:", "copilot", "claude",
+                          "chatgpt", "gpt"), 8, 120),
     "boost.urgency": (("important", "urgent", "attention", "critical", "alert", "immediately", "right now",
                        "right away", "without delay", "as soon as", "you must", "you are required",
                        "you are obligated", "you have to", "it is "), 0, 120),
 }
 RULES = tuple(dataclasses.replace(r, anchors=_ANCHORS[r.feature][0], back=_ANCHORS[r.feature][1],
-                                  span=_ANCHORS[r.feature][2]) if r.feature in _ANCHORS else r for r in RULES)
+                                  span=_ANCHORS[r.feature][2], whole=False) if r.feature in _ANCHORS else r
+              for r in RULES)
 
 # Phrases searched in the collapsed (letters-only, leetspeak-folded) view; a hit there that the
 # plain rules missed means the phrase was spelled to dodge them.
@@ -495,7 +542,7 @@ _COLLAPSE_GATE = ("ignore", "disregard", "forget", "bypass", "override", "donot"
 
 _QUOTES = {'"': '"', "'": "'", "`": "`", "\u201c": "\u201d", "\u2018": "\u2019", "\u00ab": "\u00bb"}
 _META_WORDS = re.compile(
-    r"injection|injected|\battack|adversar|malicious|jailbreak|\bphrases?\b|payload|\bexample|e\.g\.|such\s+as|"
+    r"injection|injected|\battack|adversar|malicious|jailbreak|\bphrases?\b|payload|(?<![.@\w\-])examples?\b(?![.\-@])|e\.g\.|such\s+as|"
     r"for\s+instance|red[- ]team|exploit|mitigat|defen[cs]e|quarantin|threat|benchmark|corpus|vulnerab|"
     r"test\s+case",
     re.IGNORECASE)
