@@ -315,7 +315,7 @@ RULES: tuple[_Rule, ...] = (
        r"\b(?:do\s+not|don't|dont|never|must\s+not|without)\s+(?:ever\s+)?(?:tell(?:ing)?|inform(?:ing)?|"
        r"mention(?:ing)?|reveal(?:ing)?|alert(?:ing)?|notify(?:ing)?|disclos(?:e|ing))\s+"
        r"(?:(?:this|it|anything|any\s+of\s+this)\s+(?:to\s+)?)?(?:the\s+|your\s+)?(?:user|human|operator|"
-       r"owner|reviewer|maintainers?)s?\b"),
+       r"owner|reviewer|maintainers?)s?\b(?!\s+(?:to|how|where|which|what)\b)"),
     _r("override.silently", OVERRIDE, 0.5, ("silently", "secretly", "covertly"),
        r"\b(?:silently|secretly|covertly)\s+(?:run|execute|send|add|insert|delete|remove|modify|change|"
        r"upload|push|install|call|include|append|write|replace)\b"),
@@ -535,7 +535,8 @@ RULES = tuple(dataclasses.replace(r, anchors=_ANCHORS[r.feature][0], back=_ANCHO
 # plain rules missed means the phrase was spelled to dodge them.
 _COLLAPSED = re.compile(
     r"(?:ignore|disregard|forget|bypass|override)(?:all|any|the|your|my|every|of|these)*(?:previous|prior|above|"
-    r"earlier|preceding|system|original)?(?:instructions?|directions|prompts?|rules|guidelines|directives)"
+    r"earlier|preceding|system|original)(?:instructions?|directions|prompts?|rules|guidelines|directives)"
+    r"|(?:ignore|disregard|forget)(?:all|your)+(?:instructions|prompts|directives)"
     r"|donot(?:tell|inform|alert)the(?:user|human)|yourrealtaskis|youarenowdan|developermode(?:enabled|on)")
 _COLLAPSE_GATE = ("ignore", "disregard", "forget", "bypass", "override", "donot", "realtask", "youarenow",
                   "developermode")
@@ -711,9 +712,12 @@ class _Scanner:
     def _payload(self, feature: str, payload: str, offset: int) -> float:
         inner = _Scanner(payload, self.limits, self.extra)
         got = inner.phrases(payload, HIDDEN_FACTOR, offset, depth=1)
-        instr = sum(f.weight for f in inner.findings if f.family in (OVERRIDE, EXEC_REQUEST, ROLE_MARKUP, _BOOST))
+        base = sum(f.weight for f in inner.findings if f.family in (OVERRIDE, EXEC_REQUEST, ROLE_MARKUP))
+        addressed = any(f.feature == "boost.ai_address" for f in inner.findings)
         self.findings.extend(inner.findings)
-        if instr >= 0.5:
+        # a carrier fires when what it hides is an instruction: a base finding of its own, or a line
+        # addressed to the AI (urgency words alone, "right now", are ordinary prose)
+        if base >= 0.4 or addressed:
             self.add(HIDDEN_TEXT, feature, 1.0, offset, offset + len(payload))
             return got + 1.0
         return got
