@@ -446,7 +446,9 @@ RULES: tuple[_Rule, ...] = (
        r"(?:must|should|will|are)|\bto\s+you,?\s+(?:gpt|claude|qwen|the\s+(?:ai|assistant|agent|model))"
        r"|\bthe\s+(?:ai\s+|coding\s+)?(?:agent|assistant|model|llm|bot)\s+(?:must|should|needs\s+to|has\s+to|is\s+"
        r"required\s+to)\b|(?:^\s*|[#/*\-]\s*|<!--\s*)(?:ai|llm|copilot|claude|chatgpt|gpt)(?:\s+(?:agents?|assistants?|"
-       r"models?))?\s*:\s+(?:when|if|you|please|always|never|ignore|do|make|add|remove|delete|run|from|your|before)\b"),
+       r"models?))?\s*:\s+(?:when|if|you|please|always|never|ignore|do|make|add|remove|delete|run|from|your|before)\b"
+       r"|(?:^|[.!?]\s+)(?:assistant|agent|ai|model|llm|copilot|claude|chatgpt|qwen)\s*,\s+(?:you|please|now|ignore|"
+       r"run|do|stop|forget|from)\b"),
     _r("boost.impersonation", _BOOST, 0.4, (("maintainer", "maintainers", "developer", "admin", "administrator",
                                              "owner", "boss", "author"),),
        r"\b(?:it's|it\s+is|this\s+is|i\s+am|i'm)\s+(?:the|your)\s+(?:maintainer|developer|admin\w*|owner|boss|"
@@ -522,7 +524,7 @@ _ANCHORS: dict[str, tuple[tuple[str, ...], int, int]] = {
                           "request ", "dear ", "hey", "hi ", "hi,", "hello", "psst", "if you are", "ai ", "llm ",
                           "as an ai", "to you", "hint ", "tip ", "the agent", "the assistant", "the model",
                           "the ai", "the llm", "the bot", "the coding", "ai:", "llm:", "copilot", "claude",
-                          "chatgpt", "gpt"), 8, 120),
+                          "chatgpt", "gpt", "assistant,", "agent,", "ai,", "model,", "llm,", "qwen"), 8, 120),
     "boost.urgency": (("important", "urgent", "attention", "critical", "alert", "immediately", "right now",
                        "right away", "without delay", "as soon as", "you must", "you are required",
                        "you are obligated", "you have to", "it is "), 0, 120),
