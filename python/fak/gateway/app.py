@@ -37,6 +37,7 @@ from fak.gateway.metrics.routes import metrics
 from fak.gateway.models.protocol import ModelCard, ModelList
 from fak.gateway.models.routes import list_models
 from fak.gateway.policy_filter import AuditLike, PolicyLike
+from fak.gateway.quarantine_filter import QuarantineGate, quarantine_route
 from fak.gateway.proxy import (
     ProxyChatServing,
     ProxyCompletionServing,
@@ -57,12 +58,15 @@ class GatewayConfig:
         api_key: when set, ``/v1/*`` requires ``Authorization: Bearer <api_key>`` (else 401).
         max_concurrency: requests generating at once (admission slots).
         max_queue: requests waiting for a slot before new ones get 429.
+        serve_inline_reads: answer a repeated read-only tool call from the conversation's earlier
+            result and let the model continue (``fak.gateway.inline_reads``).
     """
 
     model_name: str | None = None
     api_key: str | None = None
     max_concurrency: int = 64
     max_queue: int = 256
+    serve_inline_reads: bool = False
 
 
 class Gateway:
@@ -95,6 +99,8 @@ class Gateway:
         adm = self.admission
         self.metrics = GatewayMetrics(engine.stats if engine is not None else None,
                                       admission=lambda: (adm.running, adm.waiting))
+        self.quarantine = QuarantineGate.from_policy(policy, audit=audit, registry=self.metrics.registry,
+                                                     engine=engine)
         if engine is not None:
             from fak.gateway.chat_completions.serving import ChatServing
             from fak.gateway.completions.serving import CompletionServing
@@ -192,7 +198,7 @@ def create_app(config: GatewayConfig | None = None, *, engine: EngineLike | None
         path="/schema", render_plugins=[JsonRenderPlugin(), SwaggerRenderPlugin()],
     )
     app = Litestar(
-        route_handlers=[create_chat_completion, create_completion, list_models, health, metrics],
+        route_handlers=[create_chat_completion, create_completion, list_models, health, metrics, quarantine_route],
         exception_handlers=exception_handlers(),
         guards=[_auth_guard],
         before_send=[count_response],

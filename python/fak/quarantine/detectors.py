@@ -431,7 +431,7 @@ RULES: tuple[_Rule, ...] = (
     _r("exec_request.persistence", EXEC_REQUEST, 0.6, (("authorized_keys", "bashrc", "zshrc", "profile", "crontab",
                                                          "hooks", "sudoers"),),
        r"\b(?:add|append|write|insert|put|copy|echo)\b[^\n]{0,80}(?:\.ssh/authorized_keys|\.bashrc|\.zshrc|"
-       r"\.profile|crontab|\.git/hooks/|/etc/sudoers)"),
+       r"(?:~|\$HOME)/\.profile|crontab\s+-|/etc/cron|\.git/hooks/|/etc/sudoers)"),
     _r("exec_request.install_remote", EXEC_REQUEST, 0.3, (('pip', 'pip3', 'npm'), ('install',), ('http://', 'https://')),
        r"\b(?:pip3?|npm)\s+install\s+(?:-\S+\s+)*(?:git\+)?https?://"),
     # ---------------------------------------------------------------- boosters (never fire alone)
@@ -685,7 +685,7 @@ class _Scanner:
         lim = self.limits
         if lim.padding_chars > 0 and len(text) > lim.padding_chars:
             for m in _padding_rx(lim.padding_chars).finditer(text):
-                tail = text[m.end():m.end() + 4096]
+                tail = text[m.end():m.end() + 512]
                 n = len(m.group(0))
                 if n >= lim.padding_chars_any > 0:
                     self.add(HIDDEN_TEXT, "hidden_text.padding", 1.0, m.start(), m.end())
@@ -781,5 +781,6 @@ def scan(text: str, *, thresholds: dict[str, float] | None = None, enabled: Iter
         if fam in scores and scores[fam] >= BOOST_MIN_BASE:
             scores[fam] += boost
     th = thresholds or {}
-    fired = [fam for fam in FAMILIES if fam in scores and scores[fam] >= th.get(fam, 1.0) - 1e-9]
+    forced = {f.family for f in findings if f.feature.startswith("extra.")}  # an operator's pattern withholds
+    fired = [fam for fam in FAMILIES if fam in scores and (scores[fam] >= th.get(fam, 1.0) - 1e-9 or fam in forced)]
     return ScanResult(findings, {k: round(v, 3) for k, v in scores.items()}, fired)

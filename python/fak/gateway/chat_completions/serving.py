@@ -225,10 +225,14 @@ class ChatServing:
         use_tools = bool(req.tools) and req.tool_choice != "none"
         tools = [msgspec.to_builtins(t) for t in req.tools] if use_tools and req.tools else None
         prefix = forced_prefix(req) if use_tools else ""
-        messages = template_messages(req.messages)
+        quarantine = self.gw.quarantine  # withheld tool results never reach the template
+        screened = quarantine.screen(req.messages, ctx.conversation).apply(req.messages) if quarantine else req.messages
+        messages = template_messages(screened)
+        rendered: list[str] = []
 
         def prompt_tokens() -> list[int]:
             prompt = self._render(messages, tools) + prefix
+            rendered.append(prompt)
             return self.engine.tokenize(prompt, add_special=False, parse_special=True)
 
         # A long conversation takes milliseconds to render and tokenize: off the event loop, so
@@ -239,6 +243,8 @@ class ChatServing:
 
         run = EngineRun(self.engine, prompt_ids, chat_sampling(req, max_tokens), self.gw.admission,
                         self.gw.metrics, t_arrival)
+        if quarantine is not None:
+            quarantine.track(ctx.conversation, rendered[0], prompt_ids, screened, run)
         filt = AssistantOutputFilter(gate, parse_tools=use_tools, prefix=prefix,
                                      parallel_tool_calls=req.parallel_tool_calls is not False,
                                      tool_names=frozenset(t.function.name for t in req.tools or []))
