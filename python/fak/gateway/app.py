@@ -37,6 +37,7 @@ from fak.gateway.metrics.routes import metrics
 from fak.gateway.models.protocol import ModelCard, ModelList
 from fak.gateway.models.routes import list_models
 from fak.gateway.policy_filter import AuditLike, PolicyLike
+from fak.gateway.inline_reads import InlineReads
 from fak.gateway.quarantine_filter import QuarantineGate, quarantine_route
 from fak.gateway.proxy import (
     ProxyChatServing,
@@ -101,6 +102,7 @@ class Gateway:
                                       admission=lambda: (adm.running, adm.waiting))
         self.quarantine = QuarantineGate.from_policy(policy, audit=audit, registry=self.metrics.registry,
                                                      engine=engine)
+        self.inline_reads = InlineReads() if config.serve_inline_reads and engine is not None else None
         if engine is not None:
             from fak.gateway.chat_completions.serving import ChatServing
             from fak.gateway.completions.serving import CompletionServing

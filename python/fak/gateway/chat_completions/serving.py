@@ -58,7 +58,9 @@ from fak.gateway.engine_api import (
     token_logprobs,
 )
 from fak.gateway.errors import APIError, bad_request, error_response
+from fak.gateway.inline_reads import round_starter
 from fak.gateway.policy_filter import (
+    CONVERSATION_HEADER,
     AssistantOutputFilter,
     ContentOut,
     PolicyGate,
@@ -258,8 +260,16 @@ class ChatServing:
             return Stream(self._stream(run, filt, gate, req, len(prompt_ids), include_usage),
                           media_type="text/event-stream", headers=SSE_HEADERS,
                           background=BackgroundTask(run.aclose))
+        n_verdicts = len(gate.verdicts)
         try:
             body = await run_until_disconnect(request, self._complete(run, filt, gate, req, len(prompt_ids)))
+            inline = self.gw.inline_reads  # repeated read-only calls answered here (--serve-inline-reads)
+            if inline is not None and use_tools:
+                await run.aclose()
+                body = await run_until_disconnect(request, inline.serve(
+                    self, body, req=req, conversation=request.headers.get(CONVERSATION_HEADER), messages=messages,
+                    tools=tools, prefix=prefix, gate=gate, n_verdicts_before=n_verdicts,
+                    start_run=round_starter(self, req, tools, prefix, gate, use_tools)))
         except ClientDisconnected:
             return Response(b"", status_code=499)
         except APIError as err:
