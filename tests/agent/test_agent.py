@@ -332,3 +332,27 @@ def test_text_protocol_submit_matches_its_bash_verdict(repo, scripted, tmp_path)
     data = _agent(server, ws, tmp_path, protocol="text", allow_exec=True).run(**_task(ws))
     assert data["exit_reason"] == "submitted"
     assert data["steps"][0]["actions"][0]["verdict"] == allow
+
+
+def test_inline_reads_are_recorded_in_the_history(tmp_path):
+    """A response with ``fak.inline_reads`` (``fak serve --serve-inline-reads``): the pairs the
+    gateway answered go into the history before the returned assistant message, and into the
+    step record, so the next request is the prompt the model saw."""
+    from fak.agent.model import ModelResponse
+
+    pair = {"assistant": {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_i", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.py"}'}}]},
+            "tool": {"role": "tool", "tool_call_id": "call_i", "content": "1: x = 1"}, "served_from": "call_0"}
+    returned = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_n", "type": "function", "function": {"name": "submit", "arguments": "{}"}}]}
+
+    class Stub:
+        def query(self, messages, tools=None, options=None):
+            return ModelResponse(message=returned, usage={}, policy=None, latency_s=0.0,
+                                 raw={"fak": {"inline_reads": [pair]}})
+
+    agent = Agent(Stub(), None, get_protocol("tools"), AgentConfig(), Trajectory(tmp_path / "t.json"))
+    record: dict = {}
+    agent.query(record)
+    assert agent.messages[-3:] == [pair["assistant"], pair["tool"], agent.protocol.history_message(returned)]
+    assert record["inline_reads"] == [pair] and agent.trajectory.data["n_inline_reads"] == 1

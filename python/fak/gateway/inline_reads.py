@@ -189,7 +189,7 @@ class InlineReads:
             for tc in m.get("tool_calls") or () if m.get("role") == "assistant" else ():
                 fn = tc.get("function") or {}
                 cname, cargs = str(fn.get("name", "")), fn.get("arguments", "")
-                cargs_s = cargs if isinstance(cargs, str) else json.dumps(cargs)
+                cargs_s = cargs if isinstance(cargs, str) else json.dumps(cargs, ensure_ascii=False)
                 if not is_read_only(cname, cargs_s):
                     found = None  # a call that may have changed the workspace: earlier reads are stale
                     continue
@@ -247,7 +247,15 @@ class InlineReads:
             u = data.get("usage") or {}
             usage[0] += int(u.get("prompt_tokens") or 0)
             usage[1] += int(u.get("completion_tokens") or 0)
-            convo += [assistant, tool]
+            # what the chat template gets (``template_messages``'s form): text content, decoded arguments
+            try:
+                targs: Any = json.loads(fn["arguments"])
+            except ValueError:
+                targs = fn["arguments"]
+            convo += [{"role": "assistant", "content": msg.get("content") or "",
+                       "tool_calls": [{"id": call["id"], "type": "function",
+                                       "function": {"name": fn["name"], "arguments": targs}}]},
+                      {"role": "tool", "tool_call_id": call["id"], "content": content}]
             with self._lock:
                 self.served += 1
             first_verdict = len(gate.verdicts)
