@@ -351,7 +351,7 @@ def test_inline_reads_are_recorded_in_the_history(tmp_path):
             return ModelResponse(message=returned, usage={}, policy=None, latency_s=0.0,
                                  raw={"fak": {"inline_reads": [pair]}})
 
-    agent = Agent(Stub(), None, get_protocol("tools"), AgentConfig(), Trajectory(tmp_path / "t.json"))
+    agent = Agent(Stub(), None, get_protocol("tools", allow_exec=False), AgentConfig(), Trajectory(tmp_path / "t.json"))
     record: dict = {}
     agent.query(record)
     assert agent.messages[-3:] == [pair["assistant"], pair["tool"], agent.protocol.history_message(returned)]
