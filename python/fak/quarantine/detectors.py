@@ -140,15 +140,30 @@ _CONFUSABLES = str.maketrans({
     "Ι": "I", "Κ": "K", "Μ": "M", "Ν": "N", "Ο": "O", "Ρ": "P", "Τ": "T", "Χ": "X", "Υ": "Y",
     "\u2018": "'", "\u2019": "'", "\u201c": '"', "\u201d": '"',
 })
-# Collapsed view: letters only, with common leetspeak digits mapped to letters.
-_COLLAPSE = str.maketrans({**{chr(c): None for c in range(128) if not chr(c).isalpha()},
-                           "0": "o", "1": "i", "3": "e", "4": "a", "5": "s", "7": "t", "@": "a", "$": "s"})
+# Collapsed view: letters only, with common leetspeak digits mapped to letters (bytes tables).
+_LEET = {ord("0"): ord("o"), ord("1"): ord("i"), ord("3"): ord("e"), ord("4"): ord("a"), ord("5"): ord("s"),
+         ord("7"): ord("t"), ord("@"): ord("a"), ord("$"): ord("s")}
+_COLLAPSE_TABLE = bytes(_LEET.get(c, c) for c in range(256))
+_COLLAPSE_DELETE = bytes(c for c in range(256) if not (97 <= c <= 122 or c in _LEET))
+
+
+def _collapse(low: str) -> str:
+    """Letters only (leetspeak digits as letters) of a lower-cased text."""
+    return low.encode("ascii", "ignore").translate(_COLLAPSE_TABLE, _COLLAPSE_DELETE).decode("ascii")
+
+
+_CONFUSABLE_RX = re.compile("[" + "".join(sorted(chr(k) for k in _CONFUSABLES)) + "]")
 
 
 def _normalize(text: str) -> str:
-    """NFKC, confusables folded to ASCII, invisible characters removed (non-ASCII text only)."""
-    t = unicodedata.normalize("NFKC", text).translate(_CONFUSABLES)
-    return _INVISIBLE.sub("", t)
+    """NFKC, confusables folded to ASCII, invisible characters removed (non-ASCII text only;
+    each step only when the text needs it)."""
+    t = text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
+    if _CONFUSABLE_RX.search(t) is not None:
+        t = _CONFUSABLE_RX.sub(lambda m: _CONFUSABLES[ord(m.group())], t)
+    if _INVISIBLE.search(t) is not None:
+        t = _INVISIBLE.sub("", t)
+    return t
 
 
 # --------------------------------------------------------------------------------------------
@@ -221,6 +236,39 @@ def _lead_word(anchor: str, whole: bool) -> bytes | None:
     if not rest and not whole:
         return None
     return m.group(0).encode() if not rest or not (rest[0].isalnum() or rest[0] == "_") else None
+
+
+def _matches(rule: _Rule, text: str, low: str, words: set[bytes]) -> Iterable[re.Match[str]]:
+    """Matches of ``rule`` in ``text``: at the start positions each anchor allows (at most
+    ``back`` characters before it; a rule with a long ``back`` searches windows instead)."""
+    n = len(text)
+    if not rule.anchors or len(low) != n:
+        yield from rule.rx.finditer(text)
+        return
+    if rule.back > 64:
+        for a, b in _windows(low, rule, n, words):
+            yield from rule.rx.finditer(text, a, b)
+        return
+    spots: list[int] = []
+    for a in rule.anchors:
+        lead = _lead_word(a, rule.whole)
+        if lead is not None and lead not in words:
+            continue
+        i = low.find(a)
+        while i >= 0:
+            spots.append(i)
+            i = low.find(a, i + 1)
+    spots.sort()
+    done = -1  # matches may not overlap
+    match = rule.rx.match
+    for i in spots:
+        end = min(n, i + rule.span)
+        for start in range(max(done, i - rule.back, 0), i + 1):
+            m = match(text, start, end)
+            if m is not None:
+                yield m
+                done = m.end()
+                break
 
 
 def _windows(low: str, rule: _Rule, n: int, words: set[bytes]) -> list[tuple[int, int]]:
@@ -408,12 +456,16 @@ RULES: tuple[_Rule, ...] = (
        r"user's|the|their)\s+)?(?:[\w\-]+\s+){0,2}?(?:tokens?|api[ _\-]?keys?|secrets?|passwords?|credentials?|"
        r"private\s+keys?|ssh\s+keys?|environment\s+variables|cookies?|source\s+code|repository|codebase|conversation|"
        r"chat\s+history)\b"),
-    _r("exec_request.attacker_host", EXEC_REQUEST, 0.5, (('http', 'https', 'webhook', 'ngrok', 'pastebin', 'requestbin', 'pipedream', 'burpcollaborator', 'interact', 'oast', 'transfer', 'hastebin', 'discord', 'telegram', 'evil', 'attacker', 'exfil', 'hacker', 'malicious', 'pwn', 'pwned'),),
+    _r("exec_request.attacker_host", EXEC_REQUEST, 0.5, (("http", "https", "webhook", "ngrok", "pastebin", "requestbin",
+                                                         "pipedream", "burpcollaborator", "interact", "oast",
+                                                         "transfer", "hastebin", "discord", "telegram"),),
        r"\bhttps?://(?:\d{1,3}\.){3}\d{1,3}(?::\d+)?/|\b(?:webhook\.site|requestbin|pipedream\.net|ngrok(?:-free)?\."
        r"(?:io|app|dev)|burpcollaborator|interact\.sh|oast\.\w+|pastebin\.com|transfer\.sh|hastebin|"
-       r"discord(?:app)?\.com/api/webhooks|api\.telegram\.org/bot)|\b[\w.+\-]+@[\w.\-]*(?:evil|attacker|exfil|"
-       r"hacker|malicious|pwn)[\w.\-]*\.[a-z]{2,}|\bhttps?://[\w.\-]*(?:evil|attacker|exfil|malicious|pwn3?d?)"
-       r"[\w\-]*\.[a-z]{2,}"),
+       r"discord(?:app)?\.com/api/webhooks|api\.telegram\.org/bot)|\bhttps?://[\w.\-]*(?:evil|attacker|exfil|"
+       r"malicious|pwn3?d?)[\w\-]*\.[a-z]{2,}"),
+    _r("exec_request.attacker_email", EXEC_REQUEST, 0.5, (("evil", "attacker", "exfil", "hacker", "malicious", "pwn",
+                                                          "pwned"),),
+       r"\b[\w.+\-]+@[\w.\-]*(?:evil|attacker|exfil|hacker|malicious|pwn)[\w.\-]*\.[a-z]{2,}"),
     _r("exec_request.md_image_exfil", EXEC_REQUEST, 1.0, (('http', 'https'), ('![',)),
        r"!\[[^\]\n]{0,100}\]\(\s*https?://[^)\s]{1,200}[?&][^)\s]{0,200}(?:\{[^}\s]{1,40}\}|\$\{?\w+|%7B|"
        r"\[(?:secret|token|data|password|key|conversation|history)\])"),
@@ -476,7 +528,7 @@ _ANCHORS: dict[str, tuple[tuple[str, ...], int, int]] = {
     "exec_request.secret_file": (("id_rsa", "id_ed25519", ".ssh/", ".aws/", ".env", ".netrc", "/etc/shadow",
                                   ".git-credentials", ".pypirc", ".npmrc"), 120, 200),
     "exec_request.md_image_exfil": (("![",), 0, 520),
-    "exec_request.dangerous_command": (("rm -", "chmod", "git push", "mkfs", ":(){", "dd if=", "/dev/sd"), 0, 120),
+    "exec_request.dangerous_command": (("rm -", "chmod", "git push", "mkfs", ":(){", "dd if=", "/dev/sd"), 4, 120),
     "role_markup.header": (("##",), 8, 120),
     "role_markup.human_turn": (("human:", "user:"), 12, 64),
     "role_markup.assistant_turn": (("assistant:", "ai:"), 12, 64),
@@ -489,7 +541,7 @@ _ANCHORS: dict[str, tuple[tuple[str, ...], int, int]] = {
     "override.mode": (("mode", "anything now"), 60, 40),
     "override.developer_mode": (("developer mode", "admin mode", "administrator mode"), 24, 40),
     "override.authority": (("override", "instruction", "message", "notice", "command", "directive", "alert"), 30, 40),
-    "override.important_message": (("message", "note", "notice", "instruction", "update", "request"), 50, 120),
+    "override.important_message": (("important", "urgent", "critical", "official", "priority"), 16, 120),
     "override.gave_you": (("gave you", "given you", "asked you", "assigned you"), 60, 80),
     "override.strictly_adhere": (("adhere", "follow", "obey", "comply", "execute"), 20, 120),
     "override.ignore_given": (("ignore", "ignoring", "disregard", "forget"), 0, 120),
@@ -515,16 +567,17 @@ _ANCHORS: dict[str, tuple[tuple[str, ...], int, int]] = {
                                    "share", "submit", "paste", "copy", "report"), 2, 280),
     "exec_request.exfil_to_me": (("send ", "email ", "e-mail ", "forward ", "give ", "post ", "upload ", "leak "),
                                  0, 160),
-    "exec_request.attacker_host": (("http", "webhook", "requestbin", "pipedream", "ngrok", "burpcollaborator",
+    "exec_request.attacker_host": (("http", "webhook.site", "requestbin", "pipedream", "ngrok", "burpcollaborator",
                                     "interact.sh", "oast.", "pastebin", "transfer.sh", "hastebin", "discord",
-                                    "api.telegram", "evil", "attacker", "exfil", "hacker", "malicious", "pwn"), 64, 200),
+                                    "api.telegram"), 0, 200),
+    "exec_request.attacker_email": (("evil", "attacker", "exfil", "hacker", "malicious", "pwn"), 64, 80),
     "exec_request.run_request": (("please ", "you must ", "you should ", "you need to ", "you have to ", "now ",
                                   "first", "immediately ", "simply ", "just "), 0, 80),
     "boost.ai_address": (("note ", "message ", "instruction", "attention", "notice ", "reminder ", "important ",
                           "request ", "dear ", "hey", "hi ", "hi,", "hello", "psst", "if you are", "ai ", "llm ",
                           "as an ai", "to you", "hint ", "tip ", "the agent", "the assistant", "the model",
                           "the ai", "the llm", "the bot", "the coding", "ai:", "llm:", "copilot", "claude",
-                          "chatgpt", "gpt", "assistant,", "agent,", "ai,", "model,", "llm,", "qwen"), 8, 120),
+                          "chatgpt", "gpt", "assistant,", "agent,", "ai,", "model,", "llm,", "qwen"), 24, 120),
     "boost.urgency": (("important", "urgent", "attention", "critical", "alert", "immediately", "right now",
                        "right away", "without delay", "as soon as", "you must", "you are required",
                        "you are obligated", "you have to", "it is "), 0, 120),
@@ -621,18 +674,20 @@ class _Scanner:
             self.words = words
         added = 0.0
         plain_ignore = False
-        aligned = len(low) == len(text)
-        n = len(text)
+        base = 0.0
         for rule in RULES:
+            if rule.family == _BOOST and base < BOOST_MIN_BASE and depth == 0:
+                continue  # boosters only matter next to a base finding (or inside a carrier)
             if not rule.open(low, words):
                 continue
-            windows = _windows(low, rule, n, words) if aligned and rule.anchors else [(0, n)]
-            for m in (m for a, b in windows for m in rule.rx.finditer(text, a, b)):
+            for m in _matches(rule, text, low, words):
                 w = rule.weight * factor
                 if rule.meta and _meta(text, m.start(), m.end()):
                     w *= META_FACTOR
                 self.add(rule.family, rule.feature, w, offset + m.start(), offset + m.end())
                 added += w
+                if rule.family in (OVERRIDE, EXEC_REQUEST):
+                    base = max(base, sum(f.weight for f in self.findings if f.family == rule.family))
                 if rule.feature in ("override.ignore_previous", "override.secrecy", "override.real_task",
                                     "override.you_are_now", "override.mode", "override.developer_mode"):
                     plain_ignore = True
@@ -646,7 +701,7 @@ class _Scanner:
         if not plain_ignore:
             # a phrase found only once separators, case, digits and homoglyphs are folded away was
             # spelled to dodge the rules above
-            collapsed = low.encode("ascii", "ignore").decode().translate(_COLLAPSE)
+            collapsed = _collapse(low)
             if any(g in collapsed for g in _COLLAPSE_GATE) and _COLLAPSED.search(collapsed) is not None:
                 self.add(OVERRIDE, "override.obfuscated", 1.0 * factor)
                 added += factor
@@ -695,20 +750,30 @@ class _Scanner:
         return added
 
     def _b64_candidates(self, text: str) -> Iterable[re.Match[str]]:
-        """Base64 runs of 40+ characters, searched only around long letter-digit words."""
+        """Base64 runs of 40+ characters, searched only around long words that look like base64
+        (mixed case or digits: prose and identifiers are neither)."""
         longs = [w for w in self.words if len(w) >= 20 and b"_" not in w]
         if not longs:
             return ()
         low = text.lower()
-        spots = sorted({i for w in longs[:64] for i in [low.find(w.decode("utf-8", "ignore"))] if i >= 0})
+        n = len(text)
+        spots = []
+        for w in longs[:256]:
+            i = low.find(w.decode("utf-8", "ignore"))
+            if i < 0:
+                continue
+            piece = text[i:i + len(w)]
+            if not (piece.islower() or piece.isupper()) or any(c.isdigit() for c in piece):
+                spots.append(i)
         out: list[re.Match[str]] = []
         end = -1
-        for i in spots:
-            a = max(0, i - 8192, end)
-            for m in _B64.finditer(text, a, min(len(text), i + 8192)):
-                if m.start() >= end:
-                    out.append(m)
-                    end = m.end()
+        for i in sorted(spots):
+            if i < end:
+                continue  # inside a run already found
+            m = _B64.search(text, max(0, i - 4096, end), min(n, i + 4096))
+            if m is not None:
+                out.append(m)
+                end = m.end()
         return out
 
     def _payload(self, feature: str, payload: str, offset: int) -> float:
