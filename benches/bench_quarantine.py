@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "tests" / "gateway"))
 
-from fak.quarantine import Screener, scan  # noqa: E402
+from fak.quarantine import Screener, scan
 
 SIZES_KB = (1, 4, 16, 64, 100)
 REPEATS = 30
@@ -92,10 +92,9 @@ def screening(repeats: int) -> list[dict]:
 
 def gateway(n_requests: int) -> list[dict]:
     import httpx
-    from gateway_fakes import FakeEngine
-
     from fak.gateway import BackgroundServer, GatewayConfig, create_app
     from fak.policy import Policy
+    from gateway_fakes import FakeEngine
 
     benign, _ = _texts()
     base = {"version": 1, "default": {"verdict": "allow", "reason": "ok"}}

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 from fak import _native
 from fak.synth import write_tiny_model
 
@@ -178,3 +177,33 @@ def test_prefix_cache_off(tiny) -> None:
     assert m.quarantine_span(1, 10, 50) == 0
     after = _steps(m, 1, 3)
     _compare(after, _clean_run(tiny, prompt[:10] + prompt[50:] + [t for t, _ in before], 3))
+
+
+def test_engine_stream_quarantine_span(tiny) -> None:
+    """``fak.Engine.quarantine_span`` on a running stream: the rest of the generation is what a
+    fresh generation from the clean prompt (plus the tokens already streamed) gives."""
+    from fak.engine import Engine
+
+    prompt = _tokens(180, seed=21)
+    with Engine(str(tiny), backend="cpu", n_ctx=1024, max_batch=4) as engine:
+        stream = engine.stream(prompt, max_tokens=12, temperature=0.0)
+        first = next(stream).token_ids
+        while len(first) < 3:
+            first += next(stream).token_ids
+        assert engine.quarantine_span(stream, 50, 90) >= 1
+        out = first + [t for d in stream for t in d.token_ids]
+        # the engine thread may have stepped further before the removal applied: it applied
+        # between two steps, after some k >= len(first) tokens, and from there on the output is the
+        # clean prompt's
+        clean = prompt[:50] + prompt[90:]
+        ok = [k for k in range(len(first), len(out))
+              if out[k:] == engine.generate(clean + out[:k], max_tokens=len(out) - k, temperature=0.0).token_ids[
+                  :len(out) - k]]
+        assert ok, out
+        poisoned = engine.generate(prompt, max_tokens=len(out), temperature=0.0).token_ids
+        assert out != poisoned, "the removal changed the generation"
+        with pytest.raises(ValueError):
+            engine.quarantine_span(stream, 10, 5)
+        done = engine.stream(prompt[:40], max_tokens=2, temperature=0.0)
+        list(done)
+        assert engine.quarantine_span(done, 0, 10) == 0, "a finished stream is left alone"

@@ -18,10 +18,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-
 from fak.policy import Policy, PolicyError
 from fak.policy.quarantine import compile_section
-from fak.quarantine import Screener, ScreenConfig, content_digest, scan
+from fak.quarantine import ScreenConfig, Screener, content_digest, scan
 from fak.quarantine.detectors import FAMILIES, HiddenTextLimits
 
 DATA = Path(__file__).parent / "data"
@@ -105,7 +104,7 @@ def test_families_can_be_disabled_and_thresholds_raised() -> None:
 
 
 def test_extra_patterns() -> None:
-    rx = re.compile(r"corp\.internal", re.I)
+    rx = re.compile(r"corp\.internal", re.IGNORECASE)
     res = scan("see https://wiki.corp.internal/x", extra=(("extra.internal", "override", rx),))
     assert res.fired == ["override"] and "extra.internal" in res.features
 

@@ -67,7 +67,7 @@ def _sed_read_only(argv: list[str]) -> bool:
     if not any(a == "-n" or (a.startswith("-") and not a.startswith("--") and "n" in a[1:]) for a in argv[1:]):
         return False
     for a in argv[1:]:
-        if a.startswith("-i") or a.startswith("--in-place") or a in ("-f", "--file"):
+        if a.startswith(("-i", "--in-place")) or a in ("-f", "--file"):
             return False
     scripts = [a for a in argv[1:] if not a.startswith("-")][:1]
     for sc in scripts:
@@ -99,7 +99,7 @@ def _command_read_only(cmd: Any) -> bool:
     if name == "awk":
         return not any(k in " ".join(rest) for k in ("system", ">", "|", "getline"))
     if name == "sort":
-        return not any(a.startswith("-o") or a.startswith("--output") for a in rest)
+        return not any(a.startswith(("-o", "--output")) for a in rest)
     if name == "uniq":
         return len([a for a in rest if not a.startswith("-")]) <= 1
     if name == "git":

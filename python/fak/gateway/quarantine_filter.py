@@ -260,7 +260,7 @@ class QuarantineGate:
             texts = [c for c in p.contents if content_digest(c) == digest] if content is None else [content]
             for text in dict.fromkeys(texts):
                 at = p.text.find(text)
-                while at >= 0 and self.engine is not None:
+                while at >= 0 and hasattr(self.engine, "evict_prefix"):
                     start, end = self._token_span(p, at, at + len(text))
                     if start < len(p.ids):
                         try:

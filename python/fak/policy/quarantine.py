@@ -28,12 +28,12 @@ import msgspec
 __all__ = [
     "DEFAULT_REPLACEMENT",
     "REPLACEMENT_FIELDS",
+    "SEMANTICS",
     "DetectorConfig",
     "Detectors",
     "ExtraPattern",
     "HiddenTextConfig",
     "QuarantineSection",
-    "SEMANTICS",
     "compile_section",
 ]
 

@@ -561,8 +561,6 @@ _ANCHORS: dict[str, tuple[tuple[str, ...], int, int]] = {
     "exec_request.reverse_shell": (("/dev/tcp/", "/dev/udp/", "nc ", "ncat", "netcat", "socat", "mkfifo"), 0, 200),
     "exec_request.secret_to_network": (("| curl", "|curl", "| nc", "|nc", "| wget", "|wget", "| ncat", "| netcat",
                                         "| ssh", "| base64", "|base64", "curl ", "wget "), 300, 400),
-    "exec_request.secret_file": (("id_rsa", "id_ed25519", ".ssh/", ".aws/", ".env", ".netrc", "/etc/shadow",
-                                  ".git-credentials", ".pypirc", ".npmrc"), 120, 200),
     "exec_request.exfil_secret": (("send", "post", "upload", "mail", "forward", "transmit", "leak", "exfiltrat",
                                    "share", "submit", "paste", "copy", "report"), 2, 280),
     "exec_request.exfil_to_me": (("send ", "email ", "e-mail ", "forward ", "give ", "post ", "upload ", "leak "),

@@ -18,7 +18,12 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-from fak.quarantine.detectors import FAMILIES, FAMILY_DESCRIPTIONS, HiddenTextLimits, scan
+from fak.quarantine.detectors import (
+    FAMILIES,
+    FAMILY_DESCRIPTIONS,
+    HiddenTextLimits,
+    scan,
+)
 
 __all__ = ["DEFAULT_REPLACEMENT", "Decision", "ScreenConfig", "Screener", "content_digest"]
 
@@ -47,7 +52,7 @@ class ScreenConfig:
 
     enabled: tuple[str, ...] = FAMILIES
     thresholds: dict[str, float] = field(default_factory=dict)
-    limits: HiddenTextLimits = HiddenTextLimits()
+    limits: HiddenTextLimits = field(default_factory=HiddenTextLimits)
     extra: tuple[tuple[str, str, re.Pattern[str], str], ...] = ()
     replacement: str = DEFAULT_REPLACEMENT
     cache_entries: int = 4096
