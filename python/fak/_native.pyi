@@ -157,6 +157,16 @@ class Model:
         prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_blocks."""
     def reset_stats(self) -> None:
         """Zeroes the counters of ``stats()``."""
+    def evict_prefix(self, token_ids: list[int], start: int) -> int:
+        """Drops (and bans) every prefix-cache block holding ``token_ids[start:]`` after
+        ``token_ids[:start]`` and every block chained after those; returns the blocks dropped."""
+    def quarantine_span(self, seq_id: int, start: int, end: int) -> int:
+        """Removes tokens ``start:end`` of a sequence as if it never held them; returns the
+        prefix-cache blocks dropped."""
+    def last_logits(self, seq_id: int) -> npt.NDArray[np.float32] | None:
+        """``[n_vocab]`` logits of the last step's token for ``seq_id`` (host copy) or None."""
+    def prefix_cache_contents(self) -> list[tuple[int, int | None, list[int]]]:
+        """``(hash, parent hash, token ids)`` of every block in the prefix cache."""
 
 # --- CUDA backend (rust/src/python/cuda.rs) -------------------------------------------------
 

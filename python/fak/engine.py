@@ -695,6 +695,60 @@ class Engine:
             raise result
         return result
 
+    # --- KV quarantine ------------------------------------------------------------------------
+
+    def _call(self, fn: Any) -> Any:
+        reply: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._post("call", (fn, reply))
+        result = reply.get()
+        if isinstance(result, BaseException):
+            raise result
+        return result
+
+    def evict_prefix(self, token_ids: Sequence[int], start: int) -> int:
+        """Drops from the prefix cache (and bans: never cached or matched again) every KV block
+        holding ``token_ids[start:]`` after ``token_ids[:start]``, and every block chained after
+        those; blocks before ``start // 32`` stay. For a tool result found poisoned after the
+        fact (``fak.gateway.quarantine_filter``). Returns the blocks dropped (runs between steps).
+
+        Raises:
+            ValueError: ``start`` is not a position of ``token_ids``.
+        """
+        ids = [int(t) for t in token_ids]
+        return int(self._call(lambda m: m.evict_prefix(ids, int(start))))
+
+    def quarantine_span(self, stream: _Stream, start: int, end: int) -> int:
+        """Removes prompt positions ``start:end`` from the sequence of a running ``stream``
+        (``stream``/``astream``): it goes on exactly as a sequence whose prompt never held them
+        (KV blocks before ``start // 32`` kept, the rest recomputed; its logits from the next
+        step on are bit-identical to a fresh prefill of the clean prompt), and the prefix-cache
+        blocks holding the span are dropped and banned. A stream not yet admitted has its prompt
+        edited; a finished one is left alone. Returns the cache blocks dropped.
+
+        Raises:
+            ValueError: an empty or out-of-range span, or one covering the whole prompt.
+        """
+        req = stream._request
+        start, end = int(start), int(end)
+        if not 0 <= start < end <= len(req.prompt_ids) or end - start >= len(req.prompt_ids):
+            raise ValueError(f"{start}:{end} is not a span of the {len(req.prompt_ids)}-token prompt that leaves one")
+
+        def edit(m: Any) -> int:
+            if req.seq_id in self._active:
+                n = int(m.quarantine_span(req.seq_id, start, end))
+            elif req in self._waiting or not stream._started:
+                n = int(m.evict_prefix(list(req.prompt_ids), start))
+            else:
+                return 0
+            req.prompt_ids = req.prompt_ids[:start] + req.prompt_ids[end:]
+            return n
+
+        return int(self._call(edit))
+
+    def prefix_cache_contents(self) -> list[tuple[int, int | None, list[int]]]:
+        """``(hash, parent hash, token ids)`` of every KV block in the prefix cache (audits, tests)."""
+        return list(self._call(lambda m: m.prefix_cache_contents()))
+
     def stats(self) -> dict[str, int | float]:
         """Engine counters as of the last engine step: ``running`` and ``waiting`` sequences,
         ``kv_blocks_used`` / ``kv_blocks_total`` of the paged KV cache, ``steps``,

@@ -563,3 +563,27 @@ def test_calls_in_text_are_checked_as_the_gateway_checks_them():
     assert [(a.name, a.arguments, a.call_ref) for a in acts] == [("read", {"path": "a.py", "start_line": 3}, None)]
     acts = tools.parse({"tool_calls": [{"id": "call_1", "function": {"name": "list", "arguments": "{}"}}]})
     assert acts[0].call_ref == "call_1"
+
+
+def test_inline_reads_are_recorded_in_the_history(tmp_path):
+    """A response with ``fak.inline_reads`` (``fak serve --serve-inline-reads``): the pairs the
+    gateway answered go into the history before the returned assistant message, and into the
+    step record, so the next request is the prompt the model saw."""
+    from fak.agent.model import ModelResponse
+
+    pair = {"assistant": {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "call_i", "type": "function", "function": {"name": "read", "arguments": '{"path": "a.py"}'}}]},
+            "tool": {"role": "tool", "tool_call_id": "call_i", "content": "1: x = 1"}, "served_from": "call_0"}
+    returned = {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_n", "type": "function", "function": {"name": "submit", "arguments": "{}"}}]}
+
+    class Stub:
+        def query(self, messages, tools=None, options=None):
+            return ModelResponse(message=returned, usage={}, policy=None, latency_s=0.0,
+                                 raw={"fak": {"inline_reads": [pair]}})
+
+    agent = Agent(Stub(), None, get_protocol("tools", allow_exec=False), AgentConfig(), Trajectory(tmp_path / "t.json"))
+    record: dict = {}
+    agent.query(record)
+    assert agent.messages[-3:] == [pair["assistant"], pair["tool"], agent.protocol.history_message(returned)]
+    assert record["inline_reads"] == [pair] and agent.trajectory.data["n_inline_reads"] == 1

@@ -243,6 +243,12 @@ class Agent:
                       finish_reason=response.finish_reason, usage=response.usage,
                       response={"content": response.message.get("content"),
                                 "tool_calls": response.message.get("tool_calls")})
+        inline = ((response.raw or {}).get("fak") or {}).get("inline_reads") or []
+        if inline:  # calls the gateway answered itself (--serve-inline-reads): the model saw them
+            record["inline_reads"] = inline
+            data["n_inline_reads"] = data.get("n_inline_reads", 0) + len(inline)
+            for pair in inline:
+                self.messages += [pair["assistant"], pair["tool"]]
         self.messages.append(self.protocol.history_message(response.message))
         return response
 

@@ -38,6 +38,8 @@ from fak.gateway.metrics.routes import metrics
 from fak.gateway.models.protocol import ModelCard, ModelList
 from fak.gateway.models.routes import list_models, retrieve_model
 from fak.gateway.policy_filter import AuditLike, PolicyLike
+from fak.gateway.inline_reads import InlineReads
+from fak.gateway.quarantine_filter import QuarantineGate, quarantine_route
 from fak.gateway.proxy import (
     ProxyChatServing,
     ProxyCompletionServing,
@@ -61,6 +63,8 @@ class GatewayConfig:
         tool_call_retries: extra samples of a forced tool call (``tool_choice`` ``"required"`` or
             named) whose first call does not fit the offered tools, before its text is returned
             as content.
+        serve_inline_reads: answer a repeated read-only tool call from the conversation's earlier
+            result and let the model continue (``fak.gateway.inline_reads``).
     """
 
     model_name: str | None = None
@@ -68,6 +72,7 @@ class GatewayConfig:
     max_concurrency: int = 64
     max_queue: int = 256
     tool_call_retries: int = 2
+    serve_inline_reads: bool = False
 
 
 class Gateway:
@@ -100,6 +105,9 @@ class Gateway:
         adm = self.admission
         self.metrics = GatewayMetrics(engine.stats if engine is not None else None,
                                       admission=lambda: (adm.running, adm.waiting))
+        self.quarantine = QuarantineGate.from_policy(policy, audit=audit, registry=self.metrics.registry,
+                                                     engine=engine)
+        self.inline_reads = InlineReads() if config.serve_inline_reads and engine is not None else None
         if engine is not None:
             from fak.gateway.chat_completions.serving import ChatServing
             from fak.gateway.completions.serving import CompletionServing
@@ -218,7 +226,7 @@ def create_app(config: GatewayConfig | None = None, *, engine: EngineLike | None
         path="/schema", render_plugins=[JsonRenderPlugin(), SwaggerRenderPlugin()],
     )
     app = Litestar(
-        route_handlers=[create_chat_completion, create_completion, list_models, retrieve_model, health, metrics],
+        route_handlers=[create_chat_completion, create_completion, list_models, retrieve_model, health, metrics, quarantine_route],
         exception_handlers=exception_handlers(),
         guards=[_auth_guard],
         before_send=[count_response],

@@ -75,6 +75,9 @@ def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_
 @click.option("--tool-call-retries", type=click.IntRange(min=0), default=2, show_default=True,
               help="Extra samples of a forced tool call (tool_choice required or named) that does not fit its "
                    "tool's schema, before its text is returned as content.")
+@click.option("--serve-inline-reads", is_flag=True,
+              help="Answer a repeated read-only tool call (read/list/search, read-only bash) from the "
+                   "conversation's earlier result and let the model continue (needs X-Fak-Conversation).")
 @click.option("--model-name", help="Model id clients send and /v1/models lists [default: the engine's].")
 @click.option("--base-url", help="Upstream OpenAI base URL (…/v1): proxy mode instead of --gguf.")
 @click.option("--upstream-key", envvar="FAK_UPSTREAM_KEY", help="API key for the upstream (env FAK_UPSTREAM_KEY).")
@@ -84,7 +87,7 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
           policy_check: bool, audit_path: Path | None, api_key: str | None, max_concurrency: int,
           max_queue: int, n_ctx: int, threads: int | None, kv_cache_tokens: int | None,
           prefix_cache: bool, tool_call_retries: int, model_name: str | None, base_url: str | None,
-          upstream_key: str | None, log_level: str) -> None:
+          upstream_key: str | None, log_level: str, serve_inline_reads: bool = False) -> None:
     """Serve OpenAI's API (chat, completions, models, health, metrics) with a tool-call policy."""
     if policy_check:
         if policy_path is None:
@@ -114,7 +117,8 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     policy, audit = _load_policy(policy_path, audit_path)
     config = GatewayConfig(model_name=model_name, api_key=api_key, max_concurrency=max_concurrency,
-                           max_queue=max_queue, tool_call_retries=tool_call_retries)
+                           max_queue=max_queue, tool_call_retries=tool_call_retries,
+                           serve_inline_reads=serve_inline_reads)
     engine = None
     if gguf is not None:
         engine = _load_engine(gguf, backend, n_ctx, threads, max_batch=max_concurrency,

@@ -391,6 +391,9 @@ class _ProxyServing:
         gate = PolicyGate(self.gw.policy, self.gw.audit, ctx, on_verdict=self.gw.metrics.count_verdict)
         relay = PolicyRelay(gate, text_tools="bash" in ctx.text_tools)
         admission: Admission = self.gw.admission
+        if self.gw.quarantine is not None and getattr(req, "messages", None):
+            # withheld tool results never reach the upstream
+            body = self.gw.quarantine.screen(req.messages, ctx.conversation).apply_raw(body)
 
         async def start() -> httpx.Response:
             await admission.acquire()

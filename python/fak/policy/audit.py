@@ -76,6 +76,14 @@ class AuditLog:
             self._f.flush()
         return entry
 
+    def write_entry(self, entry: dict[str, Any]) -> None:
+        """Append one JSON object as a line (other event kinds, e.g. the gateway's quarantine
+        decisions), under the same lock as :meth:`record`."""
+        line = json.dumps(entry, ensure_ascii=False) + "\n"
+        with self._lock:
+            self._f.write(line)
+            self._f.flush()
+
     def close(self) -> None:
         """Close the file (further records raise ``ValueError``)."""
         with self._lock:

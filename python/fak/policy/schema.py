@@ -22,6 +22,8 @@ from typing import Annotated, Any, Literal, Union
 import msgspec
 
 from fak.policy.checks import CHECKS
+from fak.policy import quarantine as _quarantine
+from fak.policy.quarantine import QuarantineSection
 
 VERSION = 1
 
@@ -114,6 +116,7 @@ class PolicyFile(_Base, frozen=True):
     workspace_root: str | None = None
     tools: dict[Name, ToolPolicy] = {}
     budgets: Budgets = Budgets()
+    quarantine: QuarantineSection | None = None  # tool-result screening, fak.policy.quarantine
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,6 +306,7 @@ def _check_top(value: dict, path: str, errors: list[str]) -> None:
 
 _SEMANTICS = {Rule: _check_rule, PathScope: _check_scope, AllowList: _check_allow,
               ToolPolicy: _check_tool, PolicyFile: _check_top}
+_SEMANTICS.update(_quarantine.SEMANTICS)
 
 
 def validate(obj: Any) -> tuple[PolicyFile | None, list[str]]:

@@ -18,9 +18,14 @@
 //!   freed last block first, so its tail is evicted before its shared head.
 //! - Sharing is read-only: only full, computed blocks are cached, and a sequence only writes
 //!   positions at or after its first uncached position, which always lie in blocks it owns alone.
+//! - Quarantine ([`BlockPool::quarantine`]): blocks whose tokens include a span found poisoned,
+//!   and every cached block whose chain passes through them, leave the cache; their hashes are
+//!   banned, so the same chain is never cached or matched again (a block whose parent is banned is
+//!   banned when offered). Sequences holding such blocks keep them (the engine rewrites those
+//!   sequences, see `Engine::quarantine_span`).
 
 use std::collections::hash_map::RandomState;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 
 use crate::{FakError, Result};
@@ -60,6 +65,8 @@ pub struct BlockPool {
     cached: HashMap<BlockHash, u32>,
     hasher: RandomState,
     prefix_caching: bool,
+    /// Hashes of quarantined blocks and of blocks chained after them: never cached again.
+    banned: HashSet<BlockHash>,
 }
 
 impl BlockPool {
@@ -93,6 +100,7 @@ impl BlockPool {
             cached: HashMap::new(),
             hasher: RandomState::new(),
             prefix_caching,
+            banned: HashSet::new(),
         }
     }
 
@@ -198,6 +206,10 @@ impl BlockPool {
         if !self.prefix_caching || self.meta[block as usize].hash.is_some() {
             return false;
         }
+        if self.banned.contains(&hash) || parent.is_some_and(|p| self.banned.contains(&p)) {
+            self.banned.insert(hash);
+            return false;
+        }
         if self.cached.contains_key(&hash) {
             return false;
         }
@@ -208,6 +220,98 @@ impl BlockPool {
         let bs = self.block_size;
         self.tokens[block as usize * bs..(block as usize + 1) * bs].copy_from_slice(tokens);
         true
+    }
+
+    /// Cached blocks that follow the prefix hashed `parent` (`None`: the first block of a
+    /// sequence) and whose tokens start with `head` (at most `block_size` ids): the blocks that
+    /// hold those positions for any sequence with that prefix. Takes no reference.
+    pub fn cached_children(&self, parent: Option<BlockHash>, head: &[u32]) -> Vec<u32> {
+        let bs = self.block_size;
+        let head = &head[..head.len().min(bs)];
+        let mut out: Vec<u32> = self
+            .cached
+            .values()
+            .copied()
+            .filter(|&b| {
+                let m = &self.meta[b as usize];
+                m.parent == parent
+                    && self.tokens[b as usize * bs..b as usize * bs + head.len()] == *head
+            })
+            .collect();
+        out.sort_unstable();
+        out
+    }
+
+    /// Takes `roots` and every cached block chained after them out of the prefix cache and bans
+    /// their hashes (see the module doc). Blocks nobody holds become plain free blocks (reused
+    /// first); their token copies are zeroed. Blocks in `roots` that are not cached are ignored.
+    /// Returns how many blocks left the cache.
+    pub fn quarantine(&mut self, roots: &[u32]) -> usize {
+        let mut children: HashMap<BlockHash, Vec<u32>> = HashMap::new();
+        for &b in self.cached.values() {
+            if let Some(p) = self.meta[b as usize].parent {
+                children.entry(p).or_default().push(b);
+            }
+        }
+        let mut stack: Vec<u32> = roots
+            .iter()
+            .copied()
+            .filter(|&b| self.meta[b as usize].hash.is_some())
+            .collect();
+        let mut n = 0;
+        while let Some(b) = stack.pop() {
+            let Some(h) = self.meta[b as usize].hash.take() else {
+                continue;
+            };
+            self.meta[b as usize].parent = None;
+            self.cached.remove(&h);
+            self.banned.insert(h);
+            let bs = self.block_size;
+            self.tokens[b as usize * bs..(b as usize + 1) * bs].fill(0);
+            if self.meta[b as usize].ref_cnt == 0 {
+                self.unlink(b);
+                self.push_front(b);
+            }
+            n += 1;
+            if let Some(kids) = children.remove(&h) {
+                stack.extend(kids);
+            }
+        }
+        n
+    }
+
+    /// Whether `hash` is banned by a quarantine.
+    pub fn is_banned(&self, hash: BlockHash) -> bool {
+        self.banned.contains(&hash)
+    }
+
+    /// `(hash, parent, token ids)` of every cached block, in block order (for tests and audits:
+    /// what the prefix cache holds).
+    pub fn cached_blocks(&self) -> Vec<(BlockHash, Option<BlockHash>, Vec<u32>)> {
+        let bs = self.block_size;
+        let mut blocks: Vec<u32> = self.cached.values().copied().collect();
+        blocks.sort_unstable();
+        blocks
+            .into_iter()
+            .map(|b| {
+                let m = &self.meta[b as usize];
+                (
+                    m.hash.expect("cached block has a hash"),
+                    m.parent,
+                    self.tokens[b as usize * bs..(b as usize + 1) * bs].to_vec(),
+                )
+            })
+            .collect()
+    }
+
+    /// Drops one reference on each block of `table` from logical block `keep` on and truncates
+    /// `table` to `keep` blocks (see [`Self::release`] for where freed blocks go).
+    pub fn release_tail(&mut self, table: &mut Vec<u32>, keep: usize) {
+        if keep >= table.len() {
+            return;
+        }
+        let mut tail = table.split_off(keep);
+        self.release(&mut tail);
     }
 
     /// Grows `table` until it covers `n_tokens` positions with new private blocks (evicting
@@ -582,6 +686,69 @@ mod tests {
         pool.check(&held(&pool, &[&v])).unwrap();
         pool.release(&mut v);
         pool.check(&[0; 6]).unwrap();
+    }
+
+    #[test]
+    fn quarantine_drops_the_chain_and_bans_it() {
+        let mut pool = BlockPool::new(8, 2, true);
+        // Two sequences sharing block 0, diverging at block 1; a third unrelated one.
+        let toks_a = [1u32, 2, 3, 4, 5, 6];
+        let toks_b = [1u32, 2, 9, 9];
+        let toks_c = [7u32, 7];
+        let (mut a, mut b, mut c) = (Vec::new(), Vec::new(), Vec::new());
+        pool.grow(&mut a, 6).unwrap();
+        let h0 = pool.hash_block(None, &toks_a[0..2]);
+        let h1 = pool.hash_block(Some(h0), &toks_a[2..4]);
+        let h2 = pool.hash_block(Some(h1), &toks_a[4..6]);
+        assert!(pool.register(a[0], h0, None, &toks_a[0..2]));
+        assert!(pool.register(a[1], h1, Some(h0), &toks_a[2..4]));
+        assert!(pool.register(a[2], h2, Some(h1), &toks_a[4..6]));
+        pool.touch(a[0]);
+        b.push(a[0]);
+        pool.grow(&mut b, 4).unwrap();
+        let hb1 = pool.hash_block(Some(h0), &toks_b[2..4]);
+        assert!(pool.register(b[1], hb1, Some(h0), &toks_b[2..4]));
+        pool.grow(&mut c, 2).unwrap();
+        let hc = pool.hash_block(None, &toks_c);
+        assert!(pool.register(c[0], hc, None, &toks_c));
+        pool.release(&mut c);
+        assert_eq!(pool.n_cached(), 5);
+        // A span starting at position 3 (inside block 1 of a): the children of block 0 whose
+        // tokens start with a's [3, 4] are a[1] only.
+        assert_eq!(pool.cached_children(Some(h0), &toks_a[2..4]), vec![a[1]]);
+        assert_eq!(pool.cached_children(Some(h0), &toks_a[2..3]), vec![a[1]]);
+        let a_blocks = a.clone();
+        assert_eq!(pool.quarantine(&[a_blocks[1]]), 2, "a[1] and its child a[2]");
+        assert_eq!(pool.n_cached(), 3);
+        assert!(pool.lookup(h1, Some(h0), &toks_a[2..4]).is_none());
+        assert!(pool.lookup(h2, Some(h1), &toks_a[4..6]).is_none());
+        assert!(pool.lookup(h0, None, &toks_a[0..2]).is_some(), "the clean prefix stays");
+        assert!(pool.lookup(hb1, Some(h0), &toks_b[2..4]).is_some(), "the sibling stays");
+        assert!(pool.is_banned(h1) && pool.is_banned(h2));
+        assert!(pool.cached_blocks().iter().all(|(_, _, t)| t.as_slice() != [3, 4] && t.as_slice() != [5, 6]));
+        // Holders keep their blocks; released, they are plain free blocks reused first.
+        pool.check(&held(&pool, &[&a, &b])).unwrap();
+        pool.release(&mut a);
+        assert_eq!(&pool.free_blocks()[..2], &[a_blocks[1], a_blocks[2]]);
+        pool.check(&held(&pool, &[&b])).unwrap();
+        // The banned chain is never cached again, nor anything chained after it.
+        let mut d = Vec::new();
+        pool.grow(&mut d, 6).unwrap();
+        assert!(!pool.register(d[1], h1, Some(h0), &toks_a[2..4]));
+        let h3 = pool.hash_block(Some(h1), &[8, 8]);
+        assert!(!pool.register(d[2], h3, Some(h1), &[8, 8]));
+        assert!(pool.is_banned(h3));
+        // Free cached blocks are quarantined too (taken to the front of the free list).
+        pool.release(&mut d);
+        pool.release(&mut b);
+        let roots = pool.cached_children(None, &toks_c);
+        assert_eq!(pool.quarantine(&roots), 1);
+        pool.check(&[0; 8]).unwrap();
+        let mut tail = vec![];
+        pool.grow(&mut tail, 8).unwrap();
+        pool.release_tail(&mut tail, 1);
+        assert_eq!(tail.len(), 1);
+        pool.check(&held(&pool, &[&tail])).unwrap();
     }
 
     #[test]

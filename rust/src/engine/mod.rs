@@ -122,6 +122,10 @@ pub trait EngineApi: Send {
     fn stats(&self) -> EngineStats;
     fn reset_stats(&mut self);
     fn threads(&self) -> usize;
+    fn evict_prefix(&mut self, tokens: &[u32], start: usize) -> Result<usize>;
+    fn quarantine_span(&mut self, seq_id: u64, start: usize, end: usize) -> Result<usize>;
+    fn last_logits(&self, seq_id: u64) -> Option<Vec<f32>>;
+    fn cached_blocks(&self) -> Vec<(u64, Option<u64>, Vec<u32>)>;
 }
 
 /// A model plus its KV cache, scheduler and thread pool.
@@ -135,6 +139,9 @@ pub struct Engine<B: Backend> {
     plan: BatchPlan,
     scheduled: Vec<Scheduled>,
     host_logits: Vec<f32>,
+    /// Sequence of each row of `host_logits` when the last step copied its logits to the host
+    /// (any sequence not plain greedy), else empty: [`Engine::last_logits`].
+    host_rows: Vec<u64>,
     stats: EngineStats,
 }
 
@@ -237,6 +244,7 @@ impl<B: Backend> Engine<B> {
             plan: BatchPlan::default(),
             scheduled: Vec::new(),
             host_logits: Vec::new(),
+            host_rows: Vec::new(),
             stats: EngineStats::default(),
         })
     }
@@ -333,6 +341,7 @@ impl<B: Backend> Engine<B> {
                 .any(|s| s.id == *id && s.sampler.is_plain_greedy())
         });
         let mut greedy = (Vec::new(), Vec::new());
+        self.host_rows.clear();
         if all_greedy {
             greedy = (vec![0u32; n_logits], vec![0f32; n_logits]);
             self.model.backend.greedy_rows(
@@ -347,6 +356,7 @@ impl<B: Backend> Engine<B> {
             self.model
                 .backend
                 .read_f32(&self.scratch.logits, &mut self.host_logits)?;
+            self.host_rows.clone_from(&row_of);
         }
         let t_fwd = Instant::now();
 
@@ -488,6 +498,59 @@ impl<B: Backend> Engine<B> {
         result.map(|_| out)
     }
 
+    /// Drops from the prefix cache every block that holds `tokens[start..]` after
+    /// `tokens[..start]` and every block chained after those, and bans them (never cached or
+    /// matched again); see [`Scheduler::evict_prefix`]. The gateway calls this when a tool result
+    /// it passed is found poisoned after the fact. Returns the blocks dropped.
+    ///
+    /// Errors: [`FakError::InvalidArgument`] for `start >= len(tokens)`.
+    pub fn evict_prefix(&mut self, tokens: &[u32], start: usize) -> Result<usize> {
+        if start >= tokens.len() {
+            return Err(FakError::invalid(
+                "start",
+                format!("{start} is not a position of the {} tokens", tokens.len()),
+            ));
+        }
+        Ok(self.sched.evict_prefix(tokens, start))
+    }
+
+    /// Removes tokens `start..end` (positions in the sequence: prompt, then generated tokens)
+    /// from sequence `seq_id`, running or waiting. Its KV cache, and the logits of its next
+    /// steps, are then bit-identical to those of a sequence whose tokens never held the span:
+    /// the KV blocks before `start / 32` are kept (their K/V depends on earlier tokens only),
+    /// everything after is recomputed by the following steps (a chunked prefill, as after a
+    /// preemption; its last row yields the next token), and every prefix-cache block that held
+    /// the span, or is chained after one, is dropped and banned. Returns the cache blocks dropped.
+    ///
+    /// Errors: [`FakError::InvalidArgument`] for an unknown id, `start >= end`, `end` past the
+    /// sequence's tokens, or a span covering every token.
+    pub fn quarantine_span(&mut self, seq_id: u64, start: usize, end: usize) -> Result<usize> {
+        let n = self
+            .sched
+            .sequence_mut(seq_id)
+            .map(|s| s.tokens.len())
+            .ok_or_else(|| FakError::invalid("seq_id", format!("no sequence {seq_id}")))?;
+        if start >= end || end > n || end - start >= n {
+            return Err(FakError::invalid(
+                "span",
+                format!("{start}..{end} is not a span of sequence {seq_id}'s {n} tokens that leaves one"),
+            ));
+        }
+        Ok(self
+            .sched
+            .quarantine_span(seq_id, start, end)
+            .expect("the sequence exists"))
+    }
+
+    /// The logits row of `seq_id` from the last step, when that step copied logits to the host
+    /// (some sequence in it was not plain greedy: sampling, penalties or `n_logprobs > 0`) and
+    /// produced a token for `seq_id`; `[n_vocab]` f32.
+    pub fn last_logits(&self, seq_id: u64) -> Option<Vec<f32>> {
+        let j = self.host_rows.iter().position(|&id| id == seq_id)?;
+        let n_vocab = self.model.config.n_vocab;
+        Some(self.host_logits[j * n_vocab..(j + 1) * n_vocab].to_vec())
+    }
+
     /// Counters (see [`EngineStats`]).
     pub fn stats(&self) -> EngineStats {
         let mut s = self.stats.clone();
@@ -567,5 +630,17 @@ impl<B: Backend> EngineApi for Engine<B> {
     }
     fn threads(&self) -> usize {
         self.pool.current_num_threads()
+    }
+    fn evict_prefix(&mut self, tokens: &[u32], start: usize) -> Result<usize> {
+        Engine::evict_prefix(self, tokens, start)
+    }
+    fn quarantine_span(&mut self, seq_id: u64, start: usize, end: usize) -> Result<usize> {
+        Engine::quarantine_span(self, seq_id, start, end)
+    }
+    fn last_logits(&self, seq_id: u64) -> Option<Vec<f32>> {
+        Engine::last_logits(self, seq_id)
+    }
+    fn cached_blocks(&self) -> Vec<(u64, Option<u64>, Vec<u32>)> {
+        self.sched.pool.cached_blocks()
     }
 }

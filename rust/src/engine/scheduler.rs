@@ -117,6 +117,14 @@ impl Scheduler {
         self.waiting.len()
     }
 
+    /// The sequence `id`, running or waiting (preempted or not yet admitted).
+    pub fn sequence_mut(&mut self, id: u64) -> Option<&mut Sequence> {
+        self.running
+            .iter_mut()
+            .chain(self.waiting.iter_mut())
+            .find(|s| s.id == id)
+    }
+
     /// The running sequence `id`.
     pub fn running_mut(&mut self, id: u64) -> Option<&mut Sequence> {
         self.running.iter_mut().find(|s| s.id == id)
@@ -130,6 +138,53 @@ impl Scheduler {
     /// Mutable access to the running sequences (to sample in parallel).
     pub fn running_all_mut(&mut self) -> &mut [Sequence] {
         &mut self.running
+    }
+
+    /// Quarantine of a span that some sequence with this prefix saw: takes out of the prefix cache
+    /// every cached block holding positions `start..` after `tokens[..start]` with the tokens of
+    /// `tokens[start..]` at their start, and every block chained after those (banned, never
+    /// matched again; see [`BlockPool::quarantine`]). Blocks before `start / block_size` stay.
+    /// Returns how many blocks left the cache (0 with the cache off or nothing cached).
+    pub fn evict_prefix(&mut self, tokens: &[u32], start: usize) -> usize {
+        let bs = self.pool.block_size();
+        if !self.pool.prefix_caching() || start >= tokens.len() {
+            return 0;
+        }
+        let k = start / bs;
+        let mut parent = None;
+        for i in 0..k {
+            parent = Some(self.pool.hash_block(parent, &tokens[i * bs..(i + 1) * bs]));
+        }
+        let head = &tokens[k * bs..tokens.len().min((k + 1) * bs)];
+        let roots = self.pool.cached_children(parent, head);
+        self.pool.quarantine(&roots)
+    }
+
+    /// Removes tokens `start..end` from sequence `id` (running or waiting) so that it continues
+    /// exactly as a sequence that never held them: the cached blocks that held the span leave
+    /// the cache ([`Self::evict_prefix`]), the sequence keeps its blocks before
+    /// `start / block_size` and recomputes everything after on its next steps. Returns the blocks
+    /// that left the cache, or `None` for an unknown id.
+    ///
+    /// Panics (caller's contract, checked by `Engine::quarantine_span`): `start < end <=
+    /// tokens.len()` and at least one token left.
+    pub fn quarantine_span(&mut self, id: u64, start: usize, end: usize) -> Option<usize> {
+        let tokens = self
+            .running
+            .iter()
+            .chain(self.waiting.iter())
+            .find(|s| s.id == id)?
+            .tokens
+            .clone();
+        let n = self.evict_prefix(&tokens, start);
+        let s = self
+            .running
+            .iter_mut()
+            .chain(self.waiting.iter_mut())
+            .find(|s| s.id == id)
+            .expect("found above");
+        s.remove_span(&mut self.pool, start, end);
+        Some(n)
     }
 
     /// Records `n_tokens` newly computed tokens of running sequence `id` (after a forward) and
@@ -752,6 +807,42 @@ mod tests {
         let out = step(&mut s);
         assert_eq!(s.n_running(), 2, "admitted thanks to the shared blocks");
         assert_eq!(out.iter().find(|e| e.seq_id == 2).unwrap().n_tokens, 3);
+    }
+
+    #[test]
+    fn quarantine_span_keeps_the_head_and_recomputes_the_rest() {
+        let mut s = cached_scheduler(32, 64);
+        let prompt: Vec<u32> = (0..22).collect(); // blocks [0..4) [4..8) ... [20..22)
+        s.add(seq_of(1, prompt.clone()));
+        step(&mut s);
+        step(&mut s); // one decode: 23 tokens, 22 cached
+        let head = s.running()[0].block_table[..2].to_vec();
+        assert_eq!(s.pool.n_cached(), 5);
+        // Remove positions 9..14 (blocks 2 and 3 hold them): blocks 0-1 stay, 2.. recomputed.
+        let dropped = s.quarantine_span(1, 9, 14).unwrap();
+        assert_eq!(dropped, 3, "cached blocks 2, 3, 4 held or followed the span");
+        check_pool(&s);
+        let q = &s.running()[0];
+        assert_eq!(q.block_table, head);
+        assert_eq!((q.n_cached, q.n_prompt, q.tokens.len()), (8, 17, 19));
+        let mut clean: Vec<u32> = (0..9).chain(14..22).collect();
+        clean.extend([7, 7]);
+        assert_eq!(q.tokens, clean);
+        assert_eq!(s.pool.n_cached(), 2);
+        let (mut plan, mut out) = plan_out();
+        s.schedule(&mut plan, &mut out);
+        assert_eq!(out, vec![Scheduled { seq_id: 1, n_tokens: 11, logits: true }]);
+        assert_eq!(plan.positions, (8..19).collect::<Vec<u32>>());
+        complete(&mut s, &out);
+        check_pool(&s);
+        // A new sequence with the poisoned prompt finds only the clean head in the cache.
+        s.add(seq_of(2, prompt.clone()));
+        let out = step(&mut s);
+        assert_eq!(out.iter().find(|e| e.seq_id == 2).unwrap().n_tokens, 22 - 8);
+        // and its blocks holding the span are never cached again
+        let cached: Vec<Vec<u32>> = s.pool.cached_blocks().into_iter().map(|(_, _, t)| t).collect();
+        assert!(!cached.iter().any(|t| t.contains(&10)), "{cached:?}");
+        assert!(s.quarantine_span(99, 0, 1).is_none());
     }
 
     #[test]

@@ -130,6 +130,23 @@ impl Sequence {
             .collect()
     }
 
+    /// Removes tokens `start..end` from the sequence, as if it had never held them: blocks from
+    /// logical block `start / block_size` on are released (those before are kept: their K/V does
+    /// not depend on later tokens) and everything from that block on is pending again. The prompt
+    /// shrinks by the part of the span inside it. The caller checks the range (`start < end <=
+    /// tokens.len()`, something left) and has dropped the cached blocks that held the span.
+    pub fn remove_span(&mut self, pool: &mut BlockPool, start: usize, end: usize) {
+        debug_assert!(start < end && end <= self.tokens.len() && end - start < self.tokens.len());
+        let keep = start / pool.block_size();
+        pool.release_tail(&mut self.block_table, keep);
+        self.tokens.drain(start..end);
+        let in_prompt = end.min(self.n_prompt).saturating_sub(start);
+        self.n_prompt -= in_prompt;
+        self.n_cached = self.n_cached.min(keep * pool.block_size());
+        self.n_registered = self.n_registered.min(keep);
+        self.block_hashes.truncate(keep);
+    }
+
     /// Offers every full block computed since the last call to the prefix cache.
     pub fn register_full_blocks(&mut self, pool: &mut BlockPool) {
         if !pool.prefix_caching() {

@@ -340,6 +340,48 @@ impl PyModel {
         Ok(d)
     }
 
+    /// evict_prefix(token_ids, start) -> int
+    ///
+    /// Quarantine of a span found poisoned after the fact: drops from the prefix cache every KV
+    /// block that holds `token_ids[start:]` after `token_ids[:start]` (the span's first block, by
+    /// its tokens) and every block chained after those, and bans them: never cached or matched
+    /// again. Blocks before `start // kv_block_size` stay. Returns the blocks dropped.
+    ///
+    /// Raises: ValueError (`start >= len(token_ids)`).
+    fn evict_prefix(&self, py: Python<'_>, token_ids: Vec<u32>, start: usize) -> PyResult<usize> {
+        self.with_engine(py, move |e| e.evict_prefix(&token_ids, start))
+    }
+
+    /// quarantine_span(seq_id, start, end) -> int
+    ///
+    /// Removes tokens `start:end` (positions of the sequence's prompt + generated tokens) from a
+    /// running or waiting sequence: its next steps recompute everything from block
+    /// `start // kv_block_size` on, so its KV cache and logits equal those of a sequence that never
+    /// held the span; cached blocks holding the span are dropped and banned (see `evict_prefix`).
+    /// Returns the cache blocks dropped.
+    ///
+    /// Raises: ValueError (unknown id, empty or out-of-range span, or a span of every token).
+    fn quarantine_span(&self, py: Python<'_>, seq_id: u64, start: usize, end: usize) -> PyResult<usize> {
+        self.with_engine(py, move |e| e.quarantine_span(seq_id, start, end))
+    }
+
+    /// last_logits(seq_id) -> np.ndarray float32 [n_vocab] | None
+    ///
+    /// The logits that sampled `seq_id`'s token in the last `step()`, when that step copied logits
+    /// to the host (a sequence in it was not plain greedy, e.g. `n_logprobs > 0`); else None.
+    fn last_logits<'py>(&self, py: Python<'py>, seq_id: u64) -> PyResult<Option<Bound<'py, numpy::PyArray1<f32>>>> {
+        let v = self.with_engine(py, move |e| Ok(e.last_logits(seq_id)))?;
+        Ok(v.map(|v| v.into_pyarray(py)))
+    }
+
+    /// prefix_cache_contents() -> list[tuple[int, int | None, list[int]]]
+    ///
+    /// `(hash, parent hash, token ids)` of every KV block in the prefix cache: what a later
+    /// request can reuse (for audits and tests).
+    fn prefix_cache_contents(&self, py: Python<'_>) -> PyResult<Vec<(u64, Option<u64>, Vec<u32>)>> {
+        self.with_engine(py, |e| Ok(e.cached_blocks()))
+    }
+
     /// reset_stats(): zeroes the counters of `stats()`.
     fn reset_stats(&self, py: Python<'_>) -> PyResult<()> {
         self.with_engine(py, |e| {

@@ -33,6 +33,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -70,6 +71,7 @@ from fak.gateway.engine_api import (
 )
 from fak.gateway.errors import APIError, bad_request, error_response
 from fak.gateway.policy_filter import (
+    CONVERSATION_HEADER,
     AssistantOutputFilter,
     ContentOut,
     PolicyGate,
@@ -240,6 +242,20 @@ def chat_sampling(req: ChatCompletionRequest, max_tokens: int) -> dict[str, Any]
     return s
 
 
+@dataclass(frozen=True)
+class _Setup:
+    """What every generation of one chat request shares: the request, the client's own tool
+    definitions (for the template), their schemas (``ToolSet``), the forced pre-fill, the policy
+    gate and whether tool calls are parsed."""
+
+    req: ChatCompletionRequest
+    client_tools: list[dict[str, Any]] | None
+    toolset: Any
+    prefix: str
+    gate: PolicyGate
+    use_tools: bool
+
+
 class _Generation:
     """One request's generation through the engine, across the attempts of a forced tool call.
 
@@ -280,6 +296,15 @@ class _Generation:
     async def start(self) -> None:
         """The first attempt up to its first delta. Raises APIError (mapped engine errors)."""
         await self.run.start()
+
+    @property
+    def _it(self) -> Any:
+        """The current attempt's engine stream (the quarantine hook removes a span from it)."""
+        return self.run._it
+
+    @property
+    def _closed(self) -> bool:
+        return self.run._closed
 
     @property
     def n_completion(self) -> int:
@@ -394,31 +419,13 @@ class ChatServing:
         except SchemaError as exc:
             raise bad_request(str(exc), param=f"tools[{exc.index}].function.parameters") from None
         prefix = forced_prefix(req) if use_tools else ""
-        messages = template_messages(req.messages)
-
-        def prompt_tokens() -> tuple[list[int], list[list[int]] | None]:
-            prompt = self._render(messages, client_tools) + prefix
-            ids = self.engine.tokenize(prompt, add_special=False, parse_special=True)
-            choices = forced_choices(req, lambda t: self.engine.tokenize(t, add_special=False, parse_special=False))
-            return ids, choices
-
-        # A long conversation takes milliseconds to render and tokenize: off the event loop, so
-        # the other streams keep flowing meanwhile.
-        prompt_ids, choices = await anyio.to_thread.run_sync(prompt_tokens)
-        requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        max_tokens = check_context(
-            len(prompt_ids), requested, self.engine.n_ctx, param="messages",
-            max_tokens_param="max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
-        sampling = chat_sampling(req, max_tokens)
-        if choices and use_tools:
-            sampling["prefix_choices"] = choices
-
-        def make_filter() -> AssistantOutputFilter:
-            return AssistantOutputFilter(gate, parse_tools=use_tools, prefix=prefix,
-                                         parallel_tool_calls=req.parallel_tool_calls is not False, tools=toolset,
-                                         on_reject=self.gw.metrics.count_tool_call_rejected)
-
-        gen = _Generation(self, req, prompt_ids, sampling, make_filter, forced=bool(prefix), t_arrival=t_arrival)
+        quarantine = self.gw.quarantine  # withheld tool results never reach the template
+        screened = quarantine.screen(req.messages, ctx.conversation).apply(req.messages) if quarantine else req.messages
+        messages = template_messages(screened)
+        setup = _Setup(req, client_tools, toolset, prefix, gate, use_tools)
+        gen, prompt_ids, prompt = await self._generation(setup, messages, t_arrival)
+        if quarantine is not None:
+            quarantine.track(ctx.conversation, prompt, prompt_ids, screened, gen)
         try:
             await run_until_disconnect(request, gen.start())
         except ClientDisconnected:
@@ -429,8 +436,16 @@ class ChatServing:
             return Stream(self._stream(gen, gate, req, len(prompt_ids), include_usage),
                           media_type="text/event-stream", headers=SSE_HEADERS,
                           background=BackgroundTask(gen.aclose))
+        n_verdicts = len(gate.verdicts)
         try:
             out = await run_until_disconnect(request, self._complete(gen, gate, req, len(prompt_ids)))
+            inline = self.gw.inline_reads  # repeated read-only calls answered here (--serve-inline-reads)
+            if inline is not None and use_tools:
+                await gen.aclose()
+                out = await run_until_disconnect(request, inline.serve(
+                    self, out, req=req, conversation=request.headers.get(CONVERSATION_HEADER), messages=messages,
+                    tools=client_tools, prefix=prefix, gate=gate, n_verdicts_before=n_verdicts,
+                    start_run=lambda convo: self._round(setup, convo)))
         except ClientDisconnected:
             return Response(b"", status_code=499)
         except APIError as err:
@@ -438,6 +453,50 @@ class ChatServing:
         finally:
             await gen.aclose()
         return Response(out, media_type="application/json")
+
+    async def _generation(self, setup: _Setup, messages: list[dict[str, Any]],
+                          t_arrival: float) -> tuple[_Generation, list[int], str]:
+        """The generation of one conversation (``messages``, already screened): the prompt
+        rendered and tokenized off the event loop, its context checked, the forced tool call's
+        choices and the output filter set. Returns (generation, prompt ids, prompt text).
+        Raises ``APIError`` (400: the template rejects the messages, or they do not fit)."""
+        req = setup.req
+
+        def prompt_tokens() -> tuple[str, list[int], list[list[int]] | None]:
+            prompt = self._render(messages, setup.client_tools) + setup.prefix
+            ids = self.engine.tokenize(prompt, add_special=False, parse_special=True)
+            choices = forced_choices(req, lambda t: self.engine.tokenize(t, add_special=False, parse_special=False))
+            return prompt, ids, choices
+
+        # A long conversation takes milliseconds to render and tokenize: off the event loop, so
+        # the other streams keep flowing meanwhile.
+        prompt, prompt_ids, choices = await anyio.to_thread.run_sync(prompt_tokens)
+        requested = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        max_tokens = check_context(
+            len(prompt_ids), requested, self.engine.n_ctx, param="messages",
+            max_tokens_param="max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
+        sampling = chat_sampling(req, max_tokens)
+        if choices and setup.use_tools:
+            sampling["prefix_choices"] = choices
+
+        def make_filter() -> AssistantOutputFilter:
+            return AssistantOutputFilter(setup.gate, parse_tools=setup.use_tools, prefix=setup.prefix,
+                                         parallel_tool_calls=req.parallel_tool_calls is not False,
+                                         tools=setup.toolset, on_reject=self.gw.metrics.count_tool_call_rejected)
+
+        gen = _Generation(self, req, prompt_ids, sampling, make_filter, forced=bool(setup.prefix),
+                          t_arrival=t_arrival)
+        return gen, prompt_ids, prompt
+
+    async def _round(self, setup: _Setup, messages: list[dict[str, Any]]) -> bytes:
+        """One more non-streamed generation of the same request over ``messages`` (the inline
+        reads' next round), its encoded ``ChatCompletion``."""
+        gen, prompt_ids, _ = await self._generation(setup, messages, time.perf_counter())
+        try:
+            await gen.start()
+            return await self._complete(gen, setup.gate, setup.req, len(prompt_ids))
+        finally:
+            await gen.aclose()
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
         try:

@@ -1,0 +1,276 @@
+"""Repeated read-only tool calls served inline (``fak serve --serve-inline-reads``).
+
+When the model proposes a call that is read-only and identical (same name, same canonical
+arguments) to one already answered in the same conversation, and no call since could have
+changed its result, the gateway answers it itself with the earlier result and lets the model
+continue: the client gets only the first new call. The pairs served inline are listed in the
+response's ``fak`` extension object, ``{"inline_reads": [{"assistant": {...}, "tool": {...},
+"served_from": <earlier tool_call_id>, "arguments_digest", "content_digest"}]}``, as the two
+messages (assistant tool call, tool result) the client appends to its history before the
+returned assistant message, so that its next request is the prompt the model actually saw (the
+prefix cache then reuses all of it).
+
+What counts:
+
+- *conversation*: the ``X-Fak-Conversation`` header (required: without it nothing is served).
+  The gateway keeps the full text of each tool result the first time a request carries it
+  (clients may shorten old observations later), per conversation (LRU).
+- *read-only*: tools ``read``, ``list``, ``search`` (the coding agent's, ``fak.agent.tools``), and
+  ``bash`` whose command, as ``fak.policy.shell.analyze`` reads it, runs only read-only commands
+  (``cat``, ``head``, ``grep``, ``ls``, ``find`` without actions, ``sed -n`` with print
+  scripts, ``git diff``/``status``/``log``/``show``/``blame``/``grep``/``ls-files``, ...) with no
+  redirection that writes and no command known only at run time. The policy file has no notion
+  of read-only-ness; this classification is the gateway's (:func:`is_read_only`).
+- *nothing since could have changed it*: every call after the earlier one (answered or not) is
+  read-only; any other call (``edit``, ``write``, ``submit``, a non-read-only ``bash``, an unknown
+  tool) means the read is run again by the client.
+- the call is still adjudicated by the policy (its verdict is in the pair's ``verdict``) and a
+  denied call is never served; at most ``max_inline`` pairs per response (then the call goes to
+  the client as usual); non-streamed chat completions only.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from fak.policy.audit import arguments_digest
+from fak.quarantine.screen import content_digest
+
+__all__ = ["READ_TOOLS", "InlineReads", "is_read_only"]
+
+READ_TOOLS = frozenset({"read", "list", "search"})
+SHELL_TOOLS = frozenset({"bash"})
+
+# Commands that only read (with their flags that write or run something else refused below).
+_READ_COMMANDS = frozenset({
+    "cat", "head", "tail", "grep", "egrep", "fgrep", "rg", "ag", "ls", "ll", "tree", "wc", "nl", "cut", "tr",
+    "sort", "uniq", "diff", "cmp", "comm", "file", "stat", "du", "pwd", "echo", "printf", "true", "basename",
+    "dirname", "realpath", "readlink", "which", "type", "find", "sed", "git", "cd", "column", "fold", "expand",
+    "od", "hexdump", "xxd", "md5sum", "sha1sum", "sha256sum", "less", "more", "strings", "awk",
+})
+_GIT_READ = frozenset({"diff", "status", "log", "show", "blame", "grep", "ls-files", "rev-parse", "describe",
+                       "shortlog", "cat-file", "ls-tree", "branch", "tag"})
+_FIND_ACTIONS = frozenset({"-exec", "-execdir", "-ok", "-okdir", "-delete", "-fprint", "-fprint0", "-fprintf",
+                           "-fls"})
+_SED_PRINT = ("p", "=", "l")
+
+
+def _sed_read_only(argv: list[str]) -> bool:
+    if not any(a == "-n" or (a.startswith("-") and not a.startswith("--") and "n" in a[1:]) for a in argv[1:]):
+        return False
+    for a in argv[1:]:
+        if a.startswith(("-i", "--in-place")) or a in ("-f", "--file"):
+            return False
+    scripts = [a for a in argv[1:] if not a.startswith("-")][:1]
+    for sc in scripts:
+        for part in sc.split(";"):
+            part = part.strip()
+            if not part:
+                continue
+            if part[-1] not in _SED_PRINT or any(c in part for c in "wWeErR"):
+                return False
+    return True
+
+
+def _command_read_only(cmd: Any) -> bool:
+    argv: list[str] = cmd.argv
+    if not argv:
+        return not any(r.writes for r in cmd.redirects)
+    if any(cmd.dyn) or cmd.via not in ("", "$(...)"):
+        return False
+    if any(r.writes and r.target not in ("/dev/null", "/dev/stdout", "/dev/stderr") for r in cmd.redirects):
+        return False
+    name = cmd.name
+    if name not in _READ_COMMANDS:
+        return False
+    rest = argv[1:]
+    if name == "find":
+        return not any(a in _FIND_ACTIONS for a in rest)
+    if name == "sed":
+        return _sed_read_only(argv)
+    if name == "awk":
+        return not any(k in " ".join(rest) for k in ("system", ">", "|", "getline"))
+    if name == "sort":
+        return not any(a.startswith(("-o", "--output")) for a in rest)
+    if name == "uniq":
+        return len([a for a in rest if not a.startswith("-")]) <= 1
+    if name == "git":
+        sub = [a for a in rest if not a.startswith("-")]
+        if any(a.startswith(("--output", "-o")) for a in rest) or not sub or sub[0] not in _GIT_READ:
+            return False
+        if sub[0] in ("branch", "tag"):
+            return len(sub) == 1  # listing only: `git branch NAME` creates one
+        return True
+    return True
+
+
+def is_read_only(name: str, arguments: str | dict[str, Any]) -> bool:
+    """Whether a call only reads the workspace, so that its result cannot change until a call
+    that is not read-only runs (see the module doc). ``arguments``: a JSON string or a dict."""
+    if name in READ_TOOLS:
+        return True
+    if name not in SHELL_TOOLS:
+        return False
+    try:
+        args = json.loads(arguments) if isinstance(arguments, str) else arguments
+        command = args.get("command") if isinstance(args, dict) else None
+        if not isinstance(command, str) or not command.strip():
+            return False
+        from fak.policy.shell import ShellSyntaxError, analyze
+
+        try:
+            analysis = analyze(command)
+        except ShellSyntaxError:
+            return False
+        return bool(analysis.commands) and all(_command_read_only(c) for c in analysis.commands)
+    except Exception:  # noqa: BLE001 - anything odd is "not read-only"
+        return False
+
+
+@dataclass
+class _Conversation:
+    results: dict[str, str] = field(default_factory=dict)
+    n_bytes: int = 0
+
+
+class InlineReads:
+    """The inline-read server of one gateway.
+
+    Args:
+        max_inline: most pairs served in one response.
+        conversations: conversations whose tool results are kept (LRU).
+        max_bytes: most bytes of results kept per conversation (older ones are then not kept:
+            those calls are not served inline).
+    """
+
+    def __init__(self, *, max_inline: int = 3, conversations: int = 256, max_bytes: int = 8 << 20) -> None:
+        self.max_inline = max_inline
+        self.max_bytes = max_bytes
+        self.conversations = conversations
+        self._store: OrderedDict[str, _Conversation] = OrderedDict()
+        self._lock = threading.Lock()
+        self.served = 0
+
+    def remember(self, conversation: str, messages: Iterable[dict[str, Any]]) -> None:
+        """Keep the text of each tool result the first time the conversation carries it."""
+        with self._lock:
+            conv = self._store.get(conversation)
+            if conv is None:
+                conv = self._store[conversation] = _Conversation()
+            self._store.move_to_end(conversation)
+            while len(self._store) > self.conversations:
+                self._store.popitem(last=False)
+            for m in messages:
+                tid = m.get("tool_call_id")
+                content = m.get("content")
+                if m.get("role") == "tool" and tid and isinstance(content, str) and tid not in conv.results:
+                    if conv.n_bytes + len(content) <= self.max_bytes:
+                        conv.results[tid] = content
+                        conv.n_bytes += len(content)
+
+    def find(self, conversation: str, messages: list[dict[str, Any]], name: str,
+             arguments: str) -> tuple[str, str] | None:
+        """``(earlier tool_call_id, its result)`` when the call ``name(arguments)`` can be served
+        from ``messages`` (the conversation so far, template dicts), else ``None``."""
+        if not is_read_only(name, arguments):
+            return None
+        want = arguments_digest(arguments)
+        answers = {m.get("tool_call_id"): m.get("content") for m in messages if m.get("role") == "tool"}
+        found: str | None = None
+        for m in messages:
+            for tc in m.get("tool_calls") or () if m.get("role") == "assistant" else ():
+                fn = tc.get("function") or {}
+                cname, cargs = str(fn.get("name", "")), fn.get("arguments", "")
+                cargs_s = cargs if isinstance(cargs, str) else json.dumps(cargs, ensure_ascii=False)
+                if not is_read_only(cname, cargs_s):
+                    found = None  # a call that may have changed the workspace: earlier reads are stale
+                    continue
+                if cname == name and arguments_digest(cargs_s) == want and tc.get("id") in answers:
+                    found = tc.get("id")
+        if found is None:
+            return None
+        with self._lock:
+            conv = self._store.get(conversation)
+            full = conv.results.get(found) if conv is not None else None
+        content = full if full is not None else answers.get(found)
+        return (found, content) if isinstance(content, str) else None
+
+    async def serve(self, serving: Any, body: bytes, *, req: Any, conversation: str | None,
+                    messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, prefix: str, gate: Any,
+                    n_verdicts_before: int, start_run: Any) -> bytes:
+        """Continue a finished non-streamed response while its first call can be served inline.
+
+        ``body``: the encoded ``ChatCompletion``; ``start_run(messages)``: an async callable that
+        renders, starts and completes a new generation for ``messages`` and returns its encoded
+        body. Returns the body for the client (``fak.inline_reads`` added when anything was served).
+        """
+        if not conversation:
+            return body
+        self.remember(conversation, messages)
+        pairs: list[dict[str, Any]] = []
+        convo = list(messages)
+        usage = [0, 0]
+        first_verdict = n_verdicts_before
+        while len(pairs) < self.max_inline:
+            data = json.loads(body)
+            choice = (data.get("choices") or [{}])[0]
+            msg = choice.get("message") or {}
+            calls = msg.get("tool_calls") or []
+            if not calls:
+                break
+            call = calls[0]
+            fn = call["function"]
+            hit = self.find(conversation, convo, fn["name"], fn["arguments"])
+            if hit is None:
+                break
+            earlier, content = hit
+            verdict = next((v for v in gate.verdicts[first_verdict:]
+                            if v.tool_call_id == call["id"]), None) if gate.active else None
+            if gate.active and (verdict is None or not verdict.allowed):
+                break
+            assistant = {"role": "assistant", "content": msg.get("content"),
+                         "tool_calls": [{"id": call["id"], "type": "function",
+                                         "function": {"name": fn["name"], "arguments": fn["arguments"]}}]}
+            tool = {"role": "tool", "tool_call_id": call["id"], "content": content}
+            pairs.append({"assistant": assistant, "tool": tool, "served_from": earlier,
+                          "arguments_digest": arguments_digest(fn["arguments"]),
+                          "content_digest": content_digest(content),
+                          "verdict": msgspec.to_builtins(verdict) if verdict is not None else None})
+            u = data.get("usage") or {}
+            usage[0] += int(u.get("prompt_tokens") or 0)
+            usage[1] += int(u.get("completion_tokens") or 0)
+            # what the chat template gets (``template_messages``'s form): text content, decoded arguments
+            try:
+                targs: Any = json.loads(fn["arguments"])
+            except ValueError:
+                targs = fn["arguments"]
+            convo += [{"role": "assistant", "content": msg.get("content") or "",
+                       "tool_calls": [{"id": call["id"], "type": "function",
+                                       "function": {"name": fn["name"], "arguments": targs}}]},
+                      {"role": "tool", "tool_call_id": call["id"], "content": content}]
+            with self._lock:
+                self.served += 1
+            first_verdict = len(gate.verdicts)
+            body = await start_run(convo)
+        if not pairs:
+            return body
+        data = json.loads(body)
+        msg = data["choices"][0]["message"]
+        if msg.get("tool_calls"):
+            msg["tool_calls"] = msg["tool_calls"][:1]  # only the first new call goes to the client
+        u = data.get("usage") or {}
+        data["usage"] = {"prompt_tokens": usage[0] + int(u.get("prompt_tokens") or 0),
+                         "completion_tokens": usage[1] + int(u.get("completion_tokens") or 0),
+                         "total_tokens": usage[0] + usage[1] + int(u.get("total_tokens") or 0)}
+        if gate.active and isinstance(data.get("fak_policy"), dict):
+            data["fak_policy"]["verdicts"] = [msgspec.to_builtins(v) for v in gate.verdicts[first_verdict:]]
+        data["fak"] = {"inline_reads": pairs, "served_at": round(time.time(), 3)}
+        return json.dumps(data, ensure_ascii=False).encode()

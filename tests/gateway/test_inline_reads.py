@@ -1,0 +1,149 @@
+"""Repeated read-only calls served inline (python/fak/gateway/inline_reads.py, ``fak serve
+--serve-inline-reads``) with the scripted fake engine.
+
+The fake engine answers with the reply of the trigger found last in the prompt, so a script
+can say "after this result, ask for the same read again" and "after the read is answered, move
+on". To add a case, write the conversation and the script, and assert on what the client gets
+and on ``fak.inline_reads``.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+import pytest
+from fak.gateway.inline_reads import InlineReads, is_read_only
+from fak.policy import Policy
+from gateway_fakes import FakeEngine
+
+READ_A = '<tool_call>\n{"name": "read", "arguments": {"path": "a.py"}}\n</tool_call>'
+RUN_TESTS = '<tool_call>\n{"name": "bash", "arguments": {"command": "python -m pytest -q"}}\n</tool_call>'
+TOOLS = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {}}}}
+         for n in ("read", "list", "edit", "bash")]
+
+
+def call(cid: str, name: str, args: dict[str, Any]) -> dict[str, Any]:
+    return {"role": "assistant", "content": None,
+            "tool_calls": [{"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}
+
+
+def result(cid: str, text: str) -> dict[str, Any]:
+    return {"role": "tool", "tool_call_id": cid, "content": text}
+
+
+HISTORY = [
+    {"role": "system", "content": "You fix bugs."},
+    {"role": "user", "content": "Fix the bug in a.py"},
+    call("c1", "read", {"path": "a.py"}), result("c1", "CONTENT-A: def f(): return 1"),
+    call("c2", "list", {}), result("c2", "FILES-LIST: a.py b.py"),
+]
+
+
+def post(http: httpx.Client, srv: Any, messages: list[dict[str, Any]], conversation: str | None = "conv-i",
+         **extra: Any) -> dict[str, Any]:
+    headers = {"X-Fak-Conversation": conversation} if conversation else {}
+    r = http.post(srv.base_url + "/chat/completions", headers=headers,
+                  json={"model": "fake-qwen", "messages": messages, "tools": TOOLS, **extra})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.fixture
+def engine() -> FakeEngine:
+    return FakeEngine(script=[("FILES-LIST", READ_A), ("CONTENT-A", RUN_TESTS)])
+
+
+def test_repeated_read_is_served_inline(start_gateway: Any, engine: FakeEngine, http: httpx.Client) -> None:
+    srv = start_gateway(engine=engine, serve_inline_reads=True)
+    body = post(http, srv, HISTORY)
+    msg = body["choices"][0]["message"]
+    assert [json.loads(c["function"]["arguments"]) for c in msg["tool_calls"]] == [{"command": "python -m pytest -q"}]
+    pairs = body["fak"]["inline_reads"]
+    assert len(pairs) == 1 and pairs[0]["served_from"] == "c1"
+    assert pairs[0]["assistant"]["tool_calls"][0]["function"]["name"] == "read"
+    assert pairs[0]["tool"]["content"] == "CONTENT-A: def f(): return 1"
+    assert pairs[0]["tool"]["tool_call_id"] == pairs[0]["assistant"]["tool_calls"][0]["id"]
+    # the second generation saw the pair: its prompt ends with the served result
+    second = engine.detokenize(engine.requests[-1][0])
+    assert second.rstrip().endswith("<|im_start|>assistant") and second.count("CONTENT-A") == 2
+    assert len(engine.requests) == 2
+    # a client that appends the pairs sends exactly the prompt the model saw
+    seen = engine.requests[-1][0]
+    post(http, srv, HISTORY + [pairs[0]["assistant"], pairs[0]["tool"]])
+    assert engine.requests[-1][0] == seen
+
+
+def test_a_write_since_means_run_again(start_gateway: Any, engine: FakeEngine, http: httpx.Client) -> None:
+    srv = start_gateway(engine=engine, serve_inline_reads=True)
+    edited = HISTORY[:4] + [call("c9", "edit", {"path": "a.py", "old": "1", "new": "2"}), result("c9", "ok")] + HISTORY[4:]
+    body = post(http, srv, edited)
+    assert "fak" not in body
+    assert json.loads(body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) == {"path": "a.py"}
+    for cmd in ("sed -i s/1/2/ a.py", "python x.py", "echo hi > a.py", "git checkout a.py"):
+        hist = HISTORY[:4] + [call("c8", "bash", {"command": cmd}), result("c8", "")] + HISTORY[4:]
+        assert "fak" not in post(http, srv, hist), cmd
+
+
+def test_off_without_flag_header_or_policy_allow(start_gateway: Any, engine: FakeEngine, http: httpx.Client) -> None:
+    srv = start_gateway(engine=engine)
+    assert "fak" not in post(http, srv, HISTORY)
+    srv2 = start_gateway(engine=engine, serve_inline_reads=True)
+    assert "fak" not in post(http, srv2, HISTORY, conversation=None)
+    deny_read = Policy.from_dict({"version": 1, "default": {"verdict": "allow", "reason": "ok"},
+                                  "tools": {"read": {"allowed": False, "reason": "no reads"}}})
+    srv3 = start_gateway(engine=engine, serve_inline_reads=True, policy=deny_read)
+    body = post(http, srv3, HISTORY)
+    assert "fak" not in body and "no reads" in body["choices"][0]["message"]["content"]
+
+
+def test_policy_verdicts_and_cap(start_gateway: Any, http: httpx.Client) -> None:
+    loop = FakeEngine(script=[("FILES-LIST", READ_A), ("CONTENT-A", READ_A)])  # the model keeps re-reading
+    policy = Policy.from_dict({"version": 1, "default": {"verdict": "allow", "reason": "ok"}})
+    srv = start_gateway(engine=loop, serve_inline_reads=True, policy=policy)
+    body = post(http, srv, HISTORY)
+    pairs = body["fak"]["inline_reads"]
+    assert len(pairs) == 3, "at most max_inline pairs, then the call goes to the client"
+    assert all(p["verdict"]["allowed"] for p in pairs)
+    assert len(body["fak_policy"]["verdicts"]) == 1, "fak_policy: the returned round's verdicts only"
+    assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "read"
+    assert body["usage"]["prompt_tokens"] == sum(len(p) for p, _ in loop.requests)
+
+
+def test_streams_are_not_inlined(start_gateway: Any, engine: FakeEngine, http: httpx.Client) -> None:
+    srv = start_gateway(engine=engine, serve_inline_reads=True)
+    r = http.post(srv.base_url + "/chat/completions", headers={"X-Fak-Conversation": "s"},
+                  json={"model": "fake-qwen", "messages": HISTORY, "tools": TOOLS, "stream": True})
+    assert r.status_code == 200 and '"inline_reads"' not in r.text
+
+
+@pytest.mark.parametrize("name,args,ro", [
+    ("read", {"path": "x"}, True), ("list", {}, True), ("search", {"pattern": "x"}, True),
+    ("edit", {"path": "x"}, False), ("write", {"path": "x"}, False), ("submit", {}, False), ("weird", {}, False),
+    ("bash", {"command": "cat a.py"}, True), ("bash", {"command": "grep -rn foo src | head -20"}, True),
+    ("bash", {"command": "git diff HEAD~1 -- a.py"}, True), ("bash", {"command": "sed -n '1,20p' a.py"}, True),
+    ("bash", {"command": "ls -la && find . -name '*.py'"}, True), ("bash", {"command": "cd src && cat x"}, True),
+    ("bash", {"command": "git status"}, True), ("bash", {"command": "git branch"}, True),
+    ("bash", {"command": "sed -i 's/a/b/' a.py"}, False), ("bash", {"command": "cat a > b"}, False),
+    ("bash", {"command": "find . -delete"}, False), ("bash", {"command": "find . -exec rm {} ;"}, False),
+    ("bash", {"command": "git checkout main"}, False), ("bash", {"command": "git branch new"}, False),
+    ("bash", {"command": "python -m pytest"}, False), ("bash", {"command": "$CMD a"}, False),
+    ("bash", {"command": "sort -o out in"}, False), ("bash", {"command": "sed -n 'w out' a"}, False),
+    ("bash", {"command": "awk '{system(\"rm x\")}' a"}, False), ("bash", {"command": "cat <(rm x)"}, False),
+    ("bash", {"command": "echo $(touch x)"}, False), ("bash", {"command": "unbalanced '"}, False),
+    ("bash", {"command": "git diff --output=x"}, False), ("bash", {}, False),
+])
+def test_read_only_classification(name: str, args: dict[str, Any], ro: bool) -> None:
+    assert is_read_only(name, json.dumps(args)) is ro
+
+
+def test_store_keeps_the_first_full_result() -> None:
+    inline = InlineReads()
+    inline.remember("c", HISTORY)
+    shortened = [dict(m) for m in HISTORY]
+    shortened[3]["content"] = "CONTENT-A: [cut]"
+    inline.remember("c", shortened)
+    assert inline.find("c", shortened, "read", '{"path": "a.py"}') == ("c1", "CONTENT-A: def f(): return 1")
+    assert inline.find("c", shortened, "read", '{"path": "b.py"}') is None
+    assert inline.find("other", shortened, "read", '{"path":"a.py"}') == ("c1", "CONTENT-A: [cut]")
