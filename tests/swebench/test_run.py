@@ -286,3 +286,25 @@ def test_allow_exec_without_a_sandbox_fails_at_start_unless_unsafe(tiny, scripte
         assert proc.returncode == 0, proc.stderr
         assert "WARNING: --unsafe-no-sandbox" in proc.stderr
         assert json.loads((out / "summary.json").read_text())["sandbox"]["unsafe_no_sandbox"]
+
+
+def test_summary_decode_speed_is_the_servers_decode_time(tiny, scripted, tmp_path):
+    """``completion_tok_s`` is decoded tokens over the server's decode seconds (its ``timings``),
+    not tokens over wall time: here 2 turns of 21 tokens in 0.5 s each = 40 tok/s, while the
+    wall-time figure (prefill, tools and the scripted delays included) is far lower."""
+    timings = {"prompt_n": 100, "prompt_ms": 900.0, "predicted_n": 21, "predicted_ms": 500.0,
+               "predicted_per_second": 40.0}
+    turns = [{"tool_calls": [{"name": "list", "arguments": {}}], "timings": timings,
+              "usage": {"prompt_tokens": 100, "completion_tokens": 21}, "delay_s": 0.3},
+             {"tool_calls": [{"name": "submit", "arguments": {}}], "timings": timings,
+              "usage": {"prompt_tokens": 100, "completion_tokens": 21}, "delay_s": 0.3}]
+    server = scripted({"fak-test__calc-1": turns})
+    out = tmp_path / "out"
+    proc = run_fak(*_run_args(tiny, server, out, "--filter", "fak-test__calc-1"), timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["totals"]["decode_tokens"] == 40 and summary["totals"]["decode_s"] == 1.0
+    assert summary["completion_tok_s"] == 40.0
+    assert 0 < summary["completion_tok_per_wall_s"] < 40.0
+    traj = json.loads((out / "trajectories" / "fak-test__calc-1.traj.json").read_text())
+    assert traj["timings"]["decode_s"] == 1.0

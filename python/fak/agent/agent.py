@@ -116,6 +116,8 @@ class AgentStats:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     model_s: float = 0.0
+    decode_s: float = 0.0  # the server's decode time (seconds), where it reports one
+    decode_tokens: int = 0
     last_tool: str = ""
     allowed: int = 0
     denied: int = 0
@@ -236,6 +238,10 @@ class Agent:
         self.stats.prompt_tokens += pt
         self.stats.completion_tokens += ct
         self.stats.model_s += response.latency_s
+        if response.decode_s is not None:
+            self.stats.decode_s += response.decode_s
+            self.stats.decode_tokens += response.decode_tokens
+            data["timings"]["decode_s"] = round(data["timings"].get("decode_s", 0.0) + response.decode_s, 3)
         data["tokens"]["prompt"] += pt
         data["tokens"]["completion"] += ct
         data["timings"]["model_s"] = round(data["timings"]["model_s"] + response.latency_s, 3)

@@ -47,7 +47,9 @@ class ModelResponse:
     """One chat completion: ``message`` (the assistant message dict: ``role``, ``content``,
     ``tool_calls``), ``usage`` (``prompt_tokens``, ``completion_tokens``), ``policy`` (the
     ``fak_policy`` object or ``None``), ``latency_s`` (seconds, the successful attempt),
-    ``attempts`` (HTTP requests made), ``finish_reason``."""
+    ``attempts`` (HTTP requests made), ``finish_reason``; ``decode_s`` / ``decode_tokens``: the
+    server's decode time (seconds, first to last token) and the tokens decoded in it, from its
+    ``timings`` (fak serve, llama.cpp's server), ``None`` / 0 when it sent none."""
 
     message: dict[str, Any]
     usage: dict[str, int]
@@ -56,6 +58,8 @@ class ModelResponse:
     attempts: int = 1
     finish_reason: str | None = None
     raw: dict[str, Any] = field(default_factory=dict)
+    decode_s: float | None = None
+    decode_tokens: int = 0
 
 
 class OpenAIChatModel:
@@ -143,6 +147,11 @@ class OpenAIChatModel:
             raise ModelError(f"not a chat completion ({e}): {resp.text[:300]}") from None
         message.setdefault("role", "assistant")
         usage = data.get("usage") or {}
+        decode_s, decode_tokens = None, 0
+        timings = data.get("timings")
+        if isinstance(timings, dict) and isinstance(timings.get("predicted_ms"), (int, float)):
+            decode_s = float(timings["predicted_ms"]) / 1e3
+            decode_tokens = max(0, int(timings.get("predicted_n") or 0) - 1)  # the first ends prefill
         return ModelResponse(
             message=message,
             usage={"prompt_tokens": int(usage.get("prompt_tokens") or 0),
@@ -152,4 +161,6 @@ class OpenAIChatModel:
             attempts=attempts,
             finish_reason=choice.get("finish_reason"),
             raw=data,
+            decode_s=decode_s,
+            decode_tokens=decode_tokens,
         )

@@ -108,6 +108,8 @@ class ScriptedModel:
         }
         if turn.get("fak_policy") is not None:
             data["fak_policy"] = turn["fak_policy"]
+        if turn.get("timings") is not None:  # what fak serve reports (llama.cpp's field names)
+            data["timings"] = turn["timings"]
         return 200, data, float(turn.get("delay_s") or 0.0)
 
 

@@ -331,7 +331,8 @@ class Fleet:
         """Counts and totals so far (``final``: the run is over)."""
         per: list[dict[str, Any]] = []
         totals = {"prompt_tokens": 0, "completion_tokens": 0, "steps": 0, "allowed": 0,
-                  "denied": 0, "format_errors": 0, "model_s": 0.0}
+                  "denied": 0, "format_errors": 0, "model_s": 0.0,
+                  "decode_s": 0.0, "decode_tokens": 0}
         by_reason: dict[str, int] = {}
         for iid, st in self.states.items():
             s = st.stats
@@ -344,6 +345,8 @@ class Fleet:
             totals["denied"] += s.denied
             totals["format_errors"] += st.format_errors
             totals["model_s"] += s.model_s
+            totals["decode_s"] += s.decode_s
+            totals["decode_tokens"] += s.decode_tokens
             per.append({"instance_id": iid, "exit_reason": reason, "steps": s.step,
                         "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
                         "denied": s.denied, "allowed": s.allowed, "patch_bytes": st.patch_bytes,
@@ -355,6 +358,7 @@ class Fleet:
         wall = time.time() - self.started_at
         finished = sum(by_reason.get(r, 0) for r in FINISHED_REASONS)
         totals["model_s"] = round(totals["model_s"], 3)
+        totals["decode_s"] = round(totals["decode_s"], 3)
         return {
             "run_id": self.run_id, "model": self.config.model, "gateway": self.config.gateway,
             "protocol": self.config.protocol, "tool_choice": self.config.tool_choice,
@@ -368,8 +372,13 @@ class Fleet:
             "exit_reasons": dict(sorted(by_reason.items())), "totals": totals,
             "wall_s": round(wall, 3),
             "instances_per_hour": round(finished * 3600 / wall, 3) if wall > 0 else 0.0,
-            "completion_tok_s": round(totals["completion_tokens"] / wall, 3) if wall > 0 else 0.0,
-            "prompt_tok_s": round(totals["prompt_tokens"] / wall, 3) if wall > 0 else 0.0,
+            # decode speed of one sequence, as the server timed it (first to last token of each
+            # reply; prefill and queueing excluded); 0 when the server reports no timings
+            "completion_tok_s": (round(totals["decode_tokens"] / totals["decode_s"], 3)
+                                 if totals["decode_s"] > 0 else 0.0),
+            # the fleet's throughput: all agents' tokens over the run's wall time
+            "completion_tok_per_wall_s": round(totals["completion_tokens"] / wall, 3) if wall > 0 else 0.0,
+            "prompt_tok_per_wall_s": round(totals["prompt_tokens"] / wall, 3) if wall > 0 else 0.0,
             "instances": per,
         }
 
