@@ -365,8 +365,8 @@ MMQ_BOTH(bf16, T_BF16)
 //   Q6_K: (d_x·d)·Σ_i sc_i·dot_i over its 16 sub-blocks of 16 (two m16n8k16 per k-step).
 // So CPU and GPU differ only in the order of f32 additions.
 //
-// Tile: BM = 128 weight rows × BN = 64 tokens × BK = 32, 256 threads = 8 warps (4 along M × 2
-// along N, 32 × 32 each). Shared rows are 48 bytes (32 int8 + pad: conflict-free fragment loads).
+// Tile: BM = 128 weight rows × BN = 16, 32 or 64 tokens × BK = 32, 256 threads = 8 warps (4 along
+// M × 2 along N, 32 × BN/2 each; the small BN serve batched decode, see the split-K note below). Shared rows are 48 bytes (32 int8 + pad: conflict-free fragment loads).
 // Double-buffered: the next k-step's raw words are fetched into registers before the current
 // step's MMAs and decoded to int8 after them.
 
@@ -473,11 +473,21 @@ template <> struct DecI8<T_Q6_K> {
     }
 };
 
-template <int FMT>
+// Split-K (batched decode, where the tiles alone are too few to fill the GPU): block z of a tile
+// runs k-steps [z·kps, min((z+1)·kps, K/32)) — kps a multiple of 8, so a super-block never
+// straddles two splits — and writes its partial sums to ws[z][n_rows][n_out]; the last of the
+// tile's gridDim.z blocks to arrive (an arrival counter per tile, which it resets) adds the
+// partials in split order, so the result does not depend on which block finishes last
+// (the serial split-K fix-up of CUTLASS; the threadFenceReduction pattern of the CUDA samples).
+//
+// BN (tokens per tile) 16, 32 or 64: warps 4 (M) × 2 (N), each 32 × BN/2. DEPTH: how many k-steps
+// ahead the raw weight words are fetched into registers (1: the next one; 2: two, so that two
+// steps' loads are in flight while one is multiplied).
+template <int FMT, int BN, int DEPTH>
 __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,
                        const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,
-                       bool accumulate) {
-    constexpr int BM = 128, BN = 64, AST = 48, NT = 4;
+                       bool accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {
+    constexpr int BM = 128, AST = 48, NT = BN / 16;
     constexpr bool KQ = FMT == T_Q4_K || FMT == T_Q5_K;  // super-block sums with mins
     constexpr bool K6 = FMT == T_Q6_K;
     constexpr bool MIN1 = FMT == T_Q4_1 || FMT == T_Q5_1;  // + m_w·s_x per block
@@ -491,16 +501,19 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
     // super-block, by super-block parity (read once at its end: Σ_j m_j·bsum_j).
     __shared__ __align__(16) int sMin[KQ ? 2 : 1][KQ ? BM : 1][8];
     __shared__ __align__(16) int sSum[KQ ? 2 : 1][KQ ? BN : 1][8];
+    __shared__ u32 s_last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, tig = lane & 3;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
-    const int wm = (warp & 3) * 32, wn = (warp >> 2) * 32;
+    const int wm = (warp & 3) * 32, wn = (warp >> 2) * (BN / 2);
 
-    // Loaders: weight row tid/2, 16 values at 16·(tid & 1); token tid/4, 8 bytes at 8·(tid & 3).
+    // Loaders: weight row tid/2, 16 values at 16·(tid & 1); token tid/4 (those < BN), 8 bytes at
+    // 8·(tid & 3).
     const int a_row = tid >> 1, a_h = tid & 1;
     const u8* a_ptr = W + (size_t)min(m0 + a_row, n_out - 1) * row_bytes;
     const int b_row = tid >> 2, b_part = tid & 3;
-    const bool b_ok = n0 + b_row < n_rows;
+    const bool b_in = b_row < BN;
+    const bool b_ok = b_in && n0 + b_row < n_rows;
     const size_t b_tok = (size_t)(b_ok ? n0 + b_row : 0);
 
     float acc[2][NT][4];
@@ -515,32 +528,36 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
                 isum[i][j][e] = 0;
             }
 
-    u32 raw[Raw16<FMT>::N];
-    uint2 bq;
-    float td;
-    int ts;
-    auto fetch = [&](int k0) {
-        Raw16<FMT>::fetch(a_ptr, k0 + 16 * a_h, raw);
+    // The raw words of one k-step, fetched ahead.
+    struct Slot {
+        u32 raw[Raw16<FMT>::N];
+        uint2 bq;
+        float td;
+        int ts;
+    };
+    Slot sl[DEPTH];
+    auto fetch = [&](Slot& s, int k0) {
+        Raw16<FMT>::fetch(a_ptr, k0 + 16 * a_h, s.raw);
         if (b_ok) {
-            bq = *(const uint2*)(yq + b_tok * K + k0 + 8 * b_part);
+            s.bq = *(const uint2*)(yq + b_tok * K + k0 + 8 * b_part);
             if (KQ || K6) {
-                td = ((const float*)ya)[b_tok * (K / 256) + (k0 >> 8)];
-                ts = KQ ? ys[b_tok * (K / 32) + (k0 >> 5)] : 0;
+                s.td = ((const float*)ya)[b_tok * (K / 256) + (k0 >> 8)];
+                s.ts = KQ ? ys[b_tok * (K / 32) + (k0 >> 5)] : 0;
             } else {
                 const float2 ds = ((const float2*)ya)[b_tok * (K / 32) + (k0 >> 5)];
-                td = ds.x;
-                ts = __float_as_int(ds.y);
+                s.td = ds.x;
+                s.ts = __float_as_int(ds.y);
             }
         } else {
-            bq = make_uint2(0u, 0u);
-            td = 0.0f;
-            ts = 0;
+            s.bq = make_uint2(0u, 0u);
+            s.td = 0.0f;
+            s.ts = 0;
         }
     };
-    auto store = [&](int k0, int buf) {
+    auto store = [&](const Slot& s, int k0, int buf) {
         int q[4], si0, si1;
         float sf0, sf1;
-        DecI8<FMT>::run(raw, k0 + 16 * a_h, q, si0, si1, sf0, sf1);
+        DecI8<FMT>::run(s.raw, k0 + 16 * a_h, q, si0, si1, sf0, sf1);
         *(int4*)(&sA[buf][a_row * AST + 16 * a_h]) = make_int4(q[0], q[1], q[2], q[3]);
         if (K6) {
             sRi[buf][a_row][a_h] = si0;  // each half has its own sub-block scale
@@ -551,26 +568,33 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
             sRf[buf][a_row][0] = sf0;
             sRf[buf][a_row][1] = sf1;
         }
-        *(uint2*)(&sB[buf][b_row * AST + 8 * b_part]) = bq;
-        if (b_part == 0) {
-            sTd[buf][b_row] = td;
-            sTs[buf][b_row] = ts;
+        if (b_in) {
+            *(uint2*)(&sB[buf][b_row * AST + 8 * b_part]) = s.bq;
+            if (b_part == 0) {
+                sTd[buf][b_row] = s.td;
+                sTs[buf][b_row] = s.ts;
+            }
         }
         if (KQ) {
             const int par = (k0 >> 8) & 1, j = (k0 >> 5) & 7;
             if (a_h == 0) sMin[par][a_row][j] = si1;
-            if (b_part == 0) sSum[par][b_row][j] = ts;
+            if (b_in && b_part == 0) sSum[par][b_row][j] = s.ts;
         }
     };
 
     const int steps = K / 32;
-    fetch(0);
+    const int ks0 = blockIdx.z * kps, ks1 = min(steps, ks0 + kps);
+#pragma unroll
+    for (int d = 0; d < DEPTH; ++d)
+        if (ks0 + d < ks1) fetch(sl[d], 32 * (ks0 + d));
     int buf = 0;
-    for (int ks = 0; ks < steps; ++ks) {
+    // One k-step: decode slot `s` (step ks) into shared buffer `buf`, refill the slot with step
+    // ks + DEPTH, multiply.
+    auto step = [&](Slot& s, int ks) {
         const int k0 = 32 * ks;
-        store(k0, buf);
+        store(s, k0, buf);
         __syncthreads();
-        if (ks + 1 < steps) fetch(k0 + 32);
+        if (ks + DEPTH < ks1) fetch(s, k0 + 32 * DEPTH);
         const i8* A = sA[buf];
         const i8* B = sB[buf];
         int af[2][4];
@@ -649,6 +673,55 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
             }
         }
         buf ^= 1;
+    };
+    for (int ks = ks0; ks < ks1; ks += DEPTH) {
+#pragma unroll
+        for (int d = 0; d < DEPTH; ++d)
+            if (ks + d < ks1) step(sl[d], ks + d);
+    }
+
+    const int splits = gridDim.z;
+    if (splits > 1) {
+        // This split's partial sums, then the tile's last block adds all of them.
+        float* wz = ws + (size_t)blockIdx.z * n_rows * n_out;
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int m = m0 + wm + 16 * mi + g + 8 * h;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int cc = 0; cc < 2; ++cc) {
+                        const int n = n0 + wn + 8 * nt + 2 * tig + cc;
+                        if (m < n_out && n < n_rows) wz[(size_t)n * n_out + m] = acc[mi][nt][2 * h + cc];
+                    }
+            }
+        __threadfence();
+        __syncthreads();
+        u32* cnt = counters + blockIdx.y * gridDim.x + blockIdx.x;
+        if (tid == 0) s_last = atomicAdd(cnt, 1u) == (u32)(splits - 1) ? 1u : 0u;
+        __syncthreads();
+        if (s_last == 0u) return;
+        __threadfence();
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int m = m0 + wm + 16 * mi + g + 8 * h;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int cc = 0; cc < 2; ++cc) {
+                        const int n = n0 + wn + 8 * nt + 2 * tig + cc;
+                        if (m < n_out && n < n_rows) {
+                            float v = 0.0f;
+                            for (int z = 0; z < splits; ++z) v += __ldcg(ws + ((size_t)z * n_rows + n) * n_out + m);
+                            acc[mi][nt][2 * h + cc] = v;
+                        }
+                    }
+            }
+        if (tid == 0) *cnt = 0u;
     }
 
 #pragma unroll
@@ -674,18 +747,24 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
     }
 }
 
-#define MMQ_Q8(NAME, FMT)                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, 2) mmq_##NAME##_q8_n64(                                             \
+// mmq_<fmt>_q8_n<BN>_p<DEPTH>: grid (⌈n_out/128⌉, ⌈n_rows/BN⌉, splits); `kps` k-steps of 32 per
+// split; `ws` (splits·n_rows·n_out f32) and `counters` (one zeroed u32 per tile) only used when
+// splits > 1.
+#define MMQ_Q8(NAME, FMT, BN, DEPTH)                                                                                       \
+    extern "C" __global__ void __launch_bounds__(256, 2) mmq_##NAME##_q8_n##BN##_p##DEPTH(                                \
         const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,                \
         const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,   \
-        int accumulate) {                                                                                                  \
-        mmq_q8<FMT>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0);                                 \
+        int accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {                                     \
+        mmq_q8<FMT, BN, DEPTH>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters);   \
     }
-MMQ_Q8(q4_0, T_Q4_0)
-MMQ_Q8(q4_1, T_Q4_1)
-MMQ_Q8(q5_0, T_Q5_0)
-MMQ_Q8(q5_1, T_Q5_1)
-MMQ_Q8(q8_0, T_Q8_0)
-MMQ_Q8(q4_K, T_Q4_K)
-MMQ_Q8(q5_K, T_Q5_K)
-MMQ_Q8(q6_K, T_Q6_K)
+#define MMQ_Q8_ALL(NAME, FMT)                                                                                              \
+    MMQ_Q8(NAME, FMT, 16, 1) MMQ_Q8(NAME, FMT, 16, 2) MMQ_Q8(NAME, FMT, 32, 1) MMQ_Q8(NAME, FMT, 32, 2)                   \
+    MMQ_Q8(NAME, FMT, 64, 1) MMQ_Q8(NAME, FMT, 64, 2)
+MMQ_Q8_ALL(q4_0, T_Q4_0)
+MMQ_Q8_ALL(q4_1, T_Q4_1)
+MMQ_Q8_ALL(q5_0, T_Q5_0)
+MMQ_Q8_ALL(q5_1, T_Q5_1)
+MMQ_Q8_ALL(q8_0, T_Q8_0)
+MMQ_Q8_ALL(q4_K, T_Q4_K)
+MMQ_Q8_ALL(q5_K, T_Q5_K)
+MMQ_Q8_ALL(q6_K, T_Q6_K)

@@ -18,6 +18,7 @@ pub mod graph;
 pub mod launch;
 pub mod module;
 mod ops;
+pub use ops::matmul_plan;
 
 use std::cell::Cell;
 use std::path::Path;
@@ -229,8 +230,8 @@ impl CudaBatch {
     }
 }
 
-/// Scratch of the split-KV attention (partial results and arrival counters), sized on first use
-/// and never shrunk (captured graphs hold its addresses).
+/// Scratch of the split-KV attention and of the split-K GEMM (partial results), sized on first
+/// use and never shrunk (captured graphs hold its addresses).
 #[derive(Default)]
 pub(crate) struct AttnScratch {
     pub(crate) ws: Option<Tracked>,
@@ -246,6 +247,10 @@ pub struct CudaBackend {
     pub graphs: graph::Graphs,
     pub(crate) attn: Mutex<AttnScratch>,
     pub(crate) small: Mutex<Option<Tracked>>,
+    /// Partial sums of the split-K GEMM (the same growth rule as the attention's).
+    pub(crate) mm: Mutex<AttnScratch>,
+    /// Arrival counters of the split-K GEMM, one per output tile, zero between launches.
+    pub(crate) mm_counters: Tracked,
 }
 
 impl CudaBackend {
@@ -256,7 +261,17 @@ impl CudaBackend {
     pub fn new(ordinal: i32) -> Result<CudaBackend> {
         let dev = Device::open(ordinal)?;
         let kernels = Kernels::load(&dev)?;
-        Ok(CudaBackend { dev, kernels, graphs: graph::Graphs::from_env(), attn: Mutex::new(AttnScratch::default()), small: Mutex::new(None) })
+        let mm_counters = Tracked::new(dev.alloc(4 * ops::MM_COUNTERS)?, &MEMORY.activations);
+        mm_counters.mem.memset(0)?;
+        Ok(CudaBackend {
+            dev,
+            kernels,
+            graphs: graph::Graphs::from_env(),
+            attn: Mutex::new(AttnScratch::default()),
+            small: Mutex::new(None),
+            mm: Mutex::new(AttnScratch::default()),
+            mm_counters,
+        })
     }
 
     pub(crate) fn alloc_tracked(&self, bytes: usize, counter: &'static AtomicUsize) -> Result<Tracked> {
