@@ -107,6 +107,9 @@ def main() -> None:
             results.append({"label": label, "wtype": wtype, "k": k, "n_out": n_out, "rows": rows,
                             "variant": v or "table", "seconds": t, "weight_bytes": int(w.nbytes)})
         print(f"{label}: {len(cases)} cases in {time.time() - t0:.1f} s", file=sys.stderr, flush=True)
+        if a.json:  # what is measured so far survives a time limit
+            with open(a.json + ".partial", "w") as f:
+                json.dump({"results": results}, f)
     # Winners per (wtype, k, n_out, bucket): the variant with the least total time over the
     # bucket's measured row counts (a variant must have been timed at all of them).
     best: dict = {}
