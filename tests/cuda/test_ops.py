@@ -461,7 +461,7 @@ def test_greedy_rows(backend: str) -> None:
 # The decode batch sizes of the issue (odd ones included) at the shapes whose kernel choice the
 # measured table makes (rust/src/backend/cuda/ops/matmul_plan.rs): every row count must agree
 # with the CPU backend within CPU_EXACT whichever kernel (GEMV in launches of 8, int8 GEMM with
-# small tiles and split-K) the table picks.
+# small tiles, two k-steps per barrier and split-K) the table picks for a decode step.
 DECODE_ROWS = [1, 2, 7, 8, 9, 16, 31, 32, 64, 128, 256]
 DECODE_SHAPES = [s for s in REAL_SHAPES if s[0] in (
     "1.5b.attn_q", "1.5b.attn_v", "1.5b.ffn_up", "1.5b.ffn_down", "0.5b.attn_q", "0.5b.output[:4096]",
@@ -473,12 +473,19 @@ DECODE_SHAPES = [s for s in REAL_SHAPES if s[0] in (
 @pytest.mark.parametrize("shape", DECODE_SHAPES, ids=[s[0] for s in DECODE_SHAPES])
 def test_matmul_decode_batches(backend: str, shape: tuple[str, int, int, str, bool], n_rows: int) -> None:
     name, k, n_out, wtype, bias = shape
-    check_matmul(backend, wtype, n_out, k, n_rows, bias, tag=name)
+    if backend == "cpu":
+        check_matmul(backend, wtype, n_out, k, n_rows, bias, tag=name)
+        return
+    runner("cuda").set_matmul_variant("decode")  # the table's decode-step choices
+    try:
+        check_matmul(backend, wtype, n_out, k, n_rows, bias, tag=name)
+    finally:
+        runner("cuda").set_matmul_variant(None)
 
 
 # Every kernel variant the table may choose, forced, on every quantized format: K of 10
-# super-blocks (k-quants) or 13 blocks of 32 (legacy), so that the splits are uneven and a
-# super-block boundary falls inside a 16-step pipeline; row counts that leave partial tiles.
+# super-blocks (k-quants) or 13 blocks of 32 (legacy, an odd number of k-steps for G = 2), so
+# that the splits are uneven; row counts that leave partial tiles.
 VARIANTS = ["gemv", "tc:16:1:1", "tc:16:2:3", "tc:32:1:5", "tc:32:2:0", "tc:64:1:2", "tc:64:2:0", "tc:64:1:1"]
 
 

@@ -398,15 +398,22 @@ impl PyOpRunner {
     }
 
     /// set_matmul_variant(variant) pins the CUDA quantized-matmul kernel for every later product
-    /// of this process: "gemv", "tc:<BN>:<DEPTH>:<splits>" (splits 0: automatic), or None for the
-    /// measured table. Raises ValueError for another string (a no-op on the CPU runner).
+    /// of this process: "gemv", "tc:<BN>:<G>:<splits>" (splits 0: automatic), "decode" (the
+    /// measured table's decode-step choices), or None (the choices outside decode steps, which
+    /// OpRunner's ops run by default). Raises ValueError for another string (a no-op on the CPU
+    /// runner).
     #[pyo3(signature = (variant=None))]
     fn set_matmul_variant(&self, variant: Option<&str>) -> PyResult<()> {
         #[cfg(feature = "cuda")]
         {
             use crate::backend::cuda::matmul_plan;
-            let choice = variant.map(|v| matmul_plan::parse(v).ok_or_else(|| to_py(FakError::invalid("variant", format!("{v:?} (expected \"gemv\" or \"tc:<16|32|64>:<1|2>:<splits>\")"))))).transpose()?;
+            let decode = variant == Some("decode");
+            let choice = variant
+                .filter(|_| !decode)
+                .map(|v| matmul_plan::parse(v).ok_or_else(|| to_py(FakError::invalid("variant", format!("{v:?} (expected \"gemv\", \"tc:<16|32|64>:<1|2>:<splits>\" or \"decode\")")))))
+                .transpose()?;
             matmul_plan::force(choice);
+            matmul_plan::force_decode(decode);
         }
         #[cfg(not(feature = "cuda"))]
         let _ = variant;
@@ -415,7 +422,7 @@ impl PyOpRunner {
 
     /// time_matmul(wtype, w, n_out, k, x, cases, iters=10, reps=3) -> list[float]: seconds one
     /// product of the first `n_rows` rows of `x` takes on the GPU for each case
-    /// `(n_rows, variant)` (variant as for set_matmul_variant; None: the table's): `iters`
+    /// `(n_rows, variant)` (variant as for set_matmul_variant; None: the decode-step table's): `iters`
     /// products in a CUDA graph, the median of `reps` replays. CUDA runner only.
     #[pyo3(signature = (wtype, w, n_out, k, x, cases, iters=10, reps=3))]
     #[allow(clippy::too_many_arguments)]
@@ -432,7 +439,10 @@ impl PyOpRunner {
                     let c = v.as_deref().map(|v| matmul_plan::parse(v).ok_or_else(|| to_py(FakError::invalid("variant", format!("{v:?}"))))).transpose()?;
                     parsed.push((*n, c));
                 }
-                detach(py, || b.time_matmul(t, w, n_out, k, x, &parsed, iters, reps))
+                matmul_plan::force_decode(true);
+                let r = detach(py, || b.time_matmul(t, w, n_out, k, x, &parsed, iters, reps));
+                matmul_plan::force_decode(false);
+                r
             }
             _ => {
                 let _ = (py, t, w, x, cases, iters, reps);

@@ -251,6 +251,10 @@ pub struct CudaBackend {
     pub(crate) mm: Mutex<AttnScratch>,
     /// Arrival counters of the split-K GEMM, one per output tile, zero between launches.
     pub(crate) mm_counters: Tracked,
+    /// Whether the current forward is a decode step (every sequence one row: the forward has a
+    /// graph key; set by `run_forward` while it runs), which selects the matmul table's decode
+    /// choices.
+    pub(crate) decode_step: std::sync::atomic::AtomicBool,
 }
 
 impl CudaBackend {
@@ -271,6 +275,7 @@ impl CudaBackend {
             small: Mutex::new(None),
             mm: Mutex::new(AttnScratch::default()),
             mm_counters,
+            decode_step: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -513,7 +518,10 @@ impl Backend for CudaBackend {
     }
 
     fn run_forward(&self, key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        self.graphs.run(&self.dev, key, f)
+        self.decode_step.store(key.is_some(), Ordering::Relaxed);
+        let r = self.graphs.run(&self.dev, key, f);
+        self.decode_step.store(false, Ordering::Relaxed);
+        r
     }
 
     fn synchronize(&self) -> Result<()> {

@@ -30,6 +30,12 @@ pub const MMVQ_MAX_ROWS: usize = matmul_plan::GEMV_MAX_ROWS;
 /// tiles runs unsplit).
 pub(crate) const MM_COUNTERS: usize = 1 << 16;
 
+/// Dynamic shared memory of `mmq_<fmt>_q8_n<BN>_p<G>`: the double-buffered weight tiles of G
+/// k-steps (128 rows × 48 bytes each).
+fn mmq_q8_smem(g: usize) -> u32 {
+    (2 * g * 128 * 48) as u32
+}
+
 /// Largest split-K workspace (partial sums) a product may use; beyond it the split count drops.
 const MM_WS_MAX: usize = 256 << 20;
 
@@ -209,7 +215,7 @@ impl CudaBackend {
             );
         }
         if !is_dense(w.wtype) && (n_rows <= MMVQ_MAX_ROWS || !mmq_f16()) {
-            return match matmul_plan::choose(w.wtype, k, n_out, n_rows, self.dev.info.n_sm.max(1) as usize) {
+            return match matmul_plan::choose(w.wtype, k, n_out, n_rows, self.dev.info.n_sm.max(1) as usize, self.decode_mode()) {
                 Choice::Gemv => self.gemv_quant(&[(w, bias_ptr, out.ptr())], x, n_rows, accumulate),
                 Choice::Tc(t) => self.gemm_q8(w, bias_ptr, x, n_rows, out.ptr(), accumulate, t),
             };
@@ -233,6 +239,11 @@ impl CudaBackend {
                 .i32(n_rows as i32)
                 .i32(accumulate as i32),
         )
+    }
+
+    /// Whether the products now run in a decode step (see [`matmul_plan`]).
+    fn decode_mode(&self) -> bool {
+        self.decode_step.load(std::sync::atomic::Ordering::Relaxed) || matmul_plan::decode_forced()
     }
 
     /// The split-K partial sums: at least `bytes`, never shrunk (old ones stay alive for graphs
@@ -279,7 +290,7 @@ impl CudaBackend {
             name,
             (gx as u32, gy as u32, splits as u32),
             256,
-            0,
+            mmq_q8_smem(t.depth),
             Args::new()
                 .ptr(w.mem.ptr())
                 .u64(w.row_bytes as u64)
@@ -305,7 +316,7 @@ impl CudaBackend {
         let fusable = n_rows > 0
             && ws.iter().all(|(w, _)| !w.is_vector() && !is_dense(w.wtype) && kernel_fmt(w.wtype).is_some())
             && ws.iter().all(|(w, _)| w.k() == ws[0].0.k() && is_kquant(w.wtype) == is_kquant(ws[0].0.wtype))
-            && ws.iter().all(|(w, _)| matmul_plan::choose(w.wtype, w.k(), w.n_out(), n_rows, n_sm) == Choice::Gemv);
+            && ws.iter().all(|(w, _)| matmul_plan::choose(w.wtype, w.k(), w.n_out(), n_rows, n_sm, self.decode_mode()) == Choice::Gemv);
         if !fusable {
             for ((w, b), out) in ws.iter().zip(outs.iter_mut()) {
                 self.op_matmul(w, *b, x, n_rows, out, false)?;

@@ -1,7 +1,7 @@
 //! Which quantized-matmul kernel runs a `(format, rows, k, n_out)` product, and with what launch
 //! shape: the decode GEMV (`mmvq_*`, up to 8 activation rows per launch, more rows in chunks of
-//! 8) or the int8 tensor-core GEMM (`mmq_<fmt>_q8_n<BN>_p<DEPTH>`, `BN` tokens per tile, weights
-//! fetched `DEPTH` k-steps ahead, the K range split over `splits` blocks per tile).
+//! 8) or the int8 tensor-core GEMM (`mmq_<fmt>_q8_n<BN>_p<G>`, `BN` tokens per tile, `G` k-steps
+//! per barrier, the K range split over `splits` blocks per tile).
 //!
 //! The choice comes from [`TABLE`], measured on the GPU by `benches/bench_cuda_matmul.py` (every
 //! candidate timed at the real layer shapes of the 1.5B and 7B layouts for row counts 1..512;
@@ -9,11 +9,17 @@
 //! shapes the table does not list. `FAK_CUDA_MM` (or [`force`], for the benches) pins one choice
 //! for every product: `gemv`, or `tc:<BN>:<DEPTH>:<splits>` (`splits` 0: the heuristic's).
 //!
+//! Two modes: a decode step (every sequence of the forward has one new row; the engine's batch
+//! says so, [`super::super::CudaBackend::set_batch`]) takes the table's choice for its row
+//! bucket; any other forward (prefill chunks, mixed steps, the op tests) takes the GEMV up to 8
+//! rows and the unsplit GEMM above, whatever the row count.
+//!
 //! Numerics: every choice computes the same CPU-faithful integer sub-block sums; they differ only
 //! in the order of the f32 additions (the GEMV sums a row's 32-value tasks across lanes, the GEMM
-//! a super-block at a time along K, each split's partial sums then added in split order). A
-//! row's result does not depend on the other rows of the product as long as the choice (and the
-//! split count) is the same — within one row bucket of the table.
+//! a super-block at a time along K, each split's partial sums then added in split order; the
+//! token tile BN and the k-steps per barrier do not change the order). So a prompt row's result
+//! does not depend on the rest of its forward (the unsplit GEMM at any row count, as the CPU
+//! backend), and a decode row's result does not depend on the other rows within one row bucket.
 
 use std::sync::Mutex;
 
@@ -27,7 +33,7 @@ pub const GEMV_MAX_ROWS: usize = 8;
 pub struct Tc {
     /// Tokens per tile: 16, 32 or 64.
     pub bn: usize,
-    /// k-steps fetched ahead: 1 or 2.
+    /// k-steps per barrier (fetched that many steps ahead): 1 or 2.
     pub depth: usize,
     /// Blocks per tile along K (1: no split).
     pub splits: usize,
@@ -113,14 +119,26 @@ pub fn heuristic(k: usize, n_out: usize, n_rows: usize, n_sm: usize) -> Choice {
 }
 
 static FORCED: Mutex<Option<Choice>> = Mutex::new(None);
+static DECODE_ALWAYS: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
 /// Pins `choice` for every quantized product from now on (`None`: back to the table). For the
-/// kernel benchmark; not thread-safe across concurrent engines in one process by design.
+/// kernel benchmark and the op tests; process-wide by design.
 pub fn force(choice: Option<Choice>) {
     *FORCED.lock().unwrap_or_else(|e| e.into_inner()) = choice;
 }
 
-/// Parses `gemv` or `tc:<BN>:<DEPTH>:<splits>` (`FAK_CUDA_MM`, the benchmark's variant names).
+/// Makes every product take the decode-step choice (the op tests of the table's choices);
+/// process-wide.
+pub fn force_decode(on: bool) {
+    DECODE_ALWAYS.store(on, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether [`force_decode`] is on.
+pub fn decode_forced() -> bool {
+    DECODE_ALWAYS.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Parses `gemv` or `tc:<BN>:<G>:<splits>` (`FAK_CUDA_MM`, the benchmark's variant names).
 pub fn parse(s: &str) -> Option<Choice> {
     let s = s.trim();
     if s == "gemv" {
@@ -141,11 +159,26 @@ fn env_choice() -> Option<Choice> {
     *ENV.get_or_init(|| std::env::var("FAK_CUDA_MM").ok().and_then(|s| parse(&s)))
 }
 
-/// The kernel for a product of `n_rows` rows of `k` by `n_out` weights of `wtype`. A forced or
-/// table choice of the GEMM with `splits == 0` takes the heuristic's split count.
-pub fn choose(wtype: GgmlType, k: usize, n_out: usize, n_rows: usize, n_sm: usize) -> Choice {
+/// The kernel outside decode steps: the GEMV up to 8 rows, else the unsplit GEMM with the
+/// smallest tile that holds the rows.
+pub fn prefill_choice(n_rows: usize) -> Choice {
+    if n_rows <= GEMV_MAX_ROWS {
+        Choice::Gemv
+    } else {
+        Choice::Tc(Tc { bn: tile_n(n_rows), depth: 1, splits: 1 })
+    }
+}
+
+/// The kernel for a product of `n_rows` rows of `k` by `n_out` weights of `wtype`, in a decode
+/// step (`decode`) or not (see the module doc). A forced or table choice of the GEMM with
+/// `splits == 0` takes the heuristic's split count.
+pub fn choose(wtype: GgmlType, k: usize, n_out: usize, n_rows: usize, n_sm: usize, decode: bool) -> Choice {
     let forced = *FORCED.lock().unwrap_or_else(|e| e.into_inner());
-    let c = forced.or_else(env_choice).or_else(|| {
+    let c = forced.or_else(env_choice);
+    if c.is_none() && !decode {
+        return prefill_choice(n_rows);
+    }
+    let c = c.or_else(|| {
         let b = bucket(n_rows);
         TABLE.iter().find(|e| e.wtype == wtype && e.k == k && e.n_out == n_out && e.rows == b).map(|e| e.choice)
     });
@@ -178,6 +211,8 @@ mod tests {
         assert_eq!(parse("tc:16:2:4"), Some(Choice::Tc(Tc { bn: 16, depth: 2, splits: 4 })));
         assert_eq!(parse("tc:8:2:4"), None);
         assert_eq!(heuristic(1536, 1536, 4, 132), Choice::Gemv);
+        assert_eq!(choose(GgmlType::Q4_K, 1536, 1536, 100, 132, false), Choice::Tc(Tc { bn: 64, depth: 1, splits: 1 }));
+        assert_eq!(choose(GgmlType::Q4_K, 1536, 1536, 5, 132, false), Choice::Gemv);
         let Choice::Tc(t) = heuristic(8960, 1536, 16, 132) else { panic!() };
         assert_eq!((t.bn, t.depth), (16, 2));
         assert!(t.splits > 1);
