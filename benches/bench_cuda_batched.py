@@ -21,6 +21,7 @@ Run on the GPU machine::
 
     python benches/bench_cuda_batched.py --model m.gguf --label "1.5B twin" \\
         [--llama-batched-bench DIR/llama-batched-bench] [--json out.json] [--seqs 1,8,16]
+        [--fak-json earlier.json]   # the peer only, beside fak's results of an earlier run
 """
 
 from __future__ import annotations
@@ -107,15 +108,23 @@ def main() -> None:
     ap.add_argument("--seqs", default="1,8,16,32,64,128,256")
     ap.add_argument("--llama-batched-bench", default=None)
     ap.add_argument("--json", default=None)
+    ap.add_argument("--fak-json", default=None, help="take fak's results from this earlier --json output; run the peer only")
+    ap.add_argument("--peer-seqs", default=None, help="sequence counts for the peer (default: --seqs)")
     a = ap.parse_args()
     seqs = [int(x) for x in a.seqs.split(",")]
     info = _native.cuda_info(load_kernels=True)
     rng = np.random.default_rng(0)
     fak = []
-    for n in seqs:
-        r = run_fak(a.model, n, rng)
-        fak.append(r)
-        print(json.dumps(r), file=sys.stderr, flush=True)
+    if a.fak_json:
+        with open(a.fak_json) as f:
+            fak = json.load(f)["fak"]
+    else:
+        for n in seqs:
+            r = run_fak(a.model, n, rng)
+            fak.append(r)
+            print(json.dumps(r), file=sys.stderr, flush=True)
+    if a.peer_seqs:
+        seqs = [int(x) for x in a.peer_seqs.split(",")]
     peer = run_peer(a.llama_batched_bench, a.model, seqs) if a.llama_batched_bench else None
     label = a.label or a.model
     res = {"label": label, "model": a.model, "device": info.get("device"), "driver": info.get("driver_version"),

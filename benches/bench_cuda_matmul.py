@@ -110,23 +110,23 @@ def main() -> None:
         if a.json:  # what is measured so far survives a time limit
             with open(a.json + ".partial", "w") as f:
                 json.dump({"results": results}, f)
-    # Winners per (wtype, k, n_out, bucket): the variant with the least total time over the
-    # bucket's measured row counts (a variant must have been timed at all of them).
+    # Winners per (wtype, k, n_out, bucket): the variant with the least time summed over the
+    # bucket's measured row counts (timed at all of them; a shape listed under two labels, e.g.
+    # attn_k and a Q4_K attn_v, counts the mean of its timings).
+    per: dict = {}
+    for e in results:
+        key = (e["wtype"], e["k"], e["n_out"], bucket(e["rows"]))
+        per.setdefault(key, {}).setdefault(e["variant"], {}).setdefault(e["rows"], []).append(e["seconds"])
     best: dict = {}
-    for key in {(e["wtype"], e["k"], e["n_out"], bucket(e["rows"])) for e in results}:
-        rows_in = sorted({e["rows"] for e in results if (e["wtype"], e["k"], e["n_out"]) == key[:3] and bucket(e["rows"]) == key[3]})
-        tot: dict[str, float] = {}
-        cnt: dict[str, int] = {}
-        for e in results:
-            if (e["wtype"], e["k"], e["n_out"]) == key[:3] and bucket(e["rows"]) == key[3] and e["variant"] != "table":
-                tot[e["variant"]] = tot.get(e["variant"], 0.0) + e["seconds"]
-                cnt[e["variant"]] = cnt.get(e["variant"], 0) + 1
-        full = {v: t for v, t in tot.items() if cnt[v] == len(rows_in)}
-        if not full:
+    for key, by_v in per.items():
+        rows_in = sorted({r for v in by_v.values() for r in v})
+        tot = {v: sum(float(np.mean(t)) for t in by_r.values()) for v, by_r in by_v.items()
+               if v != "table" and sorted(by_r) == rows_in}
+        if not tot:
             continue
-        v = min(full, key=full.get)  # type: ignore[arg-type]
-        table_t = sum(e["seconds"] for e in results if (e["wtype"], e["k"], e["n_out"]) == key[:3] and bucket(e["rows"]) == key[3] and e["variant"] == "table")
-        best["|".join(map(str, key))] = {"variant": v, "seconds": full[v], "table_seconds": table_t, "rows": rows_in}
+        v = min(tot, key=tot.get)  # type: ignore[arg-type]
+        table_t = sum(float(np.mean(t)) for t in by_v.get("table", {}).values())
+        best["|".join(map(str, key))] = {"variant": v, "seconds": tot[v], "table_seconds": table_t, "rows": rows_in}
     out = {"device": _native.cuda_info(load_kernels=False).get("device"), "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
            "elapsed_s": time.time() - t_start, "results": results, "best": best}
     if a.json:

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Writes rust/src/backend/cuda/ops/matmul_table.rs from benches/bench_cuda_matmul.py's JSON: one
 entry per (format, k, n_out, row bucket) with the measured winner (least time summed over the
-bucket's measured row counts). Usage: scripts/gen_matmul_table.py RESULT.json [--out FILE]
+bucket's measured row counts). With --txt FILE, writes the same entries as the table file that
+FAK_CUDA_MM_TABLE reads at start-up instead (a table measured on the machine, no rebuild).
+Usage: scripts/gen_matmul_table.py RESULT.json [--out FILE | --txt FILE]
 """
 
 from __future__ import annotations
@@ -33,8 +35,17 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("json")
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "rust/src/backend/cuda/ops/matmul_table.rs"))
+    ap.add_argument("--txt", default=None)
     a = ap.parse_args()
     d = json.loads(Path(a.json).read_text())
+    if a.txt:
+        rows_txt = [f"# from {Path(a.json).name}, {d.get('device')}, {d.get('time')}"]
+        for key, e in sorted(d["best"].items()):
+            wtype, k, n_out, b = key.split("|")
+            rows_txt.append(f"{wtype} {k} {n_out} {'max' if int(b) > 512 else b} {e['variant']}")
+        Path(a.txt).write_text("\n".join(rows_txt) + "\n")
+        print(f"{a.txt}: {len(rows_txt) - 1} entries")
+        return
     lines = []
     for key in sorted(d["best"], key=lambda s: (s.split("|")[0], int(s.split("|")[1]), int(s.split("|")[2]), int(s.split("|")[3]))):
         wtype, k, n_out, b = key.split("|")

@@ -6,8 +6,9 @@
 //! The choice comes from [`TABLE`], measured on the GPU by `benches/bench_cuda_matmul.py` (every
 //! candidate timed at the real layer shapes of the 1.5B and 7B layouts for row counts 1..512;
 //! `scripts/gen_matmul_table.py` turns its JSON into the table), and from [`heuristic`] for
-//! shapes the table does not list. `FAK_CUDA_MM` (or [`force`], for the benches) pins one choice
-//! for every product: `gemv`, or `tc:<BN>:<DEPTH>:<splits>` (`splits` 0: the heuristic's).
+//! shapes the table does not list; `FAK_CUDA_MM_TABLE` names a table file measured on the machine
+//! itself (read first). `FAK_CUDA_MM` (or [`force`], for the benches) pins one choice for every
+//! product: `gemv`, or `tc:<BN>:<G>:<splits>` (`splits` 0: the heuristic's).
 //!
 //! Two modes: a decode step (every sequence of the forward has one new row; the engine's batch
 //! says so, [`super::super::CudaBackend::set_batch`]) takes the table's choice for its row
@@ -159,6 +160,47 @@ fn env_choice() -> Option<Choice> {
     *ENV.get_or_init(|| std::env::var("FAK_CUDA_MM").ok().and_then(|s| parse(&s)))
 }
 
+/// Table entries read at start-up from the file `FAK_CUDA_MM_TABLE` names (one entry a line:
+/// `WTYPE K N_OUT ROWS VARIANT`, e.g. `Q4_K 1536 1536 16 tc:16:2:3`; `#` comments; ROWS the
+/// bucket's upper end, `max` for the last), consulted before [`TABLE`]: a table measured on the
+/// machine itself, without a rebuild (`scripts/gen_matmul_table.py --txt` writes the file).
+/// Malformed lines are skipped with a warning on stderr.
+fn file_table() -> &'static [Entry] {
+    static FILE: std::sync::OnceLock<Vec<Entry>> = std::sync::OnceLock::new();
+    FILE.get_or_init(|| {
+        let Ok(path) = std::env::var("FAK_CUDA_MM_TABLE") else { return Vec::new() };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) => {
+                eprintln!("fak: FAK_CUDA_MM_TABLE={path}: {e}; using the built-in table");
+                return Vec::new();
+            }
+        };
+        let mut out = Vec::new();
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let entry = (f.len() == 5)
+                .then(|| {
+                    let rows = if f[3] == "max" { Some(usize::MAX) } else { f[3].parse().ok() };
+                    Some(Entry { wtype: GgmlType::from_name(f[0])?, k: f[1].parse().ok()?, n_out: f[2].parse().ok()?, rows: rows?, choice: parse(f[4])? })
+                })
+                .flatten();
+            match entry {
+                Some(e) => out.push(e),
+                None => eprintln!("fak: FAK_CUDA_MM_TABLE: skipping malformed line {line:?}"),
+            }
+        }
+        out
+    })
+}
+
+/// `FAK_CUDA_MM_G1=1`: every GEMM choice with two k-steps per barrier runs with one (the same
+/// numbers; a fallback for bisecting).
+fn g1_only() -> bool {
+    static G1: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *G1.get_or_init(|| matches!(std::env::var("FAK_CUDA_MM_G1").as_deref(), Ok("1" | "on" | "true" | "yes")))
+}
+
 /// The kernel outside decode steps: the GEMV up to 8 rows, else the unsplit GEMM with the
 /// smallest tile that holds the rows.
 pub fn prefill_choice(n_rows: usize) -> Choice {
@@ -180,12 +222,17 @@ pub fn choose(wtype: GgmlType, k: usize, n_out: usize, n_rows: usize, n_sm: usiz
     }
     let c = c.or_else(|| {
         let b = bucket(n_rows);
-        TABLE.iter().find(|e| e.wtype == wtype && e.k == k && e.n_out == n_out && e.rows == b).map(|e| e.choice)
+        let hit = |e: &&Entry| e.wtype == wtype && e.k == k && e.n_out == n_out && e.rows == b;
+        file_table().iter().find(hit).or_else(|| TABLE.iter().find(hit)).map(|e| e.choice)
     });
-    match c {
+    let c = match c {
         Some(Choice::Tc(t)) if t.splits == 0 => Choice::Tc(Tc { splits: bucket_splits(k, n_out, n_rows, t.bn, n_sm), ..t }),
         Some(c) => c,
         None => heuristic(k, n_out, n_rows, n_sm),
+    };
+    match c {
+        Choice::Tc(t) if g1_only() => Choice::Tc(Tc { depth: 1, ..t }),
+        c => c,
     }
 }
 
