@@ -12,8 +12,8 @@
 - batched decode past 8 sequences (the int8 tensor-core GEMM with small tiles and split-K):
   within one row bucket of the kernel table a sequence's tokens do not depend on the batch
   (exact: 10 sequences alone vs the same 10 among 16); against each sequence decoded alone (the
-  GEMV, another f32 summation order) the first token (from the prompt's forward) is identical
-  and the first decode step's log-probabilities agree within ``TIE``;
+  GEMV, another f32 summation order) the first two tokens' log-probabilities agree within
+  ``TIE`` and a differing token is the other run's second choice at a near tie;
 - at 33 sequences every step returns a token for every sequence (no scheduler cap, no
   preemption with a cache sized for them).
 """
@@ -72,12 +72,12 @@ def test_batched_equals_alone_on_cuda(require_cuda: None, twin: str) -> None:
     assert together == alone
 
 
-# Bound on the first decode step (the only one whose inputs are the same bits alone and batched:
-# the prompt's rows go through the same unsplit GEMM in any forward): the GEMV (alone) and the
-# int8 GEMM (batched) sum in another f32 order (~1e-6 relative a product), which an 8-bit
-# activation step of a later layer can raise to ~1e-3 of a logit; 0.05 nats is far above that.
-# Later steps are not compared: on the random-weight twin a token that differs once changes
-# everything after it.
+# Bound on the first two tokens alone vs batched. Their inputs differ only in f32 summation
+# order: the first token's logit rows go through the last layer's tail and the LM head as one
+# row alone (the GEMV) but with the other sequences' logit rows batched (the GEMM above 8 rows),
+# the second token's whole forward likewise; ~1e-6 relative a product, which an 8-bit activation
+# step of a later layer can raise to ~1e-3 of a logit; 0.05 nats is far above that. Later steps
+# are not compared: on the random-weight twin a token that differs once changes everything after.
 TIE = 0.05
 
 
@@ -112,21 +112,21 @@ def test_batched_decode_matches_alone_on_cuda(require_cuda: None, twin: str) -> 
     prompts = _prompts(40, 20)
     model = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=40, prefix_cache=False)
     together = _greedy_with_top2(model, prompts, 2)
-    first_same, worst, parted, later = 0, 0.0, [], 0
+    same, worst, parted = 0, 0.0, []
     for i, p in enumerate(prompts):
         alone = _greedy_with_top2(model, [p], 2)[0]
-        # The first token comes from the prompt's forward: the same bits alone and batched.
-        assert alone[0][0] == together[i][0][0], (i, alone[0], together[i][0])
-        first_same += 1
-        (ta, top_a), (tb, top_b) = alone[1], together[i][1]
-        if ta == tb:
+        for j in range(2):
+            (ta, top_a), (tb, top_b) = alone[j], together[i][j]
+            if ta != tb:
+                parted.append((i, j, top_a[0][1] - top_a[1][1], tb == top_a[1][0]))
+                break
             worst = max(worst, abs(top_a[0][1] - top_b[0][1]))
         else:
-            parted.append((i, top_a[0][1] - top_a[1][1]))
-    print(f"\n40 sequences: first token identical {first_same}/40; first decode step: max |Δ logprob| {worst:.2e}, "
-          f"parted at (seq, alone top-2 gap) {parted}")
+            same += 1
+    print(f"\n40 sequences batched vs alone: first two tokens identical for {same}; max |Δ logprob| of equal tokens "
+          f"{worst:.2e}; parted at (seq, step, alone top-2 gap, batched took the alone 2nd) {parted}")
     assert worst <= TIE
-    assert all(gap <= TIE for _, gap in parted), parted
+    assert all(second and gap <= TIE for _, _, gap, second in parted), parted
 
 
 @pytest.mark.cuda
