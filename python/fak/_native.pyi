@@ -130,6 +130,7 @@ class Model:
         kv_cache_tokens: int | None = None,
         max_batch: int = 64,
         prefix_cache: bool = True,
+        max_tokens_per_step: int | None = None,
     ) -> Model: ...
     @property
     def backend(self) -> str: ...
@@ -219,6 +220,18 @@ class OpRunner:
         self, wtype: str, table: npt.NDArray[np.uint8], n_vocab: int, dim: int, tokens: npt.NDArray[np.uint32],
     ) -> npt.NDArray[np.float32]: ...
     def gather_rows(self, x: npt.NDArray[np.float32], dim: int, rows: npt.NDArray[np.uint32]) -> npt.NDArray[np.float32]: ...
+    def set_matmul_variant(self, variant: str | None = None) -> None: ...
+    def time_matmul(
+        self,
+        wtype: str,
+        w: npt.NDArray[np.uint8],
+        n_out: int,
+        k: int,
+        x: npt.NDArray[np.float32],
+        cases: list[tuple[int, str | None]],
+        iters: int = 10,
+        reps: int = 3,
+    ) -> list[float]: ...
     def argmax(self, x: npt.NDArray[np.float32], n_cols: int) -> list[int]: ...
     def attention(
         self, seqs: list[tuple[int, int]], n_head: int, n_head_kv: int, head_dim: int,

@@ -28,6 +28,19 @@ FAK_DEVICE void k4_scale_min_r(u32 a, u32 b, u32 c, int j, int& sc, int& m) {
     }
 }
 
+// 16 bytes at a 2-aligned address as four words: five aligned 32-bit loads and funnel shifts
+// (instead of eight 16-bit loads); the fifth word stays inside the 210-byte Q6_K block for the
+// offsets Raw16<T_Q6_K> reads (≤ 176 + 20).
+FAK_DEVICE void ld16_a2(const u8* p, u32* out) {
+    const u32* q = (const u32*)((size_t)p & ~(size_t)3);
+    const u32 sh = ((u32)(size_t)p & 3u) * 8u;
+    u32 w[5];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) w[i] = q[i];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
+}
+
 template <int FMT> struct Raw16;
 
 template <> struct Raw16<T_F32> {
@@ -213,11 +226,8 @@ template <> struct Raw16<T_Q6_K> {
         const int w = k & 255, n = w >> 7, g = (w >> 5) & 3, l0 = w & 31;
         const u8* ql = b + 64 * n + 32 * (g & 1) + l0;
         const u8* qh = b + 128 + 32 * n + l0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            r[i] = ld_u32_a2(ql + 4 * i);
-            r[4 + i] = ld_u32_a2(qh + 4 * i);
-        }
+        ld16_a2(ql, r);
+        ld16_a2(qh, r + 4);
         r[8] = (u32)(int)(i8)b[192 + 8 * n + (l0 >> 4) + 2 * g];
         r[9] = *(const u16*)(b + 208);
     }
@@ -365,8 +375,8 @@ MMQ_BOTH(bf16, T_BF16)
 //   Q6_K: (d_x·d)·Σ_i sc_i·dot_i over its 16 sub-blocks of 16 (two m16n8k16 per k-step).
 // So CPU and GPU differ only in the order of f32 additions.
 //
-// Tile: BM = 128 weight rows × BN = 64 tokens × BK = 32, 256 threads = 8 warps (4 along M × 2
-// along N, 32 × 32 each). Shared rows are 48 bytes (32 int8 + pad: conflict-free fragment loads).
+// Tile: BM = 128 weight rows × BN = 16, 32 or 64 tokens × BK = 32, 256 threads = 8 warps (4 along
+// M × 2 along N, 32 × BN/2 each; the small BN serve batched decode, see the split-K note below). Shared rows are 48 bytes (32 int8 + pad: conflict-free fragment loads).
 // Double-buffered: the next k-step's raw words are fetched into registers before the current
 // step's MMAs and decoded to int8 after them.
 
@@ -473,34 +483,52 @@ template <> struct DecI8<T_Q6_K> {
     }
 };
 
-template <int FMT>
+// Split-K (batched decode, where the tiles alone are too few to fill the GPU): block z of a tile
+// runs k-steps [z·kps, min((z+1)·kps, K/32)) — kps a multiple of 8, so a super-block never
+// straddles two splits — and writes its partial sums to ws[z][n_rows][n_out]; the last of the
+// tile's gridDim.z blocks to arrive (an arrival counter per tile, which it resets) adds the
+// partials in split order, so the result does not depend on which block finishes last
+// (the serial split-K fix-up of CUTLASS; the threadFenceReduction pattern of the CUDA samples).
+//
+// BN (tokens per tile) 16, 32 or 64: warps 4 (M) × 2 (N), each 32 × BN/2. G (1 or 2): k-steps
+// per barrier — the raw words of G steps are fetched G steps ahead, decoded into G shared
+// sub-buffers, and multiplied after one __syncthreads (a k-step of this kernel is a chain of
+// dependent latencies: global load → shared store → barrier → fragment load → MMA; G = 2 runs
+// two chains per barrier). The weight tiles (2·G·128·48 bytes) are dynamic shared memory
+// (`mmq_q8_smem`); the rest is static. The order of the f32 additions does not depend on BN or G,
+// only on the split count.
+template <int FMT, int BN, int G>
 __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,
                        const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,
-                       bool accumulate) {
-    constexpr int BM = 128, BN = 64, AST = 48, NT = 4;
+                       bool accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {
+    constexpr int BM = 128, AST = 48, NT = BN / 16;
     constexpr bool KQ = FMT == T_Q4_K || FMT == T_Q5_K;  // super-block sums with mins
     constexpr bool K6 = FMT == T_Q6_K;
     constexpr bool MIN1 = FMT == T_Q4_1 || FMT == T_Q5_1;  // + m_w·s_x per block
-    __shared__ __align__(16) i8 sA[2][BM * AST];
-    __shared__ __align__(16) i8 sB[2][BN * AST];
-    __shared__ int sRi[2][BM][2];    // integer row scales of the k-step (see DecI8)
-    __shared__ float sRf[2][BM][2];  // float row scales
-    __shared__ float sTd[2][BN];     // d_x of each token (its super-block / block)
-    __shared__ int sTs[2][BN];       // Σq_x of the k-step's 32 (int; as f32 bits for the q8_0 form's s)
+    extern __shared__ __align__(16) i8 mmq_dyn[];
+    i8 (*sA)[G][BM * AST] = (i8 (*)[G][BM * AST])mmq_dyn;  // [2][G][BM·AST]
+    __shared__ __align__(16) i8 sB[2][G][BN * AST];
+    __shared__ int sRi[2][G][BM][2];    // integer row scales of the k-step (see DecI8)
+    __shared__ float sRf[2][G][BM][2];  // float row scales
+    __shared__ float sTd[2][G][BN];     // d_x of each token (its super-block / block)
+    __shared__ int sTs[2][G][BN];       // Σq_x of the k-step's 32 (int; as f32 bits for the q8_0 form's s)
     // Q4_K/Q5_K: the 8 sub-block mins of each row and the 8 quant sums of each token of a
     // super-block, by super-block parity (read once at its end: Σ_j m_j·bsum_j).
     __shared__ __align__(16) int sMin[KQ ? 2 : 1][KQ ? BM : 1][8];
     __shared__ __align__(16) int sSum[KQ ? 2 : 1][KQ ? BN : 1][8];
+    __shared__ u32 s_last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, tig = lane & 3;
     const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
-    const int wm = (warp & 3) * 32, wn = (warp >> 2) * 32;
+    const int wm = (warp & 3) * 32, wn = (warp >> 2) * (BN / 2);
 
-    // Loaders: weight row tid/2, 16 values at 16·(tid & 1); token tid/4, 8 bytes at 8·(tid & 3).
+    // Loaders: weight row tid/2, 16 values at 16·(tid & 1); token tid/4 (those < BN), 8 bytes at
+    // 8·(tid & 3).
     const int a_row = tid >> 1, a_h = tid & 1;
     const u8* a_ptr = W + (size_t)min(m0 + a_row, n_out - 1) * row_bytes;
     const int b_row = tid >> 2, b_part = tid & 3;
-    const bool b_ok = n0 + b_row < n_rows;
+    const bool b_in = b_row < BN;
+    const bool b_ok = b_in && n0 + b_row < n_rows;
     const size_t b_tok = (size_t)(b_ok ? n0 + b_row : 0);
 
     float acc[2][NT][4];
@@ -515,64 +543,65 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
                 isum[i][j][e] = 0;
             }
 
-    u32 raw[Raw16<FMT>::N];
-    uint2 bq;
-    float td;
-    int ts;
-    auto fetch = [&](int k0) {
-        Raw16<FMT>::fetch(a_ptr, k0 + 16 * a_h, raw);
+    // The raw words of one k-step, fetched ahead.
+    struct Slot {
+        u32 raw[Raw16<FMT>::N];
+        uint2 bq;
+        float td;
+        int ts;
+    };
+    Slot sl[G];
+    auto fetch = [&](Slot& s, int k0) {
+        Raw16<FMT>::fetch(a_ptr, k0 + 16 * a_h, s.raw);
         if (b_ok) {
-            bq = *(const uint2*)(yq + b_tok * K + k0 + 8 * b_part);
+            s.bq = *(const uint2*)(yq + b_tok * K + k0 + 8 * b_part);
             if (KQ || K6) {
-                td = ((const float*)ya)[b_tok * (K / 256) + (k0 >> 8)];
-                ts = KQ ? ys[b_tok * (K / 32) + (k0 >> 5)] : 0;
+                s.td = ((const float*)ya)[b_tok * (K / 256) + (k0 >> 8)];
+                s.ts = KQ ? ys[b_tok * (K / 32) + (k0 >> 5)] : 0;
             } else {
                 const float2 ds = ((const float2*)ya)[b_tok * (K / 32) + (k0 >> 5)];
-                td = ds.x;
-                ts = __float_as_int(ds.y);
+                s.td = ds.x;
+                s.ts = __float_as_int(ds.y);
             }
         } else {
-            bq = make_uint2(0u, 0u);
-            td = 0.0f;
-            ts = 0;
+            s.bq = make_uint2(0u, 0u);
+            s.td = 0.0f;
+            s.ts = 0;
         }
     };
-    auto store = [&](int k0, int buf) {
+    // Decodes slot `s` (k-step at k0) into sub-buffer `sub` of shared buffer `buf`.
+    auto store = [&](const Slot& s, int k0, int buf, int sub) {
         int q[4], si0, si1;
         float sf0, sf1;
-        DecI8<FMT>::run(raw, k0 + 16 * a_h, q, si0, si1, sf0, sf1);
-        *(int4*)(&sA[buf][a_row * AST + 16 * a_h]) = make_int4(q[0], q[1], q[2], q[3]);
+        DecI8<FMT>::run(s.raw, k0 + 16 * a_h, q, si0, si1, sf0, sf1);
+        *(int4*)(&sA[buf][sub][a_row * AST + 16 * a_h]) = make_int4(q[0], q[1], q[2], q[3]);
         if (K6) {
-            sRi[buf][a_row][a_h] = si0;  // each half has its own sub-block scale
-            if (a_h == 0) sRf[buf][a_row][0] = sf0;
+            sRi[buf][sub][a_row][a_h] = si0;  // each half has its own sub-block scale
+            if (a_h == 0) sRf[buf][sub][a_row][0] = sf0;
         } else if (a_h == 0) {
-            sRi[buf][a_row][0] = si0;
-            sRi[buf][a_row][1] = si1;
-            sRf[buf][a_row][0] = sf0;
-            sRf[buf][a_row][1] = sf1;
+            sRi[buf][sub][a_row][0] = si0;
+            sRi[buf][sub][a_row][1] = si1;
+            sRf[buf][sub][a_row][0] = sf0;
+            sRf[buf][sub][a_row][1] = sf1;
         }
-        *(uint2*)(&sB[buf][b_row * AST + 8 * b_part]) = bq;
-        if (b_part == 0) {
-            sTd[buf][b_row] = td;
-            sTs[buf][b_row] = ts;
+        if (b_in) {
+            *(uint2*)(&sB[buf][sub][b_row * AST + 8 * b_part]) = s.bq;
+            if (b_part == 0) {
+                sTd[buf][sub][b_row] = s.td;
+                sTs[buf][sub][b_row] = s.ts;
+            }
         }
         if (KQ) {
             const int par = (k0 >> 8) & 1, j = (k0 >> 5) & 7;
             if (a_h == 0) sMin[par][a_row][j] = si1;
-            if (b_part == 0) sSum[par][b_row][j] = ts;
+            if (b_in && b_part == 0) sSum[par][b_row][j] = s.ts;
         }
     };
-
-    const int steps = K / 32;
-    fetch(0);
-    int buf = 0;
-    for (int ks = 0; ks < steps; ++ks) {
+    // Multiplies the k-step ks held in sub-buffer `sub` of buffer `buf`.
+    auto compute = [&](int buf, int sub, int ks) {
         const int k0 = 32 * ks;
-        store(k0, buf);
-        __syncthreads();
-        if (ks + 1 < steps) fetch(k0 + 32);
-        const i8* A = sA[buf];
-        const i8* B = sB[buf];
+        const i8* A = sA[buf][sub];
+        const i8* B = sB[buf][sub];
         int af[2][4];
 #pragma unroll
         for (int mi = 0; mi < 2; ++mi) {
@@ -591,10 +620,10 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
                 const int row = wm + 16 * mi + g + 8 * h;
-                rsi[mi][h][0] = (KQ || K6) ? sRi[buf][row][0] : 0;
-                rsi[mi][h][1] = K6 ? sRi[buf][row][1] : 0;
-                rsf[mi][h][0] = (KQ || K6) ? 0.0f : sRf[buf][row][0];
-                rsf[mi][h][1] = MIN1 ? sRf[buf][row][1] : 0.0f;
+                rsi[mi][h][0] = (KQ || K6) ? sRi[buf][sub][row][0] : 0;
+                rsi[mi][h][1] = K6 ? sRi[buf][sub][row][1] : 0;
+                rsf[mi][h][0] = (KQ || K6) ? 0.0f : sRf[buf][sub][row][0];
+                rsf[mi][h][1] = MIN1 ? sRf[buf][sub][row][1] : 0.0f;
             }
         const bool sb_end = (KQ || K6) && ((ks & 7) == 7);
 #pragma unroll
@@ -603,8 +632,8 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
             const i8* br = B + (col + g) * AST + 4 * tig;
             const int bf[2] = {*(const int*)br, *(const int*)(br + 16)};
             const int c0 = col + 2 * tig;  // this thread's two columns: c0, c0 + 1
-            const float tdv[2] = {sTd[buf][c0], sTd[buf][c0 + 1]};
-            const int tsv[2] = {sTs[buf][c0], sTs[buf][c0 + 1]};
+            const float tdv[2] = {sTd[buf][sub][c0], sTd[buf][sub][c0 + 1]};
+            const int tsv[2] = {sTs[buf][sub][c0], sTs[buf][sub][c0 + 1]};
 #pragma unroll
             for (int mi = 0; mi < 2; ++mi) {
                 if (K6) {
@@ -633,14 +662,14 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
                     for (int e = 0; e < 4; ++e) {
                         const int h = e >> 1, cc = e & 1;
                         const int row = wm + 16 * mi + g + 8 * h;
-                        float v = (tdv[cc] * sRf[buf][row][0]) * (float)isum[mi][nt][e];
+                        float v = (tdv[cc] * sRf[buf][sub][row][0]) * (float)isum[mi][nt][e];
                         if (KQ) {
                             const int par = (k0 >> 8) & 1;
                             const int4* mr = (const int4*)sMin[par][row];
                             const int4* sr = (const int4*)sSum[par][c0 + cc];
                             const int4 ma = mr[0], mb = mr[1], sa = sr[0], sbv = sr[1];
                             const int ms = ma.x * sa.x + ma.y * sa.y + ma.z * sa.z + ma.w * sa.w + mb.x * sbv.x + mb.y * sbv.y + mb.z * sbv.z + mb.w * sbv.w;
-                            v -= (tdv[cc] * sRf[buf][row][1]) * (float)ms;
+                            v -= (tdv[cc] * sRf[buf][sub][row][1]) * (float)ms;
                         }
                         acc[mi][nt][e] += v;
                         isum[mi][nt][e] = 0;
@@ -648,7 +677,70 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
                 }
             }
         }
+    };
+
+    const int steps = K / 32;
+    const int ks0 = blockIdx.z * kps, ks1 = min(steps, ks0 + kps);
+#pragma unroll
+    for (int d = 0; d < G; ++d)
+        if (ks0 + d < ks1) fetch(sl[d], 32 * (ks0 + d));
+    int buf = 0;
+    for (int ks = ks0; ks < ks1; ks += G) {
+#pragma unroll
+        for (int d = 0; d < G; ++d)
+            if (ks + d < ks1) store(sl[d], 32 * (ks + d), buf, d);
+        __syncthreads();
+#pragma unroll
+        for (int d = 0; d < G; ++d)
+            if (ks + G + d < ks1) fetch(sl[d], 32 * (ks + G + d));
+#pragma unroll
+        for (int d = 0; d < G; ++d)
+            if (ks + d < ks1) compute(buf, d, ks + d);
         buf ^= 1;
+    }
+
+    const int splits = gridDim.z;
+    if (splits > 1) {
+        // This split's partial sums, then the tile's last block adds all of them.
+        float* wz = ws + (size_t)blockIdx.z * n_rows * n_out;
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int m = m0 + wm + 16 * mi + g + 8 * h;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int cc = 0; cc < 2; ++cc) {
+                        const int n = n0 + wn + 8 * nt + 2 * tig + cc;
+                        if (m < n_out && n < n_rows) wz[(size_t)n * n_out + m] = acc[mi][nt][2 * h + cc];
+                    }
+            }
+        __threadfence();
+        __syncthreads();
+        u32* cnt = counters + blockIdx.y * gridDim.x + blockIdx.x;
+        if (tid == 0) s_last = atomicAdd(cnt, 1u) == (u32)(splits - 1) ? 1u : 0u;
+        __syncthreads();
+        if (s_last == 0u) return;
+        __threadfence();
+#pragma unroll
+        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                const int m = m0 + wm + 16 * mi + g + 8 * h;
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+                    for (int cc = 0; cc < 2; ++cc) {
+                        const int n = n0 + wn + 8 * nt + 2 * tig + cc;
+                        if (m < n_out && n < n_rows) {
+                            float v = 0.0f;
+                            for (int z = 0; z < splits; ++z) v += __ldcg(ws + ((size_t)z * n_rows + n) * n_out + m);
+                            acc[mi][nt][2 * h + cc] = v;
+                        }
+                    }
+            }
+        if (tid == 0) *cnt = 0u;
     }
 
 #pragma unroll
@@ -674,18 +766,24 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
     }
 }
 
-#define MMQ_Q8(NAME, FMT)                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, 2) mmq_##NAME##_q8_n64(                                             \
+// mmq_<fmt>_q8_n<BN>_p<G>: grid (⌈n_out/128⌉, ⌈n_rows/BN⌉, splits), 256 threads, dynamic shared
+// memory 2·G·128·48 bytes (the host's `mmq_q8_smem`); `kps` k-steps of 32 per split; `ws`
+// (splits·n_rows·n_out f32) and `counters` (one zeroed u32 per tile) only used when splits > 1.
+#define MMQ_Q8(NAME, FMT, BN, G)                                                                                           \
+    extern "C" __global__ void __launch_bounds__(256, 2) mmq_##NAME##_q8_n##BN##_p##G(                                    \
         const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,                \
         const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,   \
-        int accumulate) {                                                                                                  \
-        mmq_q8<FMT>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0);                                 \
+        int accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {                                     \
+        mmq_q8<FMT, BN, G>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters);       \
     }
-MMQ_Q8(q4_0, T_Q4_0)
-MMQ_Q8(q4_1, T_Q4_1)
-MMQ_Q8(q5_0, T_Q5_0)
-MMQ_Q8(q5_1, T_Q5_1)
-MMQ_Q8(q8_0, T_Q8_0)
-MMQ_Q8(q4_K, T_Q4_K)
-MMQ_Q8(q5_K, T_Q5_K)
-MMQ_Q8(q6_K, T_Q6_K)
+#define MMQ_Q8_ALL(NAME, FMT)                                                                                              \
+    MMQ_Q8(NAME, FMT, 16, 1) MMQ_Q8(NAME, FMT, 16, 2) MMQ_Q8(NAME, FMT, 32, 1) MMQ_Q8(NAME, FMT, 32, 2)                   \
+    MMQ_Q8(NAME, FMT, 64, 1) MMQ_Q8(NAME, FMT, 64, 2)
+MMQ_Q8_ALL(q4_0, T_Q4_0)
+MMQ_Q8_ALL(q4_1, T_Q4_1)
+MMQ_Q8_ALL(q5_0, T_Q5_0)
+MMQ_Q8_ALL(q5_1, T_Q5_1)
+MMQ_Q8_ALL(q8_0, T_Q8_0)
+MMQ_Q8_ALL(q4_K, T_Q4_K)
+MMQ_Q8_ALL(q5_K, T_Q5_K)
+MMQ_Q8_ALL(q6_K, T_Q6_K)

@@ -454,3 +454,77 @@ def test_greedy_rows(backend: str) -> None:
     # (The log-probability of a row holding a NaN is left unspecified.)
     finite = [0, 1, 3, 4]
     np.testing.assert_allclose(np.asarray(lps, dtype=np.float64)[finite], ref[finite], rtol=0, atol=2e-5)
+
+
+# ---------------------------------------------------------------- batched decode matmul
+
+# The decode batch sizes of the issue (odd ones included) at the shapes whose kernel choice the
+# measured table makes (rust/src/backend/cuda/ops/matmul_plan.rs): every row count must agree
+# with the CPU backend within CPU_EXACT whichever kernel (GEMV in launches of 8, int8 GEMM with
+# small tiles, two k-steps per barrier and split-K) the table picks for a decode step.
+DECODE_ROWS = [1, 2, 7, 8, 9, 16, 31, 32, 64, 128, 256]
+DECODE_SHAPES = [s for s in REAL_SHAPES if s[0] in (
+    "1.5b.attn_q", "1.5b.attn_v", "1.5b.ffn_up", "1.5b.ffn_down", "0.5b.attn_q", "0.5b.output[:4096]",
+    "7b.attn_v", "7b.ffn_down_q5")]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_rows", DECODE_ROWS)
+@pytest.mark.parametrize("shape", DECODE_SHAPES, ids=[s[0] for s in DECODE_SHAPES])
+def test_matmul_decode_batches(backend: str, shape: tuple[str, int, int, str, bool], n_rows: int) -> None:
+    name, k, n_out, wtype, bias = shape
+    if backend == "cpu":
+        check_matmul(backend, wtype, n_out, k, n_rows, bias, tag=name)
+        return
+    runner("cuda").set_matmul_variant("decode")  # the table's decode-step choices
+    try:
+        check_matmul(backend, wtype, n_out, k, n_rows, bias, tag=name)
+    finally:
+        runner("cuda").set_matmul_variant(None)
+
+
+# Every kernel variant the table may choose, forced, on every quantized format: K of 10
+# super-blocks (k-quants) or 13 blocks of 32 (legacy, an odd number of k-steps for G = 2), so
+# that the splits are uneven; row counts that leave partial tiles.
+VARIANTS = ["gemv", "tc:16:1:1", "tc:16:2:3", "tc:32:1:5", "tc:32:2:0", "tc:64:1:2", "tc:64:2:0", "tc:64:1:1"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("n_rows", [1, 9, 33, 70])
+@pytest.mark.parametrize("wtype", QUANT)
+def test_matmul_forced_variant(variant: str, wtype: str, n_rows: int) -> None:
+    k = 2560 if wtype in ("Q4_K", "Q5_K", "Q6_K") else 416
+    n_out = 300
+    w, wd = weights_case(wtype, n_out, k, "variant")
+    rng = seed("variant", wtype, n_rows, variant)
+    x = rng.standard_normal((n_rows, k)).astype(np.float32)
+    bias = rng.standard_normal(n_out).astype(np.float32)
+    cuda = runner("cuda")
+    cuda.set_matmul_variant(variant)
+    try:
+        y = cuda.matmul(wtype, w, n_out, k, x.reshape(-1), bias).reshape(n_rows, n_out)
+        # The residual add in the epilogue, with the split-K fix-up.
+        res = rng.standard_normal((n_rows, n_out)).astype(np.float32)
+        ya = cuda.matmul_add(wtype, w, n_out, k, x.reshape(-1), res.reshape(-1), bias).reshape(n_rows, n_out)
+    finally:
+        cuda.set_matmul_variant(None)
+    ref = x.astype(np.float64) @ wd.T + bias
+    assert rel_err(y, ref) <= Q8, f"{variant} {wtype} rows={n_rows}: {rel_err(y, ref):.3g}"
+    y_cpu = runner("cpu").matmul(wtype, w, n_out, k, x.reshape(-1), bias).reshape(n_rows, n_out).astype(np.float64)
+    diff = rel_err(y, y_cpu)
+    assert diff <= CPU_EXACT, f"cuda {variant} vs cpu {wtype} rows={n_rows}: {diff:.3g}"
+    assert rel_err(ya - res, y_cpu) <= CPU_EXACT
+    # Run to run the same bits (the split-K fix-up adds the partials in split order).
+    cuda.set_matmul_variant(variant)
+    try:
+        y2 = cuda.matmul(wtype, w, n_out, k, x.reshape(-1), bias).reshape(n_rows, n_out)
+    finally:
+        cuda.set_matmul_variant(None)
+    np.testing.assert_array_equal(y2, y)
+
+
+@pytest.mark.cuda
+def test_matmul_variant_rejects_unknown() -> None:
+    with pytest.raises(ValueError):
+        runner("cuda").set_matmul_variant("tc:8:1:1")

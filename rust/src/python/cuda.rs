@@ -397,6 +397,60 @@ impl PyOpRunner {
         self.run(py, |r| r.greedy(x, n_cols))
     }
 
+    /// set_matmul_variant(variant) pins the CUDA quantized-matmul kernel for every later product
+    /// of this process: "gemv", "tc:<BN>:<G>:<splits>" (splits 0: automatic), "decode" (the
+    /// measured table's decode-step choices), or None (the choices outside decode steps, which
+    /// OpRunner's ops run by default). Raises ValueError for another string (a no-op on the CPU
+    /// runner).
+    #[pyo3(signature = (variant=None))]
+    fn set_matmul_variant(&self, variant: Option<&str>) -> PyResult<()> {
+        #[cfg(feature = "cuda")]
+        {
+            use crate::backend::cuda::matmul_plan;
+            let decode = variant == Some("decode");
+            let choice = variant
+                .filter(|_| !decode)
+                .map(|v| matmul_plan::parse(v).ok_or_else(|| to_py(FakError::invalid("variant", format!("{v:?} (expected \"gemv\", \"tc:<16|32|64>:<1|2>:<splits>\" or \"decode\")")))))
+                .transpose()?;
+            matmul_plan::force(choice);
+            matmul_plan::force_decode(decode);
+        }
+        #[cfg(not(feature = "cuda"))]
+        let _ = variant;
+        Ok(())
+    }
+
+    /// time_matmul(wtype, w, n_out, k, x, cases, iters=10, reps=3) -> list[float]: seconds one
+    /// product of the first `n_rows` rows of `x` takes on the GPU for each case
+    /// `(n_rows, variant)` (variant as for set_matmul_variant; None: the decode-step table's): `iters`
+    /// products in a CUDA graph, the median of `reps` replays. CUDA runner only.
+    #[pyo3(signature = (wtype, w, n_out, k, x, cases, iters=10, reps=3))]
+    #[allow(clippy::too_many_arguments)]
+    fn time_matmul<'py>(&self, py: Python<'py>, wtype: &str, w: PyReadonlyArrayDyn<'py, u8>, n_out: usize, k: usize, x: PyReadonlyArray1<'py, f32>, cases: Vec<(usize, Option<String>)>, iters: usize, reps: usize) -> PyResult<Vec<f64>> {
+        let t = gtype(wtype)?;
+        let w = w.as_slice().map_err(|e| to_py(FakError::invalid("w", format!("must be contiguous: {e}"))))?;
+        let x = slice(&x, "x")?;
+        match &self.runner {
+            #[cfg(feature = "cuda")]
+            Runner::Cuda(b) => {
+                use crate::backend::cuda::matmul_plan;
+                let mut parsed = Vec::with_capacity(cases.len());
+                for (n, v) in &cases {
+                    let c = v.as_deref().map(|v| matmul_plan::parse(v).ok_or_else(|| to_py(FakError::invalid("variant", format!("{v:?}"))))).transpose()?;
+                    parsed.push((*n, c));
+                }
+                matmul_plan::force_decode(true);
+                let r = detach(py, || b.time_matmul(t, w, n_out, k, x, &parsed, iters, reps));
+                matmul_plan::force_decode(false);
+                r
+            }
+            _ => {
+                let _ = (py, t, w, x, cases, iters, reps);
+                Err(to_py(FakError::invalid("backend", "time_matmul needs the CUDA runner")))
+            }
+        }
+    }
+
     /// argmax(x, n_cols) -> list[int] per row.
     fn argmax(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f32>, n_cols: usize) -> PyResult<Vec<u32>> {
         let x = slice(&x, "x")?;

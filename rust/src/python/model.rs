@@ -108,7 +108,8 @@ type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>);
 
 #[pymethods]
 impl PyModel {
-    /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True)
+    /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
+    ///       max_tokens_per_step=None)
     ///
     /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
     /// "auto" (cuda when a GPU is usable, else cpu).
@@ -118,13 +119,15 @@ impl PyModel {
     /// cores); `kv_cache_tokens`: KV cache capacity in tokens shared by all sequences (None:
     /// `n_ctx · min(max_batch, 8)`, committed lazily); `max_batch`: most sequences decoded together;
     /// `prefix_cache`: automatic prefix caching (a prompt that starts with full 32-token KV blocks
-    /// already computed for an earlier sequence skips their prefill; outputs are unchanged).
+    /// already computed for an earlier sequence skips their prefill; outputs are unchanged);
+    /// `max_tokens_per_step`: most tokens (rows) one forward computes — the prefill chunk (None:
+    /// 512; raised to `max_batch` if smaller; the activation buffers grow with it).
     ///
     /// Raises: OSError (cannot open), fak.GGUFError (malformed file), fak.UnsupportedError
     /// (architecture / format), fak.ModelError (missing or mis-shaped tensor), fak.BackendError
     /// (`backend="cuda"` without a usable CUDA backend), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -135,14 +138,18 @@ impl PyModel {
         kv_cache_tokens: Option<usize>,
         max_batch: usize,
         prefix_cache: bool,
+        max_tokens_per_step: Option<usize>,
     ) -> PyResult<PyModel> {
+        if max_tokens_per_step == Some(0) {
+            return Err(super::to_py(FakError::invalid("max_tokens_per_step", "0 (must be ≥ 1, or None for 512)")));
+        }
         let opts = EngineOptions {
             n_ctx,
             threads,
             kv_cache_tokens,
             max_batch,
             prefix_cache,
-            ..EngineOptions::default()
+            max_tokens_per_step: max_tokens_per_step.unwrap_or(crate::engine::DEFAULT_MAX_TOKENS),
         };
         let engine: Box<dyn EngineApi> = match backend {
             "cpu" => Box::new(detach(py, || Engine::open_cpu(&path, opts))?),

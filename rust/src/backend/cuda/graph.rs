@@ -13,7 +13,47 @@ use super::device::{drv, Device};
 use crate::backend::GraphKey;
 use crate::Result;
 
-struct Exec(sys::CUgraphExec);
+/// An instantiated graph.
+pub(crate) struct Exec(sys::CUgraphExec);
+
+impl Exec {
+    /// Replays the graph on fak's stream.
+    pub(crate) fn launch(&self, dev: &Device) -> Result<()> {
+        dev.bind()?;
+        // SAFETY: valid exec and stream.
+        drv("cuGraphLaunch", unsafe { sys::cuGraphLaunch(self.0, dev.stream) })
+    }
+}
+
+/// Captures the launches `f` queues on fak's stream into a graph (not run).
+pub(crate) fn capture(dev: &Device, f: &mut dyn FnMut() -> Result<()>) -> Result<Exec> {
+    dev.bind()?;
+    // SAFETY: capture on fak's own stream; relaxed mode so that lazily allocated workspaces
+    // (cuMemAlloc) may be created inside the first forward.
+    drv("cuStreamBeginCapture", unsafe { sys::cuStreamBeginCapture_v2(dev.stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) })?;
+    let r = f();
+    let mut graph = std::ptr::null_mut();
+    // SAFETY: ends the capture begun above (always, also after an error in `f`).
+    let end = drv("cuStreamEndCapture", unsafe { sys::cuStreamEndCapture(dev.stream, &mut graph) });
+    let destroy = |g: sys::CUgraph| {
+        if !g.is_null() {
+            // SAFETY: graph from the capture, destroyed once.
+            unsafe {
+                let _ = sys::cuGraphDestroy(g);
+            }
+        }
+    };
+    if let Err(e) = r.and(end) {
+        destroy(graph);
+        return Err(e);
+    }
+    let mut exec = std::ptr::null_mut();
+    // SAFETY: valid graph; flags 0.
+    let inst = drv("cuGraphInstantiate", unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) });
+    destroy(graph);
+    inst?;
+    Ok(Exec(exec))
+}
 
 // SAFETY: an instantiated graph is an immutable handle used under the device's context.
 unsafe impl Send for Exec {}
@@ -57,33 +97,8 @@ impl Graphs {
             // SAFETY: valid exec and stream.
             return drv("cuGraphLaunch", unsafe { sys::cuGraphLaunch(e.0, dev.stream) });
         }
-        // SAFETY: capture on fak's own stream; relaxed mode so that lazily allocated workspaces
-        // (cuMemAlloc) may be created inside the first forward.
-        drv("cuStreamBeginCapture", unsafe { sys::cuStreamBeginCapture_v2(dev.stream, sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED) })?;
-        let r = f();
-        let mut graph = std::ptr::null_mut();
-        // SAFETY: ends the capture begun above (always, also after an error in `f`).
-        let end = drv("cuStreamEndCapture", unsafe { sys::cuStreamEndCapture(dev.stream, &mut graph) });
-        let destroy = |g: sys::CUgraph| {
-            if !g.is_null() {
-                // SAFETY: graph from the capture, destroyed once.
-                unsafe {
-                    let _ = sys::cuGraphDestroy(g);
-                }
-            }
-        };
-        if let Err(e) = r.and(end) {
-            destroy(graph);
-            return Err(e);
-        }
-        let mut exec = std::ptr::null_mut();
-        // SAFETY: valid graph; flags 0.
-        let inst = drv("cuGraphInstantiate", unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) });
-        destroy(graph);
-        inst?;
-        let exec = Exec(exec);
-        // SAFETY: valid exec and stream.
-        drv("cuGraphLaunch", unsafe { sys::cuGraphLaunch(exec.0, dev.stream) })?;
+        let exec = capture(dev, f)?;
+        exec.launch(dev)?;
         self.execs.lock().unwrap_or_else(|e| e.into_inner()).insert(key, exec);
         Ok(())
     }

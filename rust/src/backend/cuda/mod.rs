@@ -18,6 +18,7 @@ pub mod graph;
 pub mod launch;
 pub mod module;
 mod ops;
+pub use ops::matmul_plan;
 
 use std::cell::Cell;
 use std::path::Path;
@@ -229,8 +230,8 @@ impl CudaBatch {
     }
 }
 
-/// Scratch of the split-KV attention (partial results and arrival counters), sized on first use
-/// and never shrunk (captured graphs hold its addresses).
+/// Scratch of the split-KV attention and of the split-K GEMM (partial results), sized on first
+/// use and never shrunk (captured graphs hold its addresses).
 #[derive(Default)]
 pub(crate) struct AttnScratch {
     pub(crate) ws: Option<Tracked>,
@@ -246,6 +247,14 @@ pub struct CudaBackend {
     pub graphs: graph::Graphs,
     pub(crate) attn: Mutex<AttnScratch>,
     pub(crate) small: Mutex<Option<Tracked>>,
+    /// Partial sums of the split-K GEMM (the same growth rule as the attention's).
+    pub(crate) mm: Mutex<AttnScratch>,
+    /// Arrival counters of the split-K GEMM, one per output tile, zero between launches.
+    pub(crate) mm_counters: Tracked,
+    /// Whether the current forward is a decode step (every sequence one row: the forward has a
+    /// graph key; set by `run_forward` while it runs), which selects the matmul table's decode
+    /// choices.
+    pub(crate) decode_step: std::sync::atomic::AtomicBool,
 }
 
 impl CudaBackend {
@@ -256,7 +265,18 @@ impl CudaBackend {
     pub fn new(ordinal: i32) -> Result<CudaBackend> {
         let dev = Device::open(ordinal)?;
         let kernels = Kernels::load(&dev)?;
-        Ok(CudaBackend { dev, kernels, graphs: graph::Graphs::from_env(), attn: Mutex::new(AttnScratch::default()), small: Mutex::new(None) })
+        let mm_counters = Tracked::new(dev.alloc(4 * ops::MM_COUNTERS)?, &MEMORY.activations);
+        mm_counters.mem.memset(0)?;
+        Ok(CudaBackend {
+            dev,
+            kernels,
+            graphs: graph::Graphs::from_env(),
+            attn: Mutex::new(AttnScratch::default()),
+            small: Mutex::new(None),
+            mm: Mutex::new(AttnScratch::default()),
+            mm_counters,
+            decode_step: std::sync::atomic::AtomicBool::new(false),
+        })
     }
 
     pub(crate) fn alloc_tracked(&self, bytes: usize, counter: &'static AtomicUsize) -> Result<Tracked> {
@@ -498,7 +518,10 @@ impl Backend for CudaBackend {
     }
 
     fn run_forward(&self, key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
-        self.graphs.run(&self.dev, key, f)
+        self.decode_step.store(key.is_some(), Ordering::Relaxed);
+        let r = self.graphs.run(&self.dev, key, f);
+        self.decode_step.store(false, Ordering::Relaxed);
+        r
     }
 
     fn synchronize(&self) -> Result<()> {

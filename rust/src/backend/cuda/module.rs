@@ -60,7 +60,8 @@ struct Loaded {
 pub struct Kernels {
     dev: Arc<Device>,
     families: HashMap<&'static str, Loaded>,
-    funcs: Mutex<HashMap<&'static str, sys::CUfunction>>,
+    /// Loaded functions and the dynamic shared memory their opt-in limit was last raised to.
+    funcs: Mutex<HashMap<&'static str, (sys::CUfunction, usize)>>,
 }
 
 // SAFETY: module and function handles are immutable once loaded and valid in the device's
@@ -297,26 +298,34 @@ impl Kernels {
         v
     }
 
-    /// The kernel `name` of `family` (handles are cached). `smem` > 48 KiB raises the function's
-    /// dynamic shared memory limit on first use.
+    /// The kernel `name` of `family` (handles are cached). A launch with `smem` bytes of dynamic
+    /// shared memory raises the function's opt-in limit to it when it was lower.
     pub fn func(&self, family: &'static str, name: &'static str, smem: usize) -> Result<sys::CUfunction> {
         let mut map = self.funcs.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(&f) = map.get(name) {
-            return Ok(f);
-        }
-        let l = self.families.get(family).ok_or_else(|| backend_err(format!("kernel family {family} is not loaded")))?;
-        let cname = CString::new(name).unwrap();
-        let mut f = std::ptr::null_mut();
-        self.dev.bind()?;
-        // SAFETY: valid module handle and C string.
-        drv(&format!("cuModuleGetFunction({name})"), unsafe { sys::cuModuleGetFunction(&mut f, l.module, cname.as_ptr()) })?;
-        if smem > 48 * 1024 {
+        let f = match map.get(name) {
+            Some(&(f, limit)) if smem <= limit => return Ok(f),
+            Some(&(f, _)) => f,
+            None => {
+                let l = self.families.get(family).ok_or_else(|| backend_err(format!("kernel family {family} is not loaded")))?;
+                let cname = CString::new(name).unwrap();
+                let mut f = std::ptr::null_mut();
+                self.dev.bind()?;
+                // SAFETY: valid module handle and C string.
+                drv(&format!("cuModuleGetFunction({name})"), unsafe { sys::cuModuleGetFunction(&mut f, l.module, cname.as_ptr()) })?;
+                f
+            }
+        };
+        if smem > 0 {
+            // Raise the opt-in limit of dynamic shared memory (by default 48 KiB minus the
+            // kernel's static shared memory, which a kernel with both can exceed with less than
+            // 48 KiB of dynamic memory) to what this launch asks for.
+            self.dev.bind()?;
             // SAFETY: valid function handle.
             drv(&format!("cuFuncSetAttribute({name})"), unsafe {
                 sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             })?;
         }
-        map.insert(name, f);
+        map.insert(name, (f, smem));
         Ok(f)
     }
 }

@@ -1,13 +1,16 @@
 //! Matrix multiplication against a GGUF-block weight (`rust/kernels/mmvq.cu`, `mmq.cu`,
-//! `quantize.cu`):
-//! - ≤ 8 rows (decode): the dp4a GEMV on the input's 8-bit form (`mmvq_kquant_q8_K_c<rows>` for
-//!   Q4_K/Q5_K/Q6_K on the q8_K form, `mmvq_legacy_q8_0_c<rows>` for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0
-//!   on the q8_0 form; both quantized bit-exactly as the CPU backend, by a fused producer or here by
-//!   `quantize_f32_q8`), one launch for up to three matrices of the same input (Q/K/V, gate/up);
-//!   `mmv_<fmt>_f32_c<rows>` for dense weights;
-//! - more rows (prefill, batched decode): the int8 tensor-core GEMM `mmq_<fmt>_q8_n64` on the same
-//!   CPU-faithful 8-bit activations (integer sub-block sums scaled as the CPU), or with
-//!   `FAK_CUDA_MMQ=f16` (and for dense weights) the f16 tensor-core GEMM `mmq_<fmt>_f16_n<64|128>`.
+//! `quantize.cu`). The kernel for a quantized product is chosen per `(format, rows, k, n_out)`
+//! by [`super::matmul_plan`] (a measured table, a heuristic where it has no entry):
+//! - the dp4a GEMV on the input's 8-bit form (`mmvq_kquant_q8_K_c<rows>` for Q4_K/Q5_K/Q6_K on
+//!   the q8_K form, `mmvq_legacy_q8_0_c<rows>` for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 on the q8_0 form;
+//!   both quantized bit-exactly as the CPU backend, by a fused producer or here by
+//!   `quantize_f32_q8`), up to 8 rows per launch (more rows in launches of 8), one launch for up
+//!   to three matrices of the same input (Q/K/V, gate/up); `mmv_<fmt>_f32_c<rows>` for dense
+//!   weights (≤ 8 rows);
+//! - the int8 tensor-core GEMM `mmq_<fmt>_q8_n<16|32|64>_p<1|2>` on the same CPU-faithful 8-bit
+//!   activations (integer sub-block sums scaled as the CPU): small token tiles and split-K for
+//!   batched decode, 64-token tiles for prefill; or with `FAK_CUDA_MMQ=f16` (and for dense weights
+//!   above 8 rows) the f16 tensor-core GEMM `mmq_<fmt>_f16_n<64|128>`.
 //!
 //! Bias is added in the kernels' epilogues, and so is the residual add of [`Backend::matmul_add`]
 //! (`accumulate`: out += x·Wᵀ).
@@ -15,12 +18,26 @@
 //! [`Backend::matmul_add`]: crate::backend::Backend::matmul_add
 
 use super::super::launch::Args;
-use super::super::{intern, is_dense, kernel_fmt, CudaBackend, CudaBuffer, CudaWeight};
+use super::super::{intern, is_dense, kernel_fmt, AttnScratch, CudaBackend, CudaBuffer, CudaWeight, MEMORY};
+use super::matmul_plan::{self, Choice, Tc};
 use crate::quant::GgmlType;
 use crate::{FakError, Result};
 
-/// Rows up to which the GEMV runs (it is instantiated for 1..=8 activation rows).
-pub const MMVQ_MAX_ROWS: usize = 8;
+/// Rows up to which the GEMV runs in one launch (it is instantiated for 1..=8 activation rows).
+pub const MMVQ_MAX_ROWS: usize = matmul_plan::GEMV_MAX_ROWS;
+
+/// Arrival counters of the split-K GEMM (one per output tile of a launch; a launch with more
+/// tiles runs unsplit).
+pub(crate) const MM_COUNTERS: usize = 1 << 16;
+
+/// Dynamic shared memory of `mmq_<fmt>_q8_n<BN>_p<G>`: the double-buffered weight tiles of G
+/// k-steps (128 rows × 48 bytes each).
+fn mmq_q8_smem(g: usize) -> u32 {
+    (2 * g * 128 * 48) as u32
+}
+
+/// Largest split-K workspace (partial sums) a product may use; beyond it the split count drops.
+const MM_WS_MAX: usize = 256 << 20;
 
 /// `FAK_CUDA_MMQ=f16`: prefill on the previous f16 tensor-core GEMM (weights dequantized to f16,
 /// activations rounded to f16) instead of the CPU-faithful int8 one.
@@ -112,13 +129,33 @@ impl CudaBackend {
         Ok(if kform { (qsk, dk, sk) } else { (qs0, ds0, 0) })
     }
 
-    /// One GEMV launch over up to three quantized matrices of the same form and row length,
-    /// `segs[i] = (weight, bias pointer, output pointer)`.
+    /// GEMV launches over up to three quantized matrices of the same form and row length,
+    /// `segs[i] = (weight, bias pointer, output pointer)`: rows `r0..r0 + n` per launch, up to
+    /// [`MMVQ_MAX_ROWS`] at a time.
     fn gemv_quant(&self, segs: &[(&CudaWeight, u64, u64)], x: &CudaBuffer, n_rows: usize, accumulate: bool) -> Result<()> {
         debug_assert!(!segs.is_empty() && segs.len() <= 3);
         let k = segs[0].0.k();
         let kform = is_kquant(segs[0].0.wtype);
         let (yq, ya, ys) = self.q8_operands(x, n_rows * k, kform)?;
+        let mut r0 = 0;
+        while r0 < n_rows {
+            let n = (n_rows - r0).min(MMVQ_MAX_ROWS);
+            // Row r0's operands: quants K bytes a row; q8_K: K/256 f32 scales and K/32 i32 sums a
+            // row; q8_0: K/32 (f32, f32) pairs a row.
+            let (q, a, sm) = if kform {
+                (yq + (r0 * k) as u64, ya + (r0 * (k / 256) * 4) as u64, ys + (r0 * (k / 32) * 4) as u64)
+            } else {
+                (yq + (r0 * k) as u64, ya + (r0 * (k / 32) * 8) as u64, 0)
+            };
+            let shifted: Vec<(&CudaWeight, u64, u64)> = segs.iter().map(|&(w, b, d)| (w, b, d + (r0 * w.n_out() * 4) as u64)).collect();
+            self.gemv_launch(&shifted, (q, a, sm), k, kform, n, accumulate)?;
+            r0 += n;
+        }
+        Ok(())
+    }
+
+    /// One GEMV launch of `n_rows` (≤ 8) rows whose operands are `(yq, ya, ys)`.
+    fn gemv_launch(&self, segs: &[(&CudaWeight, u64, u64)], (yq, ya, ys): (u64, u64, u64), k: usize, kform: bool, n_rows: usize, accumulate: bool) -> Result<()> {
         let mut args = Args::new();
         let mut end = 0usize;
         let total: usize = segs.iter().map(|(w, _, _)| w.n_out().div_ceil(gemv_shape_q(k, w.n_out()))).sum();
@@ -156,53 +193,32 @@ impl CudaBackend {
         if n_rows == 0 {
             return Ok(());
         }
-        if n_rows <= MMVQ_MAX_ROWS {
-            if is_dense(w.wtype) {
-                let rpb = gemv_shape(k, n_out);
-                let name = intern(format!("mmv_{fmt}_f32_c{n_rows}"));
-                return self.launch(
-                    "mmvq",
-                    name,
-                    (n_out.div_ceil(rpb) as u32, 1, 1),
-                    128,
-                    0,
-                    Args::new()
-                        .ptr(w.mem.ptr())
-                        .u64(w.row_bytes as u64)
-                        .ptr(x.ptr())
-                        .ptr(bias_ptr)
-                        .ptr(out.ptr())
-                        .i32(k as i32)
-                        .i32(n_out as i32)
-                        .i32(rpb as i32)
-                        .i32(accumulate as i32),
-                );
-            }
-            return self.gemv_quant(&[(w, bias_ptr, out.ptr())], x, n_rows, accumulate);
-        }
-        if !is_dense(w.wtype) && !mmq_f16() {
-            let kform = is_kquant(w.wtype);
-            let (yq, ya, ys) = self.q8_operands(x, n_rows * k, kform)?;
-            let name = intern(format!("mmq_{fmt}_q8_n64"));
+        if is_dense(w.wtype) && n_rows <= MMVQ_MAX_ROWS {
+            let rpb = gemv_shape(k, n_out);
+            let name = intern(format!("mmv_{fmt}_f32_c{n_rows}"));
             return self.launch(
-                "mmq",
+                "mmvq",
                 name,
-                (n_out.div_ceil(128) as u32, n_rows.div_ceil(64) as u32, 1),
-                256,
+                (n_out.div_ceil(rpb) as u32, 1, 1),
+                128,
                 0,
                 Args::new()
                     .ptr(w.mem.ptr())
                     .u64(w.row_bytes as u64)
-                    .ptr(yq)
-                    .ptr(ya)
-                    .ptr(ys)
+                    .ptr(x.ptr())
                     .ptr(bias_ptr)
                     .ptr(out.ptr())
                     .i32(k as i32)
                     .i32(n_out as i32)
-                    .i32(n_rows as i32)
+                    .i32(rpb as i32)
                     .i32(accumulate as i32),
             );
+        }
+        if !is_dense(w.wtype) && (n_rows <= MMVQ_MAX_ROWS || !mmq_f16()) {
+            return match matmul_plan::choose(w.wtype, k, n_out, n_rows, self.dev.info.n_sm.max(1) as usize, self.decode_mode()) {
+                Choice::Gemv => self.gemv_quant(&[(w, bias_ptr, out.ptr())], x, n_rows, accumulate),
+                Choice::Tc(t) => self.gemm_q8(w, bias_ptr, x, n_rows, out.ptr(), accumulate, t),
+            };
         }
         let bn = if n_rows <= 64 { 64 } else { 128 };
         let name = intern(format!("mmq_{fmt}_f16_n{bn}"));
@@ -225,12 +241,82 @@ impl CudaBackend {
         )
     }
 
+    /// Whether the products now run in a decode step (see [`matmul_plan`]).
+    fn decode_mode(&self) -> bool {
+        self.decode_step.load(std::sync::atomic::Ordering::Relaxed) || matmul_plan::decode_forced()
+    }
+
+    /// The split-K partial sums: at least `bytes`, never shrunk (old ones stay alive for graphs
+    /// captured with them).
+    fn mm_workspace(&self, bytes: usize) -> Result<u64> {
+        let mut g = self.mm.lock().unwrap_or_else(|e| e.into_inner());
+        let s: &mut AttnScratch = &mut g;
+        if s.ws_bytes < bytes {
+            let t = self.alloc_tracked(bytes, &MEMORY.activations)?;
+            if let Some(old) = s.ws.replace(t) {
+                s.old.push(old);
+            }
+            s.ws_bytes = bytes;
+        }
+        Ok(s.ws.as_ref().expect("allocated above").ptr())
+    }
+
+    /// The int8 tensor-core GEMM `dst (+)= x·Wᵀ (+ bias)` with launch shape `t`.
+    #[allow(clippy::too_many_arguments)]
+    fn gemm_q8(&self, w: &CudaWeight, bias_ptr: u64, x: &CudaBuffer, n_rows: usize, dst: u64, accumulate: bool, t: Tc) -> Result<()> {
+        let (k, n_out) = (w.k(), w.n_out());
+        let fmt = kernel_fmt(w.wtype).ok_or_else(|| FakError::Unsupported(format!("matmul with {} weights", w.wtype.name())))?;
+        let kform = is_kquant(w.wtype);
+        let (yq, ya, ys) = self.q8_operands(x, n_rows * k, kform)?;
+        let steps = k / 32;
+        let (gx, gy) = (n_out.div_ceil(128), n_rows.div_ceil(t.bn));
+        let (mut kps, mut splits) = matmul_plan::split_k(steps, t.splits);
+        let (mut ws, mut cnt) = (0u64, 0u64);
+        if splits > 1 {
+            let bytes = splits * n_rows * n_out * 4;
+            if gx * gy > MM_COUNTERS || bytes > MM_WS_MAX {
+                splits = 1;
+            } else {
+                ws = self.mm_workspace(bytes)?;
+                cnt = self.mm_counters.ptr();
+            }
+        }
+        if splits == 1 {
+            kps = steps.max(1);
+        }
+        let name = intern(format!("mmq_{fmt}_q8_n{}_p{}", t.bn, t.depth));
+        self.launch(
+            "mmq",
+            name,
+            (gx as u32, gy as u32, splits as u32),
+            256,
+            mmq_q8_smem(t.depth),
+            Args::new()
+                .ptr(w.mem.ptr())
+                .u64(w.row_bytes as u64)
+                .ptr(yq)
+                .ptr(ya)
+                .ptr(ys)
+                .ptr(bias_ptr)
+                .ptr(dst)
+                .i32(k as i32)
+                .i32(n_out as i32)
+                .i32(n_rows as i32)
+                .i32(accumulate as i32)
+                .i32(kps as i32)
+                .ptr(ws)
+                .ptr(cnt),
+        )
+    }
+
     /// Several matrices of the same input: one GEMV launch for each run of up to three quantized
     /// matrices of the same activation form and row length (decode), else one op each.
     pub(crate) fn op_matmul_multi(&self, ws: &[(&CudaWeight, Option<&CudaWeight>)], x: &CudaBuffer, n_rows: usize, outs: &mut [&mut CudaBuffer]) -> Result<()> {
-        let fusable = (1..=MMVQ_MAX_ROWS).contains(&n_rows)
+        let n_sm = self.dev.info.n_sm.max(1) as usize;
+        let fusable = n_rows > 0
             && ws.iter().all(|(w, _)| !w.is_vector() && !is_dense(w.wtype) && kernel_fmt(w.wtype).is_some())
-            && ws.iter().all(|(w, _)| w.k() == ws[0].0.k() && is_kquant(w.wtype) == is_kquant(ws[0].0.wtype));
+            && ws.iter().all(|(w, _)| w.k() == ws[0].0.k() && is_kquant(w.wtype) == is_kquant(ws[0].0.wtype))
+            && ws.iter().all(|(w, _)| matmul_plan::choose(w.wtype, w.k(), w.n_out(), n_rows, n_sm, self.decode_mode()) == Choice::Gemv);
         if !fusable {
             for ((w, b), out) in ws.iter().zip(outs.iter_mut()) {
                 self.op_matmul(w, *b, x, n_rows, out, false)?;
@@ -253,5 +339,59 @@ impl CudaBackend {
             self.gemv_quant(chunk, x, n_rows, false)?;
         }
         Ok(())
+    }
+}
+
+impl CudaBackend {
+    /// Seconds one product `x[..n_rows]·Wᵀ` takes on the GPU, for each case `(n_rows, choice)`
+    /// (`None`: the table's choice): `iters` products captured in one CUDA graph (as a decode
+    /// step runs them), the graph replayed `reps` times, the median replay over `iters`. `x` holds
+    /// the largest case's rows; its 8-bit form is computed once before (in a forward a fused
+    /// producer writes it). The weight is uploaded once for all cases. For
+    /// `benches/bench_cuda_matmul.py`.
+    ///
+    /// Errors: [`FakError::InvalidArgument`] when `w` or `x` do not match the shapes; backend
+    /// errors.
+    #[allow(clippy::too_many_arguments)]
+    pub fn time_matmul(&self, wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], cases: &[(usize, Option<Choice>)], iters: usize, reps: usize) -> Result<Vec<f64>> {
+        use crate::backend::{Backend, HostTensor};
+        let max_rows = x.len() / k.max(1);
+        if max_rows * k != x.len() || cases.iter().any(|&(r, _)| r == 0 || r > max_rows) {
+            return Err(FakError::invalid("x", format!("{} values are not the {} rows of {k} the cases need", x.len(), cases.iter().map(|c| c.0).max().unwrap_or(0))));
+        }
+        let owner: std::sync::Arc<Vec<u8>> = std::sync::Arc::new(w.to_vec());
+        let dims = [k, n_out];
+        let t = HostTensor { name: "w", wtype, dims: &dims, data: owner.as_slice(), owner: owner.clone() };
+        let wt = self.load_weight(&t)?;
+        let xb = self.upload_buffer(x)?;
+        let mut out = self.alloc_buffer(max_rows * n_out)?;
+        let mut res = Vec::with_capacity(cases.len());
+        for &(n_rows, choice) in cases {
+            matmul_plan::force(choice);
+            let r = (|| -> Result<f64> {
+                self.op_matmul(&wt, None, &xb, n_rows, &mut out, false)?;
+                self.dev.synchronize()?;
+                let exec = super::super::graph::capture(&self.dev, &mut || {
+                    for _ in 0..iters.max(1) {
+                        self.op_matmul(&wt, None, &xb, n_rows, &mut out, false)?;
+                    }
+                    Ok(())
+                })?;
+                exec.launch(&self.dev)?;
+                self.dev.synchronize()?;
+                let mut times = Vec::with_capacity(reps.max(1));
+                for _ in 0..reps.max(1) {
+                    let t0 = std::time::Instant::now();
+                    exec.launch(&self.dev)?;
+                    self.dev.synchronize()?;
+                    times.push(t0.elapsed().as_secs_f64() / iters.max(1) as f64);
+                }
+                times.sort_by(f64::total_cmp);
+                Ok(times[times.len() / 2])
+            })();
+            matmul_plan::force(None);
+            res.push(r?);
+        }
+        Ok(res)
     }
 }

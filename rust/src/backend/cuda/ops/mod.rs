@@ -6,6 +6,10 @@ mod elementwise;
 mod embed;
 mod kv;
 mod matmul;
+pub mod matmul_plan;
+mod matmul_table;
 mod norm;
 mod rope;
 mod sampling;
+
+pub(crate) use matmul::MM_COUNTERS;
