@@ -126,3 +126,19 @@ def test_serve_on_a_busy_port_is_one_line_and_never_says_serving(tmp_path):
     assert line.startswith(f"Error: cannot listen on 127.0.0.1:{port}: ")
     assert "in use" in line
     assert "fak serve:" not in proc.stderr  # the "serving on ..." line
+
+
+def test_the_fleet_runs_without_the_swebench_package(tiny, tmp_path, scripted):
+    """Plain ``pip install .`` runs the agent: without ``--task-env`` nothing needs the harness
+    package (the fleet's choice of Python asks for the spec and goes on without one)."""
+    from tiny import tools_script_fix_add
+
+    server = scripted({"fak-test__calc-1": tools_script_fix_add()})
+    out = tmp_path / "out"
+    proc = _run(["swebench", "run", "--gateway", server.url, "--model", "scripted", "--allow-exec",
+                 "--dataset", str(tiny["dataset"]), "--repos", str(tiny["repos"]),
+                 "--filter", "fak-test__calc-1", "--output", str(out), "--no-live"],
+                env=fak_env(_no_swebench(tmp_path)))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["exit_reasons"] == {"submitted": 1}, summary["instances"]

@@ -91,8 +91,15 @@ def register_specs(specs: dict[str, dict[str, dict[str, Any]]]) -> None:
 
 
 def get_spec(repo: str, version: str) -> dict[str, Any]:
-    """The harness spec for ``repo`` at ``version``. Raises ``EnvError`` when there is none."""
-    from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
+    """The harness spec for ``repo`` at ``version``. Raises ``EnvError`` when there is none, or
+    when the ``swebench`` package (the ``swebench`` extra) is not installed."""
+    if repo in _REGISTERED and str(version) in _REGISTERED[repo]:
+        return dict(_REGISTERED[repo][str(version)])
+    try:
+        from swebench.harness.constants import MAP_REPO_VERSION_TO_SPECS
+    except ImportError as e:
+        raise EnvError(f"no harness spec for {repo} {version}: the swebench package is not "
+                       f"installed ({e}); pip install 'fak[swebench]'") from None
 
     try:
         return dict(MAP_REPO_VERSION_TO_SPECS[repo][str(version)])
