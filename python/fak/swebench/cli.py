@@ -6,6 +6,7 @@ import json
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -154,21 +155,12 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
         require_swebench("--task-env" if task_env else "--specs")
     server = None
     if gguf is not None:
-        from fak.swebench.serve import GatewayStartError, ManagedGateway
+        from fak.swebench.serve import ManagedGateway
 
-        server = ManagedGateway(gguf, output, backend=backend, n_ctx=n_ctx, policy=policy_path,
-                                kv_cache_tokens=kv_cache_tokens or n_ctx * max(1, workers),
-                                threads=threads)
-        click.echo(f"starting fak serve {gguf.name} (backend {backend}, n_ctx {n_ctx}, policy "
-                   f"{server.policy_path.name}; log {server.log_path}) ...", err=True)
-        try:
-            server.start()
-        except GatewayStartError as e:
-            raise click.ClickException(str(e)) from None
+        server = start_managed_gateway(ManagedGateway(
+            gguf, output, backend=backend, n_ctx=n_ctx, policy=policy_path,
+            kv_cache_tokens=kv_cache_tokens or n_ctx * max(1, workers), threads=threads))
         gateway = server.addr
-        click.echo(f"fak serve ready on {gateway} (pid {server.pid}, model {server.model})", err=True)
-        # a SIGTERM stops the fleet as Ctrl-C does, so that the server is stopped too
-        signal.signal(signal.SIGTERM, _terminate)
     try:
         _run_fleet(gateway, server, model, rows, labels, output, workers, max_steps, allow_exec,
                    unsafe_no_sandbox, protocol, tool_choice, repos_dir, run_id, exec_timeout,
@@ -176,10 +168,7 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
                    task_env, envs_dir, specs, on_repeat, repeat_resamples)
     finally:
         if server is not None:
-            server.stop()
-            _record_server_exit(output, server.info())
-            click.echo(f"fak serve {server.exit_description()}; policy audit log {server.audit_path}",
-                       err=True)
+            stop_managed_gateway(server, output)
 
 
 def require_swebench(what: str) -> None:
@@ -194,6 +183,32 @@ def require_swebench(what: str) -> None:
 
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def start_managed_gateway(server: Any) -> Any:
+    """Start ``server`` (a ``fak.swebench.serve.ManagedGateway``), saying so on the console; a
+    SIGTERM from then on stops the run as Ctrl-C does, so that the server is stopped too.
+    Raises ``click.ClickException`` when it does not start (its log's tail in the message)."""
+    from fak.swebench.serve import GatewayStartError
+
+    click.echo(f"starting fak serve {server.gguf.name} (backend {server.backend}, n_ctx "
+               f"{server.n_ctx}, policy {server.policy_path.name}; log {server.log_path}) ...",
+               err=True)
+    try:
+        server.start()
+    except GatewayStartError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"fak serve ready on {server.addr} (pid {server.pid}, model {server.model})", err=True)
+    signal.signal(signal.SIGTERM, _terminate)
+    return server
+
+
+def stop_managed_gateway(server: Any, output: Path) -> None:
+    """Stop ``server``, record how it ended in ``output/summary.json`` and say so."""
+    server.stop()
+    _record_server_exit(output, server.info())
+    click.echo(f"fak serve {server.exit_description()}; policy audit log {server.audit_path}",
+               err=True)
 
 
 def _record_server_exit(output: Path, info: dict) -> None:

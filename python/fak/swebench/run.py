@@ -39,8 +39,10 @@ import json
 import os
 import shutil
 import signal
+import logging
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +67,8 @@ from fak.sandbox import SandboxUnavailable, probe
 from fak.swebench.envs import EnvBuilder, EnvError, make_overlay
 from fak.swebench.interpreter import choose_python
 from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
+
+log = logging.getLogger(__name__)
 
 FINISHED_REASONS = ("submitted", "max_steps", "context_limit", "error")
 #: row fields that hold the answer or the grading: never shown to the agent or a localizer
@@ -127,6 +131,7 @@ class InstanceState:
     repeated: int = 0
     resampled: int = 0
     tools_s: float = 0.0
+    traceback: str = ""  # an internal error's, for the log and summary.json
 
     def __post_init__(self) -> None:
         self.stats.status = "waiting"
@@ -354,7 +359,8 @@ class Fleet:
                         "resampled_turns": st.resampled,
                         "model_s": round(s.model_s, 3), "tools_s": round(st.tools_s, 3),
                         "wall_s": round((st.ended or time.time()) - st.started, 3) if st.started else 0.0,
-                        "difficulty": self.config.labels.get(iid), "message": st.message[:500]})
+                        "difficulty": self.config.labels.get(iid), "message": st.message[:500],
+                        **({"traceback": st.traceback[-4000:]} if st.traceback else {})})
         wall = time.time() - self.started_at
         finished = sum(by_reason.get(r, 0) for r in FINISHED_REASONS)
         totals["model_s"] = round(totals["model_s"], 3)
@@ -456,6 +462,8 @@ class Fleet:
                     if exc is not None:
                         st = self.states[iid]
                         st.exit_reason, st.message = "error", f"{type(exc).__name__}: {exc}"
+                        st.traceback = "".join(traceback.format_exception(exc))
+                        log.error("%s: %s", iid, st.traceback.rstrip())
                     if not live and iid not in reported:
                         reported.add(iid)
                         self._print_line(iid)

@@ -107,7 +107,6 @@ def run_pipeline(*, gateway: str | None, gguf: Path | None, backend: str, n_ctx:
                  live: bool | None, dataset: str, **opts: Any) -> None:
     """``fak swebench run --agent pipeline``: the stages asked for, over ``rows``."""
     import json
-    import signal
 
     from fak.swebench.pipeline.config import MODEL_STAGES, PipelineConfig, parse_stages
 
@@ -136,20 +135,14 @@ def run_pipeline(*, gateway: str | None, gguf: Path | None, backend: str, n_ctx:
     template, template_source = _template(gguf, opts["pl_chat_template"], opts["pl_prompt_mode"])
     server = None
     if gguf is not None and needs_model:
-        from fak.swebench.serve import GatewayStartError, ManagedGateway
+        from fak.swebench.cli import start_managed_gateway
+        from fak.swebench.serve import ManagedGateway
 
-        server = ManagedGateway(gguf, output, backend=backend, n_ctx=n_ctx, policy=policy_path,
-                                kv_cache_tokens=kv_cache_tokens or n_ctx * max(4, workers), threads=threads,
-                                max_concurrency=max(64, workers * opts["pl_concurrency"]))
-        click.echo(f"starting fak serve {gguf.name} (backend {backend}, n_ctx {n_ctx}; log "
-                   f"{server.log_path}) ...", err=True)
-        try:
-            server.start()
-        except GatewayStartError as e:
-            raise click.ClickException(str(e)) from None
+        server = start_managed_gateway(ManagedGateway(
+            gguf, output, backend=backend, n_ctx=n_ctx, policy=policy_path,
+            kv_cache_tokens=kv_cache_tokens or n_ctx * max(4, workers), threads=threads,
+            max_concurrency=max(64, workers * opts["pl_concurrency"])))
         gateway = server.addr
-        click.echo(f"fak serve ready on {gateway} (pid {server.pid}, model {server.model})", err=True)
-        signal.signal(signal.SIGTERM, _terminate)
     try:
         if gateway is not None and model is None:
             model = server.model if server is not None else _gateway_model(gateway)
@@ -163,12 +156,9 @@ def run_pipeline(*, gateway: str | None, gguf: Path | None, backend: str, n_ctx:
         _run(cfg, rows, output)
     finally:
         if server is not None:
-            code = server.stop()
-            click.echo(f"fak serve stopped (exit status {code})", err=True)
+            from fak.swebench.cli import stop_managed_gateway
 
-
-def _terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
+            stop_managed_gateway(server, output)
 
 
 def _gateway_model(gateway: str) -> str:
