@@ -4,20 +4,14 @@ one-line reason on stderr for a sandbox kill."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from fak_subprocess import fak_argv, fak_env
 
 
 def _fak(*args: str, env: dict | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    e = dict(os.environ)
-    e["PYTHONPATH"] = str(REPO / "python") + os.pathsep + e.get("PYTHONPATH", "")
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "fak.cli", *args], capture_output=True,
-                          text=True, env=e, timeout=timeout)
+    return subprocess.run(fak_argv(*args), capture_output=True, text=True,
+                          env=fak_env(**(env or {})), timeout=timeout)
 
 
 def test_run_prints_output_and_exits_with_the_status(ws):
