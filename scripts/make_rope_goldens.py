@@ -26,6 +26,7 @@ its seed).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import platform
@@ -39,7 +40,7 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 N_GREEDY = 8
-SHORT_IDS = ("code-fib", "code-class", "code-rust", "chat-simple")
+SHORT_IDS = ("code-fib", "code-class", "code-rust", "chat-explain")
 NEEDLE = "The secret passphrase is violet-harbor-42."
 LONG_TOKENS = 4096
 #: Llama 3.1's rope_scaling (config.json of Llama-3.1-8B).
@@ -186,6 +187,7 @@ def main() -> None:
                                             "yarn_orig_ctx": LLAMA3["original_max_position_embeddings"]},
                  {pid: prompts[pid]["text"] for pid in ("code-fib", "code-class")}, long=2048, n_ctx=4096)
         cases["llama3"]["tiny_llama"] = TINY_LLAMA
+        cases["llama3"]["model_sha256"] = hashlib.sha256(with_freqs.read_bytes()).hexdigest()
         cases["llama3"]["rope_scaling"] = LLAMA3
     data = {"cases": cases, "n_greedy": N_GREEDY, "llama_cpp_python": llama_cpp.__version__,
             "generated": datetime.now(timezone.utc).isoformat(timespec="seconds"),
