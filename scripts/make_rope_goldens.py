@@ -112,16 +112,17 @@ def llama3_freq_factors(n_rot: int, base: float) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def tiny_llama3(dir_: Path) -> tuple[Path, Path]:
-    """The tiny llama model (fak.synth, seeded) and a copy with rope_freqs.weight added."""
+def copy_gguf(src: Path, dst: Path, kv: dict | None = None, tensors: dict[str, np.ndarray] | None = None) -> Path:
+    """A copy of the GGUF ``src`` at ``dst`` with metadata ``kv`` (name → (value, GGUFValueType))
+    set and f32 ``tensors`` added before the file's own (gguf-py writer; blocks copied as they are)."""
     import gguf
-    from fak.synth import write_tiny_model
 
-    plain = write_tiny_model(dir_ / "tiny-llama.gguf", "llama", **TINY_LLAMA)
-    r = gguf.GGUFReader(str(plain))
-    w = gguf.GGUFWriter(str(dir_ / "tiny-llama-rope-freqs.gguf"), arch="llama")
+    r = gguf.GGUFReader(str(src))
+    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
+    w = gguf.GGUFWriter(str(dst), arch=arch)
+    kv = dict(kv or {})
     for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture":
+        if name.startswith("GGUF.") or name == "general.architecture" or name in kv:
             continue
         vtype = field.types[0]
         if vtype == gguf.GGUFValueType.ARRAY:
@@ -133,15 +134,27 @@ def tiny_llama3(dir_: Path) -> tuple[Path, Path]:
             w.add_key_value(name, bytes(field.parts[field.data[0]]).decode(), vtype)
         else:
             w.add_key_value(name, field.parts[field.data[0]].item(), vtype)
-    head_dim = TINY_LLAMA["n_embd"] // TINY_LLAMA["n_head"]
-    w.add_tensor("rope_freqs.weight", llama3_freq_factors(head_dim, TINY_LLAMA["rope_freq_base"]))
+    for name, (value, vtype) in kv.items():
+        w.add_key_value(name, value, vtype)
+    for name, t in (tensors or {}).items():
+        w.add_tensor(name, t.astype(np.float32))
     for t in r.tensors:
         w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    return plain, dir_ / "tiny-llama-rope-freqs.gguf"
+    return dst
+
+
+def tiny_llama3(dir_: Path) -> tuple[Path, Path]:
+    """The tiny llama model (fak.synth, seeded) and a copy with rope_freqs.weight added."""
+    from fak.synth import write_tiny_model
+
+    plain = write_tiny_model(dir_ / "tiny-llama.gguf", "llama", **TINY_LLAMA)
+    head_dim = TINY_LLAMA["n_embd"] // TINY_LLAMA["n_head"]
+    ff = llama3_freq_factors(head_dim, TINY_LLAMA["rope_freq_base"])
+    return plain, copy_gguf(plain, dir_ / "tiny-llama-rope-freqs.gguf", tensors={"rope_freqs.weight": ff})
 
 
 def main() -> None:

@@ -213,3 +213,28 @@ def test_engine_and_cli_pass_settings(tiny_llama3) -> None:
     for cmd in (serve, generate):
         out = CliRunner().invoke(cmd, ["--help"]).output
         assert "--rope-scaling" in out and "--rope-scale" in out and "--yarn-orig-ctx" in out
+
+
+def test_scaling_read_from_gguf_metadata(tmp_path) -> None:
+    """``{arch}.rope.scaling.type`` / ``.factor`` / ``.original_context_length`` in the file give
+    the same model as the flags; a flag overrides the file."""
+    import gguf
+    from fak.synth import write_tiny_model
+
+    plain = write_tiny_model(tmp_path / "tiny-qwen2.gguf", "qwen2", ctx=4096, seed=3)
+    F32, STR, U32 = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32
+    yarn_file = _script().copy_gguf(plain, tmp_path / "tiny-qwen2-yarn.gguf", kv={
+        "qwen2.rope.scaling.type": ("yarn", STR), "qwen2.rope.scaling.factor": (4.0, F32),
+        "qwen2.rope.scaling.original_context_length": (1024, U32)})
+    toks = list(range(3, 400))
+    from_file = _native.Model(str(yarn_file), backend="cpu", n_ctx=1024, threads=N_THREADS)
+    cfg = from_file.config
+    assert (cfg["rope_scaling"], cfg["rope_scale"], cfg["rope_orig_ctx"], cfg["rope_ext_factor"]) == ("yarn", 4.0, 1024, 1.0)
+    from_flag = _native.Model(str(plain), backend="cpu", n_ctx=1024, threads=N_THREADS,
+                              rope_scaling="yarn", rope_scale=4.0, yarn_orig_ctx=1024)
+    a = from_file.logits(toks)
+    assert np.array_equal(a, from_flag.logits(toks))
+    unscaled = _native.Model(str(plain), backend="cpu", n_ctx=1024, threads=N_THREADS).logits(toks)
+    assert not np.array_equal(a, unscaled)
+    off = _native.Model(str(yarn_file), backend="cpu", n_ctx=1024, threads=N_THREADS, rope_scaling="none")
+    assert off.config["rope_freq_scale"] == 1.0 and np.array_equal(off.logits(toks), unscaled)
