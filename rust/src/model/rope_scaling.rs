@@ -127,7 +127,8 @@ fn positive(what: &str, v: f32) -> Result<f32> {
 /// `{arch}.context_length`.
 ///
 /// Errors: [`FakError::Unsupported`] for a scheme fak does not run (`longrope`, a YaRN
-/// `yarn_log_multiplier`), [`FakError::InvalidArgument`]-style errors naming a non-positive factor.
+/// `yarn_log_multiplier`); [`FakError::InvalidArgument`] naming a non-positive factor the caller
+/// gave; [`FakError::Model`] for a non-positive factor in the file.
 pub fn resolve(
     style: RopeStyle,
     n_rot: usize,
@@ -148,7 +149,8 @@ pub fn resolve(
         Some(f) => Some(positive("rope_scale", f)?),
         None => match meta.factor {
             Some(f) if f == 0.0 => None,
-            Some(f) => Some(positive("rope.scaling.factor", f)?),
+            Some(f) if f.is_finite() && f > 0.0 => Some(f),
+            Some(f) => return Err(FakError::model(format!("metadata rope.scaling.factor {f} must be positive"))),
             None => None,
         },
     };
