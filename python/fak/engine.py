@@ -496,11 +496,10 @@ class Engine:
         tokenizer = Tokenizer.from_gguf_metadata(metadata)
         template = _template_or_none(metadata, chat_template)
         resolved = _resolve_backend(backend)
-        rope = {k: v for k, v in (("rope_scaling", rope_scaling), ("rope_scale", rope_scale),
-                                  ("yarn_orig_ctx", yarn_orig_ctx)) if v is not None}
         model = _native.Model(str(path), backend=resolved, n_ctx=n_ctx, threads=threads,
                               kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
-                              prefix_cache=prefix_cache, **rope)
+                              prefix_cache=prefix_cache, rope_scaling=rope_scaling, rope_scale=rope_scale,
+                              yarn_orig_ctx=yarn_orig_ctx)
         self._init(model, tokenizer, template, path.stem, resolved, max_batch)
 
     @classmethod
