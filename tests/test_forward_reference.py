@@ -664,9 +664,12 @@ def test_unsupported_architecture_and_missing_tensor(tmp_path):
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     with pytest.raises(fak.UnsupportedError, match="mamba"):
         _native.Model(str(tmp_path / "mamba.gguf"))
+    longrope = write_tiny_model(tmp_path / "longrope.gguf", TinySpec("longrope", "qwen2", n_layer=1, rope_scaling_type="longrope"))
+    with pytest.raises(fak.UnsupportedError, match="longrope"):
+        _native.Model(str(longrope))
+    # YaRN is supported since issue 14 (tests/test_rope_scaling.py)
     yarn = write_tiny_model(tmp_path / "yarn.gguf", TinySpec("yarn", "qwen2", n_layer=1, rope_scaling_type="yarn"))
-    with pytest.raises(fak.UnsupportedError, match="yarn"):
-        _native.Model(str(yarn))
+    assert _native.Model(str(yarn)).config["rope_scaling"] == "yarn"
     spec = TinySpec("broken", "llama", n_layer=1, tied=True)
     path = write_tiny_model(tmp_path / "ok.gguf", spec)
     # Rewrite without blk.0.ffn_up.weight.

@@ -131,6 +131,9 @@ class Model:
         max_batch: int = 64,
         prefix_cache: bool = True,
         max_tokens_per_step: int | None = None,
+        rope_scaling: str | None = None,
+        rope_scale: float | None = None,
+        yarn_orig_ctx: int | None = None,
     ) -> Model: ...
     @property
     def backend(self) -> str: ...
@@ -213,6 +216,7 @@ class OpRunner:
         self, x: npt.NDArray[np.float32], positions: npt.NDArray[np.uint32], n_heads: int, head_dim: int,
         style: str, n_rot: int, freq_base: float, freq_scale: float,
         freq_factors: npt.NDArray[np.float32] | None = None,
+        ext_factor: float = 0.0, attn_factor: float = 1.0, yarn_orig_ctx: int = 0,
     ) -> npt.NDArray[np.float32]: ...
     def swiglu(self, gate: npt.NDArray[np.float32], up: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]: ...
     def add(self, x: npt.NDArray[np.float32], y: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]: ...
@@ -250,5 +254,6 @@ class OpRunner:
         self, q: npt.NDArray[np.float32], k: npt.NDArray[np.float32], v: npt.NDArray[np.float32], n_past: int,
         table: npt.NDArray[np.uint32], n_head: int, n_head_kv: int, head_dim: int, style: str, n_rot: int,
         freq_base: float, freq_scale: float, freq_factors: npt.NDArray[np.float32] | None = None,
+        ext_factor: float = 0.0, attn_factor: float = 1.0, yarn_orig_ctx: int = 0,
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
     def greedy(self, x: npt.NDArray[np.float32], n_cols: int) -> tuple[list[int], list[float]]: ...

@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from fak.rope_options import rope_click_options, rope_kwargs
+
 __all__ = ["generate", "chat", "resolve_model"]
 
 MODELS_DIR = Path(os.environ.get("FAK_MODELS", Path.home() / ".cache" / "fak" / "models"))
@@ -54,7 +56,7 @@ def _sampling_options(f: Any) -> Any:
     ]
     for option in reversed(options):
         f = option(f)
-    return f
+    return rope_click_options(f)
 
 
 def _sampling(kw: dict[str, Any]) -> dict[str, Any]:
@@ -68,7 +70,8 @@ def _sampling(kw: dict[str, Any]) -> dict[str, Any]:
 def _open_engine(model: str, kw: dict[str, Any]) -> Any:
     from fak.engine import Engine
 
-    return Engine(resolve_model(model), backend=kw["backend"], n_ctx=kw["n_ctx"], threads=kw["threads"])
+    return Engine(resolve_model(model), backend=kw["backend"], n_ctx=kw["n_ctx"], threads=kw["threads"],
+                  **rope_kwargs(**kw))
 
 
 def _speed_line(delta: Any) -> str:

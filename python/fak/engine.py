@@ -454,6 +454,14 @@ class Engine:
         prefix_cache: automatic prefix caching: a prompt that starts with full KV blocks (32
             tokens) already computed for an earlier request (a shared system prompt, the earlier
             turns of a conversation) skips their prefill. Outputs are the same with it off.
+        rope_scaling: RoPE scaling scheme over the file's ``{arch}.rope.scaling.type``:
+            ``"none"``, ``"linear"``, ``"yarn"`` or ``"llama3"`` (None: the file decides;
+            docs/long-context.md). Qwen2.5's 128k setting is ``rope_scaling="yarn",
+            rope_scale=4, yarn_orig_ctx=32768``.
+        rope_scale: context extension factor (``rope.scaling.factor``, > 0).
+        yarn_orig_ctx: the context the model was trained on before extension, in tokens
+            (``rope.scaling.original_context_length``; None: the file's, else its
+            ``context_length``).
 
     Raises:
         OSError / fak.GGUFError: unreadable or invalid file.
@@ -473,6 +481,9 @@ class Engine:
         *,
         kv_cache_tokens: int | None = None,
         prefix_cache: bool = True,
+        rope_scaling: str | None = None,
+        rope_scale: float | None = None,
+        yarn_orig_ctx: int | None = None,
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
@@ -487,7 +498,8 @@ class Engine:
         resolved = _resolve_backend(backend)
         model = _native.Model(str(path), backend=resolved, n_ctx=n_ctx, threads=threads,
                               kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
-                              prefix_cache=prefix_cache)
+                              prefix_cache=prefix_cache, rope_scaling=rope_scaling, rope_scale=rope_scale,
+                              yarn_orig_ctx=yarn_orig_ctx)
         self._init(model, tokenizer, template, path.stem, resolved, max_batch)
 
     @classmethod

@@ -3,20 +3,38 @@
 // pair in f32 (θ_scale comes from the host, rounded as the CPU rounds it), divided by the pair's
 // frequency factor when given, times freq_scale; cos/sin in f32. NORM rotates (2i, 2i+1), NEOX
 // (i, i + n_rot/2); dimensions n_rot..head_dim pass through.
+//
+// Scaling (ggml rope_yarn; fak's rust/src/backend/cpu/rope.rs yarn_cos_sin): with ext_factor ≠ 0
+// (YaRN, Peng et al. 2023) the angle mixes the interpolated θ_i = freq_scale·θ_e and the
+// extrapolated θ_e by a ramp over the correction dimensions [corr_lo, corr_hi]:
+// mix = (1 − clamp((i − lo)/max(0.001, hi − lo), 0, 1))·ext_factor, θ = fma(θ_i, 1 − mix, θ_e·mix);
+// cos/sin are multiplied by mscale, computed on the host exactly as the CPU computes it (1 without
+// scaling, so the unscaled path is unchanged).
 #include "common.cuh"
+
+// RoPE scaling of one launch (see the header).
+struct RopeScale {
+    float freq_scale, ext_factor, mscale, corr_lo, corr_hi;
+};
 
 // cs[2i], cs[2i + 1] = cos, sin of pair i's angle at position `pos`, i < half; the caller's
 // threads all call it (it ends with __syncthreads).
-FAK_DEVICE void rope_table(float* cs, float pos, const float* __restrict__ freq_factors, int half, float theta_scale, float freq_scale) {
+FAK_DEVICE void rope_table(float* cs, float pos, const float* __restrict__ freq_factors, int half, float theta_scale, const RopeScale sc) {
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float theta = pos;
         for (int j = 0; j < i; ++j) theta *= theta_scale;
         const float ff = freq_factors ? freq_factors[i] : 1.0f;
-        const float t = freq_scale * (theta / ff);
+        const float theta_extrap = theta / ff;
+        float t = __fmul_rn(sc.freq_scale, theta_extrap);
+        if (sc.ext_factor != 0.0f) {
+            const float y = __fdiv_rn(__fsub_rn((float)i, sc.corr_lo), fmaxf(0.001f, __fsub_rn(sc.corr_hi, sc.corr_lo)));
+            const float mix = __fmul_rn(__fsub_rn(1.0f, fminf(1.0f, fmaxf(0.0f, y))), sc.ext_factor);
+            t = fmaf(t, __fsub_rn(1.0f, mix), __fmul_rn(theta_extrap, mix));
+        }
         float s, c;
         sincosf(t, &s, &c);
-        cs[2 * i] = c;
-        cs[2 * i + 1] = s;
+        cs[2 * i] = __fmul_rn(c, sc.mscale);
+        cs[2 * i + 1] = __fmul_rn(s, sc.mscale);
     }
     __syncthreads();
 }
@@ -45,11 +63,12 @@ FAK_DEVICE void rope_rows(float* xr, int n_heads, int head_dim, int half, int ne
 
 // x: [n_rows, n_heads, head_dim] in place; positions: [n_rows]. One block per row.
 extern "C" __global__ void rope_f32(float* __restrict__ x, const u32* __restrict__ positions, const float* __restrict__ freq_factors,
-                                    int n_heads, int head_dim, int n_rot, float theta_scale, float freq_scale, int neox) {
+                                    int n_heads, int head_dim, int n_rot, float theta_scale, float freq_scale, int neox,
+                                    float ext_factor, float mscale, float corr_lo, float corr_hi) {
     extern __shared__ float cs[];  // [n_rot/2][2]
     const int half = n_rot / 2;
     const size_t r = blockIdx.x;
-    rope_table(cs, (float)positions[r], freq_factors, half, theta_scale, freq_scale);
+    rope_table(cs, (float)positions[r], freq_factors, half, theta_scale, RopeScale{freq_scale, ext_factor, mscale, corr_lo, corr_hi});
     rope_rows(x + r * (size_t)n_heads * head_dim, n_heads, head_dim, half, neox, cs);
 }
 
@@ -61,11 +80,11 @@ extern "C" __global__ void rope_qk_kv_write_f32(float* __restrict__ q, float* __
                                                 const u32* __restrict__ positions, const u32* __restrict__ slots,
                                                 const float* __restrict__ freq_factors, u16* __restrict__ kc, u16* __restrict__ vc,
                                                 int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale,
-                                                int neox, int block_size) {
+                                                int neox, int block_size, float ext_factor, float mscale, float corr_lo, float corr_hi) {
     extern __shared__ float cs[];  // [n_rot/2][2]
     const int half = n_rot / 2;
     const size_t r = blockIdx.x;
-    rope_table(cs, (float)positions[r], freq_factors, half, theta_scale, freq_scale);
+    rope_table(cs, (float)positions[r], freq_factors, half, theta_scale, RopeScale{freq_scale, ext_factor, mscale, corr_lo, corr_hi});
     rope_rows(q + r * (size_t)n_head * head_dim, n_head, head_dim, half, neox, cs);
     const u32 slot = slots[r];
     const u32 blk = slot / block_size, off = slot - blk * block_size;

@@ -240,6 +240,84 @@ def test_rope(backend: str, case: tuple[str, int, int, int, float, float, bool])
         assert np.abs(y - y_cpu.reshape(x.shape)).max() <= 1e-4 * np.abs(x).max()
 
 
+ROPE_YARN_CASES = [
+    # (style, n_heads, head_dim, n_rot, freq_base, factor, n_ctx_orig, with_freq_factors)
+    ("neox", 12, 128, 128, 1000000.0, 4.0, 32768, False),  # Qwen2.5 1.5B q at 128k (model card)
+    ("neox", 14, 64, 64, 1000000.0, 4.0, 32768, False),    # 0.5B q
+    ("norm", 8, 64, 64, 500000.0, 8.0, 8192, True),        # llama-style, rope_freqs and YaRN together
+    ("neox", 3, 48, 32, 10000.0, 2.0, 2048, False),        # partial rotation
+]
+
+
+def _yarn_corr_dims(n_rot: int, n_orig: int, base: float) -> tuple[float, float]:
+    """ggml_rope_yarn_corr_dims with llama.cpp's β_fast = 32, β_slow = 1 (in f32 as there)."""
+    def dim(beta: float) -> np.float32:
+        return np.float32(n_rot * np.log(np.float32(n_orig / (beta * 2 * np.pi))) / (2 * np.log(np.float32(base))))
+    return max(0.0, float(np.floor(dim(32.0)))), min(n_rot - 1.0, float(np.ceil(dim(1.0))))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", ROPE_YARN_CASES, ids=[f"{c[0]}-{c[1]}x{c[2]}-rot{c[3]}-f{c[5]:g}" for c in ROPE_YARN_CASES])
+def test_rope_yarn(backend: str, case: tuple) -> None:
+    """YaRN (ggml rope_yarn) against a float64 reference at positions up to 128k, and CUDA against
+    the CPU op."""
+    style, n_heads, head_dim, n_rot, base, factor, n_orig, with_ff = case
+    rng = seed("rope-yarn", backend, case)
+    positions = np.concatenate([[0, 1, 31, 32768, 131071], rng.integers(0, 131072, 11)]).astype(np.uint32)
+    x = rng.standard_normal((len(positions), n_heads, head_dim)).astype(np.float32)
+    ff = rng.uniform(1.0, 8.0, n_rot // 2).astype(np.float32) if with_ff else None
+    scale, attn = 1.0 / factor, 0.95
+    args = (x.reshape(-1), positions, n_heads, head_dim, style, n_rot, base, scale, ff)
+    y = runner(backend).rope(*args, ext_factor=1.0, attn_factor=attn, yarn_orig_ctx=n_orig)
+    y = y.reshape(x.shape).astype(np.float64)
+    assert np.isfinite(y).all()
+    half = n_rot // 2
+    lo, hi = _yarn_corr_dims(n_rot, n_orig, base)
+    i = np.arange(half)
+    mix = 1.0 - np.clip((i - lo) / max(0.001, hi - lo), 0.0, 1.0)
+    inv_e = base ** (-2.0 * i / n_rot) / (ff.astype(np.float64) if ff is not None else 1.0)
+    mscale = attn * (1.0 + 0.1 * np.log(factor))
+    ref = x.astype(np.float64).copy()
+    for r, p in enumerate(positions):
+        te = float(p) * inv_e
+        t = te * scale * (1 - mix) + te * mix
+        a = i if style == "neox" else 2 * i
+        b = a + half if style == "neox" else a + 1
+        x0, x1 = x[r][:, a].astype(np.float64), x[r][:, b].astype(np.float64)
+        ref[r][:, a] = mscale * (x0 * np.cos(t) - x1 * np.sin(t))
+        ref[r][:, b] = mscale * (x0 * np.sin(t) + x1 * np.cos(t))
+        tol = 1e-5 + 2e-7 * float(p) * n_rot
+        assert np.abs(y[r] - ref[r]).max() <= tol * np.abs(x[r]).max() * 2, f"position {p}"
+    if backend == "cuda":
+        y_cpu = runner("cpu").rope(*args, ext_factor=1.0, attn_factor=attn, yarn_orig_ctx=n_orig)
+        assert np.abs(y - y_cpu.reshape(x.shape)).max() <= 1e-4 * np.abs(x).max() * 4
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rope_kv_write_yarn(backend: str) -> None:
+    """The fused RoPE + KV write with YaRN (Qwen2.5 at 128k) against the CPU's separate ops."""
+    n_head, n_kv, hd, n_past, n = 12, 2, 128, 70000, 5
+    rng = seed("ropekv-yarn", backend)
+    q = rng.standard_normal((n, n_head * hd)).astype(np.float32)
+    k = rng.standard_normal((n, n_kv * hd)).astype(np.float32)
+    v = rng.standard_normal((n, n_kv * hd)).astype(np.float32)
+    n_blocks = (n_past + n + 31) // 32 + 2
+    table = rng.permutation(n_blocks).astype(np.uint32)
+    yarn = {"ext_factor": 1.0, "attn_factor": 1.0, "yarn_orig_ctx": 32768}
+    qo, kr, _ = runner(backend).rope_kv_write(q.reshape(-1), k.reshape(-1), v.reshape(-1), n_past, table, n_head,
+                                              n_kv, hd, "neox", hd, 1000000.0, 0.25, **yarn)
+    pos = np.arange(n_past, n_past + n, dtype=np.uint32)
+    cpu = runner("cpu")
+    q_ref = cpu.rope(q.reshape(-1), pos, n_head, hd, "neox", hd, 1000000.0, 0.25, **yarn)
+    k_ref = cpu.rope(k.reshape(-1), pos, n_kv, hd, "neox", hd, 1000000.0, 0.25, **yarn)
+    tol = 1e-4 * max(np.abs(q).max(), np.abs(k).max()) * 4
+    assert np.isfinite(qo).all() and np.abs(qo - q_ref).max() <= tol
+    assert np.abs(kr.astype(np.float64) - f16_round(k_ref)).max() <= tol + 1e-3 * np.abs(k_ref).max()
+    if backend == "cpu":
+        np.testing.assert_array_equal(qo, q_ref)
+        np.testing.assert_array_equal(kr.astype(np.float64), f16_round(k_ref))
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("wtype", QUANT + DENSE)
 @pytest.mark.parametrize("dim", [1536, 896])

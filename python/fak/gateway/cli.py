@@ -15,6 +15,8 @@ from typing import Any
 
 import click
 
+from fak.rope_options import rope_click_options, rope_kwargs
+
 __all__ = ["serve"]
 
 DEFAULT_AUDIT_LOG = "fak-audit.jsonl"
@@ -36,13 +38,13 @@ def _load_policy(policy_path: Path | None, audit_path: Path | None) -> tuple[Any
 
 
 def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_batch: int,
-                 kv_cache_tokens: int | None, prefix_cache: bool = True) -> Any:
+                 kv_cache_tokens: int | None, prefix_cache: bool = True, **rope: Any) -> Any:
     from fak.engine import Engine
     from fak.errors import FakError
 
     try:
         return Engine(str(gguf), backend=backend, n_ctx=n_ctx, threads=threads, max_batch=max_batch,
-                      kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache)
+                      kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache, **rope)
     except (FakError, OSError, ValueError) as exc:
         raise click.ClickException(f"could not load {gguf}: {exc}") from None
 
@@ -67,6 +69,7 @@ def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_
               help="Requests waiting for a slot; beyond this, 429.")
 @click.option("--n-ctx", type=click.IntRange(min=16), default=4096, show_default=True,
               help="Context window in tokens.")
+@rope_click_options
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads of the engine.")
 @click.option("--kv-cache-tokens", type=click.IntRange(min=16), default=None,
               help="KV cache size in tokens, shared by all sequences [default: the engine's, n_ctx x min(8, batch)].")
@@ -87,7 +90,9 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
           policy_check: bool, audit_path: Path | None, api_key: str | None, max_concurrency: int,
           max_queue: int, n_ctx: int, threads: int | None, kv_cache_tokens: int | None,
           prefix_cache: bool, tool_call_retries: int, model_name: str | None, base_url: str | None,
-          upstream_key: str | None, log_level: str, serve_inline_reads: bool = False) -> None:
+          upstream_key: str | None, log_level: str, serve_inline_reads: bool = False,
+          rope_scaling: str | None = None, rope_scale: float | None = None,
+          yarn_orig_ctx: int | None = None) -> None:
     """Serve OpenAI's API (chat, completions, models, health, metrics) with a tool-call policy."""
     if policy_check:
         if policy_path is None:
@@ -121,8 +126,9 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
                            serve_inline_reads=serve_inline_reads)
     engine = None
     if gguf is not None:
+        rope = rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx)
         engine = _load_engine(gguf, backend, n_ctx, threads, max_batch=max_concurrency,
-                              kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache)
+                              kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache, **rope)
         app = create_app(config, engine=engine, policy=policy, audit=audit)
         what = f"{app.state.gateway.model_name} ({gguf.name}, backend {getattr(engine, 'backend', backend)})"
     else:

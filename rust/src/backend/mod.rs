@@ -53,9 +53,18 @@ pub enum RopeStyle {
 
 /// Rotary position embedding parameters of a model.
 ///
-/// The angle of pair `i` at position `p` is `θ = p · freq_scale · base^(−2i/n_rot) / f_i`, with
-/// `f_i` the optional per-pair frequency factors (llama3-style `rope_freqs.weight`) and
-/// `freq_scale = 1/factor` for linear scaling (ggml `rope_yarn` with `ext_factor = 0`).
+/// The angle of pair `i` at position `p` is ggml's `rope_yarn` (llama.cpp `ggml-cpu/ops.cpp`):
+/// with `θ_e = p · base^(−2i/n_rot) / f_i` (the extrapolated angle; `f_i` the optional per-pair
+/// frequency factors, llama3-style `rope_freqs.weight`) and `θ_i = freq_scale · θ_e` (the
+/// interpolated one; `freq_scale = 1/factor`),
+///
+/// - without YaRN (`ext_factor == 0`): `θ = θ_i`, `cos`/`sin` times `attn_factor`;
+/// - with YaRN (`ext_factor ≠ 0`, Peng et al. 2023): `ramp = 1 − clamp((i − lo)/max(0.001, hi −
+///   lo), 0, 1)` over the correction dimensions `corr_dims = [lo, hi]`, `mix = ramp · ext_factor`,
+///   `θ = θ_i·(1 − mix) + θ_e·mix`, and `cos`/`sin` times `attn_factor · (1 + 0.1·ln(1/freq_scale))`.
+///
+/// [`RopeParams::plain`] (no scaling) and linear scaling (`freq_scale < 1` only) leave
+/// `ext_factor = 0` and `attn_factor = 1`, so their angles and rotations are the unscaled ones.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RopeParams {
     pub style: RopeStyle,
@@ -63,8 +72,50 @@ pub struct RopeParams {
     pub n_rot: usize,
     /// `rope.freq_base`.
     pub freq_base: f32,
-    /// `1 / rope.scaling.factor` for linear scaling, else 1.
+    /// `1 / rope.scaling.factor` for linear and YaRN scaling, else 1.
     pub freq_scale: f32,
+    /// YaRN's extrapolation mix (llama.cpp `yarn_ext_factor`): 1 for YaRN, 0 for none/linear.
+    pub ext_factor: f32,
+    /// Magnitude of `cos`/`sin` (llama.cpp `yarn_attn_factor` after its YaRN correction, times
+    /// `rope.scaling.attn_factor`); 1 without scaling.
+    pub attn_factor: f32,
+    /// YaRN correction dimensions `[lo, hi]` (ggml `ggml_rope_yarn_corr_dims`); unused when
+    /// `ext_factor == 0`.
+    pub corr_dims: [f32; 2],
+}
+
+impl RopeParams {
+    /// Unscaled RoPE (`freq_scale = 1`, no YaRN, `attn_factor = 1`).
+    pub fn plain(style: RopeStyle, n_rot: usize, freq_base: f32) -> RopeParams {
+        RopeParams::linear(style, n_rot, freq_base, 1.0)
+    }
+
+    /// Linear position interpolation (`freq_scale = 1/factor`), no YaRN.
+    pub fn linear(style: RopeStyle, n_rot: usize, freq_base: f32, freq_scale: f32) -> RopeParams {
+        RopeParams {
+            style,
+            n_rot,
+            freq_base,
+            freq_scale,
+            ext_factor: 0.0,
+            attn_factor: 1.0,
+            corr_dims: [0.0, 0.0],
+        }
+    }
+
+    /// YaRN's correction dimensions `[lo, hi]` for `n_rot` rotated dimensions trained at
+    /// `n_ctx_orig` tokens: the dimension where a pair turns `β` times over `n_ctx_orig`,
+    /// `d(β) = n_rot · ln(n_ctx_orig / (2π·β)) / (2 ln base)`, `lo = max(0, ⌊d(β_fast)⌋)`,
+    /// `hi = min(n_rot − 1, ⌈d(β_slow)⌉)` — ggml's `ggml_rope_yarn_corr_dims`, in f32 as there
+    /// (llama.cpp's defaults: `β_fast = 32`, `β_slow = 1`).
+    pub fn yarn_corr_dims(n_rot: usize, n_ctx_orig: usize, freq_base: f32, beta_fast: f32, beta_slow: f32) -> [f32; 2] {
+        let dim = |beta: f32| {
+            n_rot as f32 * (n_ctx_orig as f32 / (beta * 2.0 * std::f32::consts::PI)).ln() / (2.0 * freq_base.ln())
+        };
+        let lo = dim(beta_fast).floor();
+        let hi = dim(beta_slow).ceil();
+        [lo.max(0.0), hi.min(n_rot as f32 - 1.0)]
+    }
 }
 
 /// Shape of attention: `n_head` query heads share `n_head_kv` KV heads (GQA); `scale` multiplies

@@ -55,6 +55,8 @@ pub struct EngineOptions {
     pub max_tokens_per_step: usize,
     /// Automatic prefix caching: reuse the K/V of full blocks of earlier sequences' tokens.
     pub prefix_cache: bool,
+    /// RoPE scaling over the file's (`crate::model::rope_scaling`); default: the file decides.
+    pub rope: crate::model::RopeOverride,
 }
 
 impl Default for EngineOptions {
@@ -66,6 +68,7 @@ impl Default for EngineOptions {
             max_batch: 64,
             max_tokens_per_step: DEFAULT_MAX_TOKENS,
             prefix_cache: true,
+            rope: crate::model::RopeOverride::default(),
         }
     }
 }
@@ -153,7 +156,7 @@ impl Engine<CpuBackend> {
     ) -> Result<Engine<CpuBackend>> {
         let pool = build_pool(opts.threads)?;
         let path = path.as_ref().to_path_buf();
-        let model = pool.install(|| Model::open(&path, CpuBackend::default()))?;
+        let model = pool.install(|| Model::open_with(&path, CpuBackend::default(), &opts.rope))?;
         Engine::with_pool(model, opts, pool)
     }
 }

@@ -4,6 +4,7 @@
 //! Supported architectures: `qwen2` (Qwen2 / Qwen2.5 / Qwen2.5-Coder: Q/K/V biases, NEOX RoPE)
 //! and `llama` (Llama 2/3.x, SmolLM2, Mistral-style dense models: no biases, NORM RoPE).
 
+use super::rope_scaling::{self, RopeMeta, RopeOverride, RopeScaling};
 use crate::backend::{AttnParams, RopeParams, RopeStyle};
 use crate::gguf::{GgufFile, MetaValue};
 use crate::{FakError, Result};
@@ -71,8 +72,10 @@ pub struct ModelConfig {
     pub n_ctx_train: usize,
     /// RMSNorm epsilon (`{arch}.attention.layer_norm_rms_epsilon`).
     pub rms_eps: f32,
-    /// RoPE (`{arch}.rope.*`).
+    /// RoPE (`{arch}.rope.*`, scaling resolved: see [`rope_scaling`]).
     pub rope: RopeParams,
+    /// The RoPE scaling scheme `rope` came from.
+    pub rope_scaling: RopeScaling,
 }
 
 fn get<'a>(f: &'a GgufFile, key: &str) -> Option<&'a MetaValue> {
@@ -119,9 +122,15 @@ fn get_f32(f: &GgufFile, key: &str) -> Result<Option<f32>> {
 impl ModelConfig {
     /// Reads the hyper-parameters of `f`. `n_vocab` comes from `token_embd.weight`.
     ///
-    /// Errors: [`FakError::Unsupported`] for another architecture, per-layer head counts, YaRN or
+    /// Errors: [`FakError::Unsupported`] for another architecture, per-layer head counts or
     /// LongRoPE scaling; [`FakError::Model`] for a missing or inconsistent value.
     pub fn from_gguf(f: &GgufFile) -> Result<ModelConfig> {
+        Self::from_gguf_with(f, &RopeOverride::default())
+    }
+
+    /// [`Self::from_gguf`] with the caller's RoPE scaling settings over the file's
+    /// ([`rope_scaling::resolve`]).
+    pub fn from_gguf_with(f: &GgufFile, rope_override: &RopeOverride) -> Result<ModelConfig> {
         let arch_name = get(f, "general.architecture")
             .and_then(|v| v.as_str())
             .ok_or_else(|| FakError::model("missing metadata key general.architecture"))?;
@@ -179,31 +188,19 @@ impl ModelConfig {
         if n_rot > head_dim || n_rot % 2 != 0 || n_rot == 0 {
             return Err(FakError::model(format!("rope.dimension_count {n_rot} must be even and at most the head dimension {head_dim}")));
         }
-        let scaling = get(f, &k("rope.scaling.type"))
-            .and_then(|v| v.as_str())
-            .unwrap_or("none");
-        let factor =
-            get_f32(f, &k("rope.scaling.factor"))?.or(get_f32(f, &k("rope.scale_linear"))?);
-        let freq_scale = match scaling {
-            "none" | "" => {
-                // Older files store only `rope.scale_linear`.
-                match get_f32(f, &k("rope.scale_linear"))? {
-                    Some(s) if s > 0.0 => 1.0 / s,
-                    _ => 1.0,
-                }
-            }
-            "linear" => match factor {
-                Some(s) if s > 0.0 => 1.0 / s,
-                Some(s) => return Err(FakError::model(format!("rope.scaling.factor {s} must be positive"))),
-                None => 1.0,
-            },
-            other => {
-                return Err(FakError::Unsupported(format!(
-                    "RoPE scaling type {other:?} ({}); fak supports none, linear and llama3-style rope_freqs",
-                    k("rope.scaling.type")
-                )))
-            }
+        let str_key = |key: &str| get(f, key).and_then(|v| v.as_str()).map(str::to_string);
+        let meta = RopeMeta {
+            kind: str_key(&k("rope.scaling.type")),
+            factor: get_f32(f, &k("rope.scaling.factor"))?.or(get_f32(f, &k("rope.scale_linear"))?),
+            orig_ctx: get_usize(f, &k("rope.scaling.original_context_length"))?,
+            attn_factor: get_f32(f, &k("rope.scaling.attn_factor"))?,
+            ext_factor: get_f32(f, &k("rope.scaling.yarn_ext_factor"))?,
+            beta_fast: get_f32(f, &k("rope.scaling.yarn_beta_fast"))?,
+            beta_slow: get_f32(f, &k("rope.scaling.yarn_beta_slow"))?,
+            yarn_log_mul: get_f32(f, &k("rope.scaling.yarn_log_multiplier"))?,
         };
+        let (rope, rope_scaling) =
+            rope_scaling::resolve(arch.rope_style(), n_rot, freq_base, n_ctx_train, &meta, rope_override)?;
         let token_embd = f
             .tensor("token_embd.weight")
             .ok_or_else(|| FakError::model("missing tensor token_embd.weight"))?;
@@ -225,12 +222,8 @@ impl ModelConfig {
             n_vocab,
             n_ctx_train,
             rms_eps,
-            rope: RopeParams {
-                style: arch.rope_style(),
-                n_rot,
-                freq_base,
-                freq_scale,
-            },
+            rope,
+            rope_scaling,
         })
     }
 

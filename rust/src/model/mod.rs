@@ -3,6 +3,7 @@
 
 pub mod config;
 pub mod forward;
+pub mod rope_scaling;
 pub mod weights;
 
 use std::path::Path;
@@ -10,6 +11,7 @@ use std::sync::Arc;
 
 pub use config::{Arch, ModelConfig};
 pub use forward::Scratch;
+pub use rope_scaling::{RopeOverride, RopeScaling, RopeScalingKind};
 pub use weights::Weights;
 
 use crate::backend::Backend;
@@ -32,12 +34,22 @@ impl<B: Backend> Model<B> {
     /// [`crate::FakError::Unsupported`] for an architecture or format fak does not run,
     /// [`crate::FakError::Model`] naming a missing or mis-shaped tensor or hyper-parameter.
     pub fn open(path: impl AsRef<Path>, backend: B) -> Result<Model<B>> {
-        Self::from_file(Arc::new(GgufFile::open(path)?), backend)
+        Self::open_with(path, backend, &RopeOverride::default())
+    }
+
+    /// [`Self::open`] with RoPE scaling settings over the file's ([`rope_scaling::resolve`]).
+    pub fn open_with(path: impl AsRef<Path>, backend: B, rope: &RopeOverride) -> Result<Model<B>> {
+        Self::from_file_with(Arc::new(GgufFile::open(path)?), backend, rope)
     }
 
     /// Loads an already opened file onto `backend`.
     pub fn from_file(file: Arc<GgufFile>, backend: B) -> Result<Model<B>> {
-        let config = ModelConfig::from_gguf(&file)?;
+        Self::from_file_with(file, backend, &RopeOverride::default())
+    }
+
+    /// [`Self::from_file`] with RoPE scaling settings over the file's.
+    pub fn from_file_with(file: Arc<GgufFile>, backend: B, rope: &RopeOverride) -> Result<Model<B>> {
+        let config = ModelConfig::from_gguf_with(&file, rope)?;
         let weights = Weights::load(&file, &config, &backend)?;
         Ok(Model {
             config,

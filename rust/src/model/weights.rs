@@ -127,7 +127,25 @@ impl<B: Backend> Weights<B> {
             layers,
             output_norm: l.required("output_norm.weight", &[d])?,
             output: l.optional("output.weight", &[d, cfg.n_vocab])?,
-            rope_freqs: l.optional("rope_freqs.weight", &[cfg.rope.n_rot / 2])?,
+            rope_freqs: match &cfg.rope_scaling.freq_factors {
+                Some(ff) => Some(host_f32(backend, "rope_freqs.weight (computed)", ff)?),
+                None => l.optional("rope_freqs.weight", &[cfg.rope.n_rot / 2])?,
+            },
         })
     }
+}
+
+/// Loads an f32 vector computed on the host (llama3 frequency factors) as a weight.
+fn host_f32<B: Backend>(backend: &B, name: &str, v: &[f32]) -> Result<B::Weight> {
+    let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let owner: Arc<Vec<u8>> = Arc::new(bytes);
+    let dims = [v.len()];
+    let t = HostTensor {
+        name,
+        wtype: crate::quant::GgmlType::F32,
+        dims: &dims,
+        data: owner.as_slice(),
+        owner: owner.clone() as Arc<dyn Any + Send + Sync>,
+    };
+    backend.load_weight(&t)
 }

@@ -302,16 +302,18 @@ impl PyOpRunner {
         Ok(self.run(py, |r| r.rmsnorm(x, w, eps))?.into_pyarray(py))
     }
 
-    /// rope(x, positions, n_heads, head_dim, style, n_rot, freq_base, freq_scale, freq_factors=None) -> y.
-    #[pyo3(signature = (x, positions, n_heads, head_dim, style, n_rot, freq_base, freq_scale, freq_factors=None))]
+    /// rope(x, positions, n_heads, head_dim, style, n_rot, freq_base, freq_scale, freq_factors=None,
+    /// ext_factor=0.0, attn_factor=1.0, yarn_orig_ctx=0) -> y. With `ext_factor` ≠ 0 (YaRN) the
+    /// correction dimensions come from `yarn_orig_ctx` and β_fast = 32, β_slow = 1.
+    #[pyo3(signature = (x, positions, n_heads, head_dim, style, n_rot, freq_base, freq_scale, freq_factors=None, ext_factor=0.0, attn_factor=1.0, yarn_orig_ctx=0))]
     #[allow(clippy::too_many_arguments)]
-    fn rope<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, positions: PyReadonlyArray1<'py, u32>, n_heads: usize, head_dim: usize, style: &str, n_rot: usize, freq_base: f32, freq_scale: f32, freq_factors: Option<PyReadonlyArray1<'py, f32>>) -> PyResult<F32Out<'py>> {
+    fn rope<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, positions: PyReadonlyArray1<'py, u32>, n_heads: usize, head_dim: usize, style: &str, n_rot: usize, freq_base: f32, freq_scale: f32, freq_factors: Option<PyReadonlyArray1<'py, f32>>, ext_factor: f32, attn_factor: f32, yarn_orig_ctx: usize) -> PyResult<F32Out<'py>> {
         let style = match style {
             "neox" => RopeStyle::Neox,
             "norm" => RopeStyle::Norm,
             o => return Err(to_py(FakError::invalid("style", format!("{o:?} (neox or norm)")))),
         };
-        let p = RopeParams { style, n_rot, freq_base, freq_scale };
+        let p = rope_params(style, n_rot, freq_base, freq_scale, ext_factor, attn_factor, yarn_orig_ctx);
         let (x, pos) = (slice(&x, "x")?, slice(&positions, "positions")?);
         let ff = freq_factors.as_ref().map(|f| slice(f, "freq_factors")).transpose()?;
         Ok(self.run(py, |r| r.rope(x, pos, n_heads, head_dim, &p, ff))?.into_pyarray(py))
@@ -372,17 +374,18 @@ impl PyOpRunner {
     }
 
     /// rope_kv_write(q, k, v, n_past, table, n_head, n_head_kv, head_dim, style, n_rot, freq_base,
-    /// freq_scale, freq_factors=None) -> (q rotated, K read back, V read back): the trait's
-    /// `rope_kv_write` for one sequence at positions n_past.. with block table `table`.
-    #[pyo3(signature = (q, k, v, n_past, table, n_head, n_head_kv, head_dim, style, n_rot, freq_base, freq_scale, freq_factors=None))]
+    /// freq_scale, freq_factors=None, ext_factor=0.0, attn_factor=1.0, yarn_orig_ctx=0) -> (q rotated,
+    /// K read back, V read back): the trait's `rope_kv_write` for one sequence at positions n_past..
+    /// with block table `table`; the YaRN arguments as in `rope`.
+    #[pyo3(signature = (q, k, v, n_past, table, n_head, n_head_kv, head_dim, style, n_rot, freq_base, freq_scale, freq_factors=None, ext_factor=0.0, attn_factor=1.0, yarn_orig_ctx=0))]
     #[allow(clippy::too_many_arguments)]
-    fn rope_kv_write<'py>(&self, py: Python<'py>, q: PyReadonlyArray1<'py, f32>, k: PyReadonlyArray1<'py, f32>, v: PyReadonlyArray1<'py, f32>, n_past: usize, table: PyReadonlyArray1<'py, u32>, n_head: usize, n_head_kv: usize, head_dim: usize, style: &str, n_rot: usize, freq_base: f32, freq_scale: f32, freq_factors: Option<PyReadonlyArray1<'py, f32>>) -> PyResult<(F32Out<'py>, F32Out<'py>, F32Out<'py>)> {
+    fn rope_kv_write<'py>(&self, py: Python<'py>, q: PyReadonlyArray1<'py, f32>, k: PyReadonlyArray1<'py, f32>, v: PyReadonlyArray1<'py, f32>, n_past: usize, table: PyReadonlyArray1<'py, u32>, n_head: usize, n_head_kv: usize, head_dim: usize, style: &str, n_rot: usize, freq_base: f32, freq_scale: f32, freq_factors: Option<PyReadonlyArray1<'py, f32>>, ext_factor: f32, attn_factor: f32, yarn_orig_ctx: usize) -> PyResult<(F32Out<'py>, F32Out<'py>, F32Out<'py>)> {
         let style = match style {
             "neox" => RopeStyle::Neox,
             "norm" => RopeStyle::Norm,
             o => return Err(to_py(FakError::invalid("style", format!("{o:?} (neox or norm)")))),
         };
-        let p = RopeParams { style, n_rot, freq_base, freq_scale };
+        let p = rope_params(style, n_rot, freq_base, freq_scale, ext_factor, attn_factor, yarn_orig_ctx);
         let a = AttnParams { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt() };
         let (q, k, v, table) = (slice(&q, "q")?, slice(&k, "k")?, slice(&v, "v")?, slice(&table, "table")?);
         let ff = freq_factors.as_ref().map(|f| slice(f, "freq_factors")).transpose()?;
@@ -477,4 +480,16 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_kernel_families, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_nvrtc_compile, m)?)?;
     m.add_class::<PyOpRunner>()
+}
+
+/// The op runners' RoPE parameters: linear, or YaRN (`ext_factor` ≠ 0) with correction
+/// dimensions from `yarn_orig_ctx` and llama.cpp's β_fast = 32, β_slow = 1.
+fn rope_params(style: RopeStyle, n_rot: usize, freq_base: f32, freq_scale: f32, ext_factor: f32, attn_factor: f32, yarn_orig_ctx: usize) -> RopeParams {
+    let mut p = RopeParams::linear(style, n_rot, freq_base, freq_scale);
+    p.ext_factor = ext_factor;
+    p.attn_factor = attn_factor;
+    if ext_factor != 0.0 {
+        p.corr_dims = RopeParams::yarn_corr_dims(n_rot, yarn_orig_ctx, freq_base, 32.0, 1.0);
+    }
+    p
 }

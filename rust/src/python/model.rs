@@ -17,6 +17,7 @@ use pyo3::types::PyDict;
 use super::detach;
 use crate::backend::RopeStyle;
 use crate::engine::{Engine, EngineApi, EngineOptions, SamplingParams};
+use crate::model::{RopeOverride, RopeScalingKind};
 use crate::FakError;
 
 /// A model loaded into fak's engine: the KV cache, the running sequences and the sampler.
@@ -109,7 +110,7 @@ type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>);
 #[pymethods]
 impl PyModel {
     /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
-    ///       max_tokens_per_step=None)
+    ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None)
     ///
     /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
     /// "auto" (cuda when a GPU is usable, else cpu).
@@ -122,12 +123,15 @@ impl PyModel {
     /// already computed for an earlier sequence skips their prefill; outputs are unchanged);
     /// `max_tokens_per_step`: most tokens (rows) one forward computes — the prefill chunk (None:
     /// 512; raised to `max_batch` if smaller; the activation buffers grow with it).
+    /// `rope_scaling` ("none", "linear", "yarn", "llama3"), `rope_scale` (context extension
+    /// factor, > 0) and `yarn_orig_ctx` (the pre-extension context in tokens) override the file's
+    /// `{arch}.rope.scaling.*` metadata; None: the file decides (docs/long-context.md).
     ///
     /// Raises: OSError (cannot open), fak.GGUFError (malformed file), fak.UnsupportedError
     /// (architecture / format), fak.ModelError (missing or mis-shaped tensor), fak.BackendError
     /// (`backend="cuda"` without a usable CUDA backend), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -139,6 +143,9 @@ impl PyModel {
         max_batch: usize,
         prefix_cache: bool,
         max_tokens_per_step: Option<usize>,
+        rope_scaling: Option<&str>,
+        rope_scale: Option<f32>,
+        yarn_orig_ctx: Option<usize>,
     ) -> PyResult<PyModel> {
         if max_tokens_per_step == Some(0) {
             return Err(super::to_py(FakError::invalid("max_tokens_per_step", "0 (must be ≥ 1, or None for 512)")));
@@ -150,6 +157,19 @@ impl PyModel {
             max_batch,
             prefix_cache,
             max_tokens_per_step: max_tokens_per_step.unwrap_or(crate::engine::DEFAULT_MAX_TOKENS),
+            rope: RopeOverride {
+                kind: rope_scaling
+                    .map(|name| {
+                        RopeScalingKind::from_name(name).map_err(|_| {
+                            FakError::invalid("rope_scaling", format!("{name:?} (must be \"none\", \"linear\", \"yarn\" or \"llama3\")"))
+                        })
+                    })
+                    .transpose()
+                    .map_err(super::to_py)?,
+                factor: rope_scale,
+                orig_ctx: yarn_orig_ctx,
+                ..RopeOverride::default()
+            },
         };
         let engine: Box<dyn EngineApi> = match backend {
             "cpu" => Box::new(detach(py, || Engine::open_cpu(&path, opts))?),
@@ -191,6 +211,11 @@ impl PyModel {
                 "rope_freq_scale",
                 ConfigValue::Float(c.rope.freq_scale as f64),
             ),
+            ("rope_scaling", ConfigValue::Str(c.rope_scaling.kind.name().into())),
+            ("rope_scale", ConfigValue::Float(c.rope_scaling.factor as f64)),
+            ("rope_orig_ctx", ConfigValue::Int(c.rope_scaling.orig_ctx)),
+            ("rope_ext_factor", ConfigValue::Float(c.rope.ext_factor as f64)),
+            ("rope_attn_factor", ConfigValue::Float(c.rope.attn_factor as f64)),
             ("kv_block_size", ConfigValue::Int(crate::engine::BLOCK_SIZE)),
             ("threads", ConfigValue::Int(engine.threads())),
             ("max_batch", ConfigValue::Int(max_batch)),
@@ -228,7 +253,8 @@ impl PyModel {
     }
 
     /// Hyper-parameters (architecture, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim,
-    /// n_vocab, n_ctx_train, rms_eps, rope_type, n_rot, rope_freq_base, rope_freq_scale) and
+    /// n_vocab, n_ctx_train, rms_eps, rope_type, n_rot, rope_freq_base, rope_freq_scale,
+    /// rope_scaling, rope_scale, rope_orig_ctx, rope_ext_factor, rope_attn_factor) and
     /// engine settings (kv_block_size, threads, max_batch, prefix_cache), as a new dict.
     #[getter]
     fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {

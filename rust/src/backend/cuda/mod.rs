@@ -365,7 +365,7 @@ pub fn op_paths() -> Vec<(&'static str, &'static str)> {
 /// Errors: as [`CudaBackend::new`] and [`Model::open`].
 pub fn open_engine(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine<CudaBackend>> {
     let backend = CudaBackend::new(0)?;
-    let model = Model::open(path, backend)?;
+    let model = Model::open_with(path, backend, &opts.rope)?;
     Engine::new(model, opts)
 }
 

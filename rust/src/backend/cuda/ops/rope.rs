@@ -1,9 +1,12 @@
 //! RoPE (`rust/kernels/rope.cu`): one block per row; the angle recurrence and its rounding follow
 //! the CPU backend (θ_scale = base^(−2/n_rot) is computed here, on the host, exactly as there).
-//! The forward's q RoPE, k RoPE and KV write run as one launch (`op_rope_kv_write`).
+//! The forward's q RoPE, k RoPE and KV write run as one launch (`op_rope_kv_write`). Scaling
+//! (linear, YaRN, llama3 frequency factors) follows the CPU's `yarn_cos_sin`; its magnitude
+//! `mscale` is computed here by the CPU's own function.
 
 use super::super::launch::Args;
 use super::super::{CudaBackend, CudaBatch, CudaBuffer, CudaKvCache, CudaWeight};
+use crate::backend::cpu::rope::mscale;
 use crate::backend::{AttnParams, RopeParams, RopeStyle};
 use crate::{FakError, Result};
 
@@ -33,7 +36,11 @@ impl CudaBackend {
                 .i32(rope.n_rot as i32)
                 .f32(theta_scale(rope))
                 .f32(rope.freq_scale)
-                .i32((rope.style == RopeStyle::Neox) as i32),
+                .i32((rope.style == RopeStyle::Neox) as i32)
+                .f32(rope.ext_factor)
+                .f32(mscale(rope))
+                .f32(rope.corr_dims[0])
+                .f32(rope.corr_dims[1]),
         )
     }
 
@@ -81,7 +88,11 @@ impl CudaBackend {
                 .f32(theta_scale(rope))
                 .f32(rope.freq_scale)
                 .i32((rope.style == RopeStyle::Neox) as i32)
-                .i32(l.block_size as i32),
+                .i32(l.block_size as i32)
+                .f32(rope.ext_factor)
+                .f32(mscale(rope))
+                .f32(rope.corr_dims[0])
+                .f32(rope.corr_dims[1]),
         )
     }
 }

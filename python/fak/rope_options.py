@@ -1,0 +1,40 @@
+"""The RoPE scaling options shared by ``fak serve``, ``fak generate`` and ``fak chat``
+(``--rope-scaling``, ``--rope-scale``, ``--yarn-orig-ctx``), and the ``fak.Engine`` keyword
+arguments they become. The scaling itself is Rust's (``rust/src/model/rope_scaling.rs``;
+docs/long-context.md)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+ROPE_SCALING_TYPES = ("none", "linear", "yarn", "llama3")
+
+
+def rope_click_options(f: F) -> F:
+    """Adds the three RoPE scaling options to a click command (each defaults to the GGUF's)."""
+    options = [
+        click.option("--rope-scaling", type=click.Choice(ROPE_SCALING_TYPES), default=None,
+                     help="RoPE scaling for long contexts [default: the GGUF's rope.scaling.type]; Qwen2.5 "
+                          "at 128k: --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 32768."),
+        click.option("--rope-scale", type=click.FloatRange(min=0.0, min_open=True), default=None,
+                     help="RoPE context extension factor [default: the GGUF's rope.scaling.factor]."),
+        click.option("--yarn-orig-ctx", type=click.IntRange(min=1), default=None,
+                     help="Context the model was trained on before extension, in tokens [default: the "
+                          "GGUF's rope.scaling.original_context_length, else its context_length]."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def rope_kwargs(rope_scaling: str | None = None, rope_scale: float | None = None,
+                yarn_orig_ctx: int | None = None, **_: Any) -> dict[str, Any]:
+    """The ``fak.Engine`` keyword arguments of the options that were given (unset ones are left
+    out, so the file decides)."""
+    given = {"rope_scaling": rope_scaling, "rope_scale": rope_scale, "yarn_orig_ctx": yarn_orig_ctx}
+    return {k: v for k, v in given.items() if v is not None}
