@@ -97,11 +97,12 @@ class RouterService:
             self._client = None
 
     async def probe_once(self) -> None:
-        """``GET /health`` of every replica: a failure marks it down, a 200 marks it up."""
+        """``GET /health`` of every replica: a connection failure or a 5xx marks it down, any
+        other answer marks it up (a server without ``/health`` answers 404 and is alive)."""
         async def one(name: str, url: str) -> None:
             try:
                 resp = await self.client.get(url + "/health", timeout=5.0)
-                ok = resp.status_code == 200
+                ok = resp.status_code < 500
                 reason = f"health answered {resp.status_code}"
             except httpx.HTTPError as exc:
                 ok, reason = False, f"health probe failed ({type(exc).__name__})"
