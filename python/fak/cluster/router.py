@@ -72,6 +72,7 @@ class RouterService:
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
         self._probe: asyncio.Task[None] | None = None
+        self.resent = 0  # requests sent to another replica after a connection failure
 
     @property
     def client(self) -> httpx.AsyncClient:
@@ -155,6 +156,7 @@ class RouterService:
                 self.router.done(name)
                 self.router.mark_down(name, f"{type(exc).__name__} on {path}")
                 log.warning("replica %s down (%s); request moves on", name, type(exc).__name__)
+                self.resent += 1
                 continue
             except httpx.TimeoutException:
                 self.router.done(name)
@@ -172,6 +174,7 @@ class RouterService:
                 self.router.mark_down(name, f"{type(exc).__name__} mid-answer on {path}")
                 log.warning("replica %s cut an answer (%s); sent again elsewhere", name,
                             type(exc).__name__)
+                self.resent += 1
                 continue
             finally:
                 await resp.aclose()
@@ -227,9 +230,11 @@ async def models(request: Request[Any, Any, Any]) -> Response[Any]:
 @get("/health")
 async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     """200 with each replica's state while one is up, else 503."""
-    snap = request.app.state.service.router.snapshot()
+    service = request.app.state.service
+    snap = service.router.snapshot()
     up = any(r["up"] for r in snap["replicas"])
-    return Response({"status": "ok" if up else "unavailable", "mode": "router", **snap},
+    return Response({"status": "ok" if up else "unavailable", "mode": "router", **snap,
+                     "resent": service.resent},
                     status_code=200 if up else 503, media_type="application/json")
 
 
