@@ -45,7 +45,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "swebench"))
 
-from conftest import MODEL_05B, real_model  # noqa: E402
 from fak_subprocess import fak_argv, fak_env  # noqa: E402
 
 SYSTEM = ("You are fak's coding agent. You work in one repository checkout (the workspace) and "
@@ -77,6 +76,15 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _real_05b() -> Path:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fak_tests_conftest", ROOT / "tests" / "conftest.py")
+    mod = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+    spec.loader.exec_module(mod)  # type: ignore[union-attr]
+    return mod.real_model(mod.MODEL_05B)
 
 
 # -- routing policy on real replicas --------------------------------------------------------------
@@ -119,7 +127,7 @@ def test_routing_policy(benchmark, policy):
     from fak.cluster.routing import Router
     from fak.gateway.server import BackgroundServer
 
-    gguf = Path(os.environ.get("FAK_BENCH_GGUF") or real_model(MODEL_05B))
+    gguf = Path(os.environ.get("FAK_BENCH_GGUF") or _real_05b())
     n_conv = int(os.environ.get("FAK_BENCH_CONVERSATIONS", "8"))
     turns = int(os.environ.get("FAK_BENCH_TURNS", "4"))
     ray = connect(None, num_cpus=2)
@@ -216,23 +224,26 @@ def scripted_cluster(tmp_path_factory):
             _stop(p)
 
 
-async def _load(targets: list[str], agents: int, per_agent: int) -> tuple[list[float], float, int]:
+async def _load(targets: list[str], agents: int, per_agent: int) -> tuple[list[float], float, dict]:
     latencies: list[float] = []
-    errors = 0
+    errors: dict[str, int] = {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=agents)
     async with httpx.AsyncClient(timeout=300, limits=limits) as client:
         async def agent(a: int) -> None:
-            nonlocal errors
             url = targets[a % len(targets)] + "/v1/chat/completions"
             messages = [{"role": "system", "content": SYSTEM},
                         {"role": "user", "content": f"agent {a}"}]
             for _ in range(per_agent):
                 t0 = time.perf_counter()
-                r = await client.post(url, headers={"X-Fak-Conversation": f"scale/{a}"},
-                                      json={"model": "scripted", "messages": messages})
+                try:
+                    r = await client.post(url, headers={"X-Fak-Conversation": f"scale/{a}"},
+                                          json={"model": "scripted", "messages": messages})
+                except httpx.HTTPError as exc:  # counted: what bounds the largest figure
+                    errors[type(exc).__name__] = errors.get(type(exc).__name__, 0) + 1
+                    continue
                 latencies.append(time.perf_counter() - t0)
                 if r.status_code != 200:
-                    errors += 1
+                    errors[str(r.status_code)] = errors.get(str(r.status_code), 0) + 1
                 messages = messages + [{"role": "assistant", "content": "ok"},
                                        {"role": "user", "content": "next"}]
         t0 = time.perf_counter()
