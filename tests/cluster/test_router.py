@@ -58,7 +58,7 @@ def test_relay_affinity_and_failover(scripted):
         assert r.status_code == 200 and r.headers["x-fak-replica"] != home
         health = c.get("/health").json()
         down = {x["name"]: x for x in health["replicas"]}[home]
-        assert down["up"] is False and "ConnectError" in down["down_reason"]
+        assert down["up"] is False and "ConnectorError" in down["down_reason"]
         assert c.get("/v1/models").status_code == 200
         # nobody left: an OpenAI-style 503
         (b if home == "a" else a).stop()

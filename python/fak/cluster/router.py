@@ -22,7 +22,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
+import aiohttp
 from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
@@ -36,10 +36,10 @@ log = logging.getLogger("fak.cluster.router")
 #: request headers relayed to a replica (the rest are the hop's own)
 PASSED_HEADERS = ("authorization", "content-type", "accept", "x-request-id")
 #: response headers relayed back to the client
-RETURNED_HEADERS = ("content-type", "retry-after", "x-request-id")
-#: connection failures that mark a replica down and move the request elsewhere
-CONNECTION_ERRORS = (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError,
-                     httpx.ReadError, httpx.WriteError, httpx.PoolTimeout)
+RETURNED_HEADERS = ("retry-after", "x-request-id")
+#: connection failures that mark a replica down and move the request elsewhere (refused, reset,
+#: closed mid-answer: aiohttp's ClientConnectionError family, and a malformed answer)
+CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
 
 
 def _unavailable(message: str) -> APIError:
@@ -56,32 +56,34 @@ def _sse_error(message: str) -> bytes:
 class RouterService:
     """The router's HTTP side: the client pool, relaying, health probes.
 
+    The client is aiohttp's (one ``ClientSession``, its connector pooling per replica): httpx's
+    pool (the gateway's proxy client) costs more per request the more connections it holds, and
+    at 1,000 concurrent agents through the router that was the bound
+    (``benches/results/router.md``).
+
     Args:
         router: the routing state (``fak.cluster.routing.Router``).
         read_timeout_s: seconds a replica may stay silent mid-answer (a long prefill counts).
         probe_interval_s: seconds between health probes of every replica (0: no probes).
-        transport: an httpx transport (tests), else the network.
     """
 
     def __init__(self, router: Router, *, read_timeout_s: float = 600.0,
-                 probe_interval_s: float = 2.0,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 probe_interval_s: float = 2.0) -> None:
         self.router = router
         self.probe_interval_s = probe_interval_s
-        self._timeout = httpx.Timeout(read_timeout_s, connect=5.0)
-        self._transport = transport
-        self._client: httpx.AsyncClient | None = None
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=read_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
         self._probe: asyncio.Task[None] | None = None
         self.resent = 0  # requests sent to another replica after a connection failure
 
     @property
-    def client(self) -> httpx.AsyncClient:
-        """The pooled client (made on first use, in the serving loop)."""
-        if self._client is None:
-            self._client = httpx.AsyncClient(
-                timeout=self._timeout, transport=self._transport,
-                limits=httpx.Limits(max_connections=None, max_keepalive_connections=256))
-        return self._client
+    def session(self) -> aiohttp.ClientSession:
+        """The pooled session (made on first use, in the serving loop)."""
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, auto_decompress=False,
+                connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30))
+        return self._session
 
     async def start(self) -> None:
         """Start the health probe (app start-up)."""
@@ -93,19 +95,24 @@ class RouterService:
         if self._probe is not None:
             self._probe.cancel()
             self._probe = None
-        if self._client is not None:
-            await self._client.aclose()
-            self._client = None
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def probe_once(self) -> None:
         """``GET /health`` of every replica: a connection failure or a 5xx marks it down, any
-        other answer marks it up (a server without ``/health`` answers 404 and is alive)."""
+        other answer marks it up (a server without ``/health`` answers 404 and is alive); a
+        probe that times out changes nothing (a loaded replica answers late)."""
         async def one(name: str, url: str) -> None:
             try:
-                resp = await self.client.get(url + "/health", timeout=5.0)
-                ok = resp.status_code < 500
-                reason = f"health answered {resp.status_code}"
-            except httpx.HTTPError as exc:
+                async with self.session.get(url + "/health",
+                                            timeout=aiohttp.ClientTimeout(total=5.0)) as resp:
+                    await resp.read()
+                    ok = resp.status < 500
+                    reason = f"health answered {resp.status}"
+            except asyncio.TimeoutError:
+                return  # busy, not dead: a replica under load answers late (its requests decide)
+            except aiohttp.ClientError as exc:
                 ok, reason = False, f"health probe failed ({type(exc).__name__})"
             if ok:
                 self.router.mark_up(name)
@@ -149,48 +156,49 @@ class RouterService:
                 raise _unavailable(str(exc)) from None
             name = replica.name
             tried.append(name)
-            req = self.client.build_request("POST", replica.url + path, content=body, headers=headers)
             try:
-                resp = await self.client.send(req, stream=True)
+                resp = await self.session.post(replica.url + path, data=body, headers=headers)
             except CONNECTION_ERRORS as exc:
                 self.router.done(name)
                 self.router.mark_down(name, f"{type(exc).__name__} on {path}")
                 log.warning("replica %s down (%s); request moves on", name, type(exc).__name__)
                 self.resent += 1
                 continue
-            except httpx.TimeoutException:
+            except asyncio.TimeoutError:
                 self.router.done(name)
                 raise APIError(504, f"Replica {name} did not answer in time.", type="server_error",
                                code="upstream_timeout") from None
             out = {k: v for k, v in resp.headers.items() if k.lower() in RETURNED_HEADERS}
             out.update({"X-Fak-Replica": name, "X-Fak-Route": why})
-            out.pop("content-type", None)
             media = resp.headers.get("content-type", "application/json")
-            if resp.status_code == 200 and media.startswith("text/event-stream"):
+            if resp.status == 200 and media.startswith("text/event-stream"):
                 return Stream(self._stream(resp, name), status_code=200, headers=out, media_type=media)
             try:
-                content = await resp.aread()
+                content = await resp.read()
             except CONNECTION_ERRORS as exc:
                 self.router.mark_down(name, f"{type(exc).__name__} mid-answer on {path}")
                 log.warning("replica %s cut an answer (%s); sent again elsewhere", name,
                             type(exc).__name__)
                 self.resent += 1
                 continue
+            except asyncio.TimeoutError:
+                raise APIError(504, f"Replica {name} did not answer in time.", type="server_error",
+                               code="upstream_timeout") from None
             finally:
-                await resp.aclose()
+                resp.release()
                 self.router.done(name)
-            return Response(content, status_code=resp.status_code, headers=out, media_type=media)
+            return Response(content, status_code=resp.status, headers=out, media_type=media)
 
-    async def _stream(self, resp: httpx.Response, name: str) -> AsyncIterator[bytes]:
+    async def _stream(self, resp: aiohttp.ClientResponse, name: str) -> AsyncIterator[bytes]:
         try:
-            async for chunk in resp.aiter_raw():
+            async for chunk in resp.content.iter_any():
                 yield chunk
-        except CONNECTION_ERRORS as exc:
+        except (*CONNECTION_ERRORS, asyncio.TimeoutError) as exc:
             self.router.mark_down(name, f"{type(exc).__name__} mid-stream")
             yield _sse_error(f"Replica {name} failed mid-answer ({type(exc).__name__}); "
                              "send the request again.")
         finally:
-            await resp.aclose()
+            resp.release()
             self.router.done(name)
 
     async def get_any(self, path: str) -> Response[Any]:
@@ -199,13 +207,13 @@ class RouterService:
             if not r.up:
                 continue
             try:
-                resp = await self.client.get(r.url + path)
+                async with self.session.get(r.url + path) as resp:
+                    content = await resp.read()
+                    return Response(content, status_code=resp.status,
+                                    media_type=resp.headers.get("content-type", "application/json"),
+                                    headers={"X-Fak-Replica": r.name})
             except CONNECTION_ERRORS as exc:
                 self.router.mark_down(r.name, f"{type(exc).__name__} on {path}")
-                continue
-            return Response(resp.content, status_code=resp.status_code,
-                            media_type=resp.headers.get("content-type", "application/json"),
-                            headers={"X-Fak-Replica": r.name})
         raise _unavailable("no replica is up")
 
 
