@@ -10,8 +10,10 @@ A replica whose connection fails (refused, reset, closed mid-answer) is marked d
 request goes to another one; a non-streaming request that was cut mid-answer is sent again
 (generation has no side effect but the audit record). A stream cut after its first bytes ends
 with an OpenAI-style error event (``server_error``, code ``replica_unavailable``); with no live
-replica left the answer is a 503 of that code. A health probe (``GET /health`` every
-``probe_interval_s``) marks replicas down and up again.
+replica left the answer is a 503 of that code. A replica that takes longer than 10 s to accept
+the connection is loaded, not dead: the request tries another one and the replica stays up. A
+health probe (``GET /health`` every ``probe_interval_s``) marks replicas down (refused, 5xx, or
+three timeouts in a row) and up again.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ RETURNED_HEADERS = ("retry-after", "x-request-id")
 #: connection failures that mark a replica down and move the request elsewhere (refused, reset,
 #: closed mid-answer: aiohttp's ClientConnectionError family, and a malformed answer)
 CONNECTION_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError)
+#: health probes in a row that time out (5 s each) before a replica is marked down
+PROBE_TIMEOUTS_DOWN = 3
 
 
 def _unavailable(message: str) -> APIError:
@@ -71,10 +75,11 @@ class RouterService:
                  probe_interval_s: float = 2.0) -> None:
         self.router = router
         self.probe_interval_s = probe_interval_s
-        self._timeout = aiohttp.ClientTimeout(total=None, connect=5.0, sock_read=read_timeout_s)
+        self._timeout = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=read_timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._probe: asyncio.Task[None] | None = None
         self.resent = 0  # requests sent to another replica after a connection failure
+        self._probe_timeouts: dict[str, int] = {}
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -101,8 +106,8 @@ class RouterService:
 
     async def probe_once(self) -> None:
         """``GET /health`` of every replica: a connection failure or a 5xx marks it down, any
-        other answer marks it up (a server without ``/health`` answers 404 and is alive); a
-        probe that times out changes nothing (a loaded replica answers late)."""
+        other answer marks it up (a server without ``/health`` answers 404 and is alive);
+        ``PROBE_TIMEOUTS_DOWN`` probes in a row that time out mark it down (one alone is load)."""
         async def one(name: str, url: str) -> None:
             try:
                 async with self.session.get(url + "/health",
@@ -111,9 +116,14 @@ class RouterService:
                     ok = resp.status < 500
                     reason = f"health answered {resp.status}"
             except asyncio.TimeoutError:
-                return  # busy, not dead: a replica under load answers late (its requests decide)
+                # busy or gone: a loaded replica answers late, a vanished host never does
+                self._probe_timeouts[name] = self._probe_timeouts.get(name, 0) + 1
+                if self._probe_timeouts[name] >= PROBE_TIMEOUTS_DOWN:
+                    self.router.mark_down(name, f"{PROBE_TIMEOUTS_DOWN} health probes timed out")
+                return
             except aiohttp.ClientError as exc:
                 ok, reason = False, f"health probe failed ({type(exc).__name__})"
+            self._probe_timeouts[name] = 0
             if ok:
                 self.router.mark_up(name)
             else:
@@ -158,16 +168,18 @@ class RouterService:
             tried.append(name)
             try:
                 resp = await self.session.post(replica.url + path, data=body, headers=headers)
+            except asyncio.TimeoutError:  # first: aiohttp's connect timeout is also a connection error
+                # slow to connect or to start answering is load, not death: try another replica
+                # without marking this one down (the probe decides whether it is gone)
+                self.router.done(name)
+                self.resent += 1
+                continue
             except CONNECTION_ERRORS as exc:
                 self.router.done(name)
                 self.router.mark_down(name, f"{type(exc).__name__} on {path}")
                 log.warning("replica %s down (%s); request moves on", name, type(exc).__name__)
                 self.resent += 1
                 continue
-            except asyncio.TimeoutError:
-                self.router.done(name)
-                raise APIError(504, f"Replica {name} did not answer in time.", type="server_error",
-                               code="upstream_timeout") from None
             out = {k: v for k, v in resp.headers.items() if k.lower() in RETURNED_HEADERS}
             out.update({"X-Fak-Replica": name, "X-Fak-Route": why})
             media = resp.headers.get("content-type", "application/json")
