@@ -13,7 +13,7 @@ with an OpenAI-style error event (``server_error``, code ``replica_unavailable``
 replica left the answer is a 503 of that code. A replica that takes longer than 10 s to accept
 the connection is loaded, not dead: the request tries another one and the replica stays up. A
 health probe (``GET /health`` every ``probe_interval_s``) marks replicas down (refused, 5xx, or
-three timeouts in a row) and up again.
+three timeouts in a row with no answer to a request for 15 s) and up again.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -80,6 +81,7 @@ class RouterService:
         self._probe: asyncio.Task[None] | None = None
         self.resent = 0  # requests sent to another replica after a connection failure
         self._probe_timeouts: dict[str, int] = {}
+        self._answered: dict[str, float] = {}  # when each replica last began an answer (monotonic)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -116,7 +118,11 @@ class RouterService:
                     ok = resp.status < 500
                     reason = f"health answered {resp.status}"
             except asyncio.TimeoutError:
-                # busy or gone: a loaded replica answers late, a vanished host never does
+                # busy or gone: a loaded replica answers late (and answers requests), a vanished
+                # host never does
+                if time.monotonic() - self._answered.get(name, 0.0) < 15.0:
+                    self._probe_timeouts[name] = 0
+                    return
                 self._probe_timeouts[name] = self._probe_timeouts.get(name, 0) + 1
                 if self._probe_timeouts[name] >= PROBE_TIMEOUTS_DOWN:
                     self.router.mark_down(name, f"{PROBE_TIMEOUTS_DOWN} health probes timed out")
@@ -180,6 +186,7 @@ class RouterService:
                 log.warning("replica %s down (%s); request moves on", name, type(exc).__name__)
                 self.resent += 1
                 continue
+            self._answered[name] = time.monotonic()
             out = {k: v for k, v in resp.headers.items() if k.lower() in RETURNED_HEADERS}
             out.update({"X-Fak-Replica": name, "X-Fak-Route": why})
             media = resp.headers.get("content-type", "application/json")
