@@ -19,7 +19,7 @@ import openai
 from litestar import Litestar, post
 from litestar.response import Stream
 
-from conftest import fak_process
+from cluster_procs import fak_process
 from fak.agent.scripted import ScriptedServer
 from fak.cluster.router import create_router_app
 from fak.cluster.routing import Router
