@@ -16,6 +16,7 @@ def main() -> None:
 
 
 from fak.cli_generate import chat, generate  # noqa: E402
+from fak.cluster.cli import router_cmd  # noqa: E402
 from fak.doctor import doctor  # noqa: E402
 from fak.gateway.cli import serve  # noqa: E402
 from fak.sandbox.cli import sandbox  # noqa: E402
@@ -29,6 +30,7 @@ main.add_command(swebench)
 main.add_command(doctor)
 main.add_command(serve)
 main.add_command(sandbox)
+main.add_command(router_cmd)
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -22,7 +22,8 @@ __all__ = ["serve"]
 DEFAULT_AUDIT_LOG = "fak-audit.jsonl"
 
 
-def _load_policy(policy_path: Path | None, audit_path: Path | None) -> tuple[Any, Any]:
+def _load_policy(policy_path: Path | None, audit_path: Path | None,
+                 replica_name: str | None = None) -> tuple[Any, Any]:
     if policy_path is None:
         if audit_path is not None:
             raise click.UsageError("--audit-log records policy decisions: it needs --policy.")
@@ -33,7 +34,7 @@ def _load_policy(policy_path: Path | None, audit_path: Path | None) -> tuple[Any
         policy = Policy.load(policy_path)
     except PolicyError as exc:
         raise click.ClickException(f"invalid policy {policy_path}: {exc}") from None
-    audit = AuditLog(audit_path or Path(DEFAULT_AUDIT_LOG))
+    audit = AuditLog(audit_path or Path(DEFAULT_AUDIT_LOG), replica=replica_name)
     return policy, audit
 
 
@@ -84,6 +85,17 @@ def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_
 @click.option("--model-name", help="Model id clients send and /v1/models lists [default: the engine's].")
 @click.option("--base-url", help="Upstream OpenAI base URL (…/v1): proxy mode instead of --gguf.")
 @click.option("--upstream-key", envvar="FAK_UPSTREAM_KEY", help="API key for the upstream (env FAK_UPSTREAM_KEY).")
+@click.option("--replica-name", help="This server's name in each audit record (a replica behind fak router).")
+@click.option("--replicas", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Serve --gguf from this many replicas (Ray actors) behind a prefix-aware router on "
+                   "--addr (needs Ray: pip install 'fak[ray]'; docs/cluster.md).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
+              help="The Ray cluster of the replicas: ADDRESS (auto, ray://host:10001), or no value for "
+                   "a local cluster on this machine.")
+@click.option("--replica-cpus", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="CPUs Ray reserves per replica (its engine threads with --backend cpu).")
+@click.option("--replica-gpus", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="GPUs Ray reserves per replica (1: one replica per GPU).")
 @click.option("--log-level", type=click.Choice(["critical", "error", "warning", "info", "debug"]),
               default="info", show_default=True)
 def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_path: Path | None,
@@ -92,7 +104,9 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
           prefix_cache: bool, tool_call_retries: int, model_name: str | None, base_url: str | None,
           upstream_key: str | None, log_level: str, serve_inline_reads: bool = False,
           rope_scaling: str | None = None, rope_scale: float | None = None,
-          yarn_orig_ctx: int | None = None) -> None:
+          yarn_orig_ctx: int | None = None, replica_name: str | None = None, replicas: int = 1,
+          ray_address: str | None = None, replica_cpus: float = 1.0,
+          replica_gpus: float = 0.0) -> None:
     """Serve OpenAI's API (chat, completions, models, health, metrics) with a tool-call policy."""
     if policy_check:
         if policy_path is None:
@@ -104,6 +118,22 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
         raise click.UsageError("give exactly one of --gguf MODEL (engine mode) or --base-url URL (proxy mode).")
     if upstream_key and base_url is None:
         raise click.UsageError("--upstream-key only applies with --base-url.")
+    if replicas > 1 or ray_address is not None:
+        if gguf is None:
+            raise click.UsageError("--replicas and --ray serve a --gguf model (engine mode).")
+        if serve_inline_reads or replica_name:
+            raise click.UsageError("--serve-inline-reads and --replica-name apply to one server, "
+                                   "not to --replicas.")
+        from fak.cluster.cli import serve_replicas
+
+        return serve_replicas(gguf=gguf, n=replicas, ray_address=ray_address, addr=addr,
+                              backend=backend, n_ctx=n_ctx, threads=threads,
+                              kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache,
+                              max_concurrency=max_concurrency, max_queue=max_queue,
+                              policy_path=policy_path, audit_path=audit_path, api_key=api_key,
+                              model_name=model_name, replica_cpus=replica_cpus,
+                              replica_gpus=replica_gpus, log_level=log_level,
+                              rope=rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx))
 
     from fak.gateway.app import GatewayConfig, create_app
     from fak.gateway.proxy import Upstream
@@ -120,7 +150,7 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
                                    + (" (another server is using that port; pick another with --addr)"
                                       if exc.errno == errno.EADDRINUSE else "")) from None
     logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    policy, audit = _load_policy(policy_path, audit_path)
+    policy, audit = _load_policy(policy_path, audit_path, replica_name)
     config = GatewayConfig(model_name=model_name, api_key=api_key, max_concurrency=max_concurrency,
                            max_queue=max_queue, tool_call_retries=tool_call_retries,
                            serve_inline_reads=serve_inline_reads)

@@ -46,16 +46,29 @@ def arguments_digest(arguments: str | bytes | dict[str, Any] | Any) -> str:
 class AuditLog:
     """Append-only JSONL audit log at ``path`` (created with its parent folders if missing).
 
-    Thread-safe: each :meth:`record` writes one whole line under a lock and flushes it to the
-    operating system (no fsync: a machine crash may lose the last lines, a process crash does
-    not). Use as a context manager or call :meth:`close`."""
+    Thread-safe: each :meth:`record` writes one whole line to the operating system in one
+    ``write(2)`` on an ``O_APPEND`` file (no fsync: a machine crash may lose the last lines, a
+    process crash does not), so the replicas behind a router can share one log. ``replica``: a
+    name put in every record as ``"replica"`` (``fak serve --replica-name``). Use as a context
+    manager or call :meth:`close`."""
 
-    def __init__(self, path: str | os.PathLike[str]):
+    def __init__(self, path: str | os.PathLike[str], *, replica: str | None = None):
         self.path = os.fspath(path)
+        self.replica = replica
         parent = os.path.dirname(os.path.abspath(self.path))
         os.makedirs(parent, exist_ok=True)
-        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        # unbuffered O_APPEND: each line is one write(2) at the end of the file, so several
+        # replicas (processes) can share one log without interleaving their lines
+        self._f = open(self.path, "ab", buffering=0)  # noqa: SIM115 - closed in close()
         self._lock = threading.Lock()
+
+    def _write(self, entry: dict[str, Any]) -> dict[str, Any]:
+        if self.replica is not None and "replica" not in entry:
+            entry = {**entry, "replica": self.replica}
+        data = (json.dumps(entry, ensure_ascii=False) + "\n").encode("utf-8")
+        with self._lock:
+            self._f.write(data)
+        return entry
 
     def record(self, *, conversation: str, tool: str,
                arguments: str | bytes | dict[str, Any], verdict: Verdict) -> dict[str, Any]:
@@ -70,19 +83,12 @@ class AuditLog:
             "reason": verdict.reason,
             "rule": verdict.rule,
         }
-        line = json.dumps(entry, ensure_ascii=False) + "\n"
-        with self._lock:
-            self._f.write(line)
-            self._f.flush()
-        return entry
+        return self._write(entry)
 
     def write_entry(self, entry: dict[str, Any]) -> None:
         """Append one JSON object as a line (other event kinds, e.g. the gateway's quarantine
         decisions), under the same lock as :meth:`record`."""
-        line = json.dumps(entry, ensure_ascii=False) + "\n"
-        with self._lock:
-            self._f.write(line)
-            self._f.flush()
+        self._write(entry)
 
     def close(self) -> None:
         """Close the file (further records raise ``ValueError``)."""

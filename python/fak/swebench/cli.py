@@ -104,6 +104,16 @@ def swebench() -> None:
 @click.option("--repeat-resamples", type=click.IntRange(min=0), default=2, show_default=True,
               help="With --on-repeat resample: new samples per repeated turn before telling.")
 @click.option("--live/--no-live", default=None, help="Live table (default: when on a terminal).")
+@click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
+              help="Run the instances as Ray tasks on the cluster at ADDRESS (auto, ray://host:10001), "
+                   "or with no value on a local cluster of --workers x --ray-cpus CPUs "
+                   "(pip install 'fak[ray]'; docs/cluster.md).")
+@click.option("--ray-cpus", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="With --ray: CPUs each instance reserves.")
+@click.option("--ray-memory-mb", type=click.IntRange(min=0), default=0, show_default=True,
+              help="With --ray: memory each instance reserves, MiB (0: none declared).")
+@click.option("--ray-attempts", type=click.IntRange(min=1), default=3, show_default=True,
+              help="With --ray: runs of an instance at most when its worker dies.")
 @pipeline_options
 def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: str, n_ctx: int,
             kv_cache_tokens: int | None, threads: int | None, policy_path: Path | None,
@@ -114,7 +124,9 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
             output: Path, protocol: str, tool_choice: str | None, run_id: str | None,
             exec_timeout: float, temperature: float, max_tokens: int, observation_window: int,
             keep_workspaces: bool, task_env: bool, envs_dir: Path | None, specs: Path | None,
-            on_repeat: str, repeat_resamples: int, live: bool | None, **pipeline_opts) -> None:
+            on_repeat: str, repeat_resamples: int, live: bool | None,
+            ray_address: str | None = None, ray_cpus: float = 1.0, ray_memory_mb: int = 0,
+            ray_attempts: int = 3, **pipeline_opts) -> None:
     """Run the fleet agent on SWE-bench instances; writes predictions.json, trajectories and a
     summary under --output.
 
@@ -133,6 +145,8 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
     except (DatasetError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     if agent_name == "pipeline":
+        if ray_address is not None:
+            raise click.UsageError("--ray runs the fleet agent (--agent fleet) for now.")
         from fak.swebench.pipeline.cli import run_pipeline
 
         return run_pipeline(gateway=gateway, gguf=gguf, backend=backend, n_ctx=n_ctx,
@@ -165,7 +179,10 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
         _run_fleet(gateway, server, model, rows, labels, output, workers, max_steps, allow_exec,
                    unsafe_no_sandbox, protocol, tool_choice, repos_dir, run_id, exec_timeout,
                    temperature, max_tokens, observation_window, keep_workspaces, live, dataset,
-                   task_env, envs_dir, specs, on_repeat, repeat_resamples)
+                   task_env, envs_dir, specs, on_repeat, repeat_resamples,
+                   ray={"address": ray_address, "num_cpus": ray_cpus,
+                        "memory_bytes": ray_memory_mb * 2**20 or None,
+                        "max_attempts": ray_attempts} if ray_address is not None else None)
     finally:
         if server is not None:
             stop_managed_gateway(server, output)
@@ -238,13 +255,29 @@ def _gateway_model(gateway: str) -> str:
                                    f"({type(e).__name__}: {e}); pass --model") from None
 
 
+def _ray_fleet(cfg: Any, rows: list, workers: int, address: str, num_cpus: float,
+               memory_bytes: int | None, max_attempts: int) -> Any:
+    """The fleet as Ray tasks (``fak.cluster.fleet_ray``), on the cluster at ``address`` or a
+    local one of ``workers x num_cpus`` CPUs."""
+    from fak.cluster.raycluster import RayMissing, connect
+
+    try:
+        connect(address, num_cpus=max(1, int(workers * max(num_cpus, 1))))
+        from fak.cluster.fleet_ray import RayFleet
+    except RayMissing as e:
+        raise click.ClickException(str(e)) from None
+    return RayFleet(cfg, rows, num_cpus=num_cpus, memory_bytes=memory_bytes,
+                    max_attempts=max_attempts, address=address)
+
+
 def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict, output: Path,
                workers: int, max_steps: int, allow_exec: bool, unsafe_no_sandbox: bool,
                protocol: str, tool_choice: str | None, repos_dir: Path | None,
                run_id: str | None, exec_timeout: float, temperature: float, max_tokens: int,
                observation_window: int, keep_workspaces: bool, live: bool | None, dataset: str,
                task_env: bool, envs_dir: Path | None, specs: Path | None,
-               on_repeat: str = "resample", repeat_resamples: int = 2) -> None:
+               on_repeat: str = "resample", repeat_resamples: int = 2,
+               ray: dict | None = None) -> None:
     from fak.agent.exceptions import SandboxError
     from fak.swebench.run import Fleet, FleetConfig
 
@@ -266,7 +299,7 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
 
         register_specs(json.loads(specs.read_text()))
     try:
-        fleet = Fleet(cfg, rows)
+        fleet = Fleet(cfg, rows) if ray is None else _ray_fleet(cfg, rows, workers, **ray)
     except (SandboxError, ValueError) as e:
         raise click.ClickException(str(e)) from None
     try:
