@@ -300,7 +300,7 @@ macro_rules! kernels {
         /// f16 bits → f32 with F16C.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn f16(p: *const u8) -> f32 {
+        pub(super) unsafe fn f16(p: *const u8) -> f32 {
             let h = (p as *const u16).read_unaligned() as u32;
             // `vmovd` zeroes the upper lanes. LLVM's own lowering of `_mm_cvtsi32_si128` here is
             // a `vpinsrw` into whatever register it picks — in the GEMV loops an accumulator —
@@ -315,7 +315,7 @@ macro_rules! kernels {
         /// Sum of the 8 float lanes.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn hsum(v: __m256) -> f32 {
+        pub(super) unsafe fn hsum(v: __m256) -> f32 {
             let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
             let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -342,7 +342,7 @@ macro_rules! kernels {
         /// 5-bit values (before their −8 / −16 offset), or Q8_0's `q` (`q ^ 0x80` where [`Q8_OFFSET`]).
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn q0_unpack<const KIND: u8>(b: *const u8) -> __m256i {
+        pub(super) unsafe fn q0_unpack<const KIND: u8>(b: *const u8) -> __m256i {
             match KIND {
                 0 => nibbles32(b.add(blocks::q4_0::QS)),
                 1 => add16_where(nibbles32(b.add(blocks::q5_0::QS)), (b.add(blocks::q5_0::QH) as *const u32).read_unaligned()),
@@ -352,7 +352,7 @@ macro_rules! kernels {
         }
 
         /// Bytes per block of `KIND`.
-        const fn q0_bytes<const KIND: u8>() -> usize {
+        pub(super) const fn q0_bytes<const KIND: u8>() -> usize {
             match KIND {
                 0 => blocks::q4_0::BYTES,
                 1 => blocks::q5_0::BYTES,
@@ -935,6 +935,69 @@ pub(super) mod avx512 {
     kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", helpers_avx512, true, 4, 4);
 }
 
+/// The AVX-512 prefill kernel of Q4_0 / Q5_0 / Q8_0 on 512-bit vectors: two activation rows per
+/// vector. The weights offset to unsigned (`u = w + off`) and each lane's exact `Σ (u − off)·q`
+/// from one `vpdpbusd` started at the precomputed `−off·Σq` of the lane
+/// ([`BlockQ8_0x8::nls`](super::act::BlockQ8_0x8)), instead of [`avx512`]'s two `vpsignb` + one
+/// `vpdpbusd` per row on 256 bits; the f32 step per row and block is the same
+/// `acc = fma(d_w·d_x, float(lane), acc)` (the product taken lane-wise: the same value), so results
+/// are bit-identical to the 256-bit kernel and to llama.cpp. Measured on Intel Xeon, where
+/// 512-bit integer and FMA ops run at full width.
+pub(super) mod avx512z {
+    use super::super::act::BlockQ8_0x8;
+    use super::super::{MAX_ROWS, MAX_W};
+    use super::avx512::{f16, hsum, q0_bytes, q0_unpack};
+    use core::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn q0_x8z<const KIND: u8>(w: *const u8, a: *const BlockQ8_0x8, nb: usize, out: *mut f32) {
+        let bytes = q0_bytes::<KIND>();
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for i in 0..nb {
+            let b = w.add(i * bytes);
+            let y = &*a.add(i);
+            let u = q0_unpack::<KIND>(b);
+            let u2 = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(u), u);
+            let dw = _mm512_set1_ps(f16(b));
+            for p in 0..4 {
+                let yq = _mm512_loadu_si512(y.qs[2 * p].as_ptr() as *const _);
+                let nl = _mm512_loadu_si512(y.nls[2 * p].as_ptr() as *const _);
+                let dot = _mm512_dpbusd_epi32(nl, u2, yq);
+                let d = _mm512_mul_ps(dw, _mm512_loadu_ps(y.d8[2 * p].as_ptr()));
+                acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), acc[p]);
+            }
+        }
+        for p in 0..4 {
+            let lo = _mm512_castps512_ps256(acc[p]);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[p])));
+            *out.add(2 * p) = hsum(lo);
+            *out.add(2 * p + 1) = hsum(hi);
+        }
+    }
+
+    macro_rules! x8z_entry {
+        ($name:ident, $kind:expr) => {
+            pub(in super::super) unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const BlockQ8_0x8, nb: usize, out: *mut f32) {
+                debug_assert!((1..=MAX_W).contains(&nw));
+                for j in 0..nw {
+                    q0_x8z::<$kind>(w.add(j * w_stride), a, nb, out.add(j * MAX_ROWS));
+                }
+            }
+        };
+    }
+    x8z_entry!(k_q4_0_x8, 0);
+    x8z_entry!(k_q5_0_x8, 1);
+    x8z_entry!(k_q8_0_x8, 2);
+}
+
+/// `FAK_CPU_Q0_PREFILL=256`: the AVX-512 level's Q4_0/Q5_0/Q8_0 prefill on 256-bit vectors
+/// ([`avx512`]'s `q0_x8`) instead of [`avx512z`] (same results; for CPUs that split 512-bit ops,
+/// such as Zen 4, where it is not yet measured which is faster).
+fn q0_prefill_256() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("FAK_CPU_Q0_PREFILL").is_ok_and(|v| v == "256"))
+}
+
 /// The kernels of one x86 level for type `t`, or `None` where that level has none (the caller
 /// falls back to a lower level).
 pub(super) fn plan(t: GgmlType, avx512: bool) -> Option<Plan> {
@@ -944,10 +1007,15 @@ pub(super) fn plan(t: GgmlType, avx512: bool) -> Option<Plan> {
             if avx512 { avx512::$k } else { avx2::$k }
         };
     }
+    macro_rules! pickz {
+        ($k:ident) => {
+            if avx512 && !q0_prefill_256() { avx512z::$k } else { pick!($k) }
+        };
+    }
     Some(match t {
-        G::Q4_0 => Plan::Q8_0x8(pick!(k_q4_0), pick!(k_q4_0_x8)),
-        G::Q5_0 => Plan::Q8_0x8(pick!(k_q5_0), pick!(k_q5_0_x8)),
-        G::Q8_0 => Plan::Q8_0x8(pick!(k_q8_0), pick!(k_q8_0_x8)),
+        G::Q4_0 => Plan::Q8_0x8(pick!(k_q4_0), pickz!(k_q4_0_x8)),
+        G::Q5_0 => Plan::Q8_0x8(pick!(k_q5_0), pickz!(k_q5_0_x8)),
+        G::Q8_0 => Plan::Q8_0x8(pick!(k_q8_0), pickz!(k_q8_0_x8)),
         G::Q4_1 => Plan::Q8_1(pick!(k_q4_1)),
         G::Q5_1 => Plan::Q8_1(pick!(k_q5_1)),
         G::Q4_K => Plan::Q8K(pick!(k_q4_k)),
