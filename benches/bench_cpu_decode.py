@@ -14,6 +14,11 @@ Three figures per model, each per decoded token:
   conversion, a hand-off to the rayon pool) that the engine does not pay; it is measured in the
   same run on a one-block matmul and reported, and ``net`` subtracts it.
 
+With ``--prefill N`` (default 512; 0 skips it) each round also times a prefill of N random prompt
+tokens (pp512): llama.cpp ``reset()`` + ``eval(prompt)`` with ``n_batch`` = ``n_ubatch`` = 512,
+fak ``add_sequence`` + one ``step()`` (prefix cache off, ``max_tokens_per_step`` 512) + remove,
+both giving the last position's logits.
+
 Each engine runs in its own child process (so neither one's idle worker threads share a process
 with the other's), driven round by round from the parent: rounds alternate llama.cpp / fak so both
 see the same machine load. Time is taken two ways, both reported: wall clock (what a user sees; on
@@ -22,7 +27,8 @@ child's process CPU time (all its threads; llama.cpp's workers busy-wait at ever
 this counts). The table gives medians over rounds.
 
 Run:  PYTHONPATH=python python -m pytest benches/bench_cpu_decode.py --benchmark-only -s
-      PYTHONPATH=python python benches/bench_cpu_decode.py [--rounds N] [--tokens N]   # table only
+      PYTHONPATH=python python benches/bench_cpu_decode.py [--rounds N] [--tokens N] [--threads N]
+          [--prefill N]   # table only
 """
 
 from __future__ import annotations
@@ -50,6 +56,8 @@ THREADS = 2
 TOKENS = 32  # decoded tokens per round
 ROUNDS = 8
 PROMPT = [int(t) for t in np.random.default_rng(0).integers(1000, 30_000, size=32)]
+PREFILL = 512  # prompt tokens of the prefill (pp512) figure
+PREFILL_PROMPT = [int(t) for t in np.random.default_rng(2).integers(1000, 30_000, size=4096)]
 
 
 @dataclass
@@ -86,15 +94,22 @@ class LlamaDecode:
     def __init__(self, path: Path, threads: int) -> None:
         from llama_cpp import Llama
 
-        self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=2048, verbose=False)
+        self.llm = Llama(model_path=str(path), n_threads=threads, n_threads_batch=threads, n_ctx=2048,
+                         n_batch=512, n_ubatch=512, verbose=False)
         self.reset()
+
+    def prefill(self, tokens: int) -> None:
+        self.llm.reset()
+        self.llm.eval(PREFILL_PROMPT[:tokens])
+        self.dirty = True  # the next decode round starts from the 32-token prompt again
 
     def reset(self) -> None:
         self.llm.reset()
         self.llm.eval(PROMPT)
+        self.dirty = False
 
     def round(self, tokens: int) -> None:
-        if self.llm.n_tokens + tokens >= self.llm.n_ctx():
+        if self.dirty or self.llm.n_tokens + tokens >= self.llm.n_ctx():
             self.reset()
         for i in range(tokens):
             self.llm.eval([PROMPT[i % len(PROMPT)]])
@@ -105,6 +120,10 @@ class FakStep:
 
     def __init__(self, path: Path, threads: int) -> None:
         self.model = _native.Model(str(path), n_ctx=2048, threads=threads)
+        # The prefill figure on a second engine (same mapped weights), so that no decode rides
+        # along in its step; prefix cache off so every round computes the whole prompt.
+        self.pre = _native.Model(str(path), n_ctx=2048, threads=threads, prefix_cache=False,
+                                 max_tokens_per_step=512)
         self.sid = 0
         self.used = 0
         self.reset()
@@ -123,6 +142,11 @@ class FakStep:
         for _ in range(tokens):
             self.model.step()
         self.used += tokens
+
+    def prefill(self, tokens: int) -> None:
+        self.pre.add_sequence(1, PREFILL_PROMPT[:tokens], {"temperature": 0.0})
+        self.pre.step()
+        self.pre.remove_sequence(1)
 
 
 class FakMatmuls:
@@ -169,7 +193,8 @@ def _serve(kind: str, path: str, threads: int, conn) -> None:
             conn.send(info)
             continue
         s = Series()
-        timed(lambda: runner.round(msg[1]), 1, s)
+        f = runner.prefill if msg[0] == "prefill" else runner.round
+        timed(lambda: f(msg[1]), 1, s)
         conn.send((s.wall[0], s.cpu[0]))
 
 
@@ -183,8 +208,8 @@ class Child:
         if self.conn.recv() != "ready":
             raise RuntimeError(f"{kind} did not start")
 
-    def round(self, tokens: int, series: Series) -> None:
-        self.conn.send(("round", tokens))
+    def round(self, tokens: int, series: Series, what: str = "round") -> None:
+        self.conn.send((what, tokens))
         wall, cpu = self.conn.recv()
         series.add(wall, cpu, tokens)
 
@@ -197,17 +222,36 @@ class Child:
         self.proc.join(timeout=60)
 
 
-def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int = THREADS) -> dict:
+def cpu_model() -> str:
+    """``lscpu``'s model name (the CPU every figure is recorded with)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int = THREADS,
+            prefill: int = PREFILL) -> dict:
     """Alternating rounds of llama.cpp, fak step and fak matmuls on model ``name``, each engine in
-    its own process; medians over rounds."""
+    its own process, then (``prefill`` > 0) one prefill of ``prefill`` tokens by llama.cpp and
+    fak in the same round; medians over rounds."""
     path = real_model(name)
     load = [os.getloadavg()[0]]
     children = {kind: Child(kind, path, threads) for kind in RUNNERS}
     series = {kind: Series() for kind in RUNNERS}
+    pre = {kind: Series() for kind in ("llama.cpp", "fak step")}
     try:
+        if prefill:  # warm-up: the prefill's activation buffers, llama.cpp's compute graph
+            for kind in pre:
+                children[kind].round(prefill, Series(), "prefill")
         for _ in range(rounds):
             for kind, child in children.items():
                 child.round(tokens, series[kind])
+            for kind in pre if prefill else ():
+                children[kind].round(prefill, pre[kind], "prefill")
             load.append(os.getloadavg()[0])
         info = children["fak matmuls"].info()
     finally:
@@ -217,7 +261,9 @@ def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int 
     series["fak matmuls net"] = Series(wall=[w - calls * ov_wall for w in series["fak matmuls"].wall],
                                        cpu=[c - calls * ov_cpu for c in series["fak matmuls"].cpu])
     return {
-        "model": name, "threads": threads, "rounds": rounds, "tokens_per_round": tokens,
+        "model": name, "cpu": cpu_model(), "threads": threads, "prefill_tokens": prefill,
+        "prefill_tok_s": {k: s.tok_s() for k, s in pre.items()} if prefill else {},
+        "prefill_tok_cpu_s": {k: s.tok_cpu_s() for k, s in pre.items()} if prefill else {}, "rounds": rounds, "tokens_per_round": tokens,
         "weights_gb_per_token": info["bytes"] / 1e9, "matmul_calls": calls,
         "call_overhead_us": (ov_wall * 1e6, ov_cpu * 1e6),
         "loadavg_1m": (min(load), max(load)), "simd": _native.simd_level(),
@@ -236,7 +282,12 @@ def table(results: list[dict]) -> str:
         for k in ("llama.cpp", "fak step", "fak matmuls", "fak matmuls net"):
             cells = [f"{r[m][k]:.1f} | {r[m][k] / base[m]:.2f}×" for m in ("tok_s", "best_tok_s", "tok_cpu_s")]
             out.append(f"| {r['model']} | {k} | " + " | ".join(cells) + " |")
-    notes = [f"- {r['model']}: {r['rounds']} rounds × {r['tokens_per_round']} tokens, {r['threads']} threads, "
+        if r.get("prefill_tok_s"):
+            pw, pc = r["prefill_tok_s"], r["prefill_tok_cpu_s"]
+            for k in ("llama.cpp", "fak step"):
+                out.append(f"| {r['model']} | pp{r['prefill_tokens']} {k} | {pw[k]:.1f} | "
+                           f"{pw[k] / pw['llama.cpp']:.2f}× | – | – | {pc[k]:.1f} | {pc[k] / pc['llama.cpp']:.2f}× |")
+    notes = [f"- {r['model']} on {r['cpu']}: {r['rounds']} rounds × {r['tokens_per_round']} tokens, {r['threads']} threads, "
              f"load average {r['loadavg_1m'][0]:.1f}–{r['loadavg_1m'][1]:.1f}, simd {r['simd']}, "
              f"{r['weights_gb_per_token']:.2f} GB of weights per token in {r['matmul_calls']} matmuls, "
              f"call overhead {r['call_overhead_us'][0]:.1f} µs wall / {r['call_overhead_us'][1]:.1f} µs CPU"
@@ -258,6 +309,7 @@ if __name__ == "__main__":
     ap.add_argument("--rounds", type=int, default=ROUNDS)
     ap.add_argument("--tokens", type=int, default=TOKENS)
     ap.add_argument("--threads", type=int, default=THREADS)
+    ap.add_argument("--prefill", type=int, default=PREFILL, help="prompt tokens of the prefill figure (0: none)")
     ap.add_argument("--models", nargs="*", default=[MODEL_05B, MODEL_15B])
     args = ap.parse_args()
-    print(table([compare(m, args.rounds, args.tokens, args.threads) for m in args.models]))
+    print(table([compare(m, args.rounds, args.tokens, args.threads, args.prefill) for m in args.models]))

@@ -44,7 +44,7 @@ pub const LOGITS_CHUNK: usize = 64;
 pub struct EngineOptions {
     /// Context window per sequence, in tokens (≥ 2).
     pub n_ctx: usize,
-    /// Worker threads; `None`: all cores.
+    /// Worker threads; `None`: the physical cores (see `physical_cores`).
     pub threads: Option<usize>,
     /// KV cache capacity in tokens shared by all sequences (≥ `n_ctx`); `None`:
     /// `n_ctx · min(max_batch, 8)`.
@@ -161,16 +161,55 @@ impl Engine<CpuBackend> {
     }
 }
 
+/// The default engine pool size: the physical cores this process may run on (SMT siblings
+/// counted once: two threads on one core's siblings share its vector units and gain little on the
+/// matmul kernels, and llama.cpp also defaults to physical cores), from Linux's
+/// `/sys/devices/system/cpu/cpuN/topology/core_cpus_list` over the CPUs of the affinity mask;
+/// elsewhere, or when that cannot be read, `available_parallelism`.
+fn physical_cores() -> usize {
+    let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
+    #[cfg(target_os = "linux")]
+    {
+        let allowed = std::fs::read_to_string("/proc/self/status").ok().and_then(|s| {
+            let line = s.lines().find(|l| l.starts_with("Cpus_allowed_list:"))?.split(':').nth(1)?.trim().to_string();
+            let mut cpus = Vec::new();
+            for part in line.split(',') {
+                let mut ends = part.split('-').map(|v| v.trim().parse::<usize>());
+                let a = ends.next()?.ok()?;
+                let b = ends.next().map_or(Ok(a), |r| r).ok()?;
+                cpus.extend(a..=b);
+            }
+            Some(cpus)
+        });
+        if let Some(cpus) = allowed {
+            let mut cores = std::collections::HashSet::new();
+            for c in &cpus {
+                let path = format!("/sys/devices/system/cpu/cpu{c}/topology/core_cpus_list");
+                match std::fs::read_to_string(&path) {
+                    Ok(siblings) => {
+                        cores.insert(siblings.trim().to_string());
+                    }
+                    Err(_) => return logical,
+                }
+            }
+            if !cores.is_empty() {
+                return cores.len().min(logical);
+            }
+        }
+    }
+    logical
+}
+
 fn build_pool(threads: Option<usize>) -> Result<Arc<rayon::ThreadPool>> {
     let n = match threads {
         Some(0) => {
             return Err(FakError::invalid(
                 "threads",
-                "0 (must be ≥ 1, or None for all cores)",
+                "0 (must be ≥ 1, or None for the physical cores)",
             ))
         }
         Some(n) => n,
-        None => std::thread::available_parallelism().map_or(1, |n| n.get()),
+        None => physical_cores(),
     };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(n)
@@ -647,5 +686,15 @@ impl<B: Backend> EngineApi for Engine<B> {
     }
     fn cached_blocks(&self) -> Vec<(u64, Option<u64>, Vec<u32>)> {
         self.sched.pool.cached_blocks()
+    }
+}
+
+#[cfg(test)]
+mod pool_tests {
+    #[test]
+    fn default_pool_is_between_one_and_the_logical_cpus() {
+        let n = super::physical_cores();
+        let logical = std::thread::available_parallelism().map_or(1, |n| n.get());
+        assert!((1..=logical).contains(&n), "{n} of {logical}");
     }
 }

@@ -47,6 +47,12 @@ pub struct BlockQ8_0x8 {
     pub d: [f32; 8],
     pub sum: [i32; 8],
     pub qs: [[i8; QK8]; 8],
+    /// Interleaved groups only ([`interleave_q8_0`]): `d8[r]` is `d[r]` in 8 lanes, and
+    /// `nls[r][l] = −off · Σ_{4l ≤ e < 4l+4} q[r][e]`, the weight offset's share of lane `l` of
+    /// ggml's integer dot (`off` = 8, 16, 128 for Q4_0, Q5_0, Q8_0 offset to unsigned), so that
+    /// the AVX-512 prefill kernel gets each lane's exact `Σ (u − off)·q` from one `vpdpbusd`.
+    pub d8: [[f32; 8]; 8],
+    pub nls: [[i32; 8]; 8],
 }
 
 /// Groups each row's `nb` blocks of `a` by 8 consecutive blocks: `[row][nb.div_ceil(8) groups]`,
@@ -66,8 +72,9 @@ pub fn group_q8_0(a: &[BlockQ8_0], nb: usize) -> Vec<BlockQ8_0x8> {
     out
 }
 
-/// Interleaves each full group of 8 rows of `a` (`nb` blocks per row) into `[group][block]`.
-pub fn interleave_q8_0(a: &[BlockQ8_0], nb: usize) -> Vec<BlockQ8_0x8> {
+/// Interleaves each full group of 8 rows of `a` (`nb` blocks per row) into `[group][block]`, with
+/// the lane sums of a weight offset `off` (see [`BlockQ8_0x8::nls`]).
+pub fn interleave_q8_0(a: &[BlockQ8_0], nb: usize, off: i32) -> Vec<BlockQ8_0x8> {
     let groups = a.len() / nb / 8;
     let mut out = vec![BlockQ8_0x8::default(); groups * nb];
     for (g, og) in out.chunks_mut(nb.max(1)).enumerate().take(groups) {
@@ -77,6 +84,10 @@ pub fn interleave_q8_0(a: &[BlockQ8_0], nb: usize) -> Vec<BlockQ8_0x8> {
                 o.d[r] = b.d;
                 o.sum[r] = b.sum;
                 o.qs[r] = b.qs;
+                o.d8[r] = [b.d; 8];
+                for l in 0..8 {
+                    o.nls[r][l] = -off * b.qs[4 * l..4 * l + 4].iter().map(|&q| q as i32).sum::<i32>();
+                }
             }
         }
     }

@@ -150,7 +150,12 @@ fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usi
             let a = quantize_rows(x, k, QK8_BLOCK, q.q8_0);
             let grouped = act::group_q8_0(&a, nb);
             if n_rows >= MAX_ROWS {
-                let ax8 = act::interleave_q8_0(&a, nb);
+                let off = match wtype {
+                    GgmlType::Q4_0 => 8,
+                    GgmlType::Q5_0 => 16,
+                    _ => 128,
+                };
+                let ax8 = act::interleave_q8_0(&a, nb, off);
                 drive(kern, Some((kx8, &ax8[..])), w, &grouped, nb.div_ceil(8), shape, y)
             } else {
                 drive(kern, None, w, &grouped, nb.div_ceil(8), shape, y)

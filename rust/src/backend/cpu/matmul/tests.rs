@@ -336,3 +336,36 @@ fn extreme_quants_do_not_saturate() {
         }
     }
 }
+
+/// Q4_0 / Q5_0 / Q8_0 on x86: the AVX2 and AVX-512 levels give bit-identical results (both take
+/// ggml's f32 order, which the parity tests check against llama.cpp) for a decode over whole and
+/// partial groups of weight rows (the 4-row lockstep GEMV and the one-row kernel) and for a
+/// prefill over interleaved groups of 8 rows (the 512-bit kernel) with a tail; and a row's result
+/// does not depend on the batch (prefill row = the same row decoded alone).
+#[test]
+fn q0_levels_bit_identical_and_batch_invariant() {
+    let levels = available_levels();
+    if !levels.contains(&SimdLevel::Avx2) {
+        return;
+    }
+    let mut rng = Rng(7);
+    for t in [GgmlType::Q4_0, GgmlType::Q5_0, GgmlType::Q8_0] {
+        for (n_out, k, n_rows) in [(9, 896, 1), (64, 1536, 1), (13, 896, 17), (64, 256, 8)] {
+            let w = random_weights(t, &[0], n_out, k, &mut rng);
+            let x = random_x(n_rows * k, &mut rng);
+            let base = run(SimdLevel::Avx2, t, &w, n_out, k, &x, n_rows);
+            for &level in &levels {
+                if level < SimdLevel::Avx2 {
+                    continue;
+                }
+                let got = run(level, t, &w, n_out, k, &x, n_rows);
+                assert!(got.iter().zip(&base).all(|(a, b)| a.to_bits() == b.to_bits()), "{t:?} {level:?} {n_out}x{k} rows {n_rows}");
+                for r in [0, n_rows - 1] {
+                    let alone = run(level, t, &w, n_out, k, &x[r * k..(r + 1) * k], 1);
+                    let row = &got[r * n_out..(r + 1) * n_out];
+                    assert!(alone.iter().zip(row).all(|(a, b)| a.to_bits() == b.to_bits()), "{t:?} {level:?} row {r} of {n_rows}");
+                }
+            }
+        }
+    }
+}

@@ -281,6 +281,13 @@ static SCALE_PAIRS: [[u8; 16]; 8] = {
     t
 };
 
+/// Bytes ahead of the weight block being read that the GEMV loops prefetch (`prefetcht0`). The
+/// weights stream from DRAM once per token, and on an Intel Xeon (KVM guest) the hardware
+/// prefetchers alone left the Q5_0/Q8_0 GEMV latency-bound at 3 GB/s per core; with 2 KiB of
+/// software prefetch it runs at 8–13 GB/s (Q4_K/Q6_K 8–10 → 12–13 GB/s). Measured 1024–8192:
+/// flat from 2048.
+const PREFETCH: usize = 2048;
+
 macro_rules! kernels {
     ($feat:literal, $helpers:ident, $wide:tt, $maxw:tt, $maxr:tt) => {
         use core::arch::x86_64::*;
@@ -293,15 +300,22 @@ macro_rules! kernels {
         /// f16 bits → f32 with F16C.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn f16(p: *const u8) -> f32 {
-            let h = (p as *const u16).read_unaligned();
-            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+        pub(super) unsafe fn f16(p: *const u8) -> f32 {
+            let h = (p as *const u16).read_unaligned() as u32;
+            // `vmovd` zeroes the upper lanes. LLVM's own lowering of `_mm_cvtsi32_si128` here is
+            // a `vpinsrw` into whatever register it picks — in the GEMV loops an accumulator —
+            // which chains every block's scale conversion behind the previous block's FMA
+            // (≈ 18 cycles per Q5_0/Q8_0 block measured on Intel Xeon, 4× slower than the loads).
+            let v: __m128;
+            core::arch::asm!("vmovd {v}, {h:e}", "vcvtph2ps {v}, {v}", h = in(reg) h, v = out(xmm_reg) v,
+                             options(pure, nomem, nostack, preserves_flags));
+            _mm_cvtss_f32(v)
         }
 
         /// Sum of the 8 float lanes.
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn hsum(v: __m256) -> f32 {
+        pub(super) unsafe fn hsum(v: __m256) -> f32 {
             let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
             let s = _mm_add_ss(s, _mm_movehdup_ps(s));
@@ -328,7 +342,7 @@ macro_rules! kernels {
         /// 5-bit values (before their −8 / −16 offset), or Q8_0's `q` (`q ^ 0x80` where [`Q8_OFFSET`]).
         #[inline]
         #[target_feature(enable = $feat)]
-        unsafe fn q0_unpack<const KIND: u8>(b: *const u8) -> __m256i {
+        pub(super) unsafe fn q0_unpack<const KIND: u8>(b: *const u8) -> __m256i {
             match KIND {
                 0 => nibbles32(b.add(blocks::q4_0::QS)),
                 1 => add16_where(nibbles32(b.add(blocks::q5_0::QS)), (b.add(blocks::q5_0::QH) as *const u32).read_unaligned()),
@@ -338,7 +352,7 @@ macro_rules! kernels {
         }
 
         /// Bytes per block of `KIND`.
-        const fn q0_bytes<const KIND: u8>() -> usize {
+        pub(super) const fn q0_bytes<const KIND: u8>() -> usize {
             match KIND {
                 0 => blocks::q4_0::BYTES,
                 1 => blocks::q5_0::BYTES,
@@ -380,8 +394,10 @@ macro_rules! kernels {
         unsafe fn q0_rows<const R: usize, const KIND: u8>(w: *const u8, a: *const BlockQ8_0x8, st: usize, nb: usize, out: *mut f32) {
             let bytes = q0_bytes::<KIND>();
             let mut acc = [_mm256_setzero_ps(); R];
+            let pfd = super::PREFETCH;
             for i in 0..nb {
                 let b = w.add(i * bytes);
+                _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(pfd) as *const i8);
                 let wv = q0_signed::<KIND>(b);
                 let aw = _mm256_sign_epi8(wv, wv);
                 let dw = f16(b);
@@ -392,6 +408,51 @@ macro_rules! kernels {
                 }
             }
             store(&acc, &[0.0; R], out);
+        }
+
+        /// [`q0_rows`] for one activation row (the decode GEMV) and [`MAX_W`] weight rows in
+        /// lockstep: each weight row keeps its own accumulator and takes exactly [`q0_rows`]'s f32
+        /// operations, so results are bit-identical to it. One row alone is a chain of one FMA per
+        /// 32-element block (4 cycles each), longer than the out-of-order window can overlap with
+        /// the next row's; four independent chains keep the vector ports busy.
+        #[target_feature(enable = $feat)]
+        unsafe fn q0_gemv4<const KIND: u8>(w: *const u8, ws: usize, a: *const BlockQ8_0x8, nb: usize, out: *mut f32) {
+            let bytes = q0_bytes::<KIND>();
+            let mut acc = [_mm256_setzero_ps(); MAX_W];
+            for i in 0..nb {
+                let y = &*a.add(i / 8);
+                let (yq, yd) = (y.qs[i % 8].as_ptr(), y.d[i % 8]);
+                for j in 0..MAX_W {
+                    let b = w.add(j * ws + i * bytes);
+                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(super::PREFETCH) as *const i8);
+                    let wv = q0_signed::<KIND>(b);
+                    let aw = _mm256_sign_epi8(wv, wv);
+                    acc[j] = q0_step(acc[j], aw, wv, yq, f16(b) * yd);
+                }
+            }
+            for j in 0..MAX_W {
+                store(&[acc[j]], &[0.0], out.add(j * MAX_ROWS));
+            }
+        }
+
+        /// The [`Kernel`] entry of a Q4_0 / Q5_0 / Q8_0 (`KIND`) weight type: [`q0_gemv4`] for a
+        /// Q4_0/Q5_0 decode over a full group of weight rows, else [`q0_rows`] per weight row.
+        /// Q8_0 stays on [`q0_rows`]: with fewer operations per byte it is bound by the weight
+        /// stream, and four interleaved streams measured slower (11.4 → 14.7 ms per 0.5B token's
+        /// Q8_0 matmuls on Intel Xeon; Q5_0 22.9 → 19.8 ms, CPU time).
+        macro_rules! q0_entry {
+            ($name:ident, $kind:expr) => {
+                pub(in super::super) unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const BlockQ8_0x8, st: usize, nb: usize, nr: usize, out: *mut f32) {
+                    debug_assert!((1..=MAX_ROWS).contains(&nr) && (1..=MAX_W).contains(&nw));
+                    if $kind != 2 && nr == 1 && nw == MAX_W {
+                        return q0_gemv4::<$kind>(w, w_stride, a, nb, out);
+                    }
+                    for j in 0..nw {
+                        let (w, out) = (w.add(j * w_stride), out.add(j * MAX_ROWS));
+                        entry!(@dispatch $wide, w, a, st, nb, nr, out, q0_rows, $kind)
+                    }
+                }
+            };
         }
 
         /// One Q4_1 / Q5_1 block `i` · Q8_1 for `R` rows: `d_w·d_x·Σ u·q8` into `acc`, `m·s` into `summs`.
@@ -516,8 +577,12 @@ macro_rules! kernels {
             let mut acc = [_mm256_setzero_ps(); R];
             // Q4_K: [Σ d·d_x·isum, Σ dmin·d_x·imin] per row (ggml's repacked Q4_K arithmetic).
             let mut acc4 = [_mm_setzero_ps(); R];
+            let pfd = super::PREFETCH;
             for i in 0..nb {
                 let b = w.add(i * bytes);
+                for l in (0..bytes).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(pfd + l) as *const i8);
+                }
                 let sm = k4_scales_vec(b.add(4));
                 let s16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(sm));
                 let hbits = if Q5 { load(b.add(blocks::q5_k::QH)) } else { zero };
@@ -610,8 +675,12 @@ macro_rules! kernels {
             let zero = _mm256_setzero_si256();
             let mut tiled = [0f32; R];
             let mut acc = [_mm256_setzero_ps(); R];
+            let pfd = super::PREFETCH;
             for i in 0..nb {
                 let b = w.add(i * BYTES);
+                for l in (0..BYTES).step_by(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(pfd + l) as *const i8);
+                }
                 let sc8 = _mm_loadu_si128(b.add(SCALES) as *const __m128i);
                 let sc16 = _mm256_cvtepi8_epi16(sc8);
                 let off16 = _mm256_slli_epi16(_mm256_sub_epi16(zero, sc16), 5);
@@ -842,11 +911,11 @@ macro_rules! kernels {
 
         // ------------------------------------------------------------ Kernel entry points
 
-        entry!($wide, k_q4_0, BlockQ8_0x8, q0_rows, 0);
-        entry!($wide, k_q5_0, BlockQ8_0x8, q0_rows, 1);
+        q0_entry!(k_q4_0, 0);
+        q0_entry!(k_q5_0, 1);
         entry!($wide, k_q4_1, BlockQ8_1, q4_1_q5_1, false);
         entry!($wide, k_q5_1, BlockQ8_1, q4_1_q5_1, true);
-        entry!($wide, k_q8_0, BlockQ8_0x8, q0_rows, 2);
+        q0_entry!(k_q8_0, 2);
         entry!($wide, k_q4_k, BlockQ8K, q4k_q5k, false);
         entry!($wide, k_q5_k, BlockQ8K, q4k_q5k, true);
         entry!($wide, k_q6_k, BlockQ8K, q6k);
@@ -866,6 +935,69 @@ pub(super) mod avx512 {
     kernels!("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni", helpers_avx512, true, 4, 4);
 }
 
+/// The AVX-512 prefill kernel of Q4_0 / Q5_0 / Q8_0 on 512-bit vectors: two activation rows per
+/// vector. The weights offset to unsigned (`u = w + off`) and each lane's exact `Σ (u − off)·q`
+/// from one `vpdpbusd` started at the precomputed `−off·Σq` of the lane
+/// ([`BlockQ8_0x8::nls`](super::act::BlockQ8_0x8)), instead of [`avx512`]'s two `vpsignb` + one
+/// `vpdpbusd` per row on 256 bits; the f32 step per row and block is the same
+/// `acc = fma(d_w·d_x, float(lane), acc)` (the product taken lane-wise: the same value), so results
+/// are bit-identical to the 256-bit kernel and to llama.cpp. Measured on Intel Xeon, where
+/// 512-bit integer and FMA ops run at full width.
+pub(super) mod avx512z {
+    use super::super::act::BlockQ8_0x8;
+    use super::super::{MAX_ROWS, MAX_W};
+    use super::avx512::{f16, hsum, q0_bytes, q0_unpack};
+    use core::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+    unsafe fn q0_x8z<const KIND: u8>(w: *const u8, a: *const BlockQ8_0x8, nb: usize, out: *mut f32) {
+        let bytes = q0_bytes::<KIND>();
+        let mut acc = [_mm512_setzero_ps(); 4];
+        for i in 0..nb {
+            let b = w.add(i * bytes);
+            let y = &*a.add(i);
+            let u = q0_unpack::<KIND>(b);
+            let u2 = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(u), u);
+            let dw = _mm512_set1_ps(f16(b));
+            for p in 0..4 {
+                let yq = _mm512_loadu_si512(y.qs[2 * p].as_ptr() as *const _);
+                let nl = _mm512_loadu_si512(y.nls[2 * p].as_ptr() as *const _);
+                let dot = _mm512_dpbusd_epi32(nl, u2, yq);
+                let d = _mm512_mul_ps(dw, _mm512_loadu_ps(y.d8[2 * p].as_ptr()));
+                acc[p] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(dot), acc[p]);
+            }
+        }
+        for p in 0..4 {
+            let lo = _mm512_castps512_ps256(acc[p]);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(acc[p])));
+            *out.add(2 * p) = hsum(lo);
+            *out.add(2 * p + 1) = hsum(hi);
+        }
+    }
+
+    macro_rules! x8z_entry {
+        ($name:ident, $kind:expr) => {
+            pub(in super::super) unsafe fn $name(w: *const u8, w_stride: usize, nw: usize, a: *const BlockQ8_0x8, nb: usize, out: *mut f32) {
+                debug_assert!((1..=MAX_W).contains(&nw));
+                for j in 0..nw {
+                    q0_x8z::<$kind>(w.add(j * w_stride), a, nb, out.add(j * MAX_ROWS));
+                }
+            }
+        };
+    }
+    x8z_entry!(k_q4_0_x8, 0);
+    x8z_entry!(k_q5_0_x8, 1);
+    x8z_entry!(k_q8_0_x8, 2);
+}
+
+/// `FAK_CPU_Q0_PREFILL=256`: the AVX-512 level's Q4_0/Q5_0/Q8_0 prefill on 256-bit vectors
+/// ([`avx512`]'s `q0_x8`) instead of [`avx512z`] (same results; for CPUs that split 512-bit ops,
+/// such as Zen 4, where it is not yet measured which is faster).
+fn q0_prefill_256() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("FAK_CPU_Q0_PREFILL").is_ok_and(|v| v == "256"))
+}
+
 /// The kernels of one x86 level for type `t`, or `None` where that level has none (the caller
 /// falls back to a lower level).
 pub(super) fn plan(t: GgmlType, avx512: bool) -> Option<Plan> {
@@ -875,10 +1007,15 @@ pub(super) fn plan(t: GgmlType, avx512: bool) -> Option<Plan> {
             if avx512 { avx512::$k } else { avx2::$k }
         };
     }
+    macro_rules! pickz {
+        ($k:ident) => {
+            if avx512 && !q0_prefill_256() { avx512z::$k } else { pick!($k) }
+        };
+    }
     Some(match t {
-        G::Q4_0 => Plan::Q8_0x8(pick!(k_q4_0), pick!(k_q4_0_x8)),
-        G::Q5_0 => Plan::Q8_0x8(pick!(k_q5_0), pick!(k_q5_0_x8)),
-        G::Q8_0 => Plan::Q8_0x8(pick!(k_q8_0), pick!(k_q8_0_x8)),
+        G::Q4_0 => Plan::Q8_0x8(pick!(k_q4_0), pickz!(k_q4_0_x8)),
+        G::Q5_0 => Plan::Q8_0x8(pick!(k_q5_0), pickz!(k_q5_0_x8)),
+        G::Q8_0 => Plan::Q8_0x8(pick!(k_q8_0), pickz!(k_q8_0_x8)),
         G::Q4_1 => Plan::Q8_1(pick!(k_q4_1)),
         G::Q5_1 => Plan::Q8_1(pick!(k_q5_1)),
         G::Q4_K => Plan::Q8K(pick!(k_q4_k)),
