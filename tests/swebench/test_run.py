@@ -291,13 +291,15 @@ def test_allow_exec_without_a_sandbox_fails_at_start_unless_unsafe(tiny, scripte
 def test_summary_decode_speed_is_the_servers_decode_time(tiny, scripted, tmp_path):
     """``completion_tok_s`` is decoded tokens over the server's decode seconds (its ``timings``),
     not tokens over wall time: here 2 turns of 21 tokens in 0.5 s each = 40 tok/s, while the
-    wall-time figure (prefill, tools and the scripted delays included) is far lower."""
+    wall-time figure (prefill, tools and the scripted delays included) is far lower. Each turn's
+    delay is the 1.4 s its ``timings`` claim (900 ms prompt + 500 ms decode), so the wall figure
+    cannot beat the decode one on a fast machine (with 0.3 s it did: 51.6 tok/s)."""
     timings = {"prompt_n": 100, "prompt_ms": 900.0, "predicted_n": 21, "predicted_ms": 500.0,
                "predicted_per_second": 40.0}
     turns = [{"tool_calls": [{"name": "list", "arguments": {}}], "timings": timings,
-              "usage": {"prompt_tokens": 100, "completion_tokens": 21}, "delay_s": 0.3},
+              "usage": {"prompt_tokens": 100, "completion_tokens": 21}, "delay_s": 1.4},
              {"tool_calls": [{"name": "submit", "arguments": {}}], "timings": timings,
-              "usage": {"prompt_tokens": 100, "completion_tokens": 21}, "delay_s": 0.3}]
+              "usage": {"prompt_tokens": 100, "completion_tokens": 21}, "delay_s": 1.4}]
     server = scripted({"fak-test__calc-1": turns})
     out = tmp_path / "out"
     proc = run_fak(*_run_args(tiny, server, out, "--filter", "fak-test__calc-1"), timeout=120)
