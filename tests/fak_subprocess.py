@@ -7,17 +7,26 @@ directory that holds the imported ``fak`` on the child's ``PYTHONPATH`` only whe
 interpreter would not find it there already (never a site-packages directory, never the
 checkout's ``python/`` when the package is installed).
 
-Usage: ``subprocess.run([sys.executable, "-m", "fak.cli", ...], env=fak_env())``.
+Usage: ``subprocess.run([sys.executable, "-m", "fak.cli", ...], env=fak_env())``; a server:
+``with fak_process("serve", ...) as url: ...``.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import site
+import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
+
 import fak
+from fak.swebench.serve import free_port
 
 #: the directory that holds the ``fak`` package this pytest process imported
 FAK_ROOT = Path(fak.__file__).resolve().parent.parent
@@ -57,3 +66,40 @@ def fak_env(*prefix: str | os.PathLike[str], **extra: str) -> dict[str, str]:
 def fak_argv(*args: str) -> list[str]:
     """``[sys.executable, "-m", "fak.cli", *args]``."""
     return [sys.executable, "-m", "fak.cli", *args]
+
+
+@contextmanager
+def fak_process(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> Iterator[str]:
+    """Run ``fak ARGS --addr 127.0.0.1:PORT`` (``serve`` or ``router``) and wait for its
+    ``/health``; yield its URL (``http://127.0.0.1:PORT``); stop it with SIGTERM (its PID only).
+
+    Raises:
+        AssertionError: it exited before it was healthy (its output in the message), or it was
+            not healthy within ``timeout`` seconds.
+    """
+    port = free_port()
+    proc = subprocess.Popen(fak_argv(*args, "--addr", f"127.0.0.1:{port}", "--log-level", "warning"),
+                            env=fak_env(), cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise AssertionError(f"fak {args[0]} exited {proc.returncode}: "
+                                     f"{proc.stdout.read().decode()}")  # type: ignore[union-attr]
+            try:
+                if httpx.get(url + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError(f"fak {args[0]} did not become healthy")
+            time.sleep(0.1)
+        yield url
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -7,63 +7,26 @@ Each server test runs ``python -m fak.cli serve ...`` on a free loopback port, w
 from __future__ import annotations
 
 import json
-import signal
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 from click.testing import CliRunner
 from fak.cli import main
 from fak.gateway import BackgroundServer
-from fak_subprocess import fak_env
+from fak_subprocess import fak_env, fak_process
 from gateway_fakes import FakeUpstream, UpstreamReply
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextmanager
 def fak_serve(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> Iterator[str]:
     """Run ``fak serve ARGS --addr 127.0.0.1:PORT``; yield its base URL (``.../v1``)."""
-    port = free_port()
-    env = fak_env()
-    proc = subprocess.Popen([sys.executable, "-m", "fak.cli", "serve", *args, "--addr", f"127.0.0.1:{port}",
-                             "--log-level", "warning"], env=env, cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if proc.poll() is not None:
-                raise AssertionError(f"fak serve exited {proc.returncode}: {proc.stdout.read().decode()}")  # type: ignore[union-attr]
-            try:
-                if httpx.get(url + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError("fak serve did not become healthy")
-            time.sleep(0.1)
+    with fak_process("serve", *args, timeout=timeout, cwd=cwd) as url:
         yield url + "/v1"
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.mark.parametrize("args,message", [
