@@ -71,7 +71,12 @@ def pipeline_options(fn: Callable) -> Callable:
                      help="pipeline: temperature of every sample but the first (greedy)."),
         click.option("--test-candidates", "pl_test_candidates", type=click.IntRange(min=0),
                      default=te.candidates, show_default=True,
-                     help="pipeline: candidates tested (most votes first)."),
+                     help="pipeline: candidates whose regression tests run (the best of those "
+                          "the reproduction scripts ran on: most fixed, then most votes)."),
+        click.option("--test-repro-candidates", "pl_test_repro_candidates",
+                     type=click.IntRange(min=0), default=te.repro_candidates, show_default=True,
+                     help="pipeline: candidates the kept reproduction scripts run on "
+                          "(most votes first)."),
         click.option("--test-timeout", "pl_test_timeout", type=click.FloatRange(min=1.0),
                      default=te.timeout_s, show_default=True,
                      help="pipeline: seconds per regression test run."),
@@ -186,6 +191,7 @@ def _config(cls: type, opts: dict[str, Any], **kw: Any) -> Any:
     cfg.reproduce.max_tokens = opts["pl_repro_max_tokens"]
     cfg.reproduce.temperature = t
     cfg.test.candidates = opts["pl_test_candidates"]
+    cfg.test.repro_candidates = opts["pl_test_repro_candidates"]
     cfg.test.timeout_s = opts["pl_test_timeout"]
     return cfg
 

@@ -2,8 +2,9 @@
 
 The order (best first), after Agentless's selection: candidates the ``test`` stage ran before
 those it did not (or that did not apply); then more reproduction scripts fixed (a kept script
-that now exits 0); then fewer regression tests broken (a lower rank, never an exclusion: a right
-fix sometimes changes asserted behaviour); then more votes (answers that gave the same normalized
+that now exits 0); then those whose regression tests ran before those whose did not; then fewer
+regression tests broken (a lower rank, never an exclusion: a right fix sometimes changes asserted
+behaviour); then more votes (answers that gave the same normalized
 patch); then the smaller diff; then the earlier candidate. Without a ``test`` artifact the order
 is votes, then diff size. No candidate at all gives the empty patch.
 """
@@ -17,8 +18,9 @@ def rank_key(c: dict[str, Any], result: dict[str, Any] | None) -> tuple:
     """The sort key of candidate ``c`` with its ``candidate_test`` record (or ``None``)."""
     tested = result is not None and bool(result.get("applied"))
     fixed = int(result.get("repro_fixed", 0)) if tested else 0
+    ran = tested and (result.get("regression_run") or "regression_failures" in result)
     broken = len(result.get("regression_failures", [])) if tested else 0
-    return (0 if tested else 1, -fixed, broken, -int(c["votes"]), int(c["diff_lines"]),
+    return (0 if tested else 1, -fixed, 0 if ran else 1, broken, -int(c["votes"]), int(c["diff_lines"]),
             int(str(c["id"]).lstrip("c") or 0))
 
 
@@ -37,7 +39,8 @@ def rank(candidates: list[dict[str, Any]], tests: list[dict[str, Any]] | None) -
                         "tested": tested, "applied": None if r is None else bool(r.get("applied")),
                         "repro_fixed": r.get("repro_fixed") if tested else None,
                         "n_scripts": n_scripts,
-                        "regression_failures": len(r.get("regression_failures", [])) if tested else None,
+                        "regression_failures": len(r["regression_failures"])
+                        if tested and "regression_failures" in r else None,
                         "diff_lines": c["diff_lines"], "files": c["files"]})
     best = order[0] if order else None
     records.append({"kind": "chosen", "id": best["id"] if best else None,

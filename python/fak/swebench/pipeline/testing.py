@@ -11,13 +11,15 @@ that need nothing installed.
   with the repository on ``PYTHONPATH``; a script is *kept* when it fails there (non-zero exit,
   not killed) with an error that a source change can fix — not a ``SyntaxError`` of its own, not
   a module that cannot be imported (``UNFIXABLE``).
-- Regression tests: the existing test files of the modules the candidates touch
-  (``find_test_files``), run with the spec's ``test_cmd`` (``pytest`` as ``python -m pytest`` of
-  the overlay's interpreter; host: ``python -m pytest -rA``) and
-  read with the repository's log parser from ``swebench``; the tests that pass on the original
-  code are the regression set.
-- Candidates, most votes first, at most ``candidates``: applied with ``git apply``; each kept
-  script passes (exit 0) or not; regression tests that no longer pass are counted.
+- Candidates, most votes first, at most ``repro_candidates``: applied with ``git apply``; each
+  kept script passes (exit 0) or not (``repro_fixed`` counts those that pass).
+- Regression tests, for the best ``candidates`` of those (most scripts fixed, then most votes):
+  the existing test files of the modules the candidate touches (``find_test_files``), run with
+  the spec's ``test_cmd`` (``pytest`` as ``python -m pytest`` of the overlay's interpreter; host:
+  ``python -m pytest -rA``) and read with the repository's log parser from ``swebench``, on the
+  original code and with the candidate; the tests that passed on the original code and no longer
+  pass are its ``regression_failures``. Scripts are cheap (one interpreter start) and test files
+  are not (a sympy module's tests take up to minutes), hence the two budgets.
 """
 
 from __future__ import annotations
@@ -47,11 +49,14 @@ HOST_TEST_CMD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -p no:cac
 @dataclass
 class TestConfig:
     """``timeout_s`` per test-file run, ``script_timeout_s`` per script run (seconds);
-    ``candidates`` tested at most; ``regression_files`` test files per touched module."""
+    ``repro_candidates``: candidates the kept reproduction scripts run on (most votes first);
+    ``candidates``: of those, the best by scripts fixed then votes, the ones whose regression
+    tests run; ``regression_files`` test files per touched module."""
 
-    timeout_s: float = 600.0
-    script_timeout_s: float = 120.0
-    candidates: int = 8
+    timeout_s: float = 300.0
+    script_timeout_s: float = 60.0
+    candidates: int = 6
+    repro_candidates: int = 32
     regression_files: int = 2
     max_scripts: int = 8
 
@@ -200,8 +205,9 @@ def _tail(text: str, n: int = 1500) -> str:
 def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]],
                scripts: list[dict[str, Any]], tenv: TaskEnv, cfg: TestConfig) -> list[dict[str, Any]]:
     """The test stage's records: ``env``; ``script_base`` per script (``kept``, ``why``);
-    ``regression_base`` (``files``, ``passing``, ``failing``); ``candidate_test`` per tested
-    candidate (``applied``, ``repro`` {script: exit status}, ``repro_fixed``,
+    ``regression_base`` per distinct set of test files (``files``, ``passing``, ``failing``);
+    ``candidate_test`` per tested candidate (``applied``, ``repro`` {script: exit status},
+    ``repro_fixed``; and, for those whose regression tests ran, ``regression_run``,
     ``regression_failures``)."""
     tenv.info["repo"] = task["repo"]
     records: list[dict[str, Any]] = [{"kind": "env", **{k: v for k, v in tenv.info.items()
@@ -228,23 +234,9 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
                         "killed": res.killed, "kept": keep, "why": why,
                         "seconds": round(res.duration_s, 3), "output_tail": _tail(res.output)})
     order = sorted(candidates, key=lambda c: (-c["votes"], c["diff_lines"], int(c["id"][1:])))
-    tested = order[: cfg.candidates]
-    test_files: list[str] = []
-    for c in tested:
-        for f in c["files"]:
-            for t in find_test_files(repo, f, cfg.regression_files):
-                if t not in test_files:
-                    test_files.append(t)
-    passing: list[str] = []
-    if test_files:
-        statuses, res, command = run_tests(tenv, test_files, cfg.timeout_s)
-        passing = sorted(t for t, st in statuses.items() if st in PASS)
-        records.append({"kind": "regression_base", "files": test_files, "command": command,
-                        "returncode": res.returncode, "killed": res.killed,
-                        "passing": passing, "failing": sorted(t for t, st in statuses.items()
-                                                              if st not in PASS),
-                        "seconds": round(res.duration_s, 3), "output_tail": _tail(res.output)})
-    for c in tested:
+    # 1. the kept scripts on many candidates (cheap: one interpreter start each)
+    results: dict[str, dict[str, Any]] = {}
+    for c in order[: max(cfg.repro_candidates, cfg.candidates)]:
         t0 = time.perf_counter()
         tenv.reset()
         rec: dict[str, Any] = {"kind": "candidate_test", "id": c["id"], "applied": tenv.apply(c["diff"])}
@@ -255,14 +247,46 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
                 repro[sid] = res.returncode
             rec["repro"] = repro
             rec["repro_fixed"] = sum(1 for rc in repro.values() if rc == 0)
-            if test_files:
-                statuses, res, _ = run_tests(tenv, test_files, cfg.timeout_s)
-                rec["regression_failures"] = [t for t in passing if statuses.get(t) not in PASS]
-                rec["regression_killed"] = res.killed
-            else:
-                rec["regression_failures"] = []
         rec["seconds"] = round(time.perf_counter() - t0, 3)
-        records.append(rec)
+        results[c["id"]] = rec
+    # 2. the regression tests of the best of them: most scripts fixed, then most votes
+    applied = [c for c in order if results.get(c["id"], {}).get("applied")]
+    best = sorted(applied, key=lambda c: -results[c["id"]]["repro_fixed"])[: cfg.candidates]
+    # each candidate against its own modules' test files, with the original code's results of
+    # the same files (one base run per distinct set: most candidates touch the same file)
+    own: dict[str, tuple[str, ...]] = {}
+    for c in best:
+        files: list[str] = []
+        for f in c["files"]:
+            files += [t for t in find_test_files(repo, f, cfg.regression_files) if t not in files]
+        own[c["id"]] = tuple(files)
+    base: dict[tuple[str, ...], list[str]] = {}
+    for files in dict.fromkeys(own.values()):
+        if not files:
+            continue
+        tenv.reset()
+        statuses, res, command = run_tests(tenv, list(files), cfg.timeout_s)
+        base[files] = sorted(t for t, st in statuses.items() if st in PASS)
+        records.append({"kind": "regression_base", "files": list(files), "command": command,
+                        "returncode": res.returncode, "killed": res.killed,
+                        "passing": base[files], "failing": sorted(t for t, st in statuses.items()
+                                                                  if st not in PASS),
+                        "seconds": round(res.duration_s, 3), "output_tail": _tail(res.output)})
+    for c in best:
+        rec = results[c["id"]]
+        t0 = time.perf_counter()
+        rec["regression_run"] = True
+        files = own[c["id"]]
+        if files:
+            tenv.reset()
+            tenv.apply(c["diff"])
+            statuses, res, _ = run_tests(tenv, list(files), cfg.timeout_s)
+            rec["regression_failures"] = [t for t in base[files] if statuses.get(t) not in PASS]
+            rec["regression_killed"] = res.killed
+        else:
+            rec["regression_failures"] = []
+        rec["seconds"] = round(rec["seconds"] + time.perf_counter() - t0, 3)
+    records += [results[c["id"]] for c in order if c["id"] in results]
     tenv.reset()
     return records
 
