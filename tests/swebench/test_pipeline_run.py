@@ -160,3 +160,30 @@ def test_chat_mode_and_stage_errors(shapes, rules, tmp_path):
     loc = [r for r in _records(out, "fak-test__shapes-2", "choose") if r["kind"] == "location"]
     assert loc[0]["path"] == "shapes/geometry.py" and loc[0]["symbol"] == "Point.__add__"
     assert loc[0]["votes"] == 3
+
+
+def test_scripts_on_many_candidates_regressions_on_the_best(shapes, rules, tmp_path):
+    """The kept scripts run on ``--test-repro-candidates`` candidates; the regression tests only
+    on the best ``--test-candidates`` of them by scripts fixed, so the right fix (1 vote) gets
+    them and the most-voted wrong one does not; each is ranked with what ran."""
+    out = tmp_path / "out"
+    proc = _run(shapes, out, "--stages", "gen", "--chat-template", str(shapes["template"]),
+                "--repair-samples", "10", "--max-locations", "1", "--repair-forms", "search_replace",
+                server=rules)
+    assert proc.returncode == 0, proc.stderr
+    iid = "fak-test__shapes-1"
+    proc = _run(shapes, out, "--stages", "test,rank", "--test-candidates", "1",
+                "--test-repro-candidates", "3")
+    assert proc.returncode == 0, proc.stderr
+    tests = _records(out, iid, "test")
+    by_id = {r["id"]: r for r in tests if r["kind"] == "candidate_test"}
+    assert sorted(by_id) == ["c0", "c1", "c2"]
+    assert all("repro" in r for r in by_id.values())
+    ran = sorted(i for i, r in by_id.items() if r.get("regression_run"))
+    assert ran == ["c1"]  # fixes the kept script; c0 has more votes but fixes nothing
+    assert "regression_failures" not in by_id["c0"] and "regression_failures" not in by_id["c2"]
+    assert [r["files"] for r in tests if r["kind"] == "regression_base"] == [["shapes/tests/test_geometry.py"]]
+    ranked = [r for r in _records(out, iid, "rank") if r["kind"] == "ranked"]
+    assert ranked[0]["id"] == "c1" and ranked[0]["regression_failures"] == 1
+    assert {r["id"]: r["regression_failures"] for r in ranked[1:]} == {"c0": None, "c2": None}
+    assert RIGHT_FIX in _predictions(out)[iid]
