@@ -280,6 +280,7 @@ class ShapesModel:
         "```python\nfrom shapes import Point, scale\nassert scale(Point(1, 2), 3) == Point(3, 2)\n```",
         "```python\nimport shapes_nowhere\n```",
         "```python\nassert (\n```",
+        "```python\nfrom shapes import Point\nassert Point(1, 2) == expected_point\n```",
     ]
 
     def __init__(self, index_of: dict[str, dict[int, int]]):

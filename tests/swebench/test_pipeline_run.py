@@ -96,7 +96,9 @@ def test_generate_then_test_and_rank_elsewhere_then_resume(shapes, rules, tmp_pa
     assert base["r0"]["kept"] and "AssertionError" in base["r0"]["why"]
     assert not base["r1"]["kept"] and base["r1"]["why"] == "passes on the original code"
     assert not base["r2"]["kept"] and "ModuleNotFoundError" in base["r2"]["why"]
-    assert "r3" not in base  # the script that does not parse never reached the test stage
+    # a name the script never defined: its own bug, not one a source change can fix
+    assert not base["r3"]["kept"] and base["r3"]["why"] == "fails with NameError in its own code"
+    assert "r4" not in base  # the script that does not parse never reached the test stage
     reg = next(r for r in tests if r["kind"] == "regression_base")
     assert reg["files"] == ["shapes/tests/test_geometry.py"] and len(reg["passing"]) == 4
     by_id = {r["id"]: r for r in tests if r["kind"] == "candidate_test"}

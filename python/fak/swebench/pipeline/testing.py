@@ -10,7 +10,8 @@ that need nothing installed.
 - Reproduction scripts (``reproduce``) run on the original code as ``python .fak/repro_ID.py``
   with the repository on ``PYTHONPATH``; a script is *kept* when it fails there (non-zero exit,
   not killed) with an error that a source change can fix — not a ``SyntaxError`` of its own, not
-  a module that cannot be imported (``UNFIXABLE``).
+  a module that cannot be imported (``UNFIXABLE``), not a ``NameError`` raised in the script's
+  own code (a name the script never defined; ``SCRIPT_BUGS``).
 - Candidates, most votes first, at most ``repro_candidates``: applied with ``git apply``; each
   kept script passes (exit 0) or not (``repro_fixed`` counts those that pass).
 - Regression tests, for the best ``candidates`` of those (most scripts fixed, then most votes):
@@ -40,6 +41,10 @@ from fak.swebench.pipeline.source import Repo, is_test_path, module_name
 
 PASS = ("PASSED", "XFAIL")
 UNFIXABLE = ("SyntaxError", "IndentationError", "TabError", "ModuleNotFoundError", "ImportError")
+#: errors that are the script's own bug when its own frame raised them (the last frame of the
+#: traceback is the script file): no change to the repository can fix them
+SCRIPT_BUGS = ("NameError", "UnboundLocalError")
+_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
 _EXC = re.compile(r"^(?:[\w.]+\.)?([A-Z]\w*(?:Error|Exception|Exit|Failure|Warning))\b")
 SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
 _PYTEST_CMD = re.compile(r"^((?:\s*[A-Za-z_]\w*=\S+)*\s*)pytest\b")
@@ -198,6 +203,16 @@ def failure_kind(output: str) -> str | None:
     return kind
 
 
+def raised_in(output: str) -> str | None:
+    """The file of the last traceback frame in ``output`` (where the error was raised)."""
+    last = None
+    for ln in output.splitlines():
+        m = _FRAME.match(ln)
+        if m:
+            last = m.group(1)
+    return last
+
+
 def _tail(text: str, n: int = 1500) -> str:
     return text[-n:]
 
@@ -226,6 +241,8 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
             why, keep = "passes on the original code", False
         elif kind in UNFIXABLE:
             why, keep = f"fails with {kind}", False
+        elif kind in SCRIPT_BUGS and (raised_in(res.output) or "").endswith(f"repro_{s['id']}.py"):
+            why, keep = f"fails with {kind} in its own code", False
         else:
             why, keep = f"fails with {kind or f'exit status {res.returncode}'}", True
         if keep:
