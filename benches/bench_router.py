@@ -30,7 +30,6 @@ import concurrent.futures as cf
 import json
 import os
 import platform
-import signal
 import socket
 import statistics
 import subprocess
@@ -45,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(ROOT / "tests" / "swebench"))
 
-from fak_subprocess import fak_argv, fak_env  # noqa: E402
+from fak_subprocess import fak_argv, fak_env, stop_process  # noqa: E402
 
 SYSTEM = ("You are fak's coding agent. You work in one repository checkout (the workspace) and "
           "fix the issue you are given. Tools: read {path, start_line?, end_line?}, list {path?}, "
@@ -192,15 +191,6 @@ def _spawn(argv: list[str], url: str) -> subprocess.Popen:
             time.sleep(0.1)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 @pytest.fixture(scope="module")
 def scripted_cluster(tmp_path_factory):
     script = tmp_path_factory.mktemp("script") / "script.json"
@@ -221,7 +211,7 @@ def scripted_cluster(tmp_path_factory):
         yield {"replicas": urls, "router": front}
     finally:
         for p in procs:
-            _stop(p)
+            stop_process(p)
 
 
 async def _load(targets: list[str], agents: int, per_agent: int) -> tuple[list[float], float, dict]:

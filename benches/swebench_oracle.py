@@ -19,20 +19,17 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+
+from fak.swebench.pipeline.artifacts import Store
 
 
-def _records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
+def ranked_diffs(store: Store, iid: str) -> list[str]:
+    """The instance's candidate diffs in the rank stage's order (``[]`` before ``rank`` ran)."""
+    repair, rank = store.load(iid, "repair"), store.load(iid, "rank")
+    if repair is None or rank is None:
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def ranked_diffs(folder: Path) -> list[str]:
-    """The instance's candidate diffs in the rank stage's order."""
-    diffs = {r["id"]: r["diff"] for r in _records(folder / "repair.jsonl") if r.get("kind") == "candidate"}
-    return [diffs[r["id"]] for r in _records(folder / "rank.jsonl")
-            if r.get("kind") == "ranked" and r["id"] in diffs]
+    diffs = {r["id"]: r["diff"] for r in repair.of_kind("candidate")}
+    return [diffs[r["id"]] for r in rank.of_kind("ranked") if r["id"] in diffs]
 
 
 def main(argv: list[str]) -> int:
@@ -46,9 +43,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--out", type=Path, default=None, help="output folder (default RUN_DIR/oracle)")
     args = ap.parse_args(argv)
     only = {s for s in args.only.split(",") if s}
-    folders = sorted(p for p in (args.run / "pipeline").iterdir()
-                     if p.is_dir() and (not only or p.name in only))
-    ranked = {f.name: ranked_diffs(f) for f in folders}
+    store = Store(args.run / "pipeline")
+    ranked = {p.name: ranked_diffs(store, p.name) for p in sorted(store.root.iterdir())
+              if p.is_dir() and (not only or p.name in only)}
     out = args.out or args.run / "oracle"
     out.mkdir(parents=True, exist_ok=True)
     resolved: dict[str, list[int]] = {iid: [] for iid in ranked}

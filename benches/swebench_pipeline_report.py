@@ -4,7 +4,7 @@
 
 ``RUN_DIR`` is a ``fak swebench run --agent pipeline --output`` folder (its ``pipeline/ID/*.jsonl``
 artifacts); ``EVAL_REPORT.json`` is ``fak swebench eval``'s ``report.json`` for the run's
-``predictions.json``. Per instance: locations chosen, samples asked, candidates that applied and
+``predictions.json``. Prints a Markdown table to stdout; exit status 2 on wrong arguments. Per instance: locations chosen, samples asked, candidates that applied and
 parsed, reproduction scripts written / kept (they fail on the original code), candidates the
 scripts ran on and whose regression tests ran, how many candidates fixed every kept script, the
 chosen candidate (its votes, scripts fixed, regression failures) and the graded result. Reads
@@ -18,37 +18,30 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-def _records(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+from fak.swebench.pipeline.artifacts import Store
 
 
-def instance_row(folder: Path) -> dict[str, Any]:
-    """The table row of one instance's artifact folder."""
-    choose = _records(folder / "choose.jsonl")
-    repair = _records(folder / "repair.jsonl")
-    repro = _records(folder / "reproduce.jsonl")
-    test = _records(folder / "test.jsonl")
-    rank = _records(folder / "rank.jsonl")
-    cands = [r for r in repair if r.get("kind") == "candidate"]
-    kept = [r for r in test if r.get("kind") == "script_base" and r.get("kept")]
-    tried = [r for r in test if r.get("kind") == "candidate_test"]
-    fixed_all = [r for r in tried if kept and r.get("applied") and r.get("repro_fixed") == len(kept)]
-    chosen = next((r for r in rank if r.get("kind") == "chosen"), None)
-    ranked = {r["id"]: r for r in rank if r.get("kind") == "ranked"}
+def instance_row(store: Store, iid: str) -> dict[str, Any]:
+    """The table row of one instance's artifacts (a stage not run yet counts as empty)."""
+    def kind(stage: str, k: str) -> list[dict[str, Any]]:
+        art = store.load(iid, stage)
+        return art.of_kind(k) if art else []
+
+    kept = [r for r in kind("test", "script_base") if r.get("kept")]
+    tried = kind("test", "candidate_test")
+    chosen = next(iter(kind("rank", "chosen")), None)
+    ranked = {r["id"]: r for r in kind("rank", "ranked")}
     c = ranked.get(chosen["id"]) if chosen and chosen.get("id") else None
     return {
-        "instance_id": folder.name,
-        "locations": sum(1 for r in choose if r.get("kind") == "location"),
-        "samples": sum(1 for r in repair if r.get("kind") == "sample"),
-        "candidates": len(cands),
-        "scripts": sum(1 for r in repro if r.get("kind") == "script"),
+        "instance_id": iid,
+        "locations": len(kind("choose", "location")),
+        "samples": len(kind("repair", "sample")),
+        "candidates": len(kind("repair", "candidate")),
+        "scripts": len(kind("reproduce", "script")),
         "kept": len(kept),
         "repro_tried": len(tried),
-        "regression_tried": sum(1 for r in tried if r.get("regression_run") or "regression_failures" in r),
-        "fixed_all": len(fixed_all),
+        "regression_tried": sum(1 for r in tried if "regression_failures" in r),
+        "fixed_all": sum(1 for r in tried if kept and r.get("applied") and r.get("repro_fixed") == len(kept)),
         "chosen": chosen.get("id") if chosen else None,
         "chosen_votes": c["votes"] if c else None,
         "chosen_fixed": c.get("repro_fixed") if c else None,
@@ -63,8 +56,8 @@ def main(argv: list[str]) -> int:
         return 2
     run = Path(argv[0])
     report = json.loads(Path(argv[1]).read_text()) if len(argv) == 2 else None
-    folders = sorted(p for p in (run / "pipeline").iterdir() if p.is_dir())
-    rows = [instance_row(f) for f in folders]
+    store = Store(run / "pipeline")
+    rows = [instance_row(store, p.name) for p in sorted(store.root.iterdir()) if p.is_dir()]
     cols = ["instance", "locations", "samples", "candidates", "scripts / kept",
             "scripts ran on / regression on", "fixed every kept script", "chosen (votes, fixed, regressions)",
             "patch lines", "graded"]

@@ -8,7 +8,7 @@ interpreter would not find it there already (never a site-packages directory, ne
 checkout's ``python/`` when the package is installed).
 
 Usage: ``subprocess.run([sys.executable, "-m", "fak.cli", ...], env=fak_env())``; a server:
-``with fak_process("serve", ...) as url: ...``.
+``with fak_process("serve", ...) as url: ...``; ``stop_process(proc)`` ends one started otherwise.
 """
 
 from __future__ import annotations
@@ -68,6 +68,19 @@ def fak_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "fak.cli", *args]
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """End ``proc`` (one we started, by its PID only): SIGTERM, then SIGKILL after ``timeout``
+    seconds; returns once it has exited."""
+    if proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 @contextmanager
 def fak_process(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> Iterator[str]:
     """Run ``fak ARGS --addr 127.0.0.1:PORT`` (``serve`` or ``router``) and wait for its
@@ -97,9 +110,4 @@ def fak_process(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> 
             time.sleep(0.1)
         yield url
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)

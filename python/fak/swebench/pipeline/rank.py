@@ -18,7 +18,7 @@ def rank_key(c: dict[str, Any], result: dict[str, Any] | None) -> tuple:
     """The sort key of candidate ``c`` with its ``candidate_test`` record (or ``None``)."""
     tested = result is not None and bool(result.get("applied"))
     fixed = int(result.get("repro_fixed", 0)) if tested else 0
-    ran = tested and (result.get("regression_run") or "regression_failures" in result)
+    ran = tested and "regression_failures" in result
     broken = len(result.get("regression_failures", [])) if tested else 0
     return (0 if tested else 1, -fixed, 0 if ran else 1, broken, -int(c["votes"]), int(c["diff_lines"]),
             int(str(c["id"]).lstrip("c") or 0))

@@ -222,8 +222,7 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
     """The test stage's records: ``env``; ``script_base`` per script (``kept``, ``why``);
     ``regression_base`` per distinct set of test files (``files``, ``passing``, ``failing``);
     ``candidate_test`` per tested candidate (``applied``, ``repro`` {script: exit status},
-    ``repro_fixed``; and, for those whose regression tests ran, ``regression_run``,
-    ``regression_failures``)."""
+    ``repro_fixed``; and ``regression_failures`` for those whose regression tests ran)."""
     tenv.info["repo"] = task["repo"]
     records: list[dict[str, Any]] = [{"kind": "env", **{k: v for k, v in tenv.info.items()
                                                         if k != "repo"}}]
@@ -292,7 +291,6 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
     for c in best:
         rec = results[c["id"]]
         t0 = time.perf_counter()
-        rec["regression_run"] = True
         files = own[c["id"]]
         if files:
             tenv.reset()
