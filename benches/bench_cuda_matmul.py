@@ -5,7 +5,8 @@ layouts, for the row counts a decode batch (1..256) and a prefill chunk (512) br
 Candidates: the GEMV (``gemv``: up to 8 rows per launch, more rows in launches of 8) and the int8
 tensor-core GEMM ``tc:<BN>:<DEPTH>:<splits>`` (BN tokens per tile 16/32/64, weights fetched DEPTH
 k-steps ahead, the K range split over ``splits`` blocks per tile; a few split counts around the
-heuristic's). Each time is the median over graph replays of 10 products captured in one CUDA
+heuristic's), and its staged mode ``st:<BN>:<S>:<splits>`` (S stages of 256 values of K copied
+ahead to shared memory by cp.async; K % 256 == 0). Each time is the median over graph replays of 10 products captured in one CUDA
 graph (``OpRunner.time_matmul``), so launch gaps are those of a decode step. Random weights and
 activations (never zeros); the weights of a shape are uploaded once.
 
@@ -77,11 +78,12 @@ def candidates(k: int, n_out: int, rows: int, quick: bool) -> list[str]:
             if bn > 2 * max(rows, 16) or (rows > 4 * bn and bn < 64):
                 continue
             s = auto_splits(k, n_out, rows, bn)
-            for depth in (1, 2):
-                for sp in sorted({1, max(1, s // 2), s, 2 * s}):
-                    if sp > max(k // 32 // 8, 1):
-                        continue
-                    out.append(f"tc:{bn}:{depth}:{sp}")
+            for mode, depths in (("tc", (1, 2)), ("st", (2, 3) if k % 256 == 0 else ())):
+                for depth in depths:
+                    for sp in sorted({1, max(1, s // 2), s, 2 * s}):
+                        if sp > max(k // 32 // 8, 1):
+                            continue
+                        out.append(f"{mode}:{bn}:{depth}:{sp}")
     return out
 
 

@@ -27,8 +27,10 @@ pub static TABLE: &[Entry] = &[
 def choice(v: str) -> str:
     if v == "gemv":
         return "Choice::Gemv"
-    _, bn, depth, splits = v.split(":")
-    return f"Choice::Tc(Tc {{ bn: {bn}, depth: {depth}, splits: {splits} }})"
+    mode, bn, d, splits = v.split(":")
+    if mode == "st":
+        return f"Choice::Tc(Tc {{ bn: {bn}, depth: 2, splits: {splits}, stages: {d} }})"
+    return f"Choice::Tc(Tc {{ bn: {bn}, depth: {d}, splits: {splits}, stages: 0 }})"
 
 
 def main() -> None:

@@ -497,7 +497,38 @@ template <> struct DecI8<T_Q6_K> {
 // two chains per barrier). The weight tiles (2·G·128·48 bytes) are dynamic shared memory
 // (`mmq_q8_smem`); the rest is static. The order of the f32 additions does not depend on BN or G,
 // only on the split count.
-template <int FMT, int BN, int G>
+// Staged mode (S = 2 or 3 stages; batched decode, where a k-step chain that waits on global memory
+// is what a product costs): the weights and activations of 256 values of K (8 k-steps: a
+// super-block, or 8 legacy blocks) for the whole tile are copied to shared memory by cp.async, S − 1
+// stages ahead of the one being multiplied, so that a block keeps whole super-blocks of loads in
+// flight instead of one k-step's; the k-steps then read their raw words from shared memory
+// (the same Raw16 fetch, from a shared row) and go on as in the direct mode. Same numbers as the
+// direct mode (the same words reach the same decode and MMAs). Needs K % 256 == 0 (the host
+// falls back to the direct mode otherwise). Stage layout: the tile's BM rows at a stride of
+// StageA::RS bytes (Q6_K rows are copied by 4-byte words from the aligned word below their start,
+// which keeps their address mod 4, as its 210-byte blocks are 2-aligned), then BN tokens × 272
+// bytes of quants, BN × stage_ya bytes of scales (q8_K: d; q8_0: 8 (d, s) pairs), and (Q4_K/Q5_K)
+// BN × 32 bytes of the 8 block sums.
+template <int FMT> struct StageA {
+    static constexpr int BPS = FMT == T_Q4_0 ? 144 : FMT == T_Q4_1 ? 160 : FMT == T_Q5_0 ? 176 : FMT == T_Q5_1 ? 192
+                             : FMT == T_Q8_0 ? 272 : FMT == T_Q4_K ? 144 : FMT == T_Q5_K ? 176 : 210;
+    static constexpr bool W4 = FMT == T_Q6_K;
+    static constexpr int RS = W4 ? 232 : (((BPS / 16) & 1) ? BPS : BPS + 16);
+};
+constexpr int STAGE_YQ = 272;
+template <int FMT> __host__ __device__ constexpr int stage_ya() { return (FMT == T_Q4_K || FMT == T_Q5_K || FMT == T_Q6_K) ? 16 : 64; }
+template <int FMT> __host__ __device__ constexpr int stage_ys() { return (FMT == T_Q4_K || FMT == T_Q5_K) ? 32 : 0; }
+template <int FMT, int BN> __host__ __device__ constexpr int stage_bytes() { return 128 * StageA<FMT>::RS + BN * (STAGE_YQ + stage_ya<FMT>() + stage_ys<FMT>()); }
+
+// cp.async of 16 / 4 bytes of which the first n are read (the rest zero-filled).
+FAK_DEVICE void cp_async16z(void* smem, const void* gmem, int n) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(n));
+}
+FAK_DEVICE void cp_async4z(void* smem, const void* gmem, int n) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(n));
+}
+
+template <int FMT, int BN, int G, int S>
 __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,
                        const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,
                        bool accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {
@@ -681,22 +712,127 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
 
     const int steps = K / 32;
     const int ks0 = blockIdx.z * kps, ks1 = min(steps, ks0 + kps);
-#pragma unroll
-    for (int d = 0; d < G; ++d)
-        if (ks0 + d < ks1) fetch(sl[d], 32 * (ks0 + d));
-    int buf = 0;
-    for (int ks = ks0; ks < ks1; ks += G) {
+    if constexpr (S == 0) {
 #pragma unroll
         for (int d = 0; d < G; ++d)
-            if (ks + d < ks1) store(sl[d], 32 * (ks + d), buf, d);
-        __syncthreads();
+            if (ks0 + d < ks1) fetch(sl[d], 32 * (ks0 + d));
+        int buf = 0;
+        for (int ks = ks0; ks < ks1; ks += G) {
 #pragma unroll
-        for (int d = 0; d < G; ++d)
-            if (ks + G + d < ks1) fetch(sl[d], 32 * (ks + G + d));
+            for (int d = 0; d < G; ++d)
+                if (ks + d < ks1) store(sl[d], 32 * (ks + d), buf, d);
+            __syncthreads();
 #pragma unroll
-        for (int d = 0; d < G; ++d)
-            if (ks + d < ks1) compute(buf, d, ks + d);
-        buf ^= 1;
+            for (int d = 0; d < G; ++d)
+                if (ks + G + d < ks1) fetch(sl[d], 32 * (ks + G + d));
+#pragma unroll
+            for (int d = 0; d < G; ++d)
+                if (ks + d < ks1) compute(buf, d, ks + d);
+            buf ^= 1;
+        }
+    } else {
+        static_assert(8 % G == 0, "a stage holds whole k-step groups");
+        constexpr int RS = StageA<FMT>::RS, SB = stage_bytes<FMT, BN>(), YA = stage_ya<FMT>();
+        u8* const stages = (u8*)mmq_dyn + 2 * G * BM * AST;
+        // Copies stage st (values [256·st, 256·st + 256)) into stage buffer sb.
+        auto issue = [&](int st, int sb) {
+            u8* const sa = stages + sb * SB;
+            if constexpr (!StageA<FMT>::W4) {
+                constexpr int CPR = StageA<FMT>::BPS / 16;
+                for (int c = tid; c < BM * CPR; c += 256) {
+                    const int r = c / CPR, p = c - r * CPR;
+                    const u8* src = W + (size_t)min(m0 + r, n_out - 1) * row_bytes + (size_t)st * StageA<FMT>::BPS + 16 * p;
+                    cp_async16z(sa + r * RS + 16 * p, src, 16);
+                }
+            } else {
+                // 53 words from the aligned word at or below the row's block; the last one holds
+                // 2 (off 0) or 4 (off 2) of its bytes, so nothing past the block is read.
+                for (int c = tid; c < BM * 53; c += 256) {
+                    const int r = c / 53, wi = c - r * 53;
+                    const size_t gb = (size_t)min(m0 + r, n_out - 1) * row_bytes + (size_t)st * 210;
+                    const int off = (int)(gb & 3);
+                    cp_async4z(sa + r * RS + 4 * wi, W + (gb - off) + 4 * wi, wi == 52 ? off + 2 : 4);
+                }
+            }
+            u8* const sq = sa + BM * RS;
+            for (int c = tid; c < BN * 16; c += 256) {
+                const int r = c >> 4, p = c & 15, tok = n0 + r;
+                const bool ok = tok < n_rows;
+                cp_async16z(sq + r * STAGE_YQ + 16 * p, yq + (size_t)(ok ? tok : 0) * K + (size_t)st * 256 + 16 * p, ok ? 16 : 0);
+            }
+            u8* const sya = sq + BN * STAGE_YQ;
+            if constexpr (KQ || K6) {
+                for (int r = tid; r < BN; r += 256) {
+                    const int tok = n0 + r;
+                    const bool ok = tok < n_rows;
+                    cp_async4z(sya + YA * r, (const float*)ya + (size_t)(ok ? tok : 0) * (K / 256) + st, ok ? 4 : 0);
+                }
+            } else {
+                for (int c = tid; c < BN * 4; c += 256) {
+                    const int r = c >> 2, p = c & 3, tok = n0 + r;
+                    const bool ok = tok < n_rows;
+                    cp_async16z(sya + YA * r + 16 * p, (const u8*)ya + ((size_t)(ok ? tok : 0) * (K / 32) + (size_t)st * 8) * 8 + 16 * p, ok ? 16 : 0);
+                }
+            }
+            if constexpr (KQ) {
+                u8* const sys = sya + BN * YA;
+                for (int c = tid; c < BN * 2; c += 256) {
+                    const int r = c >> 1, p = c & 1, tok = n0 + r;
+                    const bool ok = tok < n_rows;
+                    cp_async16z(sys + 32 * r + 16 * p, (const u8*)(ys + (size_t)(ok ? tok : 0) * (K / 32) + (size_t)st * 8) + 16 * p, ok ? 16 : 0);
+                }
+            }
+        };
+        // The slot of k-step kk / 32 of stage st, held in buffer sb, read from shared memory.
+        auto fetch_s = [&](Slot& s, int sb, int st, int kk) {
+            const u8* const sa = stages + sb * SB;
+            int off = 0;
+            if constexpr (StageA<FMT>::W4) off = (int)(((size_t)min(m0 + a_row, n_out - 1) * row_bytes + (size_t)st * 210) & 3);
+            Raw16<FMT>::fetch(sa + a_row * RS + off, kk + 16 * a_h, s.raw);
+            if (b_in) {
+                const u8* const sq = sa + BM * RS;
+                const u8* const sya = sq + BN * STAGE_YQ + YA * b_row;
+                s.bq = *(const uint2*)(sq + b_row * STAGE_YQ + kk + 8 * b_part);
+                if constexpr (KQ || K6) {
+                    s.td = *(const float*)sya;
+                    s.ts = KQ ? ((const int*)(sq + BN * STAGE_YQ + BN * YA + 32 * b_row))[kk >> 5] : 0;
+                } else {
+                    const float2 ds = ((const float2*)sya)[kk >> 5];
+                    s.td = ds.x;
+                    s.ts = __float_as_int(ds.y);
+                }
+            } else {
+                s.bq = make_uint2(0u, 0u);
+                s.td = 0.0f;
+                s.ts = 0;
+            }
+        };
+        const int st0 = ks0 >> 3, nst = (ks1 - ks0) >> 3;  // ks0, ks1: multiples of 8 (K % 256 == 0)
+#pragma unroll
+        for (int i = 0; i < S - 1; ++i) {
+            if (i < nst) issue(st0 + i, i);
+            cp_async_commit();
+        }
+        int buf = 0;
+        for (int i = 0; i < nst; ++i) {
+            cp_async_wait<S - 2>();
+            __syncthreads();  // stage i landed for every thread; stage i − 1's buffer is free
+            if (i + S - 1 < nst) issue(st0 + i + S - 1, (i + S - 1) % S);
+            cp_async_commit();
+            const int sb = i % S, st = st0 + i;
+#pragma unroll 1
+            for (int j = 0; j < 8; j += G) {
+#pragma unroll
+                for (int d = 0; d < G; ++d) {
+                    fetch_s(sl[d], sb, st, 32 * (j + d));
+                    store(sl[d], 32 * (8 * st + j + d), buf, d);
+                }
+                __syncthreads();
+#pragma unroll
+                for (int d = 0; d < G; ++d) compute(buf, d, 8 * st + j + d);
+                buf ^= 1;
+            }
+        }
     }
 
     const int splits = gridDim.z;
@@ -774,11 +910,22 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
         const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,                \
         const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,   \
         int accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {                                     \
-        mmq_q8<FMT, BN, G>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters);       \
+        mmq_q8<FMT, BN, G, 0>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters);    \
+    }
+// mmq_<fmt>_q8_n<BN>_s<S>: the staged mode (two k-steps per barrier), dynamic shared memory
+// 2·2·128·48 + S·stage_bytes (the host's `mmq_q8_smem`); K % 256 == 0.
+#define MMQ_Q8S(NAME, FMT, BN, S)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, 1) mmq_##NAME##_q8_n##BN##_s##S(                                    \
+        const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,                \
+        const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,   \
+        int accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {                                     \
+        mmq_q8<FMT, BN, 2, S>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters);    \
     }
 #define MMQ_Q8_ALL(NAME, FMT)                                                                                              \
     MMQ_Q8(NAME, FMT, 16, 1) MMQ_Q8(NAME, FMT, 16, 2) MMQ_Q8(NAME, FMT, 32, 1) MMQ_Q8(NAME, FMT, 32, 2)                   \
-    MMQ_Q8(NAME, FMT, 64, 1) MMQ_Q8(NAME, FMT, 64, 2)
+    MMQ_Q8(NAME, FMT, 64, 1) MMQ_Q8(NAME, FMT, 64, 2)                                                                     \
+    MMQ_Q8S(NAME, FMT, 16, 2) MMQ_Q8S(NAME, FMT, 16, 3) MMQ_Q8S(NAME, FMT, 32, 2) MMQ_Q8S(NAME, FMT, 32, 3)             \
+    MMQ_Q8S(NAME, FMT, 64, 2) MMQ_Q8S(NAME, FMT, 64, 3)
 MMQ_Q8_ALL(q4_0, T_Q4_0)
 MMQ_Q8_ALL(q4_1, T_Q4_1)
 MMQ_Q8_ALL(q5_0, T_Q5_0)

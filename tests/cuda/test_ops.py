@@ -602,7 +602,49 @@ def test_matmul_forced_variant(variant: str, wtype: str, n_rows: int) -> None:
     np.testing.assert_array_equal(y2, y)
 
 
+# The staged mode (cp.async stages of 256 values of K): K of 9 stages (an odd number; for Q6_K rows
+# of 1,890 bytes, so that half of its rows and stages start 2 bytes off a word), against the CPU
+# and bit for bit against the direct mode with the same split count (the same words reach the same
+# decode and MMAs).
+STAGED = ["st:16:2:1", "st:16:3:4", "st:32:2:3", "st:32:3:0", "st:64:2:2", "st:64:3:1"]
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("variant", STAGED)
+@pytest.mark.parametrize("n_rows", [1, 9, 33, 70])
+@pytest.mark.parametrize("wtype", QUANT)
+def test_matmul_staged_variant(variant: str, wtype: str, n_rows: int) -> None:
+    k, n_out = 2304, 300
+    w, wd = weights_case(wtype, n_out, k, "staged")
+    rng = seed("staged", wtype, n_rows, variant)
+    x = rng.standard_normal((n_rows, k)).astype(np.float32)
+    bias = rng.standard_normal(n_out).astype(np.float32)
+    res = rng.standard_normal((n_rows, n_out)).astype(np.float32)
+    _, bn, _, splits = variant.split(":")
+    direct = f"tc:{bn}:2:{splits}"
+    cuda = runner("cuda")
+    out = {}
+    try:
+        for v in (variant, direct):
+            cuda.set_matmul_variant(v)
+            out[v] = (
+                cuda.matmul(wtype, w, n_out, k, x.reshape(-1), bias).reshape(n_rows, n_out),
+                cuda.matmul_add(wtype, w, n_out, k, x.reshape(-1), res.reshape(-1), bias).reshape(n_rows, n_out),
+            )
+    finally:
+        cuda.set_matmul_variant(None)
+    y, ya = out[variant]
+    ref = x.astype(np.float64) @ wd.T + bias
+    assert rel_err(y, ref) <= Q8, f"{variant} {wtype} rows={n_rows}: {rel_err(y, ref):.3g}"
+    y_cpu = runner("cpu").matmul(wtype, w, n_out, k, x.reshape(-1), bias).reshape(n_rows, n_out).astype(np.float64)
+    assert rel_err(y, y_cpu) <= CPU_EXACT, f"cuda {variant} vs cpu {wtype} rows={n_rows}: {rel_err(y, y_cpu):.3g}"
+    np.testing.assert_array_equal(y, out[direct][0], err_msg=f"{variant} vs {direct} {wtype} rows={n_rows}")
+    np.testing.assert_array_equal(ya, out[direct][1], err_msg=f"{variant} vs {direct} (accumulate) {wtype} rows={n_rows}")
+
+
 @pytest.mark.cuda
 def test_matmul_variant_rejects_unknown() -> None:
     with pytest.raises(ValueError):
         runner("cuda").set_matmul_variant("tc:8:1:1")
+    with pytest.raises(ValueError):
+        runner("cuda").set_matmul_variant("st:16:1:1")

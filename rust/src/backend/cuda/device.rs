@@ -57,6 +57,8 @@ pub struct DeviceInfo {
     pub n_sm: i32,
     pub total_mem: usize,
     pub l2_bytes: i32,
+    /// The most shared memory one block may opt in to (bytes; 232,448 on Hopper).
+    pub max_smem_optin: i32,
     /// `cuDriverGetVersion`, e.g. 13000 for CUDA 13.0.
     pub driver_version: i32,
 }
@@ -120,6 +122,7 @@ impl Device {
                 let cc = (attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?);
                 let n_sm = attr(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
                 let l2_bytes = attr(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)?;
+                let max_smem_optin = attr(A::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)?;
                 let mut name_buf = [0 as std::ffi::c_char; 256];
                 drv("cuDeviceGetName", sys::cuDeviceGetName(name_buf.as_mut_ptr(), 256, dev))?;
                 let name = std::ffi::CStr::from_ptr(name_buf.as_ptr()).to_string_lossy().into_owned();
@@ -140,7 +143,7 @@ impl Device {
                 drv("cuStreamCreate", sys::cuStreamCreate(&mut stream, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32))?;
                 let generation = GENERATION.fetch_add(1, Ordering::Relaxed);
                 CURRENT.with(|c| c.set((ctx as usize, generation)));
-                let info = DeviceInfo { ordinal, name, cc, n_sm, total_mem, l2_bytes, driver_version };
+                let info = DeviceInfo { ordinal, name, cc, n_sm, total_mem, l2_bytes, max_smem_optin, driver_version };
                 Ok(Arc::new(Device { info, generation, dev, ctx, stream }))
             }
         })

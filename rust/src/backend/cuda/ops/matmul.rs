@@ -31,10 +31,41 @@ pub const MMVQ_MAX_ROWS: usize = matmul_plan::GEMV_MAX_ROWS;
 pub(crate) const MM_COUNTERS: usize = 1 << 16;
 
 /// Dynamic shared memory of `mmq_<fmt>_q8_n<BN>_p<G>`: the double-buffered weight tiles of G
-/// k-steps (128 rows × 48 bytes each).
-fn mmq_q8_smem(g: usize) -> u32 {
-    (2 * g * 128 * 48) as u32
+/// k-steps (128 rows × 48 bytes each); of `mmq_<fmt>_q8_n<BN>_s<S>` (G = 2), also its S stages.
+fn mmq_q8_smem(g: usize, stages: usize, wtype: GgmlType, bn: usize) -> u32 {
+    (2 * g * 128 * 48 + stages * stage_bytes(wtype, bn)) as u32
 }
+
+/// Bytes of one stage of the staged GEMM (`stage_bytes<FMT, BN>` of `rust/kernels/mmq.cu`): 128
+/// weight rows of 256 values at the kernel's row stride, then per token 272 bytes of quants, its
+/// scales (16 bytes for the q8_K form, 64 for the q8_0 form) and, for Q4_K/Q5_K, 32 bytes of block
+/// sums.
+fn stage_bytes(wtype: GgmlType, bn: usize) -> usize {
+    use GgmlType as T;
+    let bps: usize = match wtype {
+        T::Q4_0 | T::Q4_K => 144,
+        T::Q4_1 => 160,
+        T::Q5_0 | T::Q5_K => 176,
+        T::Q5_1 => 192,
+        T::Q8_0 => 272,
+        _ => 210,
+    };
+    let rs = if wtype == T::Q6_K {
+        232
+    } else if (bps / 16) % 2 == 1 {
+        bps
+    } else {
+        bps + 16
+    };
+    let ya = if is_kquant(wtype) { 16 } else { 64 };
+    let ys = if matches!(wtype, T::Q4_K | T::Q5_K) { 32 } else { 0 };
+    128 * rs + bn * (272 + ya + ys)
+}
+
+/// Static shared memory the GEMM kernels may use besides the dynamic part (ptxas reports ≤ 21 KB
+/// for the staged ones; a launch whose total would pass the device's opt-in limit takes fewer
+/// stages).
+const MMQ_STATIC_SMEM: usize = 24 << 10;
 
 /// Largest split-K workspace (partial sums) a product may use; beyond it the split count drops.
 const MM_WS_MAX: usize = 256 << 20;
@@ -284,13 +315,27 @@ impl CudaBackend {
         if splits == 1 {
             kps = steps.max(1);
         }
-        let name = intern(format!("mmq_{fmt}_q8_n{}_p{}", t.bn, t.depth));
+        // The staged mode needs whole stages of 256 values (and the shared memory for them).
+        let mut stages = if k.is_multiple_of(256) { t.stages } else { 0 };
+        let smem_max = self.dev.info.max_smem_optin as usize;
+        while stages > 2 && mmq_q8_smem(2, stages, w.wtype, t.bn) as usize + MMQ_STATIC_SMEM > smem_max {
+            stages -= 1;
+        }
+        if stages > 0 && mmq_q8_smem(2, stages, w.wtype, t.bn) as usize + MMQ_STATIC_SMEM > smem_max {
+            stages = 0;
+        }
+        let (name, smem) = if stages > 0 {
+            (intern(format!("mmq_{fmt}_q8_n{}_s{stages}", t.bn)), mmq_q8_smem(2, stages, w.wtype, t.bn))
+        } else {
+            let depth = if t.stages > 0 { 2 } else { t.depth };
+            (intern(format!("mmq_{fmt}_q8_n{}_p{depth}", t.bn)), mmq_q8_smem(depth, 0, w.wtype, t.bn))
+        };
         self.launch(
             "mmq",
             name,
             (gx as u32, gy as u32, splits as u32),
             256,
-            mmq_q8_smem(t.depth),
+            smem,
             Args::new()
                 .ptr(w.mem.ptr())
                 .u64(w.row_bytes as u64)

@@ -1,14 +1,16 @@
 //! Which quantized-matmul kernel runs a `(format, rows, k, n_out)` product, and with what launch
 //! shape: the decode GEMV (`mmvq_*`, up to 8 activation rows per launch, more rows in chunks of
 //! 8) or the int8 tensor-core GEMM (`mmq_<fmt>_q8_n<BN>_p<G>`, `BN` tokens per tile, `G` k-steps
-//! per barrier, the K range split over `splits` blocks per tile).
+//! per barrier, the K range split over `splits` blocks per tile; or its staged mode
+//! `mmq_<fmt>_q8_n<BN>_s<S>`, S stages of 256 values of K copied ahead by cp.async).
 //!
 //! The choice comes from [`TABLE`], measured on the GPU by `benches/bench_cuda_matmul.py` (every
 //! candidate timed at the real layer shapes of the 1.5B and 7B layouts for row counts 1..512;
 //! `scripts/gen_matmul_table.py` turns its JSON into the table), and from [`heuristic`] for
 //! shapes the table does not list; `FAK_CUDA_MM_TABLE` names a table file measured on the machine
 //! itself (read first). `FAK_CUDA_MM` (or [`force`], for the benches) pins one choice for every
-//! product: `gemv`, or `tc:<BN>:<G>:<splits>` (`splits` 0: the heuristic's).
+//! product: `gemv`, `tc:<BN>:<G>:<splits>` or `st:<BN>:<S>:<splits>` (`splits` 0: the
+//! heuristic's).
 //!
 //! Two modes: a decode step (every sequence of the forward has one new row; the engine's batch
 //! says so, [`super::super::CudaBackend::set_batch`]) takes the table's choice for its row
@@ -38,6 +40,10 @@ pub struct Tc {
     pub depth: usize,
     /// Blocks per tile along K (1: no split).
     pub splits: usize,
+    /// 0: the direct mode (each k-step's raw words fetched `depth` steps ahead into registers);
+    /// 2 or 3: the staged mode (256 values of K for the whole tile copied to shared memory by
+    /// cp.async, `stages − 1` ahead; two k-steps per barrier; `depth` unused), for K % 256 == 0.
+    pub stages: usize,
 }
 
 /// A kernel choice for one product.
@@ -116,7 +122,7 @@ pub fn heuristic(k: usize, n_out: usize, n_rows: usize, n_sm: usize) -> Choice {
         return Choice::Gemv;
     }
     let bn = tile_n(n_rows);
-    Choice::Tc(Tc { bn, depth: if bn < 64 { 2 } else { 1 }, splits: bucket_splits(k, n_out, n_rows, bn, n_sm) })
+    Choice::Tc(Tc { bn, depth: if bn < 64 { 2 } else { 1 }, splits: bucket_splits(k, n_out, n_rows, bn, n_sm), stages: 0 })
 }
 
 static FORCED: Mutex<Option<Choice>> = Mutex::new(None);
@@ -139,20 +145,36 @@ pub fn decode_forced() -> bool {
     DECODE_ALWAYS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Parses `gemv` or `tc:<BN>:<G>:<splits>` (`FAK_CUDA_MM`, the benchmark's variant names).
+/// Parses `gemv`, `tc:<BN>:<G>:<splits>` (the direct mode) or `st:<BN>:<S>:<splits>` (the
+/// staged mode, S stages) — `FAK_CUDA_MM`, the benchmark's variant names.
 pub fn parse(s: &str) -> Option<Choice> {
     let s = s.trim();
     if s == "gemv" {
         return Some(Choice::Gemv);
     }
-    let mut it = s.strip_prefix("tc:")?.split(':');
+    let (staged, rest) = match (s.strip_prefix("tc:"), s.strip_prefix("st:")) {
+        (Some(r), _) => (false, r),
+        (_, Some(r)) => (true, r),
+        _ => return None,
+    };
+    let mut it = rest.split(':');
     let bn: usize = it.next()?.parse().ok()?;
-    let depth: usize = it.next()?.parse().ok()?;
+    let d: usize = it.next()?.parse().ok()?;
     let splits: usize = it.next()?.parse().ok()?;
-    if ![16, 32, 64].contains(&bn) || !(1..=2).contains(&depth) || it.next().is_some() {
+    let d_ok = if staged { (2..=3).contains(&d) } else { (1..=2).contains(&d) };
+    if ![16, 32, 64].contains(&bn) || !d_ok || it.next().is_some() {
         return None;
     }
-    Some(Choice::Tc(Tc { bn, depth, splits }))
+    Some(Choice::Tc(if staged { Tc { bn, depth: 2, splits, stages: d } } else { Tc { bn, depth: d, splits, stages: 0 } }))
+}
+
+/// The variant name [`parse`] reads back.
+pub fn name(c: Choice) -> String {
+    match c {
+        Choice::Gemv => "gemv".into(),
+        Choice::Tc(t) if t.stages > 0 => format!("st:{}:{}:{}", t.bn, t.stages, t.splits),
+        Choice::Tc(t) => format!("tc:{}:{}:{}", t.bn, t.depth, t.splits),
+    }
 }
 
 fn env_choice() -> Option<Choice> {
@@ -207,7 +229,7 @@ pub fn prefill_choice(n_rows: usize) -> Choice {
     if n_rows <= GEMV_MAX_ROWS {
         Choice::Gemv
     } else {
-        Choice::Tc(Tc { bn: tile_n(n_rows), depth: 1, splits: 1 })
+        Choice::Tc(Tc { bn: tile_n(n_rows), depth: 1, splits: 1, stages: 0 })
     }
 }
 
@@ -231,7 +253,7 @@ pub fn choose(wtype: GgmlType, k: usize, n_out: usize, n_rows: usize, n_sm: usiz
         None => heuristic(k, n_out, n_rows, n_sm),
     };
     match c {
-        Choice::Tc(t) if g1_only() => Choice::Tc(Tc { depth: 1, ..t }),
+        Choice::Tc(t) if g1_only() && t.stages == 0 => Choice::Tc(Tc { depth: 1, ..t }),
         c => c,
     }
 }
@@ -255,10 +277,16 @@ mod tests {
     #[test]
     fn parse_and_heuristic() {
         assert_eq!(parse("gemv"), Some(Choice::Gemv));
-        assert_eq!(parse("tc:16:2:4"), Some(Choice::Tc(Tc { bn: 16, depth: 2, splits: 4 })));
+        assert_eq!(parse("tc:16:2:4"), Some(Choice::Tc(Tc { bn: 16, depth: 2, splits: 4, stages: 0 })));
+        assert_eq!(parse("st:32:3:5"), Some(Choice::Tc(Tc { bn: 32, depth: 2, splits: 5, stages: 3 })));
         assert_eq!(parse("tc:8:2:4"), None);
+        assert_eq!(parse("st:16:1:4"), None);
+        assert_eq!(parse("st:16:4:4"), None);
+        for v in ["gemv", "tc:16:2:4", "tc:64:1:0", "st:16:2:3", "st:64:3:1"] {
+            assert_eq!(name(parse(v).unwrap()), v);
+        }
         assert_eq!(heuristic(1536, 1536, 4, 132), Choice::Gemv);
-        assert_eq!(choose(GgmlType::Q4_K, 1536, 1536, 100, 132, false), Choice::Tc(Tc { bn: 64, depth: 1, splits: 1 }));
+        assert_eq!(choose(GgmlType::Q4_K, 1536, 1536, 100, 132, false), Choice::Tc(Tc { bn: 64, depth: 1, splits: 1, stages: 0 }));
         assert_eq!(choose(GgmlType::Q4_K, 1536, 1536, 5, 132, false), Choice::Gemv);
         let Choice::Tc(t) = heuristic(8960, 1536, 16, 132) else { panic!() };
         assert_eq!((t.bn, t.depth), (16, 2));
