@@ -6,7 +6,8 @@ Candidates: the GEMV (``gemv``: up to 8 rows per launch, more rows in launches o
 tensor-core GEMM ``tc:<BN>:<DEPTH>:<splits>`` (BN tokens per tile 16/32/64, weights fetched DEPTH
 k-steps ahead, the K range split over ``splits`` blocks per tile; a few split counts around the
 heuristic's), and its staged mode ``st:<BN>:<S>:<splits>`` (S stages of 256 values of K copied
-ahead to shared memory by cp.async; K % 256 == 0). Each time is the median over graph replays of 10 products captured in one CUDA
+ahead to shared memory by cp.async; K % 256 == 0) and, for Q4_K/Q6_K, its fragment mode
+``fr:<BN>:<S>:<splits>`` (MMA fragments straight from the staged blocks). Each time is the median over graph replays of 10 products captured in one CUDA
 graph (``OpRunner.time_matmul``), so launch gaps are those of a decode step. Random weights and
 activations (never zeros); the weights of a shape are uploaded once.
 
@@ -69,7 +70,7 @@ def auto_splits(k: int, n_out: int, rows: int, bn: int) -> int:
     return max(1, min(want, max(k // 32 // 16, 1)))
 
 
-def candidates(k: int, n_out: int, rows: int, quick: bool) -> list[str]:
+def candidates(k: int, n_out: int, rows: int, quick: bool, wtype: str = "Q4_K") -> list[str]:
     out = []
     if rows <= 64:
         out.append("gemv")
@@ -78,7 +79,8 @@ def candidates(k: int, n_out: int, rows: int, quick: bool) -> list[str]:
             if bn > 2 * max(rows, 16) or (rows > 4 * bn and bn < 64):
                 continue
             s = auto_splits(k, n_out, rows, bn)
-            for mode, depths in (("tc", (1, 2)), ("st", (2, 3) if k % 256 == 0 else ())):
+            staged = (2, 3) if k % 256 == 0 else ()
+            for mode, depths in (("tc", (1, 2)), ("st", staged), ("fr", staged if wtype in ("Q4_K", "Q6_K") else ())):
                 for depth in depths:
                     for sp in sorted({1, max(1, s // 2), s, 2 * s}):
                         if sp > max(k // 32 // 8, 1):
@@ -101,7 +103,7 @@ def main() -> None:
     for label, wtype, k, n_out in shapes:
         w = random_weights(wtype, n_out, k, rng)
         x = rng.standard_normal(max(ROWS) * k).astype(np.float32)
-        cases = [(rows, v) for rows in ROWS for v in candidates(k, n_out, rows, a.quick)]
+        cases = [(rows, v) for rows in ROWS for v in candidates(k, n_out, rows, a.quick, wtype)]
         cases += [(rows, None) for rows in ROWS]  # the current table/heuristic
         t0 = time.time()
         times = r.time_matmul(wtype, w, n_out, k, x, cases, iters=10, reps=3)

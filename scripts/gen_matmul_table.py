@@ -28,9 +28,10 @@ def choice(v: str) -> str:
     if v == "gemv":
         return "Choice::Gemv"
     mode, bn, d, splits = v.split(":")
-    if mode == "st":
-        return f"Choice::Tc(Tc {{ bn: {bn}, depth: 2, splits: {splits}, stages: {d} }})"
-    return f"Choice::Tc(Tc {{ bn: {bn}, depth: {d}, splits: {splits}, stages: 0 }})"
+    if mode in ("st", "fr"):
+        frag = "true" if mode == "fr" else "false"
+        return f"Choice::Tc(Tc {{ bn: {bn}, depth: 2, splits: {splits}, stages: {d}, frag: {frag} }})"
+    return f"Choice::Tc(Tc {{ bn: {bn}, depth: {d}, splits: {splits}, stages: 0, frag: false }})"
 
 
 def main() -> None:

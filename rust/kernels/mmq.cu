@@ -528,7 +528,12 @@ FAK_DEVICE void cp_async4z(void* smem, const void* gmem, int n) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_u32(smem)), "l"(gmem), "r"(n));
 }
 
-template <int FMT, int BN, int G, int S>
+// Fragment mode (FR, Q4_K and Q6_K, on top of the staged copies): no decoded int8 tile and no
+// barrier per k-step; each warp builds its MMA fragments straight from the stage's raw blocks in
+// shared memory (the quants of its rows, the scales from the block header) and the tokens' quants,
+// one barrier per stage of 8 k-steps. The same integer sub-block sums and the same f32 steps at
+// each super-block's end as the other modes, so the same bits (the op tests compare them).
+template <int FMT, int BN, int G, int S, bool FR = false>
 __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,
                        const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,
                        bool accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {
@@ -538,15 +543,17 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
     constexpr bool MIN1 = FMT == T_Q4_1 || FMT == T_Q5_1;  // + m_w·s_x per block
     extern __shared__ __align__(16) i8 mmq_dyn[];
     i8 (*sA)[G][BM * AST] = (i8 (*)[G][BM * AST])mmq_dyn;  // [2][G][BM·AST]
-    __shared__ __align__(16) i8 sB[2][G][BN * AST];
-    __shared__ int sRi[2][G][BM][2];    // integer row scales of the k-step (see DecI8)
-    __shared__ float sRf[2][G][BM][2];  // float row scales
-    __shared__ float sTd[2][G][BN];     // d_x of each token (its super-block / block)
-    __shared__ int sTs[2][G][BN];       // Σq_x of the k-step's 32 (int; as f32 bits for the q8_0 form's s)
+    static_assert(!FR || ((FMT == T_Q4_K || FMT == T_Q6_K) && S > 0), "fragment mode: Q4_K/Q6_K, staged");
+    constexpr int TM = FR ? 1 : BM, TN = FR ? 1 : BN;  // the tiles below are unused in fragment mode
+    __shared__ __align__(16) i8 sB[2][G][TN * AST];
+    __shared__ int sRi[2][G][TM][2];    // integer row scales of the k-step (see DecI8)
+    __shared__ float sRf[2][G][TM][2];  // float row scales
+    __shared__ float sTd[2][G][TN];     // d_x of each token (its super-block / block)
+    __shared__ int sTs[2][G][TN];       // Σq_x of the k-step's 32 (int; as f32 bits for the q8_0 form's s)
     // Q4_K/Q5_K: the 8 sub-block mins of each row and the 8 quant sums of each token of a
     // super-block, by super-block parity (read once at its end: Σ_j m_j·bsum_j).
-    __shared__ __align__(16) int sMin[KQ ? 2 : 1][KQ ? BM : 1][8];
-    __shared__ __align__(16) int sSum[KQ ? 2 : 1][KQ ? BN : 1][8];
+    __shared__ __align__(16) int sMin[KQ && !FR ? 2 : 1][KQ && !FR ? BM : 1][8];
+    __shared__ __align__(16) int sSum[KQ && !FR ? 2 : 1][KQ && !FR ? BN : 1][8];
     __shared__ u32 s_last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, tig = lane & 3;
@@ -733,7 +740,7 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
     } else {
         static_assert(8 % G == 0, "a stage holds whole k-step groups");
         constexpr int RS = StageA<FMT>::RS, SB = stage_bytes<FMT, BN>(), YA = stage_ya<FMT>();
-        u8* const stages = (u8*)mmq_dyn + 2 * G * BM * AST;
+        u8* const stages = (u8*)mmq_dyn + (FR ? 0 : 2 * G * BM * AST);
         // Copies stage st (values [256·st, 256·st + 256)) into stage buffer sb.
         auto issue = [&](int st, int sb) {
             u8* const sa = stages + sb * SB;
@@ -813,6 +820,161 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
             if (i < nst) issue(st0 + i, i);
             cp_async_commit();
         }
+        // Fragment mode: the 8 k-steps of stage st in buffer sb, straight from the raw blocks.
+        auto compute_fr = [&](int sb, int st) {
+            const u8* const sa = stages + sb * SB;
+            const u8* const sq = sa + BM * RS;
+            const u8* const sya = sq + BN * STAGE_YQ;
+            // This thread's four rows (mi, h): row wm + 16·mi + g + 8·h.
+            const u8* rp[2][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int row = wm + 16 * mi + g + 8 * h;
+                    int off = 0;
+                    if constexpr (K6) off = (int)(((size_t)min(m0 + row, n_out - 1) * row_bytes + (size_t)st * 210) & 3);
+                    rp[mi][h] = sa + row * RS + off;
+                }
+            if constexpr (FMT == T_Q4_K) {
+                u32 hd[2][2][4];  // each row's header words: (d, dmin), scales[0..11]
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h) {
+                        const uint4 v = *(const uint4*)rp[mi][h];
+                        hd[mi][h][0] = v.x; hd[mi][h][1] = v.y; hd[mi][h][2] = v.z; hd[mi][h][3] = v.w;
+                    }
+#pragma unroll
+                for (int p = 0; p < 4; ++p) {
+                    u32 qw[2][2][2];  // [mi][h][k half]: qs bytes 32p + 4·tig (+16)
+#pragma unroll
+                    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            qw[mi][h][0] = *(const u32*)(rp[mi][h] + 16 + 32 * p + 4 * tig);
+                            qw[mi][h][1] = *(const u32*)(rp[mi][h] + 16 + 32 * p + 16 + 4 * tig);
+                        }
+#pragma unroll
+                    for (int hi = 0; hi < 2; ++hi) {
+                        const int j = 2 * p + hi;
+                        int af[2][4], sc[2][2];
+#pragma unroll
+                        for (int mi = 0; mi < 2; ++mi) {
+                            af[mi][0] = nib4(qw[mi][0][0], 4 * hi);
+                            af[mi][1] = nib4(qw[mi][1][0], 4 * hi);
+                            af[mi][2] = nib4(qw[mi][0][1], 4 * hi);
+                            af[mi][3] = nib4(qw[mi][1][1], 4 * hi);
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                int m_unused;
+                                k4_scale_min_r(hd[mi][h][1], hd[mi][h][2], hd[mi][h][3], j, sc[mi][h], m_unused);
+                            }
+                        }
+#pragma unroll
+                        for (int nt = 0; nt < NT; ++nt) {
+                            const u8* br = sq + (wn + 8 * nt + g) * STAGE_YQ + 32 * j + 4 * tig;
+                            const int bf[2] = {*(const int*)br, *(const int*)(br + 16)};
+#pragma unroll
+                            for (int mi = 0; mi < 2; ++mi) {
+                                int c[4] = {0, 0, 0, 0};
+                                mma_s8_k32(c, af[mi], bf);
+#pragma unroll
+                                for (int e = 0; e < 4; ++e) isum[mi][nt][e] += sc[mi][e >> 1] * c[e];
+                            }
+                        }
+                    }
+                }
+                // The super-block's end: (d_x·d)·Σ sc·dot − (d_x·dmin)·Σ m·bsum.
+                int mn[2][2][8];
+#pragma unroll
+                for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                    for (int h = 0; h < 2; ++h)
+#pragma unroll
+                        for (int j = 0; j < 8; ++j) {
+                            int sc_unused;
+                            k4_scale_min_r(hd[mi][h][1], hd[mi][h][2], hd[mi][h][3], j, sc_unused, mn[mi][h][j]);
+                        }
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const int c0 = wn + 8 * nt + 2 * tig;
+#pragma unroll
+                    for (int cc = 0; cc < 2; ++cc) {
+                        const float td = *(const float*)(sya + YA * (c0 + cc));
+                        const int4* sr = (const int4*)(sya + BN * YA + 32 * (c0 + cc));
+                        const int4 sa4 = sr[0], sb4 = sr[1];
+#pragma unroll
+                        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int e = 2 * h + cc;
+                                const int* m = mn[mi][h];
+                                const int ms = m[0] * sa4.x + m[1] * sa4.y + m[2] * sa4.z + m[3] * sa4.w + m[4] * sb4.x + m[5] * sb4.y + m[6] * sb4.z + m[7] * sb4.w;
+                                float v = (td * f16_lo(hd[mi][h][0])) * (float)isum[mi][nt][e];
+                                v -= (td * f16_hi(hd[mi][h][0])) * (float)ms;
+                                acc[mi][nt][e] += v;
+                                isum[mi][nt][e] = 0;
+                            }
+                    }
+                }
+            } else {
+                // Q6_K: ql @0, qh @128, scales @192 (int8 per 16 values), d @208; rows may start 2
+                // bytes off a word (rp keeps the global address mod 4): words by two aligned loads.
+                auto w32 = [](const u8* p) -> u32 {
+                    const u32* q = (const u32*)((size_t)p & ~(size_t)3);
+                    return __funnelshift_r(q[0], q[1], ((u32)(size_t)p & 3u) * 8u);
+                };
+#pragma unroll
+                for (int j = 0; j < 8; ++j) {
+                    const int n = j >> 2, gq = j & 3;
+                    int af[2][4], sc[2][2][2];
+#pragma unroll
+                    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                        for (int h = 0; h < 2; ++h) {
+                            const u8* b = rp[mi][h];
+#pragma unroll
+                            for (int half = 0; half < 2; ++half) {
+                                const u32 ql = w32(b + 64 * n + 32 * (gq & 1) + 16 * half + 4 * tig);
+                                const u32 qh = w32(b + 128 + 32 * n + 16 * half + 4 * tig);
+                                af[mi][h + 2 * half] = bytes_sub(nib4(ql, 4 * (gq >> 1)) | (int)(((qh >> (2 * gq)) & 0x03030303u) << 4), 0x20202020);
+                                sc[mi][h][half] = (int)(i8)b[192 + 8 * n + 2 * gq + half];
+                            }
+                        }
+#pragma unroll
+                    for (int nt = 0; nt < NT; ++nt) {
+                        const u8* br = sq + (wn + 8 * nt + g) * STAGE_YQ + 32 * j + 4 * tig;
+                        const int b0 = *(const int*)br, b1 = *(const int*)(br + 16);
+#pragma unroll
+                        for (int mi = 0; mi < 2; ++mi) {
+                            int lo[4] = {0, 0, 0, 0}, hi[4] = {0, 0, 0, 0};
+                            mma_s8_k16(lo, af[mi][0], af[mi][1], b0);
+                            mma_s8_k16(hi, af[mi][2], af[mi][3], b1);
+#pragma unroll
+                            for (int e = 0; e < 4; ++e) isum[mi][nt][e] += sc[mi][e >> 1][0] * lo[e] + sc[mi][e >> 1][1] * hi[e];
+                        }
+                    }
+                }
+#pragma unroll
+                for (int nt = 0; nt < NT; ++nt) {
+                    const int c0 = wn + 8 * nt + 2 * tig;
+#pragma unroll
+                    for (int cc = 0; cc < 2; ++cc) {
+                        const float td = *(const float*)(sya + YA * (c0 + cc));
+#pragma unroll
+                        for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                            for (int h = 0; h < 2; ++h) {
+                                const int e = 2 * h + cc;
+                                const float d = f16_to_f32(*(const u16*)(rp[mi][h] + 208));
+                                acc[mi][nt][e] += (td * d) * (float)isum[mi][nt][e];
+                                isum[mi][nt][e] = 0;
+                            }
+                    }
+                }
+            }
+        };
         int buf = 0;
         for (int i = 0; i < nst; ++i) {
             cp_async_wait<S - 2>();
@@ -820,6 +982,10 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
             if (i + S - 1 < nst) issue(st0 + i + S - 1, (i + S - 1) % S);
             cp_async_commit();
             const int sb = i % S, st = st0 + i;
+            if constexpr (FR) {
+                compute_fr(sb, st);
+                continue;
+            }
 #pragma unroll 1
             for (int j = 0; j < 8; j += G) {
 #pragma unroll
@@ -921,6 +1087,17 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
         int accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {                                     \
         mmq_q8<FMT, BN, 2, S>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters);    \
     }
+// mmq_<fmt>_q8_n<BN>_f<S>: the fragment mode (Q4_K, Q6_K), dynamic shared memory S·stage_bytes.
+#define MMQ_Q8F(NAME, FMT, BN, S)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(256, 2) mmq_##NAME##_q8_n##BN##_f##S(                                    \
+        const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,                \
+        const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,   \
+        int accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {                                     \
+        mmq_q8<FMT, BN, 2, S, true>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters); \
+    }
+#define MMQ_Q8F_ALL(NAME, FMT)                                                                                             \
+    MMQ_Q8F(NAME, FMT, 16, 2) MMQ_Q8F(NAME, FMT, 16, 3) MMQ_Q8F(NAME, FMT, 32, 2) MMQ_Q8F(NAME, FMT, 32, 3)             \
+    MMQ_Q8F(NAME, FMT, 64, 2) MMQ_Q8F(NAME, FMT, 64, 3)
 #define MMQ_Q8_ALL(NAME, FMT)                                                                                              \
     MMQ_Q8(NAME, FMT, 16, 1) MMQ_Q8(NAME, FMT, 16, 2) MMQ_Q8(NAME, FMT, 32, 1) MMQ_Q8(NAME, FMT, 32, 2)                   \
     MMQ_Q8(NAME, FMT, 64, 1) MMQ_Q8(NAME, FMT, 64, 2)                                                                     \
@@ -934,3 +1111,5 @@ MMQ_Q8_ALL(q8_0, T_Q8_0)
 MMQ_Q8_ALL(q4_K, T_Q4_K)
 MMQ_Q8_ALL(q5_K, T_Q5_K)
 MMQ_Q8_ALL(q6_K, T_Q6_K)
+MMQ_Q8F_ALL(q4_K, T_Q4_K)
+MMQ_Q8F_ALL(q6_K, T_Q6_K)

@@ -606,7 +606,9 @@ def test_matmul_forced_variant(variant: str, wtype: str, n_rows: int) -> None:
 # of 1,890 bytes, so that half of its rows and stages start 2 bytes off a word), against the CPU
 # and bit for bit against the direct mode with the same split count (the same words reach the same
 # decode and MMAs).
-STAGED = ["st:16:2:1", "st:16:3:4", "st:32:2:3", "st:32:3:0", "st:64:2:2", "st:64:3:1"]
+# The fragment mode (fr:, Q4_K and Q6_K; the other formats take the staged mode) likewise.
+STAGED = ["st:16:2:1", "st:16:3:4", "st:32:2:3", "st:32:3:0", "st:64:2:2", "st:64:3:1",
+          "fr:16:2:1", "fr:16:3:4", "fr:32:2:3", "fr:32:3:0", "fr:64:2:2", "fr:64:3:1"]
 
 
 @pytest.mark.cuda

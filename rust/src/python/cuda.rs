@@ -413,7 +413,7 @@ impl PyOpRunner {
             let decode = variant == Some("decode");
             let choice = variant
                 .filter(|_| !decode)
-                .map(|v| matmul_plan::parse(v).ok_or_else(|| to_py(FakError::invalid("variant", format!("{v:?} (expected \"gemv\", \"tc:<16|32|64>:<1|2>:<splits>\", \"st:<16|32|64>:<2|3>:<splits>\" or \"decode\")")))))
+                .map(|v| matmul_plan::parse(v).ok_or_else(|| to_py(FakError::invalid("variant", format!("{v:?} (expected \"gemv\", \"tc:<16|32|64>:<1|2>:<splits>\", \"st:<16|32|64>:<2|3>:<splits>\", \"fr:<16|32|64>:<2|3>:<splits>\" or \"decode\")")))))
                 .transpose()?;
             matmul_plan::force(choice);
             matmul_plan::force_decode(decode);

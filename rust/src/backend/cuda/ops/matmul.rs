@@ -31,9 +31,11 @@ pub const MMVQ_MAX_ROWS: usize = matmul_plan::GEMV_MAX_ROWS;
 pub(crate) const MM_COUNTERS: usize = 1 << 16;
 
 /// Dynamic shared memory of `mmq_<fmt>_q8_n<BN>_p<G>`: the double-buffered weight tiles of G
-/// k-steps (128 rows × 48 bytes each); of `mmq_<fmt>_q8_n<BN>_s<S>` (G = 2), also its S stages.
-fn mmq_q8_smem(g: usize, stages: usize, wtype: GgmlType, bn: usize) -> u32 {
-    (2 * g * 128 * 48 + stages * stage_bytes(wtype, bn)) as u32
+/// k-steps (128 rows × 48 bytes each); of `mmq_<fmt>_q8_n<BN>_s<S>` (G = 2), also its S stages;
+/// of `mmq_<fmt>_q8_n<BN>_f<S>` (`frag`), the stages alone.
+fn mmq_q8_smem(g: usize, stages: usize, wtype: GgmlType, bn: usize, frag: bool) -> u32 {
+    let tiles = if frag { 0 } else { 2 * g * 128 * 48 };
+    (tiles + stages * stage_bytes(wtype, bn)) as u32
 }
 
 /// Bytes of one stage of the staged GEMM (`stage_bytes<FMT, BN>` of `rust/kernels/mmq.cu`): 128
@@ -316,19 +318,23 @@ impl CudaBackend {
             kps = steps.max(1);
         }
         // The staged mode needs whole stages of 256 values (and the shared memory for them).
+        // The fragment mode exists for Q4_K and Q6_K (the others take the staged mode).
         let mut stages = if k.is_multiple_of(256) { t.stages } else { 0 };
+        let frag = t.frag && matches!(w.wtype, GgmlType::Q4_K | GgmlType::Q6_K);
         let smem_max = self.dev.info.max_smem_optin as usize;
-        while stages > 2 && mmq_q8_smem(2, stages, w.wtype, t.bn) as usize + MMQ_STATIC_SMEM > smem_max {
+        let fits = |s: usize| mmq_q8_smem(2, s, w.wtype, t.bn, frag) as usize + MMQ_STATIC_SMEM <= smem_max;
+        while stages > 2 && !fits(stages) {
             stages -= 1;
         }
-        if stages > 0 && mmq_q8_smem(2, stages, w.wtype, t.bn) as usize + MMQ_STATIC_SMEM > smem_max {
+        if stages > 0 && !fits(stages) {
             stages = 0;
         }
         let (name, smem) = if stages > 0 {
-            (intern(format!("mmq_{fmt}_q8_n{}_s{stages}", t.bn)), mmq_q8_smem(2, stages, w.wtype, t.bn))
+            let mode = if frag { "f" } else { "s" };
+            (intern(format!("mmq_{fmt}_q8_n{}_{mode}{stages}", t.bn)), mmq_q8_smem(2, stages, w.wtype, t.bn, frag))
         } else {
             let depth = if t.stages > 0 { 2 } else { t.depth };
-            (intern(format!("mmq_{fmt}_q8_n{}_p{depth}", t.bn)), mmq_q8_smem(depth, 0, w.wtype, t.bn))
+            (intern(format!("mmq_{fmt}_q8_n{}_p{depth}", t.bn)), mmq_q8_smem(depth, 0, w.wtype, t.bn, false))
         };
         self.launch(
             "mmq",

@@ -2,15 +2,16 @@
 //! shape: the decode GEMV (`mmvq_*`, up to 8 activation rows per launch, more rows in chunks of
 //! 8) or the int8 tensor-core GEMM (`mmq_<fmt>_q8_n<BN>_p<G>`, `BN` tokens per tile, `G` k-steps
 //! per barrier, the K range split over `splits` blocks per tile; or its staged mode
-//! `mmq_<fmt>_q8_n<BN>_s<S>`, S stages of 256 values of K copied ahead by cp.async).
+//! `mmq_<fmt>_q8_n<BN>_s<S>`, S stages of 256 values of K copied ahead by cp.async, and its
+//! fragment mode `mmq_<fmt>_q8_n<BN>_f<S>` for Q4_K/Q6_K, no per-k-step barrier).
 //!
 //! The choice comes from [`TABLE`], measured on the GPU by `benches/bench_cuda_matmul.py` (every
 //! candidate timed at the real layer shapes of the 1.5B and 7B layouts for row counts 1..512;
 //! `scripts/gen_matmul_table.py` turns its JSON into the table), and from [`heuristic`] for
 //! shapes the table does not list; `FAK_CUDA_MM_TABLE` names a table file measured on the machine
 //! itself (read first). `FAK_CUDA_MM` (or [`force`], for the benches) pins one choice for every
-//! product: `gemv`, `tc:<BN>:<G>:<splits>` or `st:<BN>:<S>:<splits>` (`splits` 0: the
-//! heuristic's).
+//! product: `gemv`, `tc:<BN>:<G>:<splits>`, `st:<BN>:<S>:<splits>` or `fr:<BN>:<S>:<splits>`
+//! (`splits` 0: the heuristic's).
 //!
 //! Two modes: a decode step (every sequence of the forward has one new row; the engine's batch
 //! says so, [`super::super::CudaBackend::set_batch`]) takes the table's choice for its row
@@ -44,6 +45,10 @@ pub struct Tc {
     /// 2 or 3: the staged mode (256 values of K for the whole tile copied to shared memory by
     /// cp.async, `stages − 1` ahead; two k-steps per barrier; `depth` unused), for K % 256 == 0.
     pub stages: usize,
+    /// With `stages`: the fragment mode (`mmq_<fmt>_q8_n<BN>_f<S>`, Q4_K and Q6_K: MMA fragments
+    /// built straight from the staged raw blocks, one barrier per stage; other formats take the
+    /// staged mode).
+    pub frag: bool,
 }
 
 /// A kernel choice for one product.
@@ -122,7 +127,7 @@ pub fn heuristic(k: usize, n_out: usize, n_rows: usize, n_sm: usize) -> Choice {
         return Choice::Gemv;
     }
     let bn = tile_n(n_rows);
-    Choice::Tc(Tc { bn, depth: if bn < 64 { 2 } else { 1 }, splits: bucket_splits(k, n_out, n_rows, bn, n_sm), stages: 0 })
+    Choice::Tc(Tc { bn, depth: if bn < 64 { 2 } else { 1 }, splits: bucket_splits(k, n_out, n_rows, bn, n_sm), stages: 0, frag: false })
 }
 
 static FORCED: Mutex<Option<Choice>> = Mutex::new(None);
@@ -145,16 +150,17 @@ pub fn decode_forced() -> bool {
     DECODE_ALWAYS.load(std::sync::atomic::Ordering::Relaxed)
 }
 
-/// Parses `gemv`, `tc:<BN>:<G>:<splits>` (the direct mode) or `st:<BN>:<S>:<splits>` (the
-/// staged mode, S stages) — `FAK_CUDA_MM`, the benchmark's variant names.
+/// Parses `gemv`, `tc:<BN>:<G>:<splits>` (the direct mode), `st:<BN>:<S>:<splits>` (the
+/// staged mode, S stages) or `fr:<BN>:<S>:<splits>` (the fragment mode) — `FAK_CUDA_MM`, the benchmark's variant names.
 pub fn parse(s: &str) -> Option<Choice> {
     let s = s.trim();
     if s == "gemv" {
         return Some(Choice::Gemv);
     }
-    let (staged, rest) = match (s.strip_prefix("tc:"), s.strip_prefix("st:")) {
-        (Some(r), _) => (false, r),
-        (_, Some(r)) => (true, r),
+    let (staged, frag, rest) = match (s.strip_prefix("tc:"), s.strip_prefix("st:"), s.strip_prefix("fr:")) {
+        (Some(r), _, _) => (false, false, r),
+        (_, Some(r), _) => (true, false, r),
+        (_, _, Some(r)) => (true, true, r),
         _ => return None,
     };
     let mut it = rest.split(':');
@@ -165,14 +171,14 @@ pub fn parse(s: &str) -> Option<Choice> {
     if ![16, 32, 64].contains(&bn) || !d_ok || it.next().is_some() {
         return None;
     }
-    Some(Choice::Tc(if staged { Tc { bn, depth: 2, splits, stages: d } } else { Tc { bn, depth: d, splits, stages: 0 } }))
+    Some(Choice::Tc(if staged { Tc { bn, depth: 2, splits, stages: d, frag } } else { Tc { bn, depth: d, splits, stages: 0, frag: false } }))
 }
 
 /// The variant name [`parse`] reads back.
 pub fn name(c: Choice) -> String {
     match c {
         Choice::Gemv => "gemv".into(),
-        Choice::Tc(t) if t.stages > 0 => format!("st:{}:{}:{}", t.bn, t.stages, t.splits),
+        Choice::Tc(t) if t.stages > 0 => format!("{}:{}:{}:{}", if t.frag { "fr" } else { "st" }, t.bn, t.stages, t.splits),
         Choice::Tc(t) => format!("tc:{}:{}:{}", t.bn, t.depth, t.splits),
     }
 }
@@ -229,7 +235,7 @@ pub fn prefill_choice(n_rows: usize) -> Choice {
     if n_rows <= GEMV_MAX_ROWS {
         Choice::Gemv
     } else {
-        Choice::Tc(Tc { bn: tile_n(n_rows), depth: 1, splits: 1, stages: 0 })
+        Choice::Tc(Tc { bn: tile_n(n_rows), depth: 1, splits: 1, stages: 0, frag: false })
     }
 }
 
@@ -277,16 +283,17 @@ mod tests {
     #[test]
     fn parse_and_heuristic() {
         assert_eq!(parse("gemv"), Some(Choice::Gemv));
-        assert_eq!(parse("tc:16:2:4"), Some(Choice::Tc(Tc { bn: 16, depth: 2, splits: 4, stages: 0 })));
-        assert_eq!(parse("st:32:3:5"), Some(Choice::Tc(Tc { bn: 32, depth: 2, splits: 5, stages: 3 })));
+        assert_eq!(parse("tc:16:2:4"), Some(Choice::Tc(Tc { bn: 16, depth: 2, splits: 4, stages: 0, frag: false })));
+        assert_eq!(parse("st:32:3:5"), Some(Choice::Tc(Tc { bn: 32, depth: 2, splits: 5, stages: 3, frag: false })));
+        assert_eq!(parse("fr:16:2:4"), Some(Choice::Tc(Tc { bn: 16, depth: 2, splits: 4, stages: 2, frag: true })));
         assert_eq!(parse("tc:8:2:4"), None);
         assert_eq!(parse("st:16:1:4"), None);
         assert_eq!(parse("st:16:4:4"), None);
-        for v in ["gemv", "tc:16:2:4", "tc:64:1:0", "st:16:2:3", "st:64:3:1"] {
+        for v in ["gemv", "tc:16:2:4", "tc:64:1:0", "st:16:2:3", "st:64:3:1", "fr:32:3:0"] {
             assert_eq!(name(parse(v).unwrap()), v);
         }
         assert_eq!(heuristic(1536, 1536, 4, 132), Choice::Gemv);
-        assert_eq!(choose(GgmlType::Q4_K, 1536, 1536, 100, 132, false), Choice::Tc(Tc { bn: 64, depth: 1, splits: 1, stages: 0 }));
+        assert_eq!(choose(GgmlType::Q4_K, 1536, 1536, 100, 132, false), Choice::Tc(Tc { bn: 64, depth: 1, splits: 1, stages: 0, frag: false }));
         assert_eq!(choose(GgmlType::Q4_K, 1536, 1536, 5, 132, false), Choice::Gemv);
         let Choice::Tc(t) = heuristic(8960, 1536, 16, 132) else { panic!() };
         assert_eq!((t.bn, t.depth), (16, 2));
