@@ -29,7 +29,6 @@ import time
 
 import numpy as np
 
-from fak import _native
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/tests/cuda")
 from cuda_util import random_weights  # noqa: E402
@@ -55,7 +54,7 @@ SHAPES = [
     ("7b.lm_head", "Q6_K", 3584, 152064),
 ]
 ROWS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512]
-BUCKETS = [8, 16, 32, 64, 128, 256, 512]
+BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512]  # matmul_plan::ROW_BUCKETS (1: single-stream decode alone)
 N_SM = 132
 
 
@@ -89,12 +88,45 @@ def candidates(k: int, n_out: int, rows: int, quick: bool, wtype: str = "Q4_K") 
     return out
 
 
+def winners(results: list[dict]) -> dict:
+    """Winners per (wtype, k, n_out, bucket): the variant with the least time summed over the
+    bucket's measured row counts (timed at all of them; a shape listed under two labels, e.g.
+    attn_k and a Q4_K attn_v, counts the mean of its timings)."""
+    per: dict = {}
+    for e in results:
+        key = (e["wtype"], e["k"], e["n_out"], bucket(e["rows"]))
+        per.setdefault(key, {}).setdefault(e["variant"], {}).setdefault(e["rows"], []).append(e["seconds"])
+    best: dict = {}
+    for key, by_v in per.items():
+        rows_in = sorted({r for v in by_v.values() for r in v})
+        tot = {v: sum(float(np.mean(t)) for t in by_r.values()) for v, by_r in by_v.items()
+               if v != "table" and sorted(by_r) == rows_in}
+        if not tot:
+            continue
+        v = min(tot, key=tot.get)  # type: ignore[arg-type]
+        table_t = sum(float(np.mean(t)) for t in by_v.get("table", {}).values())
+        best["|".join(map(str, key))] = {"variant": v, "seconds": tot[v], "table_seconds": table_t, "rows": rows_in}
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None)
     ap.add_argument("--quick", action="store_true", help="fewer candidates (no GEMM below 9 rows)")
     ap.add_argument("--shapes", default=None, help="comma list of labels (default: all)")
+    ap.add_argument("--rebucket", default=None, metavar="JSON",
+                    help="no GPU: recompute the winners of an earlier run's JSON with today's BUCKETS into --json")
     a = ap.parse_args()
+    if a.rebucket:
+        d = json.load(open(a.rebucket))
+        d["best"] = winners(d["results"])
+        d["rebucketed"] = f"winners recomputed from {a.rebucket} for buckets {BUCKETS}"
+        with open(a.json or a.rebucket, "w") as f:
+            json.dump(d, f, indent=0)
+        print(f"{len(d['best'])} winners")
+        return
+    from fak import _native
+
     r = _native.OpRunner("cuda")
     rng = np.random.default_rng(1)
     shapes = [s for s in SHAPES if a.shapes is None or s[0] in a.shapes.split(",")]
@@ -114,23 +146,7 @@ def main() -> None:
         if a.json:  # what is measured so far survives a time limit
             with open(a.json + ".partial", "w") as f:
                 json.dump({"results": results}, f)
-    # Winners per (wtype, k, n_out, bucket): the variant with the least time summed over the
-    # bucket's measured row counts (timed at all of them; a shape listed under two labels, e.g.
-    # attn_k and a Q4_K attn_v, counts the mean of its timings).
-    per: dict = {}
-    for e in results:
-        key = (e["wtype"], e["k"], e["n_out"], bucket(e["rows"]))
-        per.setdefault(key, {}).setdefault(e["variant"], {}).setdefault(e["rows"], []).append(e["seconds"])
-    best: dict = {}
-    for key, by_v in per.items():
-        rows_in = sorted({r for v in by_v.values() for r in v})
-        tot = {v: sum(float(np.mean(t)) for t in by_r.values()) for v, by_r in by_v.items()
-               if v != "table" and sorted(by_r) == rows_in}
-        if not tot:
-            continue
-        v = min(tot, key=tot.get)  # type: ignore[arg-type]
-        table_t = sum(float(np.mean(t)) for t in by_v.get("table", {}).values())
-        best["|".join(map(str, key))] = {"variant": v, "seconds": tot[v], "table_seconds": table_t, "rows": rows_in}
+    best = winners(results)
     out = {"device": _native.cuda_info(load_kernels=False).get("device"), "time": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
            "elapsed_s": time.time() - t_start, "results": results, "best": best}
     if a.json:

@@ -60,8 +60,10 @@ pub enum Choice {
     Tc(Tc),
 }
 
-/// Row buckets of the table: a product of `n` rows uses the first bucket `≥ n`.
-pub const ROW_BUCKETS: [usize; 8] = [8, 16, 32, 64, 128, 256, 512, usize::MAX];
+/// Row buckets of the table: a product of `n` rows uses the first bucket `≥ n`. One row (a
+/// single stream's decode) is a bucket of its own: summed over 1..8 rows, the GEMM's gain at 8
+/// rows outweighed the GEMV's at 1 (the 7B twin's single stream fell from 332 to 247 tok/s, run r4).
+pub const ROW_BUCKETS: [usize; 9] = [1, 8, 16, 32, 64, 128, 256, 512, usize::MAX];
 
 /// One measured entry: products of `wtype` with rows of `k` into `n_out` outputs, for row
 /// counts in the bucket ending at `rows` (see [`ROW_BUCKETS`]).
@@ -300,6 +302,8 @@ mod tests {
         assert!(t.splits > 1);
         let Choice::Tc(t) = heuristic(1536, 151936, 64, 132) else { panic!() };
         assert_eq!((t.bn, t.splits), (64, 1));
+        assert_eq!(bucket(1), 1);
+        assert_eq!(bucket(2), 8);
         assert_eq!(bucket(9), 16);
         assert_eq!(bucket(257), 512);
         assert_eq!(bucket(4096), usize::MAX);
