@@ -5,11 +5,12 @@ layouts, for the row counts a decode batch (1..256) and a prefill chunk (512) br
 Candidates: the GEMV (``gemv``: up to 8 rows per launch, more rows in launches of 8) and the int8
 tensor-core GEMM ``tc:<BN>:<DEPTH>:<splits>`` (BN tokens per tile 16/32/64, weights fetched DEPTH
 k-steps ahead, the K range split over ``splits`` blocks per tile; a few split counts around the
-heuristic's), and its staged mode ``st:<BN>:<S>:<splits>`` (S stages of 256 values of K copied
-ahead to shared memory by cp.async; K % 256 == 0) and, for Q4_K/Q6_K, its fragment mode
-``fr:<BN>:<S>:<splits>`` (MMA fragments straight from the staged blocks). Each time is the median over graph replays of 10 products captured in one CUDA
-graph (``OpRunner.time_matmul``), so launch gaps are those of a decode step. Random weights and
-activations (never zeros); the weights of a shape are uploaded once.
+heuristic's), its staged mode ``st:<BN>:<S>:<splits>`` (S stages of 256 values of K copied ahead
+to shared memory by cp.async; K % 256 == 0) and, for Q4_K/Q6_K, its fragment mode
+``fr:<BN>:<S>:<splits>`` (MMA fragments straight from the staged blocks). Each time is the median
+over graph replays of 10 products captured in one CUDA graph (``OpRunner.time_matmul``), so
+launch gaps are those of a decode step. Random weights and activations (never zeros); the
+weights of a shape are uploaded once.
 
 Output: JSON (``--json``) with every timing, the winner per (format, k, n_out, row bucket), and
 the bandwidth each winner reaches (weight bytes / time); ``scripts/gen_matmul_table.py`` turns the
@@ -29,6 +30,7 @@ import time
 
 import numpy as np
 
+from fak import _native
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/tests/cuda")
 from cuda_util import random_weights  # noqa: E402
@@ -115,7 +117,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="fewer candidates (no GEMM below 9 rows)")
     ap.add_argument("--shapes", default=None, help="comma list of labels (default: all)")
     ap.add_argument("--rebucket", default=None, metavar="JSON",
-                    help="no GPU: recompute the winners of an earlier run's JSON with today's BUCKETS into --json")
+                    help="no GPU use: recompute the winners of an earlier run's JSON with today's BUCKETS into --json")
     a = ap.parse_args()
     if a.rebucket:
         d = json.load(open(a.rebucket))
@@ -125,8 +127,6 @@ def main() -> None:
             json.dump(d, f, indent=0)
         print(f"{len(d['best'])} winners")
         return
-    from fak import _native
-
     r = _native.OpRunner("cuda")
     rng = np.random.default_rng(1)
     shapes = [s for s in SHAPES if a.shapes is None or s[0] in a.shapes.split(",")]

@@ -589,23 +589,29 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
         int ts;
     };
     Slot sl[G];
-    auto fetch = [&](Slot& s, int k0) {
-        Raw16<FMT>::fetch(a_ptr, k0 + 16 * a_h, s.raw);
-        if (b_ok) {
-            s.bq = *(const uint2*)(yq + b_tok * K + k0 + 8 * b_part);
-            if (KQ || K6) {
-                s.td = ((const float*)ya)[b_tok * (K / 256) + (k0 >> 8)];
-                s.ts = KQ ? ys[b_tok * (K / 32) + (k0 >> 5)] : 0;
-            } else {
-                const float2 ds = ((const float2*)ya)[b_tok * (K / 32) + (k0 >> 5)];
-                s.td = ds.x;
-                s.ts = __float_as_int(ds.y);
-            }
-        } else {
+    // The token operands of one k-step into slot s, from global or shared memory: its 8 quant
+    // bytes at q, and d_x and the block sum (q8_K form: the float at d, the int at sum) or the
+    // (d, scaled sum) pair at ds (q8_0 form); zeros for a token past the rows (ok false).
+    auto fill_b = [&](Slot& s, bool ok, const i8* q, const float* d, const int* sum, const float2* ds) {
+        if (!ok) {
             s.bq = make_uint2(0u, 0u);
             s.td = 0.0f;
             s.ts = 0;
+            return;
         }
+        s.bq = *(const uint2*)q;
+        if (KQ || K6) {
+            s.td = *d;
+            s.ts = KQ ? *sum : 0;
+        } else {
+            s.td = ds->x;
+            s.ts = __float_as_int(ds->y);
+        }
+    };
+    auto fetch = [&](Slot& s, int k0) {
+        Raw16<FMT>::fetch(a_ptr, k0 + 16 * a_h, s.raw);
+        fill_b(s, b_ok, yq + b_tok * K + k0 + 8 * b_part, (const float*)ya + b_tok * (K / 256) + (k0 >> 8),
+               KQ ? ys + b_tok * (K / 32) + (k0 >> 5) : nullptr, (const float2*)ya + b_tok * (K / 32) + (k0 >> 5));
     };
     // Decodes slot `s` (k-step at k0) into sub-buffer `sub` of shared buffer `buf`.
     auto store = [&](const Slot& s, int k0, int buf, int sub) {
@@ -796,23 +802,11 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
             int off = 0;
             if constexpr (StageA<FMT>::W4) off = (int)(((size_t)min(m0 + a_row, n_out - 1) * row_bytes + (size_t)st * 210) & 3);
             Raw16<FMT>::fetch(sa + a_row * RS + off, kk + 16 * a_h, s.raw);
-            if (b_in) {
-                const u8* const sq = sa + BM * RS;
-                const u8* const sya = sq + BN * STAGE_YQ + YA * b_row;
-                s.bq = *(const uint2*)(sq + b_row * STAGE_YQ + kk + 8 * b_part);
-                if constexpr (KQ || K6) {
-                    s.td = *(const float*)sya;
-                    s.ts = KQ ? ((const int*)(sq + BN * STAGE_YQ + BN * YA + 32 * b_row))[kk >> 5] : 0;
-                } else {
-                    const float2 ds = ((const float2*)sya)[kk >> 5];
-                    s.td = ds.x;
-                    s.ts = __float_as_int(ds.y);
-                }
-            } else {
-                s.bq = make_uint2(0u, 0u);
-                s.td = 0.0f;
-                s.ts = 0;
-            }
+            // Tokens past the rows are zero-filled stages; b_in only guards the loader threads.
+            const u8* const sq = sa + BM * RS;
+            const u8* const sya = sq + BN * STAGE_YQ + YA * b_row;
+            fill_b(s, b_in, (const i8*)(sq + b_row * STAGE_YQ + kk + 8 * b_part), (const float*)sya,
+                   (const int*)(sq + BN * STAGE_YQ + BN * YA + 32 * b_row) + (kk >> 5), (const float2*)sya + (kk >> 5));
         };
         const int st0 = ks0 >> 3, nst = (ks1 - ks0) >> 3;  // ks0, ks1: multiples of 8 (K % 256 == 0)
 #pragma unroll

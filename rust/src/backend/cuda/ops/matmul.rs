@@ -19,7 +19,7 @@
 
 use super::super::launch::Args;
 use super::super::{intern, is_dense, kernel_fmt, AttnScratch, CudaBackend, CudaBuffer, CudaWeight, MEMORY};
-use super::matmul_plan::{self, Choice, Tc};
+use super::matmul_plan::{self, Choice, Mode, Tc};
 use crate::quant::GgmlType;
 use crate::{FakError, Result};
 
@@ -30,37 +30,28 @@ pub const MMVQ_MAX_ROWS: usize = matmul_plan::GEMV_MAX_ROWS;
 /// tiles runs unsplit).
 pub(crate) const MM_COUNTERS: usize = 1 << 16;
 
-/// Dynamic shared memory of `mmq_<fmt>_q8_n<BN>_p<G>`: the double-buffered weight tiles of G
+/// Dynamic shared memory of `mmq_<fmt>_q8_n<BN>_p<G>`: the double-buffered int8 weight tiles of G
 /// k-steps (128 rows × 48 bytes each); of `mmq_<fmt>_q8_n<BN>_s<S>` (G = 2), also its S stages;
-/// of `mmq_<fmt>_q8_n<BN>_f<S>` (`frag`), the stages alone.
+/// of `mmq_<fmt>_q8_n<BN>_f<S>` (`frag`: no int8 tiles), the stages alone. Bytes.
 fn mmq_q8_smem(g: usize, stages: usize, wtype: GgmlType, bn: usize, frag: bool) -> u32 {
     let tiles = if frag { 0 } else { 2 * g * 128 * 48 };
     (tiles + stages * stage_bytes(wtype, bn)) as u32
 }
 
-/// Bytes of one stage of the staged GEMM (`stage_bytes<FMT, BN>` of `rust/kernels/mmq.cu`): 128
-/// weight rows of 256 values at the kernel's row stride, then per token 272 bytes of quants, its
-/// scales (16 bytes for the q8_K form, 64 for the q8_0 form) and, for Q4_K/Q5_K, 32 bytes of block
-/// sums.
+/// Bytes of one stage of the staged GEMM, as `stage_bytes<FMT, BN>` of `rust/kernels/mmq.cu`
+/// lays it out: 128 weight rows of 256 values (the format's blocks: 256 / block size × type
+/// size bytes) at the kernel's row stride (an odd number of 16-byte units; Q6_K's 4-byte-copied
+/// rows 232), then per token 272 bytes of quants, its scales (16 bytes for the q8_K form, 64 for
+/// the q8_0 form) and, for Q4_K/Q5_K, 32 bytes of block sums.
 fn stage_bytes(wtype: GgmlType, bn: usize) -> usize {
-    use GgmlType as T;
-    let bps: usize = match wtype {
-        T::Q4_0 | T::Q4_K => 144,
-        T::Q4_1 => 160,
-        T::Q5_0 | T::Q5_K => 176,
-        T::Q5_1 => 192,
-        T::Q8_0 => 272,
-        _ => 210,
-    };
-    let rs = if wtype == T::Q6_K {
-        232
-    } else if (bps / 16) % 2 == 1 {
-        bps
-    } else {
-        bps + 16
+    let bps = 256 / wtype.block_size() * wtype.type_size();
+    let rs = match wtype {
+        GgmlType::Q6_K => 232,
+        _ if (bps / 16) % 2 == 1 => bps,
+        _ => bps + 16,
     };
     let ya = if is_kquant(wtype) { 16 } else { 64 };
-    let ys = if matches!(wtype, T::Q4_K | T::Q5_K) { 32 } else { 0 };
+    let ys = if matches!(wtype, GgmlType::Q4_K | GgmlType::Q5_K) { 32 } else { 0 };
     128 * rs + bn * (272 + ya + ys)
 }
 
@@ -317,10 +308,17 @@ impl CudaBackend {
         if splits == 1 {
             kps = steps.max(1);
         }
-        // The staged mode needs whole stages of 256 values (and the shared memory for them).
-        // The fragment mode exists for Q4_K and Q6_K (the others take the staged mode).
-        let mut stages = if k.is_multiple_of(256) { t.stages } else { 0 };
-        let frag = t.frag && matches!(w.wtype, GgmlType::Q4_K | GgmlType::Q6_K);
+        // The staged modes need whole stages of 256 values and the shared memory for them (else
+        // fewer stages, else the direct mode); the fragment mode exists for Q4_K and Q6_K (the
+        // others run the staged mode).
+        let (mut stages, frag, depth) = match t.mode {
+            Mode::Direct { depth } => (0, false, depth),
+            Mode::Staged { stages } => (stages, false, 2),
+            Mode::Fragment { stages } => (stages, matches!(w.wtype, GgmlType::Q4_K | GgmlType::Q6_K), 2),
+        };
+        if !k.is_multiple_of(256) {
+            stages = 0;
+        }
         let smem_max = self.dev.info.max_smem_optin as usize;
         let fits = |s: usize| mmq_q8_smem(2, s, w.wtype, t.bn, frag) as usize + MMQ_STATIC_SMEM <= smem_max;
         while stages > 2 && !fits(stages) {
@@ -333,7 +331,6 @@ impl CudaBackend {
             let mode = if frag { "f" } else { "s" };
             (intern(format!("mmq_{fmt}_q8_n{}_{mode}{stages}", t.bn)), mmq_q8_smem(2, stages, w.wtype, t.bn, frag))
         } else {
-            let depth = if t.stages > 0 { 2 } else { t.depth };
             (intern(format!("mmq_{fmt}_q8_n{}_p{depth}", t.bn)), mmq_q8_smem(depth, 0, w.wtype, t.bn, false))
         };
         self.launch(

@@ -32,23 +32,30 @@ use crate::quant::GgmlType;
 /// Rows up to which the GEMV covers a product in one launch.
 pub const GEMV_MAX_ROWS: usize = 8;
 
+/// How the int8 tensor-core GEMM moves its operands (`rust/kernels/mmq.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `mmq_<fmt>_q8_n<BN>_p<depth>`: each k-step's raw words fetched `depth` (1 or 2) k-steps
+    /// ahead into registers, decoded to an int8 tile, `depth` k-steps per barrier.
+    Direct { depth: usize },
+    /// `mmq_<fmt>_q8_n<BN>_s<stages>`: 256 values of K for the whole tile copied to shared memory
+    /// by cp.async, `stages − 1` (1 or 2) ahead, then as the direct mode with two k-steps per
+    /// barrier. Needs K % 256 == 0 (else the direct mode, depth 2, runs).
+    Staged { stages: usize },
+    /// `mmq_<fmt>_q8_n<BN>_f<stages>`: the staged copies, and the MMA fragments built straight
+    /// from the raw blocks, one barrier per stage. Q4_K and Q6_K (other formats run the staged
+    /// mode).
+    Fragment { stages: usize },
+}
+
 /// A launch shape of the int8 tensor-core GEMM.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Tc {
     /// Tokens per tile: 16, 32 or 64.
     pub bn: usize,
-    /// k-steps per barrier (fetched that many steps ahead): 1 or 2.
-    pub depth: usize,
     /// Blocks per tile along K (1: no split).
     pub splits: usize,
-    /// 0: the direct mode (each k-step's raw words fetched `depth` steps ahead into registers);
-    /// 2 or 3: the staged mode (256 values of K for the whole tile copied to shared memory by
-    /// cp.async, `stages − 1` ahead; two k-steps per barrier; `depth` unused), for K % 256 == 0.
-    pub stages: usize,
-    /// With `stages`: the fragment mode (`mmq_<fmt>_q8_n<BN>_f<S>`, Q4_K and Q6_K: MMA fragments
-    /// built straight from the staged raw blocks, one barrier per stage; other formats take the
-    /// staged mode).
-    pub frag: bool,
+    pub mode: Mode,
 }
 
 /// A kernel choice for one product.
@@ -129,7 +136,7 @@ pub fn heuristic(k: usize, n_out: usize, n_rows: usize, n_sm: usize) -> Choice {
         return Choice::Gemv;
     }
     let bn = tile_n(n_rows);
-    Choice::Tc(Tc { bn, depth: if bn < 64 { 2 } else { 1 }, splits: bucket_splits(k, n_out, n_rows, bn, n_sm), stages: 0, frag: false })
+    Choice::Tc(Tc { bn, splits: bucket_splits(k, n_out, n_rows, bn, n_sm), mode: Mode::Direct { depth: if bn < 64 { 2 } else { 1 } } })
 }
 
 static FORCED: Mutex<Option<Choice>> = Mutex::new(None);
@@ -159,30 +166,21 @@ pub fn parse(s: &str) -> Option<Choice> {
     if s == "gemv" {
         return Some(Choice::Gemv);
     }
-    let (staged, frag, rest) = match (s.strip_prefix("tc:"), s.strip_prefix("st:"), s.strip_prefix("fr:")) {
-        (Some(r), _, _) => (false, false, r),
-        (_, Some(r), _) => (true, false, r),
-        (_, _, Some(r)) => (true, true, r),
-        _ => return None,
-    };
+    let (kind, rest) = s.split_once(':')?;
     let mut it = rest.split(':');
     let bn: usize = it.next()?.parse().ok()?;
     let d: usize = it.next()?.parse().ok()?;
     let splits: usize = it.next()?.parse().ok()?;
-    let d_ok = if staged { (2..=3).contains(&d) } else { (1..=2).contains(&d) };
-    if ![16, 32, 64].contains(&bn) || !d_ok || it.next().is_some() {
+    let mode = match kind {
+        "tc" if (1..=2).contains(&d) => Mode::Direct { depth: d },
+        "st" if (2..=3).contains(&d) => Mode::Staged { stages: d },
+        "fr" if (2..=3).contains(&d) => Mode::Fragment { stages: d },
+        _ => return None,
+    };
+    if ![16, 32, 64].contains(&bn) || it.next().is_some() {
         return None;
     }
-    Some(Choice::Tc(if staged { Tc { bn, depth: 2, splits, stages: d, frag } } else { Tc { bn, depth: d, splits, stages: 0, frag: false } }))
-}
-
-/// The variant name [`parse`] reads back.
-pub fn name(c: Choice) -> String {
-    match c {
-        Choice::Gemv => "gemv".into(),
-        Choice::Tc(t) if t.stages > 0 => format!("{}:{}:{}:{}", if t.frag { "fr" } else { "st" }, t.bn, t.stages, t.splits),
-        Choice::Tc(t) => format!("tc:{}:{}:{}", t.bn, t.depth, t.splits),
-    }
+    Some(Choice::Tc(Tc { bn, splits, mode }))
 }
 
 fn env_choice() -> Option<Choice> {
@@ -237,7 +235,7 @@ pub fn prefill_choice(n_rows: usize) -> Choice {
     if n_rows <= GEMV_MAX_ROWS {
         Choice::Gemv
     } else {
-        Choice::Tc(Tc { bn: tile_n(n_rows), depth: 1, splits: 1, stages: 0, frag: false })
+        Choice::Tc(Tc { bn: tile_n(n_rows), splits: 1, mode: Mode::Direct { depth: 1 } })
     }
 }
 
@@ -261,7 +259,7 @@ pub fn choose(wtype: GgmlType, k: usize, n_out: usize, n_rows: usize, n_sm: usiz
         None => heuristic(k, n_out, n_rows, n_sm),
     };
     match c {
-        Choice::Tc(t) if g1_only() && t.stages == 0 => Choice::Tc(Tc { depth: 1, ..t }),
+        Choice::Tc(t @ Tc { mode: Mode::Direct { .. }, .. }) if g1_only() => Choice::Tc(Tc { mode: Mode::Direct { depth: 1 }, ..t }),
         c => c,
     }
 }
@@ -269,6 +267,16 @@ pub fn choose(wtype: GgmlType, k: usize, n_out: usize, n_rows: usize, n_sm: usiz
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The variant name [`parse`] reads back.
+    fn name(c: Choice) -> String {
+        match c {
+            Choice::Gemv => "gemv".into(),
+            Choice::Tc(Tc { bn, splits, mode: Mode::Direct { depth } }) => format!("tc:{bn}:{depth}:{splits}"),
+            Choice::Tc(Tc { bn, splits, mode: Mode::Staged { stages } }) => format!("st:{bn}:{stages}:{splits}"),
+            Choice::Tc(Tc { bn, splits, mode: Mode::Fragment { stages } }) => format!("fr:{bn}:{stages}:{splits}"),
+        }
+    }
 
     #[test]
     fn splits_cover_k_in_whole_super_blocks() {
@@ -285,9 +293,9 @@ mod tests {
     #[test]
     fn parse_and_heuristic() {
         assert_eq!(parse("gemv"), Some(Choice::Gemv));
-        assert_eq!(parse("tc:16:2:4"), Some(Choice::Tc(Tc { bn: 16, depth: 2, splits: 4, stages: 0, frag: false })));
-        assert_eq!(parse("st:32:3:5"), Some(Choice::Tc(Tc { bn: 32, depth: 2, splits: 5, stages: 3, frag: false })));
-        assert_eq!(parse("fr:16:2:4"), Some(Choice::Tc(Tc { bn: 16, depth: 2, splits: 4, stages: 2, frag: true })));
+        assert_eq!(parse("tc:16:2:4"), Some(Choice::Tc(Tc { bn: 16, splits: 4, mode: Mode::Direct { depth: 2 } })));
+        assert_eq!(parse("st:32:3:5"), Some(Choice::Tc(Tc { bn: 32, splits: 5, mode: Mode::Staged { stages: 3 } })));
+        assert_eq!(parse("fr:16:2:4"), Some(Choice::Tc(Tc { bn: 16, splits: 4, mode: Mode::Fragment { stages: 2 } })));
         assert_eq!(parse("tc:8:2:4"), None);
         assert_eq!(parse("st:16:1:4"), None);
         assert_eq!(parse("st:16:4:4"), None);
@@ -295,10 +303,10 @@ mod tests {
             assert_eq!(name(parse(v).unwrap()), v);
         }
         assert_eq!(heuristic(1536, 1536, 4, 132), Choice::Gemv);
-        assert_eq!(choose(GgmlType::Q4_K, 1536, 1536, 100, 132, false), Choice::Tc(Tc { bn: 64, depth: 1, splits: 1, stages: 0, frag: false }));
+        assert_eq!(choose(GgmlType::Q4_K, 1536, 1536, 100, 132, false), Choice::Tc(Tc { bn: 64, splits: 1, mode: Mode::Direct { depth: 1 } }));
         assert_eq!(choose(GgmlType::Q4_K, 1536, 1536, 5, 132, false), Choice::Gemv);
         let Choice::Tc(t) = heuristic(8960, 1536, 16, 132) else { panic!() };
-        assert_eq!((t.bn, t.depth), (16, 2));
+        assert_eq!((t.bn, t.mode), (16, Mode::Direct { depth: 2 }));
         assert!(t.splits > 1);
         let Choice::Tc(t) = heuristic(1536, 151936, 64, 132) else { panic!() };
         assert_eq!((t.bn, t.splits), (64, 1));
