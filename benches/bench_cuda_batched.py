@@ -10,9 +10,12 @@ tokens returned against the N·128 expected, the step's wall time split into for
 (``decode_seconds − sample_seconds`` of the engine's stats) and the rest (greedy read-back, token
 bookkeeping, Python), and the prefill rate (N·512 / time to the last first token).
 
-n_ctx is sized so that no sequence reaches it inside the window (a sequence at n_ctx is not
-scheduled any more — the cause of the missing tokens of the first measurement, see
-docs/cuda-notes.md), the KV cache holds every sequence whole, max_batch = N.
+n_ctx is sized so that no sequence reaches it inside the window (a sequence at n_ctx is finished
+by the engine — before, it was left unscheduled: the cause of the missing tokens of the first
+measurement, see docs/cuda-notes.md), the KV cache holds every sequence whole, max_batch = N.
+``--temperature T`` (> 0) samples on the host instead of the GPU's greedy argmax: the whole logits
+rows are copied back each step (the fleet's repair samples run so); llama-batched-bench samples
+nothing, so the ratio to it then includes fak's sampling.
 
 The peer: ``llama-batched-bench -m FILE -ngl 99 -fa on -npp 512 -ntg 128 -npl 1,8,...
 -c N·640 --output-format jsonl`` (S_TG: decode tok/s of all sequences).
@@ -40,7 +43,7 @@ PROMPT = 512
 STEPS = 128
 
 
-def run_fak(path: str, n: int, rng: np.random.Generator) -> dict:
+def run_fak(path: str, n: int, rng: np.random.Generator, temperature: float = 0.0) -> dict:
     # Prefill in forwards of up to 4096 rows (llama-batched-bench prefills in 2048-token batches);
     # sequences prefilled first decode while later ones prefill: up to ~N·512/(rows − N) steps.
     rows = max(512, min(4096, n * PROMPT))
@@ -50,7 +53,7 @@ def run_fak(path: str, n: int, rng: np.random.Generator) -> dict:
     n_vocab = m.n_vocab
     # Warm-up: kernels loaded, the decode graph of N rows captured (N short sequences).
     for i in range(n):
-        m.add_sequence(10_000 + i, rng.integers(0, n_vocab, 8).tolist(), {"temperature": 0.0})
+        m.add_sequence(10_000 + i, rng.integers(0, n_vocab, 8).tolist(), {"temperature": temperature, "seed": i})
     for _ in range(4):
         m.step()
     for i in range(n):
@@ -58,7 +61,7 @@ def run_fak(path: str, n: int, rng: np.random.Generator) -> dict:
     m.reset_stats()
     t0 = time.perf_counter()
     for i in range(n):
-        m.add_sequence(i, rng.integers(0, n_vocab, PROMPT).tolist(), {"temperature": 0.0})
+        m.add_sequence(i, rng.integers(0, n_vocab, PROMPT).tolist(), {"temperature": temperature, "seed": i})
     have: set[int] = set()
     pre_steps = 0
     while len(have) < n:
@@ -83,6 +86,7 @@ def run_fak(path: str, n: int, rng: np.random.Generator) -> dict:
         "tokens": got, "expected": n * STEPS, "decode_tok_s": got / wall,
         "step_ms_median": 1e3 * float(np.median(step_times)), "forward_ms_per_step": 1e3 * fwd / STEPS,
         "host_ms_per_step": 1e3 * (wall - fwd) / STEPS, "preemptions": s["preemptions"],
+        "sample_ms_per_step": 1e3 * s["sample_seconds"] / STEPS, "temperature": temperature,
     }
 
 
@@ -110,6 +114,9 @@ def main() -> None:
     ap.add_argument("--json", default=None)
     ap.add_argument("--fak-json", default=None, help="take fak's results from this earlier --json output; run the peer only")
     ap.add_argument("--peer-seqs", default=None, help="sequence counts for the peer (default: --seqs)")
+    ap.add_argument("--temperature", type=float, default=0.0,
+                    help="fak's sampling temperature (0: greedy, decided on the GPU; > 0: the logits are copied "
+                         "to the host and sampled there; llama-batched-bench samples nothing)")
     a = ap.parse_args()
     seqs = [int(x) for x in a.seqs.split(",")]
     info = _native.cuda_info(load_kernels=True)
@@ -120,7 +127,7 @@ def main() -> None:
             fak = json.load(f)["fak"]
     else:
         for n in seqs:
-            r = run_fak(a.model, n, rng)
+            r = run_fak(a.model, n, rng, a.temperature)
             fak.append(r)
             print(json.dumps(r), file=sys.stderr, flush=True)
     if a.peer_seqs:

@@ -76,6 +76,7 @@ class FakeModel:
         self.joined_running_batch = 0  # prefills done in a step that also decoded other sequences
         self.thread_ids: set[int] = set()
         self.sampling: dict[int, dict[str, Any]] = {}
+        self.finished: list[tuple[int, str]] = []  # (seq_id, finish) the fake core ended itself
 
     @property
     def kv_blocks_free(self) -> int:
@@ -108,7 +109,7 @@ class FakeModel:
         if self.seqs.pop(seq_id, None) is not None:
             self.removed.append(seq_id)
 
-    def step(self) -> list[tuple[int, int, float, list[tuple[int, float]] | None]]:
+    def step(self) -> list[tuple[int, int, float, list[tuple[int, float]] | None, str | None]]:
         self.thread_ids.add(threading.get_ident())
         if self.step_delay:
             time.sleep(self.step_delay)
@@ -130,7 +131,19 @@ class FakeModel:
             s["n_gen"] += 1
             s["tokens"].append(token)
             top = [(token, -0.25), ((token + 1) % 256, -1.5)][: s["n_logprobs"]] if s["n_logprobs"] else None
-            out.append((seq_id, token, -0.25, top))
+            # As the native core: a stop id or the last allowed token finishes and removes it.
+            sampling = self.sampling[seq_id]
+            finish = None
+            if token in sampling.get("stop_ids", ()):
+                finish = "stop"
+            elif s["n_gen"] >= sampling.get("max_tokens", 1 << 62) or len(s["tokens"]) >= self.n_ctx:
+                finish = "length"
+            out.append((seq_id, token, -0.25, top, finish))
+        for seq_id, *_, finish in out:
+            if finish is not None:
+                del self.seqs[seq_id]
+                self.removed.append(seq_id)
+                self.finished.append((seq_id, finish))
         return out
 
     def logits(self, token_ids: list[int]) -> np.ndarray:

@@ -14,7 +14,7 @@ def greedy_batched(model: Any, prompts: list[list[int]], n_new: int) -> list[lis
         model.add_sequence(i, toks, {"temperature": 0.0})
     live = set(out)
     while live:
-        for seq_id, token, _logprob, _top in model.step():
+        for seq_id, token, _logprob, _top, _finish in model.step():
             out[seq_id].append(token)
             if len(out[seq_id]) >= n_new:
                 model.remove_sequence(seq_id)

@@ -50,7 +50,7 @@ def test_generate_chat_and_eos(fake_engine: list[Engine]) -> None:
 
 
 def test_generate_bad_values(fake_engine: list[Engine]) -> None:
-    result = CliRunner().invoke(main, ["generate", "m", "Hi", "--top-p", "0"])
+    result = CliRunner().invoke(main, ["generate", "m", "Hi", "--top-p", "1.5"])
     assert result.exit_code != 0 and "top_p" in result.output
 
 

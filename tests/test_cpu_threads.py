@@ -27,7 +27,7 @@ for threads in (1, 16):
         m.add_sequence(i, list(range(1 + i, 30 + i)), {"temperature": 0.0})
     toks = {i: [] for i in range(4)}
     for _ in range(6):
-        for seq, tok, _lp, _top in m.step():
+        for seq, tok, _lp, _top, _fin in m.step():
             toks[seq].append(tok)
     print(threads, float(first[0]), float(first[1]), sorted(toks.items()))
 """

@@ -169,7 +169,7 @@ def test_bad_sampling_and_prompts() -> None:
     engine, _ = make()
     with engine:
         with pytest.raises(ValueError, match="top_p"):
-            engine.stream("x", top_p=0)
+            engine.stream("x", top_p=-0.5)
         with pytest.raises(TypeError, match="bogus"):
             engine.generate("x", bogus=1)
         with pytest.raises(ValueError, match="empty"):

@@ -373,7 +373,7 @@ def _generate(model, prompts: dict[int, list[int]], n_new: int, sampling: dict |
             if arrivals.get(sid, 0) == step:
                 model.add_sequence(sid, p, dict(sampling or {"temperature": 0.0}))
                 out[sid] = []
-        for sid, tok, lp, top in model.step():
+        for sid, tok, lp, top, _fin in model.step():
             assert math.isfinite(lp) and lp <= 1e-6
             out[sid].append(tok)
             if len(out[sid]) == n_new:
@@ -519,7 +519,7 @@ def test_logprobs_and_top_logprobs(tiny):
     model = _native.Model(str(path), n_ctx=256, threads=2)
     prompt = _prompt(12, spec.n_vocab, 8)
     model.add_sequence(1, prompt, {"temperature": 0.0, "n_logprobs": 5})
-    [(sid, tok, lp, top)] = model.step()
+    [(sid, tok, lp, top, _fin)] = model.step()
     lg = model.logits(prompt)[-1].astype(np.float64)
     ls = lg - lg.max() - np.log(np.exp(lg - lg.max()).sum())
     assert sid == 1 and tok == int(lg.argmax())
@@ -581,6 +581,8 @@ def test_sequence_stops_at_context_end(tiny):
     for _ in range(10):
         got += model.step()
     assert len(got) == 4, "tokens 29..32 fill the context, then the sequence gets no more"
+    assert [o[4] for o in got] == [None, None, None, "length"], "the core finishes it at a full context"
+    assert model.kv_blocks_free == model.kv_blocks_total, "and frees its blocks"
 
 
 def test_kv_cache_pressure_preempts_and_recovers(tiny):

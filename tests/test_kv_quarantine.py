@@ -43,7 +43,7 @@ def _steps(model, seq_id: int, n: int) -> list[tuple[int, np.ndarray]]:
     """``n`` steps that give ``seq_id`` a token: ``(token, logits)`` each."""
     out = []
     while len(out) < n:
-        for sid, tok, _lp, _top in model.step():
+        for sid, tok, _lp, _top, _fin in model.step():
             if sid == seq_id:
                 out.append((tok, np.array(model.last_logits(sid))))
     return out
@@ -134,7 +134,7 @@ def test_in_a_batch_with_other_sequences(tiny) -> None:
     removed = False
     before_n = 0
     while min(len(v) for v in got.values()) < 6:
-        for sid, tok, _lp, _top in m.step():
+        for sid, tok, _lp, _top, _fin in m.step():
             got[sid].append((tok, np.array(m.last_logits(sid))))
         if not removed and len(got[1]) == 2:
             before_n = 2

@@ -67,7 +67,7 @@ def _run(model, prompts: dict[int, list[int]], n_new: int | dict[int, int],
             if arrivals.get(sid, 0) == step:
                 model.add_sequence(sid, p, dict(SAMPLING))
                 out[sid] = []
-        for sid, tok, lp, top in model.step():
+        for sid, tok, lp, top, _fin in model.step():
             out[sid].append((tok, lp, tuple(top or ())))
             if len(out[sid]) == want[sid]:
                 model.remove_sequence(sid)
@@ -219,10 +219,10 @@ def test_cancel_mid_prefill(tiny):
     # Cancelling a sequence that shares blocks with a running one leaves the other intact.
     on.add_sequence(3, prompt, dict(SAMPLING))
     on.add_sequence(4, prompt, dict(SAMPLING))
-    rest = [t for sid, t, _, _ in on.step() if sid == 4]
+    rest = [t for sid, t, *_ in on.step() if sid == 4]
     on.remove_sequence(3)
     while len(rest) < 6:
-        rest += [t for sid, t, _, _ in on.step() if sid == 4]
+        rest += [t for sid, t, *_ in on.step() if sid == 4]
     on.remove_sequence(4)
     assert rest == _ids(got)
     assert on.kv_blocks_free == on.kv_blocks_total

@@ -70,7 +70,7 @@ def _run(model: _native.Model, prompt: list[int], n_new: int) -> tuple[np.ndarra
     model.add_sequence(1, prompt, {"temperature": 0.0, "n_logprobs": 1})
     first, toks = None, []
     while len(toks) < n_new:
-        for _sid, tok, _lp, _top in model.step():
+        for _sid, tok, _lp, _top, _fin in model.step():
             if first is None:
                 first = np.array(model.last_logits(1))
             toks.append(tok)

@@ -151,8 +151,10 @@ class Model:
         """Queues a sequence for prefill. Raises ContextLengthError, KVCacheFullError, ValueError."""
     def remove_sequence(self, seq_id: int) -> None:
         """Frees the sequence's KV blocks; an unknown id is a no-op."""
-    def step(self) -> list[tuple[int, int, float, list[tuple[int, float]] | None]]:
-        """One engine iteration: ``[(seq_id, token_id, logprob, top_logprobs | None)]``."""
+    def step(self) -> list[tuple[int, int, float, list[tuple[int, float]] | None, str | None]]:
+        """One engine iteration: ``[(seq_id, token_id, logprob, top_logprobs | None, finish | None)]``;
+        ``finish`` ("stop": a ``stop_ids`` token; "length": ``max_tokens`` or a full context) means
+        the engine removed the sequence."""
     def logits(self, token_ids: list[int]) -> npt.NDArray[np.float32]:
         """Stateless next-token logits at every position, float32 ``[n_tokens, n_vocab]``."""
     def stats(self) -> dict[str, int | float]:
@@ -173,6 +175,14 @@ class Model:
         """``(hash, parent hash, token ids)`` of every block in the prefix cache."""
 
 # --- CUDA backend (rust/src/python/cuda.rs) -------------------------------------------------
+
+#: The core's limits on sampling values: max_logprobs, max_prefix_choices,
+#: max_prefix_choice_tokens, max_stop_ids.
+SAMPLING_LIMITS: dict[str, int]
+
+def check_sampling(sampling: dict[str, Any]) -> tuple[str, str] | None:
+    """The core's range check of an ``add_sequence`` sampling dict: None, or ``(parameter,
+    reason)`` for the first bad value."""
 
 def cuda_available() -> bool:
     """Whether ``backend="cuda"`` can run here (driver, a device of compute capability >= 8.0). Never raises."""

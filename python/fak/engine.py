@@ -6,11 +6,13 @@ inbox, each carrying its own reply channel (a ``queue.SimpleQueue`` for sync cal
 callers a deque whose consumer is woken with ``loop.call_soon_threadsafe`` under asyncio or
 ``TrioToken.run_sync_soon`` under trio, so anyio works on either backend). Between two
 ``step()`` calls the loop admits waiting requests (``add_sequence``), so new sequences join a
-running batch; it sleeps on a condition while nothing is running. Each sampled token goes through
-the request's UTF-8-safe detokenizer and stop-string matcher; end of generation (EOS/EOT ids from
-the GGUF metadata), a stop string or ``max_tokens`` finishes the request and frees its KV cache
-(``remove_sequence``). Closing or dropping a stream, or cancelling the task that awaits it,
-cancels its sequence.
+running batch; it sleeps on a condition while nothing is running. The native engine core ends a
+request itself: each sequence carries ``max_tokens`` and the end-of-generation ids (EOS/EOT from
+the GGUF metadata), and the step that samples one of them, or the last allowed token, returns
+its ``finish`` and frees the sequence. Each sampled token goes through the request's UTF-8-safe
+detokenizer and stop-string matcher; a stop string (text, which the core never sees) finishes the
+request here (``remove_sequence``). Closing or dropping a stream, or cancelling the task that
+awaits it, cancels its sequence.
 
 Failures stay with the request that caused them: a failing ``add_sequence`` (bad values, a prompt
 that can never fit in the KV cache) fails that request, and a failing ``step()`` fails the sequences
@@ -64,7 +66,7 @@ class NativeModel(Protocol):
     def kv_blocks_free(self) -> int: ...
     def add_sequence(self, seq_id: int, prompt_ids: list[int], sampling: dict[str, Any]) -> None: ...
     def remove_sequence(self, seq_id: int) -> None: ...
-    def step(self) -> list[tuple[int, int, float, list[tuple[int, float]] | None]]: ...
+    def step(self) -> list[tuple[int, int, float, list[tuple[int, float]] | None, str | None]]: ...
     def logits(self, token_ids: list[int]) -> Any: ...
 
 
@@ -292,16 +294,18 @@ class _Request:
     """One generation request, owned by the engine thread once submitted."""
 
     def __init__(self, seq_id: int, prompt_ids: list[int], params: SamplingParams, max_new: int,
-                 tokenizer: Tokenizer) -> None:
+                 tokenizer: Tokenizer, stop_ids: list[int]) -> None:
         self.seq_id = seq_id
         self.prompt_ids = prompt_ids
         self.params = params
-        self.native = params.to_native()
+        # The core ends the request: at an end-of-generation token or after max_new tokens.
+        self.native = {**params.to_native(), "max_tokens": max_new, "stop_ids": stop_ids}
         self.max_new = max_new
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stop = StopMatcher(params.stop_strings)
         self.sink: Any = None
         self.cancelled = False
+        self.native_done = False  # the core finished (and removed) the sequence
         self.n_generated = 0
         self.t_submit = 0.0
         self.t_added = 0.0
@@ -528,6 +532,8 @@ class Engine:
         self.backend = backend
         self.n_ctx: int = int(model.n_ctx)
         self.max_batch = max_batch
+        # The tokens that end a generation (EOS, EOT, ...), decided by the engine core per step.
+        self._stop_ids: list[int] = sorted(tokenizer.eog_ids)
         self._ids = itertools.count(1)
         self._cond = threading.Condition()
         self._inbox: list[tuple[str, Any]] = []
@@ -615,7 +621,7 @@ class Engine:
                 f"{n + params.max_tokens} tokens, but the context holds {self.n_ctx}; shorten the prompt, "
                 "lower max_tokens or raise n_ctx", n + params.max_tokens, self.n_ctx)
         max_new = self.n_ctx - n if params.max_tokens is None else params.max_tokens
-        return _Request(next(self._ids), ids, params, max_new, self.tokenizer)
+        return _Request(next(self._ids), ids, params, max_new, self.tokenizer, self._stop_ids)
 
     def stream(self, prompt: str | Sequence[int], **sampling: Any) -> TokenStream:
         """Streams a completion of ``prompt`` (text, tokenized with BOS per the model, or ids).
@@ -898,23 +904,25 @@ class Engine:
             wakes.flush()
 
     def _deliver_step(self, outputs: list[Any], t0: float, t1: float, wakes: _Wakes) -> None:
-        for seq_id, token_id, logprob, top in outputs:
+        for seq_id, token_id, logprob, top, native_finish in outputs:
             req = self._active.get(seq_id)
             if req is None:
                 continue
+            if native_finish is not None:
+                req.native_done = True  # the core has removed the sequence already
             if req.cancelled:
                 del self._active[seq_id]
                 self._remove(req)
                 continue
             try:
-                self._on_token(req, int(token_id), logprob, top, t0, t1, wakes)
+                self._on_token(req, int(token_id), logprob, top, native_finish, t0, t1, wakes)
             except Exception as e:
                 self._active.pop(seq_id, None)
                 self._remove(req)
                 req.sink.put(e)
 
-    def _on_token(self, req: _Request, token_id: int, logprob: float, top: Any, t0: float, t1: float,
-                  wakes: _Wakes) -> None:
+    def _on_token(self, req: _Request, token_id: int, logprob: float, top: Any, native_finish: str | None,
+                  t0: float, t1: float, wakes: _Wakes) -> None:
         tok = self.tokenizer
         req.n_generated += 1
         self._stats["tokens_generated"] += 1
@@ -929,14 +937,16 @@ class Engine:
         finish: str | None = None
         stop_reason: str | int | None = None
         text = ""
-        if tok.is_eog(token_id):
+        # The core decided "stop" (an end-of-generation token: not text) or "length"; stop
+        # strings are matched here, on the text, and may end the request before the core would.
+        if native_finish == "stop":
             finish, stop_reason = "stop", token_id
         else:
             text, stopped = req.stop.feed(req.detok.add(token_id))
             if stopped:
                 finish, stop_reason = "stop", req.stop.stopped
-        if finish is None and req.n_generated >= req.max_new:
-            finish = "length"
+            elif native_finish is not None:
+                finish = native_finish
         if finish is not None and not isinstance(stop_reason, str):  # not a stop string: release held text
             tail, stopped = req.stop.feed(req.detok.flush())
             text += tail
@@ -973,6 +983,8 @@ class Engine:
         )
 
     def _remove(self, req: _Request) -> None:
+        if req.native_done:
+            return
         try:
             self._model.remove_sequence(req.seq_id)
         except Exception:

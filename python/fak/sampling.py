@@ -3,8 +3,10 @@
 Semantics follow llama.cpp's sampler chain (``common/sampling.cpp``): repetition penalties
 (``repeat_penalty`` over the last ``repeat_last_n`` tokens, OpenAI ``presence_penalty`` /
 ``frequency_penalty``), then top-k, top-p, min-p, temperature; ``temperature == 0`` is greedy
-(argmax). The sampler runs in Rust (``fak._native.Model``); stopping (EOS/EOT, ``stop`` strings,
-``max_tokens``) is decided in Python by ``fak.Engine``.
+(argmax). The sampler runs in Rust (``fak._native.Model``), and so does the end of a request:
+the engine core finishes a sequence on an end-of-generation token or after ``max_tokens``;
+``stop`` strings, which need the detokenized text, are matched in Python by ``fak.Engine``.
+Every range below is the core's (``fak._native.check_sampling``), checked once.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 
 import msgspec
 
+from fak import _native
+
 __all__ = ["SamplingParams", "MAX_STOP_STRINGS", "MAX_STOP_LENGTH", "MAX_LOGPROBS", "MAX_PREFIX_CHOICES",
            "MAX_PREFIX_CHOICE_TOKENS"]
 
@@ -22,13 +26,15 @@ __all__ = ["SamplingParams", "MAX_STOP_STRINGS", "MAX_STOP_LENGTH", "MAX_LOGPROB
 MAX_STOP_STRINGS = 16
 #: Longest stop string, in characters.
 MAX_STOP_LENGTH = 1024
-#: Most alternatives per token that ``logprobs`` may ask for (OpenAI's limit).
-MAX_LOGPROBS = 20
+#: Most alternatives per token that ``logprobs`` may ask for (OpenAI's limit; the core's).
+MAX_LOGPROBS: int = _native.SAMPLING_LIMITS["max_logprobs"]
 #: Most sequences in ``prefix_choices`` (the gateway sends one per offered tool name and per
-#: opening-brace token: 128 tools x a few hundred brace tokens fit).
-MAX_PREFIX_CHOICES = 1 << 16
-#: Longest sequence in ``prefix_choices``, in tokens.
-MAX_PREFIX_CHOICE_TOKENS = 256
+#: opening-brace token: 128 tools x a few hundred brace tokens fit; the core's).
+MAX_PREFIX_CHOICES: int = _native.SAMPLING_LIMITS["max_prefix_choices"]
+#: Longest sequence in ``prefix_choices``, in tokens (the core's).
+MAX_PREFIX_CHOICE_TOKENS: int = _native.SAMPLING_LIMITS["max_prefix_choice_tokens"]
+#: The core's names of two fields, as this class names them.
+_PYTHON_NAMES = {"n_logprobs": "logprobs"}
 
 
 def _check_number(name: str, value: Any, *, integer: bool = False) -> None:
@@ -45,11 +51,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     Attributes:
         max_tokens: most tokens to generate (>= 1); None: until the context window is full.
         temperature: softmax temperature (>= 0); 0 is greedy decoding.
-        top_k: keep the k most likely tokens (>= 0; 0 disables).
-        top_p: nucleus sampling mass, in (0, 1]; 1 disables.
+        top_k: keep the k most likely tokens (>= -1; 0 and -1 disable).
+        top_p: nucleus sampling mass, in [0, 1]; 1 disables, 0 keeps only the most likely token.
         min_p: drop tokens below ``min_p`` times the top probability, in [0, 1]; 0 disables.
-        repeat_penalty: llama.cpp repetition penalty, in (0, 10]; 1 disables.
-        repeat_last_n: how many recent tokens the penalties look at (>= 0; 0 disables them).
+        repeat_penalty: llama.cpp repetition penalty, a finite number > 0; 1 disables.
+        repeat_last_n: how many recent tokens the penalties look at (>= -1; 0 disables them, -1
+            is the whole sequence).
         presence_penalty: OpenAI presence penalty, in [-2, 2].
         frequency_penalty: OpenAI frequency penalty, in [-2, 2].
         seed: RNG seed (any integer fitting 64 bits); None draws a fresh one. Same seed, same
@@ -84,33 +91,16 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     prefix_choices: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
+        # Python's own checks: the kinds of values (a bool is not a number here) and the stop
+        # strings, which the engine core never sees. Every range is the core's
+        # (``fak._native.check_sampling``, the check ``add_sequence`` applies), so the two cannot
+        # disagree.
         if self.max_tokens is not None:
             _check_number("max_tokens", self.max_tokens, integer=True)
-            if self.max_tokens < 1:
-                raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        _check_number("temperature", self.temperature)
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        _check_number("top_k", self.top_k, integer=True)
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}")
-        _check_number("top_p", self.top_p)
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        _check_number("min_p", self.min_p)
-        if not 0 <= self.min_p <= 1:
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        _check_number("repeat_penalty", self.repeat_penalty)
-        if not 0 < self.repeat_penalty <= 10:
-            raise ValueError(f"repeat_penalty must be in (0, 10] (1 disables it), got {self.repeat_penalty}")
-        _check_number("repeat_last_n", self.repeat_last_n, integer=True)
-        if self.repeat_last_n < 0:
-            raise ValueError(f"repeat_last_n must be >= 0, got {self.repeat_last_n}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            _check_number(name, value)
-            if not -2 <= value <= 2:
-                raise ValueError(f"{name} must be in [-2, 2], got {value}")
+        for name in ("temperature", "top_p", "min_p", "repeat_penalty", "presence_penalty", "frequency_penalty"):
+            _check_number(name, getattr(self, name))
+        for name in ("top_k", "repeat_last_n"):
+            _check_number(name, getattr(self, name), integer=True)
         if self.seed is not None:
             _check_number("seed", self.seed, integer=True)
             if not -(2**63) <= self.seed < 2**64:
@@ -127,17 +117,28 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 raise ValueError(f"each stop string must have 1..{MAX_STOP_LENGTH} characters, got {len(s)}")
         if self.logprobs is not None:
             _check_number("logprobs", self.logprobs, integer=True)
-            if not 0 <= self.logprobs <= MAX_LOGPROBS:
+            if self.logprobs < 0:
                 raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.prefix_choices is not None:
             choices = self.prefix_choices
-            if not isinstance(choices, (list, tuple)) or not 1 <= len(choices) <= MAX_PREFIX_CHOICES:
+            if not isinstance(choices, (list, tuple)) or not choices:
                 raise ValueError(f"prefix_choices must be a list of 1..{MAX_PREFIX_CHOICES} token-id lists")
             for choice in choices:
-                if (not isinstance(choice, (list, tuple)) or not 1 <= len(choice) <= MAX_PREFIX_CHOICE_TOKENS
+                if (not isinstance(choice, (list, tuple))
                         or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in choice)):
                     raise ValueError("each of prefix_choices must be a list of 1.."
                                      f"{MAX_PREFIX_CHOICE_TOKENS} non-negative token ids, got {choice!r:.80}")
+        for name in ("top_k", "repeat_last_n", "max_tokens", "logprobs"):  # the core's integers are 32/64-bit
+            v = getattr(self, name)
+            if v is not None and not -(2**31) <= v < 2**31:
+                raise ValueError(f"{name} must be in the 32-bit range, got {v}")
+        values = self._native_values(seed=0)
+        if self.max_tokens is not None:
+            values["max_tokens"] = self.max_tokens
+        problem = _native.check_sampling(values)
+        if problem is not None:
+            param, reason = problem
+            raise ValueError(f"{_PYTHON_NAMES.get(param, param)}: {reason}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> SamplingParams:
@@ -169,12 +170,17 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return self.temperature == 0
 
     def to_native(self) -> dict[str, Any]:
-        """The ``sampling`` dict of ``fak._native.Model.add_sequence`` (ARCHITECTURE.md).
+        """The ``sampling`` dict of ``fak._native.Model.add_sequence`` (ARCHITECTURE.md), without
+        ``max_tokens`` and ``stop_ids``: ``fak.Engine`` adds those (the budget it checked against
+        the context window, the tokenizer's end-of-generation set).
 
         The seed is always an unsigned 64-bit integer: a negative seed is taken modulo 2**64, and a
         missing one is drawn from the OS.
         """
         seed = self.seed if self.seed is not None else int.from_bytes(os.urandom(8), "little")
+        return self._native_values(seed)
+
+    def _native_values(self, seed: int) -> dict[str, Any]:
         return {
             "temperature": float(self.temperature),
             "top_k": int(self.top_k),

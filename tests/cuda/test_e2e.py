@@ -77,7 +77,7 @@ def greedy(model: _native.Model, items: list[tuple[str, list[int]]]) -> dict[str
         ids[i] = name
         out[name] = []
     while len(out) and any(len(v) < N_GREEDY for v in out.values()):
-        for seq, tok, _lp, _top in model.step():
+        for seq, tok, _lp, _top, _fin in model.step():
             name = ids[seq]
             out[name].append(tok)
             if len(out[name]) >= N_GREEDY:
@@ -264,7 +264,7 @@ def test_cuda_matches_cpu_twin(require_cuda: None, tmp_path: Path) -> None:
         for i, (n, ids) in enumerate(items):
             m.add_sequence(i, ids, {"temperature": 0.0})
         while any(len(v) < n_new for v in got.values()):
-            for seq, tok, _lp, _top in m.step():
+            for seq, tok, _lp, _top, _fin in m.step():
                 name = items[seq][0]
                 got[name].append(tok)
                 if len(got[name]) >= n_new:

@@ -97,7 +97,7 @@ def _greedy_with_top(model, prompts: list[list[int]], n_new: int) -> list[list[t
         model.add_sequence(i, toks, {"temperature": 0.0, "n_logprobs": TOPK})
     live = set(out)
     while live:
-        for seq_id, token, _lp, top in model.step():
+        for seq_id, token, _lp, top, _fin in model.step():
             out[seq_id].append((token, top))
             if len(out[seq_id]) >= n_new:
                 model.remove_sequence(seq_id)

@@ -34,7 +34,7 @@ def _greedy(model: _native.Model, prompt: list[int], n_new: int) -> tuple[np.nda
     model.add_sequence(1, prompt, {"temperature": 0.0, "n_logprobs": 1})
     first, toks, t_first = None, [], 0.0
     while len(toks) < n_new:
-        for _sid, tok, _lp, _top in model.step():
+        for _sid, tok, _lp, _top, _fin in model.step():
             if first is None:
                 first, t_first = np.array(model.last_logits(1)), time.perf_counter()
             toks.append(tok)

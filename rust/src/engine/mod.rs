@@ -73,6 +73,25 @@ impl Default for EngineOptions {
     }
 }
 
+/// Why the engine finished a sequence (it is removed in the step that returns this).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// It sampled one of its `stop_ids`.
+    Stop,
+    /// It sampled `max_tokens` tokens, or its context window is full.
+    Length,
+}
+
+impl Finish {
+    /// `"stop"` or `"length"` (OpenAI's `finish_reason`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Finish::Stop => "stop",
+            Finish::Length => "length",
+        }
+    }
+}
+
 /// The token a step produced for one sequence.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StepOutput {
@@ -82,6 +101,9 @@ pub struct StepOutput {
     pub logprob: f32,
     /// `(token, logprob)` of the `n_logprobs` most likely tokens, or `None`.
     pub top_logprobs: Option<Vec<(u32, f32)>>,
+    /// Set when this token finished the sequence: the engine has removed it (its KV blocks are
+    /// free, its full blocks stay in the prefix cache), so the caller need not.
+    pub finish: Option<Finish>,
 }
 
 /// Counters since creation or the last [`Engine::reset_stats`].
@@ -340,6 +362,9 @@ impl<B: Backend> Engine<B> {
         for choice in &params.prefix_choices {
             self.check_tokens(choice, "prefix_choices")?;
         }
+        if !params.stop_ids.is_empty() {
+            self.check_tokens(&params.stop_ids, "stop_ids")?;
+        }
         let sampler = Sampler::new(params)?;
         self.sched.add(Sequence::new(seq_id, prompt, sampler));
         Ok(())
@@ -436,6 +461,7 @@ impl<B: Backend> Engine<B> {
                         token: greedy.0[*j],
                         logprob: greedy.1[*j],
                         top_logprobs: None,
+                        finish: None,
                     },
                 );
             }
@@ -448,6 +474,7 @@ impl<B: Backend> Engine<B> {
                     token: out.token,
                     logprob: out.logprob,
                     top_logprobs: out.top_logprobs,
+                    finish: None,
                 },
             )
         };
@@ -466,13 +493,30 @@ impl<B: Backend> Engine<B> {
             let known = self.sched.advance(e.seq_id, e.n_tokens);
             debug_assert!(known, "scheduled sequence runs");
         }
-        for (_, o) in &outputs {
+        // The core decides the end of a request: a stop id, `max_tokens`, or a full context
+        // window finishes the sequence here (vLLM's `check_stop`), and frees it.
+        let n_ctx = self.n_ctx;
+        for (_, o) in outputs.iter_mut() {
             let s = self
                 .sched
                 .running_mut(o.seq_id)
                 .expect("sampled sequence runs");
             s.tokens.push(o.token);
             s.sampler.accept(o.token);
+            s.n_sampled += 1;
+            let p = s.sampler.params();
+            o.finish = if p.stop_ids.contains(&o.token) {
+                Some(Finish::Stop)
+            } else if p.max_tokens.is_some_and(|m| s.n_sampled >= m) || s.tokens.len() >= n_ctx {
+                Some(Finish::Length)
+            } else {
+                None
+            };
+        }
+        for (_, o) in &outputs {
+            if o.finish.is_some() {
+                self.sched.remove(o.seq_id);
+            }
         }
         let t1 = Instant::now();
         let total = (t1 - t0).as_secs_f64();

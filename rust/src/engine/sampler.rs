@@ -37,6 +37,13 @@ use crate::{FakError, Result};
 
 /// Largest `n_logprobs` accepted (OpenAI's `top_logprobs` bound).
 pub const MAX_LOGPROBS: usize = 20;
+/// Most sequences in `prefix_choices` (the gateway sends one per offered tool name and per
+/// opening-brace token: 128 tools × a few hundred brace tokens fit).
+pub const MAX_PREFIX_CHOICES: usize = 1 << 16;
+/// Longest sequence in `prefix_choices`, in tokens.
+pub const MAX_PREFIX_CHOICE_TOKENS: usize = 256;
+/// Most entries in `stop_ids`.
+pub const MAX_STOP_IDS: usize = 1024;
 
 /// Sampling settings of one sequence (see the module doc for each one's semantics).
 #[derive(Debug, Clone, PartialEq)]
@@ -63,6 +70,16 @@ pub struct SamplingParams {
     pub n_logprobs: usize,
     /// Token sequences the output must begin with one of (see the module doc); empty: none.
     pub prefix_choices: Vec<Vec<u32>>,
+    /// Most tokens to generate, ≥ 1: the engine finishes the sequence ([`Finish::Length`]) once
+    /// it has sampled this many. `None`: until the context window is full (also `Length`).
+    ///
+    /// [`Finish::Length`]: super::Finish::Length
+    pub max_tokens: Option<usize>,
+    /// Tokens that finish the sequence when sampled ([`Finish::Stop`]; the token is returned): the
+    /// model's end-of-generation set, which the caller's tokenizer knows. Empty: none.
+    ///
+    /// [`Finish::Stop`]: super::Finish::Stop
+    pub stop_ids: Vec<u32>,
 }
 
 impl Default for SamplingParams {
@@ -79,6 +96,8 @@ impl Default for SamplingParams {
             seed: None,
             n_logprobs: 0,
             prefix_choices: Vec::new(),
+            max_tokens: None,
+            stop_ids: Vec::new(),
         }
     }
 }
@@ -151,6 +170,27 @@ impl SamplingParams {
             self.prefix_choices.iter().all(|c| !c.is_empty()),
             "prefix_choices",
             "an empty token sequence (each choice needs at least one token)".to_string(),
+        )?;
+        check(
+            self.prefix_choices.len() <= MAX_PREFIX_CHOICES,
+            "prefix_choices",
+            format!("{} sequences (at most {MAX_PREFIX_CHOICES})", self.prefix_choices.len()),
+        )?;
+        if let Some(c) = self.prefix_choices.iter().find(|c| c.len() > MAX_PREFIX_CHOICE_TOKENS) {
+            return Err(FakError::invalid(
+                "prefix_choices",
+                format!("a sequence of {} tokens (each holds at most {MAX_PREFIX_CHOICE_TOKENS})", c.len()),
+            ));
+        }
+        check(
+            self.max_tokens != Some(0),
+            "max_tokens",
+            "0 (must be ≥ 1, or None for the rest of the context)".to_string(),
+        )?;
+        check(
+            self.stop_ids.len() <= MAX_STOP_IDS,
+            "stop_ids",
+            format!("{} ids (at most {MAX_STOP_IDS})", self.stop_ids.len()),
         )?;
         Ok(())
     }

@@ -26,6 +26,9 @@ pub struct Sequence {
     pub block_hashes: Vec<BlockHash>,
     /// Sampling settings and state.
     pub sampler: Sampler,
+    /// Tokens sampled for this sequence so far (what `max_tokens` counts; unlike
+    /// [`Sequence::n_generated`], not changed when a quarantined span is cut out).
+    pub n_sampled: usize,
 }
 
 impl Sequence {
@@ -41,6 +44,7 @@ impl Sequence {
             n_registered: 0,
             block_hashes: Vec::new(),
             sampler,
+            n_sampled: 0,
         }
     }
 

@@ -93,10 +93,12 @@ fn sampling_from_dict(d: Option<&Bound<'_, PyDict>>) -> PyResult<SamplingParams>
                     .extract::<Vec<Vec<u32>>>()
                     .map_err(|_| bad("a list of lists of token ids"))?
             }
+            "max_tokens" => p.max_tokens = Some(v.extract::<usize>().map_err(|_| bad("a positive integer"))?),
+            "stop_ids" => p.stop_ids = v.extract::<Vec<u32>>().map_err(|_| bad("a list of token ids"))?,
             other => {
                 return Err(super::to_py(FakError::invalid(
                     other,
-                    "unknown sampling key; known: temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, n_logprobs, prefix_choices",
+                    "unknown sampling key; known: temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, n_logprobs, prefix_choices, max_tokens, stop_ids",
                 )))
             }
         }
@@ -105,7 +107,29 @@ fn sampling_from_dict(d: Option<&Bound<'_, PyDict>>) -> PyResult<SamplingParams>
     Ok(p)
 }
 
-type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>);
+/// check_sampling(sampling: dict) -> None | tuple[str, str]
+///
+/// The one range check of sampling values (the one `add_sequence` applies): `None` when
+/// `sampling` (the `add_sequence` dict) is valid, else `(parameter, reason)` for the first value
+/// out of range or of the wrong kind. `fak.sampling.SamplingParams` raises its ValueError from
+/// this, so that Python and the engine core cannot disagree on a range.
+#[pyfunction]
+pub(crate) fn check_sampling(sampling: &Bound<'_, PyDict>) -> PyResult<Option<(String, String)>> {
+    match sampling_from_dict(Some(sampling)) {
+        Ok(_) => Ok(None),
+        Err(e) if e.is_instance_of::<pyo3::exceptions::PyValueError>(sampling.py()) => {
+            // sampling_from_dict's errors are FakError::InvalidArgument: "invalid value for P: M"
+            let text = e.value(sampling.py()).to_string();
+            let rest = text.strip_prefix("invalid value for ").unwrap_or(&text);
+            let (param, reason) = rest.split_once(": ").unwrap_or(("sampling", rest));
+            Ok(Some((param.to_string(), reason.to_string())))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// `(seq_id, token, logprob, top_logprobs, finish)`; `finish` is `"stop"`, `"length"` or None.
+type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>, Option<&'static str>);
 
 #[pymethods]
 impl PyModel {
@@ -287,7 +311,8 @@ impl PyModel {
     /// Queues a sequence; the next `step()` with room prefills it. `sampling` keys: temperature,
     /// top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
     /// seed, n_logprobs, prefix_choices (a list of token-id lists: the output must begin with one
-    /// of them) (None values mean the default; unknown keys are errors).
+    /// of them), max_tokens (≥ 1: the sequence finishes after that many tokens), stop_ids (token
+    /// ids that finish it) (None values mean the default; unknown keys are errors).
     ///
     /// Raises: ValueError (duplicate id, empty prompt, token id ≥ n_vocab, bad or unknown sampling
     /// value, naming it), fak.ContextLengthError (`len(prompt_ids) + 1 > n_ctx`),
@@ -310,18 +335,20 @@ impl PyModel {
         Ok(())
     }
 
-    /// step() -> list[(seq_id, token_id, logprob, top_logprobs | None)]
+    /// step() -> list[(seq_id, token_id, logprob, top_logprobs | None, finish | None)]
     ///
     /// One engine iteration (GIL released): prefill newly added sequences (chunked beyond 512
     /// tokens per step), decode one token for every running sequence, all in one batched forward;
     /// sample; append. `logprob` is the log-softmax of the unmodified logits at the token;
     /// `top_logprobs` is a list of `(token_id, logprob)`, most likely first, when `n_logprobs > 0`.
-    /// A sequence holding `n_ctx` tokens gets no more tokens (stop it).
+    /// `finish` is `"stop"` (the token is one of the sequence's `stop_ids`) or `"length"` (its
+    /// `max_tokens`-th token, or its context window is full): the engine has then removed the
+    /// sequence and freed its KV blocks.
     fn step(&self, py: Python<'_>) -> PyResult<Vec<StepTuple>> {
         let out = self.with_engine(py, |e| e.step())?;
         Ok(out
             .into_iter()
-            .map(|o| (o.seq_id, o.token, o.logprob, o.top_logprobs))
+            .map(|o| (o.seq_id, o.token, o.logprob, o.top_logprobs, o.finish.map(|f| f.as_str())))
             .collect())
     }
 
@@ -467,5 +494,13 @@ fn cuda_usable(py: Python<'_>) -> bool {
 }
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
-    m.add_class::<PyModel>()
+    use crate::engine::sampler::{MAX_LOGPROBS, MAX_PREFIX_CHOICES, MAX_PREFIX_CHOICE_TOKENS, MAX_STOP_IDS};
+    m.add_class::<PyModel>()?;
+    m.add_function(wrap_pyfunction!(check_sampling, m)?)?;
+    let limits = PyDict::new(m.py());
+    limits.set_item("max_logprobs", MAX_LOGPROBS)?;
+    limits.set_item("max_prefix_choices", MAX_PREFIX_CHOICES)?;
+    limits.set_item("max_prefix_choice_tokens", MAX_PREFIX_CHOICE_TOKENS)?;
+    limits.set_item("max_stop_ids", MAX_STOP_IDS)?;
+    m.add("SAMPLING_LIMITS", limits)
 }
