@@ -297,6 +297,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
     type KvCache: Send;
     /// A batch description in the backend's memory (see [`BatchPlan`]).
     type Batch: Send;
+    /// Host memory that [`Backend::read_f32`] fills fastest (the engine's copy of the logits
+    /// rows it samples on the CPU): a `Vec` on the CPU, page-locked memory on CUDA.
+    type HostBuf: std::ops::DerefMut<Target = [f32]> + Send;
 
     /// Short name (`"cpu"`, `"cuda"`).
     fn name(&self) -> &'static str;
@@ -480,6 +483,9 @@ pub trait Backend: Send + Sync + Sized + 'static {
 
     /// Copies the first `out.len()` elements of `buf` to the host.
     fn read_f32(&self, buf: &Self::Buffer, out: &mut [f32]) -> Result<()>;
+
+    /// A host buffer of `n` elements (contents unspecified) for [`Backend::read_f32`].
+    fn host_buffer(&self, n: usize) -> Result<Self::HostBuf>;
 
     /// Index of the largest element of each of `n_rows` rows of `n_cols` (ties: lowest index).
     fn argmax_rows(

@@ -163,7 +163,9 @@ pub struct Engine<B: Backend> {
     n_ctx: usize,
     plan: BatchPlan,
     scheduled: Vec<Scheduled>,
-    host_logits: Vec<f32>,
+    /// The logits rows copied to the host for sampling (grown, never shrunk; its first
+    /// `host_rows.len() · n_vocab` elements are the last step's).
+    host_logits: Option<B::HostBuf>,
     /// Sequence of each row of `host_logits` when the last step copied its logits to the host
     /// (any sequence not plain greedy), else empty: [`Engine::last_logits`].
     host_rows: Vec<u64>,
@@ -307,7 +309,7 @@ impl<B: Backend> Engine<B> {
             n_ctx,
             plan: BatchPlan::default(),
             scheduled: Vec::new(),
-            host_logits: Vec::new(),
+            host_logits: None,
             host_rows: Vec::new(),
             stats: EngineStats::default(),
         })
@@ -419,10 +421,18 @@ impl<B: Backend> Engine<B> {
                 &mut greedy.1,
             )?;
         } else {
-            self.host_logits.resize(n_logits * n_vocab, 0.0);
+            let need = n_logits * n_vocab;
+            if self.host_logits.as_ref().is_none_or(|b| b.len() < need) {
+                // Grown in powers of two of rows: a few allocations over the engine's life
+                // (page-locked memory is slow to allocate).
+                let rows = n_logits.next_power_of_two();
+                self.host_logits = None; // the old one is freed first
+                self.host_logits = Some(self.model.backend.host_buffer(rows * n_vocab)?);
+            }
+            let host = self.host_logits.as_mut().expect("allocated above");
             self.model
                 .backend
-                .read_f32(&self.scratch.logits, &mut self.host_logits)?;
+                .read_f32(&self.scratch.logits, &mut host[..need])?;
             self.host_rows.clone_from(&row_of);
         }
         let t_fwd = Instant::now();
@@ -444,7 +454,7 @@ impl<B: Backend> Engine<B> {
         }
 
         // Sample every sequence whose run ended, in parallel.
-        let logits = &self.host_logits;
+        let logits: &[f32] = self.host_logits.as_deref().unwrap_or(&[]);
         let greedy = &greedy;
         let mut work: Vec<(usize, &mut Sequence)> = self
             .sched
@@ -636,7 +646,7 @@ impl<B: Backend> Engine<B> {
     pub fn last_logits(&self, seq_id: u64) -> Option<Vec<f32>> {
         let j = self.host_rows.iter().position(|&id| id == seq_id)?;
         let n_vocab = self.model.config.n_vocab;
-        Some(self.host_logits[j * n_vocab..(j + 1) * n_vocab].to_vec())
+        Some(self.host_logits.as_ref()?[j * n_vocab..(j + 1) * n_vocab].to_vec())
     }
 
     /// Counters (see [`EngineStats`]).

@@ -164,6 +164,7 @@ impl Backend for CpuBackend {
     type Buffer = CpuBuffer;
     type KvCache = CpuKvCache;
     type Batch = CpuBatch;
+    type HostBuf = Vec<f32>;
 
     fn name(&self) -> &'static str {
         "cpu"
@@ -393,6 +394,10 @@ impl Backend for CpuBackend {
     fn read_f32(&self, buf: &CpuBuffer, out: &mut [f32]) -> Result<()> {
         out.copy_from_slice(&buf.0[..out.len()]);
         Ok(())
+    }
+
+    fn host_buffer(&self, n: usize) -> Result<Vec<f32>> {
+        zeroed_vec(n, "the host logits buffer")
     }
 
     fn greedy_rows(

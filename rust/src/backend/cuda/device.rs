@@ -338,6 +338,53 @@ impl PinnedMem {
     }
 }
 
+/// Host `f32` memory for logits read back from the GPU: page-locked (a device-to-host copy runs at
+/// the link's speed, several times that of pageable memory), or the heap when `FAK_CUDA_PINNED=0`
+/// (for the bench's comparison) or when page-locking fails. Zeroed when made.
+pub enum HostF32 {
+    Pinned(PinnedMem, usize),
+    Heap(Vec<f32>),
+}
+
+impl HostF32 {
+    /// `n` elements, page-locked unless `FAK_CUDA_PINNED=0` or the driver refuses.
+    pub fn new(dev: &Arc<Device>, n: usize) -> Result<HostF32> {
+        let pinned = !matches!(std::env::var("FAK_CUDA_PINNED").as_deref(), Ok("0" | "off" | "false" | "no"));
+        if pinned {
+            if let Ok(mut m) = PinnedMem::new(dev, n * std::mem::size_of::<f32>()) {
+                m.as_mut_slice().fill(0);
+                return Ok(HostF32::Pinned(m, n));
+            }
+        }
+        crate::backend::cpu::zeroed_vec(n, "the host logits buffer").map(HostF32::Heap)
+    }
+}
+
+impl std::ops::Deref for HostF32 {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        match self {
+            // SAFETY: ≥ 4·n bytes, page-aligned, initialized (zeroed in `new`), owned by `m`.
+            HostF32::Pinned(m, n) => unsafe { std::slice::from_raw_parts(m.as_ptr() as *const f32, *n) },
+            HostF32::Heap(v) => v,
+        }
+    }
+}
+
+impl std::ops::DerefMut for HostF32 {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        match self {
+            HostF32::Pinned(m, n) => {
+                let n = *n;
+                let bytes = m.as_mut_slice();
+                // SAFETY: as in `deref`, and exclusively borrowed through `m`.
+                unsafe { std::slice::from_raw_parts_mut(bytes.as_mut_ptr() as *mut f32, n) }
+            }
+            HostF32::Heap(v) => v,
+        }
+    }
+}
+
 impl Drop for PinnedMem {
     fn drop(&mut self) {
         if self.dev.bind().is_ok() {

@@ -416,6 +416,7 @@ impl Backend for CudaBackend {
     type Buffer = CudaBuffer;
     type KvCache = CudaKvCache;
     type Batch = CudaBatch;
+    type HostBuf = device::HostF32;
 
     fn name(&self) -> &'static str {
         "cuda"
@@ -596,6 +597,10 @@ impl Backend for CudaBackend {
             return Err(backend_err(format!("read of {} elements from a buffer of {}", out.len(), buf.len)));
         }
         buf.mem.mem.read(0, out)
+    }
+
+    fn host_buffer(&self, n: usize) -> Result<device::HostF32> {
+        device::HostF32::new(&self.dev, n)
     }
 
     fn argmax_rows(&self, x: &CudaBuffer, n_rows: usize, n_cols: usize, out: &mut [u32]) -> Result<()> {
