@@ -24,6 +24,8 @@ __all__ = [
     "simd_levels",
     "quantize_q8",
     "Model",
+    "SAMPLING_LIMITS",
+    "check_sampling",
     "cuda_available",
     "cuda_info",
     "cuda_memory",

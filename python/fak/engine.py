@@ -923,7 +923,6 @@ class Engine:
 
     def _on_token(self, req: _Request, token_id: int, logprob: float, top: Any, native_finish: str | None,
                   t0: float, t1: float, wakes: _Wakes) -> None:
-        tok = self.tokenizer
         req.n_generated += 1
         self._stats["tokens_generated"] += 1
         if req.t_first is None:
