@@ -6,8 +6,9 @@ run at once, greedy, ``max_tokens`` each, ``rounds`` times:
 - **direct**: ``fak.Engine.astream`` in this process (the engine's own continuous batching,
   consumed by ``c`` asyncio tasks);
 - **gateway**: ``fak serve --gguf`` in a subprocess with the same engine settings, ``c`` streaming
-  HTTP clients in this process (httpx, raw SSE; each counts its tokens from the final ``usage``
-  chunk, so the client does as little work as possible).
+  HTTP clients in this process (aiohttp, raw SSE; each counts its tokens from the final ``usage``
+  chunk, so the client does as little work as possible; httpx's pool cost 11× more CPU per
+  request at 64 streams and was measured as gateway tax until 2026-12-02).
 
 tok/s = generated tokens / wall time of the round (first request sent → last token received);
 the ratio is gateway tok/s / direct tok/s (aim ≥ 0.97). Greedy decoding makes both paths generate
@@ -47,6 +48,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 
+import aiohttp
 import httpx
 
 TEXT_PROMPTS = ["def add(a, b):", "import numpy as", "for i in range(", "class Stack:", "# sort a list",
@@ -98,18 +100,22 @@ async def _direct_round(engine: Any, items: list[Any], kind: str, max_tokens: in
 
 
 async def _gateway_round(base_url: str, items: list[Any], kind: str, max_tokens: int) -> tuple[int, float]:
-    limits = httpx.Limits(max_connections=len(items) + 4, max_keepalive_connections=len(items) + 4)
-    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=3600) as client:
+    # aiohttp, not httpx: with 64 streams in one event loop, httpx's connection pool cost the client
+    # 21 ms of CPU per streamed request against aiohttp's 1.9 (a local profile, 2026-12-02), so the
+    # client, not the gateway, was a large part of the measured "tax" at high concurrency.
+    connector = aiohttp.TCPConnector(limit=len(items) + 4)
+    async with aiohttp.ClientSession(base_url=base_url.rstrip("/") + "/", connector=connector,
+                                     timeout=aiohttp.ClientTimeout(total=3600)) as client:
         async def one(item: Any) -> int:
             body: dict[str, Any] = {"model": "bench", "max_tokens": max_tokens, "temperature": 0, "stream": True,
                                     "stream_options": {"include_usage": True}}
-            path = "/completions" if kind == "text" else "/chat/completions"
+            path = "completions" if kind == "text" else "chat/completions"
             body["prompt" if kind == "text" else "messages"] = item
             tail = b""
-            async with client.stream("POST", path, json=body) as r:
-                if r.status_code != 200:
-                    raise RuntimeError(f"gateway answered {r.status_code}: {(await r.aread())[:300]!r}")
-                async for chunk in r.aiter_raw():
+            async with client.post(path, json=body) as r:
+                if r.status != 200:
+                    raise RuntimeError(f"gateway answered {r.status}: {(await r.read())[:300]!r}")
+                async for chunk in r.content.iter_any():
                     tail = (tail + chunk)[-4096:]
             usage_event = tail.rsplit(b"data: [DONE]", 1)[0].rstrip().rsplit(b"data: ", 1)[1]
             return int(json.loads(usage_event)["usage"]["completion_tokens"])
