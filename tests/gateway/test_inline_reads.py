@@ -111,6 +111,26 @@ def test_policy_verdicts_and_cap(start_gateway: Any, http: httpx.Client) -> None
     assert body["usage"]["prompt_tokens"] == sum(len(p) for p, _ in loop.requests)
 
 
+def test_a_result_that_would_not_fit_goes_to_the_client(start_gateway: Any, http: httpx.Client) -> None:
+    """Served inline, the second copy of a long result would leave the completion less than its
+    max_tokens: the call goes to the client (which can cut the output) instead of the request
+    failing with context_length_exceeded; nothing is counted as served."""
+    big = "CONTENT-A: " + "x = 1  # filler line\n" * 62  # ~1,300 characters: one copy fits, two do not
+    history = HISTORY[:3] + [result("c1", big)] + HISTORY[4:]
+    engine = FakeEngine(script=[("FILES-LIST", READ_A), ("CONTENT-A", RUN_TESTS)], n_ctx=4096)
+    srv = start_gateway(engine=engine, serve_inline_reads=True)
+    body = post(http, srv, history, max_tokens=1024)
+    call_ = body["choices"][0]["message"]["tool_calls"]
+    assert [c["function"]["name"] for c in call_] == ["read"], "the read itself, for the client to run"
+    assert body["fak"]["inline_reads"] == [] and body["fak"]["inline_stopped"] == "context_length"
+    assert len(engine.requests) == 1, "the round that would not fit never reached the engine"
+    assert srv.app.state.gateway.inline_reads.served == 0
+    assert srv.app.state.gateway.inline_reads.refused_context == 1
+    # the same conversation with room to spare is served inline as usual
+    body = post(http, srv, history, max_tokens=200)
+    assert len(body["fak"]["inline_reads"]) == 1 and "inline_stopped" not in body["fak"]
+
+
 def test_streams_are_not_inlined(start_gateway: Any, engine: FakeEngine, http: httpx.Client) -> None:
     srv = start_gateway(engine=engine, serve_inline_reads=True)
     r = http.post(srv.base_url + "/chat/completions", headers={"X-Fak-Conversation": "s"},

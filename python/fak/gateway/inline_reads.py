@@ -27,6 +27,11 @@ What counts:
 - the call is still adjudicated by the policy (its verdict is in the pair's ``verdict``) and a
   denied call is never served; at most ``max_inline`` pairs per response (then the call goes to
   the client as usual); non-streamed chat completions only.
+- *it fits*: a result is served only when the conversation with it still leaves the completion
+  its room by the request's own rule (``max_tokens`` / ``max_completion_tokens``, else the rest of
+  the window). Otherwise the call goes to the client, which runs it and can cut its output to fit
+  (the response's ``fak`` object then says ``"inline_stopped": "context_length"``), instead of the
+  whole request failing with a context-length error.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from typing import Any
 
 import msgspec
 
+from fak.gateway.errors import APIError
 from fak.policy.audit import arguments_digest
 from fak.quarantine.screen import content_digest
 
@@ -158,6 +164,9 @@ class InlineReads:
         self._store: OrderedDict[str, _Conversation] = OrderedDict()
         self._lock = threading.Lock()
         self.served = 0
+        #: Calls not served because the result would not fit the context window with the
+        #: completion's room (they went to the client).
+        self.refused_context = 0
 
     def remember(self, conversation: str, messages: Iterable[dict[str, Any]]) -> None:
         """Keep the text of each tool result the first time the conversation carries it."""
@@ -219,6 +228,7 @@ class InlineReads:
         convo = list(messages)
         usage = [0, 0]
         first_verdict = n_verdicts_before
+        stopped: str | None = None
         while len(pairs) < self.max_inline:
             data = json.loads(body)
             choice = (data.get("choices") or [{}])[0]
@@ -258,10 +268,30 @@ class InlineReads:
                       {"role": "tool", "tool_call_id": call["id"], "content": content}]
             with self._lock:
                 self.served += 1
+            before = (body, list(usage), first_verdict)
             first_verdict = len(gate.verdicts)
-            body = await start_run(convo)
+            try:
+                body = await start_run(convo)
+            except APIError as err:
+                if err.code != "context_length_exceeded":
+                    raise
+                # The served result would not leave the completion its room in the context
+                # window (the request's own max_tokens rule): the client gets the call instead
+                # and runs it itself (its agent can cut the output to fit); nothing was served.
+                pairs.pop()
+                convo = convo[:-2]
+                body, usage, first_verdict = before
+                with self._lock:
+                    self.served -= 1
+                    self.refused_context += 1
+                stopped = "context_length"
+                break
         if not pairs:
-            return body
+            if stopped is None:
+                return body
+            data = json.loads(body)
+            data["fak"] = {"inline_reads": [], "inline_stopped": stopped, "served_at": round(time.time(), 3)}
+            return json.dumps(data, ensure_ascii=False).encode()
         data = json.loads(body)
         msg = data["choices"][0]["message"]
         if msg.get("tool_calls"):
@@ -273,4 +303,6 @@ class InlineReads:
         if gate.active and isinstance(data.get("fak_policy"), dict):
             data["fak_policy"]["verdicts"] = [msgspec.to_builtins(v) for v in gate.verdicts[first_verdict:]]
         data["fak"] = {"inline_reads": pairs, "served_at": round(time.time(), 3)}
+        if stopped is not None:
+            data["fak"]["inline_stopped"] = stopped
         return json.dumps(data, ensure_ascii=False).encode()
