@@ -35,6 +35,8 @@ mod scalar;
 mod simd;
 
 #[cfg(target_arch = "x86_64")]
+mod q4k_tiled;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use act::{BlockQ8K, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, LlamaRow};
@@ -100,18 +102,25 @@ pub fn matmul_rows(wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32],
     if rows.len() != n_rows {
         return Err(FakError::invalid("rows", format!("{} row kinds for {n_rows} rows", rows.len())));
     }
-    matmul_impl(simd::active_level(), wtype, w, n_out, k, x, n_rows, y, Some(rows))
+    matmul_impl(simd::active_level(), wtype, w, n_out, k, x, n_rows, y, Some(rows), q4k_tiled_on())
 }
 
 /// [`matmul`] on an explicit SIMD level (for tests and benches); a level above what this CPU
 /// supports is an [`FakError::InvalidArgument`].
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], n_rows: usize, y: &mut [f32]) -> Result<()> {
-    matmul_impl(level, wtype, w, n_out, k, x, n_rows, y, None)
+    matmul_impl(level, wtype, w, n_out, k, x, n_rows, y, None, q4k_tiled_on())
+}
+
+/// `FAK_CPU_Q4K_TILED=0` turns off the register-tiled Q4_K prefill kernel (`q4k_tiled`, same
+/// results) for benches that measure the one-row kernel it replaces.
+fn q4k_tiled_on() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("FAK_CPU_Q4K_TILED").map_or(true, |v| v != "0"))
 }
 
 #[allow(clippy::too_many_arguments)]
-fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], n_rows: usize, y: &mut [f32], rows: Option<&[LlamaRow]>) -> Result<()> {
+fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], n_rows: usize, y: &mut [f32], rows: Option<&[LlamaRow]>, tiled: bool) -> Result<()> {
     if level > simd::detected_level() {
         return Err(FakError::invalid("level", format!("{} is not supported by this CPU", level.name())));
     }
@@ -169,6 +178,14 @@ fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usi
                     blocks.iter_mut().for_each(|b| b.row = kind);
                 }
             }
+            #[cfg(target_arch = "x86_64")]
+            if tiled && wtype == GgmlType::Q4_K && level == SimdLevel::Avx512 && n_rows >= q4k_tiled::MIN_ROWS {
+                // SAFETY: the Avx512 level (checked against the CPU above) includes AVX-512
+                // F/BW/VL/VNNI; the lengths were checked above.
+                unsafe { q4k_tiled::matmul(w, n_out, nb, &a, n_rows, y) };
+                return Ok(());
+            }
+            let _ = tiled;
             drive(kern, None, w, &a, nb, shape, y)
         }
         Plan::F32(kern) => drive(kern, None, w, x, k, shape, y),
