@@ -192,31 +192,40 @@ pub(super) unsafe fn matmul(w: &[u8], n_out: usize, nb: usize, a: &[BlockQ8K], n
     let row_block = n_rows.div_ceil(r_tasks);
     let r_tasks = n_rows.div_ceil(row_block);
     let yp = OutPtr(y.as_mut_ptr());
+    // Activation rows in chunks that stay in L2 (≈ 384 KiB) while the task's panels pass over them.
+    let chunk = ((384usize << 10) / (nb * core::mem::size_of::<BlockQ8K>())).max(TILE_ROWS) / TILE_ROWS * TILE_ROWS;
     let task = |id: usize| {
         #[allow(clippy::redundant_locals)]
         let yp = yp;
         let (pt, rt) = (id % p_tasks, id / p_tasks);
         let (r0, r1) = (rt * row_block, ((rt + 1) * row_block).min(n_rows));
-        let mut buf = vec![ZERO_PANEL; nb];
-        for pi in pt * per_task..((pt + 1) * per_task).min(panels) {
+        let (p0, p1) = (pt * per_task, ((pt + 1) * per_task).min(panels));
+        let mut buf = vec![ZERO_PANEL; nb * (p1 - p0)];
+        for pi in p0..p1 {
             let o = pi * PANEL;
-            let cols = PANEL.min(n_out - o);
-            repack(&w[o * row_bytes..], row_bytes, cols, nb, &mut buf);
-            let mut r = r0;
-            while r < r1 {
-                // A run of rows of one mode, at most a tile.
-                let gemm4 = a[r * nb].row.gemm4;
-                let mut nr = 1;
-                while nr < TILE_ROWS && r + nr < r1 && a[(r + nr) * nb].row.gemm4 == gemm4 {
-                    nr += 1;
+            repack(&w[o * row_bytes..], row_bytes, PANEL.min(n_out - o), nb, &mut buf[(pi - p0) * nb..]);
+        }
+        for c0 in (r0..r1).step_by(chunk) {
+            let c1 = (c0 + chunk).min(r1);
+            for pi in p0..p1 {
+                let (o, panel) = (pi * PANEL, buf[(pi - p0) * nb..].as_ptr());
+                let cols = PANEL.min(n_out - o);
+                let mut r = c0;
+                while r < c1 {
+                    // A run of rows of one mode, at most a tile.
+                    let gemm4 = a[r * nb].row.gemm4;
+                    let mut nr = 1;
+                    while nr < TILE_ROWS && r + nr < c1 && a[(r + nr) * nb].row.gemm4 == gemm4 {
+                        nr += 1;
+                    }
+                    // SAFETY: `panel` holds nb panels; rows r..r+nr < n_rows of `a`/`bsp` (nb
+                    // each); y's rows r..r+nr, columns o..o+cols are inside `y` and this task's
+                    // alone; the caller guarantees the CPU features.
+                    unsafe {
+                        tile_n(gemm4, nr, panel, nb, a.as_ptr().add(r * nb), bsp.as_ptr().add(r * nb), yp.0.add(r * n_out + o), n_out, cols)
+                    };
+                    r += nr;
                 }
-                // SAFETY: `buf` holds nb panels; rows r..r+nr < n_rows of `a`/`bsp` (nb each);
-                // y's rows r..r+nr, columns o..o+cols are inside `y` and this task's alone; the
-                // caller guarantees the CPU features.
-                unsafe {
-                    tile_n(gemm4, nr, buf.as_ptr(), nb, a.as_ptr().add(r * nb), bsp.as_ptr().add(r * nb), yp.0.add(r * n_out + o), n_out, cols)
-                };
-                r += nr;
             }
         }
     };
