@@ -275,11 +275,10 @@ def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int 
     if not llama_bench and "llama.cpp" not in kinds:
         raise RuntimeError("no llama.cpp peer: llama_cpp does not import and no --llama-bench given")
     children = {kind: Child(kind, path, threads) for kind in kinds}
-    series = {kind: Series() for kind in kinds}
-    pre = {kind: Series() for kind in ("llama.cpp", "fak step") if kind in kinds}
     bench = LlamaBench(llama_bench, path, threads, prefill or 1, tokens) if llama_bench else None
-    if bench:
-        series["llama-bench"], pre["llama-bench"] = Series(), Series()
+    peers = ["llama-bench"] if bench else []
+    series = {kind: Series() for kind in peers + kinds}
+    pre = {kind: Series() for kind in peers + ["llama.cpp", "fak step"] if kind in kinds or kind in peers}
     try:
         if prefill:  # warm-up: the prefill's activation buffers, llama.cpp's compute graph
             for kind in pre:
