@@ -35,7 +35,11 @@ mod scalar;
 mod simd;
 
 #[cfg(target_arch = "x86_64")]
-mod q4k_tiled;
+mod tiled;
+#[cfg(target_arch = "x86_64")]
+mod tiled_q4k;
+#[cfg(target_arch = "x86_64")]
+mod tiled_q6k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -102,21 +106,21 @@ pub fn matmul_rows(wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32],
     if rows.len() != n_rows {
         return Err(FakError::invalid("rows", format!("{} row kinds for {n_rows} rows", rows.len())));
     }
-    matmul_impl(simd::active_level(), wtype, w, n_out, k, x, n_rows, y, Some(rows), q4k_tiled_on())
+    matmul_impl(simd::active_level(), wtype, w, n_out, k, x, n_rows, y, Some(rows), tiled_on())
 }
 
 /// [`matmul`] on an explicit SIMD level (for tests and benches); a level above what this CPU
 /// supports is an [`FakError::InvalidArgument`].
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], n_rows: usize, y: &mut [f32]) -> Result<()> {
-    matmul_impl(level, wtype, w, n_out, k, x, n_rows, y, None, q4k_tiled_on())
+    matmul_impl(level, wtype, w, n_out, k, x, n_rows, y, None, tiled_on())
 }
 
-/// `FAK_CPU_Q4K_TILED=0` turns off the register-tiled Q4_K prefill kernel (`q4k_tiled`, same
-/// results) for benches that measure the one-row kernel it replaces.
-fn q4k_tiled_on() -> bool {
+/// `FAK_CPU_TILED=0` turns off the register-tiled Q4_K/Q6_K prefill kernels (`tiled`, same
+/// results) for benches that measure the one-row kernels they replace.
+fn tiled_on() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| std::env::var("FAK_CPU_Q4K_TILED").map_or(true, |v| v != "0"))
+    *V.get_or_init(|| std::env::var("FAK_CPU_TILED").map_or(true, |v| v != "0"))
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -179,11 +183,17 @@ fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usi
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            if tiled && wtype == GgmlType::Q4_K && level == SimdLevel::Avx512 && n_rows >= q4k_tiled::MIN_ROWS {
-                // SAFETY: the Avx512 level (checked against the CPU above) includes AVX-512
-                // F/BW/VL/VNNI; the lengths were checked above.
-                unsafe { q4k_tiled::matmul(w, n_out, nb, &a, n_rows, y) };
-                return Ok(());
+            if tiled && level == SimdLevel::Avx512 && n_rows >= tiled::MIN_ROWS {
+                use tiled::{any_tiled, matmul as tiled_mm};
+                // SAFETY (both): the Avx512 level (checked against the CPU above) includes AVX-512
+                // F/BW/VL/VNNI, and `kern` is that level's; the lengths were checked above.
+                match wtype {
+                    GgmlType::Q4_K => return Ok(unsafe { tiled_mm::<tiled_q4k::Q4K>(w, n_out, nb, &a, n_rows, y, kern) }),
+                    GgmlType::Q6_K if any_tiled::<tiled_q6k::Q6K>(&a, nb) => {
+                        return Ok(unsafe { tiled_mm::<tiled_q6k::Q6K>(w, n_out, nb, &a, n_rows, y, kern) })
+                    }
+                    _ => {}
+                }
             }
             let _ = tiled;
             drive(kern, None, w, &a, nb, shape, y)

@@ -1,5 +1,5 @@
-//! The Q4_K × Q8_K prefill on AVX-512 VNNI with register tiling: 16 weight rows (one per i32 lane
-//! of a `zmm`) × up to [`TILE_ROWS`] activation rows per inner loop, as llama.cpp's repacked
+//! The Q4_K × Q8_K prefill kernel of [`tiled`](super::tiled): 16 weight rows (one per i32 lane
+//! of a `zmm`) × up to [`TILE_ROWS`](super::tiled::TILE_ROWS) activation rows per inner loop, as llama.cpp's repacked
 //! `block_q4_Kx8` GEMM lays a tile out (ggml-cpu `arch/x86/repack.cpp`: weights interleaved so
 //! that a lane is an output column, activations broadcast 4 bytes at a time into `vpdpbusd`).
 //!
@@ -16,25 +16,16 @@
 //! per output are the same operations in the same order (`acc = fma(isum, d·d_x, acc)`,
 //! `acc_min = fma(imin, dmin·d_x, acc_min)` per pair of sub-blocks for a [`LlamaRow::gemm4`] row,
 //! per super-block on the block totals otherwise; result `acc − acc_min`). So every output is
-//! bit-identical to the one-row kernel, and to llama.cpp (tests: `q4k_tiled_bit_identical`).
+//! bit-identical to the one-row kernel, and to llama.cpp (tests: `tiled_bit_identical`).
 //!
 //! [`LlamaRow::gemm4`]: super::act::LlamaRow
 
 #![allow(clippy::missing_safety_doc, clippy::needless_range_loop)]
 
-use super::act::BlockQ8K;
+use super::act::{BlockQ8K, LlamaRow};
 use super::blocks;
-use super::OutPtr;
+use super::tiled::{TiledFormat, PANEL};
 use core::arch::x86_64::*;
-use rayon::prelude::*;
-
-/// Weight rows per panel: one per i32 lane of a 512-bit vector.
-pub(super) const PANEL: usize = 16;
-/// Activation rows per inner loop (the tile height).
-pub(super) const TILE_ROWS: usize = 4;
-/// Fewest activation rows for which the tiled kernel is used (below, the per-call repack costs
-/// more than it saves; measured on Intel Xeon, see benches/results/cpu_engine.md).
-pub(super) const MIN_ROWS: usize = 16;
 
 /// One super-block of 16 weight rows, repacked (see the module docs).
 #[repr(C, align(64))]
@@ -152,7 +143,7 @@ unsafe fn tile<const R: usize, const GEMM4: bool>(p: *const Panel, nb: usize, a:
     }
 }
 
-/// [`tile`] for `nr` (1..=[`TILE_ROWS`]) rows of one mode.
+/// [`tile`] for `nr` (1..=[`TILE_ROWS`](super::tiled::TILE_ROWS)) rows of one mode.
 unsafe fn tile_n(gemm4: bool, nr: usize, p: *const Panel, nb: usize, a: *const BlockQ8K, bsp: *const [i32; 4], out: *mut f32, out_stride: usize, cols: usize) {
     macro_rules! go {
         ($r:literal) => {
@@ -171,68 +162,24 @@ unsafe fn tile_n(gemm4: bool, nr: usize, p: *const Panel, nb: usize, a: *const B
     }
 }
 
-/// `y = x · Wᵀ` for Q4_K weights `w` (`n_out` rows of `nb` blocks) and Q8_K activations `a`
-/// (`n_rows` rows of `nb` blocks, each row's [`LlamaRow`](super::act::LlamaRow) in its blocks),
-/// `y` `[n_rows, n_out]`; on the current rayon pool.
-///
-/// # Safety
-/// The CPU must support AVX-512 F/BW/VL/VNNI; `w`, `a`, `y` must have the lengths above.
-pub(super) unsafe fn matmul(w: &[u8], n_out: usize, nb: usize, a: &[BlockQ8K], n_rows: usize, y: &mut [f32]) {
-    let row_bytes = nb * blocks::q4_k::BYTES;
-    debug_assert_eq!(w.len(), n_out * row_bytes);
-    debug_assert_eq!(a.len(), n_rows * nb);
-    debug_assert_eq!(y.len(), n_rows * n_out);
-    let bsp = pair_bsums(a);
-    let panels = n_out.div_ceil(PANEL);
-    let threads = rayon::current_num_threads().max(1);
-    // Panel tasks first (each repacks its panels once); rows split only when panels are few.
-    let per_task = panels.div_ceil(4 * threads).max(1);
-    let p_tasks = panels.div_ceil(per_task);
-    let r_tasks = if p_tasks >= 2 * threads { 1 } else { (2 * threads).div_ceil(p_tasks).min(n_rows.div_ceil(4 * TILE_ROWS)) };
-    let row_block = n_rows.div_ceil(r_tasks);
-    let r_tasks = n_rows.div_ceil(row_block);
-    let yp = OutPtr(y.as_mut_ptr());
-    // Activation rows in chunks that stay in L2 (≈ 384 KiB) while the task's panels pass over them.
-    let chunk = ((384usize << 10) / (nb * core::mem::size_of::<BlockQ8K>())).max(TILE_ROWS) / TILE_ROWS * TILE_ROWS;
-    let task = |id: usize| {
-        #[allow(clippy::redundant_locals)]
-        let yp = yp;
-        let (pt, rt) = (id % p_tasks, id / p_tasks);
-        let (r0, r1) = (rt * row_block, ((rt + 1) * row_block).min(n_rows));
-        let (p0, p1) = (pt * per_task, ((pt + 1) * per_task).min(panels));
-        let mut buf = vec![ZERO_PANEL; nb * (p1 - p0)];
-        for pi in p0..p1 {
-            let o = pi * PANEL;
-            repack(&w[o * row_bytes..], row_bytes, PANEL.min(n_out - o), nb, &mut buf[(pi - p0) * nb..]);
-        }
-        for c0 in (r0..r1).step_by(chunk) {
-            let c1 = (c0 + chunk).min(r1);
-            for pi in p0..p1 {
-                let (o, panel) = (pi * PANEL, buf[(pi - p0) * nb..].as_ptr());
-                let cols = PANEL.min(n_out - o);
-                let mut r = c0;
-                while r < c1 {
-                    // A run of rows of one mode, at most a tile.
-                    let gemm4 = a[r * nb].row.gemm4;
-                    let mut nr = 1;
-                    while nr < TILE_ROWS && r + nr < c1 && a[(r + nr) * nb].row.gemm4 == gemm4 {
-                        nr += 1;
-                    }
-                    // SAFETY: `panel` holds nb panels; rows r..r+nr < n_rows of `a`/`bsp` (nb
-                    // each); y's rows r..r+nr, columns o..o+cols are inside `y` and this task's
-                    // alone; the caller guarantees the CPU features.
-                    unsafe {
-                        tile_n(gemm4, nr, panel, nb, a.as_ptr().add(r * nb), bsp.as_ptr().add(r * nb), yp.0.add(r * n_out + o), n_out, cols)
-                    };
-                    r += nr;
-                }
-            }
-        }
-    };
-    let n_tasks = p_tasks * r_tasks;
-    if n_tasks == 1 {
-        task(0);
-    } else {
-        (0..n_tasks).into_par_iter().for_each(task);
+/// Q4_K in the tiled driver: every row in its own order (GEMM4 or GEMV), none left to the
+/// one-row kernel.
+pub(super) struct Q4K;
+
+impl TiledFormat for Q4K {
+    type Panel = Panel;
+    const ZERO: Panel = ZERO_PANEL;
+    const BYTES: usize = blocks::q4_k::BYTES;
+    fn mode(row: LlamaRow) -> Option<bool> {
+        Some(row.gemm4)
+    }
+    fn aux(a: &[BlockQ8K]) -> Vec<[i32; 4]> {
+        pair_bsums(a)
+    }
+    fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Panel]) {
+        repack(w, row_bytes, rows, nb, out)
+    }
+    unsafe fn tile(mode: bool, nr: usize, p: *const Panel, nb: usize, a: *const BlockQ8K, aux: *const [i32; 4], out: *mut f32, out_stride: usize, cols: usize) {
+        tile_n(mode, nr, p, nb, a, aux, out, out_stride, cols)
     }
 }
