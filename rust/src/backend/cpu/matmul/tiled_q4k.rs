@@ -24,7 +24,7 @@
 
 use super::act::{BlockQ8K, LlamaRow};
 use super::blocks;
-use super::tiled::{TiledFormat, PANEL};
+use super::tiled::{TiledFormat, PANEL, TILE_ROWS};
 use core::arch::x86_64::*;
 
 /// One super-block of 16 weight rows, repacked (see the module docs).
@@ -48,7 +48,9 @@ const ZERO_PANEL: Panel = Panel { qs: [[0; 64]; 32], sc: [[0.0; PANEL]; 8], mn: 
 fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Panel]) {
     use blocks::q4_k::*;
     for (i, p) in out[..nb].iter_mut().enumerate() {
-        *p = ZERO_PANEL;
+        if rows < PANEL {
+            *p = ZERO_PANEL;
+        }
         for c in 0..rows {
             let b = &w[c * row_bytes + i * BYTES..][..BYTES];
             for t in 0..32 {
@@ -143,7 +145,7 @@ unsafe fn tile<const R: usize, const GEMM4: bool>(p: *const Panel, nb: usize, a:
     }
 }
 
-/// [`tile`] for `nr` (1..=[`TILE_ROWS`](super::tiled::TILE_ROWS)) rows of one mode.
+/// [`tile`] for `nr` (1..=[`TILE_ROWS`]) rows of one mode.
 unsafe fn tile_n(gemm4: bool, nr: usize, p: *const Panel, nb: usize, a: *const BlockQ8K, bsp: *const [i32; 4], out: *mut f32, out_stride: usize, cols: usize) {
     macro_rules! go {
         ($r:literal) => {
@@ -154,6 +156,7 @@ unsafe fn tile_n(gemm4: bool, nr: usize, p: *const Panel, nb: usize, a: *const B
             }
         };
     }
+    debug_assert!((1..=TILE_ROWS).contains(&nr));
     match nr {
         1 => go!(1),
         2 => go!(2),

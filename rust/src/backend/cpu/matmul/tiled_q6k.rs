@@ -18,7 +18,7 @@
 
 use super::act::{BlockQ8K, LlamaRow};
 use super::blocks;
-use super::tiled::{TiledFormat, PANEL};
+use super::tiled::{TiledFormat, PANEL, TILE_ROWS};
 use core::arch::x86_64::*;
 
 /// One Q6_K super-block of 16 weight rows, repacked (see the module docs).
@@ -36,26 +36,38 @@ pub(super) struct Panel {
 
 const ZERO_PANEL: Panel = Panel { u: [[0; 64]; 64], sc: [[0; PANEL]; 16], scp: [[0; PANEL]; 8], d: [0.0; PANEL] };
 
-/// Element `e` (0..256) of a Q6_K block as its unsigned 6-bit value (ggml's layout: half `n`,
-/// quarter `t` of the 128-element half, byte `l`).
+/// The 256 unsigned 6-bit values of a Q6_K block in element order (ggml's layout: in half `n`,
+/// quarter `t` takes the low (`t` < 2) or high nibbles of `ql[64n + 32·(t mod 2) + l]` and bits
+/// `2t, 2t + 1` of `qh[32n + l]`); byte loops the compiler vectorizes.
 #[inline(always)]
-fn u6(b: &[u8], e: usize) -> u8 {
+fn u6_block(b: &[u8]) -> [u8; 256] {
     use blocks::q6_k::*;
-    let (n, t, l) = (e / 128, (e % 128) / 32, e % 32);
-    let lowb = b[QL + 64 * n + l + if t % 2 == 1 { 32 } else { 0 }];
-    let low = if t >= 2 { lowb >> 4 } else { lowb & 0xF };
-    let high = (b[QH + 32 * n + l] >> (2 * t)) & 3;
-    low | (high << 4)
+    let mut u = [0u8; 256];
+    for n in 0..2 {
+        let (ql, qh) = (&b[QL + 64 * n..QL + 64 * n + 64], &b[QH + 32 * n..QH + 32 * n + 32]);
+        let o = &mut u[128 * n..128 * n + 128];
+        for l in 0..32 {
+            let (lo, hi, h) = (ql[l], ql[32 + l], qh[l]);
+            o[l] = (lo & 0xF) | (h & 3) << 4;
+            o[32 + l] = (hi & 0xF) | ((h >> 2) & 3) << 4;
+            o[64 + l] = (lo >> 4) | ((h >> 4) & 3) << 4;
+            o[96 + l] = (hi >> 4) | ((h >> 6) & 3) << 4;
+        }
+    }
+    u
 }
 
 fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Panel]) {
     use blocks::q6_k::*;
     for (i, p) in out[..nb].iter_mut().enumerate() {
-        *p = ZERO_PANEL;
+        if rows < PANEL {
+            *p = ZERO_PANEL;
+        }
         for c in 0..rows {
             let b = &w[c * row_bytes + i * BYTES..][..BYTES];
-            for e in 0..256 {
-                p.u[e / 4][4 * c + e % 4] = u6(b, e);
+            let u = u6_block(b);
+            for t in 0..64 {
+                p.u[t][4 * c..4 * c + 4].copy_from_slice(&u[4 * t..4 * t + 4]);
             }
             let sc = |s: usize| b[SCALES + s] as i8;
             for s in 0..16 {
@@ -134,6 +146,7 @@ impl TiledFormat for Q6K {
         repack(w, row_bytes, rows, nb, out)
     }
     unsafe fn tile(_: bool, nr: usize, p: *const Panel, nb: usize, a: *const BlockQ8K, _: *const [i32; 4], out: *mut f32, out_stride: usize, cols: usize) {
+        debug_assert!((1..=TILE_ROWS).contains(&nr));
         match nr {
             1 => tile::<1>(p, nb, a, nb, out, out_stride, cols),
             2 => tile::<2>(p, nb, a, nb, out, out_stride, cols),
