@@ -35,7 +35,7 @@ this counts). The table gives medians over rounds.
 
 Run:  PYTHONPATH=python python -m pytest benches/bench_cpu_decode.py --benchmark-only -s
       PYTHONPATH=python python benches/bench_cpu_decode.py [--rounds N] [--tokens N] [--threads N]
-          [--prefill N] [--llama-bench PATH] [--no-llama-cpp-python]   # table only
+          [--prefill N] [--llama-bench PATH] [--no-llama-cpp-python] [--untiled]   # table only
 """
 
 from __future__ import annotations
@@ -189,6 +189,9 @@ class FakMatmuls:
 
 
 RUNNERS = {"llama.cpp": LlamaDecode, "fak step": FakStep, "fak matmuls": FakMatmuls}
+# ``--untiled``: fak's step once more with the register-tiled Q4_K/Q6_K prefill kernels off
+# (``FAK_CPU_TILED=0``: the one-row kernels they replaced, same results), in the same rounds.
+UNTILED = "fak step FAK_CPU_TILED=0"
 
 
 class LlamaBench:
@@ -211,7 +214,9 @@ class LlamaBench:
 def _serve(kind: str, path: str, threads: int, conn) -> None:
     """Child process: builds one runner, then answers ``("round", n)`` with (wall, CPU) seconds,
     ``"info"`` with what the parent reports, ``None`` by exiting."""
-    runner = RUNNERS[kind](Path(path), threads)
+    if kind == UNTILED:
+        os.environ["FAK_CPU_TILED"] = "0"  # read at the first matmul, after this
+    runner = (FakStep if kind == UNTILED else RUNNERS[kind])(Path(path), threads)
     runner.round(2)  # warm-up: page the weights in, start the thread pools
     conn.send("ready")
     while (msg := conn.recv()) is not None:
@@ -263,7 +268,8 @@ def cpu_model() -> str:
 
 
 def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int = THREADS,
-            prefill: int = PREFILL, llama_bench: str | None = None, llama_cpp_python: bool = True) -> dict:
+            prefill: int = PREFILL, llama_bench: str | None = None, llama_cpp_python: bool = True,
+            untiled: bool = False) -> dict:
     """Alternating rounds of llama.cpp (llama-cpp-python where it imports and
     ``llama_cpp_python``; the ``llama_bench`` binary where given), fak step and fak matmuls on
     model ``name``, each engine in its own process, then (``prefill`` > 0) one prefill of
@@ -272,13 +278,14 @@ def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int 
     load = [os.getloadavg()[0]]
     kinds = [k for k in RUNNERS if k != "llama.cpp"
              or (llama_cpp_python and importlib.util.find_spec("llama_cpp") is not None)]
+    kinds += [UNTILED] if untiled else []
     if not llama_bench and "llama.cpp" not in kinds:
         raise RuntimeError("no llama.cpp peer: llama_cpp does not import and no --llama-bench given")
     children = {kind: Child(kind, path, threads) for kind in kinds}
     bench = LlamaBench(llama_bench, path, threads, prefill or 1, tokens) if llama_bench else None
     peers = ["llama-bench"] if bench else []
     series = {kind: Series() for kind in peers + kinds}
-    pre = {kind: Series() for kind in peers + ["llama.cpp", "fak step"] if kind in kinds or kind in peers}
+    pre = {kind: Series() for kind in peers + ["llama.cpp", "fak step", UNTILED] if kind in kinds or kind in peers}
     try:
         if prefill:  # warm-up: the prefill's activation buffers, llama.cpp's compute graph
             for kind in pre:
@@ -329,7 +336,7 @@ def table(results: list[dict]) -> str:
     for r in results:
         p = r.get("peer", "llama.cpp")
         base = {m: r[m][p] for m in ("tok_s", "best_tok_s", "tok_cpu_s")}
-        for k in [k for k in ("llama-bench", "llama.cpp", "fak step", "fak matmuls", "fak matmuls net") if k in r["tok_s"]]:
+        for k in [k for k in ("llama-bench", "llama.cpp", "fak step", UNTILED, "fak matmuls", "fak matmuls net") if k in r["tok_s"]]:
             cells = [_cell(r[m][k], base[m]) for m in ("tok_s", "best_tok_s", "tok_cpu_s")]
             out.append(f"| {r['model']} | {k} | " + " | ".join(cells) + " |")
         if r.get("prefill_tok_s"):
@@ -367,6 +374,7 @@ if __name__ == "__main__":
     ap.add_argument("--models", nargs="*", default=[MODEL_05B, MODEL_15B])
     ap.add_argument("--llama-bench", help="path of a llama-bench binary (scripts/build-llama-bench): a peer")
     ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama-cpp-python peer")
+    ap.add_argument("--untiled", action="store_true", help=f"add {UNTILED!r} (the kernels before the tiled prefill)")
     args = ap.parse_args()
     print(table([compare(m, args.rounds, args.tokens, args.threads, args.prefill, args.llama_bench,
-                         not args.no_llama_cpp_python) for m in args.models]))
+                         not args.no_llama_cpp_python, args.untiled) for m in args.models]))
