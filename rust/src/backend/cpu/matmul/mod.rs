@@ -14,7 +14,10 @@
 //! pass over the weights, one weight row at a time (interleaving several rows' streams measured
 //! markedly slower from DRAM). Q4_0/Q5_0/Q8_0 take each row's activations grouped by 8 blocks
 //! (the GEMV sums 8 blocks per vector) and, for full groups of 8 rows, interleaved
-//! ([`BlockQ8_0x8`]); the float formats block over 4 weight rows × 4 activation rows.
+//! ([`BlockQ8_0x8`]); the float formats block over 4 weight rows × 4 activation rows. On the
+//! AVX-512 level a Q4_K or Q6_K matmul of ≥ 8 rows goes to the register-tiled kernels instead
+//! (`tiled`: weights repacked per call into 16-row panels, one output column per vector lane,
+//! 16 × 4 outputs per inner loop; same results; `FAK_CPU_TILED=0` turns them off).
 //!
 //! Batch invariance: on every level, a row's result depends only on that row (never on `n_rows`
 //! or on which rows share a kernel call) for all target formats (Q4_1/Q5_1, in no target model,
