@@ -383,7 +383,7 @@ fn weighted_v(isa: Isa, chains: Chains, p: &[f32], v: &[f32], hd: usize, out: &m
     let n = p.len();
     assert!(v.len() >= n * hd && out.len() >= hd);
     #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && chains == Chains::TinyBlas && hd % 16 == 0 && avx512f() {
+    if isa == Isa::Avx2 && chains == Chains::TinyBlas && hd.is_multiple_of(16) && avx512f() {
         // SAFETY: AVX2/FMA/F16C (isa) and AVX-512F detected, hd % 16 == 0, lengths checked above.
         unsafe { avx512_weighted_v_tinyblas(p, v, hd, out) };
         return;

@@ -191,9 +191,13 @@ fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usi
                 // SAFETY (both): the Avx512 level (checked against the CPU above) includes AVX-512
                 // F/BW/VL/VNNI, and `kern` is that level's; the lengths were checked above.
                 match wtype {
-                    GgmlType::Q4_K => return Ok(unsafe { tiled_mm::<tiled_q4k::Q4K>(w, n_out, nb, &a, n_rows, y, kern) }),
+                    GgmlType::Q4_K => {
+                        unsafe { tiled_mm::<tiled_q4k::Q4K>(w, n_out, nb, &a, n_rows, y, kern) };
+                        return Ok(());
+                    }
                     GgmlType::Q6_K if any_tiled::<tiled_q6k::Q6K>(&a, nb) => {
-                        return Ok(unsafe { tiled_mm::<tiled_q6k::Q6K>(w, n_out, nb, &a, n_rows, y, kern) })
+                        unsafe { tiled_mm::<tiled_q6k::Q6K>(w, n_out, nb, &a, n_rows, y, kern) };
+                        return Ok(());
                     }
                     _ => {}
                 }

@@ -20,7 +20,7 @@
 //!
 //! [`LlamaRow::gemm4`]: super::act::LlamaRow
 
-#![allow(clippy::missing_safety_doc, clippy::needless_range_loop)]
+#![allow(clippy::missing_safety_doc, clippy::needless_range_loop, clippy::too_many_arguments)]
 
 use super::act::{BlockQ8K, LlamaRow};
 use super::blocks;

@@ -14,7 +14,7 @@
 //! `tiled/tiled-kernel.cpp` as GCC contracts it) — bit-identical to the one-row kernel and to
 //! llama.cpp (tests: `tiled_bit_identical`).
 
-#![allow(clippy::missing_safety_doc, clippy::needless_range_loop)]
+#![allow(clippy::missing_safety_doc, clippy::needless_range_loop, clippy::too_many_arguments)]
 
 use super::act::{BlockQ8K, LlamaRow};
 use super::blocks;
