@@ -27,6 +27,8 @@ pub(super) const TILE_ROWS: usize = 4;
 pub(super) const MIN_ROWS: usize = 8;
 /// Bytes of activations a task keeps in L2 under its panels.
 const CHUNK_BYTES: usize = 384 << 10;
+/// Most bytes of repacked panels per task.
+const PANEL_BYTES: usize = 2 << 20;
 
 /// A k-quant format's tiled kernel.
 pub(super) trait TiledFormat {
@@ -71,8 +73,11 @@ pub(super) unsafe fn matmul<F: TiledFormat>(w: &[u8], n_out: usize, nb: usize, a
     let aux = F::aux(a);
     let panels = n_out.div_ceil(PANEL);
     let threads = rayon::current_num_threads().max(1);
-    // Panel tasks first (each repacks its panels once); rows split only when panels are few.
-    let per_task = panels.div_ceil(4 * threads).max(1);
+    // Panel tasks first (each repacks its panels once, at most PANEL_BYTES of them: an LM head
+    // of 151,936 rows would otherwise repack tens of MB per task); rows split only when panels
+    // are few.
+    let most = (PANEL_BYTES / (nb * core::mem::size_of::<F::Panel>())).max(1);
+    let per_task = panels.div_ceil(4 * threads).clamp(1, most);
     let p_tasks = panels.div_ceil(per_task);
     let r_tasks = if p_tasks >= 2 * threads { 1 } else { (2 * threads).div_ceil(p_tasks).min(n_rows.div_ceil(4 * TILE_ROWS)) };
     let row_block = n_rows.div_ceil(r_tasks);
