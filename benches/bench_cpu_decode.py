@@ -19,6 +19,13 @@ tokens (pp512): llama.cpp ``reset()`` + ``eval(prompt)`` with ``n_batch`` = ``n_
 fak ``add_sequence`` + one ``step()`` (prefix cache off, ``max_tokens_per_step`` 512) + remove,
 both giving the last position's logits.
 
+With ``--llama-bench PATH`` llama.cpp's own ``llama-bench`` binary (built by
+``scripts/build-llama-bench``: DESIGN.md's explicit x86 flags, AMX off) is a peer too: each round
+runs ``llama-bench -m MODEL -t T -p N -n TOKENS -r 1 -o json`` (its own warm-up, then one pp and
+one tg run) between fak's rounds, and the ratios are taken against it (decode ``tgTOKENS`` and
+``ppN`` as llama-bench reports them, wall clock; its CPU time is not measured: "–"). The
+llama-cpp-python peer runs only where ``llama_cpp`` imports (``--no-llama-cpp-python`` drops it).
+
 Each engine runs in its own child process (so neither one's idle worker threads share a process
 with the other's), driven round by round from the parent: rounds alternate llama.cpp / fak so both
 see the same machine load. Time is taken two ways, both reported: wall clock (what a user sees; on
@@ -28,15 +35,19 @@ this counts). The table gives medians over rounds.
 
 Run:  PYTHONPATH=python python -m pytest benches/bench_cpu_decode.py --benchmark-only -s
       PYTHONPATH=python python benches/bench_cpu_decode.py [--rounds N] [--tokens N] [--threads N]
-          [--prefill N]   # table only
+          [--prefill N] [--llama-bench PATH] [--no-llama-cpp-python] [--untiled]   # table only
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
+import math
 import multiprocessing as mp
 import os
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
@@ -75,6 +86,7 @@ class Series:
         return 1.0 / statistics.median(self.wall)
 
     def tok_cpu_s(self) -> float:
+        """Tokens per CPU-second (NaN where the CPU time is not measured: llama-bench)."""
         return 1.0 / statistics.median(self.cpu)
 
     def best_tok_s(self) -> float:
@@ -177,12 +189,34 @@ class FakMatmuls:
 
 
 RUNNERS = {"llama.cpp": LlamaDecode, "fak step": FakStep, "fak matmuls": FakMatmuls}
+# ``--untiled``: fak's step once more with the register-tiled Q4_K/Q6_K prefill kernels off
+# (``FAK_CPU_TILED=0``: the one-row kernels they replaced, same results), in the same rounds.
+UNTILED = "fak step FAK_CPU_TILED=0"
+
+
+class LlamaBench:
+    """llama.cpp's ``llama-bench`` binary as a peer: one invocation per round (model load and its
+    warm-up run outside its timing), one pp and one tg run; figures as it reports them (wall)."""
+
+    def __init__(self, exe: str, path: Path, threads: int, prefill: int, tokens: int) -> None:
+        self.cmd = [exe, "-m", str(path), "-t", str(threads), "-p", str(prefill), "-n", str(tokens),
+                    "-r", "1", "-o", "json"]
+        self.info: dict = {}
+
+    def round(self, dec: Series, pre: Series) -> None:
+        out = subprocess.run(self.cmd, check=True, capture_output=True, text=True).stdout
+        for e in json.loads(out):
+            self.info = {k: e.get(k) for k in ("cpu_info", "build_commit", "n_threads", "n_batch", "n_ubatch")}
+            series, n = (dec, e["n_gen"]) if e["n_gen"] else (pre, e["n_prompt"])
+            series.add(n / e["avg_ts"], math.nan, n)
 
 
 def _serve(kind: str, path: str, threads: int, conn) -> None:
     """Child process: builds one runner, then answers ``("round", n)`` with (wall, CPU) seconds,
     ``"info"`` with what the parent reports, ``None`` by exiting."""
-    runner = RUNNERS[kind](Path(path), threads)
+    if kind == UNTILED:
+        os.environ["FAK_CPU_TILED"] = "0"  # read at the first matmul, after this
+    runner = (FakStep if kind == UNTILED else RUNNERS[kind])(Path(path), threads)
     runner.round(2)  # warm-up: page the weights in, start the thread pools
     conn.send("ready")
     while (msg := conn.recv()) is not None:
@@ -234,24 +268,37 @@ def cpu_model() -> str:
 
 
 def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int = THREADS,
-            prefill: int = PREFILL) -> dict:
-    """Alternating rounds of llama.cpp, fak step and fak matmuls on model ``name``, each engine in
-    its own process, then (``prefill`` > 0) one prefill of ``prefill`` tokens by llama.cpp and
-    fak in the same round; medians over rounds."""
+            prefill: int = PREFILL, llama_bench: str | None = None, llama_cpp_python: bool = True,
+            untiled: bool = False) -> dict:
+    """Alternating rounds of llama.cpp (llama-cpp-python where it imports and
+    ``llama_cpp_python``; the ``llama_bench`` binary where given), fak step and fak matmuls on
+    model ``name``, each engine in its own process, then (``prefill`` > 0) one prefill of
+    ``prefill`` tokens by each peer and fak in the same round; medians over rounds."""
     path = real_model(name)
     load = [os.getloadavg()[0]]
-    children = {kind: Child(kind, path, threads) for kind in RUNNERS}
-    series = {kind: Series() for kind in RUNNERS}
-    pre = {kind: Series() for kind in ("llama.cpp", "fak step")}
+    kinds = [k for k in RUNNERS if k != "llama.cpp"
+             or (llama_cpp_python and importlib.util.find_spec("llama_cpp") is not None)]
+    kinds += [UNTILED] if untiled else []
+    if not llama_bench and "llama.cpp" not in kinds:
+        raise RuntimeError("no llama.cpp peer: llama_cpp does not import and no --llama-bench given")
+    children = {kind: Child(kind, path, threads) for kind in kinds}
+    bench = LlamaBench(llama_bench, path, threads, prefill or 1, tokens) if llama_bench else None
+    peers = ["llama-bench"] if bench else []
+    series = {kind: Series() for kind in peers + kinds}
+    pre = {kind: Series() for kind in peers + ["llama.cpp", "fak step", UNTILED] if kind in kinds or kind in peers}
     try:
         if prefill:  # warm-up: the prefill's activation buffers, llama.cpp's compute graph
             for kind in pre:
-                children[kind].round(prefill, Series(), "prefill")
+                if kind != "llama-bench":
+                    children[kind].round(prefill, Series(), "prefill")
         for _ in range(rounds):
+            if bench:
+                bench.round(series["llama-bench"], pre["llama-bench"] if prefill else Series())
             for kind, child in children.items():
                 child.round(tokens, series[kind])
             for kind in pre if prefill else ():
-                children[kind].round(prefill, pre[kind], "prefill")
+                if kind != "llama-bench":
+                    children[kind].round(prefill, pre[kind], "prefill")
             load.append(os.getloadavg()[0])
         info = children["fak matmuls"].info()
     finally:
@@ -270,36 +317,50 @@ def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int 
         "tok_s": {k: s.tok_s() for k, s in series.items()},
         "tok_cpu_s": {k: s.tok_cpu_s() for k, s in series.items()},
         "best_tok_s": {k: s.best_tok_s() for k, s in series.items()},
+        "peer": "llama-bench" if bench else "llama.cpp", "llama_bench": bench.info if bench else None,
     }
 
 
+def _cell(v: float, base: float) -> str:
+    if math.isnan(v) or math.isnan(base):
+        return f"{v:.1f} | –" if not math.isnan(v) else "– | –"
+    return f"{v:.1f} | {v / base:.2f}×"
+
+
 def table(results: list[dict]) -> str:
-    """Markdown: tok/s (wall: median and best round) and tok/CPU-s per engine, and fak ÷ llama.cpp."""
-    out = ["| model | figure | wall tok/s (median) | ÷ llama.cpp | wall tok/s (best round) | ÷ llama.cpp "
-           "| tok/CPU-s | ÷ llama.cpp |", "|---|---|---|---|---|---|---|---|"]
+    """Markdown: tok/s (wall: median and best round) and tok/CPU-s per engine, and fak ÷ the peer
+    (llama-bench where it ran, else llama-cpp-python)."""
+    peer = results[0].get("peer", "llama.cpp") if results else "llama.cpp"
+    out = [f"| model | figure | wall tok/s (median) | ÷ {peer} | wall tok/s (best round) | ÷ {peer} "
+           f"| tok/CPU-s | ÷ {peer} |", "|---|---|---|---|---|---|---|---|"]
     for r in results:
-        base = {m: r[m]["llama.cpp"] for m in ("tok_s", "best_tok_s", "tok_cpu_s")}
-        for k in ("llama.cpp", "fak step", "fak matmuls", "fak matmuls net"):
-            cells = [f"{r[m][k]:.1f} | {r[m][k] / base[m]:.2f}×" for m in ("tok_s", "best_tok_s", "tok_cpu_s")]
+        p = r.get("peer", "llama.cpp")
+        base = {m: r[m][p] for m in ("tok_s", "best_tok_s", "tok_cpu_s")}
+        for k in [k for k in ("llama-bench", "llama.cpp", "fak step", UNTILED, "fak matmuls", "fak matmuls net") if k in r["tok_s"]]:
+            cells = [_cell(r[m][k], base[m]) for m in ("tok_s", "best_tok_s", "tok_cpu_s")]
             out.append(f"| {r['model']} | {k} | " + " | ".join(cells) + " |")
         if r.get("prefill_tok_s"):
             pw, pc = r["prefill_tok_s"], r["prefill_tok_cpu_s"]
-            for k in ("llama.cpp", "fak step"):
-                out.append(f"| {r['model']} | pp{r['prefill_tokens']} {k} | {pw[k]:.1f} | "
-                           f"{pw[k] / pw['llama.cpp']:.2f}× | – | – | {pc[k]:.1f} | {pc[k] / pc['llama.cpp']:.2f}× |")
+            for k in pw:
+                out.append(f"| {r['model']} | pp{r['prefill_tokens']} {k} | {_cell(pw[k], pw[p])} | – | – | "
+                           f"{_cell(pc[k], pc[p])} |")
     notes = [f"- {r['model']} on {r['cpu']}: {r['rounds']} rounds × {r['tokens_per_round']} tokens, {r['threads']} threads, "
              f"load average {r['loadavg_1m'][0]:.1f}–{r['loadavg_1m'][1]:.1f}, simd {r['simd']}, "
              f"{r['weights_gb_per_token']:.2f} GB of weights per token in {r['matmul_calls']} matmuls, "
              f"call overhead {r['call_overhead_us'][0]:.1f} µs wall / {r['call_overhead_us'][1]:.1f} µs CPU"
+             + (f"; llama-bench {r['llama_bench']}" if r.get("llama_bench") else "")
              for r in results]
     return "\n".join(out + [""] + notes)
 
 
 @pytest.mark.parametrize("name", [MODEL_05B, MODEL_15B])
 def test_decode_vs_llamacpp(benchmark, name: str) -> None:
-    """One comparison per model; the benchmark's own timing is the fak step rounds."""
-    pytest.importorskip("llama_cpp")
-    result = benchmark.pedantic(compare, args=(name,), rounds=1, iterations=1)
+    """One comparison per model; the benchmark's own timing is the fak step rounds. The peer:
+    ``FAK_LLAMA_BENCH`` (a llama-bench binary) where set, llama-cpp-python where it imports."""
+    exe = os.environ.get("FAK_LLAMA_BENCH")
+    if not exe and importlib.util.find_spec("llama_cpp") is None:
+        pytest.skip("no llama.cpp peer: set FAK_LLAMA_BENCH or install llama-cpp-python")
+    result = benchmark.pedantic(compare, args=(name,), kwargs={"llama_bench": exe}, rounds=1, iterations=1)
     benchmark.extra_info.update(result)
     print("\n" + table([result]))
 
@@ -311,5 +372,9 @@ if __name__ == "__main__":
     ap.add_argument("--threads", type=int, default=THREADS)
     ap.add_argument("--prefill", type=int, default=PREFILL, help="prompt tokens of the prefill figure (0: none)")
     ap.add_argument("--models", nargs="*", default=[MODEL_05B, MODEL_15B])
+    ap.add_argument("--llama-bench", help="path of a llama-bench binary (scripts/build-llama-bench): a peer")
+    ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama-cpp-python peer")
+    ap.add_argument("--untiled", action="store_true", help=f"add {UNTILED!r} (the kernels before the tiled prefill)")
     args = ap.parse_args()
-    print(table([compare(m, args.rounds, args.tokens, args.threads, args.prefill) for m in args.models]))
+    print(table([compare(m, args.rounds, args.tokens, args.threads, args.prefill, args.llama_bench,
+                         not args.no_llama_cpp_python, args.untiled) for m in args.models]))

@@ -293,3 +293,34 @@ def test_env_var_lowers_the_simd_level(forced: str) -> None:
                          env=env, capture_output=True, text=True, check=True).stdout.strip()
     # A level this CPU has is taken as asked; an unknown name or one above the CPU keeps the best.
     assert out == (forced if forced in levels else levels[-1])
+
+
+_TILED_CHILD = """
+import hashlib, sys
+import numpy as np
+from fak import _native
+m = _native.Model(sys.argv[1], backend="cpu", n_ctx=1024, threads=2, prefix_cache=False)
+tokens = [int(t) for t in np.random.default_rng(16).integers(1000, 30000, size=301)]
+print(hashlib.sha256(np.ascontiguousarray(m.logits(tokens), dtype=np.float32).tobytes()).hexdigest())
+"""
+
+
+@pytest.mark.parametrize("model", ["model_05b", "model_15b"])
+def test_tiled_prefill_bit_identical_on_real_model(model: str, request: pytest.FixtureRequest) -> None:
+    """A 301-token prefill of the real model (300 rows in llama.cpp's 4-row Q4_K GEMM order and
+    the Q6_K tiled-kernel order, one in the GEMV order) gives logits at every position bit-identical
+    with the register-tiled Q4_K/Q6_K kernels (AVX-512) and with the one-row kernels they replace
+    (``FAK_CPU_TILED=0``), whose order the parity tests check against llama.cpp."""
+    import os
+    import subprocess
+    import sys
+
+    if _native.simd_level() != "avx512":
+        pytest.skip("the tiled kernels run on the AVX-512 level only")
+    path = request.getfixturevalue(model)
+    digests = {}
+    for tiled in ("0", "1"):
+        env = dict(os.environ, FAK_CPU_TILED=tiled)
+        digests[tiled] = subprocess.run([sys.executable, "-c", _TILED_CHILD, str(path)], env=env,
+                                        capture_output=True, text=True, check=True).stdout.strip()
+    assert len(digests["1"]) == 64 and digests["0"] == digests["1"], digests

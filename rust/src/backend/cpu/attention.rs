@@ -383,6 +383,12 @@ fn weighted_v(isa: Isa, chains: Chains, p: &[f32], v: &[f32], hd: usize, out: &m
     let n = p.len();
     assert!(v.len() >= n * hd && out.len() >= hd);
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && chains == Chains::TinyBlas && hd.is_multiple_of(16) && avx512f() {
+        // SAFETY: AVX2/FMA/F16C (isa) and AVX-512F detected, hd % 16 == 0, lengths checked above.
+        unsafe { avx512_weighted_v_tinyblas(p, v, hd, out) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 && hd % 8 == 0 {
         // SAFETY: AVX2/FMA/F16C detected (isa), hd % 8 == 0, lengths checked above.
         unsafe { avx2_weighted_v(chains, p, v, hd, out) };
@@ -500,6 +506,49 @@ unsafe fn avx2_weighted_v(chains: Chains, p: &[f32], v: &[f32], hd: usize, out: 
         };
         _mm256_storeu_ps(out.as_mut_ptr().add(d), reduce16_lanes(&x));
         d += 8;
+    }
+}
+
+/// Whether the CPU has AVX-512F (for the 512-bit [`weighted_v`]; `FAK_CPU_ISA=scalar` goes
+/// below it through [`Isa`]).
+#[cfg(target_arch = "x86_64")]
+fn avx512f() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| is_x86_feature_detected!("avx512f"))
+}
+
+/// [`avx2_weighted_v`] for the [`Chains::TinyBlas`] order on 512-bit vectors: 16 output elements
+/// per pass over the weights, the 16 chains in registers (positions unrolled by 16, so each
+/// chain's index is a constant; [`avx2_weighted_v`] indexes its chains by `j % 16` and keeps them
+/// in memory). Each lane's operations are the 256-bit kernel's: the same FMAs in the same order,
+/// zero weights skipped, the same [`reduce16_lanes`] tree per 8-element half — bit-identical.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn avx512_weighted_v_tinyblas(p: &[f32], v: &[f32], hd: usize, out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let n = p.len();
+    let vp = v.as_ptr();
+    let mut d = 0;
+    while d < hd {
+        let mut c = [_mm512_setzero_ps(); 16];
+        let mut j0 = 0;
+        while j0 < n {
+            let m = (n - j0).min(16);
+            for (l, cl) in c.iter_mut().enumerate() {
+                if l < m {
+                    let w = p[j0 + l];
+                    if w != 0.0 {
+                        *cl = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(vp.add((j0 + l) * hd + d)), *cl);
+                    }
+                }
+            }
+            j0 += 16;
+        }
+        let lo: [__m256; 16] = std::array::from_fn(|l| _mm512_castps512_ps256(c[l]));
+        let hi: [__m256; 16] = std::array::from_fn(|l| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(c[l]))));
+        _mm256_storeu_ps(out.as_mut_ptr().add(d), reduce16_lanes(&lo));
+        _mm256_storeu_ps(out.as_mut_ptr().add(d + 8), reduce16_lanes(&hi));
+        d += 16;
     }
 }
 
@@ -705,6 +754,30 @@ mod tests {
                     weighted_v(vecops::isa(), chains, p, &k, hd, &mut a2);
                     assert_eq!(a1, a2, "weighted_v {chains:?} {n_k}x{hd}");
                 }
+            }
+        }
+    }
+
+    /// The 512-bit TinyBlas [`weighted_v`] against the 256-bit one, bit for bit: key counts
+    /// around its 16-position unroll, both head sizes of the target models, zero weights (skipped).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn avx512_weighted_v_matches_avx2() {
+        if vecops::isa() != Isa::Avx2 || !avx512f() {
+            return;
+        }
+        for hd in [64, 128] {
+            for n in [1, 2, 15, 16, 17, 31, 33, 100, 512] {
+                let v = rand_vec(n * hd, 3 + n as u64);
+                let p: Vec<f32> = rand_vec(n, 7).iter().enumerate().map(|(j, &x)| if j % 5 == 2 { 0.0 } else { x }).collect();
+                let (mut a, mut b) = (vec![f32::NAN; hd], vec![f32::NAN; hd]);
+                // SAFETY: AVX2/FMA/F16C (isa) and AVX-512F checked; v holds n rows of hd.
+                unsafe {
+                    avx2_weighted_v(Chains::TinyBlas, &p, &v, hd, &mut a);
+                    avx512_weighted_v_tinyblas(&p, &v, hd, &mut b);
+                }
+                let (a, b): (Vec<u32>, Vec<u32>) = (a.iter().map(|x| x.to_bits()).collect(), b.iter().map(|x| x.to_bits()).collect());
+                assert_eq!(a, b, "{n} keys, head dim {hd}");
             }
         }
     }

@@ -14,7 +14,10 @@
 //! pass over the weights, one weight row at a time (interleaving several rows' streams measured
 //! markedly slower from DRAM). Q4_0/Q5_0/Q8_0 take each row's activations grouped by 8 blocks
 //! (the GEMV sums 8 blocks per vector) and, for full groups of 8 rows, interleaved
-//! ([`BlockQ8_0x8`]); the float formats block over 4 weight rows × 4 activation rows.
+//! ([`BlockQ8_0x8`]); the float formats block over 4 weight rows × 4 activation rows. On the
+//! AVX-512 level a Q4_K or Q6_K matmul of ≥ 8 rows goes to the register-tiled kernels instead
+//! (`tiled`: weights repacked per call into 16-row panels, one output column per vector lane,
+//! 16 × 4 outputs per inner loop; same results; `FAK_CPU_TILED=0` turns them off).
 //!
 //! Batch invariance: on every level, a row's result depends only on that row (never on `n_rows`
 //! or on which rows share a kernel call) for all target formats (Q4_1/Q5_1, in no target model,
@@ -34,6 +37,12 @@ mod blocks;
 mod scalar;
 mod simd;
 
+#[cfg(target_arch = "x86_64")]
+mod tiled;
+#[cfg(target_arch = "x86_64")]
+mod tiled_q4k;
+#[cfg(target_arch = "x86_64")]
+mod tiled_q6k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -100,18 +109,25 @@ pub fn matmul_rows(wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32],
     if rows.len() != n_rows {
         return Err(FakError::invalid("rows", format!("{} row kinds for {n_rows} rows", rows.len())));
     }
-    matmul_impl(simd::active_level(), wtype, w, n_out, k, x, n_rows, y, Some(rows))
+    matmul_impl(simd::active_level(), wtype, w, n_out, k, x, n_rows, y, Some(rows), tiled_on())
 }
 
 /// [`matmul`] on an explicit SIMD level (for tests and benches); a level above what this CPU
 /// supports is an [`FakError::InvalidArgument`].
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_at(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], n_rows: usize, y: &mut [f32]) -> Result<()> {
-    matmul_impl(level, wtype, w, n_out, k, x, n_rows, y, None)
+    matmul_impl(level, wtype, w, n_out, k, x, n_rows, y, None, tiled_on())
+}
+
+/// `FAK_CPU_TILED=0` turns off the register-tiled Q4_K/Q6_K prefill kernels (`tiled`, same
+/// results) for benches that measure the one-row kernels they replace.
+fn tiled_on() -> bool {
+    static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *V.get_or_init(|| std::env::var("FAK_CPU_TILED").map_or(true, |v| v != "0"))
 }
 
 #[allow(clippy::too_many_arguments)]
-fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], n_rows: usize, y: &mut [f32], rows: Option<&[LlamaRow]>) -> Result<()> {
+fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], n_rows: usize, y: &mut [f32], rows: Option<&[LlamaRow]>, tiled: bool) -> Result<()> {
     if level > simd::detected_level() {
         return Err(FakError::invalid("level", format!("{} is not supported by this CPU", level.name())));
     }
@@ -169,6 +185,24 @@ fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usi
                     blocks.iter_mut().for_each(|b| b.row = kind);
                 }
             }
+            #[cfg(target_arch = "x86_64")]
+            if tiled && level == SimdLevel::Avx512 && n_rows >= tiled::MIN_ROWS {
+                use tiled::{any_tiled, matmul as tiled_mm};
+                // SAFETY (both): the Avx512 level (checked against the CPU above) includes AVX-512
+                // F/BW/VL/VNNI, and `kern` is that level's; the lengths were checked above.
+                match wtype {
+                    GgmlType::Q4_K => {
+                        unsafe { tiled_mm::<tiled_q4k::Q4K>(w, n_out, nb, &a, n_rows, y, kern) };
+                        return Ok(());
+                    }
+                    GgmlType::Q6_K if any_tiled::<tiled_q6k::Q6K>(&a, nb) => {
+                        unsafe { tiled_mm::<tiled_q6k::Q6K>(w, n_out, nb, &a, n_rows, y, kern) };
+                        return Ok(());
+                    }
+                    _ => {}
+                }
+            }
+            let _ = tiled;
             drive(kern, None, w, &a, nb, shape, y)
         }
         Plan::F32(kern) => drive(kern, None, w, x, k, shape, y),

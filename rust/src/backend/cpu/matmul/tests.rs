@@ -369,3 +369,51 @@ fn q0_levels_bit_identical_and_batch_invariant() {
         }
     }
 }
+
+/// The register-tiled Q4_K / Q6_K prefill (`tiled`, AVX-512) against the one-row kernels it
+/// replaces: bit-identical outputs for row counts around its tile (4 rows) and panel (16 weight
+/// rows) sizes, at the real models' Q4_K/Q6_K shapes (Qwen2.5-Coder 1.5B: 1536/256/8960 × 1536,
+/// 1536 × 8960; 0.5B: 896 × 4864) and odd `n_out` (masked panel tails), for plain `matmul` rows
+/// (Q4_K's GEMV order; Q6_K's `ggml_vec_dot` order, which stays on the one-row kernel),
+/// llama.cpp's ubatch pattern (Q4_K: the first `n − n mod 4` rows in the 4-row GEMM order; Q6_K:
+/// the tiled-kernel order from 8 rows) and a random mix of the orders (Q6_K: some rows through the
+/// fallback inside the tiled driver). The one-row kernels are the ones the parity tests check
+/// against llama.cpp.
+#[test]
+fn tiled_bit_identical() {
+    if !available_levels().contains(&SimdLevel::Avx512) {
+        return;
+    }
+    let mut rng = Rng(16);
+    let counts: &[usize] = &[1, 2, 3, 4, 7, 8, 9, 16, 17, 33, 512];
+    let shapes: &[(usize, usize, &[usize])] = &[
+        (256, 1536, counts),
+        (1536, 1536, &[16, 33, 512]),
+        (8960, 1536, &[17, 33]),
+        (1536, 8960, &[16, 33]),
+        (896, 4864, &[16, 33]),
+        (37, 512, counts),
+        (5, 256, &[16, 19, 40]),
+    ];
+    for (t, f16_fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q6_K, &[208][..])] {
+        for &(n_out, k, counts) in shapes {
+            let w = random_weights(t, f16_fields, n_out, k, &mut rng);
+            for &n in counts {
+                let x = random_x(n * k, &mut rng);
+                let ubatch: Vec<LlamaRow> = (0..n).map(|r| LlamaRow { gemm4: r < n - n % 4, tiled: n >= 8 }).collect();
+                let mixed: Vec<LlamaRow> = (0..n).map(|_| LlamaRow { gemm4: !rng.next().is_multiple_of(3), tiled: !rng.next().is_multiple_of(3) }).collect();
+                for rows in [None, Some(&ubatch[..]), Some(&mixed[..])] {
+                    let go = |tiled: bool| {
+                        let mut y = vec![f32::NAN; n * n_out];
+                        matmul_impl(SimdLevel::Avx512, t, &w, n_out, k, &x, n, &mut y, rows, tiled).unwrap();
+                        y
+                    };
+                    let (want, got) = (go(false), go(true));
+                    assert!(want.iter().all(|v| v.is_finite()), "{t:?} {n_out}x{k} rows {n}: non-finite reference");
+                    let bad = want.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
+                    assert!(bad.is_none(), "{t:?} {n_out}x{k} rows {n} ({:?}): first differing output {bad:?}: {:?} vs {:?}", rows.map(|r| r[0]), bad.map(|i| want[i]), bad.map(|i| got[i]));
+                }
+            }
+        }
+    }
+}
