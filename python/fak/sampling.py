@@ -121,10 +121,12 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.prefix_choices is not None:
             choices = self.prefix_choices
-            if not isinstance(choices, (list, tuple)) or not choices:
+            # Checked here against the core's limits rather than sent to check_sampling: the gateway
+            # sends tens of thousands of them, and add_sequence converts (and checks) them again.
+            if not isinstance(choices, (list, tuple)) or not 1 <= len(choices) <= MAX_PREFIX_CHOICES:
                 raise ValueError(f"prefix_choices must be a list of 1..{MAX_PREFIX_CHOICES} token-id lists")
             for choice in choices:
-                if (not isinstance(choice, (list, tuple))
+                if (not isinstance(choice, (list, tuple)) or not 1 <= len(choice) <= MAX_PREFIX_CHOICE_TOKENS
                         or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in choice)):
                     raise ValueError("each of prefix_choices must be a list of 1.."
                                      f"{MAX_PREFIX_CHOICE_TOKENS} non-negative token ids, got {choice!r:.80}")
@@ -133,6 +135,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             if v is not None and not -(2**31) <= v < 2**31:
                 raise ValueError(f"{name} must be in the 32-bit range, got {v}")
         values = self._native_values(seed=0)
+        values.pop("prefix_choices", None)
         if self.max_tokens is not None:
             values["max_tokens"] = self.max_tokens
         problem = _native.check_sampling(values)
