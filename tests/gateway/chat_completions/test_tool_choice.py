@@ -165,6 +165,30 @@ def test_forced_call_that_misses_the_schema_is_sampled_again(start_gateway: Any,
     assert m[("fak_requests_cancelled_total", ())] == 0  # the set-aside attempt is no cancellation
 
 
+def test_an_unseeded_greedy_retry_is_reproducible(start_gateway: Any) -> None:
+    """Without a client seed, the retry of a greedy request draws from a seed of the prompt and
+    the attempt: the same request gives the same retry (runs repeat), another prompt another."""
+    class GreedyMisses(FakeEngine):  # every greedy first attempt misses the schema; retries fit
+        async def astream(self, prompt: Any, **sampling: Any) -> AsyncIterator[Any]:
+            self.forced_arguments = [("weather", ' {"town": "Oslo"}}\n</tool_call>')] \
+                if sampling.get("temperature") == 0 else []
+            async for delta in super().astream(prompt, **sampling):
+                yield delta
+
+    eng = GreedyMisses()
+    srv = start_gateway(engine=eng)
+    client = _client(srv)
+    seeds = []
+    for text in ("weather please", "weather please", "weather now"):
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": text}], tools=[WEATHER_TOOL],
+                                       tool_choice={"type": "function", "function": {"name": "get_weather"}},
+                                       temperature=0)
+        first, second = eng.requests[-2][1], eng.requests[-1][1]
+        assert "seed" not in first and second["temperature"] == 0.7
+        seeds.append(second["seed"])
+    assert seeds[0] == seeds[1] != seeds[2]
+
+
 def test_retries_exhausted_return_the_text(start_gateway: Any) -> None:
     eng = FakeEngine()
     srv = start_gateway(engine=eng, tool_call_retries=2)

@@ -28,9 +28,11 @@ with ``finish_reason`` ``"stop"``: never a 4xx.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
+from array import array
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -290,6 +292,11 @@ class _Generation:
                 sampling["seed"] = (sampling["seed"] + self.attempt) % (1 << 64)
             if sampling.get("temperature", 1.0) == 0.0:
                 sampling["temperature"] = RETRY_TEMPERATURE
+                if "seed" not in sampling:
+                    # A greedy request stays reproducible through its retries: the same prompt
+                    # draws the same retry (a seed from the prompt's tokens and the attempt).
+                    digest = hashlib.sha256(array("I", self.prompt_ids).tobytes()).digest()
+                    sampling["seed"] = (int.from_bytes(digest[:8], "little") + self.attempt) % (1 << 64)
         return EngineRun(self.serving.engine, self.prompt_ids, sampling, self.gw.admission, self.gw.metrics,
                          self.t_arrival)
 
