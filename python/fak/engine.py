@@ -300,7 +300,6 @@ class _Request:
         self.params = params
         # The core ends the request: at an end-of-generation token or after max_new tokens.
         self.native = {**params.to_native(), "max_tokens": max_new, "stop_ids": stop_ids}
-        self.max_new = max_new
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stop = StopMatcher(params.stop_strings)
         self.sink: Any = None

@@ -61,22 +61,19 @@ impl PyModel {
     }
 }
 
-fn sampling_from_dict(d: Option<&Bound<'_, PyDict>>) -> PyResult<SamplingParams> {
+/// The core's sampling params from an `add_sequence` dict, range-checked; a bad key, kind or
+/// value is a [`FakError::InvalidArgument`] naming it.
+fn parse_sampling(d: Option<&Bound<'_, PyDict>>) -> crate::Result<SamplingParams> {
     let mut p = SamplingParams::default();
     let Some(d) = d else { return Ok(p) };
     for (k, v) in d.iter() {
         let key: String = k
             .extract()
-            .map_err(|_| super::to_py(FakError::invalid("sampling", "keys must be strings")))?;
+            .map_err(|_| FakError::invalid("sampling", "keys must be strings"))?;
         if v.is_none() {
             continue;
         }
-        let bad = |what: &str| {
-            super::to_py(FakError::invalid(
-                key.as_str(),
-                format!("{v} is not {what}"),
-            ))
-        };
+        let bad = |what: &str| FakError::invalid(key.as_str(), format!("{v} is not {what}"));
         match key.as_str() {
             "temperature" => p.temperature = v.extract::<f32>().map_err(|_| bad("a number"))?,
             "top_k" => p.top_k = v.extract::<i32>().map_err(|_| bad("an integer"))?,
@@ -96,15 +93,19 @@ fn sampling_from_dict(d: Option<&Bound<'_, PyDict>>) -> PyResult<SamplingParams>
             "max_tokens" => p.max_tokens = Some(v.extract::<usize>().map_err(|_| bad("a positive integer"))?),
             "stop_ids" => p.stop_ids = v.extract::<Vec<u32>>().map_err(|_| bad("a list of token ids"))?,
             other => {
-                return Err(super::to_py(FakError::invalid(
+                return Err(FakError::invalid(
                     other,
                     "unknown sampling key; known: temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, n_logprobs, prefix_choices, max_tokens, stop_ids",
-                )))
+                ))
             }
         }
     }
-    p.validate().map_err(super::to_py)?;
+    p.validate()?;
     Ok(p)
+}
+
+fn sampling_from_dict(d: Option<&Bound<'_, PyDict>>) -> PyResult<SamplingParams> {
+    parse_sampling(d).map_err(super::to_py)
 }
 
 /// check_sampling(sampling: dict) -> None | tuple[str, str]
@@ -115,16 +116,10 @@ fn sampling_from_dict(d: Option<&Bound<'_, PyDict>>) -> PyResult<SamplingParams>
 /// this, so that Python and the engine core cannot disagree on a range.
 #[pyfunction]
 pub(crate) fn check_sampling(sampling: &Bound<'_, PyDict>) -> PyResult<Option<(String, String)>> {
-    match sampling_from_dict(Some(sampling)) {
+    match parse_sampling(Some(sampling)) {
         Ok(_) => Ok(None),
-        Err(e) if e.is_instance_of::<pyo3::exceptions::PyValueError>(sampling.py()) => {
-            // sampling_from_dict's errors are FakError::InvalidArgument: "invalid value for P: M"
-            let text = e.value(sampling.py()).to_string();
-            let rest = text.strip_prefix("invalid value for ").unwrap_or(&text);
-            let (param, reason) = rest.split_once(": ").unwrap_or(("sampling", rest));
-            Ok(Some((param.to_string(), reason.to_string())))
-        }
-        Err(e) => Err(e),
+        Err(FakError::InvalidArgument { param, msg }) => Ok(Some((param, msg))),
+        Err(e) => Err(super::to_py(e)),
     }
 }
 
