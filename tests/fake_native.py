@@ -76,7 +76,6 @@ class FakeModel:
         self.joined_running_batch = 0  # prefills done in a step that also decoded other sequences
         self.thread_ids: set[int] = set()
         self.sampling: dict[int, dict[str, Any]] = {}
-        self.finished: list[tuple[int, str]] = []  # (seq_id, finish) the fake core ended itself
 
     @property
     def kv_blocks_free(self) -> int:
@@ -143,7 +142,6 @@ class FakeModel:
             if finish is not None:
                 del self.seqs[seq_id]
                 self.removed.append(seq_id)
-                self.finished.append((seq_id, finish))
         return out
 
     def logits(self, token_ids: list[int]) -> np.ndarray:

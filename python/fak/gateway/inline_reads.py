@@ -279,7 +279,6 @@ class InlineReads:
                 # window (the request's own max_tokens rule): the client gets the call instead
                 # and runs it itself (its agent can cut the output to fit); nothing was served.
                 pairs.pop()
-                convo = convo[:-2]
                 body, usage, first_verdict = before
                 with self._lock:
                     self.served -= 1
