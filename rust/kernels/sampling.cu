@@ -127,3 +127,252 @@ extern "C" __global__ void greedy_final_f32(const GreedyPart* __restrict__ part,
         logprob[blockIdx.x] = t > 0.0 ? -(float)log(t) : 0.0f;
     }
 }
+
+// ---- sampling on the device (the engine's `device_sample`): candidates, penalties, the draw ----
+//
+// The host sampler's semantics (engine/sampler) split so that only small things cross the bus:
+// top_rows_f32 gives each row's exact top m (sorted as the host sorts: value descending in IEEE
+// total order, ties lower id first) and its (max, Σ e^(x − max)), from which the host finishes
+// greedy, top-k, top-p and min-p itself over ≤ m candidates; penalize_f32 applies the sparse
+// penalties in place; draw_f32 draws from the whole vocabulary at a temperature with the uniform
+// the host's generator gave.
+
+// Larger key ⇔ later in IEEE totalOrder (Rust's f32::total_cmp); key_value inverts it.
+FAK_DEVICE u32 order_key(float v) {
+    const u32 b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+FAK_DEVICE float key_value(u32 k) { return __uint_as_float((k & 0x80000000u) ? (k & 0x7fffffffu) : ~k); }
+
+FAK_DEVICE float block_max(float v, float* sh) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    v = lane < nw ? sh[lane] : NEG_INF;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+FAK_DEVICE double block_sum_f64(double v, double* sh) {
+    const int lane = threadIdx.x & 31, wid = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    __syncthreads();
+    if (lane == 0) sh[wid] = v;
+    __syncthreads();
+    double t = 0.0;
+    for (int w = 0; w < nw; ++w) t += sh[w];
+    return t;
+}
+
+#define TOP_CAP 2048
+
+// One block of 1024 threads per selected row (`rows[blockIdx.x]`), 1 ≤ m ≤ min(n_cols, 1024).
+// A radix select (four 8-bit passes from the top) finds the m-th largest key T; the keys above T
+// and those equal to it are gathered into shared memory (up to TOP_CAP: exact[r] = 0 when the
+// ties at T overflow it, so the lowest ids among them are not known), bitonic-sorted as
+// (key, ~id) descending, and the first m written to ids/vals[r·m ..]. stats[r] = (max, Σ e^(x −
+// max) in f64) with max the largest non-NaN value, as the CPU's log_normalizer.
+extern "C" __global__ void top_rows_f32(const float* __restrict__ x, int n_cols, const u32* __restrict__ rows, int m,
+                                        u32* __restrict__ ids, float* __restrict__ vals, double* __restrict__ z, float* __restrict__ maxv,
+                                        u32* __restrict__ exact) {
+    __shared__ u32 hist[256];
+    __shared__ unsigned long long cand[TOP_CAP];
+    __shared__ u32 s_prefix, s_rank, s_ngt, s_neq;
+    __shared__ float sf[32];
+    __shared__ double sd[32];
+    const float* row = x + (size_t)rows[blockIdx.x] * n_cols;
+    const int tid = threadIdx.x, B = blockDim.x;
+    if (tid == 0) {
+        s_prefix = 0;
+        s_rank = (u32)m;
+        s_ngt = 0;
+        s_neq = 0;
+    }
+    float mx = NEG_INF;
+    u32 mask = 0;
+    for (int pass = 0; pass < 4; ++pass) {
+        const int shift = 24 - 8 * pass;
+        for (int i = tid; i < 256; i += B) hist[i] = 0;
+        __syncthreads();
+        const u32 prefix = s_prefix;
+        for (int i = tid; i < n_cols; i += B) {
+            const float v = row[i];
+            if (pass == 0) mx = fmaxf(mx, v);
+            const u32 k = order_key(v);
+            if ((k & mask) == prefix) atomicAdd(&hist[(k >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (tid == 0) {
+            // the bin holding the s_rank-th largest key among those matching the prefix
+            u32 r = s_rank, cum = 0;
+            int b = 255;
+            for (; b > 0; --b) {
+                if (cum + hist[b] >= r) break;
+                cum += hist[b];
+            }
+            s_rank = r - cum;
+            s_prefix = prefix | ((u32)b << shift);
+        }
+        mask |= 0xffu << shift;
+        __syncthreads();
+    }
+    mx = block_max(mx, sf);
+    const u32 T = s_prefix;
+    const u32 need_eq = s_rank;         // ties at T the top m takes
+    const u32 n_gt = (u32)m - need_eq;  // keys above T
+    double s = 0.0;
+    for (int i = tid; i < n_cols; i += B) {
+        const float v = row[i];
+        s += (double)expf(v - mx);
+        const u32 k = order_key(v);
+        if (k > T) {
+            const u32 slot = atomicAdd(&s_ngt, 1u);
+            cand[slot] = ((unsigned long long)k << 32) | (u32)~(u32)i;
+        } else if (k == T) {
+            const u32 slot = n_gt + atomicAdd(&s_neq, 1u);
+            if (slot < TOP_CAP) cand[slot] = ((unsigned long long)k << 32) | (u32)~(u32)i;
+        }
+    }
+    s = block_sum_f64(s, sd);
+    __syncthreads();
+    const u32 filled = min((u32)TOP_CAP, n_gt + s_neq);
+    u32 n_sort = 32;
+    while (n_sort < filled) n_sort <<= 1;
+    for (u32 i = filled + tid; i < n_sort; i += B) cand[i] = 0ull;
+    __syncthreads();
+    // bitonic sort, descending
+    for (u32 k = 2; k <= n_sort; k <<= 1) {
+        for (u32 j = k >> 1; j > 0; j >>= 1) {
+            for (u32 i = tid; i < n_sort; i += B) {
+                const u32 l = i ^ j;
+                if (l > i) {
+                    const unsigned long long a = cand[i], b = cand[l];
+                    const bool desc = (i & k) == 0;
+                    if (desc ? (a < b) : (a > b)) {
+                        cand[i] = b;
+                        cand[l] = a;
+                    }
+                }
+            }
+            __syncthreads();
+        }
+    }
+    const size_t o = (size_t)blockIdx.x * m;
+    for (int i = tid; i < m; i += B) {
+        const unsigned long long c = cand[i];
+        ids[o + i] = ~(u32)(c & 0xffffffffu);
+        vals[o + i] = key_value((u32)(c >> 32));
+    }
+    if (tid == 0) {
+        z[blockIdx.x] = s;
+        maxv[blockIdx.x] = mx;
+        exact[blockIdx.x] = (n_gt + s_neq) <= TOP_CAP ? 1u : 0u;
+    }
+}
+
+// A penalty on one logit (engine/sampler's penalty entries): v ← (v ≤ 0 ? v·repeat : v/repeat) −
+// delta, IEEE-rounded as the CPU (repeat 1 and delta 0 leave v unchanged). raw[j] = v before.
+struct LogitPenalty {
+    u32 row;
+    u32 token;
+    float repeat;
+    float delta;
+};
+
+extern "C" __global__ void penalize_f32(float* __restrict__ x, int n_cols, const LogitPenalty* __restrict__ e, int n, float* __restrict__ raw) {
+    const int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j >= n) return;
+    const LogitPenalty p = e[j];
+    float* at = x + (size_t)p.row * n_cols + p.token;
+    float v = *at;
+    raw[j] = v;
+    v = v <= 0.0f ? __fmul_rn(v, p.repeat) : __fdiv_rn(v, p.repeat);
+    *at = __fsub_rn(v, p.delta);
+}
+
+// One draw from a whole row at a temperature (the host's `draw`): w_i = e^((x_i − max)·inv_t),
+// target = u·Σw, the token is the first i whose running sum of positive weights passes target
+// (index order), else the last positive one. One block of 1024 threads per draw; thread t owns
+// the t-th contiguous chunk, the chunk sums (f64) are scanned, the thread whose chunk holds the
+// target walks it.
+struct DrawRequest {
+    u32 row;
+    float inv_t;
+    double u;
+};
+
+extern "C" __global__ void draw_f32(const float* __restrict__ x, int n_cols, const DrawRequest* __restrict__ d, u32* __restrict__ tok, float* __restrict__ val) {
+    __shared__ float sf[32];
+    __shared__ double sd[32];
+    __shared__ u32 s_found, s_last;
+    const DrawRequest q = d[blockIdx.x];
+    const float* row = x + (size_t)q.row * n_cols;
+    const int tid = threadIdx.x, B = blockDim.x;
+    const int lane = tid & 31, wid = tid >> 5, nw = B >> 5;
+    if (tid == 0) {
+        s_found = 0xffffffffu;
+        s_last = 0;
+    }
+    float mx = NEG_INF;
+    for (int i = tid; i < n_cols; i += B) mx = fmaxf(mx, row[i]);
+    mx = block_max(mx, sf);
+    const int C = (n_cols + B - 1) / B;
+    const int lo = min(n_cols, tid * C), hi = min(n_cols, lo + C);
+    double s = 0.0;
+    int last = -1;
+    for (int i = lo; i < hi; ++i) {
+        const float w = expf((row[i] - mx) * q.inv_t);
+        if (w > 0.0f) {
+            s += (double)w;
+            last = i;
+        }
+    }
+    // Scan of the chunk sums over the block: thread t's interval is [excl, incl), and incl of one
+    // thread is bit-for-bit excl of the next (same additions in the same order), so the intervals
+    // tile [0, total) and the target lies in at most one.
+    double iw = s;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+        const double t = __shfl_up_sync(0xffffffffu, iw, o);
+        if (lane >= o) iw += t;
+    }
+    double ew = __shfl_up_sync(0xffffffffu, iw, 1);
+    if (lane == 0) ew = 0.0;
+    __syncthreads();
+    if (lane == 31) sd[wid] = iw;
+    __syncthreads();
+    double before = 0.0, total = 0.0;
+    for (int w = 0; w < nw; ++w) {
+        if (w == wid) before = total;
+        total += sd[w];
+    }
+    const double excl = before + ew, incl = before + iw;
+    const double target = q.u * total;
+    if (last >= 0) atomicMax(&s_last, (u32)last);
+    if (s > 0.0 && excl <= target && target < incl) {
+        double cum = excl;
+        int hit = last;  // rounding kept the walk below the target: this chunk's last positive
+        for (int i = lo; i < hi; ++i) {
+            const float w = expf((row[i] - mx) * q.inv_t);
+            if (w > 0.0f) {
+                cum += (double)w;
+                if (cum > target) {
+                    hit = i;
+                    break;
+                }
+            }
+        }
+        atomicMin(&s_found, (u32)hit);
+    }
+    __syncthreads();
+    if (tid == 0) {
+        const u32 t = s_found != 0xffffffffu ? s_found : s_last;
+        tok[blockIdx.x] = t;
+        val[blockIdx.x] = row[t];
+    }
+}

@@ -16,11 +16,13 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod optest;
+pub mod sampling;
 
 use std::any::Any;
 use std::sync::Arc;
 
 use crate::quant::GgmlType;
+pub use sampling::{DrawRequest, LogitPenalty, TopRows};
 use crate::Result;
 
 /// A tensor as the loader hands it to [`Backend::load_weight`]: GGUF blocks in host memory.
@@ -518,6 +520,46 @@ pub trait Backend: Send + Sync + Sized + 'static {
         }
         Ok(())
     }
+
+    /// Whether the engine samples with the ops below (the logits stay on the backend and only
+    /// candidates, ids and a few numbers come back) instead of copying every logits row to the
+    /// host: where that copy costs (a GPU). `FAK_DEVICE_SAMPLING=0/1` overrides it per engine.
+    fn samples_on_device(&self) -> bool {
+        false
+    }
+
+    /// The exact top `m` (`1 ≤ m ≤ min(n_cols, 1024)`) of each row listed in `rows` (rows of
+    /// `n_cols` in `x`), with each row's max and `Σ e^(x − max)`: see [`TopRows`]. `out` is reset
+    /// to `rows.len()` rows.
+    fn top_rows(&self, x: &Self::Buffer, n_cols: usize, rows: &[u32], m: usize, out: &mut TopRows) -> Result<()> {
+        out.reset(rows.len(), m);
+        let mut row = vec![0f32; n_cols];
+        for (r, &src) in rows.iter().enumerate() {
+            self.read_row_f32(x, src as usize, n_cols, &mut row)?;
+            sampling::top_row(&row, m, out, r);
+        }
+        Ok(())
+    }
+
+    /// Applies `pens` (distinct `(row, token)` pairs) to the logits in place, writing each logit's
+    /// value before into `raw`.
+    fn penalize_rows(&self, x: &mut Self::Buffer, n_cols: usize, pens: &[LogitPenalty], raw: &mut [f32]) -> Result<()>;
+
+    /// One whole-row temperature draw per request (see [`DrawRequest`]): `tokens[i]` and the
+    /// logit there, `vals[i]`.
+    fn draw_rows(&self, x: &Self::Buffer, n_cols: usize, draws: &[DrawRequest], tokens: &mut [u32], vals: &mut [f32]) -> Result<()> {
+        let mut row = vec![0f32; n_cols];
+        let mut w = Vec::new();
+        for (i, d) in draws.iter().enumerate() {
+            self.read_row_f32(x, d.row as usize, n_cols, &mut row)?;
+            tokens[i] = sampling::draw_row(&row, d.inv_temp, d.u, &mut w);
+            vals[i] = row[tokens[i] as usize];
+        }
+        Ok(())
+    }
+
+    /// Copies row `row` of `n_cols` elements of `x` to `out` (`out.len() == n_cols`).
+    fn read_row_f32(&self, x: &Self::Buffer, row: usize, n_cols: usize, out: &mut [f32]) -> Result<()>;
 }
 
 /// `(argmax, log-softmax at the argmax)` of one row of logits (lowest index on ties; NaN never

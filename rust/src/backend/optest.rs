@@ -360,3 +360,29 @@ pub fn greedy<B: TestIo>(b: &B, x: &[f32], n_cols: usize) -> Result<(Vec<u32>, V
     b.greedy_rows(&xb, n_rows, n_cols, &mut t, &mut l)?;
     Ok((t, l))
 }
+
+/// [`Backend::top_rows`] over `rows` of `x` (rows of `n_cols`).
+pub fn top_rows<B: TestIo>(b: &B, x: &[f32], n_cols: usize, rows: &[u32], m: usize) -> Result<super::TopRows> {
+    let xb = b.upload(x)?;
+    let mut out = super::TopRows::default();
+    b.top_rows(&xb, n_cols, rows, m, &mut out)?;
+    Ok(out)
+}
+
+/// [`Backend::penalize_rows`]: the penalized logits and the values before.
+pub fn penalize<B: TestIo>(b: &B, x: &[f32], n_cols: usize, pens: &[super::LogitPenalty]) -> Result<(Vec<f32>, Vec<f32>)> {
+    let mut xb = b.upload(x)?;
+    let mut raw = vec![f32::NAN; pens.len()];
+    b.penalize_rows(&mut xb, n_cols, pens, &mut raw)?;
+    let mut out = vec![0f32; x.len()];
+    b.read_f32(&xb, &mut out)?;
+    Ok((out, raw))
+}
+
+/// [`Backend::draw_rows`]: the drawn tokens and their logits.
+pub fn draw<B: TestIo>(b: &B, x: &[f32], n_cols: usize, draws: &[super::DrawRequest]) -> Result<(Vec<u32>, Vec<f32>)> {
+    let xb = b.upload(x)?;
+    let (mut t, mut v) = (vec![u32::MAX; draws.len()], vec![f32::NAN; draws.len()]);
+    b.draw_rows(&xb, n_cols, draws, &mut t, &mut v)?;
+    Ok((t, v))
+}

@@ -12,6 +12,7 @@
 //! the same bits as without it, since every op of a forward computes each row independently of
 //! the others in the batch.
 
+mod device_sample;
 pub mod kv_cache;
 pub mod sampler;
 pub mod scheduler;
@@ -128,6 +129,10 @@ pub struct EngineStats {
     pub prefix_cache_hit_tokens: u64,
     /// KV blocks in the prefix cache now (held by sequences or free and evictable); a gauge.
     pub prefix_cache_blocks: u64,
+    /// Rows sampled by device sampling ([`device_sample`]) and, of those, rows it copied to the
+    /// host sampler (a nucleus wider than the candidates, prefix choices, …).
+    pub device_sampled_rows: u64,
+    pub device_sampled_host_rows: u64,
 }
 
 /// The object-safe face of an engine on any backend (what the Python binding holds).
@@ -169,6 +174,10 @@ pub struct Engine<B: Backend> {
     /// Sequence of each row of `host_logits` when the last step copied its logits to the host
     /// (any sequence not plain greedy), else empty: [`Engine::last_logits`].
     host_rows: Vec<u64>,
+    /// Sampling on the backend ([`device_sample`]) instead of copying logits rows to the host:
+    /// [`Backend::samples_on_device`], or `FAK_DEVICE_SAMPLING=0/1`.
+    device_sampling: bool,
+    device: device_sample::DeviceSampling,
     stats: EngineStats,
 }
 
@@ -300,6 +309,11 @@ impl<B: Backend> Engine<B> {
             },
             BlockPool::new(n_blocks, BLOCK_SIZE, opts.prefix_cache),
         );
+        let device_sampling = match std::env::var("FAK_DEVICE_SAMPLING").as_deref() {
+            Ok("0") => false,
+            Ok("1") => true,
+            _ => model.backend.samples_on_device(),
+        };
         Ok(Engine {
             model,
             kv,
@@ -311,6 +325,8 @@ impl<B: Backend> Engine<B> {
             scheduled: Vec::new(),
             host_logits: None,
             host_rows: Vec::new(),
+            device_sampling,
+            device: device_sample::DeviceSampling::default(),
             stats: EngineStats::default(),
         })
     }
@@ -420,6 +436,8 @@ impl<B: Backend> Engine<B> {
                 &mut greedy.0,
                 &mut greedy.1,
             )?;
+        } else if self.device_sampling {
+            // sampled below, on the backend
         } else {
             let need = n_logits * n_vocab;
             if self.host_logits.as_ref().is_none_or(|b| b.len() < need) {
@@ -490,7 +508,12 @@ impl<B: Backend> Engine<B> {
         };
         // Greedy rows were decided on the device: nothing to spread over the pool (waking its
         // workers for 2 numbers a row cost 1.3–3 ms a step on a busy 16-core host).
-        let mut outputs: Vec<(usize, StepOutput)> = if work.len() > 1 && !all_greedy {
+        let mut outputs: Vec<(usize, StepOutput)> = if self.device_sampling && !all_greedy {
+            let (out, on_host) = self.device.sample(&self.model.backend, &mut self.scratch.logits, n_vocab, &mut work)?;
+            self.stats.device_sampled_rows += out.len() as u64;
+            self.stats.device_sampled_host_rows += on_host;
+            out
+        } else if work.len() > 1 && !all_greedy {
             work.par_iter_mut().map(sample).collect()
         } else {
             work.iter_mut().map(sample).collect()
@@ -643,6 +666,11 @@ impl<B: Backend> Engine<B> {
     /// The logits row of `seq_id` from the last step, when that step copied logits to the host
     /// (some sequence in it was not plain greedy: sampling, penalties or `n_logprobs > 0`) and
     /// produced a token for `seq_id`; `[n_vocab]` f32.
+    /// Turns device sampling ([`device_sample`]) on or off (default: the backend's choice).
+    pub fn set_device_sampling(&mut self, on: bool) {
+        self.device_sampling = on;
+    }
+
     pub fn last_logits(&self, seq_id: u64) -> Option<Vec<f32>> {
         let j = self.host_rows.iter().position(|&id| id == seq_id)?;
         let n_vocab = self.model.config.n_vocab;

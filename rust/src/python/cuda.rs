@@ -10,7 +10,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use super::{detach, to_py};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::optest::{self, AttnCase, TestIo};
-use crate::backend::{AttnParams, RopeParams, RopeStyle};
+use crate::backend::{AttnParams, DrawRequest, LogitPenalty, RopeParams, RopeStyle, TopRows};
 use crate::quant::GgmlType;
 use crate::{FakError, Result};
 
@@ -193,6 +193,9 @@ trait RunAny: Sync {
     #[allow(clippy::too_many_arguments)]
     fn rope_kv_write(&self, q: &[f32], k: &[f32], v: &[f32], n_past: usize, table: &[u32], a: &AttnParams, p: &RopeParams, ff: Option<&[f32]>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
     fn greedy(&self, x: &[f32], n_cols: usize) -> Result<(Vec<u32>, Vec<f32>)>;
+    fn top_rows(&self, x: &[f32], n_cols: usize, rows: &[u32], m: usize) -> Result<TopRows>;
+    fn penalize(&self, x: &[f32], n_cols: usize, pens: &[LogitPenalty]) -> Result<(Vec<f32>, Vec<f32>)>;
+    fn draw(&self, x: &[f32], n_cols: usize, draws: &[DrawRequest]) -> Result<(Vec<u32>, Vec<f32>)>;
 }
 
 impl<B: TestIo> RunAny for B {
@@ -240,6 +243,15 @@ impl<B: TestIo> RunAny for B {
     }
     fn greedy(&self, x: &[f32], n_cols: usize) -> Result<(Vec<u32>, Vec<f32>)> {
         optest::greedy(self, x, n_cols)
+    }
+    fn top_rows(&self, x: &[f32], n_cols: usize, rows: &[u32], m: usize) -> Result<TopRows> {
+        optest::top_rows(self, x, n_cols, rows, m)
+    }
+    fn penalize(&self, x: &[f32], n_cols: usize, pens: &[LogitPenalty]) -> Result<(Vec<f32>, Vec<f32>)> {
+        optest::penalize(self, x, n_cols, pens)
+    }
+    fn draw(&self, x: &[f32], n_cols: usize, draws: &[DrawRequest]) -> Result<(Vec<u32>, Vec<f32>)> {
+        optest::draw(self, x, n_cols, draws)
     }
 }
 
@@ -398,6 +410,33 @@ impl PyOpRunner {
     fn greedy(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f32>, n_cols: usize) -> PyResult<(Vec<u32>, Vec<f32>)> {
         let x = slice(&x, "x")?;
         self.run(py, |r| r.greedy(x, n_cols))
+    }
+
+    /// top_rows(x, n_cols, rows, m) -> (ids, vals, max, z, exact): the trait's `top_rows` (the
+    /// device sampling's candidates): per listed row its top m ids and logits (`[len(rows)·m]`),
+    /// max, Σ e^(x − max) and whether the ids are exactly the host order's.
+    #[allow(clippy::type_complexity)]
+    fn top_rows(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f32>, n_cols: usize, rows: Vec<u32>, m: usize) -> PyResult<(Vec<u32>, Vec<f32>, Vec<f32>, Vec<f64>, Vec<bool>)> {
+        let x = slice(&x, "x")?;
+        let t = self.run(py, |r| r.top_rows(x, n_cols, &rows, m))?;
+        Ok((t.ids, t.vals, t.max, t.z, t.exact))
+    }
+
+    /// penalize(x, n_cols, entries) -> (penalized x, values before): the trait's `penalize_rows`
+    /// with entries `(row, token, repeat, delta)`.
+    fn penalize<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, n_cols: usize, entries: Vec<(u32, u32, f32, f32)>) -> PyResult<(F32Out<'py>, Vec<f32>)> {
+        let x = slice(&x, "x")?;
+        let pens: Vec<LogitPenalty> = entries.into_iter().map(|(row, token, repeat, delta)| LogitPenalty { row, token, repeat, delta }).collect();
+        let (out, raw) = self.run(py, |r| r.penalize(x, n_cols, &pens))?;
+        Ok((out.into_pyarray(py), raw))
+    }
+
+    /// draw(x, n_cols, draws) -> (tokens, logits): the trait's `draw_rows` with draws
+    /// `(row, 1/temperature, uniform)`.
+    fn draw(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f32>, n_cols: usize, draws: Vec<(u32, f32, f64)>) -> PyResult<(Vec<u32>, Vec<f32>)> {
+        let x = slice(&x, "x")?;
+        let d: Vec<DrawRequest> = draws.into_iter().map(|(row, inv_temp, u)| DrawRequest { row, inv_temp, u }).collect();
+        self.run(py, |r| r.draw(x, n_cols, &d))
     }
 
     /// set_matmul_variant(variant) pins the CUDA quantized-matmul kernel for every later product

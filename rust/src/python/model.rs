@@ -365,7 +365,9 @@ impl PyModel {
 
     /// stats() -> dict: running, waiting, kv_blocks_used, kv_blocks_total, prefill_tokens,
     /// decode_tokens, prefill_seconds, decode_seconds, sample_seconds, steps, preemptions,
-    /// prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_blocks.
+    /// prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_blocks,
+    /// device_sampled_rows, device_sampled_host_rows (rows sampled on the backend, and of those the
+    /// ones whose logits it still copied to the host sampler).
     /// Seconds are wall time of `step()` calls, split between prefill and decode by token count.
     /// `prefix_cache_query_tokens` counts the tokens of every admitted sequence (again after a
     /// preemption), `prefix_cache_hit_tokens` those of them whose K/V came from the prefix cache
@@ -392,6 +394,8 @@ impl PyModel {
         d.set_item("prefix_cache_query_tokens", s.prefix_cache_query_tokens)?;
         d.set_item("prefix_cache_hit_tokens", s.prefix_cache_hit_tokens)?;
         d.set_item("prefix_cache_blocks", s.prefix_cache_blocks)?;
+        d.set_item("device_sampled_rows", s.device_sampled_rows)?;
+        d.set_item("device_sampled_host_rows", s.device_sampled_host_rows)?;
         Ok(d)
     }
 

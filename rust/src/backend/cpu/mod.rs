@@ -426,6 +426,26 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn penalize_rows(
+        &self,
+        x: &mut CpuBuffer,
+        n_cols: usize,
+        pens: &[crate::backend::LogitPenalty],
+        raw: &mut [f32],
+    ) -> Result<()> {
+        for (p, r) in pens.iter().zip(raw.iter_mut()) {
+            let v = &mut x.0[p.row as usize * n_cols + p.token as usize];
+            *r = *v;
+            *v = p.apply(*v);
+        }
+        Ok(())
+    }
+
+    fn read_row_f32(&self, x: &CpuBuffer, row: usize, n_cols: usize, out: &mut [f32]) -> Result<()> {
+        out.copy_from_slice(&x.0[row * n_cols..(row + 1) * n_cols]);
+        Ok(())
+    }
+
     fn argmax_rows(
         &self,
         x: &CpuBuffer,

@@ -603,6 +603,29 @@ impl Backend for CudaBackend {
         device::HostF32::new(&self.dev, n)
     }
 
+    fn samples_on_device(&self) -> bool {
+        true
+    }
+
+    fn top_rows(&self, x: &CudaBuffer, n_cols: usize, rows: &[u32], m: usize, out: &mut crate::backend::TopRows) -> Result<()> {
+        self.op_top_rows(x, n_cols, rows, m, out)
+    }
+
+    fn penalize_rows(&self, x: &mut CudaBuffer, n_cols: usize, pens: &[crate::backend::LogitPenalty], raw: &mut [f32]) -> Result<()> {
+        self.op_penalize(x, n_cols, pens, raw)
+    }
+
+    fn draw_rows(&self, x: &CudaBuffer, n_cols: usize, draws: &[crate::backend::DrawRequest], tokens: &mut [u32], vals: &mut [f32]) -> Result<()> {
+        self.op_draw(x, n_cols, draws, tokens, vals)
+    }
+
+    fn read_row_f32(&self, x: &CudaBuffer, row: usize, n_cols: usize, out: &mut [f32]) -> Result<()> {
+        if (row + 1) * n_cols > x.len || out.len() != n_cols {
+            return Err(backend_err(format!("read of row {row} of {n_cols} from a buffer of {}", x.len)));
+        }
+        x.mem.mem.read(row * n_cols * 4, out)
+    }
+
     fn argmax_rows(&self, x: &CudaBuffer, n_rows: usize, n_cols: usize, out: &mut [u32]) -> Result<()> {
         self.op_argmax(x, n_rows, n_cols, out)
     }

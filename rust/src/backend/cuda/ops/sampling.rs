@@ -1,8 +1,10 @@
 //! Argmax and the greedy step on the device (`rust/kernels/sampling.cu`): only the winning ids
-//! (and their log-probabilities) come back to the host.
+//! (and their log-probabilities) come back to the host; and the device sampling's candidates,
+//! penalties and whole-row draws.
 
 use super::super::launch::Args;
 use super::super::{CudaBackend, CudaBuffer};
+use crate::backend::{DrawRequest, LogitPenalty, TopRows};
 use crate::Result;
 
 impl CudaBackend {
@@ -40,6 +42,116 @@ impl CudaBackend {
         tokens[..n_rows].copy_from_slice(&both[..n_rows]);
         for (l, b) in logprobs[..n_rows].iter_mut().zip(&both[n_rows..]) {
             *l = f32::from_bits(*b);
+        }
+        Ok(())
+    }
+}
+
+/// Byte offsets in the small scratch: `n` items of `size` bytes after `at`, 16-byte aligned.
+fn region(at: &mut usize, n: usize, size: usize) -> usize {
+    let o = at.next_multiple_of(16);
+    *at = o + n * size;
+    o
+}
+
+/// Reads `out.len()` items at byte offset `o` of the small scratch (after the queued work).
+fn read_scratch<T: Copy>(be: &CudaBackend, o: usize, out: &mut [T]) -> Result<()> {
+    let g = be.small.lock().unwrap_or_else(|e| e.into_inner());
+    g.as_ref().expect("scratch allocated").mem.read(o, out)
+}
+
+fn write_scratch<T: Copy>(be: &CudaBackend, o: usize, data: &[T]) -> Result<()> {
+    let g = be.small.lock().unwrap_or_else(|e| e.into_inner());
+    g.as_ref().expect("scratch allocated").mem.write(o, data)
+}
+
+impl CudaBackend {
+    /// `top_rows_f32`, one block per selected row; ids, values, sums, maxima and flags come back
+    /// in one copy.
+    pub(crate) fn op_top_rows(&self, x: &CudaBuffer, n_cols: usize, rows: &[u32], m: usize, out: &mut TopRows) -> Result<()> {
+        let n = rows.len();
+        out.reset(n, m);
+        if n == 0 {
+            return Ok(());
+        }
+        if m == 0 || m > 1024 || m > n_cols || rows.iter().any(|&r| (r as usize + 1) * n_cols > x.len) {
+            return Err(crate::FakError::invalid("top_rows", format!("top {m} of rows {rows:?} of {n_cols} in a buffer of {}", x.len)));
+        }
+        let mut at = 0;
+        let o_rows = region(&mut at, n, 4);
+        let o_ids = region(&mut at, n * m, 4);
+        let o_vals = region(&mut at, n * m, 4);
+        let o_z = region(&mut at, n, 8);
+        let o_max = region(&mut at, n, 4);
+        let o_exact = region(&mut at, n, 4);
+        let base = self.small_scratch(at)?;
+        write_scratch(self, o_rows, rows)?;
+        let p = |o: usize| base + o as u64;
+        self.launch(
+            "sampling",
+            "top_rows_f32",
+            (n as u32, 1, 1),
+            1024,
+            0,
+            Args::new().ptr(x.ptr()).i32(n_cols as i32).ptr(p(o_rows)).i32(m as i32).ptr(p(o_ids)).ptr(p(o_vals)).ptr(p(o_z)).ptr(p(o_max)).ptr(p(o_exact)),
+        )?;
+        // One copy of everything from the ids on.
+        let mut bytes = vec![0u8; at - o_ids];
+        read_scratch(self, o_ids, &mut bytes)?;
+        let word = |o: usize| u32::from_le_bytes(bytes[o - o_ids..o - o_ids + 4].try_into().expect("4 bytes"));
+        for i in 0..n * m {
+            out.ids[i] = word(o_ids + 4 * i);
+            out.vals[i] = f32::from_bits(word(o_vals + 4 * i));
+        }
+        for r in 0..n {
+            let zo = o_z + 8 * r - o_ids;
+            out.z[r] = f64::from_le_bytes(bytes[zo..zo + 8].try_into().expect("8 bytes"));
+            out.max[r] = f32::from_bits(word(o_max + 4 * r));
+            out.exact[r] = word(o_exact + 4 * r) != 0;
+        }
+        Ok(())
+    }
+
+    /// `penalize_f32`, one thread per entry.
+    pub(crate) fn op_penalize(&self, x: &mut CudaBuffer, n_cols: usize, pens: &[LogitPenalty], raw: &mut [f32]) -> Result<()> {
+        let n = pens.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if raw.len() < n || pens.iter().any(|p| p.token as usize >= n_cols || (p.row as usize + 1) * n_cols > x.len) {
+            return Err(crate::FakError::invalid("penalize", format!("{n} penalties outside rows of {n_cols} in a buffer of {}", x.len)));
+        }
+        let mut at = 0;
+        let o_pen = region(&mut at, n, std::mem::size_of::<LogitPenalty>());
+        let o_raw = region(&mut at, n, 4);
+        let base = self.small_scratch(at)?;
+        write_scratch(self, o_pen, pens)?;
+        let blocks = n.div_ceil(256) as u32;
+        self.launch("sampling", "penalize_f32", (blocks, 1, 1), 256, 0, Args::new().ptr(x.ptr()).i32(n_cols as i32).ptr(base + o_pen as u64).i32(n as i32).ptr(base + o_raw as u64))?;
+        read_scratch(self, o_raw, &mut raw[..n])
+    }
+
+    /// `draw_f32`, one block per draw.
+    pub(crate) fn op_draw(&self, x: &CudaBuffer, n_cols: usize, draws: &[DrawRequest], tokens: &mut [u32], vals: &mut [f32]) -> Result<()> {
+        let n = draws.len();
+        if n == 0 {
+            return Ok(());
+        }
+        if tokens.len() < n || vals.len() < n || draws.iter().any(|d| (d.row as usize + 1) * n_cols > x.len) {
+            return Err(crate::FakError::invalid("draw", format!("{n} draws outside rows of {n_cols} in a buffer of {}", x.len)));
+        }
+        let mut at = 0;
+        let o_req = region(&mut at, n, std::mem::size_of::<DrawRequest>());
+        let o_tok = region(&mut at, n, 4);
+        let o_val = region(&mut at, n, 4);
+        let base = self.small_scratch(at)?;
+        write_scratch(self, o_req, draws)?;
+        self.launch("sampling", "draw_f32", (n as u32, 1, 1), 1024, 0, Args::new().ptr(x.ptr()).i32(n_cols as i32).ptr(base + o_req as u64).ptr(base + o_tok as u64).ptr(base + o_val as u64))?;
+        let mut both = vec![0u32; (o_val - o_tok) / 4 + n];
+        read_scratch(self, o_tok, &mut both)?;
+        tokens[..n].copy_from_slice(&both[..n]);
+        for (v, b) in vals[..n].iter_mut().zip(&both[(o_val - o_tok) / 4..]) {
+            *v = f32::from_bits(*b);
         }
         Ok(())
     }

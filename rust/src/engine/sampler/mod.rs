@@ -32,7 +32,12 @@
 
 use std::collections::HashMap;
 
+mod device;
+pub use device::{DevicePlan, DeviceRow, DEVICE_TOP};
+
 use crate::backend::cpu::vecops;
+use crate::backend::sampling::draw_u;
+use crate::backend::LogitPenalty;
 use crate::{FakError, Result};
 
 /// Largest `n_logprobs` accepted (OpenAI's `top_logprobs` bound).
@@ -439,16 +444,7 @@ impl Sampler {
             let mut m = 64.min(n);
             loop {
                 top_k_sorted(l, m, idx);
-                let mut cum = 0f64;
-                let mut cut = None;
-                for (i, &t) in idx.iter().enumerate() {
-                    cum += ((l[t as usize] - max) as f64).exp() / z;
-                    if cum >= p.top_p as f64 {
-                        cut = Some(i + 1);
-                        break;
-                    }
-                }
-                match cut {
+                match nucleus_cut(idx.iter().map(|&t| l[t as usize]), max, z, p.top_p) {
                     Some(c) => {
                         idx.truncate(c);
                         break;
@@ -465,76 +461,97 @@ impl Sampler {
             idx.extend((0..n as u32).filter(|&t| l[t as usize] >= min_logit));
             idx.sort_unstable_by(by_logit);
         }
-        if (top_k > 0 || self.choices.is_some()) && p.top_p < 1.0 {
+        let renorm = (top_k > 0 || self.choices.is_some()) && p.top_p < 1.0;
+        let idx = std::mem::take(&mut self.idx);
+        let vals: Vec<f32> = idx.iter().map(|&t| l[t as usize]).collect();
+        let token = self.finish_sorted(&idx, &vals, renorm);
+        self.idx = idx;
+        token
+    }
+
+    /// The end of every filtered draw, over candidates `ids` sorted by logit (descending, ties
+    /// lower id first) with logits `vals`: top-p renormalized over them (when `renorm_top_p`:
+    /// after top-k or prefix choices), min-p relative to the first, then the temperature softmax
+    /// and the draw.
+    fn finish_sorted(&mut self, ids: &[u32], vals: &[f32], renorm_top_p: bool) -> u32 {
+        let p = &self.params;
+        let mut keep = ids.len();
+        if renorm_top_p {
             // top-p over the top-k (or allowed) candidates (renormalized over them).
-            let max = l[idx[0] as usize];
-            let z: f64 = idx
-                .iter()
-                .map(|&t| ((l[t as usize] - max) as f64).exp())
-                .sum();
-            let mut cum = 0f64;
-            let mut keep = idx.len();
-            for (i, &t) in idx.iter().enumerate() {
-                cum += ((l[t as usize] - max) as f64).exp() / z;
-                if cum >= p.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
-            idx.truncate(keep.max(1));
+            let max = vals[0];
+            let z: f64 = vals.iter().map(|&v| ((v - max) as f64).exp()).sum();
+            keep = nucleus_cut(vals.iter().copied(), max, z, p.top_p).unwrap_or(keep).max(1);
         }
-        if p.min_p > 0.0 && !idx.is_empty() {
-            let min_logit = l[idx[0] as usize] + p.min_p.ln();
-            let keep = idx
-                .iter()
-                .take_while(|&&t| l[t as usize] >= min_logit)
-                .count();
-            idx.truncate(keep.max(1));
+        if p.min_p > 0.0 && keep > 0 {
+            let min_logit = vals[0] + p.min_p.ln();
+            keep = vals[..keep].iter().take_while(|&&v| v >= min_logit).count().max(1);
         }
         // Temperature, softmax over the candidates, draw.
-        let max = l[idx[0] as usize];
+        let max = vals[0];
         let inv_t = 1.0 / p.temperature;
         self.weights.clear();
-        self.weights
-            .extend(idx.iter().map(|&t| ((l[t as usize] - max) * inv_t).exp()));
+        self.weights.extend(vals[..keep].iter().map(|&v| ((v - max) * inv_t).exp()));
         let total: f64 = self.weights.iter().map(|&w| w as f64).sum();
-        let idx = &self.idx;
-        draw(&mut self.rng, &self.weights, total, |i| idx[i])
+        draw(&mut self.rng, &self.weights, total, |i| ids[i])
     }
 }
 
-/// Applies the repetition penalty (window of `history`) and the presence/frequency penalties
-/// (`counts` of generated tokens) to `l` in place.
-pub fn apply_penalties(
-    l: &mut [f32],
+/// How many of the candidates (sorted descending, logits `vals`) the nucleus keeps: the first
+/// count whose mass `Σ e^(v − max) / z` reaches `top_p`; `None` when they all fall short.
+fn nucleus_cut(vals: impl IntoIterator<Item = f32>, max: f32, z: f64, top_p: f32) -> Option<usize> {
+    let mut cum = 0f64;
+    for (i, v) in vals.into_iter().enumerate() {
+        cum += ((v - max) as f64).exp() / z;
+        if cum >= top_p as f64 {
+            return Some(i + 1);
+        }
+    }
+    None
+}
+
+/// The penalties of one sequence as a list of `(token, repeat, delta)`, one entry per distinct
+/// token: the logit `v` of `token` becomes `(v ≤ 0 ? v·repeat : v/repeat) − delta`
+/// ([`LogitPenalty::apply`]): the repetition penalty over the window of `history`, then the
+/// presence/frequency penalties over `counts` of generated tokens (`repeat` 1 and `delta` 0 where
+/// one does not apply, which leave `v` unchanged bit for bit). Ascending by token.
+pub fn penalty_entries(
     p: &SamplingParams,
     history: &[u32],
     counts: &HashMap<u32, u32>,
-) {
+) -> Vec<(u32, f32, f32)> {
+    let mut e: Vec<(u32, f32, f32)> = Vec::new();
     if p.repeat_penalty != 1.0 && p.repeat_last_n != 0 {
         let n = if p.repeat_last_n < 0 {
             history.len()
         } else {
             (p.repeat_last_n as usize).min(history.len())
         };
-        let mut window: Vec<u32> = history[history.len() - n..].to_vec();
-        window.sort_unstable();
-        window.dedup();
-        for t in window {
-            if let Some(v) = l.get_mut(t as usize) {
-                *v = if *v <= 0.0 {
-                    *v * p.repeat_penalty
-                } else {
-                    *v / p.repeat_penalty
-                };
-            }
-        }
+        e.extend(history[history.len() - n..].iter().map(|&t| (t, p.repeat_penalty, 0.0)));
+        e.sort_unstable_by_key(|x| x.0);
+        e.dedup_by_key(|x| x.0);
     }
     if p.presence_penalty != 0.0 || p.frequency_penalty != 0.0 {
         for (&t, &c) in counts {
-            if let Some(v) = l.get_mut(t as usize) {
-                *v -= c as f32 * p.frequency_penalty + if c > 0 { p.presence_penalty } else { 0.0 };
+            let delta = c as f32 * p.frequency_penalty + if c > 0 { p.presence_penalty } else { 0.0 };
+            match e.binary_search_by_key(&t, |x| x.0) {
+                Ok(i) => e[i].2 = delta,
+                Err(i) => e.insert(i, (t, 1.0, delta)),
             }
+        }
+    }
+    e
+}
+
+/// Applies the penalties ([`penalty_entries`]) to `l` in place.
+pub fn apply_penalties(
+    l: &mut [f32],
+    p: &SamplingParams,
+    history: &[u32],
+    counts: &HashMap<u32, u32>,
+) {
+    for (token, repeat, delta) in penalty_entries(p, history, counts) {
+        if let Some(v) = l.get_mut(token as usize) {
+            *v = LogitPenalty { row: 0, token, repeat, delta }.apply(*v);
         }
     }
 }
@@ -576,21 +593,10 @@ fn top_k_sorted(l: &[f32], k: usize, idx: &mut Vec<u32>) {
     idx.sort_unstable_by(by_logit);
 }
 
-/// Draws index `i` with probability `w[i] / total`, mapped through `id`.
+/// Draws index `i` with probability `w[i] / total`, mapped through `id` ([`draw_u`] with the
+/// generator's next uniform).
 fn draw(rng: &mut Rng, w: &[f32], total: f64, id: impl Fn(usize) -> u32) -> u32 {
-    let target = rng.next_f64() * total;
-    let mut cum = 0f64;
-    let mut last = 0;
-    for (i, &x) in w.iter().enumerate() {
-        if x > 0.0 {
-            cum += x as f64;
-            last = i;
-            if cum > target {
-                return id(i);
-            }
-        }
-    }
-    id(last)
+    draw_u(rng.next_f64(), w, total, id)
 }
 
 #[cfg(test)]
