@@ -13,9 +13,12 @@ bookkeeping, Python), and the prefill rate (N·512 / time to the last first toke
 n_ctx is sized so that no sequence reaches it inside the window (a sequence at n_ctx is finished
 by the engine — before, it was left unscheduled: the cause of the missing tokens of the first
 measurement, see docs/cuda-notes.md), the KV cache holds every sequence whole, max_batch = N.
-``--temperature T`` (> 0) samples on the host instead of the GPU's greedy argmax: the whole logits
-rows are copied back each step (the fleet's repair samples run so); llama-batched-bench samples
-nothing, so the ratio to it then includes fak's sampling.
+``--temperature T`` (> 0) samples instead of the GPU's greedy argmax, by default on the device
+(``engine/device_sample.rs``: the top-256 candidates, penalties and whole-row draws on the GPU,
+the token finished on the host from them); ``--host-sampling`` copies every logits row back and
+samples on the host instead (``FAK_DEVICE_SAMPLING=0``, the path before device sampling), and
+``--sampling JSON`` adds settings (``'{"top_p": 0.95}'``). llama-batched-bench samples nothing, so
+the ratio to it then includes fak's sampling.
 
 The peer: ``llama-batched-bench -m FILE -ngl 99 -fa on -npp 512 -ntg 128 -npl 1,8,...
 -c N·640 --output-format jsonl`` (S_TG: decode tok/s of all sequences).
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -43,7 +47,8 @@ PROMPT = 512
 STEPS = 128
 
 
-def run_fak(path: str, n: int, rng: np.random.Generator, temperature: float = 0.0) -> dict:
+def run_fak(path: str, n: int, rng: np.random.Generator, temperature: float = 0.0,
+            extra: dict | None = None) -> dict:
     # Prefill in forwards of up to 4096 rows (llama-batched-bench prefills in 2048-token batches);
     # sequences prefilled first decode while later ones prefill: up to ~N·512/(rows − N) steps.
     rows = max(512, min(4096, n * PROMPT))
@@ -53,7 +58,7 @@ def run_fak(path: str, n: int, rng: np.random.Generator, temperature: float = 0.
     n_vocab = m.n_vocab
     # Warm-up: kernels loaded, the decode graph of N rows captured (N short sequences).
     for i in range(n):
-        m.add_sequence(10_000 + i, rng.integers(0, n_vocab, 8).tolist(), {"temperature": temperature, "seed": i})
+        m.add_sequence(10_000 + i, rng.integers(0, n_vocab, 8).tolist(), {"temperature": temperature, "seed": i, **(extra or {})})
     for _ in range(4):
         m.step()
     for i in range(n):
@@ -61,7 +66,7 @@ def run_fak(path: str, n: int, rng: np.random.Generator, temperature: float = 0.
     m.reset_stats()
     t0 = time.perf_counter()
     for i in range(n):
-        m.add_sequence(i, rng.integers(0, n_vocab, PROMPT).tolist(), {"temperature": temperature, "seed": i})
+        m.add_sequence(i, rng.integers(0, n_vocab, PROMPT).tolist(), {"temperature": temperature, "seed": i, **(extra or {})})
     have: set[int] = set()
     pre_steps = 0
     while len(have) < n:
@@ -87,6 +92,8 @@ def run_fak(path: str, n: int, rng: np.random.Generator, temperature: float = 0.
         "step_ms_median": 1e3 * float(np.median(step_times)), "forward_ms_per_step": 1e3 * fwd / STEPS,
         "host_ms_per_step": 1e3 * (wall - fwd) / STEPS, "preemptions": s["preemptions"],
         "sample_ms_per_step": 1e3 * s["sample_seconds"] / STEPS, "temperature": temperature,
+        "sampling": extra or {}, "device_sampling": os.environ.get("FAK_DEVICE_SAMPLING", "") != "0",
+        "device_sampled_rows": s["device_sampled_rows"], "device_sampled_host_rows": s["device_sampled_host_rows"],
     }
 
 
@@ -115,9 +122,15 @@ def main() -> None:
     ap.add_argument("--fak-json", default=None, help="take fak's results from this earlier --json output; run the peer only")
     ap.add_argument("--peer-seqs", default=None, help="sequence counts for the peer (default: --seqs)")
     ap.add_argument("--temperature", type=float, default=0.0,
-                    help="fak's sampling temperature (0: greedy, decided on the GPU; > 0: the logits are copied "
-                         "to the host and sampled there; llama-batched-bench samples nothing)")
+                    help="fak's sampling temperature (0: greedy, decided on the GPU; > 0: sampled, on the device "
+                         "unless --host-sampling; llama-batched-bench samples nothing)")
+    ap.add_argument("--host-sampling", action="store_true",
+                    help="sample on the host (every logits row copied back: FAK_DEVICE_SAMPLING=0)")
+    ap.add_argument("--sampling", default=None, help="more sampling settings, a JSON object")
     a = ap.parse_args()
+    if a.host_sampling:
+        os.environ["FAK_DEVICE_SAMPLING"] = "0"
+    extra = json.loads(a.sampling) if a.sampling else None
     seqs = [int(x) for x in a.seqs.split(",")]
     info = _native.cuda_info(load_kernels=True)
     rng = np.random.default_rng(0)
@@ -127,7 +140,7 @@ def main() -> None:
             fak = json.load(f)["fak"]
     else:
         for n in seqs:
-            r = run_fak(a.model, n, rng, a.temperature)
+            r = run_fak(a.model, n, rng, a.temperature, extra)
             fak.append(r)
             print(json.dumps(r), file=sys.stderr, flush=True)
     if a.peer_seqs:
