@@ -295,83 +295,144 @@ extern "C" __global__ void penalize_f32(float* __restrict__ x, int n_cols, const
     *at = __fsub_rn(v, p.delta);
 }
 
-// One draw from a whole row at a temperature (the host's `draw`): w_i = e^((x_i − max)·inv_t),
-// target = u·Σw, the token is the first i whose running sum of positive weights passes target
-// (index order), else the last positive one. One block of 1024 threads per draw; thread t owns
-// the t-th contiguous chunk, the chunk sums (f64) are scanned, the thread whose chunk holds the
-// target walks it.
+// One draw from a whole row at a temperature (the host's `draw`): w_i = e^((x_i − M)·inv_t) with M
+// the row's largest non-NaN value, target = u·Σw, the token is the first i (index order) whose
+// running sum of positive weights passes the target, else the last positive one. Two launches, so
+// that the whole GPU reads a row (one block per row cost ~0.15 ms for 151,936 columns):
+// draw_partial_f32, grid (G, draws): block g takes the g-th slice of its row and writes its max
+// m_g, Σ e^(x − m_g) (T = 1, f64: the log-normalizer), Σ e^((x − m_g)·inv_t) (f64) and its last
+// positive index; draw_final_f32, one block per draw: M = max m_g, the slices' weight sums
+// rescaled to M and laid end to end (one thread, in order, so they tile [0, Σ)), the slice
+// holding the target walked by the whole block with the exact weights (a block scan per 1024
+// columns). Out: the token, its logit, M and Σ e^(x − M) (the host's log_normalizer, for the
+// log-probability without another pass).
 struct DrawRequest {
     u32 row;
     float inv_t;
     double u;
 };
 
-extern "C" __global__ void draw_f32(const float* __restrict__ x, int n_cols, const DrawRequest* __restrict__ d, u32* __restrict__ tok, float* __restrict__ val) {
+struct DrawPart {
+    float m;
+    u32 last;  // last index with a positive weight, 0xffffffff: none
+    double s1;
+    double sw;
+};
+
+extern "C" __global__ void draw_partial_f32(const float* __restrict__ x, int n_cols, const DrawRequest* __restrict__ d, DrawPart* __restrict__ part) {
     __shared__ float sf[32];
     __shared__ double sd[32];
-    __shared__ u32 s_found, s_last;
-    const DrawRequest q = d[blockIdx.x];
+    __shared__ u32 s_last;
+    const int G = gridDim.x, g = blockIdx.x;
+    const DrawRequest q = d[blockIdx.y];
     const float* row = x + (size_t)q.row * n_cols;
-    const int tid = threadIdx.x, B = blockDim.x;
-    const int lane = tid & 31, wid = tid >> 5, nw = B >> 5;
-    if (tid == 0) {
-        s_found = 0xffffffffu;
-        s_last = 0;
-    }
-    float mx = NEG_INF;
-    for (int i = tid; i < n_cols; i += B) mx = fmaxf(mx, row[i]);
-    mx = block_max(mx, sf);
-    const int C = (n_cols + B - 1) / B;
-    const int lo = min(n_cols, tid * C), hi = min(n_cols, lo + C);
-    double s = 0.0;
-    int last = -1;
-    for (int i = lo; i < hi; ++i) {
-        const float w = expf((row[i] - mx) * q.inv_t);
-        if (w > 0.0f) {
-            s += (double)w;
-            last = i;
-        }
-    }
-    // Scan of the chunk sums over the block: thread t's interval is [excl, incl), and incl of one
-    // thread is bit-for-bit excl of the next (same additions in the same order), so the intervals
-    // tile [0, total) and the target lies in at most one.
-    double iw = s;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-        const double t = __shfl_up_sync(0xffffffffu, iw, o);
-        if (lane >= o) iw += t;
-    }
-    double ew = __shfl_up_sync(0xffffffffu, iw, 1);
-    if (lane == 0) ew = 0.0;
-    __syncthreads();
-    if (lane == 31) sd[wid] = iw;
-    __syncthreads();
-    double before = 0.0, total = 0.0;
-    for (int w = 0; w < nw; ++w) {
-        if (w == wid) before = total;
-        total += sd[w];
-    }
-    const double excl = before + ew, incl = before + iw;
-    const double target = q.u * total;
-    if (last >= 0) atomicMax(&s_last, (u32)last);
-    if (s > 0.0 && excl <= target && target < incl) {
-        double cum = excl;
-        int hit = last;  // rounding kept the walk below the target: this chunk's last positive
-        for (int i = lo; i < hi; ++i) {
-            const float w = expf((row[i] - mx) * q.inv_t);
+    const int per = (n_cols + G - 1) / G;
+    const int lo = min(n_cols, g * per), hi = min(n_cols, lo + per);
+    if (threadIdx.x == 0) s_last = 0;  // last positive index + 1; 0: none
+    float m = NEG_INF;
+    for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) m = fmaxf(m, row[i]);
+    m = block_max(m, sf);
+    double s1 = 0.0, sw = 0.0;
+    u32 last = 0;
+    bool any = false;
+    if (m > NEG_INF) {
+        for (int i = lo + threadIdx.x; i < hi; i += blockDim.x) {
+            const float v = row[i];
+            s1 += (double)expf(v - m);
+            const float w = expf((v - m) * q.inv_t);
             if (w > 0.0f) {
-                cum += (double)w;
-                if (cum > target) {
-                    hit = i;
-                    break;
-                }
+                sw += (double)w;
+                last = (u32)i;
+                any = true;
             }
         }
-        atomicMin(&s_found, (u32)hit);
+    }
+    if (any) atomicMax(&s_last, last + 1u);
+    s1 = block_sum_f64(s1, sd);
+    __syncthreads();
+    sw = block_sum_f64(sw, sd);
+    if (threadIdx.x == 0) part[(size_t)blockIdx.y * G + g] = DrawPart{m, s_last == 0 ? 0xffffffffu : s_last - 1u, s1, sw};
+}
+
+extern "C" __global__ void draw_final_f32(const float* __restrict__ x, int n_cols, const DrawRequest* __restrict__ d, const DrawPart* __restrict__ part, int G,
+                                          u32* __restrict__ tok, float* __restrict__ val, float* __restrict__ maxv, double* __restrict__ z) {
+    __shared__ double sd[32];
+    __shared__ double s_from, s_target;
+    __shared__ int s_slice;
+    __shared__ u32 s_found, s_last;
+    __shared__ float s_m;
+    const DrawRequest q = d[blockIdx.x];
+    const float* row = x + (size_t)q.row * n_cols;
+    const DrawPart* p = part + (size_t)blockIdx.x * G;
+    const int tid = threadIdx.x, B = blockDim.x, lane = tid & 31, wid = tid >> 5, nw = B >> 5;
+    if (tid == 0) {
+        float M = NEG_INF;
+        for (int g = 0; g < G; ++g) M = fmaxf(M, p[g].m);
+        double z1 = 0.0, total = 0.0;
+        u32 last = 0;
+        for (int g = 0; g < G; ++g) {
+            if (p[g].m > NEG_INF) {
+                z1 += p[g].s1 * exp((double)p[g].m - (double)M);
+                total += p[g].sw * exp(((double)p[g].m - (double)M) * (double)q.inv_t);
+            }
+            if (p[g].last != 0xffffffffu) last = p[g].last;
+        }
+        const double target = q.u * total;
+        // the slice whose interval [from, from + sw_g) holds the target, summed in the same order
+        double from = 0.0;
+        int slice = -1;
+        for (int g = 0; g < G && slice < 0; ++g) {
+            const double sg = p[g].m > NEG_INF ? p[g].sw * exp(((double)p[g].m - (double)M) * (double)q.inv_t) : 0.0;
+            if (sg > 0.0 && from <= target && target < from + sg) slice = g;
+            else from += sg;
+        }
+        s_m = M;
+        s_from = from;
+        s_target = target;
+        s_slice = slice;
+        s_last = last;
+        s_found = 0xffffffffu;
+        maxv[blockIdx.x] = M;
+        z[blockIdx.x] = z1;
     }
     __syncthreads();
+    const int slice = s_slice;
+    if (slice >= 0) {
+        const float M = s_m;
+        const double target = s_target;
+        const int per = (n_cols + G - 1) / G;
+        const int lo = min(n_cols, slice * per), hi = min(n_cols, lo + per);
+        double run = s_from;
+        for (int base = lo; base < hi; base += B) {
+            const int i = base + tid;
+            float w = i < hi ? expf((row[i] - M) * q.inv_t) : 0.0f;
+            if (!(w > 0.0f)) w = 0.0f;
+            // inclusive block scan of the weights (f64)
+            double iw = (double)w;
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const double t = __shfl_up_sync(0xffffffffu, iw, o);
+                if (lane >= o) iw += t;
+            }
+            __syncthreads();
+            if (lane == 31) sd[wid] = iw;
+            __syncthreads();
+            double before = 0.0, chunk = 0.0;
+            for (int k = 0; k < nw; ++k) {
+                if (k == wid) before = chunk;
+                chunk += sd[k];
+            }
+            if (w > 0.0f && run + before + iw > target) atomicMin(&s_found, (u32)i);
+            __syncthreads();
+            if (s_found != 0xffffffffu) break;
+            run += chunk;
+        }
+        // rounding kept the walk below the target: the slice's last positive weight
+        if (tid == 0 && s_found == 0xffffffffu) s_found = p[slice].last;
+        __syncthreads();
+    }
     if (tid == 0) {
-        const u32 t = s_found != 0xffffffffu ? s_found : s_last;
+        const u32 t = s_found != 0xffffffffu ? s_found : (s_last != 0xffffffffu ? s_last : 0u);
         tok[blockIdx.x] = t;
         val[blockIdx.x] = row[t];
     }

@@ -99,10 +99,13 @@ def test_draw_rows(backend: str) -> None:
              for i, (t, u) in enumerate(zip(rng.choice([0.3, 0.7, 1.0, 1.5], n), rng.random(n)))]
     draws[0] = (0, 1.0, 0.0)
     draws[1] = (1, 1.0, float(np.nextafter(1.0, 0.0)))
-    toks, vals = runner(backend).draw(x.reshape(-1), N_VOCAB, draws)
+    toks, vals, mx, z = runner(backend).draw(x.reshape(-1), N_VOCAB, draws)
     off = 0
-    for (r, inv_t, u), tok, val in zip(draws, toks, vals):
+    for (r, inv_t, u), tok, val, m, zz in zip(draws, toks, vals, mx, z):
         row = x[r].astype(np.float64)
+        assert m == x[r].max()                   # the row's normalizer, for the log-probability
+        z1 = np.exp(row - row.max()).sum()
+        assert abs(zz - z1) <= 1e-6 * z1, (zz, z1)
         w = np.exp((row - row.max()) * inv_t)
         cum = np.cumsum(w)
         target = u * cum[-1]

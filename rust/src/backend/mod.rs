@@ -22,7 +22,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use crate::quant::GgmlType;
-pub use sampling::{DrawRequest, LogitPenalty, TopRows};
+pub use sampling::{DrawRequest, DrawnRows, LogitPenalty, TopRows};
 use crate::Result;
 
 /// A tensor as the loader hands it to [`Backend::load_weight`]: GGUF blocks in host memory.
@@ -545,15 +545,15 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// value before into `raw`.
     fn penalize_rows(&self, x: &mut Self::Buffer, n_cols: usize, pens: &[LogitPenalty], raw: &mut [f32]) -> Result<()>;
 
-    /// One whole-row temperature draw per request (see [`DrawRequest`]): `tokens[i]` and the
-    /// logit there, `vals[i]`.
-    fn draw_rows(&self, x: &Self::Buffer, n_cols: usize, draws: &[DrawRequest], tokens: &mut [u32], vals: &mut [f32]) -> Result<()> {
+    /// One whole-row temperature draw per request (see [`DrawRequest`]), with each row's
+    /// normalizer (see [`DrawnRows`]). `out` is reset to `draws.len()` draws.
+    fn draw_rows(&self, x: &Self::Buffer, n_cols: usize, draws: &[DrawRequest], out: &mut DrawnRows) -> Result<()> {
+        out.reset(draws.len());
         let mut row = vec![0f32; n_cols];
         let mut w = Vec::new();
         for (i, d) in draws.iter().enumerate() {
             self.read_row_f32(x, d.row as usize, n_cols, &mut row)?;
-            tokens[i] = sampling::draw_row(&row, d.inv_temp, d.u, &mut w);
-            vals[i] = row[tokens[i] as usize];
+            out.reference(i, &row, d, &mut w);
         }
         Ok(())
     }

@@ -379,10 +379,10 @@ pub fn penalize<B: TestIo>(b: &B, x: &[f32], n_cols: usize, pens: &[super::Logit
     Ok((out, raw))
 }
 
-/// [`Backend::draw_rows`]: the drawn tokens and their logits.
-pub fn draw<B: TestIo>(b: &B, x: &[f32], n_cols: usize, draws: &[super::DrawRequest]) -> Result<(Vec<u32>, Vec<f32>)> {
+/// [`Backend::draw_rows`].
+pub fn draw<B: TestIo>(b: &B, x: &[f32], n_cols: usize, draws: &[super::DrawRequest]) -> Result<super::DrawnRows> {
     let xb = b.upload(x)?;
-    let (mut t, mut v) = (vec![u32::MAX; draws.len()], vec![f32::NAN; draws.len()]);
-    b.draw_rows(&xb, n_cols, draws, &mut t, &mut v)?;
-    Ok((t, v))
+    let mut out = super::DrawnRows::default();
+    b.draw_rows(&xb, n_cols, draws, &mut out)?;
+    Ok(out)
 }

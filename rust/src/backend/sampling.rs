@@ -81,6 +81,42 @@ impl TopRows {
     }
 }
 
+/// What `Backend::draw_rows` returns per draw.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DrawnRows {
+    pub tokens: Vec<u32>,
+    /// The logit at each token.
+    pub vals: Vec<f32>,
+    /// The row's largest non-NaN value and `Σ e^(x − max)` (f64, temperature 1): the host's
+    /// `log_normalizer`, for the log-probability.
+    pub max: Vec<f32>,
+    pub z: Vec<f64>,
+}
+
+impl DrawnRows {
+    /// Sized for `n` draws.
+    pub fn reset(&mut self, n: usize) {
+        self.tokens.clear();
+        self.tokens.resize(n, 0);
+        self.vals.clear();
+        self.vals.resize(n, 0.0);
+        self.max.clear();
+        self.max.resize(n, 0.0);
+        self.z.clear();
+        self.z.resize(n, 0.0);
+    }
+
+    /// Entry `i` from `row` and its request: the reference of `Backend::draw_rows`.
+    pub fn reference(&mut self, i: usize, row: &[f32], d: &DrawRequest, weights: &mut Vec<f32>) {
+        let t = draw_row(row, d.inv_temp, d.u, weights);
+        let max = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        self.tokens[i] = t;
+        self.vals[i] = row[t as usize];
+        self.max[i] = max;
+        self.z[i] = vecops::exp_scaled_sum(row, max, 1.0, None);
+    }
+}
+
 /// The reference of `Backend::top_rows` for one row (`m ≤ row.len()`), written into entry `r`.
 pub fn top_row(row: &[f32], m: usize, out: &mut TopRows, r: usize) {
     let by = |a: &u32, b: &u32| row[*b as usize].total_cmp(&row[*a as usize]).then(a.cmp(b));

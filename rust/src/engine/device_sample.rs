@@ -3,11 +3,12 @@
 //! Per step, at most four small round trips:
 //!
 //! 1. the exact top [`DEVICE_TOP`] of every row with its normalizer (the unmodified logits:
-//!    log-probabilities, and the candidates of rows without penalties);
+//!    log-probabilities, and the candidates of rows without penalties), except rows that only
+//!    draw from the whole vocabulary, whose normalizer comes with the draw;
 //! 2. the rows' penalties applied in place (`(row, token)` entries; the old values come back);
 //! 3. the top again of the penalized rows;
 //! 4. one whole-row temperature draw for each row that samples the whole vocabulary, with the
-//!    uniform its own generator gives.
+//!    uniform its own generator gives, and the row's max and `Σ e^(x − max)`.
 //!
 //! Each sequence's `Sampler` then finishes its token from these (`Sampler::finish_device`) by
 //! the host path's code; a row they do not decide (a nucleus wider than the candidates, prefix
@@ -19,7 +20,7 @@
 
 use super::sampler::{DevicePlan, DeviceRow, DEVICE_TOP};
 use super::{Sequence, StepOutput};
-use crate::backend::{Backend, DrawRequest, LogitPenalty, TopRows};
+use crate::backend::{Backend, DrawRequest, DrawnRows, LogitPenalty, TopRows};
 use crate::Result;
 
 /// Buffers reused across steps.
@@ -30,7 +31,7 @@ pub(super) struct DeviceSampling {
     pens: Vec<LogitPenalty>,
     pen_old: Vec<f32>,
     draws: Vec<DrawRequest>,
-    drawn: (Vec<u32>, Vec<f32>),
+    drawn: DrawnRows,
     row: Vec<f32>,
 }
 
@@ -56,13 +57,18 @@ impl DeviceSampling {
         let mut pen_span = vec![(0usize, 0usize); work.len()];
         let mut pen_at = vec![usize::MAX; work.len()];
         let mut raw_at = vec![usize::MAX; work.len()];
+        let mut on_device = vec![false; work.len()];
         let mut draw_at = vec![usize::MAX; work.len()];
         self.pens.clear();
         self.draws.clear();
-        for (w, ((j, _), plan)) in work.iter().zip(&plans).enumerate() {
+        for (w, ((j, s), plan)) in work.iter().zip(&plans).enumerate() {
             let DevicePlan::Device { penalties, draw } = plan else { continue };
-            raw_at[w] = dev_rows.len();
-            dev_rows.push(*j as u32);
+            on_device[w] = true;
+            // A plain draw takes its normalizer from the draw itself: no candidates needed.
+            if !(draw.is_some() && penalties.is_empty() && s.sampler.params().n_logprobs == 0) {
+                raw_at[w] = dev_rows.len();
+                dev_rows.push(*j as u32);
+            }
             if !penalties.is_empty() {
                 pen_at[w] = pen_rows.len();
                 pen_rows.push(*j as u32);
@@ -84,16 +90,32 @@ impl DeviceSampling {
         self.pen_old.resize(self.pens.len(), 0.0);
         backend.penalize_rows(logits, n_vocab, &self.pens, &mut self.pen_old)?;
         backend.top_rows(logits, n_vocab, &pen_rows, m, &mut self.pen)?;
-        self.drawn.0.resize(self.draws.len(), 0);
-        self.drawn.1.resize(self.draws.len(), 0.0);
-        backend.draw_rows(logits, n_vocab, &self.draws, &mut self.drawn.0, &mut self.drawn.1)?;
+        backend.draw_rows(logits, n_vocab, &self.draws, &mut self.drawn)?;
 
         let mut out = Vec::with_capacity(work.len());
         let mut on_host = 0;
         for (w, (j, s)) in work.iter_mut().enumerate() {
             let (a, b) = pen_span[w];
-            let sampled = if raw_at[w] == usize::MAX {
+            let sampled = if !on_device[w] {
                 None
+            } else if raw_at[w] == usize::MAX {
+                // a plain draw: its row's normalizer came with it
+                let d = draw_at[w];
+                s.sampler.finish_device(&DeviceRow {
+                    n_vocab,
+                    ids: &[],
+                    vals: &[],
+                    exact: true,
+                    max: self.drawn.max[d],
+                    z: self.drawn.z[d],
+                    raw_ids: &[],
+                    raw_vals: &[],
+                    raw_exact: true,
+                    raw_max: self.drawn.max[d],
+                    raw_z: self.drawn.z[d],
+                    raw_penalized: &[],
+                    drawn: Some((self.drawn.tokens[d], self.drawn.vals[d])),
+                })
             } else {
                 let r = raw_at[w];
                 let (raw_ids, raw_vals) = self.raw.row(r);
@@ -101,7 +123,7 @@ impl DeviceSampling {
                 let (ids, vals) = top.row(t);
                 let raw_penalized: Vec<(u32, f32)> =
                     self.pens[a..b].iter().zip(&self.pen_old[a..b]).map(|(p, &v)| (p.token, v)).collect();
-                let drawn = (draw_at[w] != usize::MAX).then(|| (self.drawn.0[draw_at[w]], self.drawn.1[draw_at[w]]));
+                let drawn = (draw_at[w] != usize::MAX).then(|| (self.drawn.tokens[draw_at[w]], self.drawn.vals[draw_at[w]]));
                 s.sampler.finish_device(&DeviceRow {
                     n_vocab,
                     ids,

@@ -10,7 +10,7 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 use super::{detach, to_py};
 use crate::backend::cpu::CpuBackend;
 use crate::backend::optest::{self, AttnCase, TestIo};
-use crate::backend::{AttnParams, DrawRequest, LogitPenalty, RopeParams, RopeStyle, TopRows};
+use crate::backend::{AttnParams, DrawRequest, DrawnRows, LogitPenalty, RopeParams, RopeStyle, TopRows};
 use crate::quant::GgmlType;
 use crate::{FakError, Result};
 
@@ -195,7 +195,7 @@ trait RunAny: Sync {
     fn greedy(&self, x: &[f32], n_cols: usize) -> Result<(Vec<u32>, Vec<f32>)>;
     fn top_rows(&self, x: &[f32], n_cols: usize, rows: &[u32], m: usize) -> Result<TopRows>;
     fn penalize(&self, x: &[f32], n_cols: usize, pens: &[LogitPenalty]) -> Result<(Vec<f32>, Vec<f32>)>;
-    fn draw(&self, x: &[f32], n_cols: usize, draws: &[DrawRequest]) -> Result<(Vec<u32>, Vec<f32>)>;
+    fn draw(&self, x: &[f32], n_cols: usize, draws: &[DrawRequest]) -> Result<DrawnRows>;
 }
 
 impl<B: TestIo> RunAny for B {
@@ -250,7 +250,7 @@ impl<B: TestIo> RunAny for B {
     fn penalize(&self, x: &[f32], n_cols: usize, pens: &[LogitPenalty]) -> Result<(Vec<f32>, Vec<f32>)> {
         optest::penalize(self, x, n_cols, pens)
     }
-    fn draw(&self, x: &[f32], n_cols: usize, draws: &[DrawRequest]) -> Result<(Vec<u32>, Vec<f32>)> {
+    fn draw(&self, x: &[f32], n_cols: usize, draws: &[DrawRequest]) -> Result<DrawnRows> {
         optest::draw(self, x, n_cols, draws)
     }
 }
@@ -431,12 +431,15 @@ impl PyOpRunner {
         Ok((out.into_pyarray(py), raw))
     }
 
-    /// draw(x, n_cols, draws) -> (tokens, logits): the trait's `draw_rows` with draws
-    /// `(row, 1/temperature, uniform)`.
-    fn draw(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f32>, n_cols: usize, draws: Vec<(u32, f32, f64)>) -> PyResult<(Vec<u32>, Vec<f32>)> {
+    /// draw(x, n_cols, draws) -> (tokens, logits, max, z): the trait's `draw_rows` with draws
+    /// `(row, 1/temperature, uniform)`; per draw the token, its logit, and the row's max and
+    /// Σ e^(x − max).
+    #[allow(clippy::type_complexity)]
+    fn draw(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f32>, n_cols: usize, draws: Vec<(u32, f32, f64)>) -> PyResult<(Vec<u32>, Vec<f32>, Vec<f32>, Vec<f64>)> {
         let x = slice(&x, "x")?;
         let d: Vec<DrawRequest> = draws.into_iter().map(|(row, inv_temp, u)| DrawRequest { row, inv_temp, u }).collect();
-        self.run(py, |r| r.draw(x, n_cols, &d))
+        let o = self.run(py, |r| r.draw(x, n_cols, &d))?;
+        Ok((o.tokens, o.vals, o.max, o.z))
     }
 
     /// set_matmul_variant(variant) pins the CUDA quantized-matmul kernel for every later product

@@ -615,8 +615,8 @@ impl Backend for CudaBackend {
         self.op_penalize(x, n_cols, pens, raw)
     }
 
-    fn draw_rows(&self, x: &CudaBuffer, n_cols: usize, draws: &[crate::backend::DrawRequest], tokens: &mut [u32], vals: &mut [f32]) -> Result<()> {
-        self.op_draw(x, n_cols, draws, tokens, vals)
+    fn draw_rows(&self, x: &CudaBuffer, n_cols: usize, draws: &[crate::backend::DrawRequest], out: &mut crate::backend::DrawnRows) -> Result<()> {
+        self.op_draw(x, n_cols, draws, out)
     }
 
     fn read_row_f32(&self, x: &CudaBuffer, row: usize, n_cols: usize, out: &mut [f32]) -> Result<()> {

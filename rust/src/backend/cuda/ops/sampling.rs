@@ -4,7 +4,7 @@
 
 use super::super::launch::Args;
 use super::super::{CudaBackend, CudaBuffer};
-use crate::backend::{DrawRequest, LogitPenalty, TopRows};
+use crate::backend::{DrawRequest, DrawnRows, LogitPenalty, TopRows};
 use crate::Result;
 
 impl CudaBackend {
@@ -131,27 +131,47 @@ impl CudaBackend {
         read_scratch(self, o_raw, &mut raw[..n])
     }
 
-    /// `draw_f32`, one block per draw.
-    pub(crate) fn op_draw(&self, x: &CudaBuffer, n_cols: usize, draws: &[DrawRequest], tokens: &mut [u32], vals: &mut [f32]) -> Result<()> {
+    /// `draw_partial_f32` over slices of each row (grid: slices × draws), then
+    /// `draw_final_f32`, one block per draw; tokens, logits, maxima and sums come back in one copy.
+    pub(crate) fn op_draw(&self, x: &CudaBuffer, n_cols: usize, draws: &[DrawRequest], out: &mut DrawnRows) -> Result<()> {
         let n = draws.len();
+        out.reset(n);
         if n == 0 {
             return Ok(());
         }
-        if tokens.len() < n || vals.len() < n || draws.iter().any(|d| (d.row as usize + 1) * n_cols > x.len) {
+        if draws.iter().any(|d| (d.row as usize + 1) * n_cols > x.len) {
             return Err(crate::FakError::invalid("draw", format!("{n} draws outside rows of {n_cols} in a buffer of {}", x.len)));
         }
+        // Slices of ≥ 1024 columns, at most 128 per row (as the greedy step).
+        let slices = n_cols.div_ceil(1024).clamp(1, 128);
         let mut at = 0;
         let o_req = region(&mut at, n, std::mem::size_of::<DrawRequest>());
+        let o_part = region(&mut at, n * slices, 24);
         let o_tok = region(&mut at, n, 4);
         let o_val = region(&mut at, n, 4);
+        let o_max = region(&mut at, n, 4);
+        let o_z = region(&mut at, n, 8);
         let base = self.small_scratch(at)?;
         write_scratch(self, o_req, draws)?;
-        self.launch("sampling", "draw_f32", (n as u32, 1, 1), 1024, 0, Args::new().ptr(x.ptr()).i32(n_cols as i32).ptr(base + o_req as u64).ptr(base + o_tok as u64).ptr(base + o_val as u64))?;
-        let mut both = vec![0u32; (o_val - o_tok) / 4 + n];
-        read_scratch(self, o_tok, &mut both)?;
-        tokens[..n].copy_from_slice(&both[..n]);
-        for (v, b) in vals[..n].iter_mut().zip(&both[(o_val - o_tok) / 4..]) {
-            *v = f32::from_bits(*b);
+        let p = |o: usize| base + o as u64;
+        self.launch("sampling", "draw_partial_f32", (slices as u32, n as u32, 1), 256, 0, Args::new().ptr(x.ptr()).i32(n_cols as i32).ptr(p(o_req)).ptr(p(o_part)))?;
+        self.launch(
+            "sampling",
+            "draw_final_f32",
+            (n as u32, 1, 1),
+            1024,
+            0,
+            Args::new().ptr(x.ptr()).i32(n_cols as i32).ptr(p(o_req)).ptr(p(o_part)).i32(slices as i32).ptr(p(o_tok)).ptr(p(o_val)).ptr(p(o_max)).ptr(p(o_z)),
+        )?;
+        let mut bytes = vec![0u8; at - o_tok];
+        read_scratch(self, o_tok, &mut bytes)?;
+        let word = |o: usize| u32::from_le_bytes(bytes[o - o_tok..o - o_tok + 4].try_into().expect("4 bytes"));
+        for i in 0..n {
+            out.tokens[i] = word(o_tok + 4 * i);
+            out.vals[i] = f32::from_bits(word(o_val + 4 * i));
+            out.max[i] = f32::from_bits(word(o_max + 4 * i));
+            let zo = o_z + 8 * i - o_tok;
+            out.z[i] = f64::from_le_bytes(bytes[zo..zo + 8].try_into().expect("8 bytes"));
         }
         Ok(())
     }
