@@ -53,11 +53,15 @@ class FakeModel:
         fail_step_when: ``step()`` raises RuntimeError while this sequence id is running.
         bad_token_prompt_token: sequences whose prompt contains this id get an out-of-vocabulary
             token from ``step()`` (a misbehaving model).
+        max_batch: as the native scheduler, ``step()`` runs the first ``max_batch`` sequences in
+            the order they were added; the others wait in its queue.
     """
 
     def __init__(self, tokenizer: Tokenizer, n_ctx: int = 256, kv_blocks: int = 1024, block_size: int = 16,
                  eos_after: int | None = None, step_delay: float = 0.0, fail_prompt_token: int | None = None,
-                 fail_step_when: int | None = None, bad_token_prompt_token: int | None = None) -> None:
+                 fail_step_when: int | None = None, bad_token_prompt_token: int | None = None,
+                 max_batch: int = 64) -> None:
+        self.max_batch = max_batch
         self.n_ctx = n_ctx
         self.n_vocab = tokenizer.n_vocab
         self.kv_blocks_total = kv_blocks
@@ -80,6 +84,14 @@ class FakeModel:
     @property
     def kv_blocks_free(self) -> int:
         return self.kv_blocks_total - sum(self._blocks(len(s["tokens"]) + 1) for s in self.seqs.values())
+
+    @property
+    def n_running(self) -> int:
+        return min(len(self.seqs), self.max_batch)
+
+    @property
+    def n_waiting(self) -> int:
+        return max(0, len(self.seqs) - self.max_batch)
 
     def _blocks(self, n_tokens: int) -> int:
         return -(-n_tokens // self.block_size)
@@ -114,12 +126,13 @@ class FakeModel:
             time.sleep(self.step_delay)
         if self.fail_step_when is not None and self.fail_step_when in self.seqs:
             raise RuntimeError("injected step failure")
-        new = [i for i, s in self.seqs.items() if s["new"]]
-        if new and len(new) < len(self.seqs):
+        running = dict(list(self.seqs.items())[: self.max_batch])  # the rest wait (insertion order)
+        new = [i for i, s in running.items() if s["new"]]
+        if new and len(new) < len(running):
             self.joined_running_batch += len(new)
-        self.batch_sizes.append(len(self.seqs))
+        self.batch_sizes.append(len(running))
         out = []
-        for seq_id, s in self.seqs.items():
+        for seq_id, s in running.items():
             s["new"] = False
             if s["bad"]:
                 token = self.n_vocab + 5

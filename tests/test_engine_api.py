@@ -30,7 +30,7 @@ def make(**kw) -> tuple[Engine, FakeModel]:  # type: ignore[no-untyped-def]
     max_batch = kw.pop("max_batch", 64)
     template = kw.pop("template", ChatTemplate(CHATML))
     kw.setdefault("n_ctx", 2048)
-    model = FakeModel(TOK, **kw)
+    model = FakeModel(TOK, max_batch=max_batch, **kw)
     return Engine.from_model(model, TOK, chat_template=template, model_name="fake", max_batch=max_batch), model
 
 

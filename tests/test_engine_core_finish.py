@@ -5,6 +5,8 @@ real (tiny, generated) model through ``fak._native.Model`` and through ``fak.Eng
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import fak
@@ -103,3 +105,30 @@ def test_engine_passes_the_tokenizer_end_of_generation_ids(tiny: str) -> None:
     assert engine.tokenizer.eog_ids, "the tiny model's tokenizer declares an end of generation"
     assert spy.sent and sorted(spy.sent[0]["stop_ids"]) == sorted(engine.tokenizer.eog_ids)
     assert spy.sent[0]["max_tokens"] == 3
+
+
+def test_the_core_owns_the_queue(tiny: str) -> None:
+    """Issue 13: "one queue ... in Rust". ``fak.Engine`` hands every request to the core at once;
+    the core runs ``max_batch`` of them and queues the rest (its own ``n_waiting``), and the
+    results are the ones an unbounded batch gives."""
+    prompts = [PROMPT + [20 + i] for i in range(6)]
+    with fak.Engine(tiny, n_ctx=256, threads=1, max_batch=64) as wide:
+        want = [wide.generate(p, max_tokens=24, temperature=0).token_ids for p in prompts]
+    with fak.Engine(tiny, n_ctx=256, threads=1, max_batch=2) as engine:
+        spy = _Spy(engine._model)
+        engine._model = spy  # type: ignore[assignment]
+        seen: list[tuple[int, int, int]] = []
+
+        async def main() -> list:
+            tasks = [asyncio.create_task(engine.agenerate(p, max_tokens=24, temperature=0)) for p in prompts]
+            while not all(t.done() for t in tasks):
+                s = engine.stats()
+                seen.append((s["running"], s["waiting"], len(spy.sent)))
+                await asyncio.sleep(0.001)
+            return [t.result() for t in tasks]
+
+        got = asyncio.run(main())
+    assert [c.token_ids for c in got] == want
+    assert max(r for r, _, _ in seen) == 2, "the core runs max_batch sequences"
+    queued = [w for r, w, sent in seen if sent == len(prompts)]
+    assert queued and max(queued) >= 3, f"the other requests wait in the core's queue: {seen[:20]}"

@@ -16,8 +16,10 @@ awaits it, cancels its sequence.
 
 Failures stay with the request that caused them: a failing ``add_sequence`` (bad values, a prompt
 that can never fit in the KV cache) fails that request, and a failing ``step()`` fails the sequences
-that were in that step; the loop goes on serving the others. Waiting for free KV blocks is the
-native scheduler's job (it queues and preempts); ``max_batch`` bounds what Python hands it.
+that the core held then; the loop goes on serving the others. The queue is the native core's: a
+request is handed to it as soon as the loop sees it, and the core runs up to ``max_batch``
+sequences, queues the rest and admits them as KV blocks free up (preempting by recompute when it
+must), as vLLM's EngineCore does; ``fak.Engine`` keeps no queue of its own.
 """
 
 from __future__ import annotations
@@ -450,7 +452,8 @@ class Engine:
             back silently.
         n_ctx: context window per sequence, in tokens (prompt + generated).
         threads: CPU threads for the native model (None: its default).
-        max_batch: most sequences decoded together; more requests wait in a queue.
+        max_batch: most sequences decoded together (the native core's); more requests wait in
+            its queue.
         chat_template: Jinja chat template overriding the file's ``tokenizer.chat_template``.
         kv_cache_tokens: size of the paged KV cache shared by all sequences, in tokens (None: the
             native model's default).
@@ -864,14 +867,16 @@ class Engine:
                 reply.put(e)
 
     def _admit(self) -> None:
-        while self._waiting and len(self._active) < self.max_batch:
+        # Every request goes to the core at once: it queues what it cannot run yet.
+        while self._waiting:
             req = self._waiting[0]
             if req.cancelled:
                 self._waiting.popleft()
                 continue
             try:
-                # The native scheduler queues a sequence until KV blocks free up (preempting by
-                # recompute when needed); KVCacheFullError means the prompt can never fit.
+                # The native scheduler queues a sequence past max_batch or until KV blocks free
+                # up (preempting by recompute when needed); KVCacheFullError means the prompt can
+                # never fit.
                 self._model.add_sequence(req.seq_id, req.prompt_ids, req.native)
             except Exception as e:
                 self._remove(req)
@@ -887,7 +892,9 @@ class Engine:
         try:
             outputs = self._model.step()
         except Exception as e:
-            # Every running sequence took part in the failed step: fail those, free their KV.
+            # Fail every sequence handed to the core (those that took part in the failed step
+            # and those it queued: the core's state after a failed forward is not trusted), free
+            # their KV.
             failed = list(self._active.values())
             self._active.clear()
             for req in failed:
@@ -994,6 +1001,10 @@ class Engine:
             used = total - int(self._model.kv_blocks_free)
         except Exception:
             total = used = 0
+        try:
+            running, queued = int(self._model.n_running), int(self._model.n_waiting)
+        except Exception:
+            running, queued = len(self._active), 0
         counters: dict[str, Any] = {}
         native_stats = getattr(self._model, "stats", None) if native else None
         if native_stats is not None:
@@ -1003,7 +1014,9 @@ class Engine:
                 counters = {}
         with self._cond:
             self._stats.update(counters)
-            self._stats.update(running=len(self._active), waiting=len(self._waiting),
+            # running / waiting: the core's own counts (it queues), plus requests the loop has
+            # not handed to it yet
+            self._stats.update(running=running, waiting=queued + len(self._waiting),
                                kv_blocks_used=used, kv_blocks_total=total)
 
     def _shutdown(self) -> None:

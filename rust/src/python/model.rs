@@ -301,6 +301,19 @@ impl PyModel {
         self.kv_free.load(Ordering::Relaxed)
     }
 
+    /// Sequences the scheduler runs (at most `max_batch`), as of the end of the last call.
+    #[getter]
+    fn n_running(&self) -> usize {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// Sequences queued in the scheduler (past `max_batch`, or waiting for KV blocks), as of the
+    /// end of the last call.
+    #[getter]
+    fn n_waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
     /// add_sequence(seq_id, prompt_ids, sampling=None)
     ///
     /// Queues a sequence; the next `step()` with room prefills it. `sampling` keys: temperature,
