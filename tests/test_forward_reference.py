@@ -609,7 +609,8 @@ def test_kv_cache_pressure_preempts_and_recovers(tiny):
     stats = model.stats()
     assert set(stats) == {"running", "waiting", "kv_blocks_used", "kv_blocks_total", "prefill_tokens", "decode_tokens",
                           "prefill_seconds", "decode_seconds", "sample_seconds", "steps", "preemptions",
-                          "prefix_cache_query_tokens", "prefix_cache_hit_tokens", "prefix_cache_blocks"}
+                          "prefix_cache_query_tokens", "prefix_cache_hit_tokens", "prefix_cache_blocks",
+                          "device_sampled_rows", "device_sampled_host_rows"}
     assert stats["decode_tokens"] > 0 and stats["prefill_tokens"] > 0 and stats["steps"] > 0
     assert (stats["running"], stats["waiting"], stats["kv_blocks_used"]) == (0, 0, 0)
     model.reset_stats()
