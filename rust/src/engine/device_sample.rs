@@ -70,8 +70,11 @@ impl DeviceSampling {
                 dev_rows.push(*j as u32);
             }
             if !penalties.is_empty() {
-                pen_at[w] = pen_rows.len();
-                pen_rows.push(*j as u32);
+                if draw.is_none() {
+                    // candidates of the penalized row (a whole-row draw needs none)
+                    pen_at[w] = pen_rows.len();
+                    pen_rows.push(*j as u32);
+                }
                 let start = self.pens.len();
                 self.pens.extend(penalties.iter().map(|&(token, repeat, delta)| LogitPenalty {
                     row: *j as u32,
