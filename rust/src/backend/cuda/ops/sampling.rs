@@ -60,6 +60,31 @@ fn read_scratch<T: Copy>(be: &CudaBackend, o: usize, out: &mut [T]) -> Result<()
     g.as_ref().expect("scratch allocated").mem.read(o, out)
 }
 
+/// Little-endian words of a byte copy of the scratch that starts at byte offset `start`.
+struct Bytes {
+    start: usize,
+    b: Vec<u8>,
+}
+
+impl Bytes {
+    fn u32(&self, o: usize) -> u32 {
+        u32::from_le_bytes(self.b[o - self.start..o - self.start + 4].try_into().expect("4 bytes"))
+    }
+    fn f32(&self, o: usize) -> f32 {
+        f32::from_bits(self.u32(o))
+    }
+    fn f64(&self, o: usize) -> f64 {
+        f64::from_le_bytes(self.b[o - self.start..o - self.start + 8].try_into().expect("8 bytes"))
+    }
+}
+
+/// The scratch bytes `[start, end)`, in one copy (after the queued work).
+fn read_bytes(be: &CudaBackend, start: usize, end: usize) -> Result<Bytes> {
+    let mut b = vec![0u8; end - start];
+    read_scratch(be, start, &mut b)?;
+    Ok(Bytes { start, b })
+}
+
 fn write_scratch<T: Copy>(be: &CudaBackend, o: usize, data: &[T]) -> Result<()> {
     let g = be.small.lock().unwrap_or_else(|e| e.into_inner());
     g.as_ref().expect("scratch allocated").mem.write(o, data)
@@ -96,18 +121,15 @@ impl CudaBackend {
             Args::new().ptr(x.ptr()).i32(n_cols as i32).ptr(p(o_rows)).i32(m as i32).ptr(p(o_ids)).ptr(p(o_vals)).ptr(p(o_z)).ptr(p(o_max)).ptr(p(o_exact)),
         )?;
         // One copy of everything from the ids on.
-        let mut bytes = vec![0u8; at - o_ids];
-        read_scratch(self, o_ids, &mut bytes)?;
-        let word = |o: usize| u32::from_le_bytes(bytes[o - o_ids..o - o_ids + 4].try_into().expect("4 bytes"));
+        let bytes = read_bytes(self, o_ids, at)?;
         for i in 0..n * m {
-            out.ids[i] = word(o_ids + 4 * i);
-            out.vals[i] = f32::from_bits(word(o_vals + 4 * i));
+            out.ids[i] = bytes.u32(o_ids + 4 * i);
+            out.vals[i] = bytes.f32(o_vals + 4 * i);
         }
         for r in 0..n {
-            let zo = o_z + 8 * r - o_ids;
-            out.z[r] = f64::from_le_bytes(bytes[zo..zo + 8].try_into().expect("8 bytes"));
-            out.max[r] = f32::from_bits(word(o_max + 4 * r));
-            out.exact[r] = word(o_exact + 4 * r) != 0;
+            out.z[r] = bytes.f64(o_z + 8 * r);
+            out.max[r] = bytes.f32(o_max + 4 * r);
+            out.exact[r] = bytes.u32(o_exact + 4 * r) != 0;
         }
         Ok(())
     }
@@ -163,15 +185,12 @@ impl CudaBackend {
             0,
             Args::new().ptr(x.ptr()).i32(n_cols as i32).ptr(p(o_req)).ptr(p(o_part)).i32(slices as i32).ptr(p(o_tok)).ptr(p(o_val)).ptr(p(o_max)).ptr(p(o_z)),
         )?;
-        let mut bytes = vec![0u8; at - o_tok];
-        read_scratch(self, o_tok, &mut bytes)?;
-        let word = |o: usize| u32::from_le_bytes(bytes[o - o_tok..o - o_tok + 4].try_into().expect("4 bytes"));
+        let bytes = read_bytes(self, o_tok, at)?;
         for i in 0..n {
-            out.tokens[i] = word(o_tok + 4 * i);
-            out.vals[i] = f32::from_bits(word(o_val + 4 * i));
-            out.max[i] = f32::from_bits(word(o_max + 4 * i));
-            let zo = o_z + 8 * i - o_tok;
-            out.z[i] = f64::from_le_bytes(bytes[zo..zo + 8].try_into().expect("8 bytes"));
+            out.tokens[i] = bytes.u32(o_tok + 4 * i);
+            out.vals[i] = bytes.f32(o_val + 4 * i);
+            out.max[i] = bytes.f32(o_max + 4 * i);
+            out.z[i] = bytes.f64(o_z + 8 * i);
         }
         Ok(())
     }
