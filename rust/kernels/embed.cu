@@ -1,6 +1,6 @@
 // Embedding gather: out[r, :] = dequantize(table row tokens[r]) for every batch row, straight
 // from the GGUF blocks of token_embd (no f32 copy of the table exists).
-#include "common.cuh"
+#include "quants.cuh"
 
 template <int FMT>
 __device__ void embed_rows(const u8* __restrict__ table, size_t row_bytes, const u32* __restrict__ tokens, float* __restrict__ out, int dim) {
@@ -9,7 +9,7 @@ __device__ void embed_rows(const u8* __restrict__ table, size_t row_bytes, const
     float* o = out + r * dim;
     for (int k = 8 * threadIdx.x; k < dim; k += 8 * blockDim.x) {
         float v[8];
-        deq8<FMT>(row, k, v);
+        Quant<FMT>::deq8(row, k, v);
         ((float4*)(o + k))[0] = make_float4(v[0], v[1], v[2], v[3]);
         ((float4*)(o + k))[1] = make_float4(v[4], v[5], v[6], v[7]);
     }

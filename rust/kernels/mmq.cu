@@ -7,240 +7,11 @@
 //
 // Tiles: BM = 128 weight rows (M) × BN tokens (N, 64 or 128) × BK = 32. Warps 4 (M) × 2 (N), each
 // 32 × BN/2. Requires K % 32 == 0. With `accumulate` the epilogue adds into Y (the residual add).
-#include "common.cuh"
+#include "quants.cuh"
 
-// ---- raw fetch / decode of 16 consecutive weights of a row (k % 16 == 0) ----------------
-// The GEMM fetches the raw words of its next k-step before multiplying the current one and
-// decodes them after, so that global-memory latency hides behind the tensor-core work.
-
-// Byte i (0..11) of three words (a runtime index without a local-memory array).
-FAK_DEVICE int byte_of3(u32 a, u32 b, u32 c, int i) {
-    const u32 w = i < 4 ? a : (i < 8 ? b : c);
-    return (int)((w >> (8 * (i & 3))) & 0xFF);
-}
-FAK_DEVICE void k4_scale_min_r(u32 a, u32 b, u32 c, int j, int& sc, int& m) {
-    if (j < 4) {
-        sc = byte_of3(a, b, c, j) & 63;
-        m = byte_of3(a, b, c, j + 4) & 63;
-    } else {
-        sc = (byte_of3(a, b, c, j + 4) & 0xF) | ((byte_of3(a, b, c, j - 4) >> 6) << 4);
-        m = (byte_of3(a, b, c, j + 4) >> 4) | ((byte_of3(a, b, c, j) >> 6) << 4);
-    }
-}
-
-// 16 bytes at a 2-aligned address as four words: five aligned 32-bit loads and funnel shifts
-// (instead of eight 16-bit loads); the fifth word stays inside the 210-byte Q6_K block for the
-// offsets Raw16<T_Q6_K> reads (≤ 176 + 20).
-FAK_DEVICE void ld16_a2(const u8* p, u32* out) {
-    const u32* q = (const u32*)((size_t)p & ~(size_t)3);
-    const u32 sh = ((u32)(size_t)p & 3u) * 8u;
-    u32 w[5];
-#pragma unroll
-    for (int i = 0; i < 5; ++i) w[i] = q[i];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) out[i] = __funnelshift_r(w[i], w[i + 1], sh);
-}
-
-template <int FMT> struct Raw16;
-
-template <> struct Raw16<T_F32> {
-    static constexpr int N = 16;
-    static FAK_DEVICE void fetch(const u8* __restrict__ row, int k, u32* r) {
-        const uint4* p = (const uint4*)(row + 4 * (size_t)k);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const uint4 v = p[i];
-            r[4 * i] = v.x; r[4 * i + 1] = v.y; r[4 * i + 2] = v.z; r[4 * i + 3] = v.w;
-        }
-    }
-    static FAK_DEVICE void decode(const u32* r, int, float* out) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) out[i] = __uint_as_float(r[i]);
-    }
-};
-template <> struct Raw16<T_F16> {
-    static constexpr int N = 8;
-    static FAK_DEVICE void fetch(const u8* __restrict__ row, int k, u32* r) {
-        const uint4* p = (const uint4*)(row + 2 * (size_t)k);
-        const uint4 a = p[0], b = p[1];
-        r[0] = a.x; r[1] = a.y; r[2] = a.z; r[3] = a.w; r[4] = b.x; r[5] = b.y; r[6] = b.z; r[7] = b.w;
-    }
-    static FAK_DEVICE void decode(const u32* r, int, float* out) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            out[2 * i] = f16_lo(r[i]);
-            out[2 * i + 1] = f16_hi(r[i]);
-        }
-    }
-};
-template <> struct Raw16<T_BF16> {
-    static constexpr int N = 8;
-    static FAK_DEVICE void fetch(const u8* __restrict__ row, int k, u32* r) { Raw16<T_F16>::fetch(row, k, r); }
-    static FAK_DEVICE void decode(const u32* r, int, float* out) {
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-            out[2 * i] = __uint_as_float(r[i] << 16);
-            out[2 * i + 1] = __uint_as_float(r[i] & 0xFFFF0000u);
-        }
-    }
-};
-// Q8_0 (34 B): d @0, qs @2.
-template <> struct Raw16<T_Q8_0> {
-    static constexpr int N = 5;
-    static FAK_DEVICE void fetch(const u8* __restrict__ row, int k, u32* r) {
-        const u8* b = row + (size_t)(k >> 5) * 34;
-        r[0] = *(const u16*)b;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) r[1 + i] = ld_u32_a2(b + 2 + (k & 31) + 4 * i);
-    }
-    static FAK_DEVICE void decode(const u32* r, int, float* out) {
-        const float d = f16_to_f32((u16)r[0]);
-#pragma unroll
-        for (int i = 0; i < 16; ++i) out[i] = (float)(i8)(r[1 + i / 4] >> (8 * (i & 3))) * d;
-    }
-};
-// Q4_0 (18 B): d @0, qs[16] @2; the 16 values of a half-block are one nibble of all 16 bytes.
-template <> struct Raw16<T_Q4_0> {
-    static constexpr int N = 5;
-    static FAK_DEVICE void fetch(const u8* __restrict__ row, int k, u32* r) {
-        const u8* b = row + (size_t)(k >> 5) * 18;
-        r[0] = *(const u16*)b;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) r[1 + i] = ld_u32_a2(b + 2 + 4 * i);
-    }
-    static FAK_DEVICE void decode(const u32* r, int k, float* out) {
-        const float d = f16_to_f32((u16)r[0]);
-        const int sh = (k & 16) ? 4 : 0;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) out[i] = (float)((int)((r[1 + i / 4] >> (8 * (i & 3) + sh)) & 0xF) - 8) * d;
-    }
-};
-// Q4_1 (20 B): d, m @0, qs @4.
-template <> struct Raw16<T_Q4_1> {
-    static constexpr int N = 5;
-    static FAK_DEVICE void fetch(const u8* __restrict__ row, int k, u32* r) {
-        const u8* b = row + (size_t)(k >> 5) * 20;
-        r[0] = ld_u32(b);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) r[1 + i] = ld_u32(b + 4 + 4 * i);
-    }
-    static FAK_DEVICE void decode(const u32* r, int k, float* out) {
-        const float d = f16_lo(r[0]), m = f16_hi(r[0]);
-        const int sh = (k & 16) ? 4 : 0;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) out[i] = (float)((r[1 + i / 4] >> (8 * (i & 3) + sh)) & 0xF) * d + m;
-    }
-};
-// Q5_0 (22 B): d @0, qh @2, qs @6.
-template <> struct Raw16<T_Q5_0> {
-    static constexpr int N = 6;
-    static FAK_DEVICE void fetch(const u8* __restrict__ row, int k, u32* r) {
-        const u8* b = row + (size_t)(k >> 5) * 22;
-        r[0] = *(const u16*)b;
-        r[1] = ld_u32_a2(b + 2);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) r[2 + i] = ld_u32_a2(b + 6 + 4 * i);
-    }
-    static FAK_DEVICE void decode(const u32* r, int k, float* out) {
-        const float d = f16_to_f32((u16)r[0]);
-        const int o = k & 16, sh = o ? 4 : 0;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const int q = (int)(((r[2 + i / 4] >> (8 * (i & 3) + sh)) & 0xF) | (((r[1] >> (o + i)) & 1) << 4));
-            out[i] = (float)(q - 16) * d;
-        }
-    }
-};
-// Q5_1 (24 B): d, m @0, qh @4, qs @8.
-template <> struct Raw16<T_Q5_1> {
-    static constexpr int N = 6;
-    static FAK_DEVICE void fetch(const u8* __restrict__ row, int k, u32* r) {
-        const u8* b = row + (size_t)(k >> 5) * 24;
-        r[0] = ld_u32(b);
-        r[1] = ld_u32(b + 4);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) r[2 + i] = ld_u32(b + 8 + 4 * i);
-    }
-    static FAK_DEVICE void decode(const u32* r, int k, float* out) {
-        const float d = f16_lo(r[0]), m = f16_hi(r[0]);
-        const int o = k & 16, sh = o ? 4 : 0;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const u32 q = ((r[2 + i / 4] >> (8 * (i & 3) + sh)) & 0xF) | (((r[1] >> (o + i)) & 1) << 4);
-            out[i] = (float)q * d + m;
-        }
-    }
-};
-// Q4_K (144 B): dm @0, scales @4, qs @16; 16 values of sub-block j = 2p + hi at l0 = k & 16.
-template <> struct Raw16<T_Q4_K> {
-    static constexpr int N = 8;
-    static FAK_DEVICE void fetch(const u8* __restrict__ row, int k, u32* r) {
-        const u8* b = row + (size_t)(k >> 8) * 144;
-        const int w = k & 255, p = w >> 6, l0 = w & 31;
-        const uint4 h = *(const uint4*)b;
-        r[0] = h.x; r[1] = h.y; r[2] = h.z; r[3] = h.w;
-        const uint4 q = *(const uint4*)(b + 16 + 32 * p + l0);
-        r[4] = q.x; r[5] = q.y; r[6] = q.z; r[7] = q.w;
-    }
-    static FAK_DEVICE void decode(const u32* r, int k, float* out) {
-        const int w = k & 255, hi = (w >> 5) & 1, j = 2 * (w >> 6) + hi;
-        int sc, m;
-        k4_scale_min_r(r[1], r[2], r[3], j, sc, m);
-        const float d = f16_lo(r[0]) * (float)sc, mn = f16_hi(r[0]) * (float)m;
-        const int sh = 4 * hi;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) out[i] = d * (float)((r[4 + i / 4] >> (8 * (i & 3) + sh)) & 0xF) - mn;
-    }
-};
-// Q5_K (176 B): dm @0, scales @4, qh @16, qs @48.
-template <> struct Raw16<T_Q5_K> {
-    static constexpr int N = 12;
-    static FAK_DEVICE void fetch(const u8* __restrict__ row, int k, u32* r) {
-        const u8* b = row + (size_t)(k >> 8) * 176;
-        const int w = k & 255, p = w >> 6, l0 = w & 31;
-        const uint4 h = *(const uint4*)b;
-        r[0] = h.x; r[1] = h.y; r[2] = h.z; r[3] = h.w;
-        const uint4 q = *(const uint4*)(b + 48 + 32 * p + l0);
-        r[4] = q.x; r[5] = q.y; r[6] = q.z; r[7] = q.w;
-        const uint4 x = *(const uint4*)(b + 16 + l0);
-        r[8] = x.x; r[9] = x.y; r[10] = x.z; r[11] = x.w;
-    }
-    static FAK_DEVICE void decode(const u32* r, int k, float* out) {
-        const int w = k & 255, hi = (w >> 5) & 1, j = 2 * (w >> 6) + hi;
-        int sc, m;
-        k4_scale_min_r(r[1], r[2], r[3], j, sc, m);
-        const float d = f16_lo(r[0]) * (float)sc, mn = f16_hi(r[0]) * (float)m;
-        const int sh = 4 * hi;
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const u32 q = ((r[4 + i / 4] >> (8 * (i & 3) + sh)) & 0xF) | (((r[8 + i / 4] >> (8 * (i & 3) + j)) & 1) << 4);
-            out[i] = d * (float)q - mn;
-        }
-    }
-};
-// Q6_K (210 B): ql @0, qh @128, scales @192, d @208.
-template <> struct Raw16<T_Q6_K> {
-    static constexpr int N = 10;
-    static FAK_DEVICE void fetch(const u8* __restrict__ row, int k, u32* r) {
-        const u8* b = row + (size_t)(k >> 8) * 210;
-        const int w = k & 255, n = w >> 7, g = (w >> 5) & 3, l0 = w & 31;
-        const u8* ql = b + 64 * n + 32 * (g & 1) + l0;
-        const u8* qh = b + 128 + 32 * n + l0;
-        ld16_a2(ql, r);
-        ld16_a2(qh, r + 4);
-        r[8] = (u32)(int)(i8)b[192 + 8 * n + (l0 >> 4) + 2 * g];
-        r[9] = *(const u16*)(b + 208);
-    }
-    static FAK_DEVICE void decode(const u32* r, int k, float* out) {
-        const int g = (k >> 5) & 3, sl = 4 * (g >> 1), shh = 2 * g;
-        const float d = f16_to_f32((u16)r[9]) * (float)(int)r[8];
-#pragma unroll
-        for (int i = 0; i < 16; ++i) {
-            const int q = (int)(((r[i / 4] >> (8 * (i & 3) + sl)) & 0xF) | (((r[4 + i / 4] >> (8 * (i & 3) + shh)) & 3) << 4)) - 32;
-            out[i] = d * (float)q;
-        }
-    }
-};
+// Each k-step's 16 weights per thread come from Quant<FMT>::fetch16 (quants.cuh) before the
+// current step is multiplied and are decoded (decode16) after it, so that global-memory latency
+// hides behind the tensor-core work.
 
 template <int FMT, int BN>
 __device__ void mmq(const u8* __restrict__ W, size_t row_bytes, const float* __restrict__ X, const float* __restrict__ bias,
@@ -268,18 +39,18 @@ __device__ void mmq(const u8* __restrict__ W, size_t row_bytes, const float* __r
 #pragma unroll
         for (int j = 0; j < NT; ++j) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
 
-    u32 raw[Raw16<FMT>::N];
+    u32 raw[Quant<FMT>::RAW16];
     float4 xr[BV / 4];
     // Issue the global loads of step k0 (raw weight words, X as f32).
     auto fetch = [&](int k0) {
-        Raw16<FMT>::fetch(a_ptr, k0 + a_col, raw);
+        Quant<FMT>::fetch16(a_ptr, k0 + a_col, raw);
 #pragma unroll
         for (int i = 0; i < BV / 4; ++i) xr[i] = b_ok ? *(const float4*)(b_ptr + k0 + 4 * i) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     };
     // Decode step k0's weights, round both tiles to f16 and store them in buffer `buf`.
     auto store = [&](int k0, int buf) {
         float wv[16];
-        Raw16<FMT>::decode(raw, k0 + a_col, wv);
+        Quant<FMT>::decode16(raw, k0 + a_col, wv);
         uint4* pa = (uint4*)(&sA[buf][a_row * LDS + a_col]);
         pa[0] = make_uint4(pack_f16x2(wv[0], wv[1]), pack_f16x2(wv[2], wv[3]), pack_f16x2(wv[4], wv[5]), pack_f16x2(wv[6], wv[7]));
         pa[1] = make_uint4(pack_f16x2(wv[8], wv[9]), pack_f16x2(wv[10], wv[11]), pack_f16x2(wv[12], wv[13]), pack_f16x2(wv[14], wv[15]));
@@ -380,10 +151,6 @@ MMQ_BOTH(bf16, T_BF16)
 // Double-buffered: the next k-step's raw words are fetched into registers before the current
 // step's MMAs and decoded to int8 after them.
 
-FAK_DEVICE int nib4(u32 w, int sh) { return (int)((w >> sh) & 0x0F0F0F0Fu); }
-// Bits 0..3 of b moved to bit 4 of bytes 0..3.
-FAK_DEVICE int bits_to_b4(u32 b) { return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25)); }
-
 // c (16x8 s32) += a (16x32 s8, row) · b (32x8 s8, col).
 FAK_DEVICE void mma_s8_k32(int* c, const int* a, const int* b) {
     asm("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
@@ -396,92 +163,6 @@ FAK_DEVICE void mma_s8_k16(int* c, int a0, int a1, int b0) {
         : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
         : "r"(a0), "r"(a1), "r"(b0));
 }
-
-// Decodes the raw words of 16 weights (Raw16<FMT>::fetch at k, k % 16 == 0) to 16 int8 in four
-// words, plus the row's scalars for this k-step: si0/si1 integer scales (Q4_K/Q5_K: sc, m; Q6_K:
-// the sub-block scale of these 16), sf0/sf1 float scales (d, dmin / d, m).
-template <int FMT> struct DecI8;
-template <> struct DecI8<T_Q4_0> {
-    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
-        const int sh = (k & 16) ? 4 : 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = bytes_sub(nib4(r[1 + i], sh), 0x08080808);
-        sf0 = f16_to_f32((u16)r[0]);
-        sf1 = 0.0f;
-        si0 = si1 = 0;
-    }
-};
-template <> struct DecI8<T_Q4_1> {
-    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
-        const int sh = (k & 16) ? 4 : 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = nib4(r[1 + i], sh);
-        sf0 = f16_lo(r[0]);
-        sf1 = f16_hi(r[0]);
-        si0 = si1 = 0;
-    }
-};
-template <> struct DecI8<T_Q5_0> {
-    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
-        const int o = k & 16, sh = o ? 4 : 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = bytes_sub(nib4(r[2 + i], sh) | bits_to_b4((r[1] >> (o + 4 * i)) & 0xF), 0x10101010);
-        sf0 = f16_to_f32((u16)r[0]);
-        sf1 = 0.0f;
-        si0 = si1 = 0;
-    }
-};
-template <> struct DecI8<T_Q5_1> {
-    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
-        const int o = k & 16, sh = o ? 4 : 0;
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = nib4(r[2 + i], sh) | bits_to_b4((r[1] >> (o + 4 * i)) & 0xF);
-        sf0 = f16_lo(r[0]);
-        sf1 = f16_hi(r[0]);
-        si0 = si1 = 0;
-    }
-};
-template <> struct DecI8<T_Q8_0> {
-    static FAK_DEVICE void run(const u32* r, int, int* q, int& si0, int& si1, float& sf0, float& sf1) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = (int)r[1 + i];
-        sf0 = f16_to_f32((u16)r[0]);
-        sf1 = 0.0f;
-        si0 = si1 = 0;
-    }
-};
-template <> struct DecI8<T_Q4_K> {
-    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
-        const int w = k & 255, hi = (w >> 5) & 1, j = 2 * (w >> 6) + hi;
-        k4_scale_min_r(r[1], r[2], r[3], j, si0, si1);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = nib4(r[4 + i], 4 * hi);
-        sf0 = f16_lo(r[0]);
-        sf1 = f16_hi(r[0]);
-    }
-};
-template <> struct DecI8<T_Q5_K> {
-    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
-        const int w = k & 255, hi = (w >> 5) & 1, j = 2 * (w >> 6) + hi;
-        k4_scale_min_r(r[1], r[2], r[3], j, si0, si1);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) q[i] = nib4(r[4 + i], 4 * hi) | (int)(((r[8 + i] >> j) & 0x01010101u) << 4);
-        sf0 = f16_lo(r[0]);
-        sf1 = f16_hi(r[0]);
-    }
-};
-template <> struct DecI8<T_Q6_K> {
-    static FAK_DEVICE void run(const u32* r, int k, int* q, int& si0, int& si1, float& sf0, float& sf1) {
-        const int g = (k >> 5) & 3;
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            q[i] = bytes_sub(nib4(r[i], 4 * (g >> 1)) | (int)(((r[4 + i] >> (2 * g)) & 0x03030303u) << 4), 0x20202020);
-        si0 = (int)r[8];
-        si1 = 0;
-        sf0 = f16_to_f32((u16)r[9]);
-        sf1 = 0.0f;
-    }
-};
 
 // Split-K (batched decode, where the tiles alone are too few to fill the GPU): block z of a tile
 // runs k-steps [z·kps, min((z+1)·kps, K/32)) — kps a multiple of 8, so a super-block never
@@ -502,7 +183,7 @@ template <> struct DecI8<T_Q6_K> {
 // super-block, or 8 legacy blocks) for the whole tile are copied to shared memory by cp.async, S − 1
 // stages ahead of the one being multiplied, so that a block keeps whole super-blocks of loads in
 // flight instead of one k-step's; the k-steps then read their raw words from shared memory
-// (the same Raw16 fetch, from a shared row) and go on as in the direct mode. Same numbers as the
+// (the same Quant<FMT>::fetch16, from a shared row) and go on as in the direct mode. Same numbers as the
 // direct mode (the same words reach the same decode and MMAs). Needs K % 256 == 0 (the host
 // falls back to the direct mode otherwise). Stage layout: the tile's BM rows at a stride of
 // StageA::RS bytes (Q6_K rows are copied by 4-byte words from the aligned word below their start,
@@ -546,7 +227,7 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
     static_assert(!FR || ((FMT == T_Q4_K || FMT == T_Q6_K) && S > 0), "fragment mode: Q4_K/Q6_K, staged");
     constexpr int TM = FR ? 1 : BM, TN = FR ? 1 : BN;  // the tiles below are unused in fragment mode
     __shared__ __align__(16) i8 sB[2][G][TN * AST];
-    __shared__ int sRi[2][G][TM][2];    // integer row scales of the k-step (see DecI8)
+    __shared__ int sRi[2][G][TM][2];    // integer row scales of the k-step (see Quant::decode16_i8)
     __shared__ float sRf[2][G][TM][2];  // float row scales
     __shared__ float sTd[2][G][TN];     // d_x of each token (its super-block / block)
     __shared__ int sTs[2][G][TN];       // Σq_x of the k-step's 32 (int; as f32 bits for the q8_0 form's s)
@@ -583,7 +264,7 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
 
     // The raw words of one k-step, fetched ahead.
     struct Slot {
-        u32 raw[Raw16<FMT>::N];
+        u32 raw[Quant<FMT>::RAW16];
         uint2 bq;
         float td;
         int ts;
@@ -609,7 +290,7 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
         }
     };
     auto fetch = [&](Slot& s, int k0) {
-        Raw16<FMT>::fetch(a_ptr, k0 + 16 * a_h, s.raw);
+        Quant<FMT>::fetch16(a_ptr, k0 + 16 * a_h, s.raw);
         fill_b(s, b_ok, yq + b_tok * K + k0 + 8 * b_part, (const float*)ya + b_tok * (K / 256) + (k0 >> 8),
                KQ ? ys + b_tok * (K / 32) + (k0 >> 5) : nullptr, (const float2*)ya + b_tok * (K / 32) + (k0 >> 5));
     };
@@ -617,7 +298,7 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
     auto store = [&](const Slot& s, int k0, int buf, int sub) {
         int q[4], si0, si1;
         float sf0, sf1;
-        DecI8<FMT>::run(s.raw, k0 + 16 * a_h, q, si0, si1, sf0, sf1);
+        Quant<FMT>::decode16_i8(s.raw, k0 + 16 * a_h, q, si0, si1, sf0, sf1);
         *(int4*)(&sA[buf][sub][a_row * AST + 16 * a_h]) = make_int4(q[0], q[1], q[2], q[3]);
         if (K6) {
             sRi[buf][sub][a_row][a_h] = si0;  // each half has its own sub-block scale
@@ -801,7 +482,7 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
             const u8* const sa = stages + sb * SB;
             int off = 0;
             if constexpr (StageA<FMT>::W4) off = (int)(((size_t)min(m0 + a_row, n_out - 1) * row_bytes + (size_t)st * 210) & 3);
-            Raw16<FMT>::fetch(sa + a_row * RS + off, kk + 16 * a_h, s.raw);
+            Quant<FMT>::fetch16(sa + a_row * RS + off, kk + 16 * a_h, s.raw);
             // Tokens past the rows are zero-filled stages; b_in only guards the loader threads.
             const u8* const sq = sa + BM * RS;
             const u8* const sya = sq + BN * STAGE_YQ + YA * b_row;

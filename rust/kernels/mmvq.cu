@@ -16,229 +16,7 @@
 // Launch: 128 threads; R = rows per block (1, 2, 4), 4/R warps split a row's tasks; R = 8: half
 // a warp per row (rows of 33..63 tasks). One launch
 // may cover up to three matrices of the same input (Q/K/V, gate/up): "segments" of the grid.
-#include "common.cuh"
-
-// Eight nibbles of a word as two words of bytes (low nibbles, high nibbles).
-FAK_DEVICE int nib_lo(u32 w) { return (int)(w & 0x0F0F0F0Fu); }
-FAK_DEVICE int nib_hi(u32 w) { return (int)((w >> 4) & 0x0F0F0F0Fu); }
-// Bits 0..3 of b moved to bit 4 of bytes 0..3.
-FAK_DEVICE int expand4(u32 b) { return (int)(((b & 1u) << 4) | ((b & 2u) << 11) | ((b & 4u) << 18) | ((b & 8u) << 25)); }
-
-template <int FMT, int NC> struct Dot;
-
-// Q4_0: d @0, qs @2 (18 B, 2-aligned). x = d·(q − 8).
-template <int NC> struct Dot<T_Q4_0, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
-        const float2* __restrict__ yds = (const float2*)ya;
-        const u8* b = row + (size_t)t * 18;
-        const float d = ld_f16(b);
-        int lo[4], hi[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u32 w = ld_u32_a2(b + 2 + 4 * i);
-            lo[i] = bytes_sub(nib_lo(w), 0x08080808);
-            hi[i] = bytes_sub(nib_hi(w), 0x08080808);
-        }
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const int4* y = (const int4*)(yq + (size_t)c * K + 32 * t);
-            const int4 y0 = y[0], y1 = y[1];
-            int s = dp4a(lo[0], y0.x, dp4a(lo[1], y0.y, dp4a(lo[2], y0.z, dp4a(lo[3], y0.w, 0))));
-            s = dp4a(hi[0], y1.x, dp4a(hi[1], y1.y, dp4a(hi[2], y1.z, dp4a(hi[3], y1.w, s))));
-            acc[c] += d * yds[(size_t)c * (K / 32) + t].x * (float)s;
-        }
-    }
-};
-
-// Q4_1: d @0, m @2, qs @4 (20 B, 4-aligned). x = d·q + m.
-template <int NC> struct Dot<T_Q4_1, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
-        const float2* __restrict__ yds = (const float2*)ya;
-        const u8* b = row + (size_t)t * 20;
-        const u32 dm = ld_u32(b);
-        const float d = f16_lo(dm), m = f16_hi(dm);
-        int lo[4], hi[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u32 w = ld_u32(b + 4 + 4 * i);
-            lo[i] = nib_lo(w);
-            hi[i] = nib_hi(w);
-        }
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const int4* y = (const int4*)(yq + (size_t)c * K + 32 * t);
-            const int4 y0 = y[0], y1 = y[1];
-            int s = dp4a(lo[0], y0.x, dp4a(lo[1], y0.y, dp4a(lo[2], y0.z, dp4a(lo[3], y0.w, 0))));
-            s = dp4a(hi[0], y1.x, dp4a(hi[1], y1.y, dp4a(hi[2], y1.z, dp4a(hi[3], y1.w, s))));
-            const float2 ds = yds[(size_t)c * (K / 32) + t];
-            acc[c] += d * ds.x * (float)s + m * ds.y;
-        }
-    }
-};
-
-// Q5_0: d @0, qh @2, qs @6 (22 B, 2-aligned). x = d·(q − 16), q = nibble | bit << 4.
-template <int NC> struct Dot<T_Q5_0, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
-        const float2* __restrict__ yds = (const float2*)ya;
-        const u8* b = row + (size_t)t * 22;
-        const float d = ld_f16(b);
-        const u32 qh = ld_u32_a2(b + 2);
-        int lo[4], hi[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u32 w = ld_u32_a2(b + 6 + 4 * i);
-            lo[i] = bytes_sub(nib_lo(w) | expand4((qh >> (4 * i)) & 0xF), 0x10101010);
-            hi[i] = bytes_sub(nib_hi(w) | expand4((qh >> (16 + 4 * i)) & 0xF), 0x10101010);
-        }
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const int4* y = (const int4*)(yq + (size_t)c * K + 32 * t);
-            const int4 y0 = y[0], y1 = y[1];
-            int s = dp4a(lo[0], y0.x, dp4a(lo[1], y0.y, dp4a(lo[2], y0.z, dp4a(lo[3], y0.w, 0))));
-            s = dp4a(hi[0], y1.x, dp4a(hi[1], y1.y, dp4a(hi[2], y1.z, dp4a(hi[3], y1.w, s))));
-            acc[c] += d * yds[(size_t)c * (K / 32) + t].x * (float)s;
-        }
-    }
-};
-
-// Q5_1: d @0, m @2, qh @4, qs @8 (24 B, 8-aligned). x = d·q + m.
-template <int NC> struct Dot<T_Q5_1, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
-        const float2* __restrict__ yds = (const float2*)ya;
-        const u8* b = row + (size_t)t * 24;
-        const u32 dm = ld_u32(b);
-        const float d = f16_lo(dm), m = f16_hi(dm);
-        const u32 qh = ld_u32(b + 4);
-        int lo[4], hi[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const u32 w = ld_u32(b + 8 + 4 * i);
-            lo[i] = nib_lo(w) | expand4((qh >> (4 * i)) & 0xF);
-            hi[i] = nib_hi(w) | expand4((qh >> (16 + 4 * i)) & 0xF);
-        }
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const int4* y = (const int4*)(yq + (size_t)c * K + 32 * t);
-            const int4 y0 = y[0], y1 = y[1];
-            int s = dp4a(lo[0], y0.x, dp4a(lo[1], y0.y, dp4a(lo[2], y0.z, dp4a(lo[3], y0.w, 0))));
-            s = dp4a(hi[0], y1.x, dp4a(hi[1], y1.y, dp4a(hi[2], y1.z, dp4a(hi[3], y1.w, s))));
-            const float2 ds = yds[(size_t)c * (K / 32) + t];
-            acc[c] += d * ds.x * (float)s + m * ds.y;
-        }
-    }
-};
-
-// Q8_0: d @0, qs[32] @2 (34 B, 2-aligned).
-template <int NC> struct Dot<T_Q8_0, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
-        const float2* __restrict__ yds = (const float2*)ya;
-        const u8* b = row + (size_t)t * 34;
-        const float d = ld_f16(b);
-        int w[8];
-#pragma unroll
-        for (int i = 0; i < 8; ++i) w[i] = (int)ld_u32_a2(b + 2 + 4 * i);
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const int4* y = (const int4*)(yq + (size_t)c * K + 32 * t);
-            const int4 y0 = y[0], y1 = y[1];
-            int s = dp4a(w[0], y0.x, dp4a(w[1], y0.y, dp4a(w[2], y0.z, dp4a(w[3], y0.w, 0))));
-            s = dp4a(w[4], y1.x, dp4a(w[5], y1.y, dp4a(w[6], y1.z, dp4a(w[7], y1.w, s))));
-            acc[c] += d * yds[(size_t)c * (K / 32) + t].x * (float)s;
-        }
-    }
-};
-
-// Q4_K and Q5_K share the task shape (see the file comment). Per super-block the CPU computes
-// (d_x·d)·Σ_j sc_j·dot_j − (d_x·dmin)·Σ_j m_j·bsum_j; a task contributes its part of both sums.
-template <int FMT, int NC> FAK_DEVICE void dot_q45_K(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const float* __restrict__ yd, const int* __restrict__ ys, int K, float* acc) {
-    constexpr int BB = FMT == T_Q4_K ? 144 : 176;
-    constexpr int QS = FMT == T_Q4_K ? 16 : 48;
-    const int sb = t >> 3, c8 = t & 7, p = c8 >> 1, h = c8 & 1;
-    const u8* b = row + (size_t)sb * BB;
-    const u32 dm = ld_u32(b);
-    int sc0, m0, sc1, m1;
-    q4k_scale_min(b + 4, 2 * p, sc0, m0);
-    q4k_scale_min(b + 4, 2 * p + 1, sc1, m1);
-    const uint4 qv = *(const uint4*)(b + QS + 32 * p + 16 * h);
-    const u32 qw[4] = {qv.x, qv.y, qv.z, qv.w};
-    int lo[4], hi[4];
-    if (FMT == T_Q4_K) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            lo[i] = nib_lo(qw[i]);
-            hi[i] = nib_hi(qw[i]);
-        }
-    } else {
-        const uint4 hv = *(const uint4*)(b + 16 + 16 * h);
-        const u32 hw[4] = {hv.x, hv.y, hv.z, hv.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            lo[i] = nib_lo(qw[i]) | (int)(((hw[i] >> (2 * p)) & 0x01010101u) << 4);
-            hi[i] = nib_hi(qw[i]) | (int)(((hw[i] >> (2 * p + 1)) & 0x01010101u) << 4);
-        }
-    }
-    const float d = f16_lo(dm), dmin = f16_hi(dm);
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-        const i8* y = yq + (size_t)c * K + sb * 256 + 64 * p + 16 * h;
-        const int4 ylo = *(const int4*)y, yhi = *(const int4*)(y + 32);
-        const int s0 = dp4a(lo[0], ylo.x, dp4a(lo[1], ylo.y, dp4a(lo[2], ylo.z, dp4a(lo[3], ylo.w, 0))));
-        const int s1 = dp4a(hi[0], yhi.x, dp4a(hi[1], yhi.y, dp4a(hi[2], yhi.z, dp4a(hi[3], yhi.w, 0))));
-        const float dx = yd[(size_t)c * (K / 256) + sb];
-        float v = (dx * d) * (float)(sc0 * s0 + sc1 * s1);
-        if (h == 0) {
-            const int* bs = ys + (size_t)c * (K / 32) + sb * 8 + 2 * p;
-            v -= (dx * dmin) * (float)(m0 * bs[0] + m1 * bs[1]);
-        }
-        acc[c] += v;
-    }
-}
-template <int NC> struct Dot<T_Q4_K, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
-        dot_q45_K<T_Q4_K, NC>(row, t, yq, (const float*)ya, ys, K, acc);
-    }
-};
-template <int NC> struct Dot<T_Q5_K, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
-        dot_q45_K<T_Q5_K, NC>(row, t, yq, (const float*)ya, ys, K, acc);
-    }
-};
-
-// Q6_K: ql[128] @0, qh[64] @128, scales i8[16] @192, d @208 (210 B, 2-aligned). Per super-block
-// the CPU computes (d_x·d)·Σ_i sc_i·dot_i over its 16 sub-blocks of 16; a task adds its part.
-template <int NC> struct Dot<T_Q6_K, NC> {
-    static FAK_DEVICE void run(const u8* __restrict__ row, int t, const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, float* acc) {
-        const float* __restrict__ yd = (const float*)ya;
-        const int sb = t >> 3, c8 = t & 7, n = c8 >> 2, lq = (c8 & 3) * 8;
-        const u8* b = row + (size_t)sb * 210;
-        const u8* qla = b + 64 * n + lq;
-        const u8* qhp = b + 128 + 32 * n + lq;
-        int v[4][2];
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-            const u32 a = ld_u32_a2(qla + 4 * i), bq = ld_u32_a2(qla + 32 + 4 * i), hq = ld_u32_a2(qhp + 4 * i);
-            v[0][i] = bytes_sub(nib_lo(a) | (int)((hq & 0x03030303u) << 4), 0x20202020);
-            v[1][i] = bytes_sub(nib_lo(bq) | (int)(((hq >> 2) & 0x03030303u) << 4), 0x20202020);
-            v[2][i] = bytes_sub(nib_hi(a) | (int)(((hq >> 4) & 0x03030303u) << 4), 0x20202020);
-            v[3][i] = bytes_sub(nib_hi(bq) | (int)(((hq >> 6) & 0x03030303u) << 4), 0x20202020);
-        }
-        // Scales of groups g = 0..3: bytes 192 + 8n + lq/16 + 2g (the offset can be odd: bytes).
-        const u8* scp = b + 192 + 8 * n + (lq >> 4);
-        const int sc[4] = {(int)(i8)scp[0], (int)(i8)scp[2], (int)(i8)scp[4], (int)(i8)scp[6]};
-        const float d = ld_f16(b + 208);
-#pragma unroll
-        for (int c = 0; c < NC; ++c) {
-            const i8* y = yq + (size_t)c * K + sb * 256 + 128 * n + lq;
-            int is = 0;
-#pragma unroll
-            for (int g = 0; g < 4; ++g) {
-                const int2 yy = *(const int2*)(y + 32 * g);
-                is += sc[g] * dp4a(v[g][0], yy.x, dp4a(v[g][1], yy.y, 0));
-            }
-            acc[c] += (yd[(size_t)c * (K / 256) + sb] * d) * (float)is;
-        }
-    }
-};
+#include "quants.cuh"
 
 // The rows of one matrix handled by local block `lb` of its segment.
 template <int FMT, int NC>
@@ -259,7 +37,7 @@ __device__ void mmvq_rows(const u8* __restrict__ W, size_t row_bytes, const i8* 
         if (row < n_out) {
             const u8* wr = W + (size_t)row * row_bytes;
 #pragma unroll 4
-            for (int t = sl; t < T; t += 16) Dot<FMT, NC>::run(wr, t, yq, ya, ys, K, acc);
+            for (int t = sl; t < T; t += 16) Quant<FMT>::template dot<NC>(wr, t, yq, ya, ys, K, acc);
         }
 #pragma unroll
         for (int c = 0; c < NC; ++c) {
@@ -286,7 +64,7 @@ __device__ void mmvq_rows(const u8* __restrict__ W, size_t row_bytes, const i8* 
     if (row < n_out) {
         const u8* wr = W + (size_t)row * row_bytes;
 #pragma unroll 4
-        for (int t = sub; t < T; t += nthr) Dot<FMT, NC>::run(wr, t, yq, ya, ys, K, acc);
+        for (int t = sub; t < T; t += nthr) Quant<FMT>::template dot<NC>(wr, t, yq, ya, ys, K, acc);
     }
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[c] = warp_sum(acc[c]);
@@ -356,7 +134,7 @@ __device__ void mmv_dense(const u8* __restrict__ W, size_t row_bytes, const floa
         const u8* wr = W + (size_t)row * row_bytes;
         for (int t = sub; t < K / 8; t += nthr) {
             float w[8];
-            deq8<FMT>(wr, 8 * t, w);
+            Quant<FMT>::deq8(wr, 8 * t, w);
 #pragma unroll
             for (int c = 0; c < NC; ++c) {
                 const float4* xp = (const float4*)(x + (size_t)c * K + 8 * t);
