@@ -449,6 +449,21 @@ mod tests {
     }
 
     #[test]
+    fn which_shard_counts_the_real_layouts_support() {
+        let ok = |s: &PlanShape, wo: GgmlType, down: GgmlType| -> Vec<usize> {
+            (1..=s.n_head).filter(|&n| ShardPlan::new(s, n, &kb(wo), &kb(down)).is_ok()).collect()
+        };
+        // 0.5B: attn_output Q5_0 (32-element blocks, head_dim 64): any N up to its 14 heads.
+        assert_eq!(ok(&QWEN05, GgmlType::Q5_0, GgmlType::Q6_K), (1..=14).collect::<Vec<_>>());
+        // 1.5B Q4_K_M: 6 query heads of 128 per KV head, cut every 2 heads: at most 3 shards a KV head.
+        assert_eq!(ok(&QWEN15, GgmlType::Q4_K, GgmlType::Q6_K), vec![1, 2, 3, 4, 5, 6]);
+        // 7B Q4_K_M: 7 query heads of 128 per KV head = 896 = 3.5 Q4_K blocks, so a KV group never
+        // ends on a block boundary except every second one: N = 1 or 2.
+        let q7 = PlanShape { n_head: 28, n_head_kv: 4, head_dim: 128, n_ff: 18944, n_vocab: 152064 };
+        assert_eq!(ok(&q7, GgmlType::Q4_K, GgmlType::Q6_K), vec![1, 2]);
+    }
+
+    #[test]
     fn one_shard_is_the_whole_model() {
         let p = ShardPlan::new(&QWEN05, 1, &kb(GgmlType::Q5_0), &kb(GgmlType::Q4_K)).unwrap();
         assert_eq!(p.shards, vec![ShardSpec { rank: 0, q_heads: 0..14, kv_heads: 0..2, ffn: 0..4864, vocab: 0..151936 }]);
