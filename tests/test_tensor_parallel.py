@@ -253,3 +253,45 @@ def test_serve_loads_the_sharded_engine(tmp_path) -> None:  # type: ignore[no-un
         assert engine.generate("hello", temperature=0, max_tokens=3).usage.completion_tokens >= 1
     finally:
         engine.close()
+
+
+# The layout of `nvidia-smi topo -m` (tab-separated; GPU columns first, then NICs and affinities;
+# legend below), written for this test with two GPUs on 18 NVLinks and a third behind the host
+# bridge. Not captured from a machine: no multi-GPU machine was available.
+TOPO = (
+    "\tGPU0\tGPU1\tGPU2\tNIC0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\n"
+    "GPU0\t X \tNV18\tPHB\tPXB\t0-31\t0\t\tN/A\n"
+    "GPU1\tNV18\t X \tSYS\tSYS\t0-31\t0\t\tN/A\n"
+    "GPU2\tPHB\tSYS\t X \tNODE\t32-63\t1\t\tN/A\n"
+    "NIC0\tPXB\tSYS\tNODE\t X \n"
+    "\n"
+    "Legend:\n\n"
+    "  X    = Self\n"
+    "  SYS  = Connection traversing PCIe as well as the SMP interconnect between NUMA nodes (e.g., QPI/UPI)\n"
+    "  NV#  = Connection traversing a bonded set of # NVLinks\n"
+)
+
+
+def test_doctor_reads_the_gpu_links_of_nvidia_smi_topo() -> None:
+    from fak.doctor import describe_link, parse_topo_matrix
+
+    links = parse_topo_matrix(TOPO)
+    assert links == {(0, 1): "NV18", (0, 2): "PHB", (1, 0): "NV18", (1, 2): "SYS", (2, 0): "PHB", (2, 1): "SYS"}
+    assert describe_link("NV18") == "NVLink x18" and describe_link("PHB") == "PCIe host bridge"
+    # pasted with spaces instead of tabs, the GPU cells still parse
+    assert parse_topo_matrix(TOPO.replace("\t", "   ")) == links
+    assert parse_topo_matrix("No devices were found\n") == {}
+
+
+def test_doctor_lists_the_gpus_or_says_there_are_none() -> None:
+    from fak.doctor import gpu_report
+
+    g = gpu_report()
+    assert g["available"] == bool(g["devices"])
+    if not g["devices"]:
+        assert g["reason"] and g["links"] == []
+        r = CliRunner().invoke(main, ["doctor", "--no-kernels"])
+        assert r.exit_code == 0 and "GPUs: none found" in r.output, r.output
+    else:
+        n = len(g["devices"])
+        assert len(g["links"]) == n * (n - 1) // 2

@@ -29,6 +29,7 @@ __all__ = [
     "check_sampling",
     "cuda_available",
     "cuda_info",
+    "cuda_devices",
     "cuda_memory",
     "cuda_kernel_families",
     "cuda_nvrtc_compile",
