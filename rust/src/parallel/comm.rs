@@ -140,10 +140,11 @@ struct Slot {
 struct Shared {
     n: usize,
     /// Two sets of slots, used by alternate collectives (`[parity][rank]`): a rank writes set
-    /// `k mod 2` for its `k`-th collective, so it never overwrites a slot another rank may still
-    /// be reading from collective `k − 1`... and since every rank passed collective `k − 1`'s
-    /// barrier only after finishing collective `k − 2`'s reads, set `k mod 2` is free again.
-    /// One barrier per collective instead of two.
+    /// `k mod 2` in its `k`-th collective. Another rank may still be reading collective `k − 1`'s
+    /// set (the other one), but no longer collective `k − 2`'s: this rank got past collective
+    /// `k − 1`'s barrier, which every rank reaches only after its reads of collective `k − 2`.
+    /// So one barrier per collective suffices (a single set would need a second barrier after
+    /// the reads).
     slots: [Vec<RwLock<Slot>>; 2],
     barrier: Barrier,
 }

@@ -54,7 +54,7 @@ impl<B: Backend> Shard<B> {
     }
 }
 
-/// The message of the error a rank gets when another rank aborted the group.
+/// Whether `e` is the error a rank gets when another rank aborted the group (not the cause).
 fn is_abort(e: &FakError) -> bool {
     matches!(e, FakError::Backend { backend, .. } if backend == "tensor-parallel")
 }
