@@ -5,7 +5,7 @@ come from.
 Run from the checkout root (after ``scripts/dev-build``)::
 
     PYTHONPATH=python python benches/bench_tensor_parallel.py                 # speed, 0.5B, TP = 1, 2, 4
-    PYTHONPATH=python python benches/bench_tensor_parallel.py --noise --tp 2 3 4   # noise vs TP deviation, 0.5B
+    PYTHONPATH=python python benches/bench_tensor_parallel.py --noise         # noise vs TP 2, 3, 4, 0.5B
     PYTHONPATH=python python benches/bench_tensor_parallel.py --noise --model qwen2.5-coder-1.5b-instruct-q4_k_m
 
 Speed: through ``fak._native.Model`` directly, greedy, prefix cache off, ``--threads`` threads in
@@ -19,7 +19,7 @@ the best round is reported (the machine is shared). Prints a markdown table and 
 
 Noise: logits of three texts (the test's ``TEXTS``) at one shard on the SIMD path and on the
 scalar path (``FAK_CPU_SIMD=scalar``, a subprocess: same integer block sums, another f32 order),
-and at 2, 3, 4 shards; prints max and mean |dlogit| of each against the one-shard SIMD logits.
+and at 2, 3, 4 shards (``--tp``); prints max and mean |dlogit| of each against the one-shard SIMD logits.
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def noise(args: argparse.Namespace) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=MODEL_05B)
-    ap.add_argument("--tp", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--tp", type=int, nargs="+", help="shard counts (default: 1 2 4; with --noise 2 3 4)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--decode", type=int, default=32)
@@ -158,6 +158,7 @@ def main() -> None:
     ap.add_argument("--dump-logits", help=argparse.SUPPRESS)
     ap.add_argument("--dump-tp", type=int, default=1, help=argparse.SUPPRESS)
     args = ap.parse_args()
+    args.tp = args.tp or ([2, 3, 4] if args.noise else [1, 2, 4])
     if args.dump_logits:
         dump_logits(real_model(args.model), args.dump_tp, args.dump_logits)
     elif args.noise:

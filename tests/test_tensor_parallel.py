@@ -14,7 +14,7 @@ products are summed (each shard's partial sum is rounded, then the shards are ad
 order). The CPU backend's own summation-order noise, measured the same way, is the difference
 between its scalar path (``FAK_CPU_SIMD=scalar``: the same integer block sums, accumulated in
 another f32 order) and its SIMD path, over the three ``TEXTS`` below (99 positions x 151936 logits):
-0.5B max |dlogit| 0.52 / 0.69 / 0.58, mean 0.051 / 0.063 / 0.058; 1.5B max 0.65 / 0.60 / 0.61,
+0.5B max |dlogit| 0.58 / 0.69 / 0.52, mean 0.058 / 0.063 / 0.051; 1.5B max 0.65 / 0.60 / 0.61,
 mean 0.071 / 0.077 / 0.073 (2026-12-06, Xeon with AVX-512; ``benches/bench_tensor_parallel.py
 --noise`` re-measures it). Measured TP against one shard on the same texts: 0.5B max 0.45-0.66,
 mean 0.049-0.061 (N = 2, 3, 4); 1.5B max 0.60-0.68, mean 0.068-0.080 (N = 2, 4). The bounds are
