@@ -14,6 +14,7 @@ from fak.errors import (
     GGUFError,
     KVCacheFullError,
     ModelError,
+    ShardError,
     UnsupportedError,
 )
 
@@ -27,6 +28,7 @@ __all__ = [
     "ContextLengthError",
     "KVCacheFullError",
     "BackendError",
+    "ShardError",
 ]
 
 _export_nvidia_lib_dirs()

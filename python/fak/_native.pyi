@@ -17,6 +17,7 @@ __all__ = [
     "ContextLengthError",
     "KVCacheFullError",
     "BackendError",
+    "ShardError",
     "GgufFile",
     "dequantize",
     "matmul",
@@ -28,6 +29,7 @@ __all__ = [
     "check_sampling",
     "cuda_available",
     "cuda_info",
+    "cuda_devices",
     "cuda_memory",
     "cuda_kernel_families",
     "cuda_nvrtc_compile",
@@ -56,6 +58,11 @@ class KVCacheFullError(FakError):
 
 class BackendError(FakError):
     """A compute backend failed (no usable GPU, CUDA driver error, kernel load)."""
+
+class ShardError(UnsupportedError):
+    """A model cannot be split into the requested tensor-parallel shards (a tensor would be cut
+    inside a quantization block, or a shard would get no head or FFN column); the message names
+    the tensor, its format and the shard count."""
 
 # --- GGUF (rust/src/python/gguf.rs) -----------------------------------------------------------
 
@@ -136,6 +143,7 @@ class Model:
         rope_scaling: str | None = None,
         rope_scale: float | None = None,
         yarn_orig_ctx: int | None = None,
+        tensor_parallel: int = 1,
     ) -> Model: ...
     @property
     def backend(self) -> str: ...
@@ -153,6 +161,10 @@ class Model:
     def n_running(self) -> int: ...
     @property
     def n_waiting(self) -> int: ...
+    @property
+    def shard_plan(self) -> list[dict[str, Any]]:
+        """One dict per tensor-parallel shard: ``rank`` and the ``[start, end)`` ranges it holds
+        (``q_heads``, ``kv_heads``, ``ffn``, ``vocab``); empty with one shard."""
     def add_sequence(self, seq_id: int, prompt_ids: list[int], sampling: dict[str, Any] | None = None) -> None:
         """Queues a sequence for prefill. Raises ContextLengthError, KVCacheFullError, ValueError."""
     def remove_sequence(self, seq_id: int) -> None:
@@ -166,7 +178,9 @@ class Model:
     def stats(self) -> dict[str, int | float]:
         """running, waiting, kv_blocks_used, kv_blocks_total, prefill_tokens, decode_tokens,
         prefill_seconds, decode_seconds, sample_seconds, steps, preemptions,
-        prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_blocks."""
+        prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_blocks,
+        device_sampled_rows, device_sampled_host_rows, tp_collective_seconds,
+        tp_collective_wait_seconds."""
     def reset_stats(self) -> None:
         """Zeroes the counters of ``stats()``."""
     def evict_prefix(self, token_ids: list[int], start: int) -> int:
@@ -198,6 +212,12 @@ def cuda_info(load_kernels: bool = True) -> dict[str, Any]:
     with a GPU also ``device``, ``compute_capability``, ``sm_count``, ``total_memory_bytes``,
     ``driver_version``, ``graphs``, ``ops`` (op -> kernel path) and, with ``load_kernels``,
     ``kernel_images`` (family -> where its image came from) and ``nvrtc_version``."""
+
+def cuda_devices() -> dict[str, Any]:
+    """Every GPU the driver reports and how each ordered pair is linked: ``available``, ``reason``
+    (when not), ``devices`` (``ordinal``, ``name``, ``pci_bus_id``, ``compute_capability``,
+    ``total_memory_bytes``), ``peers`` (``a``, ``b``, ``access``, ``perf_rank``, ``native_atomics``).
+    Never raises for a missing GPU or driver."""
 
 def cuda_memory() -> dict[str, int]:
     """Device bytes fak holds now, by kind: ``weights``, ``kv_cache``, ``activations``, ``total``."""

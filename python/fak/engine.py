@@ -468,10 +468,17 @@ class Engine:
         yarn_orig_ctx: the context the model was trained on before extension, in tokens
             (``rope.scaling.original_context_length``; None: the file's, else its
             ``context_length``).
+        tensor_parallel: shards the forward runs as (Megatron-style: attention heads, FFN
+            columns and the LM head's vocabulary divided, two all-reduces per layer;
+            docs/tensor-parallel.md). On the CPU backend the shards are threads of this process
+            sharing ``threads``; multi-GPU (NCCL) is not built, so ``backend="cuda"`` (or
+            ``"auto"`` finding a GPU) with ``tensor_parallel > 1`` raises ``fak.BackendError``.
 
     Raises:
         OSError / fak.GGUFError: unreadable or invalid file.
-        fak.UnsupportedError: an architecture, tensor type or tokenizer fak does not support.
+        fak.UnsupportedError: an architecture, tensor type or tokenizer fak does not support;
+            its subclass fak.ShardError when the model cannot be split ``tensor_parallel`` ways
+            (the message names the tensor, its format and the shard count).
         fak.BackendError: the backend cannot start.
         ValueError: bad arguments.
     """
@@ -490,9 +497,12 @@ class Engine:
         rope_scaling: str | None = None,
         rope_scale: float | None = None,
         yarn_orig_ctx: int | None = None,
+        tensor_parallel: int = 1,
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
+        if tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be >= 1, got {tensor_parallel}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
         from fak import _native
@@ -505,7 +515,7 @@ class Engine:
         model = _native.Model(str(path), backend=resolved, n_ctx=n_ctx, threads=threads,
                               kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
                               prefix_cache=prefix_cache, rope_scaling=rope_scaling, rope_scale=rope_scale,
-                              yarn_orig_ctx=yarn_orig_ctx)
+                              yarn_orig_ctx=yarn_orig_ctx, tensor_parallel=tensor_parallel)
         self._init(model, tokenizer, template, path.stem, resolved, max_batch)
 
     @classmethod

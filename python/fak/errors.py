@@ -8,6 +8,9 @@
 - ``ContextLengthError``: a prompt that does not fit in the context window (both numbers in the message).
 - ``KVCacheFullError``: no room left in the KV cache.
 - ``BackendError``: a compute backend failed (e.g. ``backend="cuda"`` with no usable GPU).
+- ``ShardError`` (an ``UnsupportedError``): a model cannot be split into the requested
+  tensor-parallel shards (a tensor would be cut inside a quantization block, or a shard would get
+  no head or FFN column); the message names the tensor, its format and the shard count.
 
 Invalid arguments (bad sampling values and the like) raise the built-in ``ValueError``.
 """
@@ -19,6 +22,7 @@ from fak._native import (
     GGUFError,
     KVCacheFullError,
     ModelError,
+    ShardError,
     UnsupportedError,
 )
 
@@ -30,4 +34,5 @@ __all__ = [
     "ContextLengthError",
     "KVCacheFullError",
     "BackendError",
+    "ShardError",
 ]

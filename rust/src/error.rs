@@ -38,6 +38,12 @@ pub enum FakError {
     /// A compute backend failed (CUDA driver error, kernel load, no usable GPU).
     #[error("{backend} backend: {msg}")]
     Backend { backend: String, msg: String },
+
+    /// A model cannot be split into `n_shards` tensor-parallel shards: `tensor` (of block format
+    /// `format`) would have to be cut inside a quantization block, or some shard would get no
+    /// attention head or FFN column (`crate::parallel::plan`). fak never dequantizes to split.
+    #[error("cannot split {tensor} ({format}) into {n_shards} tensor-parallel shards: {msg}")]
+    Shard { tensor: String, format: String, n_shards: usize, msg: String },
 }
 
 impl FakError {
@@ -48,6 +54,10 @@ impl FakError {
     /// Shorthand for a [`FakError::InvalidArgument`].
     pub fn invalid(param: impl Into<String>, msg: impl Into<String>) -> Self {
         FakError::InvalidArgument { param: param.into(), msg: msg.into() }
+    }
+    /// Shorthand for a [`FakError::Shard`].
+    pub fn shard(tensor: impl Into<String>, format: impl Into<String>, n_shards: usize, msg: impl Into<String>) -> Self {
+        FakError::Shard { tensor: tensor.into(), format: format.into(), n_shards, msg: msg.into() }
     }
     /// Shorthand for a [`FakError::Model`].
     pub fn model(msg: impl Into<String>) -> Self {

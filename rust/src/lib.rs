@@ -9,6 +9,7 @@ pub mod engine;
 pub mod error;
 pub mod gguf;
 pub mod model;
+pub mod parallel;
 pub mod quant;
 
 #[cfg(feature = "python")]

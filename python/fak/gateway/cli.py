@@ -39,13 +39,15 @@ def _load_policy(policy_path: Path | None, audit_path: Path | None,
 
 
 def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_batch: int,
-                 kv_cache_tokens: int | None, prefix_cache: bool = True, **rope: Any) -> Any:
+                 kv_cache_tokens: int | None, prefix_cache: bool = True, tensor_parallel: int = 1,
+                 **rope: Any) -> Any:
     from fak.engine import Engine
     from fak.errors import FakError
 
     try:
         return Engine(str(gguf), backend=backend, n_ctx=n_ctx, threads=threads, max_batch=max_batch,
-                      kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache, **rope)
+                      kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache,
+                      tensor_parallel=tensor_parallel, **rope)
     except (FakError, OSError, ValueError) as exc:
         raise click.ClickException(f"could not load {gguf}: {exc}") from None
 
@@ -74,6 +76,10 @@ def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads of the engine.")
 @click.option("--kv-cache-tokens", type=click.IntRange(min=16), default=None,
               help="KV cache size in tokens, shared by all sequences [default: the engine's, n_ctx x min(8, batch)].")
+@click.option("--tensor-parallel", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Split the model into N tensor-parallel shards (attention heads, FFN columns, vocabulary; "
+                   "docs/tensor-parallel.md). CPU backend: N shards on threads sharing --threads. Multi-GPU "
+                   "(NCCL) is not built: with --backend cuda, N > 1 fails.")
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="Automatic prefix caching: reuse the KV cache of a shared prompt prefix (system prompt, earlier turns).")
 @click.option("--tool-call-retries", type=click.IntRange(min=0), default=2, show_default=True,
@@ -106,7 +112,7 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
           rope_scaling: str | None = None, rope_scale: float | None = None,
           yarn_orig_ctx: int | None = None, replica_name: str | None = None, replicas: int = 1,
           ray_address: str | None = None, replica_cpus: float = 1.0,
-          replica_gpus: float = 0.0) -> None:
+          replica_gpus: float = 0.0, tensor_parallel: int = 1) -> None:
     """Serve OpenAI's API (chat, completions, models, health, metrics) with a tool-call policy."""
     if policy_check:
         if policy_path is None:
@@ -118,12 +124,18 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
         raise click.UsageError("give exactly one of --gguf MODEL (engine mode) or --base-url URL (proxy mode).")
     if upstream_key and base_url is None:
         raise click.UsageError("--upstream-key only applies with --base-url.")
+    if tensor_parallel > 1 and backend == "cuda":
+        raise click.UsageError(f"--tensor-parallel {tensor_parallel} with --backend cuda: multi-GPU tensor "
+                               "parallelism (NCCL) is not built in this fak; it runs on --backend cpu only "
+                               "(docs/tensor-parallel.md).")
     if replicas > 1 or ray_address is not None:
         if gguf is None:
             raise click.UsageError("--replicas and --ray serve a --gguf model (engine mode).")
         if serve_inline_reads or replica_name:
             raise click.UsageError("--serve-inline-reads and --replica-name apply to one server, "
                                    "not to --replicas.")
+        if tensor_parallel > 1:
+            raise click.UsageError("--tensor-parallel applies to one server's engine, not to --replicas.")
         from fak.cluster.cli import serve_replicas
 
         return serve_replicas(gguf=gguf, n=replicas, ray_address=ray_address, addr=addr,
@@ -158,9 +170,11 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
     if gguf is not None:
         rope = rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx)
         engine = _load_engine(gguf, backend, n_ctx, threads, max_batch=max_concurrency,
-                              kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache, **rope)
+                              kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache,
+                              tensor_parallel=tensor_parallel, **rope)
         app = create_app(config, engine=engine, policy=policy, audit=audit)
-        what = f"{app.state.gateway.model_name} ({gguf.name}, backend {getattr(engine, 'backend', backend)})"
+        what = f"{app.state.gateway.model_name} ({gguf.name}, backend {getattr(engine, 'backend', backend)}"
+        what += f", {tensor_parallel} tensor-parallel shards)" if tensor_parallel > 1 else ")"
     else:
         assert base_url is not None
         app = create_app(config, upstream=Upstream(base_url, upstream_key), policy=policy, audit=audit)

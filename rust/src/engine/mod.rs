@@ -11,6 +11,10 @@
 //! already in the cache skips their prefill (see [`kv_cache`] and [`scheduler`]); the output is
 //! the same bits as without it, since every op of a forward computes each row independently of
 //! the others in the batch.
+//!
+//! With `tensor_parallel = N > 1` the forward runs as `N` shards ([`crate::parallel`]): one
+//! scheduler and one logical block table, and each shard's KV cache holds its own KV heads for
+//! the same block ids; sampling reads the logits gathered on rank 0.
 
 mod device_sample;
 pub mod kv_cache;
@@ -25,7 +29,9 @@ use rayon::prelude::*;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BatchLimits, BatchPlan, KvLayout, LogitRows};
+use crate::gguf::GgufFile;
 use crate::model::{Model, ModelConfig, Scratch};
+use crate::parallel::{ShardPlan, ShardedModel};
 use crate::{FakError, Result};
 
 pub use kv_cache::BlockPool;
@@ -58,6 +64,9 @@ pub struct EngineOptions {
     pub prefix_cache: bool,
     /// RoPE scaling over the file's (`crate::model::rope_scaling`); default: the file decides.
     pub rope: crate::model::RopeOverride,
+    /// Tensor-parallel shards the forward runs as (≥ 1; `crate::parallel`). CPU backend only:
+    /// `threads` are divided among the shards.
+    pub tensor_parallel: usize,
 }
 
 impl Default for EngineOptions {
@@ -70,6 +79,7 @@ impl Default for EngineOptions {
             max_tokens_per_step: DEFAULT_MAX_TOKENS,
             prefix_cache: true,
             rope: crate::model::RopeOverride::default(),
+            tensor_parallel: 1,
         }
     }
 }
@@ -133,6 +143,11 @@ pub struct EngineStats {
     /// host sampler (a nucleus wider than the candidates, prefix choices, …).
     pub device_sampled_rows: u64,
     pub device_sampled_host_rows: u64,
+    /// Tensor parallelism: seconds rank 0 spent in collectives (the two all-reduces per layer and
+    /// the logits gather) and, of those, waiting at their barriers for the other shards (their
+    /// imbalance rather than data movement); 0 with one shard.
+    pub tp_collective_seconds: f64,
+    pub tp_collective_wait_seconds: f64,
 }
 
 /// The object-safe face of an engine on any backend (what the Python binding holds).
@@ -156,13 +171,99 @@ pub trait EngineApi: Send {
     fn quarantine_span(&mut self, seq_id: u64, start: usize, end: usize) -> Result<usize>;
     fn last_logits(&self, seq_id: u64) -> Option<Vec<f32>>;
     fn cached_blocks(&self) -> Vec<(u64, Option<u64>, Vec<u32>)>;
+    /// The tensor-parallel partition (`None` with one shard).
+    fn shard_plan(&self) -> Option<&ShardPlan>;
+}
+
+/// What runs the forward: one model, or tensor-parallel shards.
+enum Core<B: Backend> {
+    One { model: Model<B>, kv: B::KvCache, scratch: Scratch<B> },
+    Sharded(ShardedModel<B>),
+}
+
+impl<B: Backend> Core<B> {
+    /// The whole model's hyper-parameters.
+    fn config(&self) -> &ModelConfig {
+        match self {
+            Core::One { model, .. } => &model.config,
+            Core::Sharded(m) => &m.config,
+        }
+    }
+
+    /// The backend that holds the logits (rank 0's when sharded).
+    fn backend(&self) -> &B {
+        match self {
+            Core::One { model, .. } => &model.backend,
+            Core::Sharded(m) => m.backend(),
+        }
+    }
+
+    /// `[max_logits, n_vocab]` logits of the last forward.
+    fn logits(&self) -> &B::Buffer {
+        match self {
+            Core::One { scratch, .. } => &scratch.logits,
+            Core::Sharded(m) => m.logits(),
+        }
+    }
+
+    fn backend_logits_mut(&mut self) -> (&B, &mut B::Buffer) {
+        match self {
+            Core::One { model, scratch, .. } => (&model.backend, &mut scratch.logits),
+            Core::Sharded(m) => m.backend_logits_mut(),
+        }
+    }
+
+    fn forward(&mut self, plan: &BatchPlan) -> Result<usize> {
+        match self {
+            Core::One { model, kv, scratch } => model.forward(kv, scratch, plan),
+            Core::Sharded(m) => m.forward(plan),
+        }
+    }
+}
+
+/// Sizes of the KV cache and the batches, from the options (checked).
+struct Sizes {
+    n_blocks: usize,
+    limits: BatchLimits,
+    max_logits: usize,
+}
+
+impl Sizes {
+    fn of(opts: &EngineOptions) -> Result<Sizes> {
+        let n_ctx = opts.n_ctx;
+        if n_ctx < 2 {
+            return Err(FakError::invalid("n_ctx", format!("{n_ctx} (must be ≥ 2)")));
+        }
+        if opts.max_batch == 0 {
+            return Err(FakError::invalid("max_batch", "0 (must be ≥ 1)"));
+        }
+        if opts.tensor_parallel == 0 {
+            return Err(FakError::invalid("tensor_parallel", "0 (must be ≥ 1)"));
+        }
+        let kv_tokens = opts.kv_cache_tokens.unwrap_or(n_ctx * opts.max_batch.min(8));
+        if kv_tokens < n_ctx {
+            return Err(FakError::invalid("kv_cache_tokens", format!("{kv_tokens} is smaller than n_ctx {n_ctx}; the cache must hold one full context")));
+        }
+        let max_tokens = opts.max_tokens_per_step.max(opts.max_batch).max(LOGITS_CHUNK);
+        Ok(Sizes {
+            n_blocks: kv_tokens.div_ceil(BLOCK_SIZE),
+            limits: BatchLimits {
+                max_tokens,
+                max_seqs: opts.max_batch.max(1),
+                max_blocks_per_seq: n_ctx.div_ceil(BLOCK_SIZE),
+            },
+            max_logits: opts.max_batch.max(LOGITS_CHUNK),
+        })
+    }
+
+    fn kv_layout(&self, c: &ModelConfig) -> KvLayout {
+        KvLayout { n_layer: c.n_layer, n_blocks: self.n_blocks, block_size: BLOCK_SIZE, n_head_kv: c.n_head_kv, head_dim: c.head_dim }
+    }
 }
 
 /// A model plus its KV cache, scheduler and thread pool.
 pub struct Engine<B: Backend> {
-    pub model: Model<B>,
-    kv: B::KvCache,
-    scratch: Scratch<B>,
+    core: Core<B>,
     sched: Scheduler,
     pool: Arc<rayon::ThreadPool>,
     n_ctx: usize,
@@ -179,18 +280,43 @@ pub struct Engine<B: Backend> {
     device_sampling: bool,
     device: device_sample::DeviceSampling,
     stats: EngineStats,
+    /// Rank 0's collective seconds at the last [`Engine::reset_stats`].
+    collective_base: (f64, f64),
+    /// Most rows per forward, and most of them with logits.
+    max_tokens: usize,
+    max_logits: usize,
 }
 
 impl Engine<CpuBackend> {
-    /// Opens `path` on the CPU backend.
+    /// Opens `path` on the CPU backend; with `opts.tensor_parallel = N > 1`, as `N` shards
+    /// ([`ShardedModel::open_cpu`]) whose pools share `opts.threads`.
+    ///
+    /// Errors: as [`Model::open`] and [`Engine::new`]; [`FakError::Shard`] when the model cannot
+    /// be split `N` ways.
     pub fn open_cpu(
         path: impl AsRef<std::path::Path>,
         opts: EngineOptions,
     ) -> Result<Engine<CpuBackend>> {
         let pool = build_pool(opts.threads)?;
         let path = path.as_ref().to_path_buf();
+        if opts.tensor_parallel > 1 {
+            let sizes = Sizes::of(&opts)?;
+            let file = Arc::new(GgufFile::open(&path)?);
+            let cfg = ModelConfig::from_gguf_with(&file, &opts.rope)?;
+            let threads = pool.current_num_threads();
+            let sharded = ShardedModel::open_cpu(file, &opts.rope, opts.tensor_parallel, threads, sizes.kv_layout(&cfg), sizes.limits, sizes.max_logits)?;
+            return Engine::with_core(Core::Sharded(sharded), opts, sizes, pool);
+        }
         let model = pool.install(|| Model::open_with(&path, CpuBackend::default(), &opts.rope))?;
         Engine::with_pool(model, opts, pool)
+    }
+
+    /// Threads of each tensor-parallel shard's pool (empty with one shard).
+    pub fn shard_threads(&self) -> Vec<usize> {
+        match &self.core {
+            Core::One { .. } => Vec::new(),
+            Core::Sharded(m) => m.threads(),
+        }
     }
 }
 
@@ -233,6 +359,19 @@ fn physical_cores() -> usize {
     logical
 }
 
+/// The error of `tensor_parallel > 1` where it is not built: every backend but the CPU (whose
+/// shards [`Engine::open_cpu`] loads from the file).
+pub fn tensor_parallel_unavailable(backend: &str, n: usize) -> FakError {
+    let msg = if backend == "cpu" {
+        format!("tensor_parallel={n} needs the model opened by Engine::open_cpu (each shard loads its own slices)")
+    } else {
+        format!(
+            "tensor_parallel={n}: multi-GPU tensor parallelism (NCCL) is not built; fak shards a model on the CPU backend only (docs/tensor-parallel.md)"
+        )
+    };
+    FakError::Backend { backend: backend.into(), msg }
+}
+
 fn build_pool(threads: Option<usize>) -> Result<Arc<rayon::ThreadPool>> {
     let n = match threads {
         Some(0) => {
@@ -267,60 +406,34 @@ impl<B: Backend> Engine<B> {
         opts: EngineOptions,
         pool: Arc<rayon::ThreadPool>,
     ) -> Result<Engine<B>> {
-        let n_ctx = opts.n_ctx;
-        if n_ctx < 2 {
-            return Err(FakError::invalid("n_ctx", format!("{n_ctx} (must be ≥ 2)")));
+        if opts.tensor_parallel > 1 {
+            return Err(tensor_parallel_unavailable(model.backend.name(), opts.tensor_parallel));
         }
-        if opts.max_batch == 0 {
-            return Err(FakError::invalid("max_batch", "0 (must be ≥ 1)"));
-        }
-        let kv_tokens = opts
-            .kv_cache_tokens
-            .unwrap_or(n_ctx * opts.max_batch.min(8));
-        if kv_tokens < n_ctx {
-            return Err(FakError::invalid("kv_cache_tokens", format!("{kv_tokens} is smaller than n_ctx {n_ctx}; the cache must hold one full context")));
-        }
-        let c = &model.config;
-        let n_blocks = kv_tokens.div_ceil(BLOCK_SIZE);
-        let layout = KvLayout {
-            n_layer: c.n_layer,
-            n_blocks,
-            block_size: BLOCK_SIZE,
-            n_head_kv: c.n_head_kv,
-            head_dim: c.head_dim,
-        };
-        let max_tokens = opts
-            .max_tokens_per_step
-            .max(opts.max_batch)
-            .max(LOGITS_CHUNK);
-        let limits = BatchLimits {
-            max_tokens,
-            max_seqs: opts.max_batch.max(1),
-            max_blocks_per_seq: n_ctx.div_ceil(BLOCK_SIZE),
-        };
-        let max_logits = opts.max_batch.max(LOGITS_CHUNK);
-        let kv = model.backend.alloc_kv_cache(layout)?;
-        let scratch = Scratch::new(&model, limits, max_logits)?;
+        let sizes = Sizes::of(&opts)?;
+        let kv = model.backend.alloc_kv_cache(sizes.kv_layout(&model.config))?;
+        let scratch = Scratch::new(&model, sizes.limits, sizes.max_logits)?;
+        Self::with_core(Core::One { model, kv, scratch }, opts, sizes, pool)
+    }
+
+    fn with_core(core: Core<B>, opts: EngineOptions, sizes: Sizes, pool: Arc<rayon::ThreadPool>) -> Result<Engine<B>> {
         let sched = Scheduler::new(
             SchedulerConfig {
-                n_ctx,
+                n_ctx: opts.n_ctx,
                 max_batch: opts.max_batch,
-                max_tokens,
+                max_tokens: sizes.limits.max_tokens,
             },
-            BlockPool::new(n_blocks, BLOCK_SIZE, opts.prefix_cache),
+            BlockPool::new(sizes.n_blocks, BLOCK_SIZE, opts.prefix_cache),
         );
         let device_sampling = match std::env::var("FAK_DEVICE_SAMPLING").as_deref() {
             Ok("0") => false,
             Ok("1") => true,
-            _ => model.backend.samples_on_device(),
+            _ => core.backend().samples_on_device(),
         };
         Ok(Engine {
-            model,
-            kv,
-            scratch,
+            core,
             sched,
             pool,
-            n_ctx,
+            n_ctx: opts.n_ctx,
             plan: BatchPlan::default(),
             scheduled: Vec::new(),
             host_logits: None,
@@ -328,11 +441,14 @@ impl<B: Backend> Engine<B> {
             device_sampling,
             device: device_sample::DeviceSampling::default(),
             stats: EngineStats::default(),
+            collective_base: (0.0, 0.0),
+            max_tokens: sizes.limits.max_tokens,
+            max_logits: sizes.max_logits,
         })
     }
 
     fn check_tokens(&self, tokens: &[u32], param: &str) -> Result<()> {
-        let n_vocab = self.model.config.n_vocab;
+        let n_vocab = self.core.config().n_vocab;
         if tokens.is_empty() {
             return Err(FakError::invalid(param, "empty token list"));
         }
@@ -407,10 +523,8 @@ impl<B: Backend> Engine<B> {
         if self.scheduled.is_empty() {
             return Ok(Vec::new());
         }
-        let n_logits = self
-            .model
-            .forward(&mut self.kv, &mut self.scratch, &self.plan)?;
-        let n_vocab = self.model.config.n_vocab;
+        let n_logits = self.core.forward(&self.plan)?;
+        let n_vocab = self.core.config().n_vocab;
         // Logit row j belongs to the j-th scheduled entry with logits (row order).
         let row_of: Vec<u64> = self
             .scheduled
@@ -429,8 +543,8 @@ impl<B: Backend> Engine<B> {
         self.host_rows.clear();
         if all_greedy {
             greedy = (vec![0u32; n_logits], vec![0f32; n_logits]);
-            self.model.backend.greedy_rows(
-                &self.scratch.logits,
+            self.core.backend().greedy_rows(
+                self.core.logits(),
                 n_logits,
                 n_vocab,
                 &mut greedy.0,
@@ -445,12 +559,10 @@ impl<B: Backend> Engine<B> {
                 // (page-locked memory is slow to allocate).
                 let rows = n_logits.next_power_of_two();
                 self.host_logits = None; // the old one is freed first
-                self.host_logits = Some(self.model.backend.host_buffer(rows * n_vocab)?);
+                self.host_logits = Some(self.core.backend().host_buffer(rows * n_vocab)?);
             }
             let host = self.host_logits.as_mut().expect("allocated above");
-            self.model
-                .backend
-                .read_f32(&self.scratch.logits, &mut host[..need])?;
+            self.core.backend().read_f32(self.core.logits(), &mut host[..need])?;
             self.host_rows.clone_from(&row_of);
         }
         let t_fwd = Instant::now();
@@ -509,7 +621,8 @@ impl<B: Backend> Engine<B> {
         // Greedy rows were decided on the device: nothing to spread over the pool (waking its
         // workers for 2 numbers a row cost 1.3–3 ms a step on a busy 16-core host).
         let mut outputs: Vec<(usize, StepOutput)> = if self.device_sampling && !all_greedy {
-            let (out, on_host) = self.device.sample(&self.model.backend, &mut self.scratch.logits, n_vocab, &mut work)?;
+            let (backend, logits) = self.core.backend_logits_mut();
+            let (out, on_host) = self.device.sample(backend, logits, n_vocab, &mut work)?;
             self.stats.device_sampled_rows += out.len() as u64;
             self.stats.device_sampled_host_rows += on_host;
             out
@@ -583,12 +696,12 @@ impl<B: Backend> Engine<B> {
                 n_ctx: self.n_ctx,
             });
         }
-        let n_vocab = self.model.config.n_vocab;
+        let n_vocab = self.core.config().n_vocab;
         let mut out: Vec<f32> =
             crate::backend::cpu::zeroed_vec(tokens.len() * n_vocab, "the logits array")?;
         let mut table = Vec::new();
         self.sched.pool.grow(&mut table, tokens.len())?;
-        let chunk = self.scratch.max_logits.min(self.scratch.max_tokens);
+        let chunk = self.max_logits.min(self.max_tokens);
         let mut result = Ok(());
         for (ci, toks) in tokens.chunks(chunk).enumerate() {
             let n_past = ci * chunk;
@@ -596,13 +709,13 @@ impl<B: Backend> Engine<B> {
             plan.clear();
             plan.push_seq(toks, n_past, &table, BLOCK_SIZE, LogitRows::All);
             plan.set_prompt_len(tokens.len());
-            let r = self.model.forward(&mut self.kv, &mut self.scratch, &plan);
+            let r = self.core.forward(&plan);
             self.plan = plan;
             match r {
                 Ok(n) => {
                     debug_assert_eq!(n, toks.len());
-                    if let Err(e) = self.model.backend.read_f32(
-                        &self.scratch.logits,
+                    if let Err(e) = self.core.backend().read_f32(
+                        self.core.logits(),
                         &mut out[n_past * n_vocab..(n_past + n) * n_vocab],
                     ) {
                         result = Err(e);
@@ -673,7 +786,7 @@ impl<B: Backend> Engine<B> {
 
     pub fn last_logits(&self, seq_id: u64) -> Option<Vec<f32>> {
         let j = self.host_rows.iter().position(|&id| id == seq_id)?;
-        let n_vocab = self.model.config.n_vocab;
+        let n_vocab = self.core.config().n_vocab;
         Some(self.host_logits.as_ref()?[j * n_vocab..(j + 1) * n_vocab].to_vec())
     }
 
@@ -681,12 +794,23 @@ impl<B: Backend> Engine<B> {
     pub fn stats(&self) -> EngineStats {
         let mut s = self.stats.clone();
         s.prefix_cache_blocks = self.sched.pool.n_cached() as u64;
+        let (total, wait) = self.rank0_collective_seconds();
+        s.tp_collective_seconds = total - self.collective_base.0;
+        s.tp_collective_wait_seconds = wait - self.collective_base.1;
         s
+    }
+
+    fn rank0_collective_seconds(&self) -> (f64, f64) {
+        match &self.core {
+            Core::One { .. } => (0.0, 0.0),
+            Core::Sharded(m) => m.collective_seconds()[0],
+        }
     }
 
     /// Zeroes the counters.
     pub fn reset_stats(&mut self) {
         self.stats = EngineStats::default();
+        self.collective_base = self.rank0_collective_seconds();
         self.sched.n_preempted = 0;
         self.sched.prefix_query_tokens = 0;
         self.sched.prefix_hit_tokens = 0;
@@ -703,18 +827,34 @@ impl<B: Backend> Engine<B> {
         &self.sched
     }
 
-    /// The KV cache storage.
+    /// The KV cache storage (rank 0's when sharded: its KV heads).
     pub fn kv_cache(&self) -> &B::KvCache {
-        &self.kv
+        match &self.core {
+            Core::One { kv, .. } => kv,
+            Core::Sharded(m) => m.kv_cache(0),
+        }
+    }
+
+    /// The whole model's hyper-parameters.
+    pub fn config(&self) -> &ModelConfig {
+        self.core.config()
+    }
+
+    /// The tensor-parallel partition (`None` with one shard).
+    pub fn shard_plan(&self) -> Option<&ShardPlan> {
+        match &self.core {
+            Core::One { .. } => None,
+            Core::Sharded(m) => Some(&m.plan),
+        }
     }
 }
 
 impl<B: Backend> EngineApi for Engine<B> {
     fn backend_name(&self) -> &'static str {
-        self.model.backend.name()
+        self.core.backend().name()
     }
     fn config(&self) -> &ModelConfig {
-        &self.model.config
+        self.core.config()
     }
     fn n_ctx(&self) -> usize {
         self.n_ctx
@@ -768,6 +908,9 @@ impl<B: Backend> EngineApi for Engine<B> {
     }
     fn cached_blocks(&self) -> Vec<(u64, Option<u64>, Vec<u32>)> {
         self.sched.pool.cached_blocks()
+    }
+    fn shard_plan(&self) -> Option<&ShardPlan> {
+        Engine::shard_plan(self)
     }
 }
 

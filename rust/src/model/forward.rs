@@ -15,11 +15,26 @@
 //! (llama.cpp `build_llama` / `build_qwen2`.) Only the rows that need logits go through the last
 //! block's output projection and MLP, the final norm and the LM head, as llama.cpp's `inp_out_ids`
 //! (a prefill chunk that needs no logits skips them altogether).
+//!
+//! The same code runs one tensor-parallel shard ([`Model::forward_tp`], `crate::parallel`): the
+//! shard's weights and config hold only its heads, FFN columns and vocabulary slice, `att·Wo` and
+//! the MLP's `·Wdown` are partial sums that one all-reduce each completes before the residual add,
+//! and the LM head's slices are gathered on rank 0.
 
 use super::weights::LayerWeights;
 use super::{Model, ModelConfig};
 use crate::backend::{Backend, BatchLimits, BatchPlan, GraphKey};
+use crate::parallel::Communicator;
 use crate::{FakError, Result};
+
+/// What one tensor-parallel shard's forward ([`Model::forward_tp`]) needs besides its weights:
+/// the communicator of its group, and on rank 0 the buffer the logits are gathered into.
+pub struct TensorParallel<'a, B: Backend> {
+    pub comm: &'a dyn Communicator<B>,
+    /// Rank 0: `[max_logits, n_vocab]` of the whole model, receiving every rank's vocabulary
+    /// slice side by side; `None` on the other ranks.
+    pub logits: Option<&'a mut B::Buffer>,
+}
 
 /// Activation buffers and the batch storage of one forward, sized once for the largest batch.
 pub struct Scratch<B: Backend> {
@@ -77,11 +92,24 @@ impl<B: Backend> Model<B> {
     ///
     /// Errors: [`FakError::InvalidArgument`] when the batch exceeds the scratch limits or a token
     /// id is outside the vocabulary; backend errors.
-    pub fn forward(
+    pub fn forward(&self, kv: &mut B::KvCache, s: &mut Scratch<B>, plan: &BatchPlan) -> Result<usize> {
+        self.forward_tp(kv, s, plan, None)
+    }
+
+    /// [`Self::forward`] of one tensor-parallel shard when `tp` is given: `self` holds the shard's
+    /// weights and config (`crate::parallel::ShardSpec::config`), `kv` its KV heads, and every
+    /// rank of `tp.comm`'s group runs this with the same `plan` at the same time. The partial
+    /// `att·Wo` and `·Wdown` are summed over the ranks before each residual add (the row-split
+    /// biases are in rank 0's weights only); `s.logits` gets this rank's vocabulary slice
+    /// (`[n_logits, n_vocab_shard]`) and rank 0's `tp.logits` all of them (`[n_logits, n_vocab]`).
+    ///
+    /// Errors: as [`Self::forward`], and the communicator's (an aborted group).
+    pub fn forward_tp(
         &self,
         kv: &mut B::KvCache,
         s: &mut Scratch<B>,
         plan: &BatchPlan,
+        mut tp: Option<TensorParallel<'_, B>>,
     ) -> Result<usize> {
         let n = plan.n_tokens();
         let n_logits = plan.logit_rows.len();
@@ -108,6 +136,7 @@ impl<B: Backend> Model<B> {
         });
         let attn = c.attn();
         let d = c.n_embd;
+        let comm = tp.as_ref().map(|t| t.comm);
         let mut run = || -> Result<()> {
             let Scratch {
                 x,
@@ -160,10 +189,10 @@ impl<B: Backend> Model<B> {
                     if n_logits > 0 {
                         be.gather_logit_rows(att, batch, c.q_dim(), att_l)?;
                         be.gather_logit_rows(x, batch, d, xl)?;
-                        block_tail(be, lw, c, n_logits, xl, att_l, h, tmp, gate, up)?;
+                        block_tail(be, lw, c, n_logits, xl, att_l, h, tmp, gate, up, comm)?;
                     }
                 } else {
-                    block_tail(be, lw, c, n, x, att, h, tmp, gate, up)?;
+                    block_tail(be, lw, c, n, x, att, h, tmp, gate, up, comm)?;
                 }
             }
             if n_logits > 0 {
@@ -172,6 +201,9 @@ impl<B: Backend> Model<B> {
                 }
                 be.rmsnorm(xl, &w.output_norm, c.rms_eps, n_logits, d, h)?;
                 be.matmul(w.lm_head(), None, h, n_logits, logits)?;
+                if let Some(tp) = tp.as_mut() {
+                    tp.comm.gather_cols(be, logits, n_logits, c.n_vocab, tp.logits.as_deref_mut())?;
+                }
             }
             Ok(())
         };
@@ -181,7 +213,9 @@ impl<B: Backend> Model<B> {
 }
 
 /// The rest of a transformer block after attention, on `n` rows: `x += att·Wo (+bo)`, then
-/// `x += (silu(h·Wgate) ⊙ h·Wup)·Wdown` with `h = rmsnorm(x)·w_ffn_norm`.
+/// `x += (silu(h·Wgate) ⊙ h·Wup)·Wdown` with `h = rmsnorm(x)·w_ffn_norm`. With `comm` (a
+/// tensor-parallel shard) each projection is this shard's partial sum, all-reduced over the
+/// shards before its residual add.
 #[allow(clippy::too_many_arguments)]
 fn block_tail<B: Backend>(
     be: &B,
@@ -194,9 +228,10 @@ fn block_tail<B: Backend>(
     tmp: &mut B::Buffer,
     gate: &mut B::Buffer,
     up: &mut B::Buffer,
+    comm: Option<&dyn Communicator<B>>,
 ) -> Result<()> {
     let d = c.n_embd;
-    be.matmul_add(&lw.wo, lw.bo.as_ref(), att, n, d, tmp, x)?;
+    residual_proj(be, &lw.wo, lw.bo.as_ref(), att, n, d, tmp, x, comm)?;
     be.rmsnorm(x, &lw.ffn_norm, c.rms_eps, n, d, h)?;
     be.matmul_multi(
         &[(&lw.w_gate, None), (&lw.w_up, None)],
@@ -205,5 +240,29 @@ fn block_tail<B: Backend>(
         &mut [&mut *gate, &mut *up],
     )?;
     be.swiglu(gate, up, n * c.n_ff)?;
-    be.matmul_add(&lw.w_down, None, gate, n, d, tmp, x)
+    residual_proj(be, &lw.w_down, None, gate, n, d, tmp, x, comm)
+}
+
+/// `x += inp·Wᵀ (+bias)` on `n` rows of `d` outputs; with `comm`, `inp·Wᵀ (+bias)` is this
+/// shard's partial sum (`W` its K slice), summed over the shards into `tmp` before the add.
+#[allow(clippy::too_many_arguments)]
+fn residual_proj<B: Backend>(
+    be: &B,
+    w: &B::Weight,
+    bias: Option<&B::Weight>,
+    inp: &B::Buffer,
+    n: usize,
+    d: usize,
+    tmp: &mut B::Buffer,
+    x: &mut B::Buffer,
+    comm: Option<&dyn Communicator<B>>,
+) -> Result<()> {
+    match comm {
+        None => be.matmul_add(w, bias, inp, n, d, tmp, x),
+        Some(comm) => {
+            be.matmul(w, bias, inp, n, tmp)?;
+            comm.all_reduce_sum(be, tmp, n * d)?;
+            be.add(x, tmp, n * d)
+        }
+    }
 }

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 pub use config::{Arch, ModelConfig};
-pub use forward::Scratch;
+pub use forward::{Scratch, TensorParallel};
 pub use rope_scaling::{RopeOverride, RopeScaling, RopeScalingKind};
 pub use weights::Weights;
 

@@ -4,6 +4,9 @@
 //! The output projection is `output.weight`, or the token embedding itself when the file has no
 //! `output.weight` (tied embeddings, as llama.cpp falls back to `token_embd` with
 //! `TENSOR_DUPLICATED`).
+//!
+//! [`Weights::load_shard`] loads one tensor-parallel shard's part of every tensor
+//! (`crate::parallel::plan` says which; `crate::parallel::slice` cuts it, in its blocks).
 
 use std::any::Any;
 use std::sync::Arc;
@@ -11,6 +14,8 @@ use std::sync::Arc;
 use super::config::ModelConfig;
 use crate::backend::{Backend, HostTensor};
 use crate::gguf::GgufFile;
+use crate::parallel::slice::{self, Cut, Sliced};
+use crate::parallel::ShardSpec;
 use crate::{FakError, Result};
 
 /// The weights of one transformer block.
@@ -51,10 +56,13 @@ impl<B: Backend> Weights<B> {
 struct Loader<'a, B: Backend> {
     file: &'a Arc<GgufFile>,
     backend: &'a B,
+    /// Shards of the plan (for errors); 1 for a whole model.
+    n_shards: usize,
 }
 
 impl<B: Backend> Loader<'_, B> {
-    fn optional(&self, name: &str, shape: &[usize]) -> Result<Option<B::Weight>> {
+    /// Tensor `name`, which must have `shape` (the whole model's, ggml order), cut to `cut`.
+    fn optional(&self, name: &str, shape: &[usize], cut: Cut) -> Result<Option<B::Weight>> {
         let Some(info) = self.file.tensor(name) else {
             return Ok(None);
         };
@@ -64,19 +72,35 @@ impl<B: Backend> Loader<'_, B> {
                 "tensor {name} has shape {dims:?} (ggml order), expected {shape:?}"
             )));
         }
-        let owner: Arc<dyn Any + Send + Sync> = self.file.clone();
+        let (dims, data) = slice::cut(name, info.ggml_type, &dims, self.file.tensor_data(info), &cut, self.n_shards)?;
+        let (data, owner): (&[u8], Arc<dyn Any + Send + Sync>) = match data {
+            Sliced::Borrowed(b) => (b, self.file.clone()),
+            Sliced::Owned(v) => return self.load_owned(name, info.ggml_type, &dims, Arc::new(v)).map(Some),
+        };
         let t = HostTensor {
             name,
             wtype: info.ggml_type,
             dims: &dims,
-            data: self.file.tensor_data(info),
+            data,
             owner,
         };
         self.backend.load_weight(&t).map(Some)
     }
 
-    fn required(&self, name: &str, shape: &[usize]) -> Result<B::Weight> {
-        self.optional(name, shape)?
+    /// Loads blocks gathered into `v` (a row split), kept alive by the weight through `owner`.
+    fn load_owned(&self, name: &str, wtype: crate::quant::GgmlType, dims: &[usize], v: Arc<Vec<u8>>) -> Result<B::Weight> {
+        let t = HostTensor {
+            name,
+            wtype,
+            dims,
+            data: v.as_slice(),
+            owner: v.clone() as Arc<dyn Any + Send + Sync>,
+        };
+        self.backend.load_weight(&t)
+    }
+
+    fn required(&self, name: &str, shape: &[usize], cut: Cut) -> Result<B::Weight> {
+        self.optional(name, shape, cut)?
             .ok_or_else(|| FakError::model(format!("missing tensor {name}")))
     }
 }
@@ -88,48 +112,77 @@ impl<B: Backend> Weights<B> {
     /// [`FakError::Unsupported`] for a mixture-of-experts file or a block format the backend's
     /// matmul does not run.
     pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig, backend: &B) -> Result<Weights<B>> {
-        let l = Loader { file, backend };
+        Self::load_shard(file, cfg, backend, None, 1)
+    }
+
+    /// Loads the part of every weight of `cfg` (the whole model's config) that tensor-parallel
+    /// shard `shard` of an `n_shards`-way plan holds (`None`: everything): Q/K/V rows of its query
+    /// and KV heads and their biases, the K range of its query heads in `attn_output` (its bias on
+    /// rank 0 only), its FFN columns (rows of gate/up, K of down), its vocabulary rows of the LM
+    /// head (of `token_embd` when tied), and the replicated embedding and norms. Row splits
+    /// borrow the file's blocks; K splits copy the blocks of each row's K range (still quantized).
+    ///
+    /// Errors: as [`Self::load`]; [`FakError::Shard`] when a K range does not fall on the blocks
+    /// of a tensor's format.
+    pub fn load_shard(file: &Arc<GgufFile>, cfg: &ModelConfig, backend: &B, shard: Option<&ShardSpec>, n_shards: usize) -> Result<Weights<B>> {
+        let l = Loader { file, backend, n_shards };
         let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
         if file.tensor("blk.0.ffn_gate_exps.weight").is_some() {
             return Err(FakError::Unsupported(
                 "mixture-of-experts layers (blk.*.ffn_gate_exps)".into(),
             ));
         }
-        let token_embd = l.required("token_embd.weight", &[d, cfg.n_vocab])?;
+        let hd = cfg.head_dim;
+        // (column split, row split) cuts of the attention, the FFN and the vocabulary.
+        let rows = |r: Option<std::ops::Range<usize>>| r.map_or(Cut::Whole, Cut::Rows);
+        let cols = |r: Option<std::ops::Range<usize>>| r.map_or(Cut::Whole, Cut::Cols);
+        let q_cols = shard.map(|s| s.q_cols(hd));
+        let kv_cols = shard.map(|s| s.kv_cols(hd));
+        let ffn = shard.map(|s| s.ffn.clone());
+        let row_bias = shard.is_none_or(ShardSpec::adds_row_bias);
+        let token_embd = l.required("token_embd.weight", &[d, cfg.n_vocab], Cut::Whole)?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
-            let bias = |s: &str, len: usize| -> Result<Option<B::Weight>> {
+            let bias = |s: &str, len: usize, cut: Cut| -> Result<Option<B::Weight>> {
                 if cfg.arch.requires_qkv_bias() {
-                    l.required(&n(s), &[len]).map(Some)
+                    l.required(&n(s), &[len], cut).map(Some)
                 } else {
-                    l.optional(&n(s), &[len])
+                    l.optional(&n(s), &[len], cut)
                 }
             };
             layers.push(LayerWeights {
-                attn_norm: l.required(&n("attn_norm.weight"), &[d])?,
-                wq: l.required(&n("attn_q.weight"), &[d, q])?,
-                wk: l.required(&n("attn_k.weight"), &[d, kv])?,
-                wv: l.required(&n("attn_v.weight"), &[d, kv])?,
-                bq: bias("attn_q.bias", q)?,
-                bk: bias("attn_k.bias", kv)?,
-                bv: bias("attn_v.bias", kv)?,
-                wo: l.required(&n("attn_output.weight"), &[q, d])?,
-                bo: l.optional(&n("attn_output.bias"), &[d])?,
-                ffn_norm: l.required(&n("ffn_norm.weight"), &[d])?,
-                w_gate: l.required(&n("ffn_gate.weight"), &[d, ff])?,
-                w_up: l.required(&n("ffn_up.weight"), &[d, ff])?,
-                w_down: l.required(&n("ffn_down.weight"), &[ff, d])?,
+                attn_norm: l.required(&n("attn_norm.weight"), &[d], Cut::Whole)?,
+                wq: l.required(&n("attn_q.weight"), &[d, q], rows(q_cols.clone()))?,
+                wk: l.required(&n("attn_k.weight"), &[d, kv], rows(kv_cols.clone()))?,
+                wv: l.required(&n("attn_v.weight"), &[d, kv], rows(kv_cols.clone()))?,
+                bq: bias("attn_q.bias", q, rows(q_cols.clone()))?,
+                bk: bias("attn_k.bias", kv, rows(kv_cols.clone()))?,
+                bv: bias("attn_v.bias", kv, rows(kv_cols.clone()))?,
+                wo: l.required(&n("attn_output.weight"), &[q, d], cols(q_cols.clone()))?,
+                bo: if row_bias { l.optional(&n("attn_output.bias"), &[d], Cut::Whole)? } else { None },
+                ffn_norm: l.required(&n("ffn_norm.weight"), &[d], Cut::Whole)?,
+                w_gate: l.required(&n("ffn_gate.weight"), &[d, ff], rows(ffn.clone()))?,
+                w_up: l.required(&n("ffn_up.weight"), &[d, ff], rows(ffn.clone()))?,
+                w_down: l.required(&n("ffn_down.weight"), &[ff, d], cols(ffn.clone()))?,
             });
         }
+        // The LM head: a shard holds its vocabulary rows, of `token_embd` when the file ties them.
+        let output = match shard {
+            None => l.optional("output.weight", &[d, cfg.n_vocab], Cut::Whole)?,
+            Some(s) => Some(match l.optional("output.weight", &[d, cfg.n_vocab], Cut::Rows(s.vocab.clone()))? {
+                Some(w) => w,
+                None => l.required("token_embd.weight", &[d, cfg.n_vocab], Cut::Rows(s.vocab.clone()))?,
+            }),
+        };
         Ok(Weights {
             token_embd,
             layers,
-            output_norm: l.required("output_norm.weight", &[d])?,
-            output: l.optional("output.weight", &[d, cfg.n_vocab])?,
+            output_norm: l.required("output_norm.weight", &[d], Cut::Whole)?,
+            output,
             rope_freqs: match &cfg.rope_scaling.freq_factors {
                 Some(ff) => Some(host_f32(backend, "rope_freqs.weight (computed)", ff)?),
-                None => l.optional("rope_freqs.weight", &[cfg.rope.n_rot / 2])?,
+                None => l.optional("rope_freqs.weight", &[cfg.rope.n_rot / 2], Cut::Whole)?,
             },
         })
     }

@@ -90,6 +90,63 @@ fn cuda_info<'py>(py: Python<'py>, load_kernels: bool) -> PyResult<Bound<'py, Py
     }
 }
 
+/// cuda_devices() -> dict: every GPU the driver reports and how each pair is linked (for
+/// `fak doctor`). Keys: `available` (bool), `reason` (when not), `devices` (list of dicts:
+/// `ordinal`, `name`, `pci_bus_id`, `compute_capability`, `total_memory_bytes`), `peers` (one
+/// dict per ordered pair: `a`, `b`, `access` (peer-to-peer possible), `perf_rank` (the driver's
+/// relative link rank), `native_atomics`). Never raises for a missing GPU or driver.
+#[pyfunction]
+fn cuda_devices<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    #[cfg(not(feature = "cuda"))]
+    {
+        d.set_item("available", false)?;
+        d.set_item("reason", "this fak build has no CUDA backend (cargo feature `cuda` off)")?;
+        d.set_item("devices", PyList::empty(py))?;
+        d.set_item("peers", PyList::empty(py))?;
+    }
+    #[cfg(feature = "cuda")]
+    {
+        match py.detach(crate::backend::cuda::device::list_gpus) {
+            Err(e) => {
+                d.set_item("available", false)?;
+                d.set_item("reason", e.to_string())?;
+                d.set_item("devices", PyList::empty(py))?;
+                d.set_item("peers", PyList::empty(py))?;
+            }
+            Ok((gpus, links)) => {
+                d.set_item("available", !gpus.is_empty())?;
+                if gpus.is_empty() {
+                    d.set_item("reason", "the CUDA driver reports no device")?;
+                }
+                let devs = PyList::empty(py);
+                for g in gpus {
+                    let x = PyDict::new(py);
+                    x.set_item("ordinal", g.ordinal)?;
+                    x.set_item("name", g.name)?;
+                    x.set_item("pci_bus_id", g.pci_bus_id)?;
+                    x.set_item("compute_capability", format!("{}.{}", g.cc.0, g.cc.1))?;
+                    x.set_item("total_memory_bytes", g.total_mem)?;
+                    devs.append(x)?;
+                }
+                d.set_item("devices", devs)?;
+                let peers = PyList::empty(py);
+                for l in links {
+                    let x = PyDict::new(py);
+                    x.set_item("a", l.a)?;
+                    x.set_item("b", l.b)?;
+                    x.set_item("access", l.access)?;
+                    x.set_item("perf_rank", l.perf_rank)?;
+                    x.set_item("native_atomics", l.native_atomics)?;
+                    peers.append(x)?;
+                }
+                d.set_item("peers", peers)?;
+            }
+        }
+    }
+    Ok(d)
+}
+
 /// cuda_memory() -> dict: device bytes fak holds now, by kind (`weights`, `kv_cache`,
 /// `activations`, `total`).
 #[pyfunction]
@@ -518,6 +575,7 @@ impl PyOpRunner {
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(cuda_available, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_info, m)?)?;
+    m.add_function(wrap_pyfunction!(cuda_devices, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_memory, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_kernel_families, m)?)?;
     m.add_function(wrap_pyfunction!(cuda_nvrtc_compile, m)?)?;

@@ -11,6 +11,7 @@ pyo3::create_exception!(fak, UnsupportedError, FakError, "A tensor type, archite
 pyo3::create_exception!(fak, ModelError, FakError, "A model file is readable but inconsistent (missing tensor, wrong shape, bad hyper-parameter).");
 pyo3::create_exception!(fak, ContextLengthError, FakError, "A prompt (plus requested tokens) does not fit in the context window.");
 pyo3::create_exception!(fak, KVCacheFullError, FakError, "The KV cache has no room for another sequence or token.");
+pyo3::create_exception!(fak, ShardError, UnsupportedError, "A model cannot be split into the requested tensor-parallel shards (a tensor would be cut inside a quantization block, or a shard would get no head or FFN column); the message names the tensor, its format and the shard count.");
 pyo3::create_exception!(fak, BackendError, FakError, "A compute backend failed (no usable GPU, CUDA driver error, kernel load).");
 
 /// Converts a core error into the Python exception of its class.
@@ -25,6 +26,7 @@ pub(crate) fn to_py(e: CoreError) -> PyErr {
         CoreError::KvCacheFull { .. } => KVCacheFullError::new_err(msg),
         CoreError::InvalidArgument { .. } => PyValueError::new_err(msg),
         CoreError::Backend { .. } => BackendError::new_err(msg),
+        CoreError::Shard { .. } => ShardError::new_err(msg),
     }
 }
 
@@ -37,5 +39,6 @@ pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ContextLengthError", py.get_type::<ContextLengthError>())?;
     m.add("KVCacheFullError", py.get_type::<KVCacheFullError>())?;
     m.add("BackendError", py.get_type::<BackendError>())?;
+    m.add("ShardError", py.get_type::<ShardError>())?;
     Ok(())
 }

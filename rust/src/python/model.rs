@@ -28,10 +28,20 @@ pub struct PyModel {
     n_ctx: usize,
     n_vocab: usize,
     config: Vec<(&'static str, ConfigValue)>,
+    shard_plan: Vec<ShardRow>,
     kv_total: usize,
     kv_free: AtomicUsize,
     running: AtomicUsize,
     waiting: AtomicUsize,
+}
+
+/// One shard of the tensor-parallel plan, as `shard_plan` lists it.
+struct ShardRow {
+    rank: usize,
+    q_heads: (usize, usize),
+    kv_heads: (usize, usize),
+    ffn: (usize, usize),
+    vocab: (usize, usize),
 }
 
 #[derive(Clone)]
@@ -129,7 +139,8 @@ type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>, Option<&'static str>);
 #[pymethods]
 impl PyModel {
     /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
-    ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None)
+    ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None,
+    ///       tensor_parallel=1)
     ///
     /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
     /// "auto" (cuda when a GPU is usable, else cpu).
@@ -145,12 +156,17 @@ impl PyModel {
     /// `rope_scaling` ("none", "linear", "yarn", "llama3"), `rope_scale` (context extension
     /// factor, > 0) and `yarn_orig_ctx` (the pre-extension context in tokens) override the file's
     /// `{arch}.rope.scaling.*` metadata; None: the file decides (docs/long-context.md).
+    /// `tensor_parallel`: shards the forward runs as (Megatron-style, docs/tensor-parallel.md):
+    /// on the CPU backend, N shards on threads of this process sharing `threads`, each holding
+    /// its heads, FFN columns and vocabulary slice of the weights and its KV heads.
     ///
     /// Raises: OSError (cannot open), fak.GGUFError (malformed file), fak.UnsupportedError
-    /// (architecture / format), fak.ModelError (missing or mis-shaped tensor), fak.BackendError
-    /// (`backend="cuda"` without a usable CUDA backend), ValueError (bad argument).
+    /// (architecture / format), fak.ModelError (missing or mis-shaped tensor), fak.ShardError
+    /// (the model cannot be split `tensor_parallel` ways: names the tensor, format and N),
+    /// fak.BackendError (`backend="cuda"` without a usable CUDA backend, or with
+    /// `tensor_parallel > 1`: multi-GPU is not built), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -165,6 +181,7 @@ impl PyModel {
         rope_scaling: Option<&str>,
         rope_scale: Option<f32>,
         yarn_orig_ctx: Option<usize>,
+        tensor_parallel: usize,
     ) -> PyResult<PyModel> {
         if max_tokens_per_step == Some(0) {
             return Err(super::to_py(FakError::invalid("max_tokens_per_step", "0 (must be ≥ 1, or None for 512)")));
@@ -189,6 +206,7 @@ impl PyModel {
                 orig_ctx: yarn_orig_ctx,
                 ..RopeOverride::default()
             },
+            tensor_parallel,
         };
         let engine: Box<dyn EngineApi> = match backend {
             "cpu" => Box::new(detach(py, || Engine::open_cpu(&path, opts))?),
@@ -239,7 +257,23 @@ impl PyModel {
             ("threads", ConfigValue::Int(engine.threads())),
             ("max_batch", ConfigValue::Int(max_batch)),
             ("prefix_cache", ConfigValue::Bool(prefix_cache)),
+            ("tensor_parallel", ConfigValue::Int(tensor_parallel)),
         ];
+        let shard_plan = engine
+            .shard_plan()
+            .map(|p| {
+                p.shards
+                    .iter()
+                    .map(|s| ShardRow {
+                        rank: s.rank,
+                        q_heads: (s.q_heads.start, s.q_heads.end),
+                        kv_heads: (s.kv_heads.start, s.kv_heads.end),
+                        ffn: (s.ffn.start, s.ffn.end),
+                        vocab: (s.vocab.start, s.vocab.end),
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
         Ok(PyModel {
             backend: engine.backend_name(),
             n_ctx: engine.n_ctx(),
@@ -249,8 +283,29 @@ impl PyModel {
             running: AtomicUsize::new(0),
             waiting: AtomicUsize::new(0),
             config,
+            shard_plan,
             engine: Mutex::new(engine),
         })
+    }
+
+    /// The tensor-parallel partition: one dict per shard, in rank order, with `rank` and the
+    /// whole model's `[start, end)` ranges it holds: `q_heads`, `kv_heads` (several shards hold
+    /// the same KV head when there are fewer than shards), `ffn` (FFN columns) and `vocab`
+    /// (LM-head rows); an empty list with one shard.
+    #[getter]
+    fn shard_plan<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
+        self.shard_plan
+            .iter()
+            .map(|s| {
+                let d = PyDict::new(py);
+                d.set_item("rank", s.rank)?;
+                d.set_item("q_heads", s.q_heads)?;
+                d.set_item("kv_heads", s.kv_heads)?;
+                d.set_item("ffn", s.ffn)?;
+                d.set_item("vocab", s.vocab)?;
+                Ok(d)
+            })
+            .collect()
     }
 
     /// The backend running the model (`"cpu"` or `"cuda"`).
@@ -274,7 +329,8 @@ impl PyModel {
     /// Hyper-parameters (architecture, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim,
     /// n_vocab, n_ctx_train, rms_eps, rope_type, n_rot, rope_freq_base, rope_freq_scale,
     /// rope_scaling, rope_scale, rope_orig_ctx, rope_ext_factor, rope_attn_factor) and
-    /// engine settings (kv_block_size, threads, max_batch, prefix_cache), as a new dict.
+    /// engine settings (kv_block_size, threads, max_batch, prefix_cache, tensor_parallel), as a
+    /// new dict.
     #[getter]
     fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -380,7 +436,9 @@ impl PyModel {
     /// decode_tokens, prefill_seconds, decode_seconds, sample_seconds, steps, preemptions,
     /// prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_blocks,
     /// device_sampled_rows, device_sampled_host_rows (rows sampled on the backend, and of those the
-    /// ones whose logits it still copied to the host sampler).
+    /// ones whose logits it still copied to the host sampler), tp_collective_seconds,
+    /// tp_collective_wait_seconds (tensor parallelism: seconds shard 0 spent in the all-reduces
+    /// and the logits gather, and of those waiting for the other shards; 0 with one shard).
     /// Seconds are wall time of `step()` calls, split between prefill and decode by token count.
     /// `prefix_cache_query_tokens` counts the tokens of every admitted sequence (again after a
     /// preemption), `prefix_cache_hit_tokens` those of them whose K/V came from the prefix cache
@@ -409,6 +467,8 @@ impl PyModel {
         d.set_item("prefix_cache_blocks", s.prefix_cache_blocks)?;
         d.set_item("device_sampled_rows", s.device_sampled_rows)?;
         d.set_item("device_sampled_host_rows", s.device_sampled_host_rows)?;
+        d.set_item("tp_collective_seconds", s.tp_collective_seconds)?;
+        d.set_item("tp_collective_wait_seconds", s.tp_collective_wait_seconds)?;
         Ok(d)
     }
 

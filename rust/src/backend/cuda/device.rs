@@ -47,6 +47,96 @@ pub(crate) fn guarded<T>(what: &str, f: impl FnOnce() -> Result<T>) -> Result<T>
     }
 }
 
+/// One GPU as the driver lists it (for `fak doctor`; no context is created).
+#[derive(Debug, Clone)]
+pub struct GpuSummary {
+    pub ordinal: i32,
+    pub name: String,
+    /// PCI bus id (`cuDeviceGetPCIBusId`, e.g. `0000:1B:00.0`).
+    pub pci_bus_id: String,
+    pub cc: (i32, i32),
+    pub total_mem: usize,
+}
+
+/// How GPU `a` reaches GPU `b` (`cuDeviceCanAccessPeer`, `cuDeviceGetP2PAttribute`).
+#[derive(Debug, Clone)]
+pub struct PeerLink {
+    pub a: i32,
+    pub b: i32,
+    /// `a` can map `b`'s memory (peer-to-peer over NVLink or PCIe).
+    pub access: bool,
+    /// The driver's relative performance rank of the link (`CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK`).
+    pub perf_rank: i32,
+    /// Atomics over the link are native (`CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED`; NVLink).
+    pub native_atomics: bool,
+}
+
+/// Every GPU the driver reports and, for each ordered pair, its peer link. Unlike
+/// [`Device::open`] this creates no context and accepts any compute capability (it only
+/// describes the machine).
+///
+/// Errors: [`FakError::Backend`] when the driver library is missing or fails.
+pub fn list_gpus() -> Result<(Vec<GpuSummary>, Vec<PeerLink>)> {
+    if !driver_present() {
+        return Err(backend_err("no CUDA driver library (libcuda.so) could be loaded: this machine has no usable NVIDIA driver"));
+    }
+    guarded("cuInit", || {
+        // SAFETY: plain driver queries with valid out-pointers and buffers.
+        unsafe {
+            drv("cuInit", sys::cuInit(0))?;
+            let mut n = 0;
+            drv("cuDeviceGetCount", sys::cuDeviceGetCount(&mut n))?;
+            let mut gpus = Vec::new();
+            let mut devs = Vec::new();
+            for ordinal in 0..n {
+                let mut dev = 0;
+                drv("cuDeviceGet", sys::cuDeviceGet(&mut dev, ordinal))?;
+                let attr = |a: sys::CUdevice_attribute| -> Result<i32> {
+                    let mut v = 0;
+                    drv("cuDeviceGetAttribute", sys::cuDeviceGetAttribute(&mut v, a, dev))?;
+                    Ok(v)
+                };
+                use sys::CUdevice_attribute as A;
+                let cc = (attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?, attr(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?);
+                let mut buf = [0 as std::ffi::c_char; 256];
+                drv("cuDeviceGetName", sys::cuDeviceGetName(buf.as_mut_ptr(), 256, dev))?;
+                let name = std::ffi::CStr::from_ptr(buf.as_ptr()).to_string_lossy().into_owned();
+                let mut bus = [0 as std::ffi::c_char; 64];
+                drv("cuDeviceGetPCIBusId", sys::cuDeviceGetPCIBusId(bus.as_mut_ptr(), 64, dev))?;
+                let pci_bus_id = std::ffi::CStr::from_ptr(bus.as_ptr()).to_string_lossy().into_owned();
+                let mut total_mem = 0usize;
+                drv("cuDeviceTotalMem", sys::cuDeviceTotalMem_v2(&mut total_mem, dev))?;
+                gpus.push(GpuSummary { ordinal, name, pci_bus_id, cc, total_mem });
+                devs.push(dev);
+            }
+            let mut links = Vec::new();
+            for (a, &da) in devs.iter().enumerate() {
+                for (b, &db) in devs.iter().enumerate() {
+                    if a == b {
+                        continue;
+                    }
+                    let mut access = 0;
+                    drv("cuDeviceCanAccessPeer", sys::cuDeviceCanAccessPeer(&mut access, da, db))?;
+                    let p2p = |attr: sys::CUdevice_P2PAttribute| -> Result<i32> {
+                        let mut v = 0;
+                        drv("cuDeviceGetP2PAttribute", sys::cuDeviceGetP2PAttribute(&mut v, attr, da, db))?;
+                        Ok(v)
+                    };
+                    use sys::CUdevice_P2PAttribute as P;
+                    links.push(PeerLink {
+                        a: a as i32,
+                        b: b as i32,
+                        access: access != 0,
+                        perf_rank: p2p(P::CU_DEVICE_P2P_ATTRIBUTE_PERFORMANCE_RANK)?,
+                        native_atomics: p2p(P::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED)? != 0,
+                    });
+                }
+            }
+            Ok((gpus, links))
+        }
+    })
+}
+
 /// Facts about the device, read once at start-up.
 #[derive(Debug, Clone)]
 pub struct DeviceInfo {

@@ -362,8 +362,13 @@ pub fn op_paths() -> Vec<(&'static str, &'static str)> {
 
 /// Opens `path` as an engine on GPU 0.
 ///
-/// Errors: as [`CudaBackend::new`] and [`Model::open`].
+/// Errors: as [`CudaBackend::new`] and [`Model::open`]; [`crate::FakError::Backend`] for
+/// `opts.tensor_parallel > 1` (multi-GPU tensor parallelism is not built).
 pub fn open_engine(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine<CudaBackend>> {
+    if opts.tensor_parallel > 1 {
+        // checked before the model is loaded onto GPU 0
+        return Err(crate::engine::tensor_parallel_unavailable("cuda", opts.tensor_parallel));
+    }
     let backend = CudaBackend::new(0)?;
     let model = Model::open_with(path, backend, &opts.rope)?;
     Engine::new(model, opts)
