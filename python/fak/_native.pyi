@@ -136,6 +136,8 @@ class Model:
         rope_scaling: str | None = None,
         rope_scale: float | None = None,
         yarn_orig_ctx: int | None = None,
+        sliding_window: int | None = None,
+        free_window_blocks: bool = True,
     ) -> Model: ...
     @property
     def backend(self) -> str: ...
@@ -166,7 +168,8 @@ class Model:
     def stats(self) -> dict[str, int | float]:
         """running, waiting, kv_blocks_used, kv_blocks_total, prefill_tokens, decode_tokens,
         prefill_seconds, decode_seconds, sample_seconds, steps, preemptions,
-        prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_blocks."""
+        prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_blocks,
+        device_sampled_rows, device_sampled_host_rows, kv_blocks_peak."""
     def reset_stats(self) -> None:
         """Zeroes the counters of ``stats()``."""
     def evict_prefix(self, token_ids: list[int], start: int) -> int:
@@ -256,7 +259,7 @@ class OpRunner:
     def attention(
         self, seqs: list[tuple[int, int]], n_head: int, n_head_kv: int, head_dim: int,
         block_perm: npt.NDArray[np.uint32], q: npt.NDArray[np.float32], k: npt.NDArray[np.float32],
-        v: npt.NDArray[np.float32],
+        v: npt.NDArray[np.float32], window: int = 0,
     ) -> list[npt.NDArray[np.float32]]: ...
     def matmul_multi(
         self, wtypes: list[str], ws: list[npt.NDArray[np.uint8]], n_outs: list[int], k: int,

@@ -468,6 +468,12 @@ class Engine:
         yarn_orig_ctx: the context the model was trained on before extension, in tokens
             (``rope.scaling.original_context_length``; None: the file's, else its
             ``context_length``).
+        sliding_window: sliding-window attention over the file's
+            ``{arch}.attention.sliding_window``, in tokens (0: none; None: the file decides):
+            windowed layers (the file's ``attention.sliding_window_pattern``, every layer without
+            one) attend to the last ``sliding_window`` positions only (llama.cpp's and Hugging
+            Face's convention). With every layer windowed, each sequence's KV memory is bounded by
+            the window instead of ``n_ctx`` (docs/long-context.md).
 
     Raises:
         OSError / fak.GGUFError: unreadable or invalid file.
@@ -490,6 +496,7 @@ class Engine:
         rope_scaling: str | None = None,
         rope_scale: float | None = None,
         yarn_orig_ctx: int | None = None,
+        sliding_window: int | None = None,
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
@@ -505,7 +512,7 @@ class Engine:
         model = _native.Model(str(path), backend=resolved, n_ctx=n_ctx, threads=threads,
                               kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
                               prefix_cache=prefix_cache, rope_scaling=rope_scaling, rope_scale=rope_scale,
-                              yarn_orig_ctx=yarn_orig_ctx)
+                              yarn_orig_ctx=yarn_orig_ctx, sliding_window=sliding_window)
         self._init(model, tokenizer, template, path.stem, resolved, max_batch)
 
     @classmethod

@@ -11,6 +11,12 @@
 //! already in the cache skips their prefill (see [`kv_cache`] and [`scheduler`]); the output is
 //! the same bits as without it, since every op of a forward computes each row independently of
 //! the others in the batch.
+//!
+//! Sliding-window attention (docs/long-context.md): when every layer of the model is windowed
+//! (`ModelConfig::kv_window`), sequences return the KV blocks outside the window to the pool as
+//! they advance, so one sequence holds at most `⌈(W − 1 + max_tokens)/32⌉ + 1` blocks however long
+//! it runs; `n_ctx` stays the longest sequence (the largest position), and the KV cache only needs
+//! room for the windows (its default size follows).
 
 mod device_sample;
 pub mod kv_cache;
@@ -24,7 +30,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, BatchLimits, BatchPlan, KvLayout, LogitRows};
+use crate::backend::{Backend, BatchLimits, BatchPlan, KvLayout, LogitRows, NO_BLOCK};
 use crate::model::{Model, ModelConfig, Scratch};
 use crate::{FakError, Result};
 
@@ -58,6 +64,13 @@ pub struct EngineOptions {
     pub prefix_cache: bool,
     /// RoPE scaling over the file's (`crate::model::rope_scaling`); default: the file decides.
     pub rope: crate::model::RopeOverride,
+    /// Sliding window in tokens over the file's `{arch}.attention.sliding_window` (`Some(0)`: no
+    /// window); the layers that take it are the file's pattern, every layer without one.
+    pub sliding_window: Option<usize>,
+    /// Return KV blocks outside the window to the pool when every layer is windowed (default).
+    /// Off, sequences keep every block (the same outputs, memory growing with the sequence): for
+    /// tests and debugging.
+    pub free_window_blocks: bool,
 }
 
 impl Default for EngineOptions {
@@ -70,8 +83,18 @@ impl Default for EngineOptions {
             max_tokens_per_step: DEFAULT_MAX_TOKENS,
             prefix_cache: true,
             rope: crate::model::RopeOverride::default(),
+            sliding_window: None,
+            free_window_blocks: true,
         }
     }
+}
+
+/// The most KV blocks (of [`BLOCK_SIZE`]) one sequence holds under a sliding window of `window`
+/// tokens on every layer with forwards of up to `max_tokens` rows: a chunk at positions
+/// `q .. q + C` (`C ≤ max_tokens`) reads from `q + 1 − W`, a span of `W − 1 + C` positions, which
+/// lies in at most `⌈(W − 1 + C)/32⌉ + 1` blocks.
+pub fn max_live_blocks(window: usize, max_tokens: usize) -> usize {
+    (window.max(1) - 1 + max_tokens).div_ceil(BLOCK_SIZE) + 1
 }
 
 /// Why the engine finished a sequence (it is removed in the step that returns this).
@@ -121,6 +144,9 @@ pub struct EngineStats {
     pub sample_seconds: f64,
     /// Forward calls made by `step()`.
     pub steps: u64,
+    /// Most KV blocks held at once by sequences during a forward of `step()` (a high-water mark:
+    /// with a sliding window on every layer, bounded by the windows whatever the lengths).
+    pub kv_blocks_peak: u64,
     /// Sequences preempted for lack of KV blocks (recomputed later).
     pub preemptions: u64,
     /// Tokens looked up in the prefix cache (every admitted sequence's tokens, again after a
@@ -263,10 +289,13 @@ impl<B: Backend> Engine<B> {
     }
 
     fn with_pool(
-        model: Model<B>,
+        mut model: Model<B>,
         opts: EngineOptions,
         pool: Arc<rayon::ThreadPool>,
     ) -> Result<Engine<B>> {
+        if let Some(w) = opts.sliding_window {
+            model.config.set_sliding_window(w)?;
+        }
         let n_ctx = opts.n_ctx;
         if n_ctx < 2 {
             return Err(FakError::invalid("n_ctx", format!("{n_ctx} (must be ≥ 2)")));
@@ -274,11 +303,25 @@ impl<B: Backend> Engine<B> {
         if opts.max_batch == 0 {
             return Err(FakError::invalid("max_batch", "0 (must be ≥ 1)"));
         }
+        let max_tokens = opts
+            .max_tokens_per_step
+            .max(opts.max_batch)
+            .max(LOGITS_CHUNK);
+        let kv_window = model.config.kv_window().filter(|_| opts.free_window_blocks);
+        // What one sequence may hold at once: its whole context, or with a window on every layer
+        // the window plus one chunk (see `max_live_blocks`).
+        let seq_tokens = match kv_window {
+            Some(w) => n_ctx.min(max_live_blocks(w, max_tokens) * BLOCK_SIZE),
+            None => n_ctx,
+        };
         let kv_tokens = opts
             .kv_cache_tokens
-            .unwrap_or(n_ctx * opts.max_batch.min(8));
-        if kv_tokens < n_ctx {
-            return Err(FakError::invalid("kv_cache_tokens", format!("{kv_tokens} is smaller than n_ctx {n_ctx}; the cache must hold one full context")));
+            .unwrap_or(seq_tokens * opts.max_batch.min(8));
+        if kv_tokens < seq_tokens {
+            return Err(FakError::invalid("kv_cache_tokens", match kv_window {
+                None => format!("{kv_tokens} is smaller than n_ctx {n_ctx}; the cache must hold one full context"),
+                Some(w) => format!("{kv_tokens} is smaller than {seq_tokens}, what one sequence holds with a sliding window of {w} and {max_tokens}-token steps"),
+            }));
         }
         let c = &model.config;
         let n_blocks = kv_tokens.div_ceil(BLOCK_SIZE);
@@ -289,10 +332,6 @@ impl<B: Backend> Engine<B> {
             n_head_kv: c.n_head_kv,
             head_dim: c.head_dim,
         };
-        let max_tokens = opts
-            .max_tokens_per_step
-            .max(opts.max_batch)
-            .max(LOGITS_CHUNK);
         let limits = BatchLimits {
             max_tokens,
             max_seqs: opts.max_batch.max(1),
@@ -306,6 +345,7 @@ impl<B: Backend> Engine<B> {
                 n_ctx,
                 max_batch: opts.max_batch,
                 max_tokens,
+                kv_window,
             },
             BlockPool::new(n_blocks, BLOCK_SIZE, opts.prefix_cache),
         );
@@ -370,7 +410,10 @@ impl<B: Backend> Engine<B> {
                 n_ctx: self.n_ctx,
             });
         }
-        let need = self.sched.pool.blocks_for(prompt.len() + 1);
+        let mut need = self.sched.pool.blocks_for(prompt.len() + 1);
+        if let Some(w) = self.sched.cfg.kv_window {
+            need = need.min(max_live_blocks(w, self.sched.cfg.max_tokens));
+        }
         if need > self.sched.pool.n_total() {
             return Err(FakError::KvCacheFull {
                 needed: need,
@@ -407,6 +450,7 @@ impl<B: Backend> Engine<B> {
         if self.scheduled.is_empty() {
             return Ok(Vec::new());
         }
+        self.stats.kv_blocks_peak = self.stats.kv_blocks_peak.max(self.sched.pool.n_used() as u64);
         let n_logits = self
             .model
             .forward(&mut self.kv, &mut self.scratch, &self.plan)?;
@@ -565,7 +609,8 @@ impl<B: Backend> Engine<B> {
 
     /// Logits of every position of `tokens` (`[n_tokens · n_vocab]`, row-major), computed from
     /// scratch (no sequence state is kept). Runs in chunks of [`LOGITS_CHUNK`] tokens through the
-    /// shared KV cache, which must have room for the whole list.
+    /// shared KV cache, which must have room for the whole list (with a sliding window on every
+    /// layer: for one chunk and its windows, blocks before them are released as it goes).
     ///
     /// Errors: [`FakError::InvalidArgument`] for an empty list or a token outside the vocabulary,
     /// [`FakError::ContextLength`] when `len(tokens) > n_ctx`, [`FakError::KvCacheFull`] when the
@@ -587,11 +632,28 @@ impl<B: Backend> Engine<B> {
         let mut out: Vec<f32> =
             crate::backend::cpu::zeroed_vec(tokens.len() * n_vocab, "the logits array")?;
         let mut table = Vec::new();
-        self.sched.pool.grow(&mut table, tokens.len())?;
+        let window = self.sched.cfg.kv_window;
+        if window.is_none() {
+            self.sched.pool.grow(&mut table, tokens.len())?;
+        }
         let chunk = self.scratch.max_logits.min(self.scratch.max_tokens);
         let mut result = Ok(());
         for (ci, toks) in tokens.chunks(chunk).enumerate() {
             let n_past = ci * chunk;
+            if let Some(w) = window {
+                // Only the chunk's windows are held: release what the first row no longer sees,
+                // take blocks for the chunk.
+                let dead = ((n_past + 1).saturating_sub(w) / BLOCK_SIZE).min(table.len());
+                for b in &mut table[..dead] {
+                    if *b != NO_BLOCK {
+                        self.sched.pool.release_one(std::mem::replace(b, NO_BLOCK));
+                    }
+                }
+                if let Err(e) = self.sched.pool.grow(&mut table, n_past + toks.len()) {
+                    result = Err(e);
+                    break;
+                }
+            }
             let mut plan = std::mem::take(&mut self.plan);
             plan.clear();
             plan.push_seq(toks, n_past, &table, BLOCK_SIZE, LogitRows::All);

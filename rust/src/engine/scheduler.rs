@@ -25,6 +25,14 @@
 //! forward completes is held back one step for that). After each forward, [`Scheduler::advance`] offers the blocks
 //! the forward completed to the cache. Preemption and removal only drop references; cached blocks
 //! outlive their sequences until the pool evicts them.
+//!
+//! Sliding window (`SchedulerConfig::kv_window`, set when every layer of the model is windowed):
+//! after each forward (and right after prefix-cache hits are taken) a sequence releases the blocks
+//! wholly before the window of its next position ([`Sequence::release_outside_window`]), so it
+//! holds at most `⌈(W − 1 + C)/block_size⌉ + 1` blocks, `C` the tokens of its largest chunk
+//! (`max_tokens`), however long it runs. Admission and the growth reserved for running sequences
+//! count those live blocks, not the whole prompt. Hits still follow the hash chain from the first
+//! block (a later sequence finds a released block while the pool has not evicted it).
 
 use std::collections::{HashSet, VecDeque};
 
@@ -41,6 +49,9 @@ pub struct SchedulerConfig {
     pub max_batch: usize,
     /// Most tokens in one forward (≥ `max_batch`).
     pub max_tokens: usize,
+    /// Sliding window of every layer in tokens: sequences release the KV blocks outside it
+    /// (see the module doc). `None`: sequences keep every block.
+    pub kv_window: Option<usize>,
 }
 
 /// One sequence's share of a forward.
@@ -183,7 +194,7 @@ impl Scheduler {
             .chain(self.waiting.iter_mut())
             .find(|s| s.id == id)
             .expect("found above");
-        s.remove_span(&mut self.pool, start, end);
+        s.remove_span(&mut self.pool, start, end, self.cfg.kv_window);
         Some(n)
     }
 
@@ -196,20 +207,26 @@ impl Scheduler {
         s.n_cached += n_tokens;
         debug_assert!(s.n_cached <= s.tokens.len());
         s.register_full_blocks(&mut self.pool);
+        if let Some(w) = self.cfg.kv_window {
+            s.release_outside_window(&mut self.pool, w);
+        }
         true
     }
 
+    /// The blocks running sequence `s` still has to take: for all its tokens, or with a sliding
+    /// window for its next chunk (up to `max_tokens` tokens; older blocks are released as it goes).
+    fn growth(&self, s: &Sequence) -> usize {
+        let end = match self.cfg.kv_window {
+            None => s.tokens.len(),
+            Some(_) => s.tokens.len().min(s.n_cached + self.cfg.max_tokens),
+        };
+        self.pool.blocks_for(end).saturating_sub(s.block_table.len())
+    }
+
     fn admit(&mut self) {
-        let committed: usize = self
-            .running
-            .iter()
-            .map(|s| {
-                self.pool
-                    .blocks_for(s.tokens.len())
-                    .saturating_sub(s.block_table.len())
-            })
-            .sum();
+        let committed: usize = self.running.iter().map(|s| self.growth(s)).sum();
         let mut available = self.pool.n_free().saturating_sub(committed);
+        let bs = self.pool.block_size();
         while self.running.len() < self.cfg.max_batch {
             let Some(front) = self.waiting.front_mut() else {
                 break;
@@ -217,8 +234,18 @@ impl Scheduler {
             // Cache hits on blocks other sequences hold cost nothing; hits on free cached blocks
             // take them off the free list like new blocks.
             let hits = front.find_cached(&self.pool);
-            let shared = hits.iter().filter(|&&b| self.pool.ref_count(b) > 0).count();
-            let need = self.pool.blocks_for(front.tokens.len()) - shared;
+            let shared = |hits: &[u32]| hits.iter().filter(|&&b| self.pool.ref_count(b) > 0).count();
+            let need = match self.cfg.kv_window {
+                None => self.pool.blocks_for(front.tokens.len()) - shared(&hits),
+                Some(w) => {
+                    // The hits before the window of the first position to compute are released at
+                    // once; the rest, and the first chunk's blocks, are held.
+                    let start = hits.len() * bs;
+                    let end = front.tokens.len().min(start + self.cfg.max_tokens);
+                    let first = ((start + 1).saturating_sub(w) / bs).min(hits.len());
+                    self.pool.blocks_for(end) - first - shared(&hits[first..])
+                }
+            };
             let spare = self.running.len();
             if need + spare > available && !self.running.is_empty() {
                 break;
@@ -230,6 +257,9 @@ impl Scheduler {
             let mut seq = self.waiting.pop_front().expect("front exists");
             self.prefix_query_tokens += seq.tokens.len() as u64;
             self.prefix_hit_tokens += seq.take_cached(&mut self.pool, &hits) as u64;
+            if let Some(w) = self.cfg.kv_window {
+                seq.release_outside_window(&mut self.pool, w);
+            }
             self.running.push(seq);
         }
     }
@@ -257,6 +287,9 @@ impl Scheduler {
                 if s.n_pending() > 1 {
                     let hits = s.find_cached(&self.pool);
                     self.prefix_hit_tokens += s.take_cached(&mut self.pool, &hits) as u64;
+                    if let Some(w) = self.cfg.kv_window {
+                        s.release_outside_window(&mut self.pool, w);
+                    }
                 }
             }
         }
@@ -386,6 +419,7 @@ mod tests {
             n_ctx: 256,
             max_batch: 4,
             max_tokens: 16,
+            kv_window: None,
         };
         let mut s = Scheduler::new(cfg, BlockPool::new(64, 8, false));
         s.add(seq(1, 5));
@@ -455,6 +489,7 @@ mod tests {
             n_ctx: 8,
             max_batch: 2,
             max_tokens: 64,
+            kv_window: None,
         };
         let mut s = Scheduler::new(cfg, BlockPool::new(64, 4, false));
         for i in 0..3 {
@@ -491,6 +526,7 @@ mod tests {
             n_ctx: 16,
             max_batch: 4,
             max_tokens: 64,
+            kv_window: None,
         };
         let mut s = Scheduler::new(cfg, BlockPool::new(4, 4, false));
         let (mut plan, mut out) = plan_out();
@@ -527,6 +563,7 @@ mod tests {
             n_ctx: 32,
             max_batch: 4,
             max_tokens: 64,
+            kv_window: None,
         };
         let mut s = Scheduler::new(cfg, BlockPool::new(4, 4, false));
         let (mut plan, mut out) = plan_out();
@@ -569,11 +606,126 @@ mod tests {
     fn check_pool(s: &Scheduler) {
         let mut held = vec![0u32; s.pool.n_total()];
         for q in s.running.iter().chain(s.waiting.iter()) {
-            for &b in &q.block_table {
+            for &b in q.block_table.iter().filter(|&&b| b != crate::backend::NO_BLOCK) {
                 held[b as usize] += 1;
             }
         }
         s.pool.check(&held).unwrap();
+    }
+
+    fn windowed_scheduler(n_blocks: usize, max_tokens: usize, window: usize, caching: bool) -> Scheduler {
+        let cfg = SchedulerConfig {
+            n_ctx: 100_000,
+            max_batch: 8,
+            max_tokens,
+            kv_window: Some(window),
+        };
+        Scheduler::new(cfg, BlockPool::new(n_blocks, 4, caching))
+    }
+
+    /// Every scheduled sequence's table holds live blocks exactly from the block of its first
+    /// row's window start on, and `NO_BLOCK` before it.
+    fn check_window_tables(s: &Scheduler, plan: &BatchPlan, window: usize) {
+        let bs = s.pool.block_size();
+        for q in &plan.seqs {
+            let t = &plan.block_tables[q.table0 as usize..(q.table0 + q.n_blocks) as usize];
+            let first = (q.n_past as usize + 1).saturating_sub(window) / bs;
+            for (i, &b) in t.iter().enumerate() {
+                assert_eq!(b == crate::backend::NO_BLOCK, i < first, "block {i} of {t:?}, window from block {first}");
+            }
+        }
+    }
+
+    #[test]
+    fn windowed_stream_holds_bounded_blocks() {
+        // W = 8, blocks of 4, chunks of 4: at most ⌈(8 − 1 + 4)/4⌉ + 1 = 4 blocks held, in a pool
+        // of 5 — for a prompt of 100 tokens and 60 generated ones (40 blocks' worth).
+        for caching in [false, true] {
+            let mut s = windowed_scheduler(5, 4, 8, caching);
+            s.add(seq_of(1, (0..100).map(|t| t % 13).collect()));
+            let mut peak = 0;
+            let mut generated = 0;
+            for _ in 0..200 {
+                let (mut plan, mut out) = plan_out();
+                s.schedule(&mut plan, &mut out);
+                assert_eq!(out.len(), 1, "the stream always runs");
+                check_private_writes(&s, &plan);
+                check_window_tables(&s, &plan, 8);
+                peak = peak.max(s.pool.n_used());
+                if out[0].logits {
+                    generated += 1;
+                }
+                complete(&mut s, &out);
+                check_pool(&s);
+                if generated == 60 {
+                    break;
+                }
+            }
+            assert_eq!(generated, 60);
+            assert!(peak <= 4, "peak {peak} blocks");
+            assert_eq!(s.n_preempted, 0);
+            let q = &s.running()[0];
+            assert_eq!(q.n_cached, 159);
+            assert_eq!(q.n_released, 38, "blocks wholly before position 152");
+            assert_eq!(q.n_held(), q.block_table.len() - 38);
+            s.remove(1);
+            check_pool(&s);
+            assert_eq!(s.pool.n_free(), 5);
+        }
+    }
+
+    #[test]
+    fn windowed_prefix_hits_release_what_the_window_passed() {
+        // A pool large enough to keep the first stream's released blocks cached: a second
+        // sequence with the same 40-token prefix takes its 10 full blocks from the cache and keeps
+        // only those its window still needs.
+        let mut s = windowed_scheduler(32, 8, 6, true);
+        let prompt: Vec<u32> = (0..40).collect();
+        s.add(seq_of(1, prompt.clone()));
+        while s.running().first().is_none_or(|q| q.n_cached < 40) {
+            step(&mut s);
+        }
+        s.remove(1);
+        check_pool(&s);
+        assert_eq!(s.pool.n_used(), 0);
+        let mut longer = prompt.clone();
+        longer.extend([50, 51, 52]);
+        s.add(seq_of(2, longer));
+        let (mut plan, mut out) = plan_out();
+        s.schedule(&mut plan, &mut out);
+        assert_eq!(s.prefix_hit_tokens, 40);
+        assert_eq!(out, vec![Scheduled { seq_id: 2, n_tokens: 3, logits: true }]);
+        check_window_tables(&s, &plan, 6);
+        let q = &s.running()[0];
+        // First position computed: 40, window from 35: blocks 0..8 released, 8 and 9 held + block
+        // 10 for positions 40..42.
+        assert_eq!((q.n_released, q.n_held()), (8, 3));
+        check_pool(&s);
+        complete(&mut s, &out);
+        check_pool(&s);
+    }
+
+    #[test]
+    fn windowed_quarantine_recomputes_when_the_window_is_gone() {
+        let mut s = windowed_scheduler(16, 16, 6, false);
+        s.add(seq_of(1, (0..60).collect()));
+        step(&mut s);
+        step(&mut s);
+        assert_eq!(s.running()[0].n_released, 6, "positions 0..24 (blocks 0-5) released");
+        // A span ahead of what is computed: recomputing from block 10 needs positions 35.., held.
+        s.quarantine_span(1, 40, 45).unwrap();
+        check_pool(&s);
+        let q = &s.running()[0];
+        assert_eq!((q.n_cached, q.n_released, q.block_table.len(), q.tokens.len()), (32, 6, 8, 55));
+        // A span at 26: recomputing from block 6 (position 24) needs positions 19.., released:
+        // everything is recomputed.
+        s.quarantine_span(1, 26, 28).unwrap();
+        check_pool(&s);
+        let q = &s.running()[0];
+        assert_eq!((q.n_cached, q.n_released, q.block_table.len()), (0, 0, 0));
+        let out = step(&mut s);
+        assert_eq!(out[0].n_tokens, 16);
+        assert_eq!(s.running()[0].n_released, 2);
     }
 
     /// Every row the plan writes lands in a block its sequence holds alone and that is not in the
@@ -592,6 +744,7 @@ mod tests {
             n_ctx: 256,
             max_batch: 8,
             max_tokens,
+            kv_window: None,
         };
         Scheduler::new(cfg, BlockPool::new(n_blocks, 4, true))
     }
@@ -797,7 +950,7 @@ mod tests {
         // 5 blocks of 4. Sequence 1 holds 3 blocks (2 full, cached). Sequence 2 has the same
         // first 8 tokens and 3 more: it needs 3 blocks, 2 of them shared, so 1 new block (plus
         // the spare block kept per running sequence) fits in the 2 free ones.
-        let cfg = SchedulerConfig { n_ctx: 64, max_batch: 4, max_tokens: 64 };
+        let cfg = SchedulerConfig { n_ctx: 64, max_batch: 4, max_tokens: 64, kv_window: None };
         let mut s = Scheduler::new(cfg, BlockPool::new(5, 4, true));
         s.add(seq_of(1, (0..9).collect()));
         step(&mut s);

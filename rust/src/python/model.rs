@@ -40,6 +40,7 @@ enum ConfigValue {
     Int(usize),
     Float(f64),
     Str(String),
+    Ints(Vec<usize>),
 }
 
 impl PyModel {
@@ -129,7 +130,8 @@ type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>, Option<&'static str>);
 #[pymethods]
 impl PyModel {
     /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
-    ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None)
+    ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None,
+    ///       sliding_window=None, free_window_blocks=True)
     ///
     /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
     /// "auto" (cuda when a GPU is usable, else cpu).
@@ -145,12 +147,18 @@ impl PyModel {
     /// `rope_scaling` ("none", "linear", "yarn", "llama3"), `rope_scale` (context extension
     /// factor, > 0) and `yarn_orig_ctx` (the pre-extension context in tokens) override the file's
     /// `{arch}.rope.scaling.*` metadata; None: the file decides (docs/long-context.md).
+    /// `sliding_window` (tokens, ≥ 0; 0: none) overrides the file's
+    /// `{arch}.attention.sliding_window`: windowed layers (the file's
+    /// `attention.sliding_window_pattern`, every layer without one) attend to the last
+    /// `sliding_window` positions only. When every layer is windowed, each sequence returns the KV
+    /// blocks outside its window to the pool (memory bounded by the window, not `n_ctx`);
+    /// `free_window_blocks=False` keeps them (same outputs; for tests).
     ///
     /// Raises: OSError (cannot open), fak.GGUFError (malformed file), fak.UnsupportedError
     /// (architecture / format), fak.ModelError (missing or mis-shaped tensor), fak.BackendError
     /// (`backend="cuda"` without a usable CUDA backend), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, sliding_window=None, free_window_blocks=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -165,6 +173,8 @@ impl PyModel {
         rope_scaling: Option<&str>,
         rope_scale: Option<f32>,
         yarn_orig_ctx: Option<usize>,
+        sliding_window: Option<usize>,
+        free_window_blocks: bool,
     ) -> PyResult<PyModel> {
         if max_tokens_per_step == Some(0) {
             return Err(super::to_py(FakError::invalid("max_tokens_per_step", "0 (must be ≥ 1, or None for 512)")));
@@ -189,6 +199,8 @@ impl PyModel {
                 orig_ctx: yarn_orig_ctx,
                 ..RopeOverride::default()
             },
+            sliding_window,
+            free_window_blocks,
         };
         let engine: Box<dyn EngineApi> = match backend {
             "cpu" => Box::new(detach(py, || Engine::open_cpu(&path, opts))?),
@@ -235,6 +247,9 @@ impl PyModel {
             ("rope_orig_ctx", ConfigValue::Int(c.rope_scaling.orig_ctx)),
             ("rope_ext_factor", ConfigValue::Float(c.rope.ext_factor as f64)),
             ("rope_attn_factor", ConfigValue::Float(c.rope.attn_factor as f64)),
+            ("sliding_window", ConfigValue::Int(c.sliding_window)),
+            ("swa_layers", ConfigValue::Ints((0..c.n_layer).filter(|&il| c.layer_window(il).is_some()).collect())),
+            ("kv_window", ConfigValue::Int(c.kv_window().filter(|_| free_window_blocks).unwrap_or(0))),
             ("kv_block_size", ConfigValue::Int(crate::engine::BLOCK_SIZE)),
             ("threads", ConfigValue::Int(engine.threads())),
             ("max_batch", ConfigValue::Int(max_batch)),
@@ -273,8 +288,10 @@ impl PyModel {
 
     /// Hyper-parameters (architecture, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim,
     /// n_vocab, n_ctx_train, rms_eps, rope_type, n_rot, rope_freq_base, rope_freq_scale,
-    /// rope_scaling, rope_scale, rope_orig_ctx, rope_ext_factor, rope_attn_factor) and
-    /// engine settings (kv_block_size, threads, max_batch, prefix_cache), as a new dict.
+    /// rope_scaling, rope_scale, rope_orig_ctx, rope_ext_factor, rope_attn_factor, sliding_window
+    /// (tokens, 0: none), swa_layers (the indices of the windowed layers)) and engine settings
+    /// (kv_block_size, threads, max_batch, prefix_cache, kv_window: the window by which sequences
+    /// release KV blocks, 0 when they keep them all), as a new dict.
     #[getter]
     fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -284,6 +301,7 @@ impl PyModel {
                 ConfigValue::Int(i) => d.set_item(k, i)?,
                 ConfigValue::Float(f) => d.set_item(k, f)?,
                 ConfigValue::Str(s) => d.set_item(k, s)?,
+                ConfigValue::Ints(v) => d.set_item(k, v.clone())?,
             }
         }
         Ok(d)
@@ -380,7 +398,8 @@ impl PyModel {
     /// decode_tokens, prefill_seconds, decode_seconds, sample_seconds, steps, preemptions,
     /// prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_blocks,
     /// device_sampled_rows, device_sampled_host_rows (rows sampled on the backend, and of those the
-    /// ones whose logits it still copied to the host sampler).
+    /// ones whose logits it still copied to the host sampler), kv_blocks_peak (the most KV blocks
+    /// sequences held during one step's forward: a high-water mark, reset by `reset_stats`).
     /// Seconds are wall time of `step()` calls, split between prefill and decode by token count.
     /// `prefix_cache_query_tokens` counts the tokens of every admitted sequence (again after a
     /// preemption), `prefix_cache_hit_tokens` those of them whose K/V came from the prefix cache
@@ -409,6 +428,7 @@ impl PyModel {
         d.set_item("prefix_cache_blocks", s.prefix_cache_blocks)?;
         d.set_item("device_sampled_rows", s.device_sampled_rows)?;
         d.set_item("device_sampled_host_rows", s.device_sampled_host_rows)?;
+        d.set_item("kv_blocks_peak", s.kv_blocks_peak)?;
         Ok(d)
     }
 
