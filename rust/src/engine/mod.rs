@@ -700,7 +700,9 @@ impl<B: Backend> Engine<B> {
     /// Removes tokens `start..end` (positions in the sequence: prompt, then generated tokens)
     /// from sequence `seq_id`, running or waiting. Its KV cache, and the logits of its next
     /// steps, are then bit-identical to those of a sequence whose tokens never held the span:
-    /// the KV blocks before `start / 32` are kept (their K/V depends on earlier tokens only),
+    /// the KV blocks before `start / 32` are kept (their K/V depends on earlier tokens only; with
+    /// blocks released outside a sliding window, only when the window of position
+    /// `start / 32 · 32` is still held, else everything is recomputed),
     /// everything after is recomputed by the following steps (a chunked prefill, as after a
     /// preemption; its last row yields the next token), and every prefix-cache block that held
     /// the span, or is chained after one, is dropped and banned. Returns the cache blocks dropped.

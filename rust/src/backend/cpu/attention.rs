@@ -804,7 +804,7 @@ mod tests {
         plan.push_seq(&vec![0; n], 0, &table, 16, LogitRows::None);
         cache.write(0, &rand_vec(n * kvw, 1), &rand_vec(n * kvw, 2), &plan, n);
         let mut batch = BatchPlan::default();
-        batch.push_seq(&vec![0; 30], 70, &table, 16, LogitRows::None);
+        batch.push_seq(&[0; 30], 70, &table, 16, LogitRows::None);
         batch.push_seq(&[0], 99, &table, 16, LogitRows::None);
         let q = rand_vec(31 * 6 * 64, 3);
         let run = |window| {
