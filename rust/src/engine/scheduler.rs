@@ -31,8 +31,9 @@
 //! wholly before the window of its next position ([`Sequence::release_outside_window`]), so it
 //! holds at most `⌈(W − 1 + C)/block_size⌉ + 1` blocks, `C` the tokens of its largest chunk
 //! (`max_tokens`), however long it runs. Admission and the growth reserved for running sequences
-//! count those live blocks, not the whole prompt. Hits still follow the hash chain from the first
-//! block (a later sequence finds a released block while the pool has not evicted it).
+//! count those live blocks, not the whole prompt. A prefix-cache hit then needs only the blocks the
+//! window of its first computed position reads ([`Sequence::find_cached`]): the chain's earlier
+//! blocks may have been evicted.
 
 use std::collections::{HashSet, VecDeque};
 
@@ -233,7 +234,7 @@ impl Scheduler {
             };
             // Cache hits on blocks other sequences hold cost nothing; hits on free cached blocks
             // take them off the free list like new blocks.
-            let hits = front.find_cached(&self.pool);
+            let hits = front.find_cached(&self.pool, self.cfg.kv_window);
             let shared = |hits: &[u32]| hits.iter().filter(|&&b| self.pool.ref_count(b) > 0).count();
             let need = match self.cfg.kv_window {
                 None => self.pool.blocks_for(front.tokens.len()) - shared(&hits),
@@ -285,7 +286,7 @@ impl Scheduler {
         if self.pool.prefix_caching() {
             for s in &mut self.running {
                 if s.n_pending() > 1 {
-                    let hits = s.find_cached(&self.pool);
+                    let hits = s.find_cached(&self.pool, self.cfg.kv_window);
                     self.prefix_hit_tokens += s.take_cached(&mut self.pool, &hits) as u64;
                     if let Some(w) = self.cfg.kv_window {
                         s.release_outside_window(&mut self.pool, w);
@@ -706,6 +707,41 @@ mod tests {
     }
 
     #[test]
+    fn windowed_hit_skips_evicted_early_blocks() {
+        // A pool of 8 blocks recycles a 40-token stream's first blocks; a second sequence with
+        // the same first 38 tokens still takes 9 blocks' worth from the cache: those its window
+        // needs (7 and 8) are there, the others are not needed (NO_BLOCK, never read).
+        let mut s = windowed_scheduler(8, 8, 6, true);
+        let prompt: Vec<u32> = (0..40).collect();
+        s.add(seq_of(1, prompt.clone()));
+        while s.running().first().is_none_or(|q| q.n_cached < 40) {
+            step(&mut s);
+        }
+        s.remove(1);
+        check_pool(&s);
+        let h0 = s.pool.hash_block(None, &prompt[0..4]);
+        assert!(s.pool.lookup(h0, None, &prompt[0..4]).is_none(), "block 0 was evicted");
+        let mut p2 = prompt[..38].to_vec();
+        p2.extend([99, 98]);
+        s.add(seq_of(2, p2));
+        let (mut plan, mut out) = plan_out();
+        s.schedule(&mut plan, &mut out);
+        check_private_writes(&s, &plan);
+        check_window_tables(&s, &plan, 6);
+        check_pool(&s);
+        assert_eq!(s.prefix_hit_tokens, 36);
+        assert_eq!(out, vec![Scheduled { seq_id: 2, n_tokens: 4, logits: true }]);
+        let q = &s.running()[0];
+        assert_eq!((q.n_cached, q.n_released, q.n_held()), (36, 7, 3));
+        complete(&mut s, &out);
+        check_pool(&s);
+        // Without a window the same lookup finds nothing (the chain from block 0 is gone).
+        let mut q = seq_of(3, prompt[..38].to_vec());
+        assert!(q.find_cached(&s.pool, None).is_empty());
+        assert_eq!(q.find_cached(&s.pool, Some(6)).len(), 9);
+    }
+
+    #[test]
     fn windowed_quarantine_recomputes_when_the_window_is_gone() {
         let mut s = windowed_scheduler(16, 16, 6, false);
         s.add(seq_of(1, (0..60).collect()));
@@ -1035,5 +1071,64 @@ mod tests {
         }
         check_pool(&s);
         assert_eq!(s.pool.n_free(), 24);
+    }
+
+    #[test]
+    fn windowed_random_workload_keeps_the_pool_consistent() {
+        // The same churn under a window of 6 in a pool of 8 blocks (blocks released as sequences
+        // advance, hits that skip blocks, preemption, quarantine of random spans): the pool's invariants, private
+        // writes and the window tables hold after every step, and every sequence holds at most
+        // its live blocks.
+        let mut s = windowed_scheduler(8, 8, 6, true);
+        let mut rng = 0x2545f4914f6cdd1du64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let bound = (6 - 1 + 8usize).div_ceil(4) + 1;
+        let mut ids = Vec::new();
+        for id in 0..300u64 {
+            if next(3) == 0 && s.contains(id.saturating_sub(1)) {
+                s.remove(id - 1);
+                check_pool(&s);
+            }
+            if next(5) == 0 {
+                if let Some(q) = s.running().first() {
+                    let (qid, n) = (q.id, q.tokens.len());
+                    if n > 2 {
+                        let start = next(n as u64 - 1) as usize;
+                        s.quarantine_span(qid, start, start + 1).unwrap();
+                        check_pool(&s);
+                    }
+                }
+            }
+            let len = 1 + next(40) as usize;
+            let prefix = next(3) as u32;
+            let toks: Vec<u32> = (0..len).map(|i| if i < 20 { prefix * 1000 + i as u32 } else { next(4) as u32 }).collect();
+            s.add(seq_of(id, toks));
+            ids.push(id);
+            let (mut plan, mut out) = plan_out();
+            s.schedule(&mut plan, &mut out);
+            check_private_writes(&s, &plan);
+            check_window_tables(&s, &plan, 6);
+            for q in s.running() {
+                assert!(q.n_held() <= bound, "sequence {} holds {} blocks", q.id, q.n_held());
+            }
+            complete(&mut s, &out);
+            check_pool(&s);
+            let long: Vec<u64> = s.running().iter().filter(|q| q.tokens.len() > 60).map(|q| q.id).collect();
+            for id in long {
+                s.remove(id);
+                check_pool(&s);
+            }
+        }
+        assert!(s.prefix_hit_tokens > 0 && s.n_preempted > 0, "{} hits, {} preemptions", s.prefix_hit_tokens, s.n_preempted);
+        for id in ids {
+            s.remove(id);
+        }
+        check_pool(&s);
+        assert_eq!(s.pool.n_free(), 8);
     }
 }

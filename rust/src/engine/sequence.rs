@@ -118,28 +118,66 @@ impl Sequence {
     /// logical block `self.block_table.len()`, without taking references. Only whole blocks
     /// strictly before the last token count (the last token is always computed, so its logits
     /// exist). Empty when the cache is off or the sequence is not block-aligned.
-    pub fn find_cached(&mut self, pool: &BlockPool) -> Vec<u32> {
+    ///
+    /// With a sliding window of `window` tokens on every layer (`Some`), a run of `k` blocks is a
+    /// hit when the blocks the next position `k·block_size` attends to are there (found, or held
+    /// by the sequence): earlier blocks need not be cached (vLLM's sliding-window cache hit). Their
+    /// entries are [`NO_BLOCK`]: computing from `k` never reads them. The longest such run wins.
+    pub fn find_cached(&mut self, pool: &BlockPool, window: Option<usize>) -> Vec<u32> {
         let bs = pool.block_size();
         let mut hits = Vec::new();
         if !pool.prefix_caching() || self.n_cached != self.block_table.len() * bs {
             return hits;
         }
+        let start = self.block_table.len();
         let max_blocks = (self.tokens.len() - 1) / bs;
-        for i in self.block_table.len()..max_blocks {
-            let (h, parent) = self.block_hash(pool, i);
-            match pool.lookup(h, parent, &self.tokens[i * bs..(i + 1) * bs]) {
-                Some(b) => hits.push(b),
-                None => break,
+        let Some(w) = window else {
+            for i in start..max_blocks {
+                let (h, parent) = self.block_hash(pool, i);
+                match pool.lookup(h, parent, &self.tokens[i * bs..(i + 1) * bs]) {
+                    Some(b) => hits.push(b),
+                    None => break,
+                }
             }
+            return hits;
+        };
+        // A run of k blocks (positions < k·bs computed) is usable when the blocks position k·bs
+        // attends to, first(k) = (k·bs + 1 − W)/bs .. k, are all there: from `start` on found in
+        // the cache, before `start` held by the sequence (not released).
+        let mut found: Vec<Option<u32>> = Vec::new();
+        let mut best = start;
+        let mut after_miss = start; // one past the last block not found
+        for i in start..max_blocks {
+            let (h, parent) = self.block_hash(pool, i);
+            let b = pool.lookup(h, parent, &self.tokens[i * bs..(i + 1) * bs]);
+            if b.is_none() {
+                after_miss = i + 1;
+            }
+            found.push(b);
+            let k = i + 1;
+            let first = (k * bs + 1).saturating_sub(w) / bs;
+            let all_found = after_miss <= first.max(start);
+            let all_held = first >= start || first >= self.n_released;
+            if all_found && all_held {
+                best = k;
+            }
+        }
+        let first = (best * bs + 1).saturating_sub(w) / bs;
+        for (j, b) in found.into_iter().take(best - start).enumerate() {
+            hits.push(if start + j < first { NO_BLOCK } else { b.expect("a needed block is found") });
         }
         hits
     }
 
-    /// Takes a reference on each of `hits` (from [`Self::find_cached`]) and appends them to the
-    /// block table: their tokens count as computed. Returns the tokens gained.
+    /// Takes a reference on each of `hits` (from [`Self::find_cached`]; [`NO_BLOCK`] entries are
+    /// appended as such) and appends them to the block table: their tokens count as computed.
+    /// Returns the tokens gained. Under a window, call [`Self::release_outside_window`] next (it
+    /// releases what the window has passed and keeps the released entries a prefix).
     pub fn take_cached(&mut self, pool: &mut BlockPool, hits: &[u32]) -> usize {
         for &b in hits {
-            pool.touch(b);
+            if b != NO_BLOCK {
+                pool.touch(b);
+            }
             self.block_table.push(b);
         }
         let bs = pool.block_size();
