@@ -228,6 +228,8 @@ def load_reference_weights(path: Path) -> tuple[dict, dict[str, np.ndarray], dic
         "base": float(_field(r, f"{arch}.rope.freq_base") or 10000.0),
         "head_dim": _field(r, f"{arch}.attention.key_length"),
         "rope_scale": 1.0 / float(_field(r, f"{arch}.rope.scaling.factor") or 1.0),
+        "sliding_window": int(_field(r, f"{arch}.attention.sliding_window") or 0),
+        "sliding_window_pattern": _field(r, f"{arch}.attention.sliding_window_pattern"),
     }
     ws, types = {}, {}
     for t in r.tensors:
@@ -290,8 +292,29 @@ def _rope(x: np.ndarray, pos: np.ndarray, base: float, neox: bool, scale: float 
     return out
 
 
-def reference_logits(path: Path, tokens: list[int], llama_rounding: bool = False) -> np.ndarray:
+def swa_layers(hp: dict) -> list[bool]:
+    """Which layers are windowed, from the file's ``sliding_window_pattern`` as llama.cpp reads
+    it: one bool per layer, or an int period ``n`` (``llama_hparams::set_swa_pattern``: windowed
+    iff ``n == 0 or il % n < n - 1``), or (absent) every layer."""
+    n, pat = hp["n_layer"], hp["sliding_window_pattern"]
+    if hp["sliding_window"] == 0:
+        return [False] * n
+    if pat is None:
+        return [True] * n
+    if isinstance(pat, (list, tuple)):
+        return [bool(x) for x in pat]
+    pat = int(pat)
+    return [pat == 0 or il % pat < pat - 1 for il in range(n)]
+
+
+def reference_logits(path: Path, tokens: list[int], llama_rounding: bool = False,
+                     sliding_window: int | None = None) -> np.ndarray:
     """float64 logits [n_tokens, n_vocab] of ``tokens`` through the model at ``path``.
+
+    A layer the file declares windowed (``{arch}.attention.sliding_window`` W, ``swa_layers``;
+    ``sliding_window`` overrides W, 0 for none) masks key ``j`` of query ``i`` unless
+    ``0 <= i − j < W`` (llama.cpp's ``LLAMA_SWA_TYPE_STANDARD``, Hugging Face's
+    ``sliding_window_overlay``).
 
     With ``llama_rounding`` the values are rounded where llama.cpp's CPU path rounds them (and fak
     with it): every matmul input as its quantized matmul does (``quantize_activations``), and in
@@ -313,8 +336,15 @@ def reference_logits(path: Path, tokens: list[int], llama_rounding: bool = False
     pos = np.arange(T, dtype=np.float64)
     x = w["token_embd.weight"][tokens]
     mask = np.triu(np.full((T, T), -np.inf), k=1)
+    if sliding_window is not None:
+        hp = dict(hp, sliding_window=sliding_window)
+    windowed = swa_layers(hp)
+    W = hp["sliding_window"]
+    ii, jj = np.arange(T)[:, None], np.arange(T)[None, :]
+    swa_mask = np.where((ii - jj >= 0) & (ii - jj < max(W, 1)), 0.0, -np.inf)
     for i in range(hp["n_layer"]):
         p = f"blk.{i}."
+        layer_mask = swa_mask if windowed[i] else mask
         h = _rmsnorm(x, w[p + "attn_norm.weight"], hp["eps"])
         q = mm(h, p + "attn_q.weight") + w.get(p + "attn_q.bias", 0.0)
         k = mm(h, p + "attn_k.weight") + w.get(p + "attn_k.bias", 0.0)
@@ -327,7 +357,7 @@ def reference_logits(path: Path, tokens: list[int], llama_rounding: bool = False
         att = np.empty((T, nh, hd))
         for hh in range(nh):
             qh = _f16(q[:, hh, :]).astype(np.float64) if llama_rounding else q[:, hh, :]
-            s = qh @ k[:, hh // g, :].T / math.sqrt(hd) + mask
+            s = qh @ k[:, hh // g, :].T / math.sqrt(hd) + layer_mask
             s = np.exp(s - s.max(axis=1, keepdims=True))
             pr = s / s.sum(axis=1, keepdims=True)
             if llama_rounding:
@@ -611,7 +641,7 @@ def test_kv_cache_pressure_preempts_and_recovers(tiny):
                           "prefill_seconds", "decode_seconds", "sample_seconds", "steps", "preemptions",
                           "prefix_cache_query_tokens", "prefix_cache_hit_tokens", "prefix_cache_blocks",
                           "device_sampled_rows", "device_sampled_host_rows", "tp_collective_seconds",
-                          "tp_collective_wait_seconds"}
+                          "tp_collective_wait_seconds", "kv_blocks_peak"}
     assert stats["tp_collective_seconds"] == 0.0  # one shard: no collectives
     assert stats["decode_tokens"] > 0 and stats["prefill_tokens"] > 0 and stats["steps"] > 0
     assert (stats["running"], stats["waiting"], stats["kv_blocks_used"]) == (0, 0, 0)

@@ -200,6 +200,30 @@ def test_synthetic_models_of_both_architectures(tmp_path, arch: str) -> None:  #
         assert (got.argmax(1) == ref.argmax(1)).all(), n
 
 
+def test_sharded_sliding_window_stream_equals_one_shard(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Tensor parallelism and a sliding window together: each shard's attention reads only the
+    window and the one logical block table releases the blocks before it, so a stream 20x the
+    window decodes on 2 shards as on one (greedy tokens; the tiny model's shards sum exactly
+    enough for that), in a KV pool far smaller than the stream."""
+    p = write_tiny_model(tmp_path / "swa.gguf", "qwen2", n_layer=2, n_embd=256, n_head=8, n_head_kv=4,
+                         n_ff=768, weight_type="Q8_0", sliding_window=32)
+    runs = []
+    for n in (1, 2):
+        m = _model(p, n, n_ctx=1024, kv_cache_tokens=256, max_tokens_per_step=64)
+        assert m.config["kv_window"] == 32
+        m.add_sequence(1, list(range(5, 105)), {"temperature": 0.0, "max_tokens": 540})
+        toks, peak = [], 0
+        while True:
+            out = m.step()
+            peak = max(peak, m.kv_blocks_total - m.kv_blocks_free)
+            toks += [t for (_, t, _, _, fin) in out]
+            if any(fin for *_, fin in out):
+                break
+        assert len(toks) == 540 and peak <= 5, (n, len(toks), peak)  # 640 positions, 20 windows
+        runs.append(toks)
+    assert runs[0] == runs[1]
+
+
 def test_k_quant_that_cannot_be_cut_on_its_blocks_is_a_shard_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """A k-quant attn_output with K = 256 (4 heads of 64) is one block per row: no 2-way cut. With
     attn_output in Q8_0 (32-element blocks) the heads split, but ffn_down (Q4_K, n_ff 512 = 2 blocks)

@@ -144,6 +144,8 @@ class Model:
         rope_scale: float | None = None,
         yarn_orig_ctx: int | None = None,
         tensor_parallel: int = 1,
+        sliding_window: int | None = None,
+        free_window_blocks: bool = True,
     ) -> Model: ...
     @property
     def backend(self) -> str: ...
@@ -180,7 +182,7 @@ class Model:
         prefill_seconds, decode_seconds, sample_seconds, steps, preemptions,
         prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_blocks,
         device_sampled_rows, device_sampled_host_rows, tp_collective_seconds,
-        tp_collective_wait_seconds."""
+        tp_collective_wait_seconds, kv_blocks_peak."""
     def reset_stats(self) -> None:
         """Zeroes the counters of ``stats()``."""
     def evict_prefix(self, token_ids: list[int], start: int) -> int:
@@ -276,7 +278,7 @@ class OpRunner:
     def attention(
         self, seqs: list[tuple[int, int]], n_head: int, n_head_kv: int, head_dim: int,
         block_perm: npt.NDArray[np.uint32], q: npt.NDArray[np.float32], k: npt.NDArray[np.float32],
-        v: npt.NDArray[np.float32],
+        v: npt.NDArray[np.float32], window: int = 0,
     ) -> list[npt.NDArray[np.float32]]: ...
     def matmul_multi(
         self, wtypes: list[str], ws: list[npt.NDArray[np.uint8]], n_outs: list[int], k: int,

@@ -473,6 +473,12 @@ class Engine:
             docs/tensor-parallel.md). On the CPU backend the shards are threads of this process
             sharing ``threads``; multi-GPU (NCCL) is not built, so ``backend="cuda"`` (or
             ``"auto"`` finding a GPU) with ``tensor_parallel > 1`` raises ``fak.BackendError``.
+        sliding_window: sliding-window attention over the file's
+            ``{arch}.attention.sliding_window``, in tokens (0: none; None: the file decides):
+            windowed layers (the file's ``attention.sliding_window_pattern``, every layer without
+            one) attend to the last ``sliding_window`` positions only (llama.cpp's and Hugging
+            Face's convention). With every layer windowed, each sequence's KV memory is bounded by
+            the window instead of ``n_ctx`` (docs/long-context.md).
 
     Raises:
         OSError / fak.GGUFError: unreadable or invalid file.
@@ -498,6 +504,7 @@ class Engine:
         rope_scale: float | None = None,
         yarn_orig_ctx: int | None = None,
         tensor_parallel: int = 1,
+        sliding_window: int | None = None,
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
@@ -515,7 +522,8 @@ class Engine:
         model = _native.Model(str(path), backend=resolved, n_ctx=n_ctx, threads=threads,
                               kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
                               prefix_cache=prefix_cache, rope_scaling=rope_scaling, rope_scale=rope_scale,
-                              yarn_orig_ctx=yarn_orig_ctx, tensor_parallel=tensor_parallel)
+                              yarn_orig_ctx=yarn_orig_ctx, tensor_parallel=tensor_parallel,
+                              sliding_window=sliding_window)
         self._init(model, tokenizer, template, path.stem, resolved, max_batch)
 
     @classmethod

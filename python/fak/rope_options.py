@@ -1,7 +1,7 @@
-"""The RoPE scaling options shared by ``fak serve``, ``fak generate`` and ``fak chat``
-(``--rope-scaling``, ``--rope-scale``, ``--yarn-orig-ctx``), and the ``fak.Engine`` keyword
-arguments they become. The scaling itself is Rust's (``rust/src/model/rope_scaling.rs``;
-docs/long-context.md)."""
+"""The long-context options shared by ``fak serve``, ``fak generate`` and ``fak chat``: RoPE
+scaling (``--rope-scaling``, ``--rope-scale``, ``--yarn-orig-ctx``) and the sliding window
+(``--sliding-window``), and the ``fak.Engine`` keyword arguments they become. Both are Rust's
+(``rust/src/model/rope_scaling.rs``, ``rust/src/model/config.rs``; docs/long-context.md)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ ROPE_SCALING_TYPES = ("none", "linear", "yarn", "llama3")
 
 
 def rope_click_options(f: F) -> F:
-    """Adds the three RoPE scaling options to a click command (each defaults to the GGUF's)."""
+    """Adds the three RoPE scaling options and ``--sliding-window`` to a click command (each
+    defaults to the GGUF's)."""
     options = [
         click.option("--rope-scaling", type=click.Choice(ROPE_SCALING_TYPES), default=None,
                      help="RoPE scaling for long contexts [default: the GGUF's rope.scaling.type]; Qwen2.5 "
@@ -26,6 +27,11 @@ def rope_click_options(f: F) -> F:
         click.option("--yarn-orig-ctx", type=click.IntRange(min=1), default=None,
                      help="Context the model was trained on before extension, in tokens [default: the "
                           "GGUF's rope.scaling.original_context_length, else its context_length]."),
+        click.option("--sliding-window", type=click.IntRange(min=0), default=None,
+                     help="Sliding-window attention: windowed layers attend to the last N positions only; "
+                          "0 turns the window off [default: the GGUF's attention.sliding_window; the "
+                          "layers are its attention.sliding_window_pattern, else all]. With every layer "
+                          "windowed, KV memory is bounded by the window, not --n-ctx."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -33,8 +39,10 @@ def rope_click_options(f: F) -> F:
 
 
 def rope_kwargs(rope_scaling: str | None = None, rope_scale: float | None = None,
-                yarn_orig_ctx: int | None = None, **_: Any) -> dict[str, Any]:
+                yarn_orig_ctx: int | None = None, sliding_window: int | None = None,
+                **_: Any) -> dict[str, Any]:
     """The ``fak.Engine`` keyword arguments of the options that were given (unset ones are left
     out, so the file decides)."""
-    given = {"rope_scaling": rope_scaling, "rope_scale": rope_scale, "yarn_orig_ctx": yarn_orig_ctx}
+    given = {"rope_scaling": rope_scaling, "rope_scale": rope_scale, "yarn_orig_ctx": yarn_orig_ctx,
+             "sliding_window": sliding_window}
     return {k: v for k, v in given.items() if v is not None}

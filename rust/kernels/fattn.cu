@@ -7,8 +7,13 @@
 // a KV head form consecutive pairs p = row·G + head, so one KV tile in shared memory serves all of
 // them. A block of NW warps takes P = 16·NW consecutive pairs of one sequence and one KV head; warp
 // w owns pairs 16w..16w+15 (the M dimension of its MMAs). Pair p attends to positions
-// 0 .. n_past + p/G (causal). grid = (n_seqs · tiles_per_seq, n_head_kv, n_split); KV split z covers
-// positions [z·split_len, (z+1)·split_len).
+// lo(p) .. n_past + p/G (causal), lo(p) = 0, or with a sliding window W > 0 (`window`)
+// max(0, n_past + p/G + 1 − W): llama.cpp's LLAMA_SWA_TYPE_STANDARD, key j seen iff pos − j < W.
+// grid = (n_seqs · tiles_per_seq, n_head_kv, n_split); KV split z covers positions
+// [base + z·split_len, base + (z+1)·split_len), base = lo(first pair of the block) rounded down to
+// a tile (0 without a window): blocks of the table before base are never read (the engine may
+// have released them), and the window start is derived in the kernel from n_past, so a decode
+// graph captured once stays valid as sequences advance.
 //
 // KV layout per layer: [block][kv_head][32 slots][D] f16 (block size 32 = one tile). Scores are
 // f32; Q and P are rounded to f16 for the MMAs (as llama.cpp's CUDA flash attention).
@@ -18,7 +23,7 @@ template <int D, int NW>
 __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
                       const SeqRows* __restrict__ seqs, const u32* __restrict__ tables, float* __restrict__ out,
                       float* ws_o, float2* ws_ml, u32* counters, int n_head, int n_head_kv, int tiles_per_seq,
-                      int split_len, float scale_log2, int ext_combine) {
+                      int split_len, float scale_log2, int ext_combine, int window) {
     constexpr int P = 16 * NW, LD = D + 8, NTH = 32 * NW, BS = 32;
     extern __shared__ __align__(16) u16 smem[];
     __shared__ u32 s_last;
@@ -32,18 +37,22 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
     if (pair0 >= n_pairs) return;  // the same for every split of this (x, y): no counter involved
     const int p_last = min(pair0 + P, n_pairs) - 1;
     const int L_max = (int)s.n_past + p_last / G + 1;
+    // The tile where the first pair's window starts (pairs are in position order).
+    const int kv_base = window > 0 ? max(0, (int)s.n_past + pair0 / G + 1 - window) & ~(BS - 1) : 0;
     // Splits that hold positions of this block's pairs; the others have nothing to do (and are
     // not counted by the combine).
-    const int n_valid = min(n_split, (L_max + split_len - 1) / split_len);
+    const int n_valid = min(n_split, (L_max - kv_base + split_len - 1) / split_len);
     if (split >= n_valid) return;
-    const int kv_lo = split * split_len;
+    const int kv_lo = kv_base + split * split_len;
     const int kv_hi = min(kv_lo + split_len, L_max);
     const size_t qstride = (size_t)n_head * D;
 
-    // This thread's two rows of the warp's 16 pairs.
+    // This thread's two rows of the warp's 16 pairs: keys [Fa, La) and [Fb, Lb).
     const int pa = pair0 + warp * 16 + (lane >> 2), pb = pa + 8;
     const int La = pa < n_pairs ? (int)s.n_past + pa / G + 1 : 0;
     const int Lb = pb < n_pairs ? (int)s.n_past + pb / G + 1 : 0;
+    const int Fa = window > 0 ? max(0, La - window) : 0;
+    const int Fb = window > 0 ? max(0, Lb - window) : 0;
 
     float o[D / 8][4];
 #pragma unroll
@@ -119,7 +128,8 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
                     mma_f16(sc[2 * nb + 1], qf[ks], b + 2);
                 }
             }
-            // Causal mask and scale (log2 domain), online softmax.
+            // Causal (and window) mask and scale (log2 domain), online softmax. Slots of the tile
+            // before a row's window start hold the sequence's own earlier keys (finite): P is 0.
             const int lim_a = min(La, kv_hi), lim_b = min(Lb, kv_hi);
             float mx0 = NEG_INF, mx1 = NEG_INF;
 #pragma unroll
@@ -127,7 +137,8 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
                     const int pos = pos0 + nt * 8 + (lane & 3) * 2 + (e & 1);
-                    const float v = pos < (e < 2 ? lim_a : lim_b) ? sc[nt][e] * scale_log2 : NEG_INF;
+                    const bool in = e < 2 ? (pos >= Fa && pos < lim_a) : (pos >= Fb && pos < lim_b);
+                    const float v = in ? sc[nt][e] * scale_log2 : NEG_INF;
                     sc[nt][e] = v;
                     if (e < 2) mx0 = fmaxf(mx0, v);
                     else mx1 = fmaxf(mx1, v);
@@ -267,17 +278,19 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
 // Combine of the split decode attention (every sequence has one row): block (sequence, query
 // head), 256 threads. Weights w_z = 2^(m_z − M) of the valid splits, then thread (z-group, 4
 // dims) sums its share of the splits and the groups are added in shared memory. Splits: at most
-// 128 (the host's cap). Sequences whose context fits one split were written by the split kernel.
+// 128 (the host's cap), counted from the split kernel's base (its sliding window's first tile).
+// Sequences whose context fits one split were written by the split kernel.
 extern "C" __global__ void __launch_bounds__(256) fattn_combine_f32(const SeqRows* __restrict__ seqs, const float* __restrict__ ws_o,
                                                                     const float2* __restrict__ ws_ml, float* __restrict__ out, int n_head,
-                                                                    int n_head_kv, int n_split, int split_len, int P, int D) {
+                                                                    int n_head_kv, int n_split, int split_len, int P, int D, int window) {
     __shared__ float sw[128];
     __shared__ float sh[32];
     __shared__ float4 sacc[256];
     const SeqRows s = seqs[blockIdx.x];
     const int h = blockIdx.y, G = n_head / n_head_kv, g = h / G, pl = h - g * G;
     const int L = (int)s.n_past + 1;
-    const int n_valid = min(n_split, (L + split_len - 1) / split_len);
+    const int kv_base = window > 0 ? max(0, L - window) & ~31 : 0;
+    const int n_valid = min(n_split, (L - kv_base + split_len - 1) / split_len);
     if (n_valid <= 1) return;
     const size_t base = ((size_t)blockIdx.x * n_head_kv + g) * n_split;
     const int tid = threadIdx.x;
@@ -326,9 +339,9 @@ extern "C" __global__ void __launch_bounds__(256) fattn_combine_f32(const SeqRow
     extern "C" __global__ void __launch_bounds__(32 * NW) fattn_f16_d##D##_w##NW(                                          \
         const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, const SeqRows* __restrict__ seqs, \
         const u32* __restrict__ tables, float* __restrict__ out, float* ws_o, float2* ws_ml, u32* counters, int n_head,      \
-        int n_head_kv, int tiles_per_seq, int split_len, float scale_log2, int ext_combine) {                                \
+        int n_head_kv, int tiles_per_seq, int split_len, float scale_log2, int ext_combine, int window) {                    \
         fattn<D, NW>(q, kc, vc, seqs, tables, out, ws_o, ws_ml, counters, n_head, n_head_kv, tiles_per_seq, split_len,        \
-                     scale_log2, ext_combine);                                                                               \
+                     scale_log2, ext_combine, window);                                                                       \
     }
 
 FATTN(64, 1)

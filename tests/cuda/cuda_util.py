@@ -63,11 +63,13 @@ def f16_round(x: np.ndarray) -> np.ndarray:
 
 
 def attention_ref(seqs: list[tuple[int, int]], n_head: int, n_head_kv: int, head_dim: int,
-                  q: np.ndarray, k: np.ndarray, v: np.ndarray) -> np.ndarray:
+                  q: np.ndarray, k: np.ndarray, v: np.ndarray, window: int = 0) -> np.ndarray:
     """Causal GQA attention in float64 over f16-rounded K/V (as the cache stores them).
 
     q: ``[Σ n_rows, n_head·head_dim]``; k, v: per sequence ``n_past + n_rows`` rows of
-    ``[n_head_kv·head_dim]``, concatenated. Returns ``[Σ n_rows, n_head·head_dim]``."""
+    ``[n_head_kv·head_dim]``, concatenated. ``window`` > 0: a brute-force sliding-window mask, key
+    ``j`` of the query at position ``p`` kept iff ``0 <= p − j < window`` (llama.cpp's
+    ``LLAMA_SWA_TYPE_STANDARD``). Returns ``[Σ n_rows, n_head·head_dim]``."""
     g = n_head // n_head_kv
     out = np.zeros((q.shape[0], n_head * head_dim))
     r0 = c0 = 0
@@ -79,7 +81,10 @@ def attention_ref(seqs: list[tuple[int, int]], n_head: int, n_head_kv: int, head
         for h in range(n_head):
             kh, vh = ks[:, h // g], vs[:, h // g]
             s = qs[:, h] @ kh.T / np.sqrt(head_dim)
-            mask = np.arange(ctx)[None, :] > (n_past + np.arange(n_rows))[:, None]
+            pos = (n_past + np.arange(n_rows))[:, None]
+            mask = np.arange(ctx)[None, :] > pos
+            if window > 0:
+                mask |= pos - np.arange(ctx)[None, :] >= window
             s[mask] = -np.inf
             s -= s.max(axis=1, keepdims=True)
             p = np.exp(s)

@@ -414,6 +414,116 @@ def test_attention_long_context_decode(backend: str, ctx: int) -> None:
     assert rel_err(out.reshape(1, -1), ref) <= (5e-3 if backend == "cuda" else 1e-3)
 
 
+# ---------------------------------------------------------------- sliding-window attention
+
+SWA_CASES = [
+    # (name, seqs [(n_past, n_rows)], n_head, n_head_kv, head_dim, window): rows below and above
+    # the window, decode and (chunked) prefill, batched with sequences of other lengths, windows
+    # of 1, of one block, not a multiple of 32, wider than the context.
+    ("1.5b.decode.below", [(20, 1)], 12, 2, 128, 64),
+    ("1.5b.decode.above", [(699, 1)], 12, 2, 128, 64),
+    ("1.5b.decode.batch", [(5, 1), (300, 1), (32, 1), (2047, 1), (95, 1), (96, 1)], 12, 2, 128, 96),
+    ("1.5b.decode.w4096", [(9000, 1), (4095, 1), (4096, 1), (100, 1)], 12, 2, 128, 4096),
+    ("1.5b.prefill.67", [(0, 67)], 12, 2, 128, 40),
+    ("1.5b.prefill.chunk", [(100, 140)], 12, 2, 128, 45),
+    ("1.5b.mixed", [(0, 20), (64, 1), (3, 33), (500, 70)], 12, 2, 128, 33),
+    ("7b.prefill.chunk", [(512, 130)], 28, 4, 128, 256),
+    ("0.5b.decode", [(90, 1), (1, 1), (1000, 1)], 14, 2, 64, 32),
+    ("0.5b.prefill", [(0, 200)], 14, 2, 64, 31),
+    ("mha.decode", [(200, 1)], 8, 8, 64, 17),
+    ("g32.decode", [(777, 1)], 32, 1, 128, 100),
+    ("w1", [(10, 9), (70, 1)], 4, 2, 64, 1),
+    ("wide", [(40, 30), (7, 1)], 6, 3, 96, 1000),
+    ("tiny.d16", [(100, 9)], 4, 2, 16, 8),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", SWA_CASES, ids=[c[0] for c in SWA_CASES])
+def test_sliding_window_attention(backend: str, case: tuple[str, list[tuple[int, int]], int, int, int, int]) -> None:
+    """Windowed attention against the brute-force masked float64 reference, and CUDA against the
+    CPU op. The blocks wholly before each sequence's first new row's window point at a block of
+    +inf K/V (as released, reused blocks may hold anything): a kernel that loads one gives NaN."""
+    name, seqs, n_head, n_head_kv, head_dim, window = case
+    rng = seed("swa", backend, name)
+    ctx = sum(p + r for p, r in seqs)
+    rows = sum(r for _, r in seqs)
+    q = rng.standard_normal((rows, n_head * head_dim)).astype(np.float32)
+    k = (rng.standard_normal((ctx, n_head_kv * head_dim)) * 0.5).astype(np.float32)
+    v = rng.standard_normal((ctx, n_head_kv * head_dim)).astype(np.float32)
+    n_blocks = sum((p + r + 31) // 32 for p, r in seqs) + 3
+    perm = rng.permutation(n_blocks).astype(np.uint32)
+    args = (seqs, n_head, n_head_kv, head_dim, perm, q.reshape(-1), k.reshape(-1), v.reshape(-1))
+    out = runner(backend).attention(*args, window=window)[0]
+    ref = attention_ref(seqs, n_head, n_head_kv, head_dim, q, k, v, window=window)
+    err = rel_err(out.reshape(rows, -1), ref)
+    bound = 5e-3 if backend == "cuda" else 1e-3
+    assert err <= bound, f"{backend} {name}: relative error {err:.3g} > {bound:g}"
+    # The window matters here (else the case tests nothing): the unwindowed result is far.
+    if max(p + r for p, r in seqs) > window:
+        full = attention_ref(seqs, n_head, n_head_kv, head_dim, q, k, v)
+        assert rel_err(out.reshape(rows, -1), full) > 10 * bound, name
+    if backend == "cuda":
+        cpu = runner("cpu").attention(*args, window=window)[0]
+        assert rel_err(out, cpu.astype(np.float64)) <= bound + 1e-3
+
+
+@pytest.mark.parametrize("backend,ctx", [("cpu", 8192), pytest.param("cuda", 8192, marks=pytest.mark.cuda),
+                                         pytest.param("cuda", 131072, marks=pytest.mark.cuda)])
+def test_sliding_window_long_context_decode(backend: str, ctx: int) -> None:
+    """Decode at the end of a long context with a 4096-token window: the split-KV path counts its
+    splits from the window's first tile (the blocks before it are poisoned)."""
+    rng = seed("swa-long", backend, ctx)
+    n_head, n_head_kv, head_dim, window = 12, 2, 128, 4096
+    seqs = [(ctx - 1, 1), (window + 5, 1)]
+    total = sum(p + r for p, r in seqs)
+    q = rng.standard_normal((2, n_head * head_dim)).astype(np.float32)
+    k = (rng.standard_normal((total, n_head_kv * head_dim)) * 0.3).astype(np.float32)
+    v = rng.standard_normal((total, n_head_kv * head_dim)).astype(np.float32)
+    perm = rng.permutation(sum((p + r + 31) // 32 for p, r in seqs) + 1).astype(np.uint32)
+    out = runner(backend).attention(seqs, n_head, n_head_kv, head_dim, perm, q.reshape(-1), k.reshape(-1),
+                                    v.reshape(-1), window=window)[0]
+    ref = attention_ref(seqs, n_head, n_head_kv, head_dim, q, k, v, window=window)
+    assert rel_err(out.reshape(2, -1), ref) <= (5e-3 if backend == "cuda" else 1e-3)
+
+
+SAFE_SWA = """
+import sys
+import numpy as np
+from fak import _native
+r = _native.OpRunner("cuda")
+rng = np.random.default_rng(5)
+seqs = [(3000, 1), (40, 1), (2047, 1)]
+ctx = sum(p + n for p, n in seqs)
+q = rng.standard_normal((3, 12 * 128)).astype(np.float32)
+k = (rng.standard_normal((ctx, 256)) * 0.5).astype(np.float32)
+v = rng.standard_normal((ctx, 256)).astype(np.float32)
+perm = rng.permutation(sum((p + n + 31) // 32 for p, n in seqs) + 2).astype(np.uint32)
+out = r.attention(seqs, 12, 2, 128, perm, q.reshape(-1), k.reshape(-1), v.reshape(-1), window=int(sys.argv[1]))[0]
+np.save(sys.argv[2], out)
+"""
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("window", [0, 100, 1000])
+def test_sliding_window_in_kernel_combine(require_cuda: None, window: int, tmp_path) -> None:
+    """``FAK_CUDA_SAFE=1`` (the split decode combined by the last block inside the attention
+    kernel, read once per process: a child process) gives what the separate combine gives."""
+    import subprocess
+    import sys
+
+    outs = {}
+    for safe in ("0", "1"):
+        path = tmp_path / f"out{safe}.npy"
+        env = dict(os.environ, FAK_CUDA_SAFE=safe)
+        r = subprocess.run([sys.executable, "-c", SAFE_SWA, str(window), str(path)], env=env,
+                           capture_output=True, text=True, timeout=600, check=False)
+        assert r.returncode == 0, r.stderr
+        outs[safe] = np.load(path).astype(np.float64)
+    assert np.isfinite(outs["1"]).all()
+    assert rel_err(outs["1"], outs["0"]) <= 1e-5
+
+
 # ---------------------------------------------------------------- fused forward steps
 
 MULTI_CASES = [

@@ -36,8 +36,8 @@ class ReplicaSpec:
         audit_path: the shared audit log (needs ``policy_path``).
         api_key: required ``Authorization: Bearer`` key, or ``None``.
         model_name: the served model id, or ``None`` (the engine's).
-        rope: the RoPE scaling keyword arguments of ``fak.Engine`` (``rope_scaling``,
-            ``rope_scale``, ``yarn_orig_ctx``; empty: the GGUF's).
+        rope: the long-context keyword arguments of ``fak.Engine`` (``rope_scaling``,
+            ``rope_scale``, ``yarn_orig_ctx``, ``sliding_window``; empty: the GGUF's).
         log_level: uvicorn's log level in the actor.
     """
 

@@ -126,7 +126,8 @@ def plan_tiny_model(arch: Literal["qwen2", "llama"] = "qwen2", *, n_layer: int =
                     n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_vocab: int | None = None,
                     ctx: int = 2048, weight_type: str = "Q8_0", tied_embeddings: bool | None = None,
                     tensor_types: dict[str, str] | None = None, rope_freq_base: float | None = None,
-                    rms_eps: float | None = None, seed: int = 0) -> GGUFPlan:
+                    rms_eps: float | None = None, sliding_window: int | None = None,
+                    sliding_window_pattern: int | list[bool] | None = None, seed: int = 0) -> GGUFPlan:
     """The plan (metadata and tensor layout) of a tiny model; ``write_tiny_model`` writes it.
 
     Arguments are those of ``write_tiny_model``. Raises ``ValueError`` for inconsistent sizes or an
@@ -147,14 +148,44 @@ def plan_tiny_model(arch: Literal["qwen2", "llama"] = "qwen2", *, n_layer: int =
     meta = _model_metadata(cfg, name=f"fak tiny {arch}", file_type=file_type, tokenizer=_tokenizer_entries(tok),
                            general=[("size_label", _size_label(cfg))],
                            provenance=f"tiny {arch} model, weight_type {weight_type}, random weights (seed {seed})")
+    swa = _sliding_window_entries(arch, n_layer, sliding_window, sliding_window_pattern)
+    if swa:
+        at = next(i for i, e in enumerate(meta) if e.key == "general.file_type")
+        meta[at:at] = swa
     return GGUFPlan(arch, meta, tensors)
+
+
+def _sliding_window_entries(arch: str, n_layer: int, window: int | None,
+                            pattern: int | list[bool] | None) -> list[MetaEntry]:
+    """The sliding-window keys (llama.cpp's ``LLM_KV_ATTENTION_SLIDING_WINDOW`` and
+    ``..._PATTERN``) as ``gguf.GGUFWriter.add_sliding_window`` / ``add_sliding_window_pattern``
+    write them: UINT32, and UINT32 or ARRAY[BOOL]."""
+    out = []
+    if window is not None:
+        if window < 0:
+            raise ValueError(f"sliding_window must be >= 0, got {window}")
+        out.append(MetaEntry(f"{arch}.attention.sliding_window", "UINT32", int(window)))
+    if pattern is not None:
+        if isinstance(pattern, bool) or not isinstance(pattern, (int, list, tuple)):
+            raise ValueError(f"sliding_window_pattern must be an int period or a list of bools, got {pattern!r}")
+        if isinstance(pattern, int):
+            if pattern < 0:
+                raise ValueError(f"sliding_window_pattern must be >= 0, got {pattern}")
+            out.append(MetaEntry(f"{arch}.attention.sliding_window_pattern", "UINT32", pattern))
+        else:
+            if len(pattern) != n_layer:
+                raise ValueError(f"sliding_window_pattern has {len(pattern)} entries for {n_layer} layers")
+            out.append(MetaEntry(f"{arch}.attention.sliding_window_pattern", "ARRAY[BOOL]", [bool(x) for x in pattern]))
+    return out
 
 
 def write_tiny_model(path: str | os.PathLike[str], arch: Literal["qwen2", "llama"] = "qwen2", *,
                      n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128,
                      n_vocab: int | None = None, ctx: int = 2048, weight_type: str = "Q8_0",
                      tied_embeddings: bool | None = None, tensor_types: dict[str, str] | None = None,
-                     rope_freq_base: float | None = None, rms_eps: float | None = None, seed: int = 0) -> Path:
+                     rope_freq_base: float | None = None, rms_eps: float | None = None,
+                     sliding_window: int | None = None, sliding_window_pattern: int | list[bool] | None = None,
+                     seed: int = 0) -> Path:
     """Write a complete tiny ``qwen2`` or ``llama`` model to ``path`` and return the path.
 
     Args:
@@ -174,6 +205,12 @@ def write_tiny_model(path: str | os.PathLike[str], arch: Literal["qwen2", "llama
         tied_embeddings: override the family default.
         tensor_types: tensor name → type overrides (e.g. ``{"output.weight": "Q6_K"}``).
         rope_freq_base, rms_eps: override the family defaults.
+        sliding_window: write ``{arch}.attention.sliding_window`` (tokens; llama.cpp's key): the
+            model declares sliding-window attention (docs/long-context.md). None: no key.
+        sliding_window_pattern: write ``{arch}.attention.sliding_window_pattern``: a list of one
+            bool per layer (True: windowed; what llama.cpp's converter writes from Hugging Face's
+            ``layer_types``) or an int period ``n`` (llama.cpp's ``set_swa_pattern``: layer ``il``
+            windowed iff ``n == 0 or il % n < n - 1``). None: no key (every layer windowed).
         seed: seed of the random weights (same arguments and seed → identical file).
 
     Raises:
@@ -182,7 +219,8 @@ def write_tiny_model(path: str | os.PathLike[str], arch: Literal["qwen2", "llama
     """
     plan = plan_tiny_model(arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
                            n_vocab=n_vocab, ctx=ctx, weight_type=weight_type, tied_embeddings=tied_embeddings,
-                           tensor_types=tensor_types, rope_freq_base=rope_freq_base, rms_eps=rms_eps, seed=seed)
+                           tensor_types=tensor_types, rope_freq_base=rope_freq_base, rms_eps=rms_eps,
+                           sliding_window=sliding_window, sliding_window_pattern=sliding_window_pattern, seed=seed)
     return write_plan(path, plan, seed=seed)
 
 

@@ -27,8 +27,15 @@ __all__ = ["synth_command"]
 @click.option("--weight-type", default="Q8_0", show_default=True,
               type=click.Choice(sorted(FORMATS) + sorted(MIXES), case_sensitive=False),
               help="With --tiny: the type of the 2-D weights (or the Q4_K_M mix).")
+@click.option("--sliding-window", type=click.IntRange(min=0), default=None,
+              help="With --tiny: declare sliding-window attention of N tokens ({arch}.attention.sliding_window).")
+@click.option("--sliding-window-pattern", default=None, metavar="N|B,B,...",
+              help="With --tiny: which layers are windowed ({arch}.attention.sliding_window_pattern): an int "
+                   "period N (llama.cpp's: layer i windowed iff N == 0 or i % N < N - 1) or one 0/1 per layer.")
+@click.option("--n-layer", type=click.IntRange(min=1), default=None, help="With --tiny: transformer blocks [default: 2].")
 def synth_command(out: Path, tiny: str | None, like: Path | None, preset: str | None, seed: int,
-                  tokenizer_from: Path | None, weight_type: str) -> None:
+                  tokenizer_from: Path | None, weight_type: str, sliding_window: int | None = None,
+                  sliding_window_pattern: str | None = None, n_layer: int | None = None) -> None:
     """Write a synthetic GGUF model to OUT: real names, shapes, types and metadata, random valid weights."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
@@ -37,9 +44,21 @@ def synth_command(out: Path, tiny: str | None, like: Path | None, preset: str | 
         raise click.UsageError("give exactly one of --tiny ARCH, --like REAL.gguf, --preset NAME")
     if tiny and tokenizer_from:
         raise click.UsageError("--tokenizer-from applies to twins (--like/--preset), not --tiny")
+    if not tiny and (sliding_window is not None or sliding_window_pattern is not None or n_layer is not None):
+        raise click.UsageError("--sliding-window, --sliding-window-pattern and --n-layer apply to --tiny")
+    pattern: int | list[bool] | None = None
+    if sliding_window_pattern is not None:
+        try:
+            parts = [int(x) for x in sliding_window_pattern.split(",")]
+        except ValueError:
+            raise click.BadParameter("an int period or comma-separated 0/1 per layer",
+                                     param_hint="--sliding-window-pattern") from None
+        pattern = parts[0] if len(parts) == 1 and "," not in sliding_window_pattern else [bool(x) for x in parts]
     try:
         if tiny:
-            plan = plan_tiny_model(tiny, weight_type=weight_type.upper(), seed=seed)  # type: ignore[arg-type]
+            plan = plan_tiny_model(tiny, weight_type=weight_type.upper(), seed=seed,  # type: ignore[arg-type]
+                                   n_layer=n_layer or 2, sliding_window=sliding_window,
+                                   sliding_window_pattern=pattern)
         else:
             plan = plan_twin(like=like, preset=preset, seed=seed, tokenizer_from=tokenizer_from)
     except (FakError, ValueError) as exc:

@@ -121,13 +121,31 @@ impl RopeParams {
 }
 
 /// Shape of attention: `n_head` query heads share `n_head_kv` KV heads (GQA); `scale` multiplies
-/// `q·k` before the softmax (`1/sqrt(head_dim)`).
+/// `q·k` before the softmax (`1/sqrt(head_dim)`); `window` limits how far back a query looks.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct AttnParams {
     pub n_head: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// Sliding window `W` in tokens (`Some(W)`, `W ≥ 1`): a query at position `p` attends to the
+    /// keys at positions `p − W < j ≤ p` only, i.e. `max(0, p + 1 − W) ..= p` (`W` keys with
+    /// itself). This is llama.cpp's `LLAMA_SWA_TYPE_STANDARD` (`is_masked_swa`: masked when
+    /// `p − j ≥ n_swa`) and Hugging Face's `sliding_window_overlay` (`kv_idx > q_idx −
+    /// sliding_window`). `None`: plain causal attention over `0 ..= p`.
+    pub window: Option<u32>,
+}
+
+impl AttnParams {
+    /// The first key position a query at `pos` attends to: `max(0, pos + 1 − W)`, or 0 without a
+    /// window.
+    #[inline]
+    pub fn window_start(&self, pos: usize) -> usize {
+        match self.window {
+            Some(w) => (pos + 1).saturating_sub(w as usize),
+            None => 0,
+        }
+    }
 }
 
 /// Geometry of the paged KV cache a backend allocates: per layer, `n_blocks` blocks of
@@ -159,13 +177,19 @@ pub struct BatchLimits {
     pub max_blocks_per_seq: usize,
 }
 
+/// A block-table entry for a logical block the sequence no longer holds (released because it lies
+/// wholly outside every layer's sliding window). Backends never read it: see
+/// [`Backend::attention`].
+pub const NO_BLOCK: u32 = u32::MAX;
+
 /// The rows of one sequence inside a batch.
 ///
 /// Rows `row0 .. row0 + n_rows` of the batch are this sequence's new tokens at positions
 /// `n_past .. n_past + n_rows`; the sequence's KV blocks are
 /// `BatchPlan::block_tables[table0 .. table0 + n_blocks]`. Row `row0 + i` attends causally to the
-/// `n_past + i + 1` positions `0 ..= n_past + i`, all read from the KV cache (the new tokens' K/V
-/// are written there first by [`Backend::kv_write`]).
+/// `n_past + i + 1` positions `0 ..= n_past + i` (with a sliding window, only the last `W` of
+/// them: [`AttnParams::window`]), all read from the KV cache (the new tokens' K/V are written
+/// there first by [`Backend::kv_write`]). Entries of released blocks are [`NO_BLOCK`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SeqRows {
     pub row0: u32,
@@ -452,9 +476,13 @@ pub trait Backend: Send + Sync + Sized + 'static {
     }
 
     /// Causal grouped-query attention of every row of `batch` over its sequence's KV cache of
-    /// `layer`: `out[r, h, :] = softmax(scale · q[r, h, :] · K[0..=pos_r]ᵀ) · V[0..=pos_r]` with
-    /// K/V of KV head `h / (n_head / n_head_kv)`. `q` is `[n_rows, n_head · head_dim]`, `out`
-    /// the same shape.
+    /// `layer`: `out[r, h, :] = softmax(scale · q[r, h, :] · K[s_r..=pos_r]ᵀ) · V[s_r..=pos_r]` with
+    /// K/V of KV head `h / (n_head / n_head_kv)` and `s_r = params.window_start(pos_r)` (0 without
+    /// a sliding window). `q` is `[n_rows, n_head · head_dim]`, `out` the same shape.
+    ///
+    /// With a window, the blocks of a sequence's table that lie wholly before `s_r` of its first
+    /// row are never read: the engine may have returned them to the pool and put
+    /// [`NO_BLOCK`] in their place.
     #[allow(clippy::too_many_arguments)]
     fn attention(
         &self,

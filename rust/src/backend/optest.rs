@@ -212,6 +212,11 @@ pub struct AttnCase<'a> {
     /// Physical block of each logical block, consumed in sequence order; must be a permutation
     /// of `0..len` with at least Σ ⌈(n_past + n_rows)/32⌉ entries.
     pub block_perm: &'a [u32],
+    /// Sliding window ([`AttnParams::window`]). With a window, the attention's block tables
+    /// point every block wholly before a sequence's first new row's window at one extra
+    /// physical block filled with `+inf` K and V (as an engine's released, reused block could
+    /// hold anything): a kernel that reads it gives NaN (`0·inf` in `P·V`).
+    pub window: Option<u32>,
 }
 
 /// Writes every sequence's K/V (`k`, `v`: for each sequence in order, `n_past + n_rows` rows of
@@ -231,10 +236,13 @@ pub fn attention<B: TestIo>(b: &B, case: &AttnCase<'_>, q: &[f32], k: &[f32], v:
     if case.block_perm.len() < need {
         return Err(FakError::invalid("block_perm", format!("{} blocks given, {need} needed", case.block_perm.len())));
     }
-    let n_blocks = case.block_perm.len();
-    if case.block_perm.iter().any(|&x| x as usize >= n_blocks) {
+    let n_perm = case.block_perm.len();
+    if case.block_perm.iter().any(|&x| x as usize >= n_perm) {
         return Err(FakError::invalid("block_perm", "entries must be < its length"));
     }
+    // One more physical block: the poison block of a windowed case.
+    let poison = n_perm as u32;
+    let n_blocks = n_perm + 1;
     let layout = KvLayout { n_layer: 1, n_blocks, block_size: BS, n_head_kv: case.n_head_kv, head_dim: case.head_dim };
     let mut cache = b.alloc_kv_cache(layout)?;
     let mut tables = Vec::new();
@@ -250,21 +258,31 @@ pub fn attention<B: TestIo>(b: &B, case: &AttnCase<'_>, q: &[f32], k: &[f32], v:
     for (&(p, r), t) in case.seqs.iter().zip(&tables) {
         fill.push_seq(&vec![0; p + r], 0, t, BS, LogitRows::None);
     }
-    let mut batch = b.alloc_batch(BatchLimits { max_tokens: ctx_total.max(rows_total).max(1), max_seqs: case.seqs.len().max(1), max_blocks_per_seq: max_blocks })?;
+    let mut batch = b.alloc_batch(BatchLimits { max_tokens: ctx_total.max(rows_total).max(BS), max_seqs: case.seqs.len().max(1), max_blocks_per_seq: max_blocks })?;
     b.set_batch(&mut batch, &fill)?;
     let kb = b.upload(k)?;
     let vb = b.upload(v)?;
     b.kv_write(&mut cache, 0, &kb, &vb, &batch, ctx_total)?;
+    let scale = 1.0 / (case.head_dim as f32).sqrt();
+    let params = AttnParams { n_head: case.n_head, n_head_kv: case.n_head_kv, head_dim: case.head_dim, scale, window: case.window };
+    if case.window.is_some() {
+        let mut fill = BatchPlan::default();
+        fill.push_seq(&[0; BS], 0, &[poison], BS, LogitRows::None);
+        b.set_batch(&mut batch, &fill)?;
+        let inf = b.upload(&vec![f32::INFINITY; BS * kvw])?;
+        b.kv_write(&mut cache, 0, &inf, &inf, &batch, BS)?;
+    }
     // 2. Attention of the new rows.
     let mut plan = BatchPlan::default();
     for (&(p, r), t) in case.seqs.iter().zip(&tables) {
-        plan.push_seq(&vec![0; r], p, t, BS, LogitRows::None);
+        let mut t = t.clone();
+        let dead = params.window_start(p) / BS;
+        t[..dead].fill(poison);
+        plan.push_seq(&vec![0; r], p, &t, BS, LogitRows::None);
     }
     b.set_batch(&mut batch, &plan)?;
     let qb = b.upload(q)?;
     let mut out = out_buf(b, rows_total * qw)?;
-    let scale = 1.0 / (case.head_dim as f32).sqrt();
-    let params = AttnParams { n_head: case.n_head, n_head_kv: case.n_head_kv, head_dim: case.head_dim, scale };
     b.attention(&qb, &cache, 0, &batch, rows_total, &params, &mut out)?;
     let o = read(b, &out, rows_total * qw)?;
     let mut kr = Vec::with_capacity(k.len());

@@ -18,6 +18,12 @@
 //!   freed last block first, so its tail is evicted before its shared head.
 //! - Sharing is read-only: only full, computed blocks are cached, and a sequence only writes
 //!   positions at or after its first uncached position, which always lie in blocks it owns alone.
+//! - Sliding windows: a sequence of a model whose every layer is windowed returns the blocks wholly
+//!   before its window to the pool as it advances (`Sequence::release_outside_window`); their
+//!   block-table entries become [`NO_BLOCK`], which [`BlockPool::release`] skips. A released block
+//!   is released like any other: if it is cached, it keeps its K/V and stays findable until the
+//!   pool evicts it (and eviction drops its hash, so a block that was overwritten is never
+//!   matched); if not, it is reused first.
 //! - Quarantine ([`BlockPool::quarantine`]): blocks whose tokens include a span found poisoned,
 //!   and every cached block whose chain passes through them, leave the cache; their hashes are
 //!   banned, so the same chain is never cached or matched again (a block whose parent is banned is
@@ -28,6 +34,7 @@ use std::collections::hash_map::RandomState;
 use std::collections::{HashMap, HashSet};
 use std::hash::{BuildHasher, Hasher};
 
+pub use crate::backend::NO_BLOCK;
 use crate::{FakError, Result};
 
 /// The chained hash of a full KV block (see the module doc).
@@ -341,20 +348,28 @@ impl BlockPool {
         Ok(())
     }
 
-    /// Drops one reference on every block of `table` and empties it. Blocks nobody holds any more
-    /// become free: uncached ones at the front of the free list, cached ones at its back (the
-    /// table's last block first, so a sequence's tail is evicted before its head).
+    /// Drops one reference on every block of `table` and empties it ([`NO_BLOCK`] entries, blocks
+    /// released already, are skipped). Blocks nobody holds any more become free: uncached ones at
+    /// the front of the free list, cached ones at its back (the table's last block first, so a
+    /// sequence's tail is evicted before its head).
     pub fn release(&mut self, table: &mut Vec<u32>) {
         for b in table.drain(..).rev() {
-            let m = &mut self.meta[b as usize];
-            assert!(m.ref_cnt > 0, "KV block {b} released more often than taken");
-            m.ref_cnt -= 1;
-            if m.ref_cnt == 0 {
-                if m.hash.is_some() {
-                    self.push_back(b);
-                } else {
-                    self.push_front(b);
-                }
+            if b != NO_BLOCK {
+                self.release_one(b);
+            }
+        }
+    }
+
+    /// Drops one reference on `block` (see [`Self::release`] for where a freed block goes).
+    pub fn release_one(&mut self, b: u32) {
+        let m = &mut self.meta[b as usize];
+        assert!(m.ref_cnt > 0, "KV block {b} released more often than taken");
+        m.ref_cnt -= 1;
+        if m.ref_cnt == 0 {
+            if m.hash.is_some() {
+                self.push_back(b);
+            } else {
+                self.push_front(b);
             }
         }
     }
@@ -482,11 +497,36 @@ mod tests {
     fn held(pool: &BlockPool, tables: &[&Vec<u32>]) -> Vec<u32> {
         let mut h = vec![0; pool.n_total()];
         for t in tables {
-            for &b in t.iter() {
+            for &b in t.iter().filter(|&&b| b != NO_BLOCK) {
                 h[b as usize] += 1;
             }
         }
         h
+    }
+
+    #[test]
+    fn released_window_blocks_are_skipped_and_stay_findable() {
+        let mut pool = BlockPool::new(4, 2, true);
+        let toks = [1u32, 2, 3, 4, 5, 6];
+        let mut t = Vec::new();
+        pool.grow(&mut t, 6).unwrap();
+        let h0 = pool.hash_block(None, &toks[0..2]);
+        assert!(pool.register(t[0], h0, None, &toks[0..2]));
+        // The window moved past block 0: released, NO_BLOCK in the table.
+        let b0 = std::mem::replace(&mut t[0], NO_BLOCK);
+        pool.release_one(b0);
+        assert_eq!((pool.n_free(), pool.ref_count(b0)), (2, 0));
+        pool.check(&held(&pool, &[&t])).unwrap();
+        // Still cached: a later sequence with the same first block finds it.
+        assert_eq!(pool.lookup(h0, None, &toks[0..2]), Some(b0));
+        // Releasing the rest of the table skips the NO_BLOCK entry.
+        pool.release(&mut t);
+        pool.check(&[0; 4]).unwrap();
+        // Once evicted (overwritten by another sequence) it is never found again.
+        let mut u = Vec::new();
+        pool.grow(&mut u, 8).unwrap();
+        assert_eq!(pool.lookup(h0, None, &toks[0..2]), None);
+        pool.release(&mut u);
     }
 
     #[test]

@@ -15,6 +15,12 @@
 //! With `tensor_parallel = N > 1` the forward runs as `N` shards ([`crate::parallel`]): one
 //! scheduler and one logical block table, and each shard's KV cache holds its own KV heads for
 //! the same block ids; sampling reads the logits gathered on rank 0.
+//!
+//! Sliding-window attention (docs/long-context.md): when every layer of the model is windowed
+//! (`ModelConfig::kv_window`), sequences return the KV blocks outside the window to the pool as
+//! they advance, so one sequence holds at most `⌈(W − 1 + max_tokens)/32⌉ + 1` blocks however long
+//! it runs; `n_ctx` stays the longest sequence (the largest position), and the KV cache only needs
+//! room for the windows (its default size follows).
 
 mod device_sample;
 pub mod kv_cache;
@@ -28,7 +34,7 @@ use std::time::Instant;
 use rayon::prelude::*;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, BatchLimits, BatchPlan, KvLayout, LogitRows};
+use crate::backend::{Backend, BatchLimits, BatchPlan, KvLayout, LogitRows, NO_BLOCK};
 use crate::gguf::GgufFile;
 use crate::model::{Model, ModelConfig, Scratch};
 use crate::parallel::{ShardPlan, ShardedModel};
@@ -67,6 +73,13 @@ pub struct EngineOptions {
     /// Tensor-parallel shards the forward runs as (≥ 1; `crate::parallel`). CPU backend only:
     /// `threads` are divided among the shards.
     pub tensor_parallel: usize,
+    /// Sliding window in tokens over the file's `{arch}.attention.sliding_window` (`Some(0)`: no
+    /// window); the layers that take it are the file's pattern, every layer without one.
+    pub sliding_window: Option<usize>,
+    /// Return KV blocks outside the window to the pool when every layer is windowed (default).
+    /// Off, sequences keep every block (the same outputs, memory growing with the sequence): for
+    /// tests and debugging.
+    pub free_window_blocks: bool,
 }
 
 impl Default for EngineOptions {
@@ -80,8 +93,18 @@ impl Default for EngineOptions {
             prefix_cache: true,
             rope: crate::model::RopeOverride::default(),
             tensor_parallel: 1,
+            sliding_window: None,
+            free_window_blocks: true,
         }
     }
+}
+
+/// The most KV blocks (of [`BLOCK_SIZE`]) one sequence holds under a sliding window of `window`
+/// tokens on every layer with forwards of up to `max_tokens` rows: a chunk at positions
+/// `q .. q + C` (`C ≤ max_tokens`) reads from `q + 1 − W`, a span of `W − 1 + C` positions, which
+/// lies in at most `⌈(W − 1 + C)/32⌉ + 1` blocks.
+pub fn max_live_blocks(window: usize, max_tokens: usize) -> usize {
+    (window.max(1) - 1 + max_tokens).div_ceil(BLOCK_SIZE) + 1
 }
 
 /// Why the engine finished a sequence (it is removed in the step that returns this).
@@ -131,6 +154,9 @@ pub struct EngineStats {
     pub sample_seconds: f64,
     /// Forward calls made by `step()`.
     pub steps: u64,
+    /// Most KV blocks held at once by sequences during a forward of `step()` (a high-water mark:
+    /// with a sliding window on every layer, bounded by the windows whatever the lengths).
+    pub kv_blocks_peak: u64,
     /// Sequences preempted for lack of KV blocks (recomputed later).
     pub preemptions: u64,
     /// Tokens looked up in the prefix cache (every admitted sequence's tokens, again after a
@@ -226,10 +252,14 @@ struct Sizes {
     n_blocks: usize,
     limits: BatchLimits,
     max_logits: usize,
+    /// The sliding window whose outside blocks sequences return to the pool (every layer
+    /// windowed and `free_window_blocks`), else `None`.
+    kv_window: Option<usize>,
 }
 
 impl Sizes {
-    fn of(opts: &EngineOptions) -> Result<Sizes> {
+    /// The engine's sizes for `opts` and the model's `config` (its sliding window already set).
+    fn of(opts: &EngineOptions, config: &ModelConfig) -> Result<Sizes> {
         let n_ctx = opts.n_ctx;
         if n_ctx < 2 {
             return Err(FakError::invalid("n_ctx", format!("{n_ctx} (must be ≥ 2)")));
@@ -240,11 +270,21 @@ impl Sizes {
         if opts.tensor_parallel == 0 {
             return Err(FakError::invalid("tensor_parallel", "0 (must be ≥ 1)"));
         }
-        let kv_tokens = opts.kv_cache_tokens.unwrap_or(n_ctx * opts.max_batch.min(8));
-        if kv_tokens < n_ctx {
-            return Err(FakError::invalid("kv_cache_tokens", format!("{kv_tokens} is smaller than n_ctx {n_ctx}; the cache must hold one full context")));
-        }
         let max_tokens = opts.max_tokens_per_step.max(opts.max_batch).max(LOGITS_CHUNK);
+        let kv_window = config.kv_window().filter(|_| opts.free_window_blocks);
+        // What one sequence may hold at once: its whole context, or with a window on every layer
+        // the window plus one chunk (see `max_live_blocks`).
+        let seq_tokens = match kv_window {
+            Some(w) => n_ctx.min(max_live_blocks(w, max_tokens) * BLOCK_SIZE),
+            None => n_ctx,
+        };
+        let kv_tokens = opts.kv_cache_tokens.unwrap_or(seq_tokens * opts.max_batch.min(8));
+        if kv_tokens < seq_tokens {
+            return Err(FakError::invalid("kv_cache_tokens", match kv_window {
+                None => format!("{kv_tokens} is smaller than n_ctx {n_ctx}; the cache must hold one full context"),
+                Some(w) => format!("{kv_tokens} is smaller than {seq_tokens}, what one sequence holds with a sliding window of {w} and {max_tokens}-token steps"),
+            }));
+        }
         Ok(Sizes {
             n_blocks: kv_tokens.div_ceil(BLOCK_SIZE),
             limits: BatchLimits {
@@ -253,6 +293,7 @@ impl Sizes {
                 max_blocks_per_seq: n_ctx.div_ceil(BLOCK_SIZE),
             },
             max_logits: opts.max_batch.max(LOGITS_CHUNK),
+            kv_window,
         })
     }
 
@@ -300,11 +341,15 @@ impl Engine<CpuBackend> {
         let pool = build_pool(opts.threads)?;
         let path = path.as_ref().to_path_buf();
         if opts.tensor_parallel > 1 {
-            let sizes = Sizes::of(&opts)?;
             let file = Arc::new(GgufFile::open(&path)?);
-            let cfg = ModelConfig::from_gguf_with(&file, &opts.rope)?;
+            let mut cfg = ModelConfig::from_gguf_with(&file, &opts.rope)?;
+            if let Some(w) = opts.sliding_window {
+                cfg.set_sliding_window(w)?;
+            }
+            let sizes = Sizes::of(&opts, &cfg)?;
             let threads = pool.current_num_threads();
-            let sharded = ShardedModel::open_cpu(file, &opts.rope, opts.tensor_parallel, threads, sizes.kv_layout(&cfg), sizes.limits, sizes.max_logits)?;
+            let kv = sizes.kv_layout(&cfg);
+            let sharded = ShardedModel::open_cpu(file, cfg, opts.tensor_parallel, threads, kv, sizes.limits, sizes.max_logits)?;
             return Engine::with_core(Core::Sharded(sharded), opts, sizes, pool);
         }
         let model = pool.install(|| Model::open_with(&path, CpuBackend::default(), &opts.rope))?;
@@ -402,14 +447,17 @@ impl<B: Backend> Engine<B> {
     }
 
     fn with_pool(
-        model: Model<B>,
+        mut model: Model<B>,
         opts: EngineOptions,
         pool: Arc<rayon::ThreadPool>,
     ) -> Result<Engine<B>> {
         if opts.tensor_parallel > 1 {
             return Err(tensor_parallel_unavailable(model.backend.name(), opts.tensor_parallel));
         }
-        let sizes = Sizes::of(&opts)?;
+        if let Some(w) = opts.sliding_window {
+            model.config.set_sliding_window(w)?;
+        }
+        let sizes = Sizes::of(&opts, &model.config)?;
         let kv = model.backend.alloc_kv_cache(sizes.kv_layout(&model.config))?;
         let scratch = Scratch::new(&model, sizes.limits, sizes.max_logits)?;
         Self::with_core(Core::One { model, kv, scratch }, opts, sizes, pool)
@@ -421,6 +469,7 @@ impl<B: Backend> Engine<B> {
                 n_ctx: opts.n_ctx,
                 max_batch: opts.max_batch,
                 max_tokens: sizes.limits.max_tokens,
+                kv_window: sizes.kv_window,
             },
             BlockPool::new(sizes.n_blocks, BLOCK_SIZE, opts.prefix_cache),
         );
@@ -486,7 +535,10 @@ impl<B: Backend> Engine<B> {
                 n_ctx: self.n_ctx,
             });
         }
-        let need = self.sched.pool.blocks_for(prompt.len() + 1);
+        let mut need = self.sched.pool.blocks_for(prompt.len() + 1);
+        if let Some(w) = self.sched.cfg.kv_window {
+            need = need.min(max_live_blocks(w, self.sched.cfg.max_tokens));
+        }
         if need > self.sched.pool.n_total() {
             return Err(FakError::KvCacheFull {
                 needed: need,
@@ -523,6 +575,7 @@ impl<B: Backend> Engine<B> {
         if self.scheduled.is_empty() {
             return Ok(Vec::new());
         }
+        self.stats.kv_blocks_peak = self.stats.kv_blocks_peak.max(self.sched.pool.n_used() as u64);
         let n_logits = self.core.forward(&self.plan)?;
         let n_vocab = self.core.config().n_vocab;
         // Logit row j belongs to the j-th scheduled entry with logits (row order).
@@ -678,7 +731,8 @@ impl<B: Backend> Engine<B> {
 
     /// Logits of every position of `tokens` (`[n_tokens · n_vocab]`, row-major), computed from
     /// scratch (no sequence state is kept). Runs in chunks of [`LOGITS_CHUNK`] tokens through the
-    /// shared KV cache, which must have room for the whole list.
+    /// shared KV cache, which must have room for the whole list (with a sliding window on every
+    /// layer: for one chunk and its windows, blocks before them are released as it goes).
     ///
     /// Errors: [`FakError::InvalidArgument`] for an empty list or a token outside the vocabulary,
     /// [`FakError::ContextLength`] when `len(tokens) > n_ctx`, [`FakError::KvCacheFull`] when the
@@ -700,11 +754,28 @@ impl<B: Backend> Engine<B> {
         let mut out: Vec<f32> =
             crate::backend::cpu::zeroed_vec(tokens.len() * n_vocab, "the logits array")?;
         let mut table = Vec::new();
-        self.sched.pool.grow(&mut table, tokens.len())?;
+        let window = self.sched.cfg.kv_window;
+        if window.is_none() {
+            self.sched.pool.grow(&mut table, tokens.len())?;
+        }
         let chunk = self.max_logits.min(self.max_tokens);
         let mut result = Ok(());
         for (ci, toks) in tokens.chunks(chunk).enumerate() {
             let n_past = ci * chunk;
+            if let Some(w) = window {
+                // Only the chunk's windows are held: release what the first row no longer sees,
+                // take blocks for the chunk.
+                let dead = ((n_past + 1).saturating_sub(w) / BLOCK_SIZE).min(table.len());
+                for b in &mut table[..dead] {
+                    if *b != NO_BLOCK {
+                        self.sched.pool.release_one(std::mem::replace(b, NO_BLOCK));
+                    }
+                }
+                if let Err(e) = self.sched.pool.grow(&mut table, n_past + toks.len()) {
+                    result = Err(e);
+                    break;
+                }
+            }
             let mut plan = std::mem::take(&mut self.plan);
             plan.clear();
             plan.push_seq(toks, n_past, &table, BLOCK_SIZE, LogitRows::All);
@@ -751,7 +822,9 @@ impl<B: Backend> Engine<B> {
     /// Removes tokens `start..end` (positions in the sequence: prompt, then generated tokens)
     /// from sequence `seq_id`, running or waiting. Its KV cache, and the logits of its next
     /// steps, are then bit-identical to those of a sequence whose tokens never held the span:
-    /// the KV blocks before `start / 32` are kept (their K/V depends on earlier tokens only),
+    /// the KV blocks before `start / 32` are kept (their K/V depends on earlier tokens only; with
+    /// blocks released outside a sliding window, only when the window of position
+    /// `start / 32 · 32` is still held, else everything is recomputed),
     /// everything after is recomputed by the following steps (a chunked prefill, as after a
     /// preemption; its last row yields the next token), and every prefix-cache block that held
     /// the span, or is chained after one, is dropped and banned. Returns the cache blocks dropped.

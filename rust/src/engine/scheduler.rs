@@ -25,6 +25,15 @@
 //! forward completes is held back one step for that). After each forward, [`Scheduler::advance`] offers the blocks
 //! the forward completed to the cache. Preemption and removal only drop references; cached blocks
 //! outlive their sequences until the pool evicts them.
+//!
+//! Sliding window (`SchedulerConfig::kv_window`, set when every layer of the model is windowed):
+//! after each forward (and right after prefix-cache hits are taken) a sequence releases the blocks
+//! wholly before the window of its next position ([`Sequence::release_outside_window`]), so it
+//! holds at most `⌈(W − 1 + C)/block_size⌉ + 1` blocks, `C` the tokens of its largest chunk
+//! (`max_tokens`), however long it runs. Admission and the growth reserved for running sequences
+//! count those live blocks, not the whole prompt. A prefix-cache hit then needs only the blocks the
+//! window of its first computed position reads ([`Sequence::find_cached`]): the chain's earlier
+//! blocks may have been evicted.
 
 use std::collections::{HashSet, VecDeque};
 
@@ -41,6 +50,9 @@ pub struct SchedulerConfig {
     pub max_batch: usize,
     /// Most tokens in one forward (≥ `max_batch`).
     pub max_tokens: usize,
+    /// Sliding window of every layer in tokens: sequences release the KV blocks outside it
+    /// (see the module doc). `None`: sequences keep every block.
+    pub kv_window: Option<usize>,
 }
 
 /// One sequence's share of a forward.
@@ -183,7 +195,7 @@ impl Scheduler {
             .chain(self.waiting.iter_mut())
             .find(|s| s.id == id)
             .expect("found above");
-        s.remove_span(&mut self.pool, start, end);
+        s.remove_span(&mut self.pool, start, end, self.cfg.kv_window);
         Some(n)
     }
 
@@ -196,29 +208,45 @@ impl Scheduler {
         s.n_cached += n_tokens;
         debug_assert!(s.n_cached <= s.tokens.len());
         s.register_full_blocks(&mut self.pool);
+        if let Some(w) = self.cfg.kv_window {
+            s.release_outside_window(&mut self.pool, w);
+        }
         true
     }
 
+    /// The blocks running sequence `s` still has to take: for all its tokens, or with a sliding
+    /// window for its next chunk (up to `max_tokens` tokens; older blocks are released as it goes).
+    fn growth(&self, s: &Sequence) -> usize {
+        let end = match self.cfg.kv_window {
+            None => s.tokens.len(),
+            Some(_) => s.tokens.len().min(s.n_cached + self.cfg.max_tokens),
+        };
+        self.pool.blocks_for(end).saturating_sub(s.block_table.len())
+    }
+
     fn admit(&mut self) {
-        let committed: usize = self
-            .running
-            .iter()
-            .map(|s| {
-                self.pool
-                    .blocks_for(s.tokens.len())
-                    .saturating_sub(s.block_table.len())
-            })
-            .sum();
+        let committed: usize = self.running.iter().map(|s| self.growth(s)).sum();
         let mut available = self.pool.n_free().saturating_sub(committed);
+        let bs = self.pool.block_size();
         while self.running.len() < self.cfg.max_batch {
             let Some(front) = self.waiting.front_mut() else {
                 break;
             };
             // Cache hits on blocks other sequences hold cost nothing; hits on free cached blocks
             // take them off the free list like new blocks.
-            let hits = front.find_cached(&self.pool);
-            let shared = hits.iter().filter(|&&b| self.pool.ref_count(b) > 0).count();
-            let need = self.pool.blocks_for(front.tokens.len()) - shared;
+            let hits = front.find_cached(&self.pool, self.cfg.kv_window);
+            let shared = |hits: &[u32]| hits.iter().filter(|&&b| self.pool.ref_count(b) > 0).count();
+            let need = match self.cfg.kv_window {
+                None => self.pool.blocks_for(front.tokens.len()) - shared(&hits),
+                Some(w) => {
+                    // The hits before the window of the first position to compute are released at
+                    // once; the rest, and the first chunk's blocks, are held.
+                    let start = hits.len() * bs;
+                    let end = front.tokens.len().min(start + self.cfg.max_tokens);
+                    let first = ((start + 1).saturating_sub(w) / bs).min(hits.len());
+                    self.pool.blocks_for(end) - first - shared(&hits[first..])
+                }
+            };
             let spare = self.running.len();
             if need + spare > available && !self.running.is_empty() {
                 break;
@@ -230,6 +258,9 @@ impl Scheduler {
             let mut seq = self.waiting.pop_front().expect("front exists");
             self.prefix_query_tokens += seq.tokens.len() as u64;
             self.prefix_hit_tokens += seq.take_cached(&mut self.pool, &hits) as u64;
+            if let Some(w) = self.cfg.kv_window {
+                seq.release_outside_window(&mut self.pool, w);
+            }
             self.running.push(seq);
         }
     }
@@ -255,8 +286,11 @@ impl Scheduler {
         if self.pool.prefix_caching() {
             for s in &mut self.running {
                 if s.n_pending() > 1 {
-                    let hits = s.find_cached(&self.pool);
+                    let hits = s.find_cached(&self.pool, self.cfg.kv_window);
                     self.prefix_hit_tokens += s.take_cached(&mut self.pool, &hits) as u64;
+                    if let Some(w) = self.cfg.kv_window {
+                        s.release_outside_window(&mut self.pool, w);
+                    }
                 }
             }
         }
@@ -386,6 +420,7 @@ mod tests {
             n_ctx: 256,
             max_batch: 4,
             max_tokens: 16,
+            kv_window: None,
         };
         let mut s = Scheduler::new(cfg, BlockPool::new(64, 8, false));
         s.add(seq(1, 5));
@@ -455,6 +490,7 @@ mod tests {
             n_ctx: 8,
             max_batch: 2,
             max_tokens: 64,
+            kv_window: None,
         };
         let mut s = Scheduler::new(cfg, BlockPool::new(64, 4, false));
         for i in 0..3 {
@@ -491,6 +527,7 @@ mod tests {
             n_ctx: 16,
             max_batch: 4,
             max_tokens: 64,
+            kv_window: None,
         };
         let mut s = Scheduler::new(cfg, BlockPool::new(4, 4, false));
         let (mut plan, mut out) = plan_out();
@@ -527,6 +564,7 @@ mod tests {
             n_ctx: 32,
             max_batch: 4,
             max_tokens: 64,
+            kv_window: None,
         };
         let mut s = Scheduler::new(cfg, BlockPool::new(4, 4, false));
         let (mut plan, mut out) = plan_out();
@@ -569,11 +607,161 @@ mod tests {
     fn check_pool(s: &Scheduler) {
         let mut held = vec![0u32; s.pool.n_total()];
         for q in s.running.iter().chain(s.waiting.iter()) {
-            for &b in &q.block_table {
+            for &b in q.block_table.iter().filter(|&&b| b != crate::backend::NO_BLOCK) {
                 held[b as usize] += 1;
             }
         }
         s.pool.check(&held).unwrap();
+    }
+
+    fn windowed_scheduler(n_blocks: usize, max_tokens: usize, window: usize, caching: bool) -> Scheduler {
+        let cfg = SchedulerConfig {
+            n_ctx: 100_000,
+            max_batch: 8,
+            max_tokens,
+            kv_window: Some(window),
+        };
+        Scheduler::new(cfg, BlockPool::new(n_blocks, 4, caching))
+    }
+
+    /// Every scheduled sequence's table holds live blocks exactly from the block of its first
+    /// row's window start on, and `NO_BLOCK` before it.
+    fn check_window_tables(s: &Scheduler, plan: &BatchPlan, window: usize) {
+        let bs = s.pool.block_size();
+        for q in &plan.seqs {
+            let t = &plan.block_tables[q.table0 as usize..(q.table0 + q.n_blocks) as usize];
+            let first = (q.n_past as usize + 1).saturating_sub(window) / bs;
+            for (i, &b) in t.iter().enumerate() {
+                assert_eq!(b == crate::backend::NO_BLOCK, i < first, "block {i} of {t:?}, window from block {first}");
+            }
+        }
+    }
+
+    #[test]
+    fn windowed_stream_holds_bounded_blocks() {
+        // W = 8, blocks of 4, chunks of 4: at most ⌈(8 − 1 + 4)/4⌉ + 1 = 4 blocks held, in a pool
+        // of 5 — for a prompt of 100 tokens and 60 generated ones (40 blocks' worth).
+        for caching in [false, true] {
+            let mut s = windowed_scheduler(5, 4, 8, caching);
+            s.add(seq_of(1, (0..100).map(|t| t % 13).collect()));
+            let mut peak = 0;
+            let mut generated = 0;
+            for _ in 0..200 {
+                let (mut plan, mut out) = plan_out();
+                s.schedule(&mut plan, &mut out);
+                assert_eq!(out.len(), 1, "the stream always runs");
+                check_private_writes(&s, &plan);
+                check_window_tables(&s, &plan, 8);
+                peak = peak.max(s.pool.n_used());
+                if out[0].logits {
+                    generated += 1;
+                }
+                complete(&mut s, &out);
+                check_pool(&s);
+                if generated == 60 {
+                    break;
+                }
+            }
+            assert_eq!(generated, 60);
+            assert!(peak <= 4, "peak {peak} blocks");
+            assert_eq!(s.n_preempted, 0);
+            let q = &s.running()[0];
+            assert_eq!(q.n_cached, 159);
+            assert_eq!(q.n_released, 38, "blocks wholly before position 152");
+            assert_eq!(q.n_held(), q.block_table.len() - 38);
+            s.remove(1);
+            check_pool(&s);
+            assert_eq!(s.pool.n_free(), 5);
+        }
+    }
+
+    #[test]
+    fn windowed_prefix_hits_release_what_the_window_passed() {
+        // A pool large enough to keep the first stream's released blocks cached: a second
+        // sequence with the same 40-token prefix takes its 10 full blocks from the cache and keeps
+        // only those its window still needs.
+        let mut s = windowed_scheduler(32, 8, 6, true);
+        let prompt: Vec<u32> = (0..40).collect();
+        s.add(seq_of(1, prompt.clone()));
+        while s.running().first().is_none_or(|q| q.n_cached < 40) {
+            step(&mut s);
+        }
+        s.remove(1);
+        check_pool(&s);
+        assert_eq!(s.pool.n_used(), 0);
+        let mut longer = prompt.clone();
+        longer.extend([50, 51, 52]);
+        s.add(seq_of(2, longer));
+        let (mut plan, mut out) = plan_out();
+        s.schedule(&mut plan, &mut out);
+        assert_eq!(s.prefix_hit_tokens, 40);
+        assert_eq!(out, vec![Scheduled { seq_id: 2, n_tokens: 3, logits: true }]);
+        check_window_tables(&s, &plan, 6);
+        let q = &s.running()[0];
+        // First position computed: 40, window from 35: blocks 0..8 released, 8 and 9 held + block
+        // 10 for positions 40..42.
+        assert_eq!((q.n_released, q.n_held()), (8, 3));
+        check_pool(&s);
+        complete(&mut s, &out);
+        check_pool(&s);
+    }
+
+    #[test]
+    fn windowed_hit_skips_evicted_early_blocks() {
+        // A pool of 8 blocks recycles a 40-token stream's first blocks; a second sequence with
+        // the same first 38 tokens still takes 9 blocks' worth from the cache: those its window
+        // needs (7 and 8) are there, the others are not needed (NO_BLOCK, never read).
+        let mut s = windowed_scheduler(8, 8, 6, true);
+        let prompt: Vec<u32> = (0..40).collect();
+        s.add(seq_of(1, prompt.clone()));
+        while s.running().first().is_none_or(|q| q.n_cached < 40) {
+            step(&mut s);
+        }
+        s.remove(1);
+        check_pool(&s);
+        let h0 = s.pool.hash_block(None, &prompt[0..4]);
+        assert!(s.pool.lookup(h0, None, &prompt[0..4]).is_none(), "block 0 was evicted");
+        let mut p2 = prompt[..38].to_vec();
+        p2.extend([99, 98]);
+        s.add(seq_of(2, p2));
+        let (mut plan, mut out) = plan_out();
+        s.schedule(&mut plan, &mut out);
+        check_private_writes(&s, &plan);
+        check_window_tables(&s, &plan, 6);
+        check_pool(&s);
+        assert_eq!(s.prefix_hit_tokens, 36);
+        assert_eq!(out, vec![Scheduled { seq_id: 2, n_tokens: 4, logits: true }]);
+        let q = &s.running()[0];
+        assert_eq!((q.n_cached, q.n_released, q.n_held()), (36, 7, 3));
+        complete(&mut s, &out);
+        check_pool(&s);
+        // Without a window the same lookup finds nothing (the chain from block 0 is gone).
+        let mut q = seq_of(3, prompt[..38].to_vec());
+        assert!(q.find_cached(&s.pool, None).is_empty());
+        assert_eq!(q.find_cached(&s.pool, Some(6)).len(), 9);
+    }
+
+    #[test]
+    fn windowed_quarantine_recomputes_when_the_window_is_gone() {
+        let mut s = windowed_scheduler(16, 16, 6, false);
+        s.add(seq_of(1, (0..60).collect()));
+        step(&mut s);
+        step(&mut s);
+        assert_eq!(s.running()[0].n_released, 6, "positions 0..24 (blocks 0-5) released");
+        // A span ahead of what is computed: recomputing from block 10 needs positions 35.., held.
+        s.quarantine_span(1, 40, 45).unwrap();
+        check_pool(&s);
+        let q = &s.running()[0];
+        assert_eq!((q.n_cached, q.n_released, q.block_table.len(), q.tokens.len()), (32, 6, 8, 55));
+        // A span at 26: recomputing from block 6 (position 24) needs positions 19.., released:
+        // everything is recomputed.
+        s.quarantine_span(1, 26, 28).unwrap();
+        check_pool(&s);
+        let q = &s.running()[0];
+        assert_eq!((q.n_cached, q.n_released, q.block_table.len()), (0, 0, 0));
+        let out = step(&mut s);
+        assert_eq!(out[0].n_tokens, 16);
+        assert_eq!(s.running()[0].n_released, 2);
     }
 
     /// Every row the plan writes lands in a block its sequence holds alone and that is not in the
@@ -592,6 +780,7 @@ mod tests {
             n_ctx: 256,
             max_batch: 8,
             max_tokens,
+            kv_window: None,
         };
         Scheduler::new(cfg, BlockPool::new(n_blocks, 4, true))
     }
@@ -797,7 +986,7 @@ mod tests {
         // 5 blocks of 4. Sequence 1 holds 3 blocks (2 full, cached). Sequence 2 has the same
         // first 8 tokens and 3 more: it needs 3 blocks, 2 of them shared, so 1 new block (plus
         // the spare block kept per running sequence) fits in the 2 free ones.
-        let cfg = SchedulerConfig { n_ctx: 64, max_batch: 4, max_tokens: 64 };
+        let cfg = SchedulerConfig { n_ctx: 64, max_batch: 4, max_tokens: 64, kv_window: None };
         let mut s = Scheduler::new(cfg, BlockPool::new(5, 4, true));
         s.add(seq_of(1, (0..9).collect()));
         step(&mut s);
@@ -882,5 +1071,64 @@ mod tests {
         }
         check_pool(&s);
         assert_eq!(s.pool.n_free(), 24);
+    }
+
+    #[test]
+    fn windowed_random_workload_keeps_the_pool_consistent() {
+        // The same churn under a window of 6 in a pool of 8 blocks (blocks released as sequences
+        // advance, hits that skip blocks, preemption, quarantine of random spans): the pool's invariants, private
+        // writes and the window tables hold after every step, and every sequence holds at most
+        // its live blocks.
+        let mut s = windowed_scheduler(8, 8, 6, true);
+        let mut rng = 0x2545f4914f6cdd1du64;
+        let mut next = move |n: u64| {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            rng % n
+        };
+        let bound = (6 - 1 + 8usize).div_ceil(4) + 1;
+        let mut ids = Vec::new();
+        for id in 0..300u64 {
+            if next(3) == 0 && s.contains(id.saturating_sub(1)) {
+                s.remove(id - 1);
+                check_pool(&s);
+            }
+            if next(5) == 0 {
+                if let Some(q) = s.running().first() {
+                    let (qid, n) = (q.id, q.tokens.len());
+                    if n > 2 {
+                        let start = next(n as u64 - 1) as usize;
+                        s.quarantine_span(qid, start, start + 1).unwrap();
+                        check_pool(&s);
+                    }
+                }
+            }
+            let len = 1 + next(40) as usize;
+            let prefix = next(3) as u32;
+            let toks: Vec<u32> = (0..len).map(|i| if i < 20 { prefix * 1000 + i as u32 } else { next(4) as u32 }).collect();
+            s.add(seq_of(id, toks));
+            ids.push(id);
+            let (mut plan, mut out) = plan_out();
+            s.schedule(&mut plan, &mut out);
+            check_private_writes(&s, &plan);
+            check_window_tables(&s, &plan, 6);
+            for q in s.running() {
+                assert!(q.n_held() <= bound, "sequence {} holds {} blocks", q.id, q.n_held());
+            }
+            complete(&mut s, &out);
+            check_pool(&s);
+            let long: Vec<u64> = s.running().iter().filter(|q| q.tokens.len() > 60).map(|q| q.id).collect();
+            for id in long {
+                s.remove(id);
+                check_pool(&s);
+            }
+        }
+        assert!(s.prefix_hit_tokens > 0 && s.n_preempted > 0, "{} hits, {} preemptions", s.prefix_hit_tokens, s.n_preempted);
+        for id in ids {
+            s.remove(id);
+        }
+        check_pool(&s);
+        assert_eq!(s.pool.n_free(), 8);
     }
 }

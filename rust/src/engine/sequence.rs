@@ -1,7 +1,12 @@
 //! One generation request inside the engine: its tokens, how many of them have K/V in the cache,
 //! its block table, the chained hashes of its full blocks (prefix cache) and its sampler.
+//!
+//! Under a sliding window that covers every layer (`ModelConfig::kv_window`), the leading blocks of
+//! the table that no later query can attend to are released as the sequence advances
+//! ([`Sequence::release_outside_window`]): their entries become [`NO_BLOCK`], the table keeps its
+//! logical indexing (entry `i` holds positions `i·block_size ..`).
 
-use super::kv_cache::{BlockHash, BlockPool};
+use super::kv_cache::{BlockHash, BlockPool, NO_BLOCK};
 use super::sampler::Sampler;
 
 /// A sequence (prompt plus generated tokens).
@@ -16,8 +21,11 @@ pub struct Sequence {
     pub n_prompt: usize,
     /// Tokens `0..n_cached` have K/V in the cache (the rest are pending).
     pub n_cached: usize,
-    /// Physical KV blocks holding positions `i·block_size ..` for each logical block `i`.
+    /// Physical KV blocks holding positions `i·block_size ..` for each logical block `i`;
+    /// [`NO_BLOCK`] for the first `n_released` (released outside a sliding window).
     pub block_table: Vec<u32>,
+    /// Leading entries of `block_table` released ([`Self::release_outside_window`]).
+    pub n_released: usize,
     /// Leading blocks of `block_table` already offered to the prefix cache (hits, or full blocks
     /// this sequence computed).
     pub n_registered: usize,
@@ -41,6 +49,7 @@ impl Sequence {
             n_prompt,
             n_cached: 0,
             block_table: Vec::new(),
+            n_released: 0,
             n_registered: 0,
             block_hashes: Vec::new(),
             sampler,
@@ -64,6 +73,32 @@ impl Sequence {
         debug_assert!(self.block_table.is_empty(), "release the blocks first");
         self.n_cached = 0;
         self.n_registered = 0;
+        self.n_released = 0;
+    }
+
+    /// Under a sliding window of `window` tokens on every layer, releases the blocks no query
+    /// from position `n_cached` on will read: those wholly before `n_cached + 1 − window` (the
+    /// window start of the next position to compute; queries only move forward). Their entries
+    /// become [`NO_BLOCK`]. Call it after [`Self::register_full_blocks`], so that a block enters the
+    /// prefix cache before it is released. Returns the blocks released.
+    pub fn release_outside_window(&mut self, pool: &mut BlockPool, window: usize) -> usize {
+        let first_needed = (self.n_cached + 1).saturating_sub(window) / pool.block_size();
+        let dead = first_needed.min(self.block_table.len());
+        let mut n = 0;
+        for i in self.n_released..dead {
+            let b = std::mem::replace(&mut self.block_table[i], NO_BLOCK);
+            if b != NO_BLOCK {
+                pool.release_one(b);
+                n += 1;
+            }
+        }
+        self.n_released = self.n_released.max(dead);
+        n
+    }
+
+    /// Blocks this sequence holds (its table less the released entries).
+    pub fn n_held(&self) -> usize {
+        self.block_table.len() - self.n_released
     }
 
     /// The chained hash of full block `i` (tokens `i·bs .. (i+1)·bs`, which must exist), and of
@@ -83,28 +118,66 @@ impl Sequence {
     /// logical block `self.block_table.len()`, without taking references. Only whole blocks
     /// strictly before the last token count (the last token is always computed, so its logits
     /// exist). Empty when the cache is off or the sequence is not block-aligned.
-    pub fn find_cached(&mut self, pool: &BlockPool) -> Vec<u32> {
+    ///
+    /// With a sliding window of `window` tokens on every layer (`Some`), a run of `k` blocks is a
+    /// hit when the blocks the next position `k·block_size` attends to are there (found, or held
+    /// by the sequence): earlier blocks need not be cached (vLLM's sliding-window cache hit). Their
+    /// entries are [`NO_BLOCK`]: computing from `k` never reads them. The longest such run wins.
+    pub fn find_cached(&mut self, pool: &BlockPool, window: Option<usize>) -> Vec<u32> {
         let bs = pool.block_size();
         let mut hits = Vec::new();
         if !pool.prefix_caching() || self.n_cached != self.block_table.len() * bs {
             return hits;
         }
+        let start = self.block_table.len();
         let max_blocks = (self.tokens.len() - 1) / bs;
-        for i in self.block_table.len()..max_blocks {
-            let (h, parent) = self.block_hash(pool, i);
-            match pool.lookup(h, parent, &self.tokens[i * bs..(i + 1) * bs]) {
-                Some(b) => hits.push(b),
-                None => break,
+        let Some(w) = window else {
+            for i in start..max_blocks {
+                let (h, parent) = self.block_hash(pool, i);
+                match pool.lookup(h, parent, &self.tokens[i * bs..(i + 1) * bs]) {
+                    Some(b) => hits.push(b),
+                    None => break,
+                }
             }
+            return hits;
+        };
+        // A run of k blocks (positions < k·bs computed) is usable when the blocks position k·bs
+        // attends to, first(k) = (k·bs + 1 − W)/bs .. k, are all there: from `start` on found in
+        // the cache, before `start` held by the sequence (not released).
+        let mut found: Vec<Option<u32>> = Vec::new();
+        let mut best = start;
+        let mut after_miss = start; // one past the last block not found
+        for i in start..max_blocks {
+            let (h, parent) = self.block_hash(pool, i);
+            let b = pool.lookup(h, parent, &self.tokens[i * bs..(i + 1) * bs]);
+            if b.is_none() {
+                after_miss = i + 1;
+            }
+            found.push(b);
+            let k = i + 1;
+            let first = (k * bs + 1).saturating_sub(w) / bs;
+            let all_found = after_miss <= first.max(start);
+            let all_held = first >= start || first >= self.n_released;
+            if all_found && all_held {
+                best = k;
+            }
+        }
+        let first = (best * bs + 1).saturating_sub(w) / bs;
+        for (j, b) in found.into_iter().take(best - start).enumerate() {
+            hits.push(if start + j < first { NO_BLOCK } else { b.expect("a needed block is found") });
         }
         hits
     }
 
-    /// Takes a reference on each of `hits` (from [`Self::find_cached`]) and appends them to the
-    /// block table: their tokens count as computed. Returns the tokens gained.
+    /// Takes a reference on each of `hits` (from [`Self::find_cached`]; [`NO_BLOCK`] entries are
+    /// appended as such) and appends them to the block table: their tokens count as computed.
+    /// Returns the tokens gained. Under a window, call [`Self::release_outside_window`] next (it
+    /// releases what the window has passed and keeps the released entries a prefix).
     pub fn take_cached(&mut self, pool: &mut BlockPool, hits: &[u32]) -> usize {
         for &b in hits {
-            pool.touch(b);
+            if b != NO_BLOCK {
+                pool.touch(b);
+            }
             self.block_table.push(b);
         }
         let bs = pool.block_size();
@@ -139,10 +212,22 @@ impl Sequence {
     /// not depend on later tokens) and everything from that block on is pending again. The prompt
     /// shrinks by the part of the span inside it. The caller checks the range (`start < end <=
     /// tokens.len()`, something left) and has dropped the cached blocks that held the span.
-    pub fn remove_span(&mut self, pool: &mut BlockPool, start: usize, end: usize) {
+    ///
+    /// With blocks released outside a sliding window of `window` tokens (`Some` when the engine
+    /// releases them), recomputing from block `keep` needs the blocks of position `keep·bs`'s
+    /// window; when one of them is gone, everything is recomputed (from the prefix cache where
+    /// it still holds the blocks).
+    pub fn remove_span(&mut self, pool: &mut BlockPool, start: usize, end: usize, window: Option<usize>) {
         debug_assert!(start < end && end <= self.tokens.len() && end - start < self.tokens.len());
-        let keep = start / pool.block_size();
+        let bs = pool.block_size();
+        let mut keep = start / bs;
+        if let Some(w) = window {
+            if (keep * bs + 1).saturating_sub(w) / bs < self.n_released {
+                keep = 0;
+            }
+        }
         pool.release_tail(&mut self.block_table, keep);
+        self.n_released = self.n_released.min(keep);
         self.tokens.drain(start..end);
         let in_prompt = end.min(self.n_prompt).saturating_sub(start);
         self.n_prompt -= in_prompt;
@@ -159,6 +244,9 @@ impl Sequence {
         let bs = pool.block_size();
         let n_full = (self.n_cached / bs).min(self.block_table.len());
         for i in self.n_registered..n_full {
+            if self.block_table[i] == NO_BLOCK {
+                continue;
+            }
             let (h, parent) = self.block_hash(pool, i);
             pool.register(self.block_table[i], h, parent, &self.tokens[i * bs..(i + 1) * bs]);
         }

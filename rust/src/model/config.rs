@@ -3,6 +3,22 @@
 //!
 //! Supported architectures: `qwen2` (Qwen2 / Qwen2.5 / Qwen2.5-Coder: Q/K/V biases, NEOX RoPE)
 //! and `llama` (Llama 2/3.x, SmolLM2, Mistral-style dense models: no biases, NORM RoPE).
+//!
+//! Sliding-window attention (docs/long-context.md, "Sliding-window attention"), under llama.cpp's
+//! keys (`LLM_KV_ATTENTION_SLIDING_WINDOW`, `LLM_KV_ATTENTION_SLIDING_WINDOW_PATTERN`):
+//! - `{arch}.attention.sliding_window` (integer `W`; absent or 0: no window) — how many keys
+//!   (the query's own included) a windowed layer attends to;
+//! - `{arch}.attention.sliding_window_pattern`, which layers are windowed: an array of one
+//!   bool/integer per layer (true/non-zero: windowed; what llama.cpp's converter writes from Hugging
+//!   Face's `layer_types`, `"sliding_attention"` → true), or one integer `n`, llama.cpp's
+//!   `set_swa_pattern(n)`: layer `il` windowed iff `n == 0 || il % n < n − 1` (gemma2's 2,
+//!   cohere2's 4, gemma3's 6: the last layer of each period has full attention), or one bool (all
+//!   or none). Absent: every layer is windowed (Mistral 7B v0.1, Qwen2 with
+//!   `max_window_layers = 0`).
+//!
+//! llama.cpp's own qwen2 and llama loaders ignore these keys (they read them for gemma2/3,
+//! cohere2, gpt-oss, ...); fak honours them on every architecture it runs, and a file without them
+//! runs exactly as before.
 
 use super::rope_scaling::{self, RopeMeta, RopeOverride, RopeScaling};
 use crate::backend::{AttnParams, RopeParams, RopeStyle};
@@ -76,6 +92,12 @@ pub struct ModelConfig {
     pub rope: RopeParams,
     /// The RoPE scaling scheme `rope` came from.
     pub rope_scaling: RopeScaling,
+    /// Sliding window in tokens of the windowed layers (`{arch}.attention.sliding_window`, or the
+    /// caller's override); 0: no layer is windowed.
+    pub sliding_window: usize,
+    /// Which layers take the window when there is one (`{arch}.attention.sliding_window_pattern`;
+    /// all of them when the file has no pattern), `[n_layer]`.
+    pub swa_pattern: Vec<bool>,
 }
 
 fn get<'a>(f: &'a GgufFile, key: &str) -> Option<&'a MetaValue> {
@@ -100,6 +122,49 @@ fn get_usize(f: &GgufFile, key: &str) -> Result<Option<usize>> {
             ))),
         },
     }
+}
+
+/// The per-layer sliding-window pattern under `key` (see the module doc): `n_layer` flags, or
+/// `None` when the file has no such key.
+fn swa_pattern(f: &GgufFile, key: &str, n_layer: usize) -> Result<Option<Vec<bool>>> {
+    let Some(v) = get(f, key) else {
+        return Ok(None);
+    };
+    if let Some(b) = v.as_bool() {
+        return Ok(Some(vec![b; n_layer]));
+    }
+    if let Some(n) = v.as_integer() {
+        if n < 0 || n > u32::MAX as i128 {
+            return Err(FakError::model(format!("metadata {key} = {n} is out of range")));
+        }
+        let n = n as usize;
+        // llama.cpp `llama_hparams::set_swa_pattern(n_pattern)` (dense_first = false).
+        return Ok(Some((0..n_layer).map(|il| n == 0 || il % n < n - 1).collect()));
+    }
+    if let Some(a) = v.as_array() {
+        if a.len() != n_layer {
+            return Err(FakError::model(format!(
+                "metadata {key} has {} entries for {n_layer} layers",
+                a.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(n_layer);
+        for i in 0..n_layer {
+            let e = a.get(i).expect("index below len");
+            let on = e.as_bool().or_else(|| e.as_integer().map(|x| x != 0)).ok_or_else(|| {
+                FakError::model(format!(
+                    "metadata {key} must hold bools or integers, found {}",
+                    v.type_name()
+                ))
+            })?;
+            out.push(on);
+        }
+        return Ok(Some(out));
+    }
+    Err(FakError::model(format!(
+        "metadata {key} must be an integer, a bool or an array of them, found {}",
+        v.type_name()
+    )))
 }
 
 fn req_usize(f: &GgufFile, key: &str) -> Result<usize> {
@@ -211,6 +276,15 @@ impl ModelConfig {
             )));
         }
         let n_vocab = token_embd.dims[1] as usize;
+        let sliding_window = get_usize(f, &k("attention.sliding_window"))?.unwrap_or(0);
+        if sliding_window > u32::MAX as usize {
+            return Err(FakError::model(format!(
+                "metadata {} = {sliding_window} is out of range",
+                k("attention.sliding_window")
+            )));
+        }
+        let swa_pattern = swa_pattern(f, &k("attention.sliding_window_pattern"), n_layer)?
+            .unwrap_or_else(|| vec![true; n_layer]);
         Ok(ModelConfig {
             arch,
             n_layer,
@@ -224,17 +298,54 @@ impl ModelConfig {
             rms_eps,
             rope,
             rope_scaling,
+            sliding_window,
+            swa_pattern,
         })
     }
 
-    /// The attention shape (`scale = 1/sqrt(head_dim)`).
+    /// The attention shape (`scale = 1/sqrt(head_dim)`), without a window (see
+    /// [`Self::layer_attn`]).
     pub fn attn(&self) -> AttnParams {
         AttnParams {
             n_head: self.n_head,
             n_head_kv: self.n_head_kv,
             head_dim: self.head_dim,
             scale: 1.0 / (self.head_dim as f32).sqrt(),
+            window: None,
         }
+    }
+
+    /// The sliding window of layer `il` in tokens, or `None` for full causal attention.
+    pub fn layer_window(&self, il: usize) -> Option<u32> {
+        (self.sliding_window > 0 && self.swa_pattern.get(il).copied().unwrap_or(false))
+            .then_some(self.sliding_window as u32)
+    }
+
+    /// The attention of layer `il`: [`Self::attn`] with the layer's window.
+    pub fn layer_attn(&self, il: usize) -> AttnParams {
+        AttnParams {
+            window: self.layer_window(il),
+            ..self.attn()
+        }
+    }
+
+    /// The window that bounds a sequence's KV memory: `Some(W)` when every layer is windowed
+    /// (then no query ever reads a key more than `W − 1` positions back, and the engine returns
+    /// older KV blocks to the pool), else `None` (a full-attention layer needs every position).
+    pub fn kv_window(&self) -> Option<usize> {
+        (self.sliding_window > 0 && self.swa_pattern.iter().all(|&w| w)).then_some(self.sliding_window)
+    }
+
+    /// Sets the sliding window to `window` tokens over the file's (`0`: no window); the layers
+    /// that take it stay the file's pattern (every layer when the file has none).
+    ///
+    /// Errors: [`FakError::InvalidArgument`] for a window past `u32::MAX`.
+    pub fn set_sliding_window(&mut self, window: usize) -> Result<()> {
+        if window > u32::MAX as usize {
+            return Err(FakError::invalid("sliding_window", format!("{window} is out of range")));
+        }
+        self.sliding_window = window;
+        Ok(())
     }
 
     /// Width of the query projection (`n_head · head_dim`).
@@ -245,5 +356,138 @@ impl ModelConfig {
     /// Width of the key/value projections (`n_head_kv · head_dim`).
     pub fn kv_dim(&self) -> usize {
         self.n_head_kv * self.head_dim
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The sliding-window keys on files built in memory. To add a case, build the metadata with
+    //! [`file`] and assert [`ModelConfig::layer_window`] per layer.
+    use super::*;
+
+    /// A GGUF value: `(type id, little-endian bytes)`.
+    type Val = (u32, Vec<u8>);
+
+    fn u32v(x: u32) -> Val {
+        (4, x.to_le_bytes().to_vec())
+    }
+    fn boolv(x: bool) -> Val {
+        (7, vec![x as u8])
+    }
+    fn arr(elem: u32, items: &[Vec<u8>]) -> Val {
+        let mut b = elem.to_le_bytes().to_vec();
+        b.extend_from_slice(&(items.len() as u64).to_le_bytes());
+        for i in items {
+            b.extend_from_slice(i);
+        }
+        (9, b)
+    }
+    fn gstr(x: &str) -> Vec<u8> {
+        let mut v = (x.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(x.as_bytes());
+        v
+    }
+
+    /// A `llama` file of `n_layer` layers (n_embd 8, 2 heads) with `extra` metadata and the
+    /// token embedding tensor only (the config needs no other tensor).
+    fn file(n_layer: u32, extra: &[(&str, Val)]) -> GgufFile {
+        let mut kv: Vec<(String, Val)> = vec![
+            ("general.architecture".into(), (8, gstr("llama"))),
+            ("llama.block_count".into(), u32v(n_layer)),
+            ("llama.embedding_length".into(), u32v(8)),
+            ("llama.feed_forward_length".into(), u32v(16)),
+            ("llama.attention.head_count".into(), u32v(2)),
+            ("llama.attention.layer_norm_rms_epsilon".into(), (6, 1e-5f32.to_le_bytes().to_vec())),
+        ];
+        kv.extend(extra.iter().map(|(k, v)| (k.to_string(), v.clone())));
+        let mut b = b"GGUF".to_vec();
+        b.extend_from_slice(&3u32.to_le_bytes());
+        b.extend_from_slice(&1u64.to_le_bytes());
+        b.extend_from_slice(&(kv.len() as u64).to_le_bytes());
+        for (k, (t, v)) in &kv {
+            b.extend(gstr(k));
+            b.extend_from_slice(&t.to_le_bytes());
+            b.extend_from_slice(v);
+        }
+        b.extend(gstr("token_embd.weight"));
+        b.extend_from_slice(&2u32.to_le_bytes());
+        b.extend_from_slice(&8u64.to_le_bytes());
+        b.extend_from_slice(&4u64.to_le_bytes());
+        b.extend_from_slice(&0u32.to_le_bytes()); // F32
+        b.extend_from_slice(&0u64.to_le_bytes());
+        while !b.len().is_multiple_of(32) {
+            b.push(0);
+        }
+        b.extend(std::iter::repeat_n(0u8, 8 * 4 * 4));
+        GgufFile::from_bytes(b).unwrap()
+    }
+
+    fn windows(c: &ModelConfig) -> Vec<Option<u32>> {
+        (0..c.n_layer).map(|il| c.layer_window(il)).collect()
+    }
+
+    #[test]
+    fn no_window_keys_is_full_attention_everywhere() {
+        let c = ModelConfig::from_gguf(&file(3, &[])).unwrap();
+        assert_eq!((c.sliding_window, c.kv_window()), (0, None));
+        assert_eq!(windows(&c), vec![None; 3]);
+        assert_eq!(c.layer_attn(1), c.attn());
+        // A pattern alone (no window) windows nothing.
+        let c = ModelConfig::from_gguf(&file(2, &[("llama.attention.sliding_window_pattern", u32v(2))])).unwrap();
+        assert_eq!(windows(&c), vec![None; 2]);
+    }
+
+    #[test]
+    fn window_without_pattern_covers_every_layer() {
+        let c = ModelConfig::from_gguf(&file(3, &[("llama.attention.sliding_window", u32v(64))])).unwrap();
+        assert_eq!(windows(&c), vec![Some(64); 3]);
+        assert_eq!(c.kv_window(), Some(64));
+        assert_eq!(c.layer_attn(2).window, Some(64));
+        assert_eq!(c.layer_attn(2).window_start(63), 0);
+        assert_eq!(c.layer_attn(2).window_start(64), 1, "64 keys: positions 1..=64");
+    }
+
+    #[test]
+    fn per_layer_arrays_bool_and_integer() {
+        let w = ("llama.attention.sliding_window", u32v(16));
+        let bools = arr(7, &[vec![1], vec![0], vec![1]]);
+        let c = ModelConfig::from_gguf(&file(3, &[w.clone(), ("llama.attention.sliding_window_pattern", bools)])).unwrap();
+        assert_eq!(windows(&c), vec![Some(16), None, Some(16)]);
+        assert_eq!(c.kv_window(), None, "a full-attention layer keeps every position");
+        let ints = arr(5, &[0i32.to_le_bytes().to_vec(), 3i32.to_le_bytes().to_vec(), 1i32.to_le_bytes().to_vec()]);
+        let c = ModelConfig::from_gguf(&file(3, &[w.clone(), ("llama.attention.sliding_window_pattern", ints)])).unwrap();
+        assert_eq!(windows(&c), vec![None, Some(16), Some(16)]);
+        // Wrong length: an error naming the key.
+        let short = arr(7, &[vec![1], vec![0]]);
+        let e = ModelConfig::from_gguf(&file(3, &[w, ("llama.attention.sliding_window_pattern", short)])).unwrap_err();
+        assert!(matches!(e, FakError::Model(ref m) if m.contains("sliding_window_pattern has 2 entries for 3 layers")), "{e}");
+    }
+
+    #[test]
+    fn scalar_pattern_is_llamacpp_set_swa_pattern() {
+        let w = ("llama.attention.sliding_window", u32v(8));
+        let get = |pat: Val| windows(&ModelConfig::from_gguf(&file(6, &[w.clone(), ("llama.attention.sliding_window_pattern", pat)])).unwrap());
+        let on = Some(8);
+        // gemma2's 2: even layers windowed; gemma3's 6: five windowed, then one full.
+        assert_eq!(get(u32v(2)), vec![on, None, on, None, on, None]);
+        assert_eq!(get(u32v(6)), vec![on, on, on, on, on, None]);
+        assert_eq!(get(u32v(3)), vec![on, on, None, on, on, None]);
+        assert_eq!(get(u32v(0)), vec![on; 6], "0: every layer");
+        assert_eq!(get(u32v(1)), vec![None; 6], "1: no layer (il % 1 < 0 never holds)");
+        assert_eq!(get(boolv(true)), vec![on; 6]);
+        assert_eq!(get(boolv(false)), vec![None; 6]);
+    }
+
+    #[test]
+    fn override_replaces_the_window_and_keeps_the_pattern() {
+        let bools = arr(7, &[vec![0], vec![1]]);
+        let mut c = ModelConfig::from_gguf(&file(2, &[("llama.attention.sliding_window", u32v(16)), ("llama.attention.sliding_window_pattern", bools)])).unwrap();
+        c.set_sliding_window(4).unwrap();
+        assert_eq!(windows(&c), vec![None, Some(4)]);
+        c.set_sliding_window(0).unwrap();
+        assert_eq!(windows(&c), vec![None, None]);
+        let mut c = ModelConfig::from_gguf(&file(2, &[])).unwrap();
+        c.set_sliding_window(32).unwrap();
+        assert_eq!((windows(&c), c.kv_window()), (vec![Some(32); 2], Some(32)));
     }
 }

@@ -6,6 +6,7 @@
 //! per block:  h = rmsnorm(x)·w_attn_norm
 //!             q, k, v = h·Wq (+bq), h·Wk (+bk), h·Wv (+bv);  rope(q), rope(k)
 //!             kv_write(k, v);  x += attention(q, KV cache)·Wo (+bo)
+//!             (the layer's sliding window, if it has one: `ModelConfig::layer_attn`)
 //!             (rope + rope + kv_write is one trait call, `rope_kv_write`, and each projection
 //!             followed by its residual add is `matmul_add`, so a backend can fuse them)
 //!             h = rmsnorm(x)·w_ffn_norm;  x += (silu(h·Wgate) ⊙ h·Wup)·Wdown
@@ -181,7 +182,7 @@ impl<B: Backend> Model<B> {
                     &c.rope,
                     w.rope_freqs.as_ref(),
                 )?;
-                be.attention(q, kv, il, batch, n, &attn, att)?;
+                be.attention(q, kv, il, batch, n, &c.layer_attn(il), att)?;
                 if il + 1 == w.layers.len() && n_logits < n {
                     // Last layer: only the rows that need logits go on (llama.cpp `inp_out_ids`);
                     // every row's K/V is already in the cache.

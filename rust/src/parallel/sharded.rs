@@ -17,7 +17,7 @@ use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BatchLimits, BatchPlan, KvLayout};
 use crate::gguf::GgufFile;
 use crate::model::forward::TensorParallel;
-use crate::model::{Model, ModelConfig, RopeOverride, Scratch, Weights};
+use crate::model::{Model, ModelConfig, Scratch, Weights};
 use crate::{FakError, Result};
 
 struct Shard<B: Backend> {
@@ -190,7 +190,8 @@ impl<B: Backend> ShardedModel<B> {
 
 impl ShardedModel<CpuBackend> {
     /// `file` as `n` shards on the CPU backend with in-process communicators ([`LocalComm`]):
-    /// the plan of [`ShardPlan::for_model`], and `threads` worker threads divided among the
+    /// `config` is the whole model's (read from `file`, with the caller's RoPE scaling and sliding
+    /// window applied), the plan that of [`ShardPlan::for_model`], and `threads` worker threads divided among the
     /// shards' pools (`threads / n` each, the first `threads mod n` one more, at least one).
     ///
     /// Errors: as [`ShardPlan::for_model`] and [`Self::new`]; [`FakError::Backend`] when a
@@ -198,14 +199,13 @@ impl ShardedModel<CpuBackend> {
     #[allow(clippy::too_many_arguments)]
     pub fn open_cpu(
         file: Arc<GgufFile>,
-        rope: &RopeOverride,
+        config: ModelConfig,
         n: usize,
         threads: usize,
         kv: KvLayout,
         limits: BatchLimits,
         max_logits: usize,
     ) -> Result<ShardedModel<CpuBackend>> {
-        let config = ModelConfig::from_gguf_with(&file, rope)?;
         let plan = ShardPlan::for_model(&config, &file, n)?;
         let comms = LocalComm::group(n)?.into_iter().map(|c| Box::new(c) as Box<dyn Communicator<CpuBackend>>).collect();
         let pools = (0..n)

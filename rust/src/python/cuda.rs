@@ -455,7 +455,7 @@ impl PyOpRunner {
             o => return Err(to_py(FakError::invalid("style", format!("{o:?} (neox or norm)")))),
         };
         let p = rope_params(style, n_rot, freq_base, freq_scale, ext_factor, attn_factor, yarn_orig_ctx);
-        let a = AttnParams { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt() };
+        let a = AttnParams { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window: None };
         let (q, k, v, table) = (slice(&q, "q")?, slice(&k, "k")?, slice(&v, "v")?, slice(&table, "table")?);
         let ff = freq_factors.as_ref().map(|f| slice(f, "freq_factors")).transpose()?;
         let (qo, kr, vr) = self.run(py, |r| r.rope_kv_write(q, k, v, n_past, table, &a, &p, ff))?;
@@ -559,14 +559,17 @@ impl PyOpRunner {
         self.run(py, |r| r.argmax(x, n_cols))
     }
 
-    /// attention(seqs, n_head, n_head_kv, head_dim, block_perm, q, k, v) -> (out, k_read, v_read):
-    /// `seqs` a list of (n_past, n_rows); K/V of every position written with kv_write (blocks
-    /// assigned from `block_perm` in order), then attention of the new rows.
+    /// attention(seqs, n_head, n_head_kv, head_dim, block_perm, q, k, v, window=0) -> (out, k_read,
+    /// v_read): `seqs` a list of (n_past, n_rows); K/V of every position written with kv_write
+    /// (blocks assigned from `block_perm` in order), then attention of the new rows. `window` > 0:
+    /// sliding-window attention over the last `window` positions, with the blocks wholly before a
+    /// sequence's window pointed at a block of +inf K/V (a read of one gives NaN).
+    #[pyo3(signature = (seqs, n_head, n_head_kv, head_dim, block_perm, q, k, v, window=0))]
     #[allow(clippy::too_many_arguments)]
-    fn attention<'py>(&self, py: Python<'py>, seqs: Vec<(usize, usize)>, n_head: usize, n_head_kv: usize, head_dim: usize, block_perm: PyReadonlyArray1<'py, u32>, q: PyReadonlyArray1<'py, f32>, k: PyReadonlyArray1<'py, f32>, v: PyReadonlyArray1<'py, f32>) -> PyResult<Bound<'py, PyList>> {
+    fn attention<'py>(&self, py: Python<'py>, seqs: Vec<(usize, usize)>, n_head: usize, n_head_kv: usize, head_dim: usize, block_perm: PyReadonlyArray1<'py, u32>, q: PyReadonlyArray1<'py, f32>, k: PyReadonlyArray1<'py, f32>, v: PyReadonlyArray1<'py, f32>, window: u32) -> PyResult<Bound<'py, PyList>> {
         let perm = slice(&block_perm, "block_perm")?;
         let (q, k, v) = (slice(&q, "q")?, slice(&k, "k")?, slice(&v, "v")?);
-        let case = AttnCase { seqs: &seqs, n_head, n_head_kv, head_dim, block_perm: perm };
+        let case = AttnCase { seqs: &seqs, n_head, n_head_kv, head_dim, block_perm: perm, window: (window > 0).then_some(window) };
         let (o, kr, vr) = self.run(py, |r| r.attention(&case, q, k, v))?;
         PyList::new(py, [o.into_pyarray(py), kr.into_pyarray(py), vr.into_pyarray(py)])
     }

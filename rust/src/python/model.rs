@@ -50,6 +50,7 @@ enum ConfigValue {
     Int(usize),
     Float(f64),
     Str(String),
+    Ints(Vec<usize>),
 }
 
 impl PyModel {
@@ -140,7 +141,7 @@ type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>, Option<&'static str>);
 impl PyModel {
     /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
     ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None,
-    ///       tensor_parallel=1)
+    ///       tensor_parallel=1, sliding_window=None, free_window_blocks=True)
     ///
     /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
     /// "auto" (cuda when a GPU is usable, else cpu).
@@ -159,6 +160,12 @@ impl PyModel {
     /// `tensor_parallel`: shards the forward runs as (Megatron-style, docs/tensor-parallel.md):
     /// on the CPU backend, N shards on threads of this process sharing `threads`, each holding
     /// its heads, FFN columns and vocabulary slice of the weights and its KV heads.
+    /// `sliding_window` (tokens, ≥ 0; 0: none) overrides the file's
+    /// `{arch}.attention.sliding_window`: windowed layers (the file's
+    /// `attention.sliding_window_pattern`, every layer without one) attend to the last
+    /// `sliding_window` positions only. When every layer is windowed, each sequence returns the KV
+    /// blocks outside its window to the pool (memory bounded by the window, not `n_ctx`);
+    /// `free_window_blocks=False` keeps them (same outputs; for tests).
     ///
     /// Raises: OSError (cannot open), fak.GGUFError (malformed file), fak.UnsupportedError
     /// (architecture / format), fak.ModelError (missing or mis-shaped tensor), fak.ShardError
@@ -166,7 +173,7 @@ impl PyModel {
     /// fak.BackendError (`backend="cuda"` without a usable CUDA backend, or with
     /// `tensor_parallel > 1`: multi-GPU is not built), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -182,6 +189,8 @@ impl PyModel {
         rope_scale: Option<f32>,
         yarn_orig_ctx: Option<usize>,
         tensor_parallel: usize,
+        sliding_window: Option<usize>,
+        free_window_blocks: bool,
     ) -> PyResult<PyModel> {
         if max_tokens_per_step == Some(0) {
             return Err(super::to_py(FakError::invalid("max_tokens_per_step", "0 (must be ≥ 1, or None for 512)")));
@@ -207,6 +216,8 @@ impl PyModel {
                 ..RopeOverride::default()
             },
             tensor_parallel,
+            sliding_window,
+            free_window_blocks,
         };
         let engine: Box<dyn EngineApi> = match backend {
             "cpu" => Box::new(detach(py, || Engine::open_cpu(&path, opts))?),
@@ -253,6 +264,9 @@ impl PyModel {
             ("rope_orig_ctx", ConfigValue::Int(c.rope_scaling.orig_ctx)),
             ("rope_ext_factor", ConfigValue::Float(c.rope.ext_factor as f64)),
             ("rope_attn_factor", ConfigValue::Float(c.rope.attn_factor as f64)),
+            ("sliding_window", ConfigValue::Int(c.sliding_window)),
+            ("swa_layers", ConfigValue::Ints((0..c.n_layer).filter(|&il| c.layer_window(il).is_some()).collect())),
+            ("kv_window", ConfigValue::Int(c.kv_window().filter(|_| free_window_blocks).unwrap_or(0))),
             ("kv_block_size", ConfigValue::Int(crate::engine::BLOCK_SIZE)),
             ("threads", ConfigValue::Int(engine.threads())),
             ("max_batch", ConfigValue::Int(max_batch)),
@@ -328,9 +342,10 @@ impl PyModel {
 
     /// Hyper-parameters (architecture, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim,
     /// n_vocab, n_ctx_train, rms_eps, rope_type, n_rot, rope_freq_base, rope_freq_scale,
-    /// rope_scaling, rope_scale, rope_orig_ctx, rope_ext_factor, rope_attn_factor) and
-    /// engine settings (kv_block_size, threads, max_batch, prefix_cache, tensor_parallel), as a
-    /// new dict.
+    /// rope_scaling, rope_scale, rope_orig_ctx, rope_ext_factor, rope_attn_factor, sliding_window
+    /// (tokens, 0: none), swa_layers (the indices of the windowed layers)) and engine settings
+    /// (kv_block_size, threads, max_batch, prefix_cache, tensor_parallel, kv_window: the window by
+    /// which sequences release KV blocks, 0 when they keep them all), as a new dict.
     #[getter]
     fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let d = PyDict::new(py);
@@ -340,6 +355,7 @@ impl PyModel {
                 ConfigValue::Int(i) => d.set_item(k, i)?,
                 ConfigValue::Float(f) => d.set_item(k, f)?,
                 ConfigValue::Str(s) => d.set_item(k, s)?,
+                ConfigValue::Ints(v) => d.set_item(k, v.clone())?,
             }
         }
         Ok(d)
@@ -438,7 +454,9 @@ impl PyModel {
     /// device_sampled_rows, device_sampled_host_rows (rows sampled on the backend, and of those the
     /// ones whose logits it still copied to the host sampler), tp_collective_seconds,
     /// tp_collective_wait_seconds (tensor parallelism: seconds shard 0 spent in the all-reduces
-    /// and the logits gather, and of those waiting for the other shards; 0 with one shard).
+    /// and the logits gather, and of those waiting for the other shards; 0 with one shard),
+    /// kv_blocks_peak (the most KV blocks sequences held during one step's forward: a high-water
+    /// mark, reset by `reset_stats`).
     /// Seconds are wall time of `step()` calls, split between prefill and decode by token count.
     /// `prefix_cache_query_tokens` counts the tokens of every admitted sequence (again after a
     /// preemption), `prefix_cache_hit_tokens` those of them whose K/V came from the prefix cache
@@ -469,6 +487,7 @@ impl PyModel {
         d.set_item("device_sampled_host_rows", s.device_sampled_host_rows)?;
         d.set_item("tp_collective_seconds", s.tp_collective_seconds)?;
         d.set_item("tp_collective_wait_seconds", s.tp_collective_wait_seconds)?;
+        d.set_item("kv_blocks_peak", s.kv_blocks_peak)?;
         Ok(d)
     }
 

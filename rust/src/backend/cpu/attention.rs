@@ -19,6 +19,13 @@
 //! position 1 of "Hello, ...") exact attention and llama.cpp differ by a logits cosine of 0.8.
 //! Three passes per task (scores of all blocks, softmax per query, weighted sum of V) since the
 //! f16 rounding needs the final normalizer.
+//!
+//! Sliding window ([`AttnParams::window`]): a row at position `p` attends to `s = max(0, p + 1 −
+//! W) ..= p`. A task reads the blocks from the one holding its first row's `s` on (earlier blocks
+//! may have been released: `NO_BLOCK` entries are never touched), and each row's softmax sum and
+//! `P·V` chains are anchored at its own `s` — as if its context were those `W` keys alone — so a
+//! row's bits depend on its position and keys only, never on how rows are tiled, chunked or
+//! batched. Without a window `s = 0` and every operation is the one above.
 
 use std::cell::RefCell;
 
@@ -66,8 +73,12 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// `out[r, h, :] = softmax(scale · q[r, h, :] · Kᵀ) · V` over each row's causal context (see
-/// [`crate::backend::Backend::attention`]). `q` and `out` are `[n_rows, n_head · head_dim]`.
+/// `out[r, h, :] = softmax(scale · q[r, h, :] · Kᵀ) · V` over each row's causal context, the last
+/// `W` positions of it with a sliding window (see [`crate::backend::Backend::attention`]). `q` and
+/// `out` are `[n_rows, n_head · head_dim]`.
+///
+/// Panics when a block the rows attend to is [`crate::backend::NO_BLOCK`] or past the cache (a
+/// table the engine did not keep alive for the window).
 pub fn attention(
     q: &[f32],
     cache: &CpuKvCache,
@@ -174,10 +185,15 @@ unsafe fn attend_task(
             vecops::round_f16(dst);
         }
     }
-    // Context of tile row i: positions 0 .. ctx0 + i.
-    let ctx0 = (seq.n_past + t.row_lo) as usize + 1;
+    // Context of tile row i: positions lo(i) .. ctx0 + i, with lo(i) = p.window_start(pos of row
+    // i) (0 without a window). Scores and V are held from `base` on: the start of the block of
+    // the tile's first row's window (rows are in position order, so it has the smallest lo).
+    let pos0 = (seq.n_past + t.row_lo) as usize;
+    let ctx0 = pos0 + 1;
     let ctx_max = ctx0 + n_tile_rows - 1;
-    let stride = ctx_max;
+    let lo = |i: usize| p.window_start(pos0 + i);
+    let base = lo(0) / bs * bs;
+    let stride = ctx_max - base;
     sc.s.resize(nq * stride, 0.0);
     sc.kf.resize(bs * hd, 0.0);
     sc.vf.resize(bs * hd, 0.0);
@@ -201,12 +217,13 @@ unsafe fn attend_task(
             Chains::VecDot
         }
     };
-    sc.vf.resize(ctx_max * hd, 0.0);
+    sc.vf.resize(stride * hd, 0.0);
+    let b0 = base / bs;
 
-    // Pass 1: scores of every block.
-    for (bi, &block) in table.iter().enumerate().take(n_blocks) {
-        let pos0 = bi * bs;
-        let n_k = bs.min(ctx_max - pos0);
+    // Pass 1: scores of every block the tile attends to.
+    for (bi, &block) in table.iter().enumerate().take(n_blocks).skip(b0) {
+        let kpos = bi * bs;
+        let n_k = bs.min(ctx_max - kpos);
         if let Some(&next) = table.get(bi + 1).filter(|_| bi + 1 < n_blocks) {
             vecops::prefetch(cache.k_block(layer, next as usize, kv_head));
         }
@@ -223,18 +240,21 @@ unsafe fn attend_task(
                 &sc.kf,
                 n_k,
                 hd,
-                &mut sc.s[i * nh * stride + pos0..],
+                &mut sc.s[i * nh * stride + kpos - base..],
                 stride,
             );
         }
     }
-    // Pass 2: softmax of `scale · s` over each query's causal context, probabilities to f16.
+    // Pass 2: softmax of `scale · s` over each query's causal context (its window), probabilities
+    // to f16; everything outside it is 0.
     for i in 0..n_tile_rows {
-        let valid = ctx0 + i;
+        let (first, valid) = (lo(i) - base, ctx0 + i - base);
         for hh in 0..nh {
             let r = i * nh + hh;
             let row = &mut sc.s[r * stride..(r + 1) * stride];
-            let (live, masked) = row.split_at_mut(valid);
+            let (before, row) = row.split_at_mut(first);
+            before.fill(0.0);
+            let (live, masked) = row.split_at_mut(valid - first);
             let mut max = f32::NEG_INFINITY;
             for x in live.iter_mut() {
                 *x *= p.scale;
@@ -249,24 +269,24 @@ unsafe fn attend_task(
             masked.fill(0.0);
         }
     }
-    // Pass 3: weighted sum of V over the whole context (f32 copy of the sequence's V).
-    for (bi, &block) in table.iter().enumerate().take(n_blocks) {
-        let pos0 = bi * bs;
-        let n_k = bs.min(ctx_max - pos0);
+    // Pass 3: weighted sum of V over each row's context (f32 copy of the tile's V from `base`).
+    for (bi, &block) in table.iter().enumerate().take(n_blocks).skip(b0) {
+        let kpos = bi * bs - base;
+        let n_k = bs.min(ctx_max - bi * bs);
         vecops::f16_to_f32(
             &cache.v_block(layer, block as usize, kv_head)[..n_k * hd],
-            &mut sc.vf[pos0 * hd..(pos0 + n_k) * hd],
+            &mut sc.vf[kpos * hd..(kpos + n_k) * hd],
         );
     }
     for i in 0..n_tile_rows {
-        let valid = ctx0 + i;
+        let (first, valid) = (lo(i) - base, ctx0 + i - base);
         for hh in 0..nh {
             let r = i * nh + hh;
             weighted_v(
                 isa,
                 row_chains(i),
-                &sc.s[r * stride..r * stride + valid],
-                &sc.vf,
+                &sc.s[r * stride + first..r * stride + valid],
+                &sc.vf[first * hd..],
                 hd,
                 &mut sc.acc[r * hd..(r + 1) * hd],
             );
@@ -588,11 +608,16 @@ mod tests {
         let mut bound = vec![0f32; n_rows * nh * hd];
         for i in 0..n_rows {
             let ctx = n_past + i + 1;
+            // Brute-force mask: key t is seen iff t <= pos and pos - t < W (no window: all t).
+            let seen = |t: usize| p.window.is_none_or(|w| ctx - 1 - t < w as usize);
             for h in 0..nh {
                 let g = h / (nh / nkv);
                 let qv = &q[(i * nh + h) * hd..][..hd];
                 let s: Vec<f64> = (0..ctx)
                     .map(|t| {
+                        if !seen(t) {
+                            return f64::NEG_INFINITY;
+                        }
                         (0..hd)
                             .map(|d| qv[d] as f64 * k[(t * nkv + g) * hd + d] as f64)
                             .sum::<f64>()
@@ -625,10 +650,12 @@ mod tests {
     }
 
     /// Several sequences with different histories and new-row counts, scattered blocks: every
-    /// output row must match the naive attention of its own sequence.
+    /// output row must match the naive attention of its own sequence. With a window, the table
+    /// entries of blocks wholly before the first new row's window are `NO_BLOCK` in the batch (as
+    /// the engine leaves them once released): reading one would panic.
     fn check(p: AttnParams, block_size: usize, seqs: &[(usize, usize)]) {
         let kvw = p.n_head_kv * p.head_dim;
-        let max_blocks = 64;
+        let max_blocks = 64.max(seqs.iter().map(|&(p, n)| (p + n).div_ceil(block_size)).sum::<usize>() + 8);
         let layout = KvLayout {
             n_layer: 2,
             n_blocks: max_blocks,
@@ -665,10 +692,13 @@ mod tests {
         let mut kb = Vec::new();
         let mut vb = Vec::new();
         for (si, &(n_past, n_new)) in seqs.iter().enumerate() {
+            let mut table = tables[si].clone();
+            let dead = p.window_start(n_past) / block_size;
+            table[..dead].fill(crate::backend::NO_BLOCK);
             plan.push_seq(
                 &vec![0; n_new],
                 n_past,
-                &tables[si],
+                &table,
                 block_size,
                 LogitRows::Last,
             );
@@ -705,6 +735,7 @@ mod tests {
             n_head_kv: 2,
             head_dim: 64,
             scale: 0.125,
+            window: None,
         };
         // (tokens already cached, new rows): decode rows, a fresh prefill, a chunked prefill.
         check(p, 16, &[(0, 37), (20, 1), (47, 1), (33, 18), (0, 1)]);
@@ -718,6 +749,7 @@ mod tests {
             n_head_kv: 3,
             head_dim: 12,
             scale: 1.0 / 12f32.sqrt(),
+            window: None,
         };
         check(p, 8, &[(5, 3), (0, 20)]);
     }
@@ -729,9 +761,93 @@ mod tests {
             n_head_kv: 2,
             head_dim: 64,
             scale: 0.125,
+            window: None,
         };
         let seqs: Vec<(usize, usize)> = (0..9).map(|i| (i * 13 % 70, 1)).collect();
         check(p, 32, &seqs);
+    }
+
+    /// Sliding windows: rows below and above `W`, decode and (chunked) prefill rows, batched with
+    /// sequences of other lengths, windows smaller than, equal to and larger than a block, and a
+    /// window of 1 (each row sees only itself).
+    #[test]
+    fn windowed_matches_masked_naive() {
+        for (w, bs) in [(1, 16), (5, 8), (16, 16), (37, 16), (64, 32), (100, 16)] {
+            let p = AttnParams {
+                n_head: 6,
+                n_head_kv: 2,
+                head_dim: 64,
+                scale: 0.125,
+                window: Some(w),
+            };
+            check(p, bs, &[(0, 70), (20, 1), (150, 1), (90, 33), (0, 1), (3, 4), (200, 17)]);
+        }
+        let p = AttnParams {
+            n_head: 3,
+            n_head_kv: 3,
+            head_dim: 12,
+            scale: 1.0 / 12f32.sqrt(),
+            window: Some(9),
+        };
+        check(p, 8, &[(40, 3), (0, 20), (11, 1)]);
+    }
+
+    /// A window at least as long as the context is no window at all: the same bits.
+    #[test]
+    fn wide_window_is_bit_identical_to_none() {
+        let kvw = 2 * 64;
+        let layout = KvLayout { n_layer: 1, n_blocks: 16, block_size: 16, n_head_kv: 2, head_dim: 64 };
+        let mut cache = CpuKvCache::new(layout).unwrap();
+        let table: Vec<u32> = (0..8).rev().collect();
+        let n = 100;
+        let mut plan = BatchPlan::default();
+        plan.push_seq(&vec![0; n], 0, &table, 16, LogitRows::None);
+        cache.write(0, &rand_vec(n * kvw, 1), &rand_vec(n * kvw, 2), &plan, n);
+        let mut batch = BatchPlan::default();
+        batch.push_seq(&[0; 30], 70, &table, 16, LogitRows::None);
+        batch.push_seq(&[0], 99, &table, 16, LogitRows::None);
+        let q = rand_vec(31 * 6 * 64, 3);
+        let run = |window| {
+            let p = AttnParams { n_head: 6, n_head_kv: 2, head_dim: 64, scale: 0.125, window };
+            let mut out = vec![0f32; 31 * 6 * 64];
+            attention(&q, &cache, 0, &batch, 31, &p, &mut out);
+            out.iter().map(|x| x.to_bits()).collect::<Vec<u32>>()
+        };
+        assert_eq!(run(None), run(Some(100)));
+        assert_eq!(run(None), run(Some(u32::MAX)));
+        assert_ne!(run(None), run(Some(99)), "a window of 99 drops key 0 of the last row");
+    }
+
+    /// A row's output does not depend on the tile it lands in: the same row computed as part of a
+    /// prefill chunk (tiles of 16 rows starting elsewhere) and alone gives the same bits.
+    #[test]
+    fn windowed_row_is_independent_of_tiling() {
+        let kvw = 2 * 64;
+        let layout = KvLayout { n_layer: 1, n_blocks: 16, block_size: 16, n_head_kv: 2, head_dim: 64 };
+        let mut cache = CpuKvCache::new(layout).unwrap();
+        let table: Vec<u32> = (0..12).collect();
+        let n = 180;
+        let mut plan = BatchPlan::default();
+        plan.push_seq(&vec![0; n], 0, &table, 16, LogitRows::None);
+        cache.write(0, &rand_vec(n * kvw, 1), &rand_vec(n * kvw, 2), &plan, n);
+        let p = AttnParams { n_head: 6, n_head_kv: 2, head_dim: 64, scale: 0.125, window: Some(45) };
+        let width = 6 * 64;
+        let q = rand_vec(n * width, 3);
+        // All 180 rows as one prompt (n_prompt = 180), then rows 100..150 as a chunk at n_past 100
+        // of the same prompt, then row 120 alone: rows 100.. start tiles at different offsets.
+        let run = |n_past: usize, rows: usize| {
+            let mut b = BatchPlan::default();
+            b.push_seq(&vec![0; rows], n_past, &table, 16, LogitRows::None);
+            b.set_prompt_len(n);
+            let mut out = vec![0f32; rows * width];
+            attention(&q[n_past * width..(n_past + rows) * width], &cache, 0, &b, rows, &p, &mut out);
+            out
+        };
+        let all = run(0, n);
+        let chunk = run(103, 47);
+        let one = run(120, 1);
+        assert_eq!(&all[103 * width..150 * width], &chunk[..]);
+        assert_eq!(&all[120 * width..121 * width], &one[..]);
     }
 
     /// The scalar and SIMD paths of both llama.cpp summation orders give the same bits.

@@ -7,6 +7,12 @@
 //! current length), so a captured decode graph stays valid as sequences grow — blocks past a
 //! sequence's length exit at once and the last block to finish combines the partial softmaxes.
 //! Prefill: four warps (64 (row, head) pairs) per block, no split.
+//!
+//! Sliding window ([`AttnParams::window`], `W`): the kernel computes each row's window start from
+//! its position and starts at the tile holding it, so no key outside the window is loaded and the
+//! blocks before it may be released. Decode splits then cover at most `W + 31` positions (the
+//! window plus the alignment to a 32-token tile), counted from that tile, instead of the batch's
+//! context capacity; both are fixed per layer, so captured decode graphs stay valid.
 
 use super::super::launch::Args;
 use super::super::{intern, AttnScratch, CudaBackend, CudaBatch, CudaBuffer, CudaKvCache, MEMORY};
@@ -50,6 +56,8 @@ impl CudaBackend {
         let g = p.n_head / p.n_head_kv;
         let n_kv = p.n_head_kv;
         let scale_log2 = p.scale * std::f32::consts::LOG2_E;
+        // 0: no window (the kernels' convention); a window past i32 covers any context.
+        let window = p.window.map_or(0, |w| w.min(i32::MAX as u32) as i32);
         let decode = plan.seqs.iter().all(|s| s.n_rows == 1) && g <= 64;
         let (nw, tiles_per_seq, n_split, split_len) = if decode {
             let nw = match g.div_ceil(16) {
@@ -57,7 +65,13 @@ impl CudaBackend {
                 2 => 2,
                 _ => 4,
             };
+            // Positions one split range must cover: the context capacity, or with a window the
+            // window's tiles (a decode row's keys lie in [base, L) with L − base ≤ W + 31).
             let max_ctx = (batch.limits.max_blocks_per_seq * 32).max(32);
+            let max_ctx = match p.window {
+                Some(w) => max_ctx.min(w as usize + 31),
+                None => max_ctx,
+            };
             let sms = self.dev.info.n_sm.max(1) as usize;
             let want = (2 * sms).div_ceil(n_seqs * n_kv).max(1);
             let n_split = want.min(max_ctx.div_ceil(64)).clamp(1, 128);
@@ -106,7 +120,8 @@ impl CudaBackend {
                 .i32(tiles_per_seq as i32)
                 .i32(split_len.min(i32::MAX as usize) as i32)
                 .f32(scale_log2)
-                .i32(ext_combine as i32),
+                .i32(ext_combine as i32)
+                .i32(window),
         )?;
         if ext_combine {
             self.launch(
@@ -125,7 +140,8 @@ impl CudaBackend {
                     .i32(n_split as i32)
                     .i32(split_len as i32)
                     .i32(pairs as i32)
-                    .i32(d as i32),
+                    .i32(d as i32)
+                    .i32(window),
             )?;
         }
         Ok(())
