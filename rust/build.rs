@@ -7,8 +7,9 @@
 //!   also compiled with nvcc to a cubin per architecture, plus one PTX for the newest listed
 //!   architecture (the driver JIT-compiles it on newer GPUs), and those images are embedded.
 //!   `FAK_NVCC` names the compiler; otherwise `nvcc` on PATH, `$CUDA_HOME/bin/nvcc`,
-//!   `/usr/local/cuda/bin/nvcc`, then the PyPI `nvidia-cuda-nvcc` package of `python3`
-//!   (`site-packages/nvidia/cu13/bin/nvcc`). FAK_CUDA_ARCH with no nvcc is a build error.
+//!   `/usr/local/cuda/bin/nvcc`, then the PyPI `nvidia-cuda-nvcc` package of the Python maturin
+//!   builds for (`PYO3_PYTHON`), else of `python3` (`site-packages/nvidia/cu13/bin/nvcc`).
+//!   FAK_CUDA_ARCH with no nvcc is a build error.
 //!
 //! Output: `$OUT_DIR/fak_kernels.rs` (included by `backend/cuda/module.rs`) and, per family and
 //! architecture, the ptxas resource report `$OUT_DIR/ptxas/<family>.<arch>.log`.
@@ -26,6 +27,7 @@ fn main() {
     println!("cargo:rerun-if-changed={KERNEL_DIR}");
     println!("cargo:rerun-if-env-changed=FAK_CUDA_ARCH");
     println!("cargo:rerun-if-env-changed=FAK_NVCC");
+    println!("cargo:rerun-if-env-changed=PYO3_PYTHON");
     if env::var_os("CARGO_FEATURE_CUDA").is_none() {
         return;
     }
@@ -169,7 +171,14 @@ fn find_nvcc() -> PathBuf {
         candidates.push(PathBuf::from(h).join("bin/nvcc"));
     }
     candidates.push(PathBuf::from("/usr/local/cuda/bin/nvcc"));
-    for py in ["python3", "python"] {
+    // The interpreter maturin builds for (PYO3_PYTHON: a virtual environment's, also when a pyenv
+    // shim put another python3 first on PATH), then whatever python3 / python is on PATH.
+    let pythons: Vec<std::ffi::OsString> = ["PYO3_PYTHON", "PYTHON_SYS_EXECUTABLE"]
+        .iter()
+        .filter_map(env::var_os)
+        .chain(["python3".into(), "python".into()])
+        .collect();
+    for py in &pythons {
         if let Ok(o) = Command::new(py).args(["-c", "import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], 'cu13', 'bin', 'nvcc'))"]).output() {
             if o.status.success() {
                 candidates.push(PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
@@ -178,7 +187,7 @@ fn find_nvcc() -> PathBuf {
     }
     candidates.into_iter().find(|p| p.is_file()).unwrap_or_else(|| {
         panic!(
-            "FAK_CUDA_ARCH is set but no nvcc was found (FAK_NVCC, PATH, CUDA_HOME, /usr/local/cuda, python3's nvidia package). \
+            "FAK_CUDA_ARCH is set but no nvcc was found (FAK_NVCC, PATH, CUDA_HOME, /usr/local/cuda, the nvidia package of PYO3_PYTHON or python3). \
              Install it with: pip install nvidia-cuda-nvcc==13.0.88 nvidia-cuda-crt==13.0.88 nvidia-nvvm==13.0.88 \
              nvidia-cuda-runtime==13.0.96 nvidia-cuda-cccl==13.0.85, or unset FAK_CUDA_ARCH to build the NVRTC-only wheel"
         )
