@@ -694,7 +694,9 @@ mod tests {
         s.add(seq_of(2, longer));
         let (mut plan, mut out) = plan_out();
         s.schedule(&mut plan, &mut out);
-        assert_eq!(s.prefix_hit_tokens, 40);
+        // 40 tokens skipped, of which the 8 of blocks 8 and 9 came from the cache (the window
+        // of position 40 reads them); blocks 0..8 are not needed (NO_BLOCK) and not counted.
+        assert_eq!(s.prefix_hit_tokens, 8);
         assert_eq!(out, vec![Scheduled { seq_id: 2, n_tokens: 3, logits: true }]);
         check_window_tables(&s, &plan, 6);
         let q = &s.running()[0];
@@ -729,7 +731,8 @@ mod tests {
         check_private_writes(&s, &plan);
         check_window_tables(&s, &plan, 6);
         check_pool(&s);
-        assert_eq!(s.prefix_hit_tokens, 36);
+        // 36 tokens skipped; blocks 7 and 8 (8 tokens) came from the cache
+        assert_eq!(s.prefix_hit_tokens, 8);
         assert_eq!(out, vec![Scheduled { seq_id: 2, n_tokens: 4, logits: true }]);
         let q = &s.running()[0];
         assert_eq!((q.n_cached, q.n_released, q.n_held()), (36, 7, 3));

@@ -171,8 +171,10 @@ impl Sequence {
 
     /// Takes a reference on each of `hits` (from [`Self::find_cached`]; [`NO_BLOCK`] entries are
     /// appended as such) and appends them to the block table: their tokens count as computed.
-    /// Returns the tokens gained. Under a window, call [`Self::release_outside_window`] next (it
-    /// releases what the window has passed and keeps the released entries a prefix).
+    /// Returns the tokens whose K/V came from the cache (the [`NO_BLOCK`] entries' tokens, before
+    /// a window, are skipped, not reused: the `prefix_cache_hit_tokens` statistic). Under a
+    /// window, call [`Self::release_outside_window`] next (it releases what the window has passed
+    /// and keeps the released entries a prefix).
     pub fn take_cached(&mut self, pool: &mut BlockPool, hits: &[u32]) -> usize {
         for &b in hits {
             if b != NO_BLOCK {
@@ -183,7 +185,7 @@ impl Sequence {
         let bs = pool.block_size();
         self.n_cached += hits.len() * bs;
         self.n_registered = self.block_table.len();
-        hits.len() * bs
+        hits.iter().filter(|&&b| b != NO_BLOCK).count() * bs
     }
 
     /// The hash of the next block this sequence would compute, when that block could come from

@@ -133,7 +133,13 @@ impl<B: Backend> ShardedModel<B> {
                 // a rank that never starts would leave the others waiting in the first collective
                 first.comm.abort();
             }
-            let mut out = vec![first.run(plan, Some(logits))];
+            // Rank 0 runs here; its panic (its guard has aborted the group, so the other ranks
+            // leave their collectives) becomes an error as theirs do, and the group is recovered
+            // below instead of staying aborted for every later forward.
+            let r0 = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| first.run(plan, Some(logits))));
+            let mut out = vec![r0.unwrap_or_else(|_| {
+                Err(FakError::Backend { backend: "cpu".into(), msg: "tensor-parallel shard 0 panicked".into() })
+            })];
             for (i, h) in handles.into_iter().enumerate() {
                 out.push(match h {
                     Ok(h) => h.join().unwrap_or_else(|_| {

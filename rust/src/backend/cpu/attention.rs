@@ -58,7 +58,10 @@ struct Scratch {
     /// Scores, then probabilities, `[nq, ctx_max]`.
     s: Vec<f32>,
     kf: Vec<f32>,
+    /// V of one chunk of pass 3 (about [`V_CHUNK`] positions), widened to f32, `[chunk, hd]`.
     vf: Vec<f32>,
+    /// Every query's FMA chains of the weighted sum of V, `[nq, 16 or 64, hd]` ([`VChains`]).
+    chains: Vec<f32>,
     acc: Vec<f32>,
 }
 
@@ -196,7 +199,6 @@ unsafe fn attend_task(
     let stride = ctx_max - base;
     sc.s.resize(nq * stride, 0.0);
     sc.kf.resize(bs * hd, 0.0);
-    sc.vf.resize(bs * hd, 0.0);
     sc.acc.clear();
     sc.acc.resize(nq * hd, 0.0);
     let isa = if hd.is_multiple_of(8) {
@@ -217,7 +219,9 @@ unsafe fn attend_task(
             Chains::VecDot
         }
     };
-    sc.vf.resize(stride * hd, 0.0);
+    // Chunks of whole blocks (block sizes need not divide V_CHUNK).
+    let chunk = (V_CHUNK / bs).max(1) * bs;
+    sc.vf.resize(chunk * hd, 0.0);
     let b0 = base / bs;
 
     // Pass 1: scores of every block the tile attends to.
@@ -269,28 +273,44 @@ unsafe fn attend_task(
             masked.fill(0.0);
         }
     }
-    // Pass 3: weighted sum of V over each row's context (f32 copy of the tile's V from `base`).
-    for (bi, &block) in table.iter().enumerate().take(n_blocks).skip(b0) {
-        let kpos = bi * bs - base;
-        let n_k = bs.min(ctx_max - bi * bs);
-        vecops::f16_to_f32(
-            &cache.v_block(layer, block as usize, kv_head)[..n_k * hd],
-            &mut sc.vf[kpos * hd..(kpos + n_k) * hd],
-        );
-    }
-    for i in 0..n_tile_rows {
-        let (first, valid) = (lo(i) - base, ctx0 + i - base);
-        for hh in 0..nh {
-            let r = i * nh + hh;
-            weighted_v(
-                isa,
-                row_chains(i),
-                &sc.s[r * stride + first..r * stride + valid],
-                &sc.vf[first * hd..],
-                hd,
-                &mut sc.acc[r * hd..(r + 1) * hd],
-            );
+    // Pass 3: weighted sum of V over each row's context, a chunk of V_CHUNK positions at a time:
+    // the chunk is widened to f32 once, laid out slice-major (`sw` output elements of every
+    // position together, so one slice is a contiguous few KB that stays in L1), and each slice
+    // applied to every query of the tile (the tile's queries are many; a long context's V is not
+    // cache-sized). Each query's FMA chains are carried from chunk to chunk, so each chain sums
+    // its positions in order, as before.
+    let rows: Vec<VRow> = (0..nq)
+        .map(|r| {
+            let i = r / nh;
+            VRow { first: lo(i) - base, valid: ctx0 + i - base, chains: row_chains(i) }
+        })
+        .collect();
+    let mut vc = VChains::new(&mut sc.chains, rows.iter().map(|r| r.chains), hd, isa);
+    let sw = vc.sw;
+    let mut c0 = 0;
+    while c0 < stride {
+        let c1 = (c0 + chunk).min(stride);
+        let n_c = c1 - c0;
+        for bi in (b0 + c0 / bs)..(b0 + c1.div_ceil(bs)) {
+            let kpos = bi * bs - base - c0;
+            let n_k = bs.min(ctx_max - bi * bs);
+            let rows = &cache.v_block(layer, table[bi] as usize, kv_head)[..n_k * hd];
+            f16_to_slices(rows, hd, sw, &mut sc.vf[..n_c * hd], n_c, kpos);
         }
+        for ds in 0..hd / sw {
+            let vs = &sc.vf[ds * n_c * sw..(ds + 1) * n_c * sw];
+            for (r, row) in rows.iter().enumerate() {
+                let (a, b) = (row.first.max(c0), row.valid.min(c1));
+                if a < b {
+                    let p = &sc.s[r * stride + a..r * stride + b];
+                    vc.accumulate(r, row.chains, a - row.first, p, &vs[(a - c0) * sw..(b - c0) * sw], ds * sw);
+                }
+            }
+        }
+        c0 = c1;
+    }
+    for (r, row) in rows.iter().enumerate() {
+        vc.combine(r, row.chains, &mut sc.acc[r * hd..(r + 1) * hd]);
     }
 
     for i in 0..n_tile_rows {
@@ -398,23 +418,12 @@ fn scores(
 }
 
 /// `out[:] = Σ_j p[j] · v[j, :]` over `j < p.len()`, each output element summed over `j` in
-/// llama.cpp's order for `chains` (zero weights skipped: they add exact zeros).
-fn weighted_v(isa: Isa, chains: Chains, p: &[f32], v: &[f32], hd: usize, out: &mut [f32]) {
+/// llama.cpp's order for `chains` (zero weights skipped: they add exact zeros): the one-query
+/// scalar reference of [`VChains`] (pass 3 of [`attend_task`]).
+#[cfg(test)]
+fn weighted_v(chains: Chains, p: &[f32], v: &[f32], hd: usize, out: &mut [f32]) {
     let n = p.len();
     assert!(v.len() >= n * hd && out.len() >= hd);
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && chains == Chains::TinyBlas && hd.is_multiple_of(16) && avx512f() {
-        // SAFETY: AVX2/FMA/F16C (isa) and AVX-512F detected, hd % 16 == 0, lengths checked above.
-        unsafe { avx512_weighted_v_tinyblas(p, v, hd, out) };
-        return;
-    }
-    #[cfg(target_arch = "x86_64")]
-    if isa == Isa::Avx2 && hd % 8 == 0 {
-        // SAFETY: AVX2/FMA/F16C detected (isa), hd % 8 == 0, lengths checked above.
-        unsafe { avx2_weighted_v(chains, p, v, hd, out) };
-        return;
-    }
-    let _ = isa;
     // llama.cpp's row is the KV length padded to a multiple of 256 with zero weights, so
     // `ggml_vec_dot_f16` has no leftovers here.
     let nc = chains.n();
@@ -438,15 +447,182 @@ fn weighted_v(isa: Isa, chains: Chains, p: &[f32], v: &[f32], hd: usize, out: &m
     }
 }
 
-/// 8 lanes of [`vecops::reduce16`] at once: `x[i]` holds chain `i` of 8 independent sums.
+/// f16 rows of `hd` values (`rows`, back to back) widened into pass 3's slice-major chunk `vf`
+/// (`n_c` positions): element `d` of row `j` goes to `vf[((d / sw) · n_c + pos0 + j) · sw + d % sw]`
+/// (with `sw = hd`, plain rows). The widening is exact, so every path gives the same values.
+fn f16_to_slices(rows: &[u16], hd: usize, sw: usize, vf: &mut [f32], n_c: usize, pos0: usize) {
+    let n = rows.len() / hd;
+    assert!(rows.len() == n * hd && hd.is_multiple_of(sw) && pos0 + n <= n_c && vf.len() >= n_c * hd);
+    #[cfg(target_arch = "x86_64")]
+    if (sw == 16 && avx512f()) || (sw == 8 && vecops::isa() == Isa::Avx2) {
+        // SAFETY: AVX-512F (sw 16) or F16C (sw 8) detected; every read is inside `rows` and every
+        // write inside `vf` (asserted above).
+        unsafe {
+            if sw == 16 {
+                avx512_f16_to_slices(rows, hd, vf, n_c, pos0);
+            } else {
+                f16c_to_slices8(rows, hd, vf, n_c, pos0);
+            }
+        }
+        return;
+    }
+    for (j, row) in rows.chunks_exact(hd).enumerate() {
+        for (ds, x) in row.chunks_exact(sw).enumerate() {
+            let dst = (ds * n_c + pos0 + j) * sw;
+            vecops::f16_to_f32(x, &mut vf[dst..dst + sw]);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx2,fma,f16c")]
-fn reduce16_lanes(x: &[std::arch::x86_64::__m256; 16]) -> std::arch::x86_64::__m256 {
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn avx512_f16_to_slices(rows: &[u16], hd: usize, vf: &mut [f32], n_c: usize, pos0: usize) {
     use std::arch::x86_64::*;
-    let t3: [__m256; 8] = std::array::from_fn(|i| _mm256_add_ps(x[8 + i], x[i]));
-    let t6: [__m256; 4] = std::array::from_fn(|i| _mm256_add_ps(t3[4 + i], t3[i]));
-    _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]), _mm256_add_ps(t6[1], t6[3]))
+    let (sp, dp) = (rows.as_ptr(), vf.as_mut_ptr());
+    for j in 0..rows.len() / hd {
+        for ds in 0..hd / 16 {
+            let h = _mm256_loadu_si256(sp.add(j * hd + ds * 16) as *const __m256i);
+            _mm512_storeu_ps(dp.add((ds * n_c + pos0 + j) * 16), _mm512_cvtph_ps(h));
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn f16c_to_slices8(rows: &[u16], hd: usize, vf: &mut [f32], n_c: usize, pos0: usize) {
+    use std::arch::x86_64::*;
+    let (sp, dp) = (rows.as_ptr(), vf.as_mut_ptr());
+    for j in 0..rows.len() / hd {
+        for ds in 0..hd / 8 {
+            let h = _mm_loadu_si128(sp.add(j * hd + ds * 8) as *const __m128i);
+            _mm256_storeu_ps(dp.add((ds * n_c + pos0 + j) * 8), _mm256_cvtph_ps(h));
+        }
+    }
+}
+
+/// Positions of V widened and applied per chunk in pass 3 of [`attend_task`] (8 KV blocks:
+/// 128 KB of f32 V at `head_dim` 128, cache-resident while every query of a tile uses it).
+const V_CHUNK: usize = 256;
+
+/// One query vector's context in pass 3: probabilities at tile positions `first..valid`, summed
+/// in the order of `chains`.
+struct VRow {
+    first: usize,
+    valid: usize,
+    chains: Chains,
+}
+
+/// The FMA chains of [`weighted_v`] for many query vectors, kept across chunks of the context:
+/// query `r`'s chain `l` holds `Σ p[j]·v[j, :]` over its positions `j ≡ l (mod chains.n())` so
+/// far, each chain in increasing `j` with zero weights skipped (exactly [`weighted_v`]'s
+/// operations, in the same order per chain), so [`VChains::combine`] gives [`weighted_v`]'s bits
+/// however the context was cut into chunks.
+struct VChains<'a> {
+    c: &'a mut [f32],
+    /// Query `r`'s chains are `c[at[r]..at[r + 1]]` (`chains.n() · hd` values, chain-major).
+    at: Vec<usize>,
+    hd: usize,
+    /// Output elements per slice of V ([`VChains::accumulate`]): 16 (AVX-512), 8 (AVX2) or all
+    /// `hd` (scalar).
+    sw: usize,
+    /// Whether [`VChains::accumulate`] runs the `sw`-lane SIMD kernel.
+    simd: bool,
+}
+
+impl<'a> VChains<'a> {
+    /// Chains of `hd` elements for queries of the given orders (one each) in `buf` (grown as
+    /// needed), for `isa`. A query's chains start at zero with its first position (`j0 = 0` in
+    /// [`VChains::accumulate`]), so `buf` is not cleared here.
+    fn new(buf: &'a mut Vec<f32>, orders: impl Iterator<Item = Chains>, hd: usize, isa: Isa) -> VChains<'a> {
+        let mut at = vec![0];
+        for o in orders {
+            at.push(at.last().unwrap() + o.n() * hd);
+        }
+        let n = *at.last().unwrap();
+        if buf.len() < n {
+            buf.resize(n, 0.0);
+        }
+        #[cfg(target_arch = "x86_64")]
+        let (sw, simd) = match isa {
+            Isa::Avx2 if hd.is_multiple_of(16) && avx512f() => (16, true),
+            Isa::Avx2 if hd.is_multiple_of(8) => (8, true),
+            _ => (hd, false),
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let (sw, simd) = {
+            let _ = isa;
+            (hd, false)
+        };
+        VChains { c: &mut buf[..n], at, hd, sw, simd }
+    }
+
+    /// Adds `p[i]·v[i, :]` to elements `d0 .. d0 + sw` of query `r`'s chain `(j0 + i) mod
+    /// chains.n()` for each `i` (`j0`: the query-relative position of `p[0]`; 0 starts the chains
+    /// from zero); `v` holds the positions' slices, `sw` values each, back to back.
+    fn accumulate(&mut self, r: usize, chains: Chains, j0: usize, p: &[f32], v: &[f32], d0: usize) {
+        let (hd, sw) = (self.hd, self.sw);
+        let nc = chains.n();
+        assert!(v.len() >= p.len() * sw && d0 + sw <= hd);
+        let c = &mut self.c[self.at[r]..self.at[r + 1]];
+        assert_eq!(c.len(), nc * hd, "query {r} was set up for another chain order");
+        if j0 == 0 {
+            // the query's first positions: its chains (this slice of them) start at zero
+            for l in 0..nc {
+                c[l * hd + d0..l * hd + d0 + sw].fill(0.0);
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self.simd {
+            // SAFETY: AVX2/FMA/F16C detected (isa), AVX-512F for sw 16 (`new`); `c` holds nc·hd
+            // values and d0 + sw ≤ hd, `v` p.len()·sw (asserted).
+            unsafe {
+                if sw == 16 {
+                    avx512_chains_fma(&mut c[d0..], hd, nc, j0, p, v);
+                } else {
+                    avx2_chains_fma(&mut c[d0..], hd, nc, j0, p, v);
+                }
+            }
+            return;
+        }
+        for (i, &w) in p.iter().enumerate() {
+            if w == 0.0 {
+                continue;
+            }
+            let l = (j0 + i) % nc;
+            let cl = &mut c[l * hd + d0..l * hd + d0 + sw];
+            for (x, &y) in cl.iter_mut().zip(&v[i * sw..(i + 1) * sw]) {
+                *x = w.mul_add(y, *x);
+            }
+        }
+    }
+
+    /// `out[:]` = query `r`'s chains summed as llama.cpp does ([`Chains::combine`]: for the
+    /// decode order the four 16-chain groups first, then [`vecops::reduce16`]'s tree), 16 output
+    /// elements at a time with the same operations per element (so the compiler can vectorize it).
+    fn combine(&self, r: usize, chains: Chains, out: &mut [f32]) {
+        let hd = self.hd;
+        let c = &self.c[self.at[r]..self.at[r + 1]];
+        let mut d0 = 0;
+        while d0 + 16 <= hd {
+            let o: &mut [f32; 16] = (&mut out[d0..d0 + 16]).try_into().expect("16 outputs");
+            combine16(chains, |l| c[l * hd + d0..l * hd + d0 + 16].try_into().expect("16 values"), o);
+            d0 += 16;
+        }
+        if d0 < hd {
+            let w = hd - d0;
+            let mut o = [0f32; 16];
+            combine16(
+                chains,
+                |l| {
+                    let mut x = [0f32; 16];
+                    x[..w].copy_from_slice(&c[l * hd + d0..l * hd + hd]);
+                    x
+                },
+                &mut o,
+            );
+            out[d0..hd].copy_from_slice(&o[..w]);
+        }
+    }
 }
 
 /// AVX2 [`scores`]: per (query, key) the chains of `chains` in 8-lane vectors.
@@ -499,77 +675,127 @@ unsafe fn avx2_scores(
     }
 }
 
-/// AVX2 [`weighted_v`]: 8 output elements at a time, the chains in `nc` vector accumulators.
+/// [`Chains::combine`] of 16 output elements at once (`chain(l)`: chain `l`'s 16 values), the same
+/// operations per element in arrays of 16 that the compiler vectorizes.
+#[inline]
+fn combine16(chains: Chains, chain: impl Fn(usize) -> [f32; 16], out: &mut [f32; 16]) {
+    let add = |a: [f32; 16], b: [f32; 16]| -> [f32; 16] { std::array::from_fn(|k| a[k] + b[k]) };
+    let x: [[f32; 16]; 16] = match chains {
+        Chains::TinyBlas => std::array::from_fn(&chain),
+        Chains::VecDot => std::array::from_fn(|l| add(add(chain(l), chain(32 + l)), add(chain(16 + l), chain(48 + l)))),
+    };
+    let t3: [[f32; 16]; 8] = std::array::from_fn(|i| add(x[8 + i], x[i]));
+    let t6: [[f32; 16]; 4] = std::array::from_fn(|i| add(t3[4 + i], t3[i]));
+    *out = add(add(t6[0], t6[2]), add(t6[1], t6[3]));
+}
+
+/// [`VChains::accumulate`] on 8-lane vectors: `c` starts at the slice's first element, chain `l`
+/// at `c[l·hd..]`; the `nc` chains are held in a local array while the positions of `v` (8
+/// values each, back to back) are walked in order.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_weighted_v(chains: Chains, p: &[f32], v: &[f32], hd: usize, out: &mut [f32]) {
+unsafe fn avx2_chains_fma(c: &mut [f32], hd: usize, nc: usize, j0: usize, p: &[f32], v: &[f32]) {
     use std::arch::x86_64::*;
-    let n = p.len();
-    let nc = chains.n();
-    let mut c = [_mm256_setzero_ps(); 64];
-    let vp = v.as_ptr();
-    let mut d = 0;
-    while d < hd {
-        c[..nc].fill(_mm256_setzero_ps());
-        for (j, &w) in p.iter().enumerate().take(n) {
-            if w == 0.0 {
-                continue;
-            }
-            let l = j % nc;
-            c[l] = _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps(vp.add(j * hd + d)), c[l]);
+    let (cp, vp) = (c.as_mut_ptr(), v.as_ptr());
+    let mut acc = [_mm256_setzero_ps(); 64];
+    for (l, a) in acc.iter_mut().enumerate().take(nc) {
+        *a = _mm256_loadu_ps(cp.add(l * hd));
+    }
+    let mut l = j0 % nc;
+    for (i, &w) in p.iter().enumerate() {
+        if w != 0.0 {
+            acc[l] = _mm256_fmadd_ps(_mm256_set1_ps(w), _mm256_loadu_ps(vp.add(8 * i)), acc[l]);
         }
-        let x: [__m256; 16] = match chains {
-            Chains::TinyBlas => std::array::from_fn(|l| c[l]),
-            Chains::VecDot => std::array::from_fn(|l| {
-                _mm256_add_ps(_mm256_add_ps(c[l], c[32 + l]), _mm256_add_ps(c[16 + l], c[48 + l]))
-            }),
-        };
-        _mm256_storeu_ps(out.as_mut_ptr().add(d), reduce16_lanes(&x));
-        d += 8;
+        l = if l + 1 == nc { 0 } else { l + 1 };
+    }
+    for (l, a) in acc.iter().enumerate().take(nc) {
+        _mm256_storeu_ps(cp.add(l * hd), *a);
     }
 }
 
-/// Whether the CPU has AVX-512F (for the 512-bit [`weighted_v`]; `FAK_CPU_ISA=scalar` goes
-/// below it through [`Isa`]).
+/// `acc + w·v[0..16]` (fused), or `acc` itself when `w == 0` (the skipped zero weight), without a
+/// branch: a masked FMA.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn fma16_skip0(acc: std::arch::x86_64::__m512, w: f32, v: *const f32) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let k: __mmask16 = if w != 0.0 { 0xFFFF } else { 0 };
+    _mm512_mask3_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(v), acc, k)
+}
+
+/// [`avx2_chains_fma`] on 16-lane vectors (each lane's operations the same: bit-identical). With
+/// 16 chains (the prompt order, [`Chains::TinyBlas`]) the positions from the first one of chain 0
+/// are walked in whole blocks of 16 with the chains in 16 registers (each chain's index a constant
+/// of the unrolled block); the positions before and after those blocks go through the general
+/// loop, in order, so every chain still sums its positions in order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn avx512_chains_fma(c: &mut [f32], hd: usize, nc: usize, j0: usize, p: &[f32], v: &[f32]) {
+    let n = p.len();
+    if nc == 16 && n >= 32 {
+        let pre = (16 - j0 % 16) % 16;
+        let full = (n - pre) / 16 * 16;
+        avx512_chains_fma_any(c, hd, nc, j0, &p[..pre], v);
+        avx512_chains16_blocks(c, hd, &p[pre..pre + full], &v[16 * pre..]);
+        let end = pre + full;
+        avx512_chains_fma_any(c, hd, nc, j0 + end, &p[end..], &v[16 * end..]);
+        return;
+    }
+    avx512_chains_fma_any(c, hd, nc, j0, p, v);
+}
+
+/// The 16 chains of [`avx512_chains_fma`] in registers over whole blocks of 16 positions, the
+/// first of them chain 0's.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn avx512_chains16_blocks(c: &mut [f32], hd: usize, p: &[f32], v: &[f32]) {
+    use std::arch::x86_64::*;
+    let (cp, pp, vp) = (c.as_mut_ptr(), p.as_ptr(), v.as_ptr());
+    debug_assert!(p.len() % 16 == 0 && v.len() >= 16 * p.len() && c.len() >= 15 * hd + 16);
+    let mut acc: [__m512; 16] = std::array::from_fn(|l| _mm512_loadu_ps(cp.add(l * hd)));
+    let mut i = 0;
+    while i < p.len() {
+        for (l, a) in acc.iter_mut().enumerate() {
+            *a = fma16_skip0(*a, *pp.add(i + l), vp.add(16 * (i + l)));
+        }
+        i += 16;
+    }
+    for (l, a) in acc.iter().enumerate() {
+        _mm512_storeu_ps(cp.add(l * hd), *a);
+    }
+}
+
+/// [`avx512_chains_fma`] for any chain count: the chains in a local array, the positions walked
+/// in order.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn avx512_chains_fma_any(c: &mut [f32], hd: usize, nc: usize, j0: usize, p: &[f32], v: &[f32]) {
+    use std::arch::x86_64::*;
+    if p.is_empty() {
+        return;
+    }
+    let (cp, vp) = (c.as_mut_ptr(), v.as_ptr());
+    let mut acc = [_mm512_setzero_ps(); 64];
+    for (l, a) in acc.iter_mut().enumerate().take(nc) {
+        *a = _mm512_loadu_ps(cp.add(l * hd));
+    }
+    let mut l = j0 % nc;
+    for (i, &w) in p.iter().enumerate() {
+        acc[l] = fma16_skip0(acc[l], w, vp.add(16 * i));
+        l = if l + 1 == nc { 0 } else { l + 1 };
+    }
+    for (l, a) in acc.iter().enumerate().take(nc) {
+        _mm512_storeu_ps(cp.add(l * hd), *a);
+    }
+}
+
+/// Whether the CPU has AVX-512F (for the 512-bit [`VChains::accumulate`]; `FAK_CPU_ISA=scalar`
+/// goes below it through [`Isa`]).
 #[cfg(target_arch = "x86_64")]
 fn avx512f() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *V.get_or_init(|| is_x86_feature_detected!("avx512f"))
-}
-
-/// [`avx2_weighted_v`] for the [`Chains::TinyBlas`] order on 512-bit vectors: 16 output elements
-/// per pass over the weights, the 16 chains in registers (positions unrolled by 16, so each
-/// chain's index is a constant; [`avx2_weighted_v`] indexes its chains by `j % 16` and keeps them
-/// in memory). Each lane's operations are the 256-bit kernel's: the same FMAs in the same order,
-/// zero weights skipped, the same [`reduce16_lanes`] tree per 8-element half — bit-identical.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn avx512_weighted_v_tinyblas(p: &[f32], v: &[f32], hd: usize, out: &mut [f32]) {
-    use std::arch::x86_64::*;
-    let n = p.len();
-    let vp = v.as_ptr();
-    let mut d = 0;
-    while d < hd {
-        let mut c = [_mm512_setzero_ps(); 16];
-        let mut j0 = 0;
-        while j0 < n {
-            let m = (n - j0).min(16);
-            for (l, cl) in c.iter_mut().enumerate() {
-                if l < m {
-                    let w = p[j0 + l];
-                    if w != 0.0 {
-                        *cl = _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(vp.add((j0 + l) * hd + d)), *cl);
-                    }
-                }
-            }
-            j0 += 16;
-        }
-        let lo: [__m256; 16] = std::array::from_fn(|l| _mm512_castps512_ps256(c[l]));
-        let hi: [__m256; 16] = std::array::from_fn(|l| _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(c[l]))));
-        _mm256_storeu_ps(out.as_mut_ptr().add(d), reduce16_lanes(&lo));
-        _mm256_storeu_ps(out.as_mut_ptr().add(d + 8), reduce16_lanes(&hi));
-        d += 16;
-    }
 }
 
 #[cfg(test)]
@@ -850,7 +1076,8 @@ mod tests {
         assert_eq!(&all[120 * width..121 * width], &one[..]);
     }
 
-    /// The scalar and SIMD paths of both llama.cpp summation orders give the same bits.
+    /// The scalar and SIMD scores of both llama.cpp summation orders give the same bits (the
+    /// weighted sum of V: `chunked_v_chains_equal_weighted_v`).
     #[test]
     fn scalar_and_simd_paths_agree_bit_for_bit() {
         for chains in [Chains::TinyBlas, Chains::VecDot] {
@@ -862,38 +1089,47 @@ mod tests {
                 scores(Isa::Scalar, chains, &q, nq, &k, n_k, hd, &mut s1, stride);
                 scores(vecops::isa(), chains, &q, nq, &k, n_k, hd, &mut s2, stride);
                 assert_eq!(s1, s2, "scores {chains:?} {nq}x{n_k}x{hd}");
-                for r in 0..nq {
-                    let p = &s1[r * stride..r * stride + n_k];
-                    let mut a1 = vec![0f32; hd];
-                    let mut a2 = vec![0f32; hd];
-                    weighted_v(Isa::Scalar, chains, p, &k, hd, &mut a1);
-                    weighted_v(vecops::isa(), chains, p, &k, hd, &mut a2);
-                    assert_eq!(a1, a2, "weighted_v {chains:?} {n_k}x{hd}");
-                }
             }
         }
     }
 
-    /// The 512-bit TinyBlas [`weighted_v`] against the 256-bit one, bit for bit: key counts
-    /// around its 16-position unroll, both head sizes of the target models, zero weights (skipped).
-    #[cfg(target_arch = "x86_64")]
+    /// The chunked weighted sum of pass 3 ([`VChains`]) gives [`weighted_v`]'s bits for each query,
+    /// however the context is cut into chunks and wherever a query's positions start (a window),
+    /// for both chain orders, at every ISA (scalar; AVX2 at hd 24; AVX-512 at 64, 128; hd 20 scalar only), with zero
+    /// weights skipped.
     #[test]
-    fn avx512_weighted_v_matches_avx2() {
-        if vecops::isa() != Isa::Avx2 || !avx512f() {
-            return;
-        }
-        for hd in [64, 128] {
-            for n in [1, 2, 15, 16, 17, 31, 33, 100, 512] {
-                let v = rand_vec(n * hd, 3 + n as u64);
-                let p: Vec<f32> = rand_vec(n, 7).iter().enumerate().map(|(j, &x)| if j % 5 == 2 { 0.0 } else { x }).collect();
-                let (mut a, mut b) = (vec![f32::NAN; hd], vec![f32::NAN; hd]);
-                // SAFETY: AVX2/FMA/F16C (isa) and AVX-512F checked; v holds n rows of hd.
-                unsafe {
-                    avx2_weighted_v(Chains::TinyBlas, &p, &v, hd, &mut a);
-                    avx512_weighted_v_tinyblas(&p, &v, hd, &mut b);
+    fn chunked_v_chains_equal_weighted_v() {
+        let isas: Vec<Isa> = if vecops::isa() == Isa::Avx2 { vec![Isa::Scalar, Isa::Avx2] } else { vec![Isa::Scalar] };
+        for isa in isas {
+            for chains in [Chains::TinyBlas, Chains::VecDot] {
+                for hd in [20, 24, 64, 128] {
+                    for (n, first, chunk) in [(1, 0, 256), (17, 3, 5), (100, 0, 32), (300, 37, 256), (600, 5, 64)] {
+                        let v = rand_vec(n * hd, 11 + n as u64);
+                        let p: Vec<f32> = rand_vec(n, 13).iter().enumerate().map(|(j, &x)| if j % 7 == 3 { 0.0 } else { x }).collect();
+                        let mut want = vec![f32::NAN; hd];
+                        weighted_v(chains, &p[first..], &v[first * hd..], hd, &mut want);
+                        let mut buf = vec![f32::NAN; 128 * hd]; // stale: the chains must start at zero themselves
+                        let mut vc = VChains::new(&mut buf, [Chains::VecDot, chains].into_iter(), hd, isa);
+                        let sw = vc.sw;
+                        let mut c0 = 0;
+                        while c0 < n {
+                            let c1 = (c0 + chunk).min(n);
+                            let a = first.max(c0);
+                            for ds in 0..hd / sw {
+                                // positions a..c1 of slice ds, back to back (pass 3's layout)
+                                let vs: Vec<f32> = (a..c1).flat_map(|j| v[j * hd + ds * sw..][..sw].to_vec()).collect();
+                                if a < c1 {
+                                    vc.accumulate(1, chains, a - first, &p[a..c1], &vs, ds * sw);
+                                }
+                            }
+                            c0 = c1;
+                        }
+                        let mut got = vec![f32::NAN; hd];
+                        vc.combine(1, chains, &mut got);
+                        let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+                        assert_eq!(bits(&got), bits(&want), "{isa:?} {chains:?} hd {hd} n {n} first {first} chunk {chunk}");
+                    }
                 }
-                let (a, b): (Vec<u32>, Vec<u32>) = (a.iter().map(|x| x.to_bits()).collect(), b.iter().map(|x| x.to_bits()).collect());
-                assert_eq!(a, b, "{n} keys, head dim {hd}");
             }
         }
     }
