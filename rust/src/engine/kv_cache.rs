@@ -287,6 +287,20 @@ impl BlockPool {
         n
     }
 
+    /// Bans `hash` (cached or not) and takes its block, if cached, and every cached block chained
+    /// after it out of the cache ([`Self::quarantine`]): the chain through `hash` is never cached
+    /// or matched again. Returns how many blocks left the cache.
+    pub fn ban(&mut self, hash: BlockHash) -> usize {
+        self.banned.insert(hash);
+        // its block if cached, else the cached blocks chained right after it (the block itself
+        // may have been evicted while they stayed)
+        let roots: Vec<u32> = match self.cached.get(&hash).copied() {
+            Some(b) => vec![b],
+            None => self.cached.values().copied().filter(|&b| self.meta[b as usize].parent == Some(hash)).collect(),
+        };
+        self.quarantine(&roots)
+    }
+
     /// Whether `hash` is banned by a quarantine.
     pub fn is_banned(&self, hash: BlockHash) -> bool {
         self.banned.contains(&hash)

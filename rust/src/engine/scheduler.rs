@@ -169,7 +169,16 @@ impl Scheduler {
         }
         let head = &tokens[k * bs..tokens.len().min((k + 1) * bs)];
         let roots = self.pool.cached_children(parent, head);
-        self.pool.quarantine(&roots)
+        let mut n = self.pool.quarantine(&roots);
+        // The chain of these tokens through block k is banned even where block k itself has left
+        // the cache: a sliding-window hit reads no block before its window, so without this a
+        // later request with the same tokens could match blocks cached after k (computed with the
+        // span in their context) once k was evicted ([`Sequence::find_cached`] stops at a banned
+        // hash).
+        if head.len() == bs {
+            n += self.pool.ban(self.pool.hash_block(parent, head));
+        }
+        n
     }
 
     /// Removes tokens `start..end` from sequence `id` (running or waiting) so that it continues
@@ -705,6 +714,42 @@ mod tests {
         assert_eq!((q.n_released, q.n_held()), (8, 3));
         check_pool(&s);
         complete(&mut s, &out);
+        check_pool(&s);
+    }
+
+    #[test]
+    fn quarantine_holds_after_its_first_block_left_the_cache() {
+        // A windowed stream's early blocks are recycled (block 5 among them) while blocks 6.. stay
+        // cached; quarantining a span in block 5 must still keep a request with the same tokens
+        // from taking blocks 6.. (computed with the span in their context), though its window
+        // needs no block before it.
+        let mut s = windowed_scheduler(14, 8, 6, true);
+        let prompt: Vec<u32> = (0..80).collect();
+        s.add(seq_of(1, prompt.clone()));
+        while s.running().first().is_none_or(|q| q.n_cached < 80) {
+            step(&mut s);
+        }
+        s.remove(1);
+        check_pool(&s);
+        let chain = |s: &Scheduler, n: usize| {
+            let mut parent = None;
+            (0..n)
+                .map(|i| {
+                    let h = s.pool.hash_block(parent, &prompt[i * 4..(i + 1) * 4]);
+                    let found = s.pool.lookup(h, parent, &prompt[i * 4..(i + 1) * 4]).is_some();
+                    parent = Some(h);
+                    found
+                })
+                .collect::<Vec<bool>>()
+        };
+        let cached = chain(&s, 20);
+        assert!(!cached[5] && cached[6..].iter().all(|&c| c), "block 5 recycled, 6.. cached: {cached:?}");
+        let dropped = s.evict_prefix(&prompt, 5 * 4 + 3);
+        assert!(dropped >= 14, "the cached blocks chained after block 5 left the cache ({dropped})");
+        assert!(chain(&s, 20)[5..].iter().all(|&c| !c));
+        let mut q = seq_of(2, prompt.clone());
+        let hits = q.find_cached(&s.pool, Some(6));
+        assert!(hits.len() <= 5, "no hit may reach past the quarantined block 5: {hits:?}");
         check_pool(&s);
     }
 

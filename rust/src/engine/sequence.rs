@@ -149,6 +149,10 @@ impl Sequence {
         let mut after_miss = start; // one past the last block not found
         for i in start..max_blocks {
             let (h, parent) = self.block_hash(pool, i);
+            if pool.is_banned(h) {
+                // a quarantined chain: nothing computed after this block may be taken
+                break;
+            }
             let b = pool.lookup(h, parent, &self.tokens[i * bs..(i + 1) * bs]);
             if b.is_none() {
                 after_miss = i + 1;
