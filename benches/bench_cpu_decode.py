@@ -35,7 +35,8 @@ this counts). The table gives medians over rounds.
 
 Run:  PYTHONPATH=python python -m pytest benches/bench_cpu_decode.py --benchmark-only -s
       PYTHONPATH=python python benches/bench_cpu_decode.py [--rounds N] [--tokens N] [--threads N]
-          [--prefill N] [--llama-bench PATH] [--no-llama-cpp-python] [--untiled]   # table only
+          [--prefill N] [--llama-bench PATH] [--no-llama-cpp-python] [--untiled]
+          [--neighbours N]   # table only; N busy-loop processes beside both engines
 """
 
 from __future__ import annotations
@@ -375,6 +376,23 @@ if __name__ == "__main__":
     ap.add_argument("--llama-bench", help="path of a llama-bench binary (scripts/build-llama-bench): a peer")
     ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama-cpp-python peer")
     ap.add_argument("--untiled", action="store_true", help=f"add {UNTILED!r} (the kernels before the tiled prefill)")
+    ap.add_argument("--neighbours", type=int, default=0,
+                    help="busy-loop processes running beside both engines for the whole run (issue 16's busy "
+                         "neighbour: more than the cores is the load that collapsed llama.cpp's spinning workers)")
     args = ap.parse_args()
-    print(table([compare(m, args.rounds, args.tokens, args.threads, args.prefill, args.llama_bench,
-                         not args.no_llama_cpp_python, args.untiled) for m in args.models]))
+    # Busy neighbours: plain Python loops at the same priority, started here and ended here by PID.
+    neighbours = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.neighbours)]
+    try:
+        if neighbours:
+            time.sleep(5)  # let the load average see them
+            print(f"# {len(neighbours)} busy neighbours (pids {[n.pid for n in neighbours]}), "
+                  f"load average {os.getloadavg()[0]:.1f} before the rounds")
+        print(table([compare(m, args.rounds, args.tokens, args.threads, args.prefill, args.llama_bench,
+                             not args.no_llama_cpp_python, args.untiled) for m in args.models]))
+        if neighbours:
+            print(f"# load average {os.getloadavg()[0]:.1f} after the rounds")
+    finally:
+        for n in neighbours:
+            n.terminate()
+        for n in neighbours:
+            n.wait()

@@ -402,6 +402,12 @@ fn scores(
             && (nq == 0 || s.len() >= (nq - 1) * stride + n_k)
     );
     #[cfg(target_arch = "x86_64")]
+    if isa == Isa::Avx2 && chains == Chains::TinyBlas && hd.is_multiple_of(16) && avx512f() {
+        // SAFETY: AVX2/FMA/F16C (isa) and AVX-512F detected, hd % 16 == 0, lengths checked above.
+        unsafe { avx512_scores_tinyblas(q, nq, k, n_k, hd, s, stride) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
     if isa == Isa::Avx2 && hd % chains.n() == 0 {
         // SAFETY: AVX2/FMA/F16C detected (isa), hd a multiple of the chain count, slice lengths
         // checked above.
@@ -671,6 +677,67 @@ unsafe fn avx2_scores(
                 }
             };
             *s.add(r * stride + j) = v;
+        }
+    }
+}
+
+/// [`scores`] in the prompt order ([`Chains::TinyBlas`]) on 512-bit vectors, register-blocked
+/// (as llamafile's tinyBLAS, whose order this is): tiles of up to 6 queries × 4 keys, one
+/// accumulator per score holding its 16 chains (lane `l`: the FMA chain over elements `l, l + 16,
+/// …`), so each loaded vector serves several scores; each score is then summed by
+/// [`vecops::reduce16`]'s tree. Every score's operations are the per-pair kernel's
+/// ([`avx2_scores`]: the same chains, FMAs and tree): the same bits.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx512_scores_tinyblas(q: &[f32], nq: usize, k: &[f32], n_k: usize, hd: usize, s: &mut [f32], stride: usize) {
+    let (qp, kp, sp) = (q.as_ptr(), k.as_ptr(), s.as_mut_ptr());
+    let mut r0 = 0;
+    while r0 < nq {
+        let rq = if nq - r0 >= 6 { 6 } else { 1 };
+        let mut j0 = 0;
+        while j0 < n_k {
+            let rk = if n_k - j0 >= 4 { 4 } else { 1 };
+            let (qt, kt, st) = (qp.add(r0 * hd), kp.add(j0 * hd), sp.add(r0 * stride + j0));
+            match (rq, rk) {
+                (6, 4) => scores_tile::<6, 4>(qt, kt, hd, st, stride),
+                (6, _) => scores_tile::<6, 1>(qt, kt, hd, st, stride),
+                (_, 4) => scores_tile::<1, 4>(qt, kt, hd, st, stride),
+                _ => scores_tile::<1, 1>(qt, kt, hd, st, stride),
+            }
+            j0 += rk;
+        }
+        r0 += rq;
+    }
+}
+
+/// One `RQ × RK` tile of [`avx512_scores_tinyblas`]: `s[r·stride + j] = q[r, :] · k[j, :]`.
+///
+/// # Safety
+/// AVX-512F; `q` and `k` valid for `RQ` and `RK` rows of `hd` (a multiple of 16) values, `s` for
+/// `RQ` rows of `stride` with `RK ≤ stride`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn scores_tile<const RQ: usize, const RK: usize>(q: *const f32, k: *const f32, hd: usize, s: *mut f32, stride: usize) {
+    use std::arch::x86_64::*;
+    let mut acc = [[_mm512_setzero_ps(); RK]; RQ];
+    let mut d = 0;
+    while d < hd {
+        let kv: [__m512; RK] = std::array::from_fn(|j| _mm512_loadu_ps(k.add(j * hd + d)));
+        for (r, ar) in acc.iter_mut().enumerate() {
+            let qv = _mm512_loadu_ps(q.add(r * hd + d));
+            for (a, &kj) in ar.iter_mut().zip(&kv) {
+                *a = _mm512_fmadd_ps(kj, qv, *a);
+            }
+        }
+        d += 16;
+    }
+    for (r, ar) in acc.iter().enumerate() {
+        for (j, &a) in ar.iter().enumerate() {
+            let lo = _mm512_castps512_ps256(a);
+            let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(a)));
+            *s.add(r * stride + j) = vecops::avx2::reduce16(lo, hi);
         }
     }
 }
@@ -1081,7 +1148,7 @@ mod tests {
     #[test]
     fn scalar_and_simd_paths_agree_bit_for_bit() {
         for chains in [Chains::TinyBlas, Chains::VecDot] {
-            for (nq, n_k, hd, stride) in [(5, 13, 128, 13), (1, 32, 64, 40), (2, 70, 64, 70)] {
+            for (nq, n_k, hd, stride) in [(5, 13, 128, 13), (1, 32, 64, 40), (2, 70, 64, 70), (6, 32, 128, 32), (7, 33, 128, 40), (13, 5, 64, 9)] {
                 let q = rand_vec(nq * hd, 1);
                 let k = rand_vec(n_k * hd, 2);
                 let mut s1 = vec![0f32; nq * stride];
