@@ -259,11 +259,15 @@ unsafe fn attend_task(
             let (before, row) = row.split_at_mut(first);
             before.fill(0.0);
             let (live, masked) = row.split_at_mut(valid - first);
-            let mut max = f32::NEG_INFINITY;
-            for x in live.iter_mut() {
-                *x *= p.scale;
-                max = max.max(*x);
+            // max over 16 lanes, then over the lanes: the same maximum (max ignores NaN either way)
+            let mut m16 = [f32::NEG_INFINITY; 16];
+            for ch in live.chunks_mut(16) {
+                for (m, x) in m16.iter_mut().zip(ch.iter_mut()) {
+                    *x *= p.scale;
+                    *m = m.max(*x);
+                }
             }
+            let max = m16.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             let sum = vecops::softmax_exp_sum(live, max);
             let inv = (1.0 / sum) as f32;
             for x in live.iter_mut() {
@@ -291,11 +295,15 @@ unsafe fn attend_task(
     while c0 < stride {
         let c1 = (c0 + chunk).min(stride);
         let n_c = c1 - c0;
+        // every V value of the chunk finite (no f16 Inf/NaN): a zero weight's FMA then adds an
+        // exact zero, so the kernels need not skip it (see `VChains::accumulate`)
+        let mut finite = true;
         for bi in (b0 + c0 / bs)..(b0 + c1.div_ceil(bs)) {
             let kpos = bi * bs - base - c0;
             let n_k = bs.min(ctx_max - bi * bs);
             let rows = &cache.v_block(layer, table[bi] as usize, kv_head)[..n_k * hd];
             f16_to_slices(rows, hd, sw, &mut sc.vf[..n_c * hd], n_c, kpos);
+            finite &= rows.iter().all(|&h| h & 0x7C00 != 0x7C00);
         }
         for ds in 0..hd / sw {
             let vs = &sc.vf[ds * n_c * sw..(ds + 1) * n_c * sw];
@@ -303,7 +311,7 @@ unsafe fn attend_task(
                 let (a, b) = (row.first.max(c0), row.valid.min(c1));
                 if a < b {
                     let p = &sc.s[r * stride + a..r * stride + b];
-                    vc.accumulate(r, row.chains, a - row.first, p, &vs[(a - c0) * sw..(b - c0) * sw], ds * sw);
+                    vc.accumulate(r, row.chains, a - row.first, p, &vs[(a - c0) * sw..(b - c0) * sw], ds * sw, finite);
                 }
             }
         }
@@ -458,6 +466,7 @@ fn weighted_v(chains: Chains, p: &[f32], v: &[f32], hd: usize, out: &mut [f32]) 
 /// (with `sw = hd`, plain rows). The widening is exact, so every path gives the same values.
 fn f16_to_slices(rows: &[u16], hd: usize, sw: usize, vf: &mut [f32], n_c: usize, pos0: usize) {
     let n = rows.len() / hd;
+    debug_assert!(n * hd == rows.len());
     assert!(rows.len() == n * hd && hd.is_multiple_of(sw) && pos0 + n <= n_c && vf.len() >= n_c * hd);
     #[cfg(target_arch = "x86_64")]
     if (sw == 16 && avx512f()) || (sw == 8 && vecops::isa() == Isa::Avx2) {
@@ -565,7 +574,13 @@ impl<'a> VChains<'a> {
     /// Adds `p[i]·v[i, :]` to elements `d0 .. d0 + sw` of query `r`'s chain `(j0 + i) mod
     /// chains.n()` for each `i` (`j0`: the query-relative position of `p[0]`; 0 starts the chains
     /// from zero); `v` holds the positions' slices, `sw` values each, back to back.
-    fn accumulate(&mut self, r: usize, chains: Chains, j0: usize, p: &[f32], v: &[f32], d0: usize) {
+    ///
+    /// `finite`: every value of `v` is finite. A zero weight is skipped (llama.cpp's padded zero
+    /// weights add exact zeros, and so must a `0·∞`); with finite values its FMA adds `±0` to a
+    /// chain that is never `−0` (chains start at `+0`, and an FMA yields `−0` only from `−0`), an
+    /// exact no-op, so the kernels may then run it unmasked: the same bits either way.
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate(&mut self, r: usize, chains: Chains, j0: usize, p: &[f32], v: &[f32], d0: usize, finite: bool) {
         let (hd, sw) = (self.hd, self.sw);
         let nc = chains.n();
         assert!(v.len() >= p.len() * sw && d0 + sw <= hd);
@@ -583,7 +598,7 @@ impl<'a> VChains<'a> {
             // values and d0 + sw ≤ hd, `v` p.len()·sw (asserted).
             unsafe {
                 if sw == 16 {
-                    avx512_chains_fma(&mut c[d0..], hd, nc, j0, p, v);
+                    avx512_chains_fma(&mut c[d0..], hd, nc, j0, p, v, finite);
                 } else {
                     avx2_chains_fma(&mut c[d0..], hd, nc, j0, p, v);
                 }
@@ -798,13 +813,17 @@ unsafe fn fma16_skip0(acc: std::arch::x86_64::__m512, w: f32, v: *const f32) -> 
 /// loop, in order, so every chain still sums its positions in order.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn avx512_chains_fma(c: &mut [f32], hd: usize, nc: usize, j0: usize, p: &[f32], v: &[f32]) {
+unsafe fn avx512_chains_fma(c: &mut [f32], hd: usize, nc: usize, j0: usize, p: &[f32], v: &[f32], finite: bool) {
     let n = p.len();
     if nc == 16 && n >= 32 {
         let pre = (16 - j0 % 16) % 16;
         let full = (n - pre) / 16 * 16;
         avx512_chains_fma_any(c, hd, nc, j0, &p[..pre], v);
-        avx512_chains16_blocks(c, hd, &p[pre..pre + full], &v[16 * pre..]);
+        if finite {
+            avx512_chains16_blocks::<false>(c, hd, &p[pre..pre + full], &v[16 * pre..]);
+        } else {
+            avx512_chains16_blocks::<true>(c, hd, &p[pre..pre + full], &v[16 * pre..]);
+        }
         let end = pre + full;
         avx512_chains_fma_any(c, hd, nc, j0 + end, &p[end..], &v[16 * end..]);
         return;
@@ -813,10 +832,11 @@ unsafe fn avx512_chains_fma(c: &mut [f32], hd: usize, nc: usize, j0: usize, p: &
 }
 
 /// The 16 chains of [`avx512_chains_fma`] in registers over whole blocks of 16 positions, the
-/// first of them chain 0's.
+/// first of them chain 0's. `SKIP0`: zero weights are masked off (needed where `v` may hold an
+/// Inf or NaN); else every FMA runs (see [`VChains::accumulate`]).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn avx512_chains16_blocks(c: &mut [f32], hd: usize, p: &[f32], v: &[f32]) {
+unsafe fn avx512_chains16_blocks<const SKIP0: bool>(c: &mut [f32], hd: usize, p: &[f32], v: &[f32]) {
     use std::arch::x86_64::*;
     let (cp, pp, vp) = (c.as_mut_ptr(), p.as_ptr(), v.as_ptr());
     debug_assert!(p.len() % 16 == 0 && v.len() >= 16 * p.len() && c.len() >= 15 * hd + 16);
@@ -824,7 +844,11 @@ unsafe fn avx512_chains16_blocks(c: &mut [f32], hd: usize, p: &[f32], v: &[f32])
     let mut i = 0;
     while i < p.len() {
         for (l, a) in acc.iter_mut().enumerate() {
-            *a = fma16_skip0(*a, *pp.add(i + l), vp.add(16 * (i + l)));
+            *a = if SKIP0 {
+                fma16_skip0(*a, *pp.add(i + l), vp.add(16 * (i + l)))
+            } else {
+                _mm512_fmadd_ps(_mm512_set1_ps(*pp.add(i + l)), _mm512_loadu_ps(vp.add(16 * (i + l))), *a)
+            };
         }
         i += 16;
     }
@@ -1162,16 +1186,22 @@ mod tests {
 
     /// The chunked weighted sum of pass 3 ([`VChains`]) gives [`weighted_v`]'s bits for each query,
     /// however the context is cut into chunks and wherever a query's positions start (a window),
-    /// for both chain orders, at every ISA (scalar; AVX2 at hd 24; AVX-512 at 64, 128; hd 20 scalar only), with zero
-    /// weights skipped.
+    /// for both chain orders, at every ISA (scalar; AVX2 at hd 24; AVX-512 at 64, 128; hd 20 scalar
+    /// only), with zero weights skipped: also where V holds an Inf (at a zero weight: never 0·Inf).
     #[test]
     fn chunked_v_chains_equal_weighted_v() {
         let isas: Vec<Isa> = if vecops::isa() == Isa::Avx2 { vec![Isa::Scalar, Isa::Avx2] } else { vec![Isa::Scalar] };
         for isa in isas {
             for chains in [Chains::TinyBlas, Chains::VecDot] {
                 for hd in [20, 24, 64, 128] {
-                    for (n, first, chunk) in [(1, 0, 256), (17, 3, 5), (100, 0, 32), (300, 37, 256), (600, 5, 64)] {
-                        let v = rand_vec(n * hd, 11 + n as u64);
+                    for (n, first, chunk, finite) in [(1, 0, 256, true), (17, 3, 5, true), (100, 0, 32, false), (300, 37, 256, true), (300, 37, 256, false), (600, 5, 64, true)] {
+                        let mut v = rand_vec(n * hd, 11 + n as u64);
+                        if !finite {
+                            // an Inf where the weight is 0: skipped, never 0·Inf = NaN
+                            for j in (3..n).step_by(7) {
+                                v[j * hd + j % hd] = f32::INFINITY;
+                            }
+                        }
                         let p: Vec<f32> = rand_vec(n, 13).iter().enumerate().map(|(j, &x)| if j % 7 == 3 { 0.0 } else { x }).collect();
                         let mut want = vec![f32::NAN; hd];
                         weighted_v(chains, &p[first..], &v[first * hd..], hd, &mut want);
@@ -1186,7 +1216,7 @@ mod tests {
                                 // positions a..c1 of slice ds, back to back (pass 3's layout)
                                 let vs: Vec<f32> = (a..c1).flat_map(|j| v[j * hd + ds * sw..][..sw].to_vec()).collect();
                                 if a < c1 {
-                                    vc.accumulate(1, chains, a - first, &p[a..c1], &vs, ds * sw);
+                                    vc.accumulate(1, chains, a - first, &p[a..c1], &vs, ds * sw, finite);
                                 }
                             }
                             c0 = c1;
