@@ -5,7 +5,8 @@ Kernels are timed with the decode CUDA graph off (``FAK_CUDA_GRAPHS=0``, set her
 launch is its own record; the wall time per step with graphs on and off is printed beside it,
 the difference being the launch overhead the graph removes.
 
-Usage (GPU machine): ``python benches/profile_cuda_decode.py MODEL.gguf [--steps 64] [--ctx 0]``
+Usage (GPU machine): ``python benches/profile_cuda_decode.py MODEL.gguf [--steps 64] [--ctx 0] [--seqs 1]``
+(``--seqs N``: N sequences decoding together, every step one row each; figures are per step).
 """
 
 from __future__ import annotations
@@ -17,21 +18,28 @@ import time
 import numpy as np
 
 
-def wall_per_step(path: str, ctx: int, steps: int, graphs: bool) -> float:
-    os.environ["FAK_CUDA_GRAPHS"] = "1" if graphs else "0"
+def start(path: str, ctx: int, steps: int, seqs: int):
+    """A model with `seqs` sequences of `ctx + 4` prompt tokens, prefilled and past 8 decode steps."""
     from fak import _native
 
-    m = _native.Model(path, backend="cuda", n_ctx=ctx + steps + 64, max_batch=1)
+    n_ctx = ctx + steps + 64
+    rows = max(512, min(4096, seqs * (ctx + 4)))
+    m = _native.Model(path, backend="cuda", n_ctx=n_ctx, kv_cache_tokens=seqs * n_ctx, max_batch=seqs, max_tokens_per_step=rows)
     rng = np.random.default_rng(0)
-    m.add_sequence(0, [int(t) for t in rng.integers(100, 1000, ctx + 4)], {"temperature": 0.0})
-    for _ in range(8):
+    for s in range(seqs):
+        m.add_sequence(s, [int(t) for t in rng.integers(100, 1000, ctx + 4)], {"temperature": 0.0})
+    for _ in range(8 + (ctx + 4) * seqs // rows + 1):
         m.step()
+    return m
+
+
+def wall_per_step(path: str, ctx: int, steps: int, graphs: bool, seqs: int) -> float:
+    os.environ["FAK_CUDA_GRAPHS"] = "1" if graphs else "0"
+    m = start(path, ctx, steps, seqs)
     t = time.perf_counter()
     for _ in range(steps):
         m.step()
-    dt = (time.perf_counter() - t) / steps
-    m.remove_sequence(0)
-    return dt
+    return (time.perf_counter() - t) / steps
 
 
 def main() -> None:
@@ -39,22 +47,18 @@ def main() -> None:
     ap.add_argument("model")
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--ctx", type=int, default=0)
+    ap.add_argument("--seqs", type=int, default=1)
     a = ap.parse_args()
-    on = wall_per_step(a.model, a.ctx, a.steps, True)
-    off = wall_per_step(a.model, a.ctx, a.steps, False)
-    print(f"wall per step: graphs on {on * 1e3:.3f} ms ({1 / on:.1f} tok/s), off {off * 1e3:.3f} ms ({1 / off:.1f} tok/s)")
+    on = wall_per_step(a.model, a.ctx, a.steps, True, a.seqs)
+    off = wall_per_step(a.model, a.ctx, a.steps, False, a.seqs)
+    n = a.seqs
+    print(f"wall per step ({n} seq): graphs on {on * 1e3:.3f} ms ({n / on:.1f} tok/s), off {off * 1e3:.3f} ms ({n / off:.1f} tok/s)")
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from fak import _native
-
     torch.cuda.init()
     os.environ["FAK_CUDA_GRAPHS"] = "0"
-    m = _native.Model(a.model, backend="cuda", n_ctx=a.ctx + a.steps + 64, max_batch=1)
-    rng = np.random.default_rng(0)
-    m.add_sequence(0, [int(t) for t in rng.integers(100, 1000, a.ctx + 4)], {"temperature": 0.0})
-    for _ in range(8):
-        m.step()
+    m = start(a.model, a.ctx, a.steps, a.seqs)
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(a.steps):
             m.step()

@@ -81,6 +81,35 @@ FAK_DEVICE u32 ld_u32_a2(const u8* p) {
 FAK_DEVICE u32 ld_u32(const u8* p) { return *(const u32*)p; }
 FAK_DEVICE float ld_f16(const u8* p) { return f16_to_f32(*(const u16*)p); }
 
+// ---- programmatic dependent launch (Hopper) ------------------------------------------------
+//
+// On sm_90 and later the host may launch a kernel with programmatic stream serialization
+// (backend/cuda/launch.rs, FAK_CUDA_PDL): it then starts while the kernel before it in the stream
+// is still running. Every kernel therefore calls `pdl_enter()` before its first access to memory
+// that another kernel writes or reads: `griddepcontrol.wait` returns once the kernels before it
+// have completed and their writes are visible (it returns at once for a launch without the
+// attribute), and `griddepcontrol.launch_dependents` then lets the next kernel start, so at most
+// one kernel waits ahead of a running one. What a kernel does before `pdl_enter()` may touch only
+// memory no kernel writes: the weights (`prefetch_l2`). Compiled for an older architecture these
+// are no-ops, and the host launches that image without the attribute.
+FAK_DEVICE void pdl_enter() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Asks L2 for the 128-byte lines of [p, p + bytes), spread over the block's threads (a hint: no
+// register or shared memory is written). For weights, before `pdl_enter()`, so that a kernel
+// started early has its weights on the way while the kernel before it finishes.
+FAK_DEVICE void prefetch_l2(const void* p, size_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    const size_t a = (size_t)p & ~(size_t)127, end = (size_t)p + bytes;
+    for (size_t l = a + 128 * (size_t)threadIdx.x; l < end; l += 128 * (size_t)blockDim.x)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(l));
+#endif
+}
+
 // ---- reductions -------------------------------------------------------------------------
 
 FAK_DEVICE float warp_sum(float v) {

@@ -5,6 +5,7 @@
 
 // x[i] += y[i], i < n. Vectorized by 4 when n % 4 == 0 (buffers are 256-byte aligned).
 extern "C" __global__ void add_f32(float* __restrict__ x, const float* __restrict__ y, int n) {
+    pdl_enter();
     const int stride = gridDim.x * blockDim.x;
     int i = blockIdx.x * blockDim.x + threadIdx.x;
     if ((n & 3) == 0) {
@@ -23,6 +24,7 @@ FAK_DEVICE float silu_mul(float g, float u) { return g / (1.0f + expf(-g)) * u; 
 
 // gate[i] = silu(gate[i])·up[i], i < n.
 extern "C" __global__ void swiglu_f32(float* __restrict__ gate, const float* __restrict__ up, int n) {
+    pdl_enter();
     const int stride = gridDim.x * blockDim.x;
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) gate[i] = silu_mul(gate[i], up[i]);
 }
@@ -31,6 +33,7 @@ extern "C" __global__ void swiglu_f32(float* __restrict__ gate, const float* __r
 // common.cuh). One warp per chunk of 256 values, 8 consecutive values per lane.
 extern "C" __global__ void swiglu_f32_q8(float* __restrict__ gate, const float* __restrict__ up, i8* qs0, float2* ds0, i8* qsk,
                                          float* dk, int* sk, int n) {
+    pdl_enter();
     const Q8Out q{qs0, ds0, qsk, dk, sk};
     const int lane = threadIdx.x & 31;
     const int warps = (gridDim.x * blockDim.x) >> 5;
@@ -52,6 +55,7 @@ extern "C" __global__ void swiglu_f32_q8(float* __restrict__ gate, const float* 
 
 // out[j, :] = x[rows[j], :] for j < n (rows of dim). One block per output row.
 extern "C" __global__ void gather_rows_f32(const float* __restrict__ x, const u32* __restrict__ rows, float* __restrict__ out, int dim) {
+    pdl_enter();
     const size_t j = blockIdx.x;
     const float* src = x + (size_t)rows[j] * dim;
     float* dst = out + j * dim;
@@ -60,6 +64,7 @@ extern "C" __global__ void gather_rows_f32(const float* __restrict__ x, const u3
 
 // x[i] = v for i < n (test poisoning and zero-fills).
 extern "C" __global__ void fill_f32(float* __restrict__ x, float v, size_t n) {
+    pdl_enter();
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] = v;
 }

@@ -18,6 +18,7 @@ __device__ void embed_rows(const u8* __restrict__ table, size_t row_bytes, const
 #define EMBED(NAME, FMT)                                                                                     \
     extern "C" __global__ void embed_##NAME##_f32(const u8* __restrict__ table, size_t row_bytes,           \
                                                   const u32* __restrict__ tokens, float* __restrict__ out, int dim) { \
+        pdl_enter();                                                                                                  \
         embed_rows<FMT>(table, row_bytes, tokens, out, dim);                                                 \
     }
 

@@ -283,6 +283,7 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
 extern "C" __global__ void __launch_bounds__(256) fattn_combine_f32(const SeqRows* __restrict__ seqs, const float* __restrict__ ws_o,
                                                                     const float2* __restrict__ ws_ml, float* __restrict__ out, int n_head,
                                                                     int n_head_kv, int n_split, int split_len, int P, int D, int window) {
+    pdl_enter();
     __shared__ float sw[128];
     __shared__ float sh[32];
     __shared__ float4 sacc[256];
@@ -340,6 +341,7 @@ extern "C" __global__ void __launch_bounds__(256) fattn_combine_f32(const SeqRow
         const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc, const SeqRows* __restrict__ seqs, \
         const u32* __restrict__ tables, float* __restrict__ out, float* ws_o, float2* ws_ml, u32* counters, int n_head,      \
         int n_head_kv, int tiles_per_seq, int split_len, float scale_log2, int ext_combine, int window) {                    \
+        pdl_enter();                                                                                                         \
         fattn<D, NW>(q, kc, vc, seqs, tables, out, ws_o, ws_ml, counters, n_head, n_head_kv, tiles_per_seq, split_len,        \
                      scale_log2, ext_combine, window);                                                                       \
     }

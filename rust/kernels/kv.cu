@@ -6,6 +6,7 @@
 // One block per row; head_dim even.
 extern "C" __global__ void kv_write_f16(const float* __restrict__ k, const float* __restrict__ v, const u32* __restrict__ slots,
                                         u16* __restrict__ kc, u16* __restrict__ vc, int n_head_kv, int head_dim, int block_size) {
+    pdl_enter();
     const size_t r = blockIdx.x;
     const u32 slot = slots[r];
     const u32 blk = slot / block_size, off = slot - blk * block_size;

@@ -117,6 +117,7 @@ __device__ void mmq(const u8* __restrict__ W, size_t row_bytes, const float* __r
     extern "C" __global__ void __launch_bounds__(256, 2) mmq_##NAME##_f16_n##BN(                                          \
         const u8* __restrict__ W, size_t row_bytes, const float* __restrict__ X, const float* __restrict__ bias,           \
         float* __restrict__ Y, int K, int n_out, int n_rows, int accumulate) {                                             \
+        pdl_enter();                                                                                                       \
         mmq<FMT, BN>(W, row_bytes, X, bias, Y, K, n_out, n_rows, accumulate != 0);                                         \
     }
 #define MMQ_BOTH(NAME, FMT) MMQ(NAME, FMT, 64) MMQ(NAME, FMT, 128)
@@ -751,6 +752,7 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
         const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,                \
         const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,   \
         int accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {                                     \
+        pdl_enter();                                                                                                       \
         mmq_q8<FMT, BN, G, 0>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters);    \
     }
 // mmq_<fmt>_q8_n<BN>_s<S>: the staged mode (two k-steps per barrier), dynamic shared memory
@@ -760,6 +762,7 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
         const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,                \
         const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,   \
         int accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {                                     \
+        pdl_enter();                                                                                                       \
         mmq_q8<FMT, BN, 2, S>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters);    \
     }
 // mmq_<fmt>_q8_n<BN>_f<S>: the fragment mode (Q4_K, Q6_K), dynamic shared memory S·stage_bytes.
@@ -768,6 +771,7 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
         const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,                \
         const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,   \
         int accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {                                     \
+        pdl_enter();                                                                                                       \
         mmq_q8<FMT, BN, 2, S, true>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters); \
     }
 #define MMQ_Q8F_ALL(NAME, FMT)                                                                                             \

@@ -16,6 +16,9 @@
 // Launch: 128 threads; R = rows per block (1, 2, 4), 4/R warps split a row's tasks; R = 8: half
 // a warp per row (rows of 33..63 tasks). One launch
 // may cover up to three matrices of the same input (Q/K/V, gate/up): "segments" of the grid.
+// Each block asks L2 for its rows of W before `pdl_enter()` (common.cuh): launched early on
+// Hopper, it fetches its weights while the kernel before it (the norm or the quantizer that makes
+// its activations) still runs.
 #include "quants.cuh"
 
 // The rows of one matrix handled by local block `lb` of its segment.
@@ -101,6 +104,10 @@ __device__ void mmvq_multi(const u8* W0, size_t rb0, const float* b0, float* d0,
     const int fmt = s == 0 ? f0 : (s == 1 ? f1 : f2);
     const int lb = blk - (s == 0 ? 0 : (s == 1 ? end0 : end1));
     const bool acc = accumulate != 0;
+    // The block's rows of W are read-only: ask for them before waiting on the kernel before.
+    const int r0 = lb * rpb, r1 = min(r0 + rpb, n_out);
+    if (r0 < r1) prefetch_l2(W + (size_t)r0 * rb, (size_t)(r1 - r0) * rb);
+    pdl_enter();
     if (KFORM) {
         switch (fmt) {
             case T_Q4_K: mmvq_rows<T_Q4_K, NC>(W, rb, yq, ya, ys, bias, dst, K, n_out, rpb, lb, acc); break;
@@ -127,6 +134,9 @@ __device__ void mmv_dense(const u8* __restrict__ W, size_t row_bytes, const floa
     const int wpr = 4 / rpb;
     const int row = blockIdx.x * rpb + warp / wpr;
     const int sub = (warp % wpr) * 32 + lane, nthr = wpr * 32;
+    const int r0 = blockIdx.x * rpb, r1 = min(r0 + rpb, n_out);
+    if (r0 < r1) prefetch_l2(W + (size_t)r0 * row_bytes, (size_t)(r1 - r0) * row_bytes);
+    pdl_enter();
     float acc[NC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) acc[c] = 0.0f;

@@ -73,6 +73,7 @@ __device__ void rmsnorm_reg(const float* __restrict__ x, const float* __restrict
     extern "C" __global__ void __launch_bounds__(1024) rmsnorm_f32_q8_c##MAXC(                                       \
         const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, i8* qs0, float2* ds0,      \
         i8* qsk, float* dk, int* sk, int q8, int dim, float eps) {                                                    \
+        pdl_enter();                                                                                                  \
         rmsnorm_reg<MAXC>(x, w, out, Q8Out{qs0, ds0, qsk, dk, sk}, q8 != 0, dim, eps);                              \
     }
 RMSNORM(1)
@@ -81,6 +82,7 @@ RMSNORM(4)
 
 // Any `dim`, no quantized copy: one block per row, two passes.
 extern "C" __global__ void rmsnorm_f32(const float* __restrict__ x, const float* __restrict__ w, float* __restrict__ out, int dim, float eps) {
+    pdl_enter();
     __shared__ double sh[32];
     const size_t r = blockIdx.x;
     const float* xr = x + r * dim;

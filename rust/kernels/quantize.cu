@@ -6,6 +6,7 @@
 // x: n values (n % 32 == 0), flat, 16-byte aligned. One warp per chunk of 256 (the q8_K form for
 // whole chunks), 8 consecutive values per lane.
 extern "C" __global__ void quantize_f32_q8(const float* __restrict__ x, i8* qs0, float2* ds0, i8* qsk, float* dk, int* sk, int n) {
+    pdl_enter();
     const Q8Out q{qs0, ds0, qsk, dk, sk};
     const int lane = threadIdx.x & 31;
     const int warps = (gridDim.x * blockDim.x) >> 5;

@@ -65,6 +65,7 @@ FAK_DEVICE void rope_rows(float* xr, int n_heads, int head_dim, int half, int ne
 extern "C" __global__ void rope_f32(float* __restrict__ x, const u32* __restrict__ positions, const float* __restrict__ freq_factors,
                                     int n_heads, int head_dim, int n_rot, float theta_scale, float freq_scale, int neox,
                                     float ext_factor, float mscale, float corr_lo, float corr_hi) {
+    pdl_enter();
     extern __shared__ float cs[];  // [n_rot/2][2]
     const int half = n_rot / 2;
     const size_t r = blockIdx.x;
@@ -81,6 +82,7 @@ extern "C" __global__ void rope_qk_kv_write_f32(float* __restrict__ q, float* __
                                                 const float* __restrict__ freq_factors, u16* __restrict__ kc, u16* __restrict__ vc,
                                                 int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale,
                                                 int neox, int block_size, float ext_factor, float mscale, float corr_lo, float corr_hi) {
+    pdl_enter();
     extern __shared__ float cs[];  // [n_rot/2][2]
     const int half = n_rot / 2;
     const size_t r = blockIdx.x;

@@ -38,6 +38,7 @@ FAK_DEVICE void block_argmax(float& bv, u32& bi, float* sv, u32* si) {
 // One block (≤ 1024 threads, multiple of 32) per row of n_cols.
 // idx[r] = argmax; when stats != null, stats[r] = (max, log Σ e^(x − max) + max).
 extern "C" __global__ void argmax_f32(const float* __restrict__ x, int n_cols, u32* __restrict__ idx, float2* __restrict__ stats) {
+    pdl_enter();
     __shared__ float sv[32];
     __shared__ u32 si[32];
     __shared__ float sh[32];
@@ -76,6 +77,7 @@ struct GreedyPart {
 };
 
 extern "C" __global__ void greedy_partial_f32(const float* __restrict__ x, int n_cols, GreedyPart* __restrict__ part) {
+    pdl_enter();
     __shared__ float sv[32];
     __shared__ u32 si[32];
     __shared__ double sd[32];
@@ -109,6 +111,7 @@ extern "C" __global__ void greedy_partial_f32(const float* __restrict__ x, int n
 
 // One warp (32 threads) per row; G partials per row.
 extern "C" __global__ void greedy_final_f32(const GreedyPart* __restrict__ part, int G, u32* __restrict__ idx, float* __restrict__ logprob) {
+    pdl_enter();
     const int lane = threadIdx.x;
     const GreedyPart* p = part + (size_t)blockIdx.x * G;
     float bv = NEG_INF;
@@ -180,6 +183,7 @@ FAK_DEVICE double block_sum_f64(double v, double* sh) {
 extern "C" __global__ void top_rows_f32(const float* __restrict__ x, int n_cols, const u32* __restrict__ rows, int m,
                                         u32* __restrict__ ids, float* __restrict__ vals, double* __restrict__ z, float* __restrict__ maxv,
                                         u32* __restrict__ exact) {
+    pdl_enter();
     __shared__ u32 hist[256];
     __shared__ unsigned long long cand[TOP_CAP];
     __shared__ u32 s_prefix, s_rank, s_ngt, s_neq;
@@ -285,6 +289,7 @@ struct LogitPenalty {
 };
 
 extern "C" __global__ void penalize_f32(float* __restrict__ x, int n_cols, const LogitPenalty* __restrict__ e, int n, float* __restrict__ raw) {
+    pdl_enter();
     const int j = blockIdx.x * blockDim.x + threadIdx.x;
     if (j >= n) return;
     const LogitPenalty p = e[j];
@@ -320,6 +325,7 @@ struct DrawPart {
 };
 
 extern "C" __global__ void draw_partial_f32(const float* __restrict__ x, int n_cols, const DrawRequest* __restrict__ d, DrawPart* __restrict__ part) {
+    pdl_enter();
     __shared__ float sf[32];
     __shared__ double sd[32];
     __shared__ u32 s_last;
@@ -356,6 +362,7 @@ extern "C" __global__ void draw_partial_f32(const float* __restrict__ x, int n_c
 
 extern "C" __global__ void draw_final_f32(const float* __restrict__ x, int n_cols, const DrawRequest* __restrict__ d, const DrawPart* __restrict__ part, int G,
                                           u32* __restrict__ tok, float* __restrict__ val, float* __restrict__ maxv, double* __restrict__ z) {
+    pdl_enter();
     __shared__ double sd[32];
     __shared__ double s_from, s_target;
     __shared__ int s_slice;

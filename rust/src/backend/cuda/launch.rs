@@ -1,6 +1,17 @@
 //! Kernel launch: packs scalar and pointer arguments into 8-byte slots (the driver reads each
 //! parameter through its pointer with the size the kernel declares, so the low bytes of a slot
 //! hold a 4-byte value) and calls `cuLaunchKernel` on fak's stream.
+//!
+//! Programmatic dependent launch (Hopper and later; [`pdl_mode`]): in decode steps of up to
+//! [`PDL_MAX_ROWS`] rows, every launch of an image compiled for sm_90+ (except the families of
+//! `module::PDL_SKIP_DEFAULT`, the int8 GEMMs) goes through `cuLaunchKernelEx` with programmatic
+//! stream serialization, so the GPU may start a kernel while the one before it in the stream
+//! still runs. Every kernel calls
+//! `pdl_enter()` (`rust/kernels/common.cuh`: `griddepcontrol.wait`, then
+//! `griddepcontrol.launch_dependents`) before it touches memory another kernel writes, so results
+//! are those of plain stream order; what overlaps is the launch, the block start-up and the
+//! GEMVs' prefetch of their weights into L2. Stream capture records the launches as programmatic
+//! edges, so the decode graphs keep the overlap.
 
 use std::ffi::c_void;
 
@@ -9,6 +20,35 @@ use cudarc::driver::sys;
 use super::device::drv;
 use super::CudaBackend;
 use crate::Result;
+
+/// Decode steps of up to this many rows launch with programmatic stream serialization. There the
+/// step is a chain of ~316 short kernels and the overlap gained 9–14% single-stream (1.5B twin,
+/// H100, run h4: 634 → 726 tok/s at ctx 0); at 64 and 128 rows, where the GEMMs dominate, it
+/// measured 1–4% slower, and prefill the same within noise (benches/results/cuda.md).
+pub const PDL_MAX_ROWS: usize = 16;
+
+/// When launches use programmatic stream serialization (on a GPU of sm_90 or later).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pdl {
+    /// Never (`FAK_CUDA_PDL=0`/`off`, or a GPU before sm_90).
+    Off,
+    /// In decode steps of at most [`PDL_MAX_ROWS`] rows (the default).
+    SmallDecode,
+    /// Every launch (`FAK_CUDA_PDL=all`; the op tests run this way to check every kernel's wait).
+    All,
+}
+
+/// The launch mode on a GPU of compute capability `sm` (e.g. 90), from `FAK_CUDA_PDL`.
+pub fn pdl_mode(sm: u32) -> Pdl {
+    if sm < 90 {
+        return Pdl::Off;
+    }
+    match std::env::var("FAK_CUDA_PDL").as_deref().map(str::to_ascii_lowercase).as_deref() {
+        Ok("0" | "off" | "false" | "no") => Pdl::Off,
+        Ok("all") => Pdl::All,
+        _ => Pdl::SmallDecode,
+    }
+}
 
 /// Kernel arguments in declaration order.
 #[derive(Default)]
@@ -50,11 +90,32 @@ impl CudaBackend {
             return Ok(());
         }
         self.dev.bind()?;
-        let f = self.kernels.func(family, name, smem as usize)?;
+        let (f, image_pdl) = self.kernels.func(family, name, smem as usize)?;
         let mut slots = args.slots;
         let mut ptrs: [*mut c_void; 32] = [std::ptr::null_mut(); 32];
         for (p, s) in ptrs.iter_mut().zip(slots.iter_mut()).take(args.n) {
             *p = s as *mut u64 as *mut c_void;
+        }
+        if image_pdl && self.pdl_now.load(std::sync::atomic::Ordering::Relaxed) {
+            // SAFETY: a zeroed attribute is valid plain data; the id and its union member are set.
+            let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+            attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attr.value.programmaticStreamSerializationAllowed = 1;
+            let cfg = sys::CUlaunchConfig {
+                gridDimX: grid.0,
+                gridDimY: grid.1,
+                gridDimZ: grid.2,
+                blockDimX: block,
+                blockDimY: 1,
+                blockDimZ: 1,
+                sharedMemBytes: smem,
+                hStream: self.dev.stream,
+                attrs: &mut attr,
+                numAttrs: 1,
+            };
+            // SAFETY: as below; `cfg` and `attr` outlive the call, and the kernel's image waits
+            // for the kernel before it (`pdl_enter`) before touching shared memory of the stream.
+            return drv(name, unsafe { sys::cuLaunchKernelEx(&cfg, f, ptrs.as_mut_ptr(), std::ptr::null_mut()) });
         }
         // SAFETY: `f` is a loaded kernel whose parameters match `args` (each call site passes the
         // kernel's signature in order); pointers are device allocations owned by live buffers.

@@ -255,6 +255,10 @@ pub struct CudaBackend {
     /// graph key; set by `run_forward` while it runs), which selects the matmul table's decode
     /// choices.
     pub(crate) decode_step: std::sync::atomic::AtomicBool,
+    /// When launches use programmatic dependent launch (sm_90+, `FAK_CUDA_PDL`; see `launch.rs`).
+    pub pdl: launch::Pdl,
+    /// Whether they do now: in the forward that `run_forward` runs, or always under `Pdl::All`.
+    pub(crate) pdl_now: std::sync::atomic::AtomicBool,
 }
 
 impl CudaBackend {
@@ -265,6 +269,7 @@ impl CudaBackend {
     pub fn new(ordinal: i32) -> Result<CudaBackend> {
         let dev = Device::open(ordinal)?;
         let kernels = Kernels::load(&dev)?;
+        let sm = dev.info.sm();
         let mm_counters = Tracked::new(dev.alloc(4 * ops::MM_COUNTERS)?, &MEMORY.activations);
         mm_counters.mem.memset(0)?;
         Ok(CudaBackend {
@@ -276,6 +281,8 @@ impl CudaBackend {
             mm: Mutex::new(AttnScratch::default()),
             mm_counters,
             decode_step: std::sync::atomic::AtomicBool::new(false),
+            pdl: launch::pdl_mode(sm),
+            pdl_now: std::sync::atomic::AtomicBool::new(launch::pdl_mode(sm) == launch::Pdl::All),
         })
     }
 
@@ -525,8 +532,15 @@ impl Backend for CudaBackend {
 
     fn run_forward(&self, key: Option<GraphKey>, f: &mut dyn FnMut() -> Result<()>) -> Result<()> {
         self.decode_step.store(key.is_some(), Ordering::Relaxed);
+        let pdl = match self.pdl {
+            launch::Pdl::Off => false,
+            launch::Pdl::All => true,
+            launch::Pdl::SmallDecode => key.is_some_and(|k| k.n_tokens <= launch::PDL_MAX_ROWS),
+        };
+        self.pdl_now.store(pdl, Ordering::Relaxed);
         let r = self.graphs.run(&self.dev, key, f);
         self.decode_step.store(false, Ordering::Relaxed);
+        self.pdl_now.store(self.pdl == launch::Pdl::All, Ordering::Relaxed);
         r
     }
 

@@ -51,17 +51,56 @@ impl std::fmt::Display for ImageOrigin {
     }
 }
 
+impl ImageOrigin {
+    /// The architecture the image was compiled for (`sm`: the GPU's, for NVRTC images).
+    fn arch(&self, sm: u32) -> u32 {
+        match self {
+            ImageOrigin::EmbeddedCubin(a) | ImageOrigin::PtxJit(a) => *a,
+            ImageOrigin::NvrtcCache(_) | ImageOrigin::Nvrtc(_) => sm,
+        }
+    }
+}
+
+/// Whether kernels compiled for `arch` wait for the kernel before them (`pdl_enter()` in
+/// `common.cuh` is compiled in from sm_90 on), so that they may be launched with programmatic
+/// stream serialization.
+pub fn pdl_capable(arch: u32) -> bool {
+    arch >= 90
+}
+
+/// Families launched without programmatic stream serialization by default: the int8 GEMMs.
+/// Started early beside the kernel before them, their blocks were placed on the SMs that kernel
+/// left room on: a decode step of 64 sequences on the 1.5B twin took 5.95 ms instead of 5.06
+/// (H100, 2026-12-06; benches/results/cuda.md, run h3), and a 512-token prefill 20% longer. The
+/// kernels after them still start early (the GEMMs call `pdl_enter()` as every kernel does).
+pub const PDL_SKIP_DEFAULT: &[&str] = &["mmq"];
+
+/// Whether `family`'s launches go without programmatic stream serialization: those of
+/// [`PDL_SKIP_DEFAULT`], or of `FAK_CUDA_PDL_SKIP` when set (comma-separated; empty: none), for
+/// measuring which launches gain from it.
+fn pdl_skipped(family: &str) -> bool {
+    match std::env::var("FAK_CUDA_PDL_SKIP") {
+        Ok(v) => v.split(',').any(|f| f.trim() == family),
+        Err(_) => PDL_SKIP_DEFAULT.contains(&family),
+    }
+}
+
 struct Loaded {
     module: sys::CUmodule,
     origin: ImageOrigin,
+    /// The image's kernels call `griddepcontrol.wait` (see [`pdl_capable`]).
+    capable: bool,
+    /// Its launches may use programmatic stream serialization (capable, not skipped).
+    pdl: bool,
 }
 
 /// All kernel families loaded on one device.
 pub struct Kernels {
     dev: Arc<Device>,
     families: HashMap<&'static str, Loaded>,
-    /// Loaded functions and the dynamic shared memory their opt-in limit was last raised to.
-    funcs: Mutex<HashMap<&'static str, (sys::CUfunction, usize)>>,
+    /// Loaded functions, the dynamic shared memory their opt-in limit was last raised to, and
+    /// whether their image may be launched early (see [`pdl_capable`]).
+    funcs: Mutex<HashMap<&'static str, (sys::CUfunction, usize, bool)>>,
 }
 
 // SAFETY: module and function handles are immutable once loaded and valid in the device's
@@ -268,10 +307,10 @@ impl Kernels {
         let mut families = HashMap::new();
         for &(family, _) in SOURCES {
             let loaded = if let Some((_, a, bytes)) = pick_cubin(family) {
-                Loaded { module: load_image(family, bytes)?, origin: ImageOrigin::EmbeddedCubin(*a) }
+                Loaded { module: load_image(family, bytes)?, origin: ImageOrigin::EmbeddedCubin(*a), capable: false, pdl: false }
             } else {
                 match compiled.remove(family).expect("compiled above") {
-                    Ok((bytes, origin)) => Loaded { module: load_image(family, &bytes)?, origin },
+                    Ok((bytes, origin)) => Loaded { module: load_image(family, &bytes)?, origin, capable: false, pdl: false },
                     Err(e) => {
                         // Last resort: PTX of an older architecture through the driver's JIT.
                         let ptx = PTX.iter().filter(|(f, a, _)| *f == family && *a <= sm).max_by_key(|(_, a, _)| *a);
@@ -279,13 +318,15 @@ impl Kernels {
                             Some((_, a, text)) if !force_nvrtc => {
                                 let mut z = text.as_bytes().to_vec();
                                 z.push(0);
-                                Loaded { module: load_image(family, &z)?, origin: ImageOrigin::PtxJit(*a) }
+                                Loaded { module: load_image(family, &z)?, origin: ImageOrigin::PtxJit(*a), capable: false, pdl: false }
                             }
                             _ => return Err(e),
                         }
                     }
                 }
             };
+            let capable = pdl_capable(loaded.origin.arch(sm));
+            let loaded = Loaded { capable, pdl: capable && !pdl_skipped(family), ..loaded };
             families.insert(family, loaded);
         }
         Ok(Kernels { dev: dev.clone(), families, funcs: Mutex::new(HashMap::new()) })
@@ -298,13 +339,19 @@ impl Kernels {
         v
     }
 
-    /// The kernel `name` of `family` (handles are cached). A launch with `smem` bytes of dynamic
-    /// shared memory raises the function's opt-in limit to it when it was lower.
-    pub fn func(&self, family: &'static str, name: &'static str, smem: usize) -> Result<sys::CUfunction> {
+    /// Whether every loaded family's kernels wait for the kernel before them ([`pdl_capable`]).
+    pub fn all_pdl_capable(&self) -> bool {
+        self.families.values().all(|l| l.capable)
+    }
+
+    /// The kernel `name` of `family` (handles are cached), and whether its image may be launched
+    /// early ([`pdl_capable`]). A launch with `smem` bytes of dynamic shared memory raises the
+    /// function's opt-in limit to it when it was lower.
+    pub fn func(&self, family: &'static str, name: &'static str, smem: usize) -> Result<(sys::CUfunction, bool)> {
         let mut map = self.funcs.lock().unwrap_or_else(|e| e.into_inner());
-        let f = match map.get(name) {
-            Some(&(f, limit)) if smem <= limit => return Ok(f),
-            Some(&(f, _)) => f,
+        let (f, pdl) = match map.get(name) {
+            Some(&(f, limit, pdl)) if smem <= limit => return Ok((f, pdl)),
+            Some(&(f, _, pdl)) => (f, pdl),
             None => {
                 let l = self.families.get(family).ok_or_else(|| backend_err(format!("kernel family {family} is not loaded")))?;
                 let cname = CString::new(name).unwrap();
@@ -312,7 +359,7 @@ impl Kernels {
                 self.dev.bind()?;
                 // SAFETY: valid module handle and C string.
                 drv(&format!("cuModuleGetFunction({name})"), unsafe { sys::cuModuleGetFunction(&mut f, l.module, cname.as_ptr()) })?;
-                f
+                (f, l.pdl)
             }
         };
         if smem > 0 {
@@ -325,8 +372,8 @@ impl Kernels {
                 sys::cuFuncSetAttribute(f, sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32)
             })?;
         }
-        map.insert(name, (f, smem));
-        Ok(f)
+        map.insert(name, (f, smem, pdl));
+        Ok((f, pdl))
     }
 }
 
