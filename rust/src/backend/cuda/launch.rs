@@ -22,9 +22,10 @@ use super::CudaBackend;
 use crate::Result;
 
 /// Decode steps of up to this many rows launch with programmatic stream serialization. There the
-/// step is a chain of ~316 short kernels and the overlap gained 9–14% single-stream (1.5B twin,
-/// H100, run h4: 634 → 726 tok/s at ctx 0); at 64 and 128 rows, where the GEMMs dominate, it
-/// measured 1–4% slower, and prefill the same within noise (benches/results/cuda.md).
+/// step is a chain of ~316 short kernels and the overlap gained 14–18% single-stream (1.5B twin,
+/// H100, run h5: 645 → 763 tok/s at ctx 0, 587 → 671 at 8k) and 3% at 16 rows; at 64 and 128
+/// rows, where the GEMMs dominate, it measured 1–4% slower (h4), and prefill the same within
+/// noise (benches/results/cuda.md).
 pub const PDL_MAX_ROWS: usize = 16;
 
 /// When launches use programmatic stream serialization (on a GPU of sm_90 or later).
