@@ -6,12 +6,11 @@
 //! [`PDL_MAX_ROWS`] rows, every launch of an image compiled for sm_90+ (except the families of
 //! `module::PDL_SKIP_DEFAULT`, the int8 GEMMs) goes through `cuLaunchKernelEx` with programmatic
 //! stream serialization, so the GPU may start a kernel while the one before it in the stream
-//! still runs. Every kernel calls
-//! `pdl_enter()` (`rust/kernels/common.cuh`: `griddepcontrol.wait`, then
-//! `griddepcontrol.launch_dependents`) before it touches memory another kernel writes, so results
-//! are those of plain stream order; what overlaps is the launch, the block start-up and the
-//! GEMVs' prefetch of their weights into L2. Stream capture records the launches as programmatic
-//! edges, so the decode graphs keep the overlap.
+//! still runs. Every kernel calls `pdl_enter()` (`rust/kernels/common.cuh`:
+//! `griddepcontrol.wait`, then `griddepcontrol.launch_dependents`) before it touches memory
+//! another kernel writes, so results are those of plain stream order; what overlaps is the
+//! launch, the block start-up and the GEMVs' prefetch of their weights into L2. Stream capture
+//! records the launches as programmatic edges, so the decode graphs keep the overlap.
 
 use std::ffi::c_void;
 
