@@ -307,12 +307,23 @@ unsafe fn attend_task(
         }
         for ds in 0..hd / sw {
             let vs = &sc.vf[ds * n_c * sw..(ds + 1) * n_c * sw];
-            for (r, row) in rows.iter().enumerate() {
+            // Rows with the same range and order (the heads of one query position that share
+            // this KV head) go through the kernel together, up to 4 at a time: each V slice is
+            // then loaded once for all of them.
+            let mut r = 0;
+            while r < rows.len() {
+                let row = &rows[r];
+                let same = rows[r..].iter().take(4).take_while(|x| *x == row).count();
+                let q = if same == 4 { 4 } else { same.min(2) };
                 let (a, b) = (row.first.max(c0), row.valid.min(c1));
                 if a < b {
-                    let p = &sc.s[r * stride + a..r * stride + b];
-                    vc.accumulate(r, row.chains, a - row.first, p, &vs[(a - c0) * sw..(b - c0) * sw], ds * sw, finite);
+                    let ps: [&[f32]; 4] = std::array::from_fn(|k| {
+                        let rk = r + k.min(q - 1);
+                        &sc.s[rk * stride + a..rk * stride + b]
+                    });
+                    vc.accumulate_group(r, &ps[..q], row.chains, a - row.first, &vs[(a - c0) * sw..(b - c0) * sw], ds * sw, finite);
                 }
+                r += q;
             }
         }
         c0 = c1;
@@ -521,6 +532,7 @@ const V_CHUNK: usize = 256;
 
 /// One query vector's context in pass 3: probabilities at tile positions `first..valid`, summed
 /// in the order of `chains`.
+#[derive(PartialEq)]
 struct VRow {
     first: usize,
     valid: usize,
@@ -614,6 +626,59 @@ impl<'a> VChains<'a> {
             for (x, &y) in cl.iter_mut().zip(&v[i * sw..(i + 1) * sw]) {
                 *x = w.mul_add(y, *x);
             }
+        }
+    }
+
+    /// [`VChains::accumulate`] for queries `r0 .. r0 + ps.len()` (1, 2 or 4) of one order over the
+    /// same positions, query `r0 + k` weighted by `ps[k]`. With 16 chains on AVX-512 and finite
+    /// values, the whole blocks of 16 positions go through [`avx512_chains16_multi`], which
+    /// loads each V slice once for all the queries; each chain still sums its positions in
+    /// order, so the bits are those of one `accumulate` per query.
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate_group(&mut self, r0: usize, ps: &[&[f32]], chains: Chains, j0: usize, v: &[f32], d0: usize, finite: bool) {
+        let (hd, sw, n) = (self.hd, self.sw, ps[0].len());
+        #[cfg(target_arch = "x86_64")]
+        if (ps.len() == 2 || ps.len() == 4) && self.simd && sw == 16 && chains.n() == 16 && finite && n >= 32 {
+            assert!(v.len() >= n * sw && d0 + sw <= hd && ps.iter().all(|p| p.len() == n));
+            let pre = (16 - j0 % 16) % 16;
+            let full = (n - pre) / 16 * 16;
+            // the positions before the first whole block, query by query (with `j0 == 0` this
+            // also starts the chains at zero, as `accumulate` does for an empty `p`)
+            for (k, p) in ps.iter().enumerate() {
+                self.accumulate(r0 + k, chains, j0, &p[..pre], v, d0, finite);
+            }
+            let c: Vec<*mut f32> = (0..ps.len())
+                .map(|k| {
+                    let at = self.at[r0 + k];
+                    assert_eq!(self.at[r0 + k + 1] - at, 16 * hd, "query {} was set up for another chain order", r0 + k);
+                    // SAFETY: `at + d0 + 15·hd + 16 ≤ at + 16·hd` (d0 + 16 ≤ hd) lies in `c`.
+                    unsafe { self.c.as_mut_ptr().add(at + d0) }
+                })
+                .collect();
+            let vb = &v[16 * pre..16 * (pre + full)];
+            // SAFETY: AVX-512F (sw 16, `new`); each `c[k]` holds 16 chains `hd` apart of 16 values
+            // (above), each `ps[k][pre..]` at least `full` weights, `vb` `16·full` values.
+            unsafe {
+                if ps.len() == 4 {
+                    let cs = [c[0], c[1], c[2], c[3]];
+                    let pp = [ps[0][pre..].as_ptr(), ps[1][pre..].as_ptr(), ps[2][pre..].as_ptr(), ps[3][pre..].as_ptr()];
+                    avx512_chains16_multi::<4, 4>(cs, hd, pp, full, vb.as_ptr());
+                } else {
+                    let cs = [c[0], c[1]];
+                    let pp = [ps[0][pre..].as_ptr(), ps[1][pre..].as_ptr()];
+                    avx512_chains16_multi::<2, 8>(cs, hd, pp, full, vb.as_ptr());
+                }
+            }
+            let end = pre + full;
+            for (k, p) in ps.iter().enumerate() {
+                if end < n {
+                    self.accumulate(r0 + k, chains, j0 + end, &p[end..], &v[16 * end..], d0, finite);
+                }
+            }
+            return;
+        }
+        for (k, p) in ps.iter().enumerate() {
+            self.accumulate(r0 + k, chains, j0, p, v, d0, finite);
         }
     }
 
@@ -854,6 +919,39 @@ unsafe fn avx512_chains16_blocks<const SKIP0: bool>(c: &mut [f32], hd: usize, p:
     }
     for (l, a) in acc.iter().enumerate() {
         _mm512_storeu_ps(cp.add(l * hd), *a);
+    }
+}
+
+/// The 16 chains of `Q` queries over `n` positions (whole blocks of 16, the first of them chain
+/// 0's), unmasked (finite values): chain `l` of query `k` (16 values at `c[k] + l·hd`) gets
+/// `p[k][i]·v[i]` for the positions `i ≡ l (mod 16)`, in order. The chains go in groups of `CP`
+/// (`Q·CP = 16`), so that the group's `Q·CP` accumulators stay in registers; each V slice is then
+/// loaded once for the `Q` queries (the one-query kernel loads one slice and one weight per FMA,
+/// two loads, the load ports' limit). The same operations per chain as
+/// [`avx512_chains16_blocks`]: bit-identical.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+unsafe fn avx512_chains16_multi<const Q: usize, const CP: usize>(c: [*mut f32; Q], hd: usize, p: [*const f32; Q], n: usize, v: *const f32) {
+    use std::arch::x86_64::*;
+    debug_assert!(Q * CP == 16 && n % 16 == 0);
+    for g in 0..Q {
+        let l0 = g * CP;
+        let mut acc: [[__m512; CP]; Q] = std::array::from_fn(|k| std::array::from_fn(|j| _mm512_loadu_ps(c[k].add((l0 + j) * hd))));
+        let mut i = 0;
+        while i < n {
+            for j in 0..CP {
+                let x = _mm512_loadu_ps(v.add(16 * (i + l0 + j)));
+                for k in 0..Q {
+                    acc[k][j] = _mm512_fmadd_ps(_mm512_set1_ps(*p[k].add(i + l0 + j)), x, acc[k][j]);
+                }
+            }
+            i += 16;
+        }
+        for (k, a) in acc.iter().enumerate() {
+            for (j, x) in a.iter().enumerate() {
+                _mm512_storeu_ps(c[k].add((l0 + j) * hd), *x);
+            }
+        }
     }
 }
 
@@ -1225,6 +1323,70 @@ mod tests {
                         vc.combine(1, chains, &mut got);
                         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
                         assert_eq!(bits(&got), bits(&want), "{isa:?} {chains:?} hd {hd} n {n} first {first} chunk {chunk}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// `accumulate_group` (several queries through the kernel that loads each V slice once) gives
+    /// the bits of one `accumulate` per query: groups of 1, 2 and 4, every phase of the chains,
+    /// lengths around the 16-position blocks, finite and non-finite V, stale buffers, chunks
+    /// continued from earlier ones.
+    #[test]
+    fn grouped_v_chains_equal_one_query_at_a_time() {
+        let isas: Vec<Isa> = if vecops::isa() == Isa::Avx2 { vec![Isa::Scalar, Isa::Avx2] } else { vec![Isa::Scalar] };
+        for isa in isas {
+            for chains in [Chains::TinyBlas, Chains::VecDot] {
+                for hd in [64, 128] {
+                    for q in [1, 2, 4] {
+                        for (j0, n) in [(0, 1), (0, 32), (0, 33), (5, 100), (16, 31), (37, 256), (3, 48), (0, 300)] {
+                            for finite in [true, false] {
+                                let mut v = rand_vec(n * hd, 7 + n as u64);
+                                if !finite {
+                                    for j in (3..n).step_by(7) {
+                                        v[j * hd + j % hd] = f32::INFINITY;
+                                    }
+                                }
+                                let ps: Vec<Vec<f32>> = (0..q)
+                                    .map(|k| rand_vec(n, 40 + k as u64).iter().enumerate().map(|(j, &x)| if j % 7 == 3 { 0.0 } else { x }).collect())
+                                    .collect();
+                                let run = |grouped: bool| {
+                                    let mut buf = vec![f32::NAN; 4 * 64 * hd];
+                                    let mut vc = VChains::new(&mut buf, std::iter::repeat_n(chains, q), hd, isa);
+                                    let sw = vc.sw;
+                                    // a first chunk of 40 positions one query at a time (the chains
+                                    // start), then the chunk under test from phase j0 on
+                                    let pre: Vec<Vec<f32>> = (0..q).map(|k| rand_vec(40, 90 + k as u64)).collect();
+                                    let vpre = rand_vec(40 * hd, 91);
+                                    for ds in 0..hd / sw {
+                                        let vs: Vec<f32> = (0..40).flat_map(|j| vpre[j * hd + ds * sw..][..sw].to_vec()).collect();
+                                        let vt: Vec<f32> = (0..n).flat_map(|j| v[j * hd + ds * sw..][..sw].to_vec()).collect();
+                                        for (k, p) in pre.iter().enumerate() {
+                                            if j0 > 0 {
+                                                vc.accumulate(k, chains, 0, &p[..j0.min(40)], &vs, ds * sw, true);
+                                            }
+                                        }
+                                        let refs: Vec<&[f32]> = ps.iter().map(|p| p.as_slice()).collect();
+                                        if grouped {
+                                            vc.accumulate_group(0, &refs, chains, j0.min(40), &vt, ds * sw, finite);
+                                        } else {
+                                            for (k, p) in refs.iter().enumerate() {
+                                                vc.accumulate(k, chains, j0.min(40), p, &vt, ds * sw, finite);
+                                            }
+                                        }
+                                    }
+                                    (0..q)
+                                        .flat_map(|k| {
+                                            let mut o = vec![f32::NAN; hd];
+                                            vc.combine(k, chains, &mut o);
+                                            o.into_iter().map(f32::to_bits)
+                                        })
+                                        .collect::<Vec<u32>>()
+                                };
+                                assert_eq!(run(true), run(false), "{isa:?} {chains:?} hd {hd} q {q} j0 {j0} n {n} finite {finite}");
+                            }
+                        }
                     }
                 }
             }
