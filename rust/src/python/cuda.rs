@@ -33,9 +33,9 @@ fn cuda_available(py: Python<'_>) -> bool {
 /// `build_archs` (nvcc cubins embedded), `kernel_families`; with a GPU also `device`,
 /// `compute_capability`, `sm_count`, `total_memory_bytes`, `driver_version`, `graphs`, `ops`
 /// (op → kernel path) and, with `load_kernels`, `kernel_images` (family → where its image came
-/// from), `pdl` (when launches use programmatic dependent launch: `off`, `small-decode` (decode
-/// steps of ≤ 16 rows) or `all`; `off` too when an image was compiled before sm_90) and
-/// `nvrtc_version`.
+/// from), `pdl` (the mode of programmatic dependent launch: `off`, `small-decode` (decode steps of
+/// ≤ 16 rows) or `all`), `pdl_families` (the families it applies to: images compiled for sm_90+,
+/// not skipped) and `nvrtc_version`.
 #[pyfunction]
 #[pyo3(signature = (load_kernels=true))]
 fn cuda_info<'py>(py: Python<'py>, load_kernels: bool) -> PyResult<Bound<'py, PyDict>> {
@@ -82,12 +82,12 @@ fn cuda_info<'py>(py: Python<'py>, load_kernels: bool) -> PyResult<Bound<'py, Py
                             }
                             d.set_item("kernel_images", imgs)?;
                             let pdl = match be.pdl {
-                                _ if !be.kernels.all_pdl_capable() => "off",
                                 cu::launch::Pdl::Off => "off",
                                 cu::launch::Pdl::SmallDecode => "small-decode",
                                 cu::launch::Pdl::All => "all",
                             };
                             d.set_item("pdl", pdl)?;
+                            d.set_item("pdl_families", be.kernels.pdl_families())?;
                         }
                         Err(e) => d.set_item("kernel_error", e.to_string())?,
                     }

@@ -647,14 +647,15 @@ impl<'a> VChains<'a> {
             for (k, p) in ps.iter().enumerate() {
                 self.accumulate(r0 + k, chains, j0, &p[..pre], v, d0, finite);
             }
-            let c: Vec<*mut f32> = (0..ps.len())
-                .map(|k| {
-                    let at = self.at[r0 + k];
-                    assert_eq!(self.at[r0 + k + 1] - at, 16 * hd, "query {} was set up for another chain order", r0 + k);
-                    // SAFETY: `at + d0 + 15·hd + 16 ≤ at + 16·hd` (d0 + 16 ≤ hd) lies in `c`.
-                    unsafe { self.c.as_mut_ptr().add(at + d0) }
-                })
-                .collect();
+            // one base pointer for all the queries' chains (disjoint ranges of `self.c`)
+            let base = self.c.as_mut_ptr();
+            let mut c = [std::ptr::null_mut::<f32>(); 4];
+            for (k, ck) in c.iter_mut().enumerate().take(ps.len()) {
+                let at = self.at[r0 + k];
+                assert_eq!(self.at[r0 + k + 1] - at, 16 * hd, "query {} was set up for another chain order", r0 + k);
+                // SAFETY: `at + d0 + 15·hd + 16 ≤ at + 16·hd` (d0 + 16 ≤ hd) lies in `self.c`.
+                *ck = unsafe { base.add(at + d0) };
+            }
             let vb = &v[16 * pre..16 * (pre + full)];
             // SAFETY: AVX-512F (sw 16, `new`); each `c[k]` holds 16 chains `hd` apart of 16 values
             // (above), each `ps[k][pre..]` at least `full` weights, `vb` `16·full` values.

@@ -34,13 +34,18 @@ pub enum Pdl {
     Off,
     /// In decode steps of at most [`PDL_MAX_ROWS`] rows (the default).
     SmallDecode,
-    /// Every launch (`FAK_CUDA_PDL=all`; the op tests run this way to check every kernel's wait).
+    /// Every launch of the families not skipped (`FAK_CUDA_PDL=all`; with `FAK_CUDA_PDL_SKIP=`
+    /// the int8 GEMMs too): a run of the CUDA tests in this mode exercises the kernels' waits
+    /// outside decode steps (runs h2, h4, h5). A missing wait is a race, so a pass does not
+    /// prove every kernel has one; `rust/kernels` is read for that.
     All,
 }
 
-/// The launch mode on a GPU of compute capability `sm` (e.g. 90), from `FAK_CUDA_PDL`.
-pub fn pdl_mode(sm: u32) -> Pdl {
-    if sm < 90 {
+/// The launch mode on a GPU of compute capability `sm` (e.g. 90) under a driver of
+/// `driver_version` (`cuDriverGetVersion`), from `FAK_CUDA_PDL`. Off before sm_90 and before
+/// CUDA 12.3 (`cuLaunchKernelEx` came with 12.0, programmatic edges in stream capture with 12.3).
+pub fn pdl_mode(sm: u32, driver_version: i32) -> Pdl {
+    if sm < 90 || driver_version < 12030 {
         return Pdl::Off;
     }
     match std::env::var("FAK_CUDA_PDL").as_deref().map(str::to_ascii_lowercase).as_deref() {
@@ -114,7 +119,8 @@ impl CudaBackend {
                 numAttrs: 1,
             };
             // SAFETY: as below; `cfg` and `attr` outlive the call, and the kernel's image waits
-            // for the kernel before it (`pdl_enter`) before touching shared memory of the stream.
+            // for the kernel before it (`pdl_enter`) before touching global memory other kernels
+            // use.
             return drv(name, unsafe { sys::cuLaunchKernelEx(&cfg, f, ptrs.as_mut_ptr(), std::ptr::null_mut()) });
         }
         // SAFETY: `f` is a loaded kernel whose parameters match `args` (each call site passes the

@@ -269,7 +269,7 @@ impl CudaBackend {
     pub fn new(ordinal: i32) -> Result<CudaBackend> {
         let dev = Device::open(ordinal)?;
         let kernels = Kernels::load(&dev)?;
-        let sm = dev.info.sm();
+        let pdl = launch::pdl_mode(dev.info.sm(), dev.info.driver_version);
         let mm_counters = Tracked::new(dev.alloc(4 * ops::MM_COUNTERS)?, &MEMORY.activations);
         mm_counters.mem.memset(0)?;
         Ok(CudaBackend {
@@ -281,8 +281,8 @@ impl CudaBackend {
             mm: Mutex::new(AttnScratch::default()),
             mm_counters,
             decode_step: std::sync::atomic::AtomicBool::new(false),
-            pdl: launch::pdl_mode(sm),
-            pdl_now: std::sync::atomic::AtomicBool::new(launch::pdl_mode(sm) == launch::Pdl::All),
+            pdl,
+            pdl_now: std::sync::atomic::AtomicBool::new(pdl == launch::Pdl::All),
         })
     }
 
@@ -538,10 +538,16 @@ impl Backend for CudaBackend {
             launch::Pdl::SmallDecode => key.is_some_and(|k| k.n_tokens <= launch::PDL_MAX_ROWS),
         };
         self.pdl_now.store(pdl, Ordering::Relaxed);
-        let r = self.graphs.run(&self.dev, key, f);
-        self.decode_step.store(false, Ordering::Relaxed);
-        self.pdl_now.store(self.pdl == launch::Pdl::All, Ordering::Relaxed);
-        r
+        // restores both flags when the forward returns, with an error or by a panic
+        struct Restore<'a>(&'a CudaBackend);
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                self.0.decode_step.store(false, Ordering::Relaxed);
+                self.0.pdl_now.store(self.0.pdl == launch::Pdl::All, Ordering::Relaxed);
+            }
+        }
+        let _restore = Restore(self);
+        self.graphs.run(&self.dev, key, f)
     }
 
     fn synchronize(&self) -> Result<()> {

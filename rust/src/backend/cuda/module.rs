@@ -88,9 +88,8 @@ fn pdl_skipped(family: &str) -> bool {
 struct Loaded {
     module: sys::CUmodule,
     origin: ImageOrigin,
-    /// The image's kernels call `griddepcontrol.wait` (see [`pdl_capable`]).
-    capable: bool,
-    /// Its launches may use programmatic stream serialization (capable, not skipped).
+    /// Its launches may use programmatic stream serialization: the image's kernels wait for the
+    /// kernel before them ([`pdl_capable`]) and the family is not skipped ([`pdl_skipped`]).
     pdl: bool,
 }
 
@@ -307,10 +306,10 @@ impl Kernels {
         let mut families = HashMap::new();
         for &(family, _) in SOURCES {
             let loaded = if let Some((_, a, bytes)) = pick_cubin(family) {
-                Loaded { module: load_image(family, bytes)?, origin: ImageOrigin::EmbeddedCubin(*a), capable: false, pdl: false }
+                Loaded { module: load_image(family, bytes)?, origin: ImageOrigin::EmbeddedCubin(*a), pdl: false }
             } else {
                 match compiled.remove(family).expect("compiled above") {
-                    Ok((bytes, origin)) => Loaded { module: load_image(family, &bytes)?, origin, capable: false, pdl: false },
+                    Ok((bytes, origin)) => Loaded { module: load_image(family, &bytes)?, origin, pdl: false },
                     Err(e) => {
                         // Last resort: PTX of an older architecture through the driver's JIT.
                         let ptx = PTX.iter().filter(|(f, a, _)| *f == family && *a <= sm).max_by_key(|(_, a, _)| *a);
@@ -318,15 +317,14 @@ impl Kernels {
                             Some((_, a, text)) if !force_nvrtc => {
                                 let mut z = text.as_bytes().to_vec();
                                 z.push(0);
-                                Loaded { module: load_image(family, &z)?, origin: ImageOrigin::PtxJit(*a), capable: false, pdl: false }
+                                Loaded { module: load_image(family, &z)?, origin: ImageOrigin::PtxJit(*a), pdl: false }
                             }
                             _ => return Err(e),
                         }
                     }
                 }
             };
-            let capable = pdl_capable(loaded.origin.arch(sm));
-            let loaded = Loaded { capable, pdl: capable && !pdl_skipped(family), ..loaded };
+            let loaded = Loaded { pdl: pdl_capable(loaded.origin.arch(sm)) && !pdl_skipped(family), ..loaded };
             families.insert(family, loaded);
         }
         Ok(Kernels { dev: dev.clone(), families, funcs: Mutex::new(HashMap::new()) })
@@ -339,9 +337,11 @@ impl Kernels {
         v
     }
 
-    /// Whether every loaded family's kernels wait for the kernel before them ([`pdl_capable`]).
-    pub fn all_pdl_capable(&self) -> bool {
-        self.families.values().all(|l| l.capable)
+    /// The families whose launches may start early (capable, not skipped), sorted.
+    pub fn pdl_families(&self) -> Vec<&'static str> {
+        let mut v: Vec<&'static str> = self.families.iter().filter(|(_, l)| l.pdl).map(|(f, _)| *f).collect();
+        v.sort();
+        v
     }
 
     /// The kernel `name` of `family` (handles are cached), and whether its image may be launched
