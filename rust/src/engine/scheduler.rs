@@ -691,12 +691,7 @@ mod tests {
         // only those its window still needs.
         let mut s = windowed_scheduler(32, 8, 6, true);
         let prompt: Vec<u32> = (0..40).collect();
-        s.add(seq_of(1, prompt.clone()));
-        while s.running().first().is_none_or(|q| q.n_cached < 40) {
-            step(&mut s);
-        }
-        s.remove(1);
-        check_pool(&s);
+        stream_into_cache(&mut s, 1, &prompt);
         assert_eq!(s.pool.n_used(), 0);
         let mut longer = prompt.clone();
         longer.extend([50, 51, 52]);
@@ -725,12 +720,7 @@ mod tests {
         // needs no block before it.
         let mut s = windowed_scheduler(14, 8, 6, true);
         let prompt: Vec<u32> = (0..80).collect();
-        s.add(seq_of(1, prompt.clone()));
-        while s.running().first().is_none_or(|q| q.n_cached < 80) {
-            step(&mut s);
-        }
-        s.remove(1);
-        check_pool(&s);
+        stream_into_cache(&mut s, 1, &prompt);
         let chain = |s: &Scheduler, n: usize| {
             let mut parent = None;
             (0..n)
@@ -760,12 +750,7 @@ mod tests {
         // needs (7 and 8) are there, the others are not needed (NO_BLOCK, never read).
         let mut s = windowed_scheduler(8, 8, 6, true);
         let prompt: Vec<u32> = (0..40).collect();
-        s.add(seq_of(1, prompt.clone()));
-        while s.running().first().is_none_or(|q| q.n_cached < 40) {
-            step(&mut s);
-        }
-        s.remove(1);
-        check_pool(&s);
+        stream_into_cache(&mut s, 1, &prompt);
         let h0 = s.pool.hash_block(None, &prompt[0..4]);
         assert!(s.pool.lookup(h0, None, &prompt[0..4]).is_none(), "block 0 was evicted");
         let mut p2 = prompt[..38].to_vec();
@@ -831,6 +816,17 @@ mod tests {
             kv_window: None,
         };
         Scheduler::new(cfg, BlockPool::new(n_blocks, 4, true))
+    }
+
+    /// Runs sequence `id` over `prompt` until every token is computed, then removes it (its full
+    /// blocks stay cached as far as the pool keeps them); checks the pool.
+    fn stream_into_cache(s: &mut Scheduler, id: u64, prompt: &[u32]) {
+        s.add(seq_of(id, prompt.to_vec()));
+        while s.running().first().is_none_or(|q| q.n_cached < prompt.len()) {
+            step(s);
+        }
+        s.remove(id);
+        check_pool(s);
     }
 
     /// Schedules one step, checks the invariants, completes it; returns the entries.
