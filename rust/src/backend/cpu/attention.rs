@@ -296,7 +296,7 @@ unsafe fn attend_task(
         let c1 = (c0 + chunk).min(stride);
         let n_c = c1 - c0;
         // every V value of the chunk finite (no f16 Inf/NaN): a zero weight's FMA then adds an
-        // exact zero, so the kernels need not skip it (see `VChains::accumulate`)
+        // exact zero, so the kernels need not skip it (see `VChains::accumulate_group`)
         let mut finite = true;
         for bi in (b0 + c0 / bs)..(b0 + c1.div_ceil(bs)) {
             let kpos = bi * bs - base - c0;
@@ -477,7 +477,6 @@ fn weighted_v(chains: Chains, p: &[f32], v: &[f32], hd: usize, out: &mut [f32]) 
 /// (with `sw = hd`, plain rows). The widening is exact, so every path gives the same values.
 fn f16_to_slices(rows: &[u16], hd: usize, sw: usize, vf: &mut [f32], n_c: usize, pos0: usize) {
     let n = rows.len() / hd;
-    debug_assert!(n * hd == rows.len());
     assert!(rows.len() == n * hd && hd.is_multiple_of(sw) && pos0 + n <= n_c && vf.len() >= n_c * hd);
     #[cfg(target_arch = "x86_64")]
     if (sw == 16 && avx512f()) || (sw == 8 && vecops::isa() == Isa::Avx2) {
@@ -549,17 +548,17 @@ struct VChains<'a> {
     /// Query `r`'s chains are `c[at[r]..at[r + 1]]` (`chains.n() · hd` values, chain-major).
     at: Vec<usize>,
     hd: usize,
-    /// Output elements per slice of V ([`VChains::accumulate`]): 16 (AVX-512), 8 (AVX2) or all
+    /// Output elements per slice of V ([`VChains::accumulate_group`]): 16 (AVX-512), 8 (AVX2) or all
     /// `hd` (scalar).
     sw: usize,
-    /// Whether [`VChains::accumulate`] runs the `sw`-lane SIMD kernel.
+    /// Whether [`VChains::accumulate_group`] runs the `sw`-lane SIMD kernel.
     simd: bool,
 }
 
 impl<'a> VChains<'a> {
     /// Chains of `hd` elements for queries of the given orders (one each) in `buf` (grown as
     /// needed), for `isa`. A query's chains start at zero with its first position (`j0 = 0` in
-    /// [`VChains::accumulate`]), so `buf` is not cleared here.
+    /// [`VChains::accumulate_group`]), so `buf` is not cleared here.
     fn new(buf: &'a mut Vec<f32>, orders: impl Iterator<Item = Chains>, hd: usize, isa: Isa) -> VChains<'a> {
         let mut at = vec![0];
         for o in orders {
@@ -583,103 +582,77 @@ impl<'a> VChains<'a> {
         VChains { c: &mut buf[..n], at, hd, sw, simd }
     }
 
-    /// Adds `p[i]·v[i, :]` to elements `d0 .. d0 + sw` of query `r`'s chain `(j0 + i) mod
-    /// chains.n()` for each `i` (`j0`: the query-relative position of `p[0]`; 0 starts the chains
-    /// from zero); `v` holds the positions' slices, `sw` values each, back to back.
+    /// [`VChains::accumulate_group`] for the one query `r` (the tests' reference usage).
+    #[cfg(test)]
+    #[allow(clippy::too_many_arguments)]
+    fn accumulate(&mut self, r: usize, chains: Chains, j0: usize, p: &[f32], v: &[f32], d0: usize, finite: bool) {
+        self.accumulate_group(r, &[p], chains, j0, v, d0, finite);
+    }
+
+    /// Adds `ps[k][i]·v[i, :]` to elements `d0 .. d0 + sw` of query `r0 + k`'s chain `(j0 + i) mod
+    /// chains.n()` for each `i`, for up to 4 queries of one order over the same positions (`j0`:
+    /// the queries' relative position of `p[0]`; 0 starts the chains from zero); `v` holds the
+    /// positions' slices, `sw` values each, back to back. On AVX-512, 2 or 4 queries go through
+    /// the kernel together ([`avx512_chains_fma`]: each V slice loaded once for all of them); each
+    /// chain still sums its positions in order, so the bits are those of one query at a time.
     ///
     /// `finite`: every value of `v` is finite. A zero weight is skipped (llama.cpp's padded zero
     /// weights add exact zeros, and so must a `0·∞`); with finite values its FMA adds `±0` to a
     /// chain that is never `−0` (chains start at `+0`, and an FMA yields `−0` only from `−0`), an
     /// exact no-op, so the kernels may then run it unmasked: the same bits either way.
     #[allow(clippy::too_many_arguments)]
-    fn accumulate(&mut self, r: usize, chains: Chains, j0: usize, p: &[f32], v: &[f32], d0: usize, finite: bool) {
-        let (hd, sw) = (self.hd, self.sw);
-        let nc = chains.n();
-        assert!(v.len() >= p.len() * sw && d0 + sw <= hd);
-        let c = &mut self.c[self.at[r]..self.at[r + 1]];
-        assert_eq!(c.len(), nc * hd, "query {r} was set up for another chain order");
-        if j0 == 0 {
-            // the query's first positions: its chains (this slice of them) start at zero
-            for l in 0..nc {
-                c[l * hd + d0..l * hd + d0 + sw].fill(0.0);
+    fn accumulate_group(&mut self, r0: usize, ps: &[&[f32]], chains: Chains, j0: usize, v: &[f32], d0: usize, finite: bool) {
+        let (hd, sw, nc, n) = (self.hd, self.sw, chains.n(), ps[0].len());
+        assert!(ps.len() <= 4 && ps.iter().all(|p| p.len() == n) && v.len() >= n * sw && d0 + sw <= hd);
+        for k in 0..ps.len() {
+            let c = &mut self.c[self.at[r0 + k]..self.at[r0 + k + 1]];
+            assert_eq!(c.len(), nc * hd, "query {} was set up for another chain order", r0 + k);
+            if j0 == 0 {
+                // the query's first positions: its chains (this slice of them) start at zero
+                for l in 0..nc {
+                    c[l * hd + d0..l * hd + d0 + sw].fill(0.0);
+                }
             }
         }
         #[cfg(target_arch = "x86_64")]
         if self.simd {
-            // SAFETY: AVX2/FMA/F16C detected (isa), AVX-512F for sw 16 (`new`); `c` holds nc·hd
-            // values and d0 + sw ≤ hd, `v` p.len()·sw (asserted).
-            unsafe {
-                if sw == 16 {
-                    avx512_chains_fma(&mut c[d0..], hd, nc, j0, p, v, finite);
-                } else {
-                    avx2_chains_fma(&mut c[d0..], hd, nc, j0, p, v);
-                }
-            }
-            return;
-        }
-        for (i, &w) in p.iter().enumerate() {
-            if w == 0.0 {
-                continue;
-            }
-            let l = (j0 + i) % nc;
-            let cl = &mut c[l * hd + d0..l * hd + d0 + sw];
-            for (x, &y) in cl.iter_mut().zip(&v[i * sw..(i + 1) * sw]) {
-                *x = w.mul_add(y, *x);
-            }
-        }
-    }
-
-    /// [`VChains::accumulate`] for queries `r0 .. r0 + ps.len()` (1, 2 or 4) of one order over the
-    /// same positions, query `r0 + k` weighted by `ps[k]`. With 16 chains on AVX-512 and finite
-    /// values, the whole blocks of 16 positions go through [`avx512_chains16_multi`], which
-    /// loads each V slice once for all the queries; each chain still sums its positions in
-    /// order, so the bits are those of one `accumulate` per query.
-    #[allow(clippy::too_many_arguments)]
-    fn accumulate_group(&mut self, r0: usize, ps: &[&[f32]], chains: Chains, j0: usize, v: &[f32], d0: usize, finite: bool) {
-        let (hd, sw, n) = (self.hd, self.sw, ps[0].len());
-        #[cfg(target_arch = "x86_64")]
-        if (ps.len() == 2 || ps.len() == 4) && self.simd && sw == 16 && chains.n() == 16 && finite && n >= 32 {
-            assert!(v.len() >= n * sw && d0 + sw <= hd && ps.iter().all(|p| p.len() == n));
-            let pre = (16 - j0 % 16) % 16;
-            let full = (n - pre) / 16 * 16;
-            // the positions before the first whole block, query by query (with `j0 == 0` this
-            // also starts the chains at zero, as `accumulate` does for an empty `p`)
-            for (k, p) in ps.iter().enumerate() {
-                self.accumulate(r0 + k, chains, j0, &p[..pre], v, d0, finite);
-            }
             // one base pointer for all the queries' chains (disjoint ranges of `self.c`)
             let base = self.c.as_mut_ptr();
-            let mut c = [std::ptr::null_mut::<f32>(); 4];
-            for (k, ck) in c.iter_mut().enumerate().take(ps.len()) {
-                let at = self.at[r0 + k];
-                assert_eq!(self.at[r0 + k + 1] - at, 16 * hd, "query {} was set up for another chain order", r0 + k);
-                // SAFETY: `at + d0 + 15·hd + 16 ≤ at + 16·hd` (d0 + 16 ≤ hd) lies in `self.c`.
-                *ck = unsafe { base.add(at + d0) };
-            }
-            let vb = &v[16 * pre..16 * (pre + full)];
-            // SAFETY: AVX-512F (sw 16, `new`); each `c[k]` holds 16 chains `hd` apart of 16 values
-            // (above), each `ps[k][pre..]` at least `full` weights, `vb` `16·full` values.
+            // SAFETY: query `r0 + k`'s chains are `nc·hd` values from `at[r0 + k]` (asserted), so
+            // `at + d0` plus `(nc − 1)·hd + sw` (d0 + sw ≤ hd) stays inside them.
+            let c: [*mut f32; 4] = std::array::from_fn(|k| if k < ps.len() { unsafe { base.add(self.at[r0 + k] + d0) } } else { base });
+            // SAFETY: AVX2/FMA/F16C detected (isa), AVX-512F for sw 16 (`new`); the chains as
+            // above, `v` holds n·sw values (asserted).
             unsafe {
-                if ps.len() == 4 {
-                    let cs = [c[0], c[1], c[2], c[3]];
-                    let pp = [ps[0][pre..].as_ptr(), ps[1][pre..].as_ptr(), ps[2][pre..].as_ptr(), ps[3][pre..].as_ptr()];
-                    avx512_chains16_multi::<4, 4>(cs, hd, pp, full, vb.as_ptr());
-                } else {
-                    let cs = [c[0], c[1]];
-                    let pp = [ps[0][pre..].as_ptr(), ps[1][pre..].as_ptr()];
-                    avx512_chains16_multi::<2, 8>(cs, hd, pp, full, vb.as_ptr());
-                }
-            }
-            let end = pre + full;
-            for (k, p) in ps.iter().enumerate() {
-                if end < n {
-                    self.accumulate(r0 + k, chains, j0 + end, &p[end..], &v[16 * end..], d0, finite);
+                match (sw, ps.len()) {
+                    (16, 4) => avx512_chains_fma::<4, 4>(c, hd, nc, j0, [ps[0], ps[1], ps[2], ps[3]], v, finite),
+                    (16, 2) => avx512_chains_fma::<2, 8>([c[0], c[1]], hd, nc, j0, [ps[0], ps[1]], v, finite),
+                    (16, _) => {
+                        for (k, p) in ps.iter().enumerate() {
+                            avx512_chains_fma::<1, 16>([c[k]], hd, nc, j0, [p], v, finite);
+                        }
+                    }
+                    _ => {
+                        for (k, p) in ps.iter().enumerate() {
+                            avx2_chains_fma(std::slice::from_raw_parts_mut(c[k], (nc - 1) * hd + sw), hd, nc, j0, p, v);
+                        }
+                    }
                 }
             }
             return;
         }
         for (k, p) in ps.iter().enumerate() {
-            self.accumulate(r0 + k, chains, j0, p, v, d0, finite);
+            let c = &mut self.c[self.at[r0 + k]..self.at[r0 + k + 1]];
+            for (i, &w) in p.iter().enumerate() {
+                if w == 0.0 {
+                    continue;
+                }
+                let l = (j0 + i) % nc;
+                let cl = &mut c[l * hd + d0..l * hd + d0 + sw];
+                for (x, &y) in cl.iter_mut().zip(&v[i * sw..(i + 1) * sw]) {
+                    *x = w.mul_add(y, *x);
+                }
+            }
         }
     }
 
@@ -837,7 +810,7 @@ fn combine16(chains: Chains, chain: impl Fn(usize) -> [f32; 16], out: &mut [f32;
     *out = add(add(t6[0], t6[2]), add(t6[1], t6[3]));
 }
 
-/// [`VChains::accumulate`] on 8-lane vectors: `c` starts at the slice's first element, chain `l`
+/// [`VChains::accumulate_group`] on 8-lane vectors: `c` starts at the slice's first element, chain `l`
 /// at `c[l·hd..]`; the `nc` chains are held in a local array while the positions of `v` (8
 /// values each, back to back) are walked in order.
 #[cfg(target_arch = "x86_64")]
@@ -872,67 +845,57 @@ unsafe fn fma16_skip0(acc: std::arch::x86_64::__m512, w: f32, v: *const f32) -> 
     _mm512_mask3_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(v), acc, k)
 }
 
-/// [`avx2_chains_fma`] on 16-lane vectors (each lane's operations the same: bit-identical). With
-/// 16 chains (the prompt order, [`Chains::TinyBlas`]) the positions from the first one of chain 0
-/// are walked in whole blocks of 16 with the chains in 16 registers (each chain's index a constant
-/// of the unrolled block); the positions before and after those blocks go through the general
-/// loop, in order, so every chain still sums its positions in order.
+/// [`avx2_chains_fma`] on 16-lane vectors (each lane's operations the same: bit-identical), for
+/// `Q` queries over the same positions (query `k`: chains at `c[k]`, chain `l` at `c[k] + l·hd`,
+/// weights `p[k]`). With 16 chains (the prompt order, [`Chains::TinyBlas`]) the positions from
+/// the first one of chain 0 go in whole blocks of 16 through [`avx512_chains16_blocks`] (`CP =
+/// 16 / Q` chains per register group); the positions before and after those blocks go through
+/// the general loop, in order, so every chain still sums its positions in order.
+///
+/// # Safety
+/// AVX-512F; each `c[k]` valid for `(nc − 1)·hd + 16` values, `v` for `16·p[k].len()`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn avx512_chains_fma(c: &mut [f32], hd: usize, nc: usize, j0: usize, p: &[f32], v: &[f32], finite: bool) {
-    let n = p.len();
-    if nc == 16 && n >= 32 {
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx512_chains_fma<const Q: usize, const CP: usize>(c: [*mut f32; Q], hd: usize, nc: usize, j0: usize, p: [&[f32]; Q], v: &[f32], finite: bool) {
+    let n = p[0].len();
+    let (pre, full) = if nc == 16 && n >= 32 {
         let pre = (16 - j0 % 16) % 16;
-        let full = (n - pre) / 16 * 16;
-        avx512_chains_fma_any(c, hd, nc, j0, &p[..pre], v);
-        if finite {
-            avx512_chains16_blocks::<false>(c, hd, &p[pre..pre + full], &v[16 * pre..]);
-        } else {
-            avx512_chains16_blocks::<true>(c, hd, &p[pre..pre + full], &v[16 * pre..]);
-        }
-        let end = pre + full;
-        avx512_chains_fma_any(c, hd, nc, j0 + end, &p[end..], &v[16 * end..]);
+        (pre, (n - pre) / 16 * 16)
+    } else {
+        (n, 0)
+    };
+    for k in 0..Q {
+        avx512_chains_fma_any(c[k], hd, nc, j0, &p[k][..pre], v);
+    }
+    if full == 0 {
         return;
     }
-    avx512_chains_fma_any(c, hd, nc, j0, p, v);
-}
-
-/// The 16 chains of [`avx512_chains_fma`] in registers over whole blocks of 16 positions, the
-/// first of them chain 0's. `SKIP0`: zero weights are masked off (needed where `v` may hold an
-/// Inf or NaN); else every FMA runs (see [`VChains::accumulate`]).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn avx512_chains16_blocks<const SKIP0: bool>(c: &mut [f32], hd: usize, p: &[f32], v: &[f32]) {
-    use std::arch::x86_64::*;
-    let (cp, pp, vp) = (c.as_mut_ptr(), p.as_ptr(), v.as_ptr());
-    debug_assert!(p.len() % 16 == 0 && v.len() >= 16 * p.len() && c.len() >= 15 * hd + 16);
-    let mut acc: [__m512; 16] = std::array::from_fn(|l| _mm512_loadu_ps(cp.add(l * hd)));
-    let mut i = 0;
-    while i < p.len() {
-        for (l, a) in acc.iter_mut().enumerate() {
-            *a = if SKIP0 {
-                fma16_skip0(*a, *pp.add(i + l), vp.add(16 * (i + l)))
-            } else {
-                _mm512_fmadd_ps(_mm512_set1_ps(*pp.add(i + l)), _mm512_loadu_ps(vp.add(16 * (i + l))), *a)
-            };
-        }
-        i += 16;
+    let (pp, vb) = (std::array::from_fn(|k| p[k][pre..].as_ptr()), v[16 * pre..].as_ptr());
+    if finite {
+        avx512_chains16_blocks::<Q, CP, false>(c, hd, pp, full, vb);
+    } else {
+        avx512_chains16_blocks::<Q, CP, true>(c, hd, pp, full, vb);
     }
-    for (l, a) in acc.iter().enumerate() {
-        _mm512_storeu_ps(cp.add(l * hd), *a);
+    let end = pre + full;
+    for k in 0..Q {
+        avx512_chains_fma_any(c[k], hd, nc, j0 + end, &p[k][end..], &v[16 * end..]);
     }
 }
 
 /// The 16 chains of `Q` queries over `n` positions (whole blocks of 16, the first of them chain
-/// 0's), unmasked (finite values): chain `l` of query `k` (16 values at `c[k] + l·hd`) gets
-/// `p[k][i]·v[i]` for the positions `i ≡ l (mod 16)`, in order. The chains go in groups of `CP`
-/// (`Q·CP = 16`), so that the group's `Q·CP` accumulators stay in registers; each V slice is then
-/// loaded once for the `Q` queries (the one-query kernel loads one slice and one weight per FMA,
-/// two loads, the load ports' limit). The same operations per chain as
-/// [`avx512_chains16_blocks`]: bit-identical.
+/// 0's): chain `l` of query `k` (16 values at `c[k] + l·hd`) gets `p[k][i]·v[i]` for the positions
+/// `i ≡ l (mod 16)`, in order. The chains go in groups of `CP` (`Q·CP = 16`), so that the group's
+/// `Q·CP` accumulators stay in registers; each V slice is then loaded once for the `Q` queries
+/// (one query's kernel loads one slice and one weight per FMA, two loads, the load ports' limit).
+/// `SKIP0`: zero weights are masked off (needed where `v` may hold an Inf or NaN); else every FMA
+/// runs (see [`VChains::accumulate_group`]).
+///
+/// # Safety
+/// AVX-512F; `c[k]` valid for `15·hd + 16` values, `p[k]` for `n`, `v` for `16·n`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn avx512_chains16_multi<const Q: usize, const CP: usize>(c: [*mut f32; Q], hd: usize, p: [*const f32; Q], n: usize, v: *const f32) {
+unsafe fn avx512_chains16_blocks<const Q: usize, const CP: usize, const SKIP0: bool>(c: [*mut f32; Q], hd: usize, p: [*const f32; Q], n: usize, v: *const f32) {
     use std::arch::x86_64::*;
     debug_assert!(Q * CP == 16 && n % 16 == 0);
     for g in 0..Q {
@@ -941,9 +904,10 @@ unsafe fn avx512_chains16_multi<const Q: usize, const CP: usize>(c: [*mut f32; Q
         let mut i = 0;
         while i < n {
             for j in 0..CP {
-                let x = _mm512_loadu_ps(v.add(16 * (i + l0 + j)));
+                let x = v.add(16 * (i + l0 + j));
                 for k in 0..Q {
-                    acc[k][j] = _mm512_fmadd_ps(_mm512_set1_ps(*p[k].add(i + l0 + j)), x, acc[k][j]);
+                    let w = *p[k].add(i + l0 + j);
+                    acc[k][j] = if SKIP0 { fma16_skip0(acc[k][j], w, x) } else { _mm512_fmadd_ps(_mm512_set1_ps(w), _mm512_loadu_ps(x), acc[k][j]) };
                 }
             }
             i += 16;
@@ -960,12 +924,12 @@ unsafe fn avx512_chains16_multi<const Q: usize, const CP: usize>(c: [*mut f32; Q
 /// in order.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c,avx512f")]
-unsafe fn avx512_chains_fma_any(c: &mut [f32], hd: usize, nc: usize, j0: usize, p: &[f32], v: &[f32]) {
+unsafe fn avx512_chains_fma_any(cp: *mut f32, hd: usize, nc: usize, j0: usize, p: &[f32], v: &[f32]) {
     use std::arch::x86_64::*;
     if p.is_empty() {
         return;
     }
-    let (cp, vp) = (c.as_mut_ptr(), v.as_ptr());
+    let vp = v.as_ptr();
     let mut acc = [_mm512_setzero_ps(); 64];
     for (l, a) in acc.iter_mut().enumerate().take(nc) {
         *a = _mm512_loadu_ps(cp.add(l * hd));
@@ -980,7 +944,7 @@ unsafe fn avx512_chains_fma_any(c: &mut [f32], hd: usize, nc: usize, j0: usize, 
     }
 }
 
-/// Whether the CPU has AVX-512F (for the 512-bit [`VChains::accumulate`]; `FAK_CPU_ISA=scalar`
+/// Whether the CPU has AVX-512F (for the 512-bit [`VChains::accumulate_group`]; `FAK_CPU_ISA=scalar`
 /// goes below it through [`Isa`]).
 #[cfg(target_arch = "x86_64")]
 fn avx512f() -> bool {
