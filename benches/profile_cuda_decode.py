@@ -19,7 +19,8 @@ import numpy as np
 
 
 def start(path: str, ctx: int, steps: int, seqs: int):
-    """A model with `seqs` sequences of `ctx + 4` prompt tokens, prefilled and past 8 decode steps."""
+    """A model with `seqs` sequences of `ctx + 4` prompt tokens each, prefilled (in forwards of up to
+    `rows` tokens) and then 8 decode steps on (so the decode graph of `seqs` rows is captured)."""
     from fak import _native
 
     n_ctx = ctx + steps + 64
