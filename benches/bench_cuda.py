@@ -21,6 +21,11 @@ Run on the GPU machine (with ``fak`` importable: the wheel installed, or ``PYTHO
     python benches/bench_cuda.py --model m.gguf --label "1.5B" [--llama-bench DIR/llama-bench]
         [--json out.json]
 
+``--yarn 4,32768`` measures a copy of the file that declares YaRN RoPE scaling (factor 4 over an
+original context of 32768, as Qwen2.5's model cards give it for 128k; ``fak.synth.edit.with_yarn``):
+fak and llama-bench, which has no scaling flags, both read the settings from that file, e.g.
+``--depths 32768,65536,131072 --prefills 512``.
+
 The pytest-benchmark entry (``test_decode_step``) times single decode steps of the model named by
 ``FAK_BENCH_MODEL``. Results: ``benches/results/cuda.md``.
 """
@@ -132,6 +137,7 @@ def run_fak(path: str, depths: list[int], prefills: list[int]) -> dict:
     out["vram"] = {k: mem[k] - mem0.get(k, 0) for k in mem}
     out["vram"]["nvidia_smi_used"] = nvidia_smi_used()
     n_vocab = m.n_vocab
+    out["rope"] = {k: m.config.get(k) for k in ("rope_scaling", "rope_scale", "rope_orig_ctx", "rope_ext_factor")}
     decode(m, n_vocab, 64, rng)  # warm-up: kernels, graph capture
     for d in depths:
         out["decode"].append(decode(m, n_vocab, d, rng))
@@ -203,6 +209,8 @@ def main() -> None:
     ap.add_argument("--depths", default="0,8192,32768")
     ap.add_argument("--prefills", default="512,8192")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--yarn", default=None, metavar="FACTOR,ORIG_CTX",
+                    help="measure a copy of the model that declares YaRN scaling (written beside it)")
     a = ap.parse_args()
     depths = [int(x) for x in a.depths.split(",")]
     prefills = [int(x) for x in a.prefills.split(",")]
@@ -213,12 +221,22 @@ def main() -> None:
         print(f"copy bandwidth not measured: {e}", file=sys.stderr)
         bw = None
     w_bytes, kv_tok = bytes_per_token(a.model)
+    rope = None
+    if a.yarn:
+        from fak.synth.edit import with_yarn
+
+        factor, orig = a.yarn.split(",")
+        src = Path(a.model)
+        a.model = str(with_yarn(src, src.with_name(f"{src.stem}.yarn{factor}x{orig}.gguf"), float(factor), int(orig)))
+        rope = {"scaling": "yarn", "factor": float(factor), "orig_ctx": int(orig)}
     fak = run_fak(a.model, depths, prefills)
     peer = run_peer(a.llama_bench, a.model, depths, prefills) if a.llama_bench else None
     label = a.label or Path(a.model).name
+    if rope:
+        label += f" (YaRN x{rope['factor']:g} over {rope['orig_ctx']})"
     result = {"label": label, "model": a.model, "device": info.get("device"), "driver": info.get("driver_version"),
               "kernel_images": info.get("kernel_images"), "copy_bandwidth": bw, "weight_bytes": w_bytes,
-              "kv_bytes_per_token": kv_tok, "fak": fak, "llama_cpp": peer, "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+              "kv_bytes_per_token": kv_tok, "rope": rope, "fak": fak, "llama_cpp": peer, "time": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
     print(table(label, fak, peer, bw, w_bytes, kv_tok))
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1, default=str))

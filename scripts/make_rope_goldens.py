@@ -112,44 +112,10 @@ def llama3_freq_factors(n_rot: int, base: float) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def copy_gguf(src: Path, dst: Path, kv: dict | None = None, tensors: dict[str, np.ndarray] | None = None) -> Path:
-    """A copy of the GGUF ``src`` at ``dst`` with metadata ``kv`` (name → (value, GGUFValueType))
-    set and f32 ``tensors`` added before the file's own (gguf-py writer; blocks copied as they are)."""
-    import gguf
-
-    r = gguf.GGUFReader(str(src))
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    w = gguf.GGUFWriter(str(dst), arch=arch)
-    kv = dict(kv or {})
-    for name, field in r.fields.items():
-        if name.startswith("GGUF.") or name == "general.architecture" or name in kv:
-            continue
-        vtype = field.types[0]
-        if vtype == gguf.GGUFValueType.ARRAY:
-            sub = field.types[-1]
-            vals = [field.parts[i] for i in field.data]
-            vals = [bytes(v).decode() if sub == gguf.GGUFValueType.STRING else v.item() for v in vals]
-            w.add_key_value(name, vals, vtype, sub_type=sub)
-        elif vtype == gguf.GGUFValueType.STRING:
-            w.add_key_value(name, bytes(field.parts[field.data[0]]).decode(), vtype)
-        else:
-            w.add_key_value(name, field.parts[field.data[0]].item(), vtype)
-    for name, (value, vtype) in kv.items():
-        w.add_key_value(name, value, vtype)
-    for name, t in (tensors or {}).items():
-        w.add_tensor(name, t.astype(np.float32))
-    for t in r.tensors:
-        w.add_tensor(t.name, t.data, raw_dtype=t.tensor_type)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return dst
-
-
 def tiny_llama3(dir_: Path) -> tuple[Path, Path]:
     """The tiny llama model (fak.synth, seeded) and a copy with rope_freqs.weight added."""
     from fak.synth import write_tiny_model
+    from fak.synth.edit import copy_gguf
 
     plain = write_tiny_model(dir_ / "tiny-llama.gguf", "llama", **TINY_LLAMA)
     head_dim = TINY_LLAMA["n_embd"] // TINY_LLAMA["n_head"]

@@ -220,12 +220,15 @@ def test_scaling_read_from_gguf_metadata(tmp_path) -> None:
     the same model as the flags; a flag overrides the file."""
     import gguf
     from fak.synth import write_tiny_model
+    from fak.synth.edit import copy_gguf, with_yarn
 
     plain = write_tiny_model(tmp_path / "tiny-qwen2.gguf", "qwen2", ctx=4096, seed=3)
     F32, STR, U32 = gguf.GGUFValueType.FLOAT32, gguf.GGUFValueType.STRING, gguf.GGUFValueType.UINT32
-    yarn_file = _script().copy_gguf(plain, tmp_path / "tiny-qwen2-yarn.gguf", kv={
+    yarn_file = copy_gguf(plain, tmp_path / "tiny-qwen2-yarn.gguf", kv={
         "qwen2.rope.scaling.type": ("yarn", STR), "qwen2.rope.scaling.factor": (4.0, F32),
         "qwen2.rope.scaling.original_context_length": (1024, U32)})
+    # The benches' helper writes the same file.
+    assert with_yarn(plain, tmp_path / "tiny-qwen2-yarn-2.gguf", 4.0, 1024).read_bytes() == yarn_file.read_bytes()
     toks = list(range(3, 400))
     from_file = _native.Model(str(yarn_file), backend="cpu", n_ctx=1024, threads=N_THREADS)
     cfg = from_file.config

@@ -9,8 +9,8 @@
 - ``test_stream_bounded_on_cuda``: a stream 100× the window through a KV pool of 8 blocks on the
   GPU, blocks in use bounded after every step and at the high-water mark, outputs equal to the
   CUDA run that keeps every block;
-- ``test_real_05b_window_matches_cpu``: the real 0.5B with a 256-token window set by the caller,
-  CUDA against CPU on a prompt three windows long.
+- ``test_real_05b_window_matches_cpu`` / ``test_real_15b_window_matches_cpu``: the real 0.5B and
+  1.5B with a 256-token window set by the caller, CUDA against CPU on a prompt three windows long.
 
 Greedy continuations are compared as ``test_e2e.py`` does: identical, or first different where
 the CPU's top-2 logprob margin is a near tie. All need a GPU (skipped without one; failures under
@@ -136,18 +136,26 @@ def test_stream_bounded_on_cuda(require_cuda: None, tmp_path: Path) -> None:
           f"(the run keeping every block: {keeping.stats()['kv_blocks_peak']})")
 
 
-def test_real_05b_window_matches_cpu(require_cuda: None, model_05b: Path) -> None:
+def _real_window_matches_cpu(model: Path, label: str) -> None:
     w = 256
     prompt = _tokens(3 * w + 17, 90, 151000)
     n_new = 24
     kw = dict(n_ctx=4096, max_batch=4, sliding_window=w)
-    cuda = _native.Model(str(model_05b), backend="cuda", **kw)
-    cpu = _native.Model(str(model_05b), backend="cpu", **kw)
+    cuda = _native.Model(str(model), backend="cuda", **kw)
+    cpu = _native.Model(str(model), backend="cpu", **kw)
     assert cuda.config["kv_window"] == w
     got, got_first = _run(cuda, {1: prompt}, n_new)
     want, want_first = _run(cpu, {1: prompt}, n_new)
     cos = _cos(got_first[1], want_first[1])
-    print(f"\n0.5B, W={w}, {len(prompt)}-token prompt: CUDA vs CPU next-token logits cosine {cos:.6f}")
+    print(f"\n{label}, W={w}, {len(prompt)}-token prompt: CUDA vs CPU next-token logits cosine {cos:.6f}")
     assert cos >= 0.999, cos
-    _same_or_near_tie(got[1], want[1], "0.5B")
+    _same_or_near_tie(got[1], want[1], label)
     assert cuda.stats()["kv_blocks_peak"] <= math.ceil((w - 1 + 512) / BLOCK) + 1
+
+
+def test_real_05b_window_matches_cpu(require_cuda: None, model_05b: Path) -> None:
+    _real_window_matches_cpu(model_05b, "0.5B")
+
+
+def test_real_15b_window_matches_cpu(require_cuda: None, model_15b: Path) -> None:
+    _real_window_matches_cpu(model_15b, "1.5B")
