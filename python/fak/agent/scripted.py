@@ -1,7 +1,8 @@
 """A scripted OpenAI-compatible model server: canned replies, for tests and fleet benchmarks.
 
 A script maps an instance id (the part after ``/`` in the ``X-Fak-Conversation`` header; ``"*"``
-for any other) to a list of turns. The reply to a request is the turn whose index is the number of
+for any other) to a list of turns. The fleet's attempt k >= 1 of an instance (``ID.a{k}``) gets
+its own key's turns when the script has that key, else the instance's. The reply to a request is the turn whose index is the number of
 assistant messages already in the request (so the server keeps no conversation state and a retried
 request gets the same turn). Past the end of its list, a conversation gets a submit.
 
@@ -15,7 +16,8 @@ A turn (JSON object)::
      "delay_s": 0.5,       # wait before answering (simulates decode time)
      "resampled": [turn, ...],   # the turns given to requests for this turn that carry a
                                  # "seed" (the agent's resample of a repeated call), in order;
-                                 # the last one repeats
+                                 # the last one repeats (with fleet attempts every request
+                                 # carries a seed: such a turn is then always resampled)
      "usage": {"prompt_tokens": 10, "completion_tokens": 5}}   # default: rough counts
 
 Run it: ``ScriptedServer(script).start()`` (a uvicorn thread on a free loopback port; ``.url``,
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 import time
@@ -35,6 +38,8 @@ from typing import Any
 
 from litestar import Litestar, Request, get, post
 from litestar.response import Response
+
+_ATTEMPT_SUFFIX = re.compile(r"\.a[0-9]+$")  # the fleet's attempt k >= 1 of an instance: ID.a{k}
 
 
 def _submit_turn(text_protocol: bool) -> dict[str, Any]:
@@ -56,7 +61,9 @@ class ScriptedModel:
 
     def turn_for(self, conversation: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         instance = conversation.split("/", 1)[-1]
-        turns = self.script.get(instance, self.script.get("*", []))
+        turns = self.script.get(instance)
+        if turns is None:
+            turns = self.script.get(_ATTEMPT_SUFFIX.sub("", instance), self.script.get("*", []))
         index = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
         if index < len(turns):
             return index, turns[index]

@@ -88,6 +88,9 @@ class RayFleet(Fleet):
     def __init__(self, config: FleetConfig, rows: list[dict[str, Any]], *, num_cpus: float = 1.0,
                  memory_bytes: int | None = None, max_attempts: int = 3, address: str = "local",
                  console: Console | None = None) -> None:
+        if config.attempts != 1:
+            raise ValueError("--ray runs one attempt per instance; run --attempts "
+                             f"{config.attempts} without --ray (the threaded fleet)")
         self._ray = require_ray()
         super().__init__(config, rows, console)
         self.num_cpus = num_cpus

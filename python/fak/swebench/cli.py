@@ -72,11 +72,21 @@ def swebench() -> None:
 @click.option("--unsafe-network", is_flag=True, hidden=True,
               help="Deprecated name of --unsafe-no-sandbox.")
 @click.option("--max-steps", type=int, default=30, show_default=True, help="Model turns per instance.")
-@click.option("--workers", type=int, default=1, show_default=True, help="Agents at once.")
+@click.option("--workers", type=int, default=1, show_default=True,
+              help="Agents at once (shared by all instances and attempts).")
+@click.option("--attempts", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Independent agents per instance (fleet): each with its own clone, trajectory "
+                   "(trajectories/ID.aK.traj.json for attempt K >= 1) and sampling seed, so it "
+                   "needs --temperature > 0. predictions.json keeps one patch per instance: the "
+                   "lowest attempt that submitted a non-empty patch, else the lowest with a "
+                   "non-empty patch, else attempt 0's; summary.json says which and why. A re-run "
+                   "skips finished attempts; more attempts run only the new ones, fewer are "
+                   "refused.")
 @click.option("--repos", "repos_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder of local git mirrors DIR/OWNER/NAME (else clone from GitHub).")
 @click.option("--output", type=click.Path(file_okay=False, path_type=Path), required=True,
-              help="Output folder; re-running the same folder skips finished instances.")
+              help="Output folder; re-running the same folder skips finished instances "
+                   "(attempts).")
 @click.option("--protocol", type=click.Choice(sorted(PROTOCOLS)), default=DEFAULT_PROTOCOL,
               show_default=True, help="tools: OpenAI tool calls; text: one ```bash block per turn.")
 @click.option("--tool-choice", type=click.Choice(["required", "auto"]), default=None,
@@ -84,7 +94,8 @@ def swebench() -> None:
                    "model choose (auto).")
 @click.option("--run-id", default=None, help="Run id for X-Fak-Conversation (default: output folder name).")
 @click.option("--exec-timeout", type=float, default=60.0, show_default=True, help="bash timeout, seconds.")
-@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="Sampling temperature of the model turns (--attempts above 1 needs > 0).")
 @click.option("--max-tokens", type=int, default=1024, show_default=True, help="Per model turn.")
 @click.option("--observation-window", type=int, default=0, show_default=True,
               help="Cut tool outputs older than N turns in what is sent (0: keep all).")
@@ -120,7 +131,7 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
             model: str | None, dataset: str, filter_spec: str | None,
             difficulty_file: str | None, difficulty_labels: tuple[str, ...], allow_exec: bool,
             unsafe_no_sandbox: bool, unsafe_network: bool, max_steps: int, workers: int,
-            repos_dir: Path | None,
+            attempts: int, repos_dir: Path | None,
             output: Path, protocol: str, tool_choice: str | None, run_id: str | None,
             exec_timeout: float, temperature: float, max_tokens: int, observation_window: int,
             keep_workspaces: bool, task_env: bool, envs_dir: Path | None, specs: Path | None,
@@ -144,6 +155,19 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
         rows, labels = select(dataset, filter_spec, difficulty_file, list(difficulty_labels))
     except (DatasetError, OSError, ValueError) as e:
         raise click.ClickException(str(e)) from None
+    if attempts > 1:
+        if agent_name != "fleet":
+            raise click.UsageError("--attempts applies to --agent fleet (the pipeline has its own "
+                                   "sample counts: --repair-samples and the others).")
+        if ray_address is not None:
+            raise click.UsageError("--ray runs one attempt per instance for now; run --attempts "
+                                   "without --ray (the threaded fleet shares --workers among "
+                                   "all attempts).")
+        if temperature <= 0:
+            raise click.UsageError(f"--attempts {attempts} at --temperature {temperature:g} would "
+                                   "give near-identical attempts (greedy decoding: only the agent's "
+                                   "resamples of repeated calls would differ): give "
+                                   "--temperature above 0, e.g. 0.7.")
     if agent_name == "pipeline":
         if ray_address is not None:
             raise click.UsageError("--ray runs the fleet agent (--agent fleet) for now.")
@@ -155,6 +179,12 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
                             output=output, run_id=run_id, keep_workspaces=keep_workspaces,
                             task_env=task_env, envs_dir=envs_dir, specs=specs,
                             unsafe_no_sandbox=unsafe_no_sandbox, live=live, dataset=dataset, **pipeline_opts)
+    from fak.swebench.run import check_attempts
+
+    try:  # before a server starts: fewer attempts than the output folder holds
+        check_attempts(output, attempts)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     if protocol == "text" and not allow_exec:
         raise click.UsageError("--protocol text needs --allow-exec (its only action is a shell command)")
     if (gateway is None) == (gguf is None):
@@ -179,7 +209,7 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
         _run_fleet(gateway, server, model, rows, labels, output, workers, max_steps, allow_exec,
                    unsafe_no_sandbox, protocol, tool_choice, repos_dir, run_id, exec_timeout,
                    temperature, max_tokens, observation_window, keep_workspaces, live, dataset,
-                   task_env, envs_dir, specs, on_repeat, repeat_resamples,
+                   task_env, envs_dir, specs, on_repeat, repeat_resamples, attempts=attempts,
                    ray={"address": ray_address, "num_cpus": ray_cpus,
                         "memory_bytes": ray_memory_mb * 2**20 or None,
                         "max_attempts": ray_attempts} if ray_address is not None else None)
@@ -276,7 +306,7 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
                run_id: str | None, exec_timeout: float, temperature: float, max_tokens: int,
                observation_window: int, keep_workspaces: bool, live: bool | None, dataset: str,
                task_env: bool, envs_dir: Path | None, specs: Path | None,
-               on_repeat: str = "resample", repeat_resamples: int = 2,
+               on_repeat: str = "resample", repeat_resamples: int = 2, attempts: int = 1,
                ray: dict | None = None) -> None:
     from fak.agent.exceptions import SandboxError
     from fak.swebench.run import Fleet, FleetConfig
@@ -293,7 +323,8 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
                       sampling={"temperature": temperature, "max_tokens": max_tokens},
                       observation_window=observation_window, keep_workspaces=keep_workspaces,
                       live=live, dataset=str(dataset), labels=labels, task_env=task_env,
-                      envs_dir=envs_dir, on_repeat=on_repeat, repeat_resamples=repeat_resamples)
+                      envs_dir=envs_dir, on_repeat=on_repeat, repeat_resamples=repeat_resamples,
+                      attempts=attempts)
     if specs:
         from fak.swebench.envs import register_specs
 
@@ -309,11 +340,14 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
         sys.exit(130)
     for inst in summary["instances"]:
         if inst["exit_reason"] in ("setup_error", "error") and inst.get("message"):
-            click.echo(f"{inst['instance_id']}: {inst['exit_reason']} ({inst['message']})", err=True)
+            name = inst["instance_id"] + (f" a{inst['attempt']}" if "attempt" in inst else "")
+            click.echo(f"{name}: {inst['exit_reason']} ({inst['message']})", err=True)
     t = summary["totals"]
     preds = output / "predictions.json"
     where = f" → {preds}" if preds.is_file() else " · no predictions written"
-    click.echo(f"{summary['n_finished']}/{summary['n_run']} finished "
+    if attempts > 1:
+        where = f" · {summary['n_predictions']} instance(s) with a prediction" + where
+    click.echo(f"{summary['n_finished']}/{summary['n_run']}{' attempts' if attempts > 1 else ''} finished "
                f"({summary['n_skipped_finished']} skipped) · exit reasons {summary['exit_reasons']} · "
                f"steps {t['steps']} · tokens {t['prompt_tokens']}+{t['completion_tokens']} · "
                f"denied {t['denied']} · {summary['wall_s']:.1f} s{where}")

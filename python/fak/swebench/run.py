@@ -5,6 +5,8 @@ Output folder (``--output``)::
     predictions.json            [{"instance_id", "model_name_or_path", "model_patch"}, ...]
                                 (what ``swebench.harness.run_evaluation --predictions_path`` reads)
     trajectories/<id>.traj.json one per instance (see ``fak.agent.trajectory``), saved every step
+                                (with attempts: also <id>.a<k>.traj.json, below)
+    attempts.json               with attempts only: the finished attempts (below)
     summary.json                counts by exit reason, totals (tokens, steps, verdicts, times),
                                 throughput, and one line per instance
     workspaces/<id>/            the clone the agent worked in (removed when done unless
@@ -27,6 +29,20 @@ skips it.
 Instances that ended ``interrupted`` (Ctrl-C), ``model_error`` (the gateway kept failing) or
 ``setup_error`` (repository not available) get no prediction and run again next time.
 
+Several attempts per instance (``FleetConfig.attempts`` N > 1, ``--attempts N``): the unit of work
+is (instance, attempt k), k = 0..N-1, all units sharing the ``workers`` threads (attempt-major
+order: every instance's attempt 0 first). Attempt k is named ``unit_key(ID, k)`` — ``ID`` for k = 0
+(the names above), ``ID.a{k}`` for k >= 1 — in ``trajectories/``, ``workspaces/``, ``envs/`` and
+the conversation id ``RUN_ID/ID.a{k}``; every request of an attempt carries its seed
+``attempt_seed(ID, k)`` (and the agent's resamples derive theirs from it). A finished attempt is
+recorded in ``attempts.json`` (``{"format", "attempts", "instances": {ID: [{"attempt", "seed",
+"exit_reason", "patch", "patch_bytes", "steps", "prompt_tokens", "completion_tokens",
+"trajectory"}]}}``), which a re-run reads to skip it; ``predictions.json`` keeps one patch per
+instance, chosen by ``select_attempt`` from the finished attempts only (never the dataset's
+grading fields); ``summary.json`` adds ``attempts`` and ``selection`` (per instance: the chosen
+attempt, why, and every attempt's exit reason, patch size and tokens). With N = 1 nothing of this
+is written and everything is as described above.
+
 Ctrl-C: the first one stops the fleet cleanly (no new instance starts, running agents stop after
 their current step, finished results are kept, summary written, exit status 130); a second one
 exits at once.
@@ -35,6 +51,7 @@ exits at once.
 from __future__ import annotations
 
 import concurrent.futures as cf
+import hashlib
 import json
 import os
 import shutil
@@ -77,6 +94,62 @@ HIDDEN_FIELDS = ("patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS", "hints_t
 #: ``(row without HIDDEN_FIELDS, workspace root) -> [{"path", "line"?, "symbol"?}]``
 Localizer = Callable[[dict[str, Any], Path], list[dict[str, Any]]]
 
+#: the record of finished attempts of a run with ``attempts`` > 1 (read back by a re-run)
+ATTEMPTS_FILE = "attempts.json"
+ATTEMPTS_FORMAT = "fak-attempts/1"
+#: ``select_attempt``'s reasons, in the order of the rule
+SELECT_REASONS = ("submitted_patch", "unsubmitted_patch", "no_patch")
+
+
+def unit_key(instance_id: str, attempt: int) -> str:
+    """The name of attempt ``attempt`` of an instance in file names and conversation ids: the
+    instance id itself for attempt 0 (as in a run without attempts), ``ID.a{k}`` for k >= 1."""
+    return instance_id if attempt == 0 else f"{instance_id}.a{attempt}"
+
+
+def attempt_seed(instance_id: str, attempt: int) -> int:
+    """The sampling seed of attempt ``attempt`` of an instance: 31 bits of SHA-256 of
+    ``ID NUL k`` (deterministic, the same in every run; small enough for any server's seed type
+    after the agent's resample offsets ``+ 1000·step + n``)."""
+    digest = hashlib.sha256(f"{instance_id}\0{attempt}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def select_attempt(records: list[dict[str, Any]]) -> tuple[int, str] | None:
+    """The attempt whose patch is an instance's prediction, and why: ``(k, reason)``, or ``None``
+    without a finished attempt. ``records`` are the finished attempts (``attempt``,
+    ``exit_reason``, ``patch``); nothing else is read — never a grading field. The rule: the lowest
+    k that ended ``submitted`` with a non-empty patch (``"submitted_patch"``); else the lowest k
+    with a non-empty patch (``"unsubmitted_patch"``); else the lowest finished k, attempt 0 once it
+    finished (``"no_patch"``: its patch is empty). A patch of only white space counts as empty."""
+    ordered = sorted(records, key=lambda r: int(r["attempt"]))
+    if not ordered:
+        return None
+    for r in ordered:
+        if r["exit_reason"] == "submitted" and str(r["patch"]).strip():
+            return int(r["attempt"]), SELECT_REASONS[0]
+    for r in ordered:
+        if str(r["patch"]).strip():
+            return int(r["attempt"]), SELECT_REASONS[1]
+    return int(ordered[0]["attempt"]), SELECT_REASONS[2]
+
+
+def recorded_attempts(output: Path) -> int:
+    """The ``attempts`` an output folder was run with (``attempts.json``; 1 without one)."""
+    data = _load_json(Path(output) / ATTEMPTS_FILE, None)
+    return int(data.get("attempts") or 1) if isinstance(data, dict) else 1
+
+
+def check_attempts(output: Path, attempts: int) -> None:
+    """Raise ``ValueError`` when ``attempts`` cannot resume ``output``: fewer attempts than it
+    was run with (the results of the attempts above would be silently left out of the choice)."""
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, not {attempts}")
+    before = recorded_attempts(output)
+    if attempts < before:
+        raise ValueError(f"{output} holds a run with --attempts {before} ({ATTEMPTS_FILE}); "
+                         f"resume it with --attempts {before} or more, or use another --output")
+
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     """SIGTERM handler of a fleet run: stop as Ctrl-C does (finished results kept, summary final)."""
@@ -116,6 +189,7 @@ class FleetConfig:
     resample_temperature: float = 0.7
     localizer: Localizer | None = None  # seed locations per instance (None: none)
     pick_python: bool = True  # without task_env: bash on a Python that imports the package
+    attempts: int = 1  # independent agents per instance (module docstring; > 1 needs temperature > 0)
 
 
 @dataclass
@@ -132,6 +206,8 @@ class InstanceState:
     resampled: int = 0
     tools_s: float = 0.0
     traceback: str = ""  # an internal error's, for the log and summary.json
+    attempt: int = 0
+    seed: int | None = None  # sent with every request of the attempt (attempts > 1 only)
 
     def __post_init__(self) -> None:
         self.stats.status = "waiting"
@@ -169,11 +245,19 @@ class Fleet:
         self._lock = threading.Lock()
         self._repo_locks: dict[str, threading.Lock] = {}
         self._models: dict[str, OpenAIChatModel] = {}
+        self.n_attempts = int(config.attempts)
+        check_attempts(self.out, self.n_attempts)
         self.predictions: list[dict[str, Any]] = _load_json(self.out / "predictions.json", [])
-        done = {p["instance_id"] for p in self.predictions}
-        self.skipped = [r["instance_id"] for r in rows if r["instance_id"] in done]
-        self.todo = [r for r in rows if r["instance_id"] not in done]
-        self.states = {r["instance_id"]: InstanceState(r["instance_id"]) for r in self.todo}
+        #: finished attempts (attempts > 1): instance id -> attempt -> record (``ATTEMPTS_FILE``)
+        self.ledger: dict[str, dict[int, dict[str, Any]]] = {}
+        if self.n_attempts == 1:
+            done = {p["instance_id"] for p in self.predictions}
+            self.skipped = [r["instance_id"] for r in rows if r["instance_id"] in done]
+            self.todo = [r for r in rows if r["instance_id"] not in done]
+            self.units = [(r, 0) for r in self.todo]
+            self.states = {r["instance_id"]: InstanceState(r["instance_id"]) for r in self.todo}
+        else:
+            self._init_attempts(rows)
         self.started_at = time.time()
         self._env_builder = EnvBuilder(config.envs_dir)
         # the protocol is checked once, before any work (text protocol needs --allow-exec)
@@ -190,11 +274,75 @@ class Fleet:
                     "your privileges instead (never for untrusted models).")
             self.sandbox.update(method=info.method, detail=info.detail, limits=info.limits)
 
+    def _init_attempts(self, rows: list[dict[str, Any]]) -> None:
+        """``attempts`` > 1: read what earlier runs finished (``ATTEMPTS_FILE``, or attempt 0 of a
+        run without attempts: its predictions and trajectories), then the units still to run,
+        attempt-major (every instance's attempt 0 first)."""
+        cfg = self.config
+        if float(cfg.sampling.get("temperature") or 0.0) <= 0.0:
+            raise ValueError(f"{self.n_attempts} attempts at temperature 0 would be near-identical "
+                             "(greedy decoding): give a temperature above 0")
+        ids = {r["instance_id"] for r in rows}
+        clash = sorted(unit_key(i, k) for i in ids for k in range(1, self.n_attempts)
+                       if unit_key(i, k) in ids)
+        if clash:
+            raise ValueError(f"instance ids clash with attempt names: {', '.join(clash)}")
+        data = _load_json(self.out / ATTEMPTS_FILE, None)
+        if isinstance(data, dict):
+            for iid, recs in (data.get("instances") or {}).items():
+                self.ledger[iid] = {int(r["attempt"]): r for r in recs}
+        else:
+            self._import_single_run()
+        self.skipped = [unit_key(r["instance_id"], k) for k in range(self.n_attempts) for r in rows
+                        if k in self.ledger.get(r["instance_id"], {})]
+        self.units = [(r, k) for k in range(self.n_attempts) for r in rows
+                      if k not in self.ledger.get(r["instance_id"], {})]
+        todo_ids = {r["instance_id"] for r, _ in self.units}
+        self.todo = [r for r in rows if r["instance_id"] in todo_ids]
+        self.states = {unit_key(r["instance_id"], k):
+                       InstanceState(r["instance_id"], attempt=k,
+                                     seed=attempt_seed(r["instance_id"], k))
+                       for r, k in self.units}
+        self._write_ledger()  # records the attempts now: a later run with fewer is refused
+        if self.ledger:  # as the ledger says (it may hold attempts imported from a plain run)
+            self.predictions = self._chosen_predictions()
+            write_json_atomic(self.out / "predictions.json", self.predictions)
+
+    def _import_single_run(self) -> None:
+        """An output folder of a run without attempts, resumed with attempts: each prediction
+        whose trajectory ended finished becomes attempt 0 (no seed was sent: ``seed`` null)."""
+        for p in self.predictions:
+            iid = p["instance_id"]
+            traj = _load_json(self.out / "trajectories" / f"{iid}.traj.json", None)
+            if not isinstance(traj, dict) or traj.get("exit_reason") not in FINISHED_REASONS:
+                continue
+            patch = str(p.get("model_patch") or "")
+            tokens = traj.get("tokens") or {}
+            self.ledger[iid] = {0: {
+                "attempt": 0, "seed": None, "exit_reason": traj["exit_reason"], "patch": patch,
+                "patch_bytes": len(patch.encode("utf-8", "surrogateescape")),
+                "steps": int(traj.get("n_steps") or 0),
+                "prompt_tokens": int(tokens.get("prompt") or 0),
+                "completion_tokens": int(tokens.get("completion") or 0),
+                "trajectory": f"trajectories/{iid}.traj.json"}}
+
+    def _write_ledger(self) -> None:
+        write_json_atomic(self.out / ATTEMPTS_FILE, {
+            "format": ATTEMPTS_FORMAT,
+            "attempts": max(self.n_attempts, recorded_attempts(self.out)),
+            "instances": {iid: [recs[k] for k in sorted(recs)] for iid, recs in self.ledger.items()}})
+
+    def _label(self, key: str) -> str:
+        """How a unit is named on the console: the instance id, with `` aK`` for attempts."""
+        st = self.states[key]
+        return st.instance_id if self.n_attempts == 1 else f"{st.instance_id} a{st.attempt}"
+
     # -- one instance ------------------------------------------------------------------------
 
-    def _run_instance(self, row: dict[str, Any]) -> None:
+    def _run_instance(self, row: dict[str, Any], attempt: int = 0) -> None:
         iid = row["instance_id"]
-        state = self.states[iid]
+        key = unit_key(iid, attempt)
+        state = self.states[key]
         if self.stop.is_set():
             state.exit_reason = "interrupted"
             state.stats.status = "interrupted"
@@ -202,9 +350,10 @@ class Fleet:
         state.started = time.time()
         state.stats.status = "cloning"
         cfg = self.config
-        ws_dir = self.out / "workspaces" / iid
-        traj_path = self.out / "trajectories" / f"{iid}.traj.json"
-        traj = Trajectory(traj_path, instance_id=iid, run_id=self.run_id, model=cfg.model,
+        ws_dir = self.out / "workspaces" / key
+        traj_path = self.out / "trajectories" / f"{key}.traj.json"
+        multi = {"attempt": attempt, "seed": state.seed} if self.n_attempts > 1 else {}
+        traj = Trajectory(traj_path, instance_id=iid, **multi, run_id=self.run_id, model=cfg.model,
                           gateway=cfg.gateway, repo=row["repo"], base_commit=row["base_commit"])
         try:
             with self._repo_locks.setdefault(row["repo"], threading.Lock()):
@@ -215,12 +364,12 @@ class Fleet:
             python_note = None
             if cfg.task_env:
                 state.stats.status = "env"
-                bash_env, diff_base = self._task_env(row, mirror, ws, traj)
+                bash_env, diff_base = self._task_env(row, mirror, ws, traj, key)
                 python_note = ("In the shell, `python` is the task's own environment (the "
                                "repository installed in it), so you can run scripts and tests.")
             elif cfg.allow_exec and cfg.pick_python:
                 state.stats.status = "python"
-                bash_env, python_note = self._pick_python(row, ws.root, traj)
+                bash_env, python_note = self._pick_python(row, ws.root, traj, key)
             seeds = self._seeds(row, ws.root, traj)
         except (RepoError, EnvError, WorkspaceError) as e:
             state.exit_reason, state.message = "setup_error", str(e)
@@ -231,13 +380,16 @@ class Fleet:
             state.ended = time.time()
             return
         protocol = get_protocol(cfg.protocol, allow_exec=cfg.allow_exec, tool_choice=cfg.tool_choice)
-        headers = {"X-Fak-Conversation": f"{self.run_id}/{iid}",
+        headers = {"X-Fak-Conversation": f"{self.run_id}/{key}",
                    "X-Fak-Workspace": str(ws.root), **protocol.headers()}
-        model = OpenAIChatModel(cfg.gateway, cfg.model, headers=headers, sampling=cfg.sampling,
+        sampling = dict(cfg.sampling)
+        if state.seed is not None:
+            sampling["seed"] = state.seed
+        model = OpenAIChatModel(cfg.gateway, cfg.model, headers=headers, sampling=sampling,
                                 timeout_s=cfg.model_timeout_s, max_retries=cfg.max_retries,
                                 cancel=self.stop)
         with self._lock:
-            self._models[iid] = model
+            self._models[key] = model
         try:
             venv = bash_env.get("VIRTUAL_ENV")  # the per-instance overlay: pip may write there
             toolbox = ToolBox(ws, allow_exec=cfg.allow_exec, exec_timeout_s=cfg.exec_timeout_s,
@@ -250,7 +402,7 @@ class Fleet:
                                       on_repeat=cfg.on_repeat,
                                       repeat_resamples=cfg.repeat_resamples,
                                       resample_temperature=cfg.resample_temperature,
-                                      seed=int(cfg.sampling.get("seed") or 0)),
+                                      seed=int(sampling.get("seed") or 0)),
                           traj, stop=self.stop)
             agent.stats = state.stats
             data = agent.run(problem_statement=row.get("problem_statement", ""),
@@ -262,7 +414,7 @@ class Fleet:
             traj.save()
         finally:
             with self._lock:
-                self._models.pop(iid, None)
+                self._models.pop(key, None)
             model.close()
         state.exit_reason = data["exit_reason"]
         state.message = data.get("exit_message") or ""
@@ -273,13 +425,16 @@ class Fleet:
         state.patch_bytes = len(patch.encode("utf-8", "surrogateescape"))
         state.ended = time.time()
         if state.exit_reason in FINISHED_REASONS:
-            self._record(iid, patch)
+            if self.n_attempts == 1:
+                self._record(iid, patch)
+            else:
+                self._record_attempt(state, patch, traj_path)
         if not cfg.keep_workspaces:
             shutil.rmtree(ws_dir, ignore_errors=True)
-            shutil.rmtree(self.out / "envs" / iid, ignore_errors=True)
+            shutil.rmtree(self.out / "envs" / key, ignore_errors=True)
 
     def _task_env(self, row: dict[str, Any], mirror: Path, ws: Any,
-                  traj: Trajectory) -> tuple[dict[str, str], str]:
+                  traj: Trajectory, unit: str | None = None) -> tuple[dict[str, str], str]:
         """Build (or reuse) the (repo, version) env, layer a per-instance venv over it with the
         repository installed, and commit what the setup changed, as the harness's instance image
         does. Returns (bash environment overrides, the commit to diff against)."""
@@ -287,9 +442,9 @@ class Fleet:
         with self._env_builder.lock(key):
             env = self._env_builder.ensure(row["repo"], str(row["version"]), mirror,
                                            row.get("environment_setup_commit") or row["base_commit"])
-        iid = row["instance_id"]
-        overlay = make_overlay(env, self.out / "envs" / iid, ws.root,
-                               self.out / "envs" / f"{iid}.install.log")
+        unit = unit or row["instance_id"]  # the unit's name: ID, or ID.aK for attempt K
+        overlay = make_overlay(env, self.out / "envs" / unit, ws.root,
+                               self.out / "envs" / f"{unit}.install.log")
         git(ws.root, "commit", "--quiet", "--allow-empty", "--no-verify", "-am", "fak: task setup")
         setup_commit = git(ws.root, "rev-parse", "HEAD").stdout.strip()
         traj.data["info"]["task_env"] = {"env": env.key, "overlay": str(overlay.path),
@@ -298,13 +453,13 @@ class Fleet:
         environ = overlay.environ()
         return {"PATH": environ["PATH"], "VIRTUAL_ENV": environ["VIRTUAL_ENV"]}, setup_commit
 
-    def _pick_python(self, row: dict[str, Any], root: Path,
-                     traj: Trajectory) -> tuple[dict[str, str], str | None]:
+    def _pick_python(self, row: dict[str, Any], root: Path, traj: Trajectory,
+                     unit: str | None = None) -> tuple[dict[str, str], str | None]:
         """Without ``task_env``: the interpreter bash runs and the note for the prompt
         (``interpreter.choose_python``), recorded under ``info.python``."""
         choice = choose_python(root, row["repo"], str(row.get("version") or ""),
                                self._env_builder, unsafe_no_sandbox=self.config.unsafe_no_sandbox,
-                               shim_dir=self.out / "envs" / row["instance_id"] / "bin")
+                               shim_dir=self.out / "envs" / (unit or row["instance_id"]) / "bin")
         traj.data["info"]["python"] = {"label": choice.label, "bin": str(choice.bin_dir or ""),
                                        "version": choice.version, "imports": choice.imports,
                                        "tried": choice.tried}
@@ -330,16 +485,81 @@ class Fleet:
             write_json_atomic(self.out / "predictions.json", self.predictions)
             self._write_summary(final=False)
 
+    def _record_attempt(self, state: InstanceState, patch: str, traj_path: Path) -> None:
+        """Attempts > 1: a finished attempt into ``ATTEMPTS_FILE``, and ``predictions.json``
+        re-derived from every finished attempt (``select_attempt``)."""
+        s = state.stats
+        rec = {"attempt": state.attempt, "seed": state.seed, "exit_reason": state.exit_reason,
+               "patch": patch, "patch_bytes": state.patch_bytes, "steps": s.step,
+               "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+               "trajectory": str(traj_path.relative_to(self.out))}
+        with self._lock:
+            self.ledger.setdefault(state.instance_id, {})[state.attempt] = rec
+            self._write_ledger()
+            self.predictions = self._chosen_predictions()
+            write_json_atomic(self.out / "predictions.json", self.predictions)
+            self._write_summary(final=False)
+
+    def _chosen_predictions(self) -> list[dict[str, Any]]:
+        """``predictions.json`` with attempts: per instance with a finished attempt, the chosen
+        attempt's patch; the run's rows first in their order, then other instances of the
+        ledger (sorted), then predictions of instances the ledger does not have (kept as read)."""
+        order = [r["instance_id"] for r in self.rows if r["instance_id"] in self.ledger]
+        order += sorted(set(self.ledger) - set(order))
+        out = []
+        for iid in order:
+            choice = select_attempt(list(self.ledger[iid].values()))
+            if choice is not None:
+                out.append({"instance_id": iid, "model_name_or_path": self.config.model,
+                            "model_patch": self.ledger[iid][choice[0]]["patch"]})
+        return out + [p for p in self.predictions if p["instance_id"] not in self.ledger]
+
+    def selection(self) -> list[dict[str, Any]]:
+        """Attempts > 1, per instance of the run's rows: the chosen attempt and why
+        (``select_attempt``), and every attempt: finished ones as recorded, the others as this
+        run left them (``finished`` false; ``pending`` when not started)."""
+        units = {(st.instance_id, st.attempt): st for st in self.states.values()}
+        out = []
+        for row in self.rows:
+            iid = row["instance_id"]
+            done = self.ledger.get(iid, {})
+            attempts = []
+            for k in range(max([self.n_attempts, *[a + 1 for a in done]])):
+                if k in done:
+                    attempts.append({**{f: v for f, v in done[k].items() if f != "patch"},
+                                     "finished": True})
+                    continue
+                st = units.get((iid, k))
+                s = st.stats if st else AgentStats()
+                attempts.append({
+                    "attempt": k, "seed": st.seed if st else attempt_seed(iid, k),
+                    "exit_reason": (st.exit_reason or ("pending" if s.status == "waiting"
+                                                       else s.status)) if st else "pending",
+                    "patch_bytes": st.patch_bytes if st else 0, "steps": s.step,
+                    "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
+                    "trajectory": f"trajectories/{unit_key(iid, k)}.traj.json",
+                    "finished": False})
+            choice = select_attempt(list(done.values()))
+            out.append({"instance_id": iid,
+                        "chosen_attempt": choice[0] if choice else None,
+                        "reason": choice[1] if choice else None,
+                        "chosen_exit_reason": done[choice[0]]["exit_reason"] if choice else None,
+                        "patch_bytes": done[choice[0]]["patch_bytes"] if choice else 0,
+                        "n_finished": len(done), "attempts": attempts})
+        return out
+
     # -- reporting -----------------------------------------------------------------------------
 
     def summary(self, final: bool = True) -> dict[str, Any]:
-        """Counts and totals so far (``final``: the run is over)."""
+        """Counts and totals so far (``final``: the run is over). With attempts > 1 every count,
+        total and ``instances`` line is per (instance, attempt) run now, and ``attempts`` and
+        ``selection`` (``Fleet.selection``) are added."""
         per: list[dict[str, Any]] = []
         totals = {"prompt_tokens": 0, "completion_tokens": 0, "steps": 0, "allowed": 0,
                   "denied": 0, "format_errors": 0, "model_s": 0.0,
                   "decode_s": 0.0, "decode_tokens": 0}
         by_reason: dict[str, int] = {}
-        for iid, st in self.states.items():
+        for st in self.states.values():
             s = st.stats
             reason = st.exit_reason or ("interrupted" if final else s.status)
             by_reason[reason] = by_reason.get(reason, 0) + 1
@@ -352,20 +572,22 @@ class Fleet:
             totals["model_s"] += s.model_s
             totals["decode_s"] += s.decode_s
             totals["decode_tokens"] += s.decode_tokens
-            per.append({"instance_id": iid, "exit_reason": reason, "steps": s.step,
+            multi = {"attempt": st.attempt, "seed": st.seed} if self.n_attempts > 1 else {}
+            per.append({"instance_id": st.instance_id, **multi, "exit_reason": reason, "steps": s.step,
                         "prompt_tokens": s.prompt_tokens, "completion_tokens": s.completion_tokens,
                         "denied": s.denied, "allowed": s.allowed, "patch_bytes": st.patch_bytes,
                         "format_errors": st.format_errors, "repeated_calls": st.repeated,
                         "resampled_turns": st.resampled,
                         "model_s": round(s.model_s, 3), "tools_s": round(st.tools_s, 3),
                         "wall_s": round((st.ended or time.time()) - st.started, 3) if st.started else 0.0,
-                        "difficulty": self.config.labels.get(iid), "message": st.message[:500],
+                        "difficulty": self.config.labels.get(st.instance_id),
+                        "message": st.message[:500],
                         **({"traceback": st.traceback[-4000:]} if st.traceback else {})})
         wall = time.time() - self.started_at
         finished = sum(by_reason.get(r, 0) for r in FINISHED_REASONS)
         totals["model_s"] = round(totals["model_s"], 3)
         totals["decode_s"] = round(totals["decode_s"], 3)
-        return {
+        out = {
             "run_id": self.run_id, "model": self.config.model, "gateway": self.config.gateway,
             "protocol": self.config.protocol, "tool_choice": self.config.tool_choice,
             "server": self.config.server, "dataset": self.config.dataset,
@@ -373,7 +595,7 @@ class Fleet:
             "allow_exec": self.config.allow_exec, "sandbox": self.sandbox, "final": final,
             "interrupted": self.stop.is_set(),
             "n_selected": len(self.rows), "n_skipped_finished": len(self.skipped),
-            "n_run": len(self.todo), "n_finished": finished,
+            "n_run": len(self.units), "n_finished": finished,
             "n_predictions": len(self.predictions),
             "exit_reasons": dict(sorted(by_reason.items())), "totals": totals,
             "wall_s": round(wall, 3),
@@ -387,6 +609,10 @@ class Fleet:
             "prompt_tok_per_wall_s": round(totals["prompt_tokens"] / wall, 3) if wall > 0 else 0.0,
             "instances": per,
         }
+        if self.n_attempts > 1:
+            out["attempts"] = self.n_attempts
+            out["selection"] = self.selection()
+        return out
 
     def _write_summary(self, final: bool) -> dict[str, Any]:
         summary = self.summary(final=final)
@@ -395,7 +621,10 @@ class Fleet:
 
     def table(self) -> Table:
         """The live table: one row per instance that has started, then totals."""
-        t = Table(title=f"fak swebench run · {self.run_id} · {self.config.model}", expand=False)
+        title = f"fak swebench run · {self.run_id} · {self.config.model}"
+        if self.n_attempts > 1:
+            title += f" · {self.n_attempts} attempts per instance"
+        t = Table(title=title, expand=False)
         for col in ("instance", "status", "step", "tokens", "tok/s", "last tool", "verdicts"):
             t.add_column(col, justify="right" if col in ("step", "tokens", "tok/s") else "left")
         tot_tokens = tot_denied = tot_allowed = 0
@@ -412,12 +641,13 @@ class Fleet:
             status = st.exit_reason or s.status
             style = {"submitted": "green", "max_steps": "yellow", "interrupted": "magenta"}.get(
                 status, "red" if status and "error" in status else "")
-            t.add_row(iid, f"[{style}]{status}[/]" if style else status, str(s.step),
+            t.add_row(self._label(iid), f"[{style}]{status}[/]" if style else status, str(s.step),
                       str(s.tokens), f"{s.tok_per_s:.1f}", s.last_tool,
                       f"{s.allowed}✓ {s.denied}✗")
         wall = time.time() - self.started_at
         t.add_section()
-        t.add_row(f"total {n_done}/{len(self.states)} done"
+        unit = " attempts" if self.n_attempts > 1 else ""
+        t.add_row(f"total {n_done}/{len(self.states)}{unit} done"
                   + (f" (+{len(self.skipped)} skipped)" if self.skipped else ""),
                   "stopping" if self.stop.is_set() else f"{wall:.0f} s", "",
                   str(tot_tokens), "", "", f"{tot_allowed}✓ {tot_denied}✗")
@@ -440,14 +670,19 @@ class Fleet:
             if previous_term is not None:
                 signal.signal(signal.SIGTERM, previous_term)
 
+    def _skipping_note(self) -> None:
+        if self.skipped:
+            what = "attempt" if self.n_attempts > 1 else "instance"
+            self.console.print(f"skipping {len(self.skipped)} finished {what}(s) in {self.out}")
+
     def _run(self) -> dict[str, Any]:
         live_on = self.config.live if self.config.live is not None else self.console.is_terminal
-        if self.skipped:
-            self.console.print(f"skipping {len(self.skipped)} finished instance(s) in {self.out}")
+        self._skipping_note()
         interrupted = False
         executor = cf.ThreadPoolExecutor(max_workers=max(1, self.config.workers),
                                          thread_name_prefix="fak-agent")
-        futures = {executor.submit(self._run_instance, row): row["instance_id"] for row in self.todo}
+        futures = {executor.submit(self._run_instance, row, k): unit_key(row["instance_id"], k)
+                   for row, k in self.units}
         live = Live(self.table(), console=self.console, refresh_per_second=2) if live_on else None
         reported: set[str] = set()
         try:
@@ -485,7 +720,7 @@ class Fleet:
     def _print_line(self, iid: str) -> None:
         st = self.states[iid]
         s = st.stats
-        self.console.print(f"{iid}: {st.exit_reason} steps={s.step} tokens={s.tokens} "
+        self.console.print(f"{self._label(iid)}: {st.exit_reason} steps={s.step} tokens={s.tokens} "
                            f"denied={s.denied} patch={st.patch_bytes}B"
                            + (f" ({st.message[:200]})" if st.exit_reason not in FINISHED_REASONS
                               and st.message else ""))
