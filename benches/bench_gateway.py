@@ -142,7 +142,8 @@ class Server:
                "--kv-cache-tokens", str(args.kv_cache_tokens)]
         if args.threads:
             cmd += ["--threads", str(args.threads)]
-        env = {**os.environ, "PYTHONPATH": str(REPO / "python")}
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [str(REPO / "python")] + ([os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []))}
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.url = f"http://127.0.0.1:{self.port}"
         deadline = time.monotonic() + 600

@@ -98,17 +98,50 @@ def test_off_without_flag_header_or_policy_allow(start_gateway: Any, engine: Fak
     assert "fak" not in body and "no reads" in body["choices"][0]["message"]["content"]
 
 
+LIST = '<tool_call>\n{"name": "list", "arguments": {}}\n</tool_call>'
+READ_B = '<tool_call>\n{"name": "read", "arguments": {"path": "b.py"}}\n</tool_call>'
+
+
 def test_policy_verdicts_and_cap(start_gateway: Any, http: httpx.Client) -> None:
-    loop = FakeEngine(script=[("FILES-LIST", READ_A), ("CONTENT-A", READ_A)])  # the model keeps re-reading
+    # Three different earlier reads asked for again in turn, then the first a third time.
+    history = HISTORY + [call("c3", "read", {"path": "b.py"}), result("c3", "CONTENT-B: def g(): return 2")]
+    tour = FakeEngine(script=[("CONTENT-B", READ_A), ("CONTENT-A", LIST), ("FILES-LIST", READ_B)])
     policy = Policy.from_dict({"version": 1, "default": {"verdict": "allow", "reason": "ok"}})
-    srv = start_gateway(engine=loop, serve_inline_reads=True, policy=policy)
-    body = post(http, srv, HISTORY)
+    srv = start_gateway(engine=tour, serve_inline_reads=True, policy=policy)
+    body = post(http, srv, history)
     pairs = body["fak"]["inline_reads"]
-    assert len(pairs) == 3, "at most max_inline pairs, then the call goes to the client"
+    assert [p["served_from"] for p in pairs] == ["c1", "c2", "c3"], "at most max_inline pairs"
     assert all(p["verdict"]["allowed"] for p in pairs)
     assert len(body["fak_policy"]["verdicts"]) == 1, "fak_policy: the returned round's verdicts only"
     assert body["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "read"
-    assert body["usage"]["prompt_tokens"] == sum(len(p) for p, _ in loop.requests)
+    assert body["usage"]["prompt_tokens"] == sum(len(p) for p, _ in tour.requests)
+
+
+def test_loops_go_to_the_client(start_gateway: Any, http: httpx.Client) -> None:
+    """A model that keeps re-reading (greedy decoding's loop) gets one read served, then the
+    immediate repeat goes to the client, whose agent handles repeats; a read already answered
+    twice is not served again either."""
+    loop = FakeEngine(script=[("FILES-LIST", READ_A), ("CONTENT-A", READ_A)])
+    srv = start_gateway(engine=loop, serve_inline_reads=True)
+    body = post(http, srv, HISTORY)
+    assert [p["served_from"] for p in body["fak"]["inline_reads"]] == ["c1"]
+    assert body["fak"]["inline_stopped"] == "repeat"
+    assert json.loads(body["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]) == {"path": "a.py"}
+    assert len(loop.requests) == 2
+    gw = srv.app.state.gateway.inline_reads
+    assert (gw.served, gw.refused_repeat) == (1, 1)
+    # the conversation as the client continues it: the served pair, then its own run of the read
+    pair = body["fak"]["inline_reads"][0]
+    ran = HISTORY + [pair["assistant"], pair["tool"], call("c5", "read", {"path": "a.py"}), result("c5", "CONTENT-A: def f(): return 1")]
+    body = post(http, srv, ran + [call("c6", "list", {}), result("c6", "FILES-LIST: a.py b.py")])
+    assert body["fak"] == {"inline_reads": [], "inline_stopped": "repeat", "served_at": body["fak"]["served_at"]}, \
+        "a.py's result is in the conversation three times: not served again"
+    assert not InlineReads.is_loop(HISTORY, "read", json.dumps({"path": "a.py"}))
+    assert InlineReads.is_loop(HISTORY, "list", json.dumps({}))
+    # a write in between starts the count again
+    edited = ran + [call("c7", "edit", {"path": "a.py", "old": "1", "new": "2"}), result("c7", "ok"),
+                    call("c8", "list", {}), result("c8", "FILES-LIST")]
+    assert not InlineReads.is_loop(edited, "read", json.dumps({"path": "a.py"}))
 
 
 def test_a_result_that_would_not_fit_goes_to_the_client(start_gateway: Any, http: httpx.Client) -> None:

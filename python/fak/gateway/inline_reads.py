@@ -24,6 +24,14 @@ What counts:
 - *nothing since could have changed it*: every call after the earlier one (answered or not) is
   read-only; any other call (``edit``, ``write``, ``submit``, a non-read-only ``bash``, an unknown
   tool) means the read is run again by the client.
+- *not a loop*: a call identical to the model's previous call (the result is the last thing it
+  saw), or one whose result the conversation already holds twice since the last call that may
+  have changed it, is not served: it goes to the client, whose own repeat handling (the fleet
+  agent's ``--on-repeat``) answers loops, and the response's ``fak`` object says
+  ``"inline_stopped": "repeat"``. Serving such calls fed greedy decoding's loops: on the GPU
+  fleet run of 2026-12-06 the 1.5B re-asked for the read it had just been served until its
+  context was full (880 reads served inline, 12 of 14 agents out of context;
+  ``benches/results/fleet.md``).
 - the call is still adjudicated by the policy (its verdict is in the pair's ``verdict``) and a
   denied call is never served; at most ``max_inline`` pairs per response (then the call goes to
   the client as usual); non-streamed chat completions only.
@@ -167,6 +175,9 @@ class InlineReads:
         #: Calls not served because the result would not fit the context window with the
         #: completion's room (they went to the client).
         self.refused_context = 0
+        #: Calls not served because they repeat the previous call, or a result the conversation
+        #: already holds twice (:meth:`is_loop`; they went to the client).
+        self.refused_repeat = 0
 
     def remember(self, conversation: str, messages: Iterable[dict[str, Any]]) -> None:
         """Keep the text of each tool result the first time the conversation carries it."""
@@ -212,6 +223,27 @@ class InlineReads:
         content = full if full is not None else answers.get(found)
         return (found, content) if isinstance(content, str) else None
 
+    @staticmethod
+    def is_loop(messages: list[dict[str, Any]], name: str, arguments: str) -> bool:
+        """Whether the call ``name(arguments)`` repeats the conversation's last call, or a read
+        answered at least twice since the last call that may have changed the workspace: serving
+        it would feed a loop rather than save a round trip."""
+        want = (name, arguments_digest(arguments))
+        last: tuple[str, str] | None = None
+        same = 0
+        for m in messages:
+            for tc in m.get("tool_calls") or () if m.get("role") == "assistant" else ():
+                fn = tc.get("function") or {}
+                cname, cargs = str(fn.get("name", "")), fn.get("arguments", "")
+                cargs_s = cargs if isinstance(cargs, str) else json.dumps(cargs, ensure_ascii=False)
+                key = (cname, arguments_digest(cargs_s))
+                last = key
+                if not is_read_only(cname, cargs_s):
+                    same = 0
+                elif key == want:
+                    same += 1
+        return last == want or same >= 2
+
     async def serve(self, serving: Any, body: bytes, *, req: Any, conversation: str | None,
                     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, prefix: str, gate: Any,
                     n_verdicts_before: int, start_run: Any) -> bytes:
@@ -245,6 +277,11 @@ class InlineReads:
             verdict = next((v for v in gate.verdicts[first_verdict:]
                             if v.tool_call_id == call["id"]), None) if gate.active else None
             if gate.active and (verdict is None or not verdict.allowed):
+                break
+            if self.is_loop(convo, fn["name"], fn["arguments"]):
+                with self._lock:
+                    self.refused_repeat += 1
+                stopped = "repeat"
                 break
             assistant = {"role": "assistant", "content": msg.get("content"),
                          "tool_calls": [{"id": call["id"], "type": "function",
