@@ -55,19 +55,11 @@ pub fn pdl_mode(sm: u32, driver_version: i32) -> Pdl {
     }
 }
 
-/// Most arguments of one kernel (the GEMV with three segments and its norm takes 37).
-const MAX_ARGS: usize = 48;
-
 /// Kernel arguments in declaration order.
+#[derive(Default)]
 pub struct Args {
-    slots: [u64; MAX_ARGS],
+    slots: [u64; 32],
     n: usize,
-}
-
-impl Default for Args {
-    fn default() -> Args {
-        Args { slots: [0; MAX_ARGS], n: 0 }
-    }
 }
 
 impl Args {
@@ -105,7 +97,7 @@ impl CudaBackend {
         self.dev.bind()?;
         let (f, image_pdl) = self.kernels.func(family, name, smem as usize)?;
         let mut slots = args.slots;
-        let mut ptrs: [*mut c_void; MAX_ARGS] = [std::ptr::null_mut(); MAX_ARGS];
+        let mut ptrs: [*mut c_void; 32] = [std::ptr::null_mut(); 32];
         for (p, s) in ptrs.iter_mut().zip(slots.iter_mut()).take(args.n) {
             *p = s as *mut u64 as *mut c_void;
         }
