@@ -288,11 +288,6 @@ class OpRunner:
         self, wtype: str, w: npt.NDArray[np.uint8], n_out: int, k: int, x: npt.NDArray[np.float32],
         res: npt.NDArray[np.float32], bias: npt.NDArray[np.float32] | None = None,
     ) -> npt.NDArray[np.float32]: ...
-    def matmul_add_norm(
-        self, wtype: str, w: npt.NDArray[np.uint8], n_out: int, k: int, x: npt.NDArray[np.float32],
-        res: npt.NDArray[np.float32], bias: npt.NDArray[np.float32] | None, w_norm: npt.NDArray[np.float32],
-        eps: float, wtype2: str, w2: npt.NDArray[np.uint8], n_out2: int,
-    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
     def rope_kv_write(
         self, q: npt.NDArray[np.float32], k: npt.NDArray[np.float32], v: npt.NDArray[np.float32], n_past: int,
         table: npt.NDArray[np.uint32], n_head: int, n_head_kv: int, head_dim: int, style: str, n_rot: int,

@@ -15,32 +15,11 @@
 //   Q6_K: task (sb, c): 8 positions l of half n = c/4 times the four 32-groups that share them.
 // Launch: 128 threads; R = rows per block (1, 2, 4), 4/R warps split a row's tasks; R = 8: half
 // a warp per row (rows of 33..63 tasks). One launch
-// may cover up to three matrices of the same input (Q/K/V, gate/up): "segments" of the grid. A
-// residual GEMV of one matrix may end with the RMSNorm of the rows it completed (norm_after).
+// may cover up to three matrices of the same input (Q/K/V, gate/up): "segments" of the grid.
 // Each block asks L2 for its rows of W before `pdl_enter()` (common.cuh): launched early on
 // Hopper, it fetches its weights while the kernel before it (the norm or the quantizer that makes
 // its activations) still runs.
-#include "norm.cuh"
 #include "quants.cuh"
-
-// The RMSNorm after a residual GEMV (`x += W·a`, then `h = rmsnorm(x)·w`): the last block of the
-// grid to finish its rows (an arrival counter, reset by that block for the next launch or graph
-// replay) normalizes the NC completed rows of x (`dim` = the GEMV's n_out) into `out` and its
-// 8-bit forms, so the norm needs no launch of its own.
-template <int NC>
-__device__ void norm_after(const float* x, int dim, const float* w, float* out, Q8Out q, u32* counter, float eps) {
-    __shared__ bool s_last;
-    __threadfence();  // this block's rows of x, visible before its arrival is counted
-    __syncthreads();
-    if (threadIdx.x == 0) s_last = atomicAdd(counter, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    const bool q8 = dim % 32 == 0;
-#pragma unroll 1
-    for (int c = 0; c < NC; ++c) rmsnorm_row_l2(x, w, out, q, q8, dim, eps, c);
-    if (threadIdx.x == 0) *counter = 0u;
-}
 
 // The rows of one matrix handled by local block `lb` of its segment.
 template <int FMT, int NC>
@@ -113,8 +92,7 @@ template <int NC, bool KFORM>
 __device__ void mmvq_multi(const u8* W0, size_t rb0, const float* b0, float* d0, int n0, int rpb0, int f0, int end0,
                            const u8* W1, size_t rb1, const float* b1, float* d1, int n1, int rpb1, int f1, int end1,
                            const u8* W2, size_t rb2, const float* b2, float* d2, int n2, int rpb2, int f2,
-                           const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, int accumulate,
-                           const float* nw, float* nout, Q8Out nq, u32* ncnt, float neps) {
+                           const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, int accumulate) {
     const int blk = blockIdx.x;
     const int s = blk < end0 ? 0 : (blk < end1 ? 1 : 2);
     const u8* W = s == 0 ? W0 : (s == 1 ? W1 : W2);
@@ -145,8 +123,6 @@ __device__ void mmvq_multi(const u8* W0, size_t rb0, const float* b0, float* d0,
             case T_Q8_0: mmvq_rows<T_Q8_0, NC>(W, rb, yq, ya, ys, bias, dst, K, n_out, rpb, lb, acc); break;
         }
     }
-    // A residual GEMV of one matrix followed by RMSNorm (nw: the norm's weights): see norm_after.
-    if (nw != nullptr) norm_after<NC>(d0, n0, nw, nout, nq, ncnt, neps);
 }
 
 // Dense weights (F32, F16, BF16) against f32 activations: tasks of 8 values (K % 8 == 0).
@@ -198,11 +174,9 @@ __device__ void mmv_dense(const u8* __restrict__ W, size_t row_bytes, const floa
         const u8* W0, size_t rb0, const float* b0, float* d0, int n0, int rpb0, int f0, int end0,                        \
         const u8* W1, size_t rb1, const float* b1, float* d1, int n1, int rpb1, int f1, int end1,                        \
         const u8* W2, size_t rb2, const float* b2, float* d2, int n2, int rpb2, int f2,                                  \
-        const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, int accumulate,       \
-        const float* nw, float* nout, i8* nq0, float2* nd0, i8* nqk, float* ndk, int* nsk, u32* ncnt, float neps) {      \
+        const i8* __restrict__ yq, const void* __restrict__ ya, const int* __restrict__ ys, int K, int accumulate) {     \
         mmvq_multi<NC, KFORM>(W0, rb0, b0, d0, n0, rpb0, f0, end0, W1, rb1, b1, d1, n1, rpb1, f1, end1, W2, rb2, b2, d2, \
-                              n2, rpb2, f2, yq, ya, ys, K, accumulate, nw, nout, Q8Out{nq0, nd0, nqk, ndk, nsk}, ncnt,   \
-                              neps);                                                                                     \
+                              n2, rpb2, f2, yq, ya, ys, K, accumulate);                                                  \
     }
 #define MMV_DENSE(NAME, FMT, NC)                                                                                           \
     extern "C" __global__ void __launch_bounds__(128) mmv_##NAME##_f32_c##NC(                                             \

@@ -585,53 +585,6 @@ def test_matmul_add(backend: str, shape: tuple[int, int, str, bool], n_rows: int
         assert diff <= cuda_cpu_bound(wtype, n_rows), f"cuda vs cpu: {diff:.3g}"
 
 
-NORM_AFTER_CASES = [
-    # (k, dim, wtype, wtype2, n_out2): the 1.5B's attention output and down projections, the
-    # 0.5B's (a row that is no multiple of 256: q8_0 form only), a dense weight (never fused)
-    (1536, 1536, "Q4_K", "Q4_K", 2048),
-    (8960, 1536, "Q6_K", "Q4_K", 512),
-    (4864, 896, "Q5_0", "Q8_0", 256),
-    (256, 64, "F32", "F32", 32),
-]
-
-
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("n_rows", [1, 3, 8, 12])
-@pytest.mark.parametrize("case", NORM_AFTER_CASES, ids=[f"{c[0]}x{c[1]}-{c[2]}" for c in NORM_AFTER_CASES])
-def test_rmsnorm_after_residual_gemv(backend: str, case: tuple[int, int, str, str, int], n_rows: int) -> None:
-    """``matmul_add_rmsnorm``: the residual projection, then the next norm (on CUDA, for decode rows,
-    by the GEMV's last block, with the 8-bit forms of h the next matmul reads). The sum and the
-    norm against float64; on CUDA the product of h equals the one that quantizes h itself, and
-    every output is near the CPU backend's."""
-    k, dim, wtype, wtype2, n_out2 = case
-    w, wd = weights_case(wtype, dim, k, "normafter")
-    w2, _ = weights_case(wtype2, n_out2, dim, "normafter2")
-    rng = seed("normafter", backend, k, dim, n_rows)
-    x = rng.standard_normal((n_rows, k)).astype(np.float32)
-    res = (rng.standard_normal((n_rows, dim)) * 3).astype(np.float32)
-    bias = rng.standard_normal(dim).astype(np.float32)
-    g = rng.uniform(0.5, 1.5, dim).astype(np.float32)
-    r = runner(backend)
-    args = (wtype, w, dim, k, x.reshape(-1), res.reshape(-1), bias, g, 1e-6, wtype2, w2, n_out2)
-    out, h, y = (a.reshape(n_rows, -1) for a in r.matmul_add_norm(*args))
-    prod = x.astype(np.float64) @ wd.T + bias
-    assert rel_err(out - res, prod) <= matmul_bound(backend, wtype, n_rows)
-    o64 = out.astype(np.float64)
-    h_ref = o64 / np.sqrt((o64**2).mean(axis=1, keepdims=True) + 1e-6) * g
-    assert rel_err(h, h_ref) <= F32, "the norm of the sum the op returned"
-    if backend == "cuda":
-        # the 8-bit forms written with h are the ones the quantizer makes of h
-        y_self = r.matmul(wtype2, w2, n_out2, dim, h.reshape(-1)).reshape(n_rows, n_out2)
-        assert np.array_equal(y, y_self)
-        # a second run (the arrival counter was reset) gives the same bits
-        again = [a.reshape(n_rows, -1) for a in r.matmul_add_norm(*args)]
-        assert all(np.array_equal(a, b) for a, b in zip((out, h, y), again))
-        cpu = [a.reshape(n_rows, -1) for a in runner("cpu").matmul_add_norm(*args)]
-        assert rel_err(out - res, (cpu[0] - res).astype(np.float64)) <= cuda_cpu_bound(wtype, n_rows)
-        assert rel_err(h, cpu[1].astype(np.float64)) <= CPU_NEAR
-        assert rel_err(y, cpu[2].astype(np.float64)) <= CPU_NEAR + cuda_cpu_bound(wtype2, n_rows)
-
-
 ROPE_KV_CASES = [
     # (n_head, n_head_kv, head_dim, n_rot, style, n_past, n_rows)
     (12, 2, 128, 128, "neox", 0, 1),

@@ -427,27 +427,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
         self.add(res, tmp, n_rows * n_out)
     }
 
-    /// [`Backend::matmul_add`], then `out = rmsnorm(res)·norm_w` over the same `n_rows` rows of
-    /// `n_out` (the residual stream's next norm). The default runs the two ops; a backend may
-    /// normalize in the product's launch (the CUDA GEMV's last block), with the same arithmetic.
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_add_rmsnorm(
-        &self,
-        w: &Self::Weight,
-        bias: Option<&Self::Weight>,
-        x: &Self::Buffer,
-        n_rows: usize,
-        n_out: usize,
-        tmp: &mut Self::Buffer,
-        res: &mut Self::Buffer,
-        norm_w: &Self::Weight,
-        eps: f32,
-        out: &mut Self::Buffer,
-    ) -> Result<()> {
-        self.matmul_add(w, bias, x, n_rows, n_out, tmp, res)?;
-        self.rmsnorm(res, norm_w, eps, n_rows, n_out, out)
-    }
-
     /// Rotates `x` (`[n_rows, n_heads, head_dim]`) in place by each row's position in `batch`.
     /// `freq_factors` (`[n_rot/2]`) divides the angle of each pair when given.
     #[allow(clippy::too_many_arguments)]

@@ -328,43 +328,6 @@ pub fn matmul_add<B: TestIo>(b: &B, wtype: GgmlType, w: &[u8], n_out: usize, k: 
     read(b, &rb, n_rows * n_out)
 }
 
-/// [`Backend::matmul_add_rmsnorm`] (`res += x·Wᵀ (+ bias)`, `h = rmsnorm(res)·w_norm`), then the
-/// matmul of `h` with `w2` (`[n_out, n_out2]`), which reads the 8-bit forms the fused norm wrote
-/// on CUDA: returns `(res, h, y)`.
-#[allow(clippy::too_many_arguments)]
-pub fn matmul_add_norm<B: TestIo>(
-    b: &B,
-    wtype: GgmlType,
-    w: &[u8],
-    n_out: usize,
-    k: usize,
-    x: &[f32],
-    res: &[f32],
-    bias: Option<&[f32]>,
-    w_norm: &[f32],
-    eps: f32,
-    wtype2: GgmlType,
-    w2: &[u8],
-    n_out2: usize,
-) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-    let n_rows = x.len() / k.max(1);
-    check_len("x", x.len(), n_rows * k)?;
-    check_len("res", res.len(), n_rows * n_out)?;
-    check_len("w_norm", w_norm.len(), n_out)?;
-    let wt = weight(b, "w", wtype, &[k, n_out], w.to_vec())?;
-    let bt = bias.map(|v| f32_weight(b, "bias", v)).transpose()?;
-    let nw = f32_weight(b, "norm", w_norm)?;
-    let w2t = weight(b, "w2", wtype2, &[n_out, n_out2], w2.to_vec())?;
-    let xb = b.upload(x)?;
-    let mut rb = b.upload(res)?;
-    let mut tmp = out_buf(b, n_rows * n_out)?;
-    let mut h = out_buf(b, n_rows * n_out)?;
-    b.matmul_add_rmsnorm(&wt, bt.as_ref(), &xb, n_rows, n_out, &mut tmp, &mut rb, &nw, eps, &mut h)?;
-    let mut y = out_buf(b, n_rows * n_out2)?;
-    b.matmul(&w2t, None, &h, n_rows, &mut y)?;
-    Ok((read(b, &rb, n_rows * n_out)?, read(b, &h, n_rows * n_out)?, read(b, &y, n_rows * n_out2)?))
-}
-
 /// [`Backend::rope_kv_write`] for one sequence of `n` rows at positions `n_past..n_past + n`
 /// with the block table `table` (block size 32): returns `(q rotated, K read back, V read back)`,
 /// K/V as `[n, n_head_kv, head_dim]`.

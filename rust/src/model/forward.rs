@@ -8,8 +8,7 @@
 //!             kv_write(k, v);  x += attention(q, KV cache)·Wo (+bo)
 //!             (the layer's sliding window, if it has one: `ModelConfig::layer_attn`)
 //!             (rope + rope + kv_write is one trait call, `rope_kv_write`, and each projection
-//!             followed by its residual add is `matmul_add`, or `matmul_add_rmsnorm` with the
-//!             norm that reads the sum next, so a backend can fuse them)
+//!             followed by its residual add is `matmul_add`, so a backend can fuse them)
 //!             h = rmsnorm(x)·w_ffn_norm;  x += (silu(h·Wgate) ⊙ h·Wup)·Wdown
 //! logits = rmsnorm(x[logit rows])·w_out_norm · W_out
 //! ```
@@ -159,13 +158,8 @@ impl<B: Backend> Model<B> {
             let batch = &*batch;
             be.embed(&w.token_embd, batch, n, x)?;
             let mut pruned = false;
-            // Whether `h` already holds this layer's attention norm (written with the previous
-            // layer's down projection: `Backend::matmul_add_rmsnorm`).
-            let mut h_ready = false;
             for (il, lw) in w.layers.iter().enumerate() {
-                if !h_ready {
-                    be.rmsnorm(x, &lw.attn_norm, c.rms_eps, n, d, h)?;
-                }
+                be.rmsnorm(x, &lw.attn_norm, c.rms_eps, n, d, h)?;
                 be.matmul_multi(
                     &[
                         (&lw.wq, lw.bq.as_ref()),
@@ -196,11 +190,10 @@ impl<B: Backend> Model<B> {
                     if n_logits > 0 {
                         be.gather_logit_rows(att, batch, c.q_dim(), att_l)?;
                         be.gather_logit_rows(x, batch, d, xl)?;
-                        block_tail(be, lw, c, n_logits, xl, att_l, h, tmp, gate, up, comm, None)?;
+                        block_tail(be, lw, c, n_logits, xl, att_l, h, tmp, gate, up, comm)?;
                     }
                 } else {
-                    let next_norm = w.layers.get(il + 1).map(|next| &next.attn_norm);
-                    h_ready = block_tail(be, lw, c, n, x, att, h, tmp, gate, up, comm, next_norm)?;
+                    block_tail(be, lw, c, n, x, att, h, tmp, gate, up, comm)?;
                 }
             }
             if n_logits > 0 {
@@ -223,8 +216,7 @@ impl<B: Backend> Model<B> {
 /// The rest of a transformer block after attention, on `n` rows: `x += att·Wo (+bo)`, then
 /// `x += (silu(h·Wgate) ⊙ h·Wup)·Wdown` with `h = rmsnorm(x)·w_ffn_norm`. With `comm` (a
 /// tensor-parallel shard) each projection is this shard's partial sum, all-reduced over the
-/// shards before its residual add. With `next_norm` (the next layer's attention norm) it also
-/// leaves `h = rmsnorm(x)·next_norm` and returns true.
+/// shards before its residual add.
 #[allow(clippy::too_many_arguments)]
 fn block_tail<B: Backend>(
     be: &B,
@@ -238,10 +230,10 @@ fn block_tail<B: Backend>(
     gate: &mut B::Buffer,
     up: &mut B::Buffer,
     comm: Option<&dyn Communicator<B>>,
-    next_norm: Option<&B::Weight>,
-) -> Result<bool> {
+) -> Result<()> {
     let d = c.n_embd;
-    residual_proj(be, &lw.wo, lw.bo.as_ref(), att, n, d, tmp, x, comm, Some((&lw.ffn_norm, c.rms_eps, &mut *h)))?;
+    residual_proj(be, &lw.wo, lw.bo.as_ref(), att, n, d, tmp, x, comm)?;
+    be.rmsnorm(x, &lw.ffn_norm, c.rms_eps, n, d, h)?;
     be.matmul_multi(
         &[(&lw.w_gate, None), (&lw.w_up, None)],
         h,
@@ -249,13 +241,11 @@ fn block_tail<B: Backend>(
         &mut [&mut *gate, &mut *up],
     )?;
     be.swiglu(gate, up, n * c.n_ff)?;
-    residual_proj(be, &lw.w_down, None, gate, n, d, tmp, x, comm, next_norm.map(|nw| (nw, c.rms_eps, h)))?;
-    Ok(next_norm.is_some())
+    residual_proj(be, &lw.w_down, None, gate, n, d, tmp, x, comm)
 }
 
-/// `x += inp·Wᵀ (+bias)` on `n` rows of `d` outputs, then with `norm = (w, eps, out)`
-/// `out = rmsnorm(x)·w`; with `comm`, `inp·Wᵀ (+bias)` is this shard's partial sum (`W` its K
-/// slice), summed over the shards into `tmp` before the add.
+/// `x += inp·Wᵀ (+bias)` on `n` rows of `d` outputs; with `comm`, `inp·Wᵀ (+bias)` is this
+/// shard's partial sum (`W` its K slice), summed over the shards into `tmp` before the add.
 #[allow(clippy::too_many_arguments)]
 fn residual_proj<B: Backend>(
     be: &B,
@@ -267,19 +257,13 @@ fn residual_proj<B: Backend>(
     tmp: &mut B::Buffer,
     x: &mut B::Buffer,
     comm: Option<&dyn Communicator<B>>,
-    norm: Option<(&B::Weight, f32, &mut B::Buffer)>,
 ) -> Result<()> {
-    match (comm, norm) {
-        (None, Some((nw, eps, out))) => be.matmul_add_rmsnorm(w, bias, inp, n, d, tmp, x, nw, eps, out),
-        (None, None) => be.matmul_add(w, bias, inp, n, d, tmp, x),
-        (Some(comm), norm) => {
+    match comm {
+        None => be.matmul_add(w, bias, inp, n, d, tmp, x),
+        Some(comm) => {
             be.matmul(w, bias, inp, n, tmp)?;
             comm.all_reduce_sum(be, tmp, n * d)?;
-            be.add(x, tmp, n * d)?;
-            match norm {
-                Some((nw, eps, out)) => be.rmsnorm(x, nw, eps, n, d, out),
-                None => Ok(()),
-            }
+            be.add(x, tmp, n * d)
         }
     }
 }

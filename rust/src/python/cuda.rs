@@ -239,9 +239,6 @@ impl PyOpRunner {
     }
 }
 
-/// Three f32 arrays an op test returns.
-type Out3 = (Vec<f32>, Vec<f32>, Vec<f32>);
-
 /// Object-safe face of the generic op functions.
 trait RunAny: Sync {
     fn matmul(&self, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>>;
@@ -259,8 +256,6 @@ trait RunAny: Sync {
     fn matmul_multi(&self, ws: &[(GgmlType, &[u8], usize, Option<&[f32]>)], k: usize, x: &[f32]) -> Result<Vec<Vec<f32>>>;
     #[allow(clippy::too_many_arguments)]
     fn matmul_add(&self, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], res: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>>;
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_add_norm(&self, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], res: &[f32], bias: Option<&[f32]>, wn: &[f32], eps: f32, t2: GgmlType, w2: &[u8], n_out2: usize) -> Result<Out3>;
     #[allow(clippy::too_many_arguments)]
     fn rope_kv_write(&self, q: &[f32], k: &[f32], v: &[f32], n_past: usize, table: &[u32], a: &AttnParams, p: &RopeParams, ff: Option<&[f32]>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
     fn greedy(&self, x: &[f32], n_cols: usize) -> Result<(Vec<u32>, Vec<f32>)>;
@@ -308,9 +303,6 @@ impl<B: TestIo> RunAny for B {
     }
     fn matmul_add(&self, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], res: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>> {
         optest::matmul_add(self, t, w, n_out, k, x, res, bias)
-    }
-    fn matmul_add_norm(&self, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], res: &[f32], bias: Option<&[f32]>, wn: &[f32], eps: f32, t2: GgmlType, w2: &[u8], n_out2: usize) -> Result<Out3> {
-        optest::matmul_add_norm(self, t, w, n_out, k, x, res, bias, wn, eps, t2, w2, n_out2)
     }
     fn rope_kv_write(&self, q: &[f32], k: &[f32], v: &[f32], n_past: usize, table: &[u32], a: &AttnParams, p: &RopeParams, ff: Option<&[f32]>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         optest::rope_kv_write(self, q, k, v, n_past, table, a, p, ff)
@@ -457,37 +449,6 @@ impl PyOpRunner {
         let (x, res) = (slice(&x, "x")?, slice(&res, "res")?);
         let bias = bias.as_ref().map(|b| slice(b, "bias")).transpose()?;
         Ok(self.run(py, |r| r.matmul_add(t, w, n_out, k, x, res, bias))?.into_pyarray(py))
-    }
-
-    /// matmul_add_norm(wtype, w, n_out, k, x, res, bias, w_norm, eps, wtype2, w2, n_out2) ->
-    /// (res + x·Wᵀ (+ bias), h = rmsnorm(that)·w_norm, h·W2ᵀ): the trait's `matmul_add_rmsnorm`
-    /// (on CUDA the GEMV's last block normalizes, for decode rows), then a matmul that reads the
-    /// 8-bit forms of h it wrote.
-    #[pyo3(signature = (wtype, w, n_out, k, x, res, bias, w_norm, eps, wtype2, w2, n_out2))]
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_add_norm<'py>(
-        &self,
-        py: Python<'py>,
-        wtype: &str,
-        w: PyReadonlyArrayDyn<'py, u8>,
-        n_out: usize,
-        k: usize,
-        x: PyReadonlyArray1<'py, f32>,
-        res: PyReadonlyArray1<'py, f32>,
-        bias: Option<PyReadonlyArray1<'py, f32>>,
-        w_norm: PyReadonlyArray1<'py, f32>,
-        eps: f32,
-        wtype2: &str,
-        w2: PyReadonlyArrayDyn<'py, u8>,
-        n_out2: usize,
-    ) -> PyResult<(F32Out<'py>, F32Out<'py>, F32Out<'py>)> {
-        let (t, t2) = (gtype(wtype)?, gtype(wtype2)?);
-        let w = w.as_slice().map_err(|e| to_py(FakError::invalid("w", format!("must be contiguous: {e}"))))?;
-        let w2 = w2.as_slice().map_err(|e| to_py(FakError::invalid("w2", format!("must be contiguous: {e}"))))?;
-        let (x, res, wn) = (slice(&x, "x")?, slice(&res, "res")?, slice(&w_norm, "w_norm")?);
-        let bias = bias.as_ref().map(|b| slice(b, "bias")).transpose()?;
-        let (r, h, y) = self.run(py, |run| run.matmul_add_norm(t, w, n_out, k, x, res, bias, wn, eps, t2, w2, n_out2))?;
-        Ok((r.into_pyarray(py), h.into_pyarray(py), y.into_pyarray(py)))
     }
 
     /// rope_kv_write(q, k, v, n_past, table, n_head, n_head_kv, head_dim, style, n_rot, freq_base,

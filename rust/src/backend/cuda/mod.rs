@@ -249,8 +249,7 @@ pub struct CudaBackend {
     pub(crate) small: Mutex<Option<Tracked>>,
     /// Partial sums of the split-K GEMM (the same growth rule as the attention's).
     pub(crate) mm: Mutex<AttnScratch>,
-    /// Arrival counters of the split-K GEMM, one per output tile, then (index
-    /// [`ops::MM_COUNTERS`]) the one of the GEMV that ends with an RMSNorm; zero between launches.
+    /// Arrival counters of the split-K GEMM, one per output tile, zero between launches.
     pub(crate) mm_counters: Tracked,
     /// Whether the current forward is a decode step (every sequence one row: the forward has a
     /// graph key; set by `run_forward` while it runs), which selects the matmul table's decode
@@ -271,7 +270,7 @@ impl CudaBackend {
         let dev = Device::open(ordinal)?;
         let kernels = Kernels::load(&dev)?;
         let pdl = launch::pdl_mode(dev.info.sm(), dev.info.driver_version);
-        let mm_counters = Tracked::new(dev.alloc(4 * (ops::MM_COUNTERS + 1))?, &MEMORY.activations);
+        let mm_counters = Tracked::new(dev.alloc(4 * ops::MM_COUNTERS)?, &MEMORY.activations);
         mm_counters.mem.memset(0)?;
         Ok(CudaBackend {
             dev,
@@ -576,25 +575,6 @@ impl Backend for CudaBackend {
             return Err(FakError::invalid("matmul_add", format!("{} has {} outputs, not {n_out}", w.name, w.n_out())));
         }
         self.op_matmul(w, bias, x, n_rows, res, true)
-    }
-
-    fn matmul_add_rmsnorm(
-        &self,
-        w: &CudaWeight,
-        bias: Option<&CudaWeight>,
-        x: &CudaBuffer,
-        n_rows: usize,
-        n_out: usize,
-        _tmp: &mut CudaBuffer,
-        res: &mut CudaBuffer,
-        norm_w: &CudaWeight,
-        eps: f32,
-        out: &mut CudaBuffer,
-    ) -> Result<()> {
-        if w.n_out() != n_out {
-            return Err(FakError::invalid("matmul_add", format!("{} has {} outputs, not {n_out}", w.name, w.n_out())));
-        }
-        self.op_matmul_add_rmsnorm(w, bias, x, n_rows, res, norm_w, eps, out)
     }
 
     fn rope_kv_write(

@@ -112,24 +112,6 @@ fn gemv_shape_q(k: usize, n_out: usize) -> usize {
     }
 }
 
-/// The RMSNorm a residual GEMV ends with (`mmvq.cu`'s `norm_after`): its weights, the output
-/// buffer and that buffer's 8-bit forms.
-pub(crate) struct NormAfter {
-    w: u64,
-    out: u64,
-    q8: [u64; 5],
-    eps: f32,
-}
-
-/// Longest row the GEMV's last block normalizes (longer ones get the norm kernel).
-const NORM_AFTER_MAX_DIM: usize = 16384;
-
-/// `FAK_CUDA_FUSE_NORM=0`: the RMSNorm after a residual GEMV runs as its own kernel.
-fn fuse_norm() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| std::env::var("FAK_CUDA_FUSE_NORM").as_deref() != Ok("0"))
-}
-
 impl CudaBackend {
     fn bias_ptr(w: &CudaWeight, bias: Option<&CudaWeight>) -> Result<u64> {
         let n_out = w.n_out();
@@ -175,13 +157,6 @@ impl CudaBackend {
     /// `segs[i] = (weight, bias pointer, output pointer)`: rows `r0..r0 + n` per launch, up to
     /// [`MMVQ_MAX_ROWS`] at a time.
     fn gemv_quant(&self, segs: &[(&CudaWeight, u64, u64)], x: &CudaBuffer, n_rows: usize, accumulate: bool) -> Result<()> {
-        self.gemv_quant_norm(segs, x, n_rows, accumulate, None)
-    }
-
-    /// [`Self::gemv_quant`], ending with the RMSNorm `norm` of the rows it completed when given
-    /// (one launch of at most [`MMVQ_MAX_ROWS`] rows and one matrix).
-    fn gemv_quant_norm(&self, segs: &[(&CudaWeight, u64, u64)], x: &CudaBuffer, n_rows: usize, accumulate: bool, norm: Option<&NormAfter>) -> Result<()> {
-        debug_assert!(norm.is_none() || (segs.len() == 1 && n_rows <= MMVQ_MAX_ROWS));
         debug_assert!(!segs.is_empty() && segs.len() <= 3);
         let k = segs[0].0.k();
         let kform = is_kquant(segs[0].0.wtype);
@@ -197,15 +172,14 @@ impl CudaBackend {
                 (yq + (r0 * k) as u64, ya + (r0 * (k / 32) * 8) as u64, 0)
             };
             let shifted: Vec<(&CudaWeight, u64, u64)> = segs.iter().map(|&(w, b, d)| (w, b, d + (r0 * w.n_out() * 4) as u64)).collect();
-            self.gemv_launch(&shifted, (q, a, sm), k, kform, n, accumulate, norm)?;
+            self.gemv_launch(&shifted, (q, a, sm), k, kform, n, accumulate)?;
             r0 += n;
         }
         Ok(())
     }
 
     /// One GEMV launch of `n_rows` (≤ 8) rows whose operands are `(yq, ya, ys)`.
-    #[allow(clippy::too_many_arguments)]
-    fn gemv_launch(&self, segs: &[(&CudaWeight, u64, u64)], (yq, ya, ys): (u64, u64, u64), k: usize, kform: bool, n_rows: usize, accumulate: bool, norm: Option<&NormAfter>) -> Result<()> {
+    fn gemv_launch(&self, segs: &[(&CudaWeight, u64, u64)], (yq, ya, ys): (u64, u64, u64), k: usize, kform: bool, n_rows: usize, accumulate: bool) -> Result<()> {
         let mut args = Args::new();
         let mut end = 0usize;
         let total: usize = segs.iter().map(|(w, _, _)| w.n_out().div_ceil(gemv_shape_q(k, w.n_out()))).sum();
@@ -224,14 +198,6 @@ impl CudaBackend {
             }
         }
         args = args.ptr(yq).ptr(ya).ptr(ys).i32(k as i32).i32(accumulate as i32);
-        args = match norm {
-            Some(nm) => {
-                let [qs0, ds0, qsk, dk, sk] = nm.q8;
-                let counter = self.mm_counters.ptr() + 4 * MM_COUNTERS as u64;
-                args.ptr(nm.w).ptr(nm.out).ptr(qs0).ptr(ds0).ptr(qsk).ptr(dk).ptr(sk).ptr(counter).f32(nm.eps)
-            }
-            None => args.ptr(0).ptr(0).ptr(0).ptr(0).ptr(0).ptr(0).ptr(0).ptr(0).f32(0.0),
-        };
         let name = intern(format!("mmvq_{}_c{n_rows}", if kform { "kquant_q8_K" } else { "legacy_q8_0" }));
         self.launch("mmvq", name, (total as u32, 1, 1), 128, 0, args)
     }
@@ -297,41 +263,6 @@ impl CudaBackend {
                 .i32(n_rows as i32)
                 .i32(accumulate as i32),
         )
-    }
-
-    /// `res += x·Wᵀ (+ bias)`, then `out = rmsnorm(res)·norm_w`: one GEMV launch whose last block
-    /// normalizes the rows (and writes their 8-bit forms for the next matmul) when the product
-    /// runs on the GEMV (decode rows, a quantized weight) and the row fits; else the two ops.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn op_matmul_add_rmsnorm(&self, w: &CudaWeight, bias: Option<&CudaWeight>, x: &CudaBuffer, n_rows: usize, res: &mut CudaBuffer, norm_w: &CudaWeight, eps: f32, out: &mut CudaBuffer) -> Result<()> {
-        let (k, dim) = (w.k(), w.n_out());
-        let n_sm = self.dev.info.n_sm.max(1) as usize;
-        let fused = fuse_norm()
-            && n_rows > 0
-            && n_rows <= MMVQ_MAX_ROWS
-            && dim <= NORM_AFTER_MAX_DIM
-            && dim % 32 == 0
-            && !w.is_vector()
-            && !is_dense(w.wtype)
-            && kernel_fmt(w.wtype).is_some()
-            && norm_w.wtype == GgmlType::F32
-            && norm_w.is_vector()
-            && norm_w.k() == dim
-            && matmul_plan::choose(w.wtype, k, dim, n_rows, n_sm, self.decode_mode()) == Choice::Gemv;
-        if !fused {
-            self.op_matmul(w, bias, x, n_rows, res, true)?;
-            return self.op_rmsnorm(res, norm_w, eps, n_rows, dim, out);
-        }
-        let bias_ptr = Self::bias_ptr(w, bias)?;
-        if n_rows * k > x.len || n_rows * dim > res.len || n_rows * dim > out.len {
-            return Err(FakError::invalid("matmul", format!("{n_rows} rows of {k} → {dim} exceed the buffers ({} / {} / {})", x.len, res.len, out.len)));
-        }
-        res.written();
-        out.written();
-        let norm = NormAfter { w: norm_w.mem.ptr(), out: out.ptr(), q8: out.q8_ptrs(), eps };
-        self.gemv_quant_norm(&[(w, bias_ptr, res.ptr())], x, n_rows, true, Some(&norm))?;
-        out.set_q8(n_rows * dim, dim % 256 == 0);
-        Ok(())
     }
 
     /// Whether the products now run in a decode step (see [`matmul_plan`]).
