@@ -10,7 +10,7 @@
 // lo(p) .. n_past + p/G (causal), lo(p) = 0, or with a sliding window W > 0 (`window`)
 // max(0, n_past + p/G + 1 − W): llama.cpp's LLAMA_SWA_TYPE_STANDARD, key j seen iff pos − j < W.
 // grid = (n_seqs · tiles_per_seq, n_head_kv, n_split); KV split z covers positions
-// [base + z·split_len, base + (z+1)·split_len), base = lo(first pair of the block) rounded down to
+// [base + z·split_len, base + (z+1)·split_len) (kv_split_len), base = lo(first pair of the block) rounded down to
 // a tile (0 without a window): blocks of the table before base are never read (the engine may
 // have released them), and the window start is derived in the kernel from n_past, so a decode
 // graph captured once stays valid as sequences advance.
@@ -18,6 +18,15 @@
 // KV layout per layer: [block][kv_head][32 slots][D] f16 (block size 32 = one tile). Scores are
 // f32; Q and P are rounded to f16 for the MMAs (as llama.cpp's CUDA flash attention).
 #include "common.cuh"
+
+// Positions per KV split: `split_len` when > 0 (prefill: one split; FAK_CUDA_ATTN_SPLIT=capacity:
+// the batch's context capacity over the launch's splits), else (decode) the block's own range
+// `span` over the n_split splits of the launch, in whole tiles and at least two, so that every
+// split of a short context in a long-capacity batch has work. The combine derives the same.
+FAK_DEVICE int kv_split_len(int split_len, int span, int n_split) {
+    if (split_len > 0) return split_len;
+    return max(64, ((span + n_split - 1) / n_split + 31) & ~31);
+}
 
 template <int D, int NW>
 __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, const u16* __restrict__ vc,
@@ -41,10 +50,11 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
     const int kv_base = window > 0 ? max(0, (int)s.n_past + pair0 / G + 1 - window) & ~(BS - 1) : 0;
     // Splits that hold positions of this block's pairs; the others have nothing to do (and are
     // not counted by the combine).
-    const int n_valid = min(n_split, (L_max - kv_base + split_len - 1) / split_len);
+    const int sl = kv_split_len(split_len, L_max - kv_base, n_split);
+    const int n_valid = min(n_split, (L_max - kv_base + sl - 1) / sl);
     if (split >= n_valid) return;
-    const int kv_lo = kv_base + split * split_len;
-    const int kv_hi = min(kv_lo + split_len, L_max);
+    const int kv_lo = kv_base + split * sl;
+    const int kv_hi = min(kv_lo + sl, L_max);
     const size_t qstride = (size_t)n_head * D;
 
     // This thread's two rows of the warp's 16 pairs: keys [Fa, La) and [Fb, Lb).
@@ -291,7 +301,8 @@ extern "C" __global__ void __launch_bounds__(256) fattn_combine_f32(const SeqRow
     const int h = blockIdx.y, G = n_head / n_head_kv, g = h / G, pl = h - g * G;
     const int L = (int)s.n_past + 1;
     const int kv_base = window > 0 ? max(0, L - window) & ~31 : 0;
-    const int n_valid = min(n_split, (L - kv_base + split_len - 1) / split_len);
+    const int sl = kv_split_len(split_len, L - kv_base, n_split);
+    const int n_valid = min(n_split, (L - kv_base + sl - 1) / sl);
     if (n_valid <= 1) return;
     const size_t base = ((size_t)blockIdx.x * n_head_kv + g) * n_split;
     const int tid = threadIdx.x;

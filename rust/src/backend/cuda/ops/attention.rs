@@ -3,21 +3,33 @@
 //!
 //! Decode batches (every sequence has one new row): one warp-group of ⌈G/16⌉ warps per
 //! (sequence, KV head), the KV range split into `n_split` pieces so that about two waves of
-//! blocks cover the GPU; the split length is fixed by the batch's context capacity (not its
-//! current length), so a captured decode graph stays valid as sequences grow — blocks past a
-//! sequence's length exit at once and the last block to finish combines the partial softmaxes.
+//! blocks cover the GPU. The number of splits is fixed per batch size (a captured decode graph
+//! stays valid as sequences grow); each sequence's current range is cut into that many pieces
+//! of whole tiles (at least 64 positions) by the kernel itself, so a short context in a batch
+//! sized for 128k still keeps every split busy. (Before 2026-12-06 the pieces were cut from the
+//! context capacity: a 32k context in a 128k engine filled a quarter of them and decoded at 0.71
+//! of the speed; `FAK_CUDA_ATTN_SPLIT=capacity` restores that rule.) A separate kernel (or, with
+//! `FAK_CUDA_SAFE`, the last block to finish) combines the partial softmaxes.
 //! Prefill: four warps (64 (row, head) pairs) per block, no split.
 //!
 //! Sliding window ([`AttnParams::window`], `W`): the kernel computes each row's window start from
 //! its position and starts at the tile holding it, so no key outside the window is loaded and the
-//! blocks before it may be released. Decode splits then cover at most `W + 31` positions (the
-//! window plus the alignment to a 32-token tile), counted from that tile, instead of the batch's
-//! context capacity; both are fixed per layer, so captured decode graphs stay valid.
+//! blocks before it may be released. A decode row's range is then at most `W + 31` positions (the
+//! window plus the alignment to a 32-token tile), counted from that tile, and the number of
+//! splits is sized for that span instead of the batch's context capacity (fixed per layer, so
+//! captured decode graphs stay valid).
 
 use super::super::launch::Args;
 use super::super::{intern, AttnScratch, CudaBackend, CudaBatch, CudaBuffer, CudaKvCache, MEMORY};
 use crate::backend::AttnParams;
 use crate::{FakError, Result};
+
+/// `FAK_CUDA_ATTN_SPLIT=capacity`: decode splits cut the batch's context capacity into equal
+/// ranges (the rule before 2026-12-06), instead of each sequence's own range.
+fn split_by_capacity() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var("FAK_CUDA_ATTN_SPLIT").as_deref() == Ok("capacity"))
+}
 
 /// Head dimensions with a compiled attention kernel.
 pub const HEAD_DIMS: [usize; 6] = [16, 32, 64, 80, 96, 128];
@@ -75,8 +87,13 @@ impl CudaBackend {
             let sms = self.dev.info.n_sm.max(1) as usize;
             let want = (2 * sms).div_ceil(n_seqs * n_kv).max(1);
             let n_split = want.min(max_ctx.div_ceil(64)).clamp(1, 128);
-            let split_len = max_ctx.div_ceil(n_split).next_multiple_of(32);
-            (nw, 1, max_ctx.div_ceil(split_len), split_len)
+            if split_by_capacity() {
+                let split_len = max_ctx.div_ceil(n_split).next_multiple_of(32);
+                (nw, 1, max_ctx.div_ceil(split_len), split_len)
+            } else {
+                // 0: each sequence's range over the n_split splits (`kv_split_len` in fattn.cu)
+                (nw, 1, n_split, 0)
+            }
         } else {
             let max_rows = plan.seqs.iter().map(|s| s.n_rows as usize).max().unwrap_or(0);
             (4, (max_rows * g).div_ceil(64), 1, 1 << 30)
