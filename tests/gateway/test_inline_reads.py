@@ -137,6 +137,8 @@ def test_loops_go_to_the_client(start_gateway: Any, http: httpx.Client) -> None:
     assert body["fak"] == {"inline_reads": [], "inline_stopped": "repeat", "served_at": body["fak"]["served_at"]}, \
         "a.py's result is in the conversation three times: not served again"
     assert not InlineReads.is_loop(HISTORY, "read", json.dumps({"path": "a.py"}))
+    twice = HISTORY + [call("c5", "read", {"path": "a.py"}), result("c5", "CONTENT-A"), call("c6", "list", {}), result("c6", "FILES")]
+    assert InlineReads.is_loop(twice, "read", json.dumps({"path": "a.py"})), "answered twice since the last write"
     assert InlineReads.is_loop(HISTORY, "list", json.dumps({}))
     # a write in between starts the count again
     edited = ran + [call("c7", "edit", {"path": "a.py", "old": "1", "new": "2"}), result("c7", "ok"),
