@@ -179,7 +179,7 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
                             output=output, run_id=run_id, keep_workspaces=keep_workspaces,
                             task_env=task_env, envs_dir=envs_dir, specs=specs,
                             unsafe_no_sandbox=unsafe_no_sandbox, live=live, dataset=dataset, **pipeline_opts)
-    from fak.swebench.run import check_attempts
+    from fak.swebench.attempts import check_attempts
 
     try:  # before a server starts: fewer attempts than the output folder holds
         check_attempts(output, attempts)

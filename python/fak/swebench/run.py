@@ -51,7 +51,6 @@ exits at once.
 from __future__ import annotations
 
 import concurrent.futures as cf
-import hashlib
 import json
 import os
 import shutil
@@ -81,6 +80,16 @@ from fak.agent import (
 from fak.agent.trajectory import write_json_atomic
 from fak.agent.workspace import WorkspaceError, git
 from fak.sandbox import SandboxUnavailable, probe
+from fak.swebench.attempts import (  # noqa: F401 (re-exported: the fleet's attempt rules)
+    ATTEMPTS_FILE,
+    ATTEMPTS_FORMAT,
+    SELECT_REASONS,
+    attempt_seed,
+    check_attempts,
+    recorded_attempts,
+    select_attempt,
+    unit_key,
+)
 from fak.swebench.envs import EnvBuilder, EnvError, make_overlay
 from fak.swebench.interpreter import choose_python
 from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
@@ -93,63 +102,6 @@ HIDDEN_FIELDS = ("patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS", "hints_t
 
 #: ``(row without HIDDEN_FIELDS, workspace root) -> [{"path", "line"?, "symbol"?}]``
 Localizer = Callable[[dict[str, Any], Path], list[dict[str, Any]]]
-
-#: the record of finished attempts of a run with ``attempts`` > 1 (read back by a re-run)
-ATTEMPTS_FILE = "attempts.json"
-ATTEMPTS_FORMAT = "fak-attempts/1"
-#: ``select_attempt``'s reasons, in the order of the rule
-SELECT_REASONS = ("submitted_patch", "unsubmitted_patch", "no_patch")
-
-
-def unit_key(instance_id: str, attempt: int) -> str:
-    """The name of attempt ``attempt`` of an instance in file names and conversation ids: the
-    instance id itself for attempt 0 (as in a run without attempts), ``ID.a{k}`` for k >= 1."""
-    return instance_id if attempt == 0 else f"{instance_id}.a{attempt}"
-
-
-def attempt_seed(instance_id: str, attempt: int) -> int:
-    """The sampling seed of attempt ``attempt`` of an instance: 31 bits of SHA-256 of
-    ``ID NUL k`` (deterministic, the same in every run; small enough for any server's seed type
-    after the agent's resample offsets ``+ 1000·step + n``)."""
-    digest = hashlib.sha256(f"{instance_id}\0{attempt}".encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
-
-
-def select_attempt(records: list[dict[str, Any]]) -> tuple[int, str] | None:
-    """The attempt whose patch is an instance's prediction, and why: ``(k, reason)``, or ``None``
-    without a finished attempt. ``records`` are the finished attempts (``attempt``,
-    ``exit_reason``, ``patch``); nothing else is read — never a grading field. The rule: the lowest
-    k that ended ``submitted`` with a non-empty patch (``"submitted_patch"``); else the lowest k
-    with a non-empty patch (``"unsubmitted_patch"``); else the lowest finished k, attempt 0 once it
-    finished (``"no_patch"``: its patch is empty). A patch of only white space counts as empty."""
-    ordered = sorted(records, key=lambda r: int(r["attempt"]))
-    if not ordered:
-        return None
-    for r in ordered:
-        if r["exit_reason"] == "submitted" and str(r["patch"]).strip():
-            return int(r["attempt"]), SELECT_REASONS[0]
-    for r in ordered:
-        if str(r["patch"]).strip():
-            return int(r["attempt"]), SELECT_REASONS[1]
-    return int(ordered[0]["attempt"]), SELECT_REASONS[2]
-
-
-def recorded_attempts(output: Path) -> int:
-    """The ``attempts`` an output folder was run with (``attempts.json``; 1 without one)."""
-    data = _load_json(Path(output) / ATTEMPTS_FILE, None)
-    return int(data.get("attempts") or 1) if isinstance(data, dict) else 1
-
-
-def check_attempts(output: Path, attempts: int) -> None:
-    """Raise ``ValueError`` when ``attempts`` cannot resume ``output``: fewer attempts than it
-    was run with (the results of the attempts above would be silently left out of the choice)."""
-    if attempts < 1:
-        raise ValueError(f"attempts must be >= 1, not {attempts}")
-    before = recorded_attempts(output)
-    if attempts < before:
-        raise ValueError(f"{output} holds a run with --attempts {before} ({ATTEMPTS_FILE}); "
-                         f"resume it with --attempts {before} or more, or use another --output")
-
 
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     """SIGTERM handler of a fleet run: stop as Ctrl-C does (finished results kept, summary final)."""
