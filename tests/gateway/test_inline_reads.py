@@ -194,11 +194,42 @@ def test_read_only_classification(name: str, args: dict[str, Any], ro: bool) -> 
 
 
 def test_store_keeps_the_first_full_result() -> None:
+    from fak.agent.tools import truncate_middle
+
     inline = InlineReads()
     inline.remember("c", HISTORY)
     shortened = [dict(m) for m in HISTORY]
-    shortened[3]["content"] = "CONTENT-A: [cut]"
+    cut = truncate_middle("CONTENT-A: def f(): return 1", 16)  # the fleet agent's observation cut
+    shortened[3]["content"] = cut
     inline.remember("c", shortened)
     assert inline.find("c", shortened, "read", '{"path": "a.py"}') == ("c1", "CONTENT-A: def f(): return 1")
     assert inline.find("c", shortened, "read", '{"path": "b.py"}') is None
-    assert inline.find("other", shortened, "read", '{"path":"a.py"}') == ("c1", "CONTENT-A: [cut]")
+    assert inline.find("other", shortened, "read", '{"path":"a.py"}') == ("c1", cut)
+    # any other shortening is a changed result: what the client sends now is served
+    other = [dict(m) for m in HISTORY]
+    other[3]["content"] = "CONTENT-A: [cut]"
+    inline.remember("c", other)
+    assert inline.find("c", other, "read", '{"path": "a.py"}') == ("c1", "CONTENT-A: [cut]")
+
+
+def test_a_changed_result_replaces_the_kept_one(start_gateway: Any, engine: FakeEngine, http: httpx.Client) -> None:
+    """The gateway serves the result the client sends now: a changed copy of a tool result (say a
+    quarantine's replacement) replaces the text it kept (found by a new-user test: it served the
+    first text). A copy the fleet agent cut in the middle is served in full."""
+    from fak.agent.tools import truncate_middle
+
+    srv = start_gateway(engine=engine, serve_inline_reads=True)
+    first = post(http, srv, HISTORY, conversation="conv-change")
+    assert first["fak"]["inline_reads"][0]["tool"]["content"] == "CONTENT-A: def f(): return 1"
+    changed = HISTORY[:3] + [result("c1", "CONTENT-A: [fak: tool result quarantined]")] + HISTORY[4:]
+    second = post(http, srv, changed, conversation="conv-change")
+    assert second["fak"]["inline_reads"][0]["tool"]["content"] == "CONTENT-A: [fak: tool result quarantined]"
+    # a long result, then the same history with that result cut in the middle by the agent
+    full = "CONTENT-A: " + "".join(f"line {i}\n" for i in range(100))
+    long_history = HISTORY[:3] + [result("c1", full)] + HISTORY[4:]
+    assert post(http, srv, long_history, conversation="conv-cut")["fak"]["inline_reads"][0]["tool"]["content"] == full
+    cut = truncate_middle(full, 200)
+    assert cut != full and cut.startswith("CONTENT-A")
+    cut_history = HISTORY[:3] + [result("c1", cut)] + HISTORY[4:]
+    served = post(http, srv, cut_history, conversation="conv-cut")["fak"]["inline_reads"][0]["tool"]["content"]
+    assert served == full, "the cut copy is served in full"

@@ -312,7 +312,11 @@ def test_attempts_at_temperature_0_and_other_misuse_are_refused(tiny, scripted, 
                           (("--attempts", "0"), "--attempts"),
                           (("--attempts", "2", "--temperature", "0.7", "--ray"), "--ray runs one"),
                           (("--attempts", "2", "--temperature", "0.7", "--agent", "pipeline"),
-                           "--attempts applies to --agent fleet")):
+                           "--attempts applies to --agent fleet"),
+                          # a temperature no request can carry is refused before anything runs
+                          (("--attempts", "2", "--temperature", "nan"), "finite number >= 0"),
+                          (("--temperature", "inf"), "finite number >= 0"),
+                          (("--attempts", "2", "--temperature", "-1"), "finite number >= 0")):
         proc = run_fak(*_run_args(tiny, server, out, *extra), timeout=60)
         assert proc.returncode == 2, (extra, proc.stderr)
         assert "Traceback" not in proc.stderr and needle in proc.stderr, (extra, proc.stderr)

@@ -13,8 +13,11 @@ prefix cache then reuses all of it).
 What counts:
 
 - *conversation*: the ``X-Fak-Conversation`` header (required: without it nothing is served).
-  The gateway keeps the full text of each tool result the first time a request carries it
-  (clients may shorten old observations later), per conversation (LRU).
+  The gateway keeps the full text of each tool result the first time a request carries it,
+  per conversation (LRU): clients may shorten old observations later, and a later copy that is
+  the fleet agent's middle cut of the kept text (``fak.agent.tools.truncate_middle``) is served
+  in full. Any other change of a result replaces the kept text, so the model is never served
+  something the client no longer sends (a quarantine's replacement included).
 - *read-only*: tools ``read``, ``list``, ``search`` (the coding agent's, ``fak.agent.tools``), and
   ``bash`` whose command, as ``fak.policy.shell.analyze`` reads it, runs only read-only commands
   (``cat``, ``head``, ``grep``, ``ls``, ``find`` without actions, ``sed -n`` with print
@@ -45,6 +48,7 @@ What counts:
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -149,6 +153,20 @@ def is_read_only(name: str, arguments: str | dict[str, Any]) -> bool:
         return False
 
 
+#: the line ``fak.agent.tools.truncate_middle`` puts where it cut the middle of a text
+_CUT = re.compile(r"\n\.\.\. \[(\d+) characters cut\] \.\.\.\n")
+
+
+def _is_cut_of(text: str, full: str) -> bool:
+    """Whether ``text`` is ``full`` with its middle cut by ``truncate_middle``."""
+    m = _CUT.search(text)
+    if m is None:
+        return False
+    head, tail = text[: m.start()], text[m.end():]
+    return (full.startswith(head) and full.endswith(tail)
+            and len(full) - len(head) - len(tail) == int(m.group(1)))
+
+
 @dataclass
 class _Conversation:
     results: dict[str, str] = field(default_factory=dict)
@@ -180,7 +198,8 @@ class InlineReads:
         self.refused_repeat = 0
 
     def remember(self, conversation: str, messages: Iterable[dict[str, Any]]) -> None:
-        """Keep the text of each tool result the first time the conversation carries it."""
+        """Keep the text of each tool result the first time the conversation carries it; a
+        changed copy that is not a middle cut of the kept text replaces it."""
         with self._lock:
             conv = self._store.get(conversation)
             if conv is None:
@@ -191,10 +210,17 @@ class InlineReads:
             for m in messages:
                 tid = m.get("tool_call_id")
                 content = m.get("content")
-                if m.get("role") == "tool" and tid and isinstance(content, str) and tid not in conv.results:
-                    if conv.n_bytes + len(content) <= self.max_bytes:
-                        conv.results[tid] = content
-                        conv.n_bytes += len(content)
+                if m.get("role") != "tool" or not tid or not isinstance(content, str):
+                    continue
+                kept = conv.results.get(tid)
+                if kept is not None:
+                    if content == kept or _is_cut_of(content, kept):
+                        continue
+                    del conv.results[tid]  # the client's copy changed: keep the new one
+                    conv.n_bytes -= len(kept)
+                if conv.n_bytes + len(content) <= self.max_bytes:
+                    conv.results[tid] = content
+                    conv.n_bytes += len(content)
 
     def find(self, conversation: str, messages: list[dict[str, Any]], name: str,
              arguments: str) -> tuple[str, str] | None:
@@ -297,7 +323,7 @@ class InlineReads:
             # what the chat template gets (``template_messages``'s form): text content, decoded arguments
             try:
                 targs: Any = json.loads(fn["arguments"])
-            except ValueError:
+            except (ValueError, RecursionError):
                 targs = fn["arguments"]
             convo += [{"role": "assistant", "content": msg.get("content") or "",
                        "tool_calls": [{"id": call["id"], "type": "function",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 import sys
 from pathlib import Path
@@ -150,6 +151,10 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
 
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request drowns the table
     unsafe_no_sandbox = _unsafe_no_sandbox(unsafe_no_sandbox, unsafe_network)
+    if not math.isfinite(temperature) or temperature < 0:
+        # before anything runs: a NaN temperature fails every request, and the agents' "error"
+        # endings would be recorded as finished
+        raise click.BadParameter(f"must be a finite number >= 0, not {temperature}", param_hint="--temperature")
 
     try:
         rows, labels = select(dataset, filter_spec, difficulty_file, list(difficulty_labels))
@@ -163,7 +168,7 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
             raise click.UsageError("--ray runs one attempt per instance for now; run --attempts "
                                    "without --ray (the threaded fleet shares --workers among "
                                    "all attempts).")
-        if temperature <= 0:
+        if temperature == 0:
             raise click.UsageError(f"--attempts {attempts} at --temperature {temperature:g} would "
                                    "give near-identical attempts (greedy decoding: only the agent's "
                                    "resamples of repeated calls would differ): give "

@@ -80,7 +80,7 @@ def arguments_to_json(arguments: Any) -> str | None:
     if isinstance(arguments, str):
         try:
             decoded = json.loads(arguments)
-        except ValueError:
+        except (ValueError, RecursionError):
             return None
         return arguments if isinstance(decoded, dict) else None
     return None
@@ -95,7 +95,7 @@ def parse_tool_call_json(inner: str) -> tuple[str, str] | None:
     """
     try:
         obj = json.loads(inner)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return None
     if not isinstance(obj, dict):
         return None

@@ -112,7 +112,7 @@ class ToolSet:
         if isinstance(arguments, str):
             try:
                 value = json.loads(arguments)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:
                 return CallProblem("invalid_json", f"the arguments of `{name}` are not valid JSON ({exc})")
         else:
             value = dict(arguments)

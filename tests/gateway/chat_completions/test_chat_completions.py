@@ -292,3 +292,17 @@ def test_user_and_metadata_accepted(client: openai.OpenAI) -> None:
     r = client.chat.completions.create(model=MODEL, messages=user("x"), user="u-1", metadata={"k": "v"}, n=1,
                                        response_format={"type": "text"}, store=False)
     assert r.choices[0].message.content
+
+
+def test_arguments_nested_past_the_parser_depth_are_text(http: httpx.Client, gateway: Any) -> None:
+    """An assistant tool call in the history whose arguments nest deeper than Python's JSON parser
+    can go (found by a new-user test: a RecursionError and a 500) is rendered as the text it is."""
+    deep = "[" * 1500 + "]" * 1500  # past the parser's ~1,000 levels, inside the context
+    history = [{"role": "user", "content": "hi"},
+               {"role": "assistant", "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "bash", "arguments": deep}}]},
+               {"role": "tool", "tool_call_id": "c1", "content": "ok"}]
+    for body in ({"model": "fake-qwen", "messages": history},
+                 {"model": "fake-qwen", "messages": history, "tools": [BASH_TOOL]}):
+        r = http.post(gateway.base_url + "/chat/completions", json=body)
+        assert r.status_code == 200, r.text

@@ -174,7 +174,7 @@ def _arguments_value(arguments: str) -> Any:
     # Chat templates (Qwen2.5's included) render arguments with `| tojson`: give them the object.
     try:
         value = json.loads(arguments)
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested past the parser's depth
         return arguments
     return value if isinstance(value, dict) else arguments
 
