@@ -353,3 +353,21 @@ def test_one_attempt_is_the_plain_fleet(tiny, scripted, tmp_path):
     assert all("attempt" not in i and "seed" not in i for i in summary["instances"])
     preds = json.loads((out / "predictions.json").read_text())
     assert sorted(p["instance_id"] for p in preds) == [C1, C2]
+
+
+def test_a_damaged_attempts_record_is_refused_before_anything_runs(tiny, scripted, tmp_path):
+    """A cut-short or edited attempts.json is named and refused (found by a new-user test: it was
+    ignored, so finished attempts ran again and the fewer-attempts check was skipped)."""
+    server = scripted({})
+    for text in ('{"format": "fak-attempts/1", "attempts": 3, "instan',
+                 json.dumps({"format": "fak-attempts/1", "attempts": 2,
+                             "instances": {C1: [{"attempt": "zero", "exit_reason": "submitted", "patch": ""}]}}),
+                 json.dumps({"attempts": 0})):
+        out = tmp_path / f"out{len(text)}"
+        out.mkdir()
+        (out / "attempts.json").write_text(text)
+        proc = run_fak(*_run_args(tiny, server, out, "--attempts", "3", "--temperature", "0.7"), timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert "Traceback" not in proc.stderr and "attempts.json" in proc.stderr, proc.stderr
+        assert (out / "attempts.json").read_text() == text, "left as it was"
+    assert server.requests == []

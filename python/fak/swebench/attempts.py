@@ -52,13 +52,42 @@ def select_attempt(records: list[dict[str, Any]]) -> tuple[int, str] | None:
     return int(ordered[0]["attempt"]), SELECT_REASONS[2]
 
 
-def recorded_attempts(output: Path) -> int:
-    """The ``attempts`` an output folder was run with (``attempts.json``; 1 without one)."""
+def read_ledger(output: Path) -> dict[str, Any] | None:
+    """The record of finished attempts in ``output`` (``attempts.json``), checked; ``None`` when
+    there is none. Raises ``ValueError`` for a record that cannot be read as one (cut short,
+    edited), naming the file, rather than re-running or dropping attempts it may hold."""
+    path = Path(output) / ATTEMPTS_FILE
     try:
-        data = json.loads((Path(output) / ATTEMPTS_FILE).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        data = None
-    return int(data.get("attempts") or 1) if isinstance(data, dict) else 1
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, RecursionError) as e:
+        raise ValueError(f"{path} cannot be read ({e}): fix it, or remove it to run every attempt again") from None
+
+    def bad(why: str) -> ValueError:
+        return ValueError(f"{path} is not a record of attempts ({why}): fix it, or remove it to run every attempt again")
+
+    if not isinstance(data, dict):
+        raise bad("not a JSON object")
+    n = data.get("attempts")
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise bad(f"attempts = {n!r}")
+    instances = data.get("instances") or {}
+    if not isinstance(instances, dict):
+        raise bad("instances is not an object")
+    for iid, recs in instances.items():
+        if not isinstance(recs, list) or not all(
+                isinstance(r, dict) and isinstance(r.get("attempt"), int) and not isinstance(r.get("attempt"), bool)
+                and r["attempt"] >= 0 for r in recs):
+            raise bad(f"the records of {iid} need an integer attempt each")
+    return data
+
+
+def recorded_attempts(output: Path) -> int:
+    """The ``attempts`` an output folder was run with (``attempts.json``; 1 without one).
+    Raises ``ValueError`` as :func:`read_ledger`."""
+    data = read_ledger(output)
+    return int(data["attempts"]) if data is not None else 1
 
 
 def check_attempts(output: Path, attempts: int) -> None:

@@ -86,6 +86,7 @@ from fak.swebench.attempts import (  # noqa: F401 (re-exported: the fleet's atte
     SELECT_REASONS,
     attempt_seed,
     check_attempts,
+    read_ledger,
     recorded_attempts,
     select_attempt,
     unit_key,
@@ -239,8 +240,8 @@ class Fleet:
                        if unit_key(i, k) in ids)
         if clash:
             raise ValueError(f"instance ids clash with attempt names: {', '.join(clash)}")
-        data = _load_json(self.out / ATTEMPTS_FILE, None)
-        if isinstance(data, dict):
+        data = read_ledger(self.out)
+        if data is not None:
             for iid, recs in (data.get("instances") or {}).items():
                 self.ledger[iid] = {int(r["attempt"]): r for r in recs}
         else:
