@@ -10,8 +10,8 @@
 // lo(p) .. n_past + p/G (causal), lo(p) = 0, or with a sliding window W > 0 (`window`)
 // max(0, n_past + p/G + 1 − W): llama.cpp's LLAMA_SWA_TYPE_STANDARD, key j seen iff pos − j < W.
 // grid = (n_seqs · tiles_per_seq, n_head_kv, n_split); KV split z covers positions
-// [base + z·split_len, base + (z+1)·split_len) (kv_split_len), base = lo(first pair of the block) rounded down to
-// a tile (0 without a window): blocks of the table before base are never read (the engine may
+// [base + z·sl, base + (z+1)·sl) (sl: kv_split_len), base = lo(first pair of the block) rounded
+// down to a tile (0 without a window): blocks of the table before base are never read (the engine may
 // have released them), and the window start is derived in the kernel from n_past, so a decode
 // graph captured once stays valid as sequences advance.
 //
