@@ -90,11 +90,18 @@ def recorded_attempts(output: Path) -> int:
     return int(data["attempts"]) if data is not None else 1
 
 
-def check_attempts(output: Path, attempts: int) -> None:
-    """Raise ``ValueError`` when ``attempts`` cannot resume ``output``: fewer attempts than it
-    was run with (the results of the attempts above would be silently left out of the choice)."""
+def check_attempts(output: Path, attempts: int, temperature: float = 0.0) -> None:
+    """Raise ``ValueError`` when a run of ``attempts`` agents per instance at ``temperature`` cannot
+    go into ``output``: more than one attempt at temperature 0 (greedy decoding: only the agent's
+    resamples of repeated calls would differ), or fewer attempts than the folder was run with
+    (the results of the attempts above would be silently left out of the choice); or
+    :func:`read_ledger`'s error for a damaged record."""
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, not {attempts}")
+    if attempts > 1 and temperature <= 0:
+        raise ValueError(f"--attempts {attempts} at --temperature {temperature:g} would give "
+                         "near-identical attempts (greedy decoding: only the agent's resamples of "
+                         "repeated calls would differ): give --temperature above 0, e.g. 0.7.")
     before = recorded_attempts(output)
     if attempts < before:
         raise ValueError(f"{output} holds a run with --attempts {before} ({ATTEMPTS_FILE}); "

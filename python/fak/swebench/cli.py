@@ -168,11 +168,6 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
             raise click.UsageError("--ray runs one attempt per instance for now; run --attempts "
                                    "without --ray (the threaded fleet shares --workers among "
                                    "all attempts).")
-        if temperature == 0:
-            raise click.UsageError(f"--attempts {attempts} at --temperature {temperature:g} would "
-                                   "give near-identical attempts (greedy decoding: only the agent's "
-                                   "resamples of repeated calls would differ): give "
-                                   "--temperature above 0, e.g. 0.7.")
     if agent_name == "pipeline":
         if ray_address is not None:
             raise click.UsageError("--ray runs the fleet agent (--agent fleet) for now.")
@@ -186,8 +181,8 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
                             unsafe_no_sandbox=unsafe_no_sandbox, live=live, dataset=dataset, **pipeline_opts)
     from fak.swebench.attempts import check_attempts
 
-    try:  # before a server starts: fewer attempts than the output folder holds
-        check_attempts(output, attempts)
+    try:  # before a server starts: attempts at temperature 0, fewer than the folder holds
+        check_attempts(output, attempts, temperature)
     except ValueError as e:
         raise click.UsageError(str(e)) from None
     if protocol == "text" and not allow_exec:

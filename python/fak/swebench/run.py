@@ -104,6 +104,7 @@ HIDDEN_FIELDS = ("patch", "test_patch", "FAIL_TO_PASS", "PASS_TO_PASS", "hints_t
 #: ``(row without HIDDEN_FIELDS, workspace root) -> [{"path", "line"?, "symbol"?}]``
 Localizer = Callable[[dict[str, Any], Path], list[dict[str, Any]]]
 
+
 def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     """SIGTERM handler of a fleet run: stop as Ctrl-C does (finished results kept, summary final)."""
     raise KeyboardInterrupt
@@ -199,7 +200,7 @@ class Fleet:
         self._repo_locks: dict[str, threading.Lock] = {}
         self._models: dict[str, OpenAIChatModel] = {}
         self.n_attempts = int(config.attempts)
-        check_attempts(self.out, self.n_attempts)
+        check_attempts(self.out, self.n_attempts, float(config.sampling.get("temperature") or 0.0))
         self.predictions: list[dict[str, Any]] = _load_json(self.out / "predictions.json", [])
         #: finished attempts (attempts > 1): instance id -> attempt -> record (``ATTEMPTS_FILE``)
         self.ledger: dict[str, dict[int, dict[str, Any]]] = {}
@@ -231,10 +232,6 @@ class Fleet:
         """``attempts`` > 1: read what earlier runs finished (``ATTEMPTS_FILE``, or attempt 0 of a
         run without attempts: its predictions and trajectories), then the units still to run,
         attempt-major (every instance's attempt 0 first)."""
-        cfg = self.config
-        if float(cfg.sampling.get("temperature") or 0.0) <= 0.0:
-            raise ValueError(f"{self.n_attempts} attempts at temperature 0 would be near-identical "
-                             "(greedy decoding): give a temperature above 0")
         ids = {r["instance_id"] for r in rows}
         clash = sorted(unit_key(i, k) for i in ids for k in range(1, self.n_attempts)
                        if unit_key(i, k) in ids)
@@ -387,15 +384,15 @@ class Fleet:
             shutil.rmtree(self.out / "envs" / key, ignore_errors=True)
 
     def _task_env(self, row: dict[str, Any], mirror: Path, ws: Any,
-                  traj: Trajectory, unit: str | None = None) -> tuple[dict[str, str], str]:
+                  traj: Trajectory, unit: str) -> tuple[dict[str, str], str]:
         """Build (or reuse) the (repo, version) env, layer a per-instance venv over it with the
         repository installed, and commit what the setup changed, as the harness's instance image
-        does. Returns (bash environment overrides, the commit to diff against)."""
+        does; ``unit`` (``unit_key``: ID, or ID.aK for attempt K) names the venv's folder.
+        Returns (bash environment overrides, the commit to diff against)."""
         key = EnvBuilder.key(row["repo"], str(row["version"]))
         with self._env_builder.lock(key):
             env = self._env_builder.ensure(row["repo"], str(row["version"]), mirror,
                                            row.get("environment_setup_commit") or row["base_commit"])
-        unit = unit or row["instance_id"]  # the unit's name: ID, or ID.aK for attempt K
         overlay = make_overlay(env, self.out / "envs" / unit, ws.root,
                                self.out / "envs" / f"{unit}.install.log")
         git(ws.root, "commit", "--quiet", "--allow-empty", "--no-verify", "-am", "fak: task setup")
@@ -407,12 +404,13 @@ class Fleet:
         return {"PATH": environ["PATH"], "VIRTUAL_ENV": environ["VIRTUAL_ENV"]}, setup_commit
 
     def _pick_python(self, row: dict[str, Any], root: Path, traj: Trajectory,
-                     unit: str | None = None) -> tuple[dict[str, str], str | None]:
+                     unit: str) -> tuple[dict[str, str], str | None]:
         """Without ``task_env``: the interpreter bash runs and the note for the prompt
-        (``interpreter.choose_python``), recorded under ``info.python``."""
+        (``interpreter.choose_python``), recorded under ``info.python``; its shims go under
+        ``envs/<unit>/bin``."""
         choice = choose_python(root, row["repo"], str(row.get("version") or ""),
                                self._env_builder, unsafe_no_sandbox=self.config.unsafe_no_sandbox,
-                               shim_dir=self.out / "envs" / (unit or row["instance_id"]) / "bin")
+                               shim_dir=self.out / "envs" / unit / "bin")
         traj.data["info"]["python"] = {"label": choice.label, "bin": str(choice.bin_dir or ""),
                                        "version": choice.version, "imports": choice.imports,
                                        "tried": choice.tried}
