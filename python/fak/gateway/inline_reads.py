@@ -153,6 +153,17 @@ def is_read_only(name: str, arguments: str | dict[str, Any]) -> bool:
         return False
 
 
+def _tool_calls(messages: Iterable[dict[str, Any]]) -> Iterable[tuple[Any, str, str]]:
+    """``(id, name, arguments as JSON text)`` of every assistant tool call in ``messages``, in
+    order (template dicts: arguments may be decoded objects)."""
+    for m in messages:
+        for tc in m.get("tool_calls") or () if m.get("role") == "assistant" else ():
+            fn = tc.get("function") or {}
+            args = fn.get("arguments", "")
+            text = args if isinstance(args, str) else json.dumps(args, ensure_ascii=False)
+            yield tc.get("id"), str(fn.get("name", "")), text
+
+
 #: the line ``fak.agent.tools.truncate_middle`` puts where it cut the middle of a text
 _CUT = re.compile(r"\n\.\.\. \[(\d+) characters cut\] \.\.\.\n")
 
@@ -231,16 +242,11 @@ class InlineReads:
         want = arguments_digest(arguments)
         answers = {m.get("tool_call_id"): m.get("content") for m in messages if m.get("role") == "tool"}
         found: str | None = None
-        for m in messages:
-            for tc in m.get("tool_calls") or () if m.get("role") == "assistant" else ():
-                fn = tc.get("function") or {}
-                cname, cargs = str(fn.get("name", "")), fn.get("arguments", "")
-                cargs_s = cargs if isinstance(cargs, str) else json.dumps(cargs, ensure_ascii=False)
-                if not is_read_only(cname, cargs_s):
-                    found = None  # a call that may have changed the workspace: earlier reads are stale
-                    continue
-                if cname == name and arguments_digest(cargs_s) == want and tc.get("id") in answers:
-                    found = tc.get("id")
+        for cid, cname, cargs in _tool_calls(messages):
+            if not is_read_only(cname, cargs):
+                found = None  # a call that may have changed the workspace: earlier reads are stale
+            elif cname == name and arguments_digest(cargs) == want and cid in answers:
+                found = cid
         if found is None:
             return None
         with self._lock:
@@ -257,17 +263,12 @@ class InlineReads:
         want = (name, arguments_digest(arguments))
         last: tuple[str, str] | None = None
         same = 0
-        for m in messages:
-            for tc in m.get("tool_calls") or () if m.get("role") == "assistant" else ():
-                fn = tc.get("function") or {}
-                cname, cargs = str(fn.get("name", "")), fn.get("arguments", "")
-                cargs_s = cargs if isinstance(cargs, str) else json.dumps(cargs, ensure_ascii=False)
-                key = (cname, arguments_digest(cargs_s))
-                last = key
-                if not is_read_only(cname, cargs_s):
-                    same = 0
-                elif key == want:
-                    same += 1
+        for _, cname, cargs in _tool_calls(messages):
+            last = (cname, arguments_digest(cargs))
+            if not is_read_only(cname, cargs):
+                same = 0
+            elif last == want:
+                same += 1
         return last == want or same >= 2
 
     async def serve(self, serving: Any, body: bytes, *, req: Any, conversation: str | None,

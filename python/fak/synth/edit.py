@@ -17,8 +17,10 @@ import numpy as np
 def copy_gguf(src: str | Path, dst: str | Path, kv: dict[str, tuple[Any, Any]] | None = None,
               tensors: dict[str, np.ndarray] | None = None) -> Path:
     """Writes a copy of the GGUF ``src`` at ``dst`` with metadata ``kv`` (name → (value,
-    ``gguf.GGUFValueType``)) set, replacing a key the file has, and f32 ``tensors`` added before
-    the file's own. Returns ``dst``."""
+    ``gguf.GGUFValueType``)) set, replacing a key the file has, and ``tensors`` (any shape,
+    stored as f32) added before the file's own; every other key and tensor is copied as it is
+    (GGUF v3, the layout of gguf-py's writer). Returns ``dst``. Raises what gguf-py's reader
+    raises for a file it cannot read (``ValueError`` for one that is not GGUF), and ``OSError``."""
     import gguf
 
     r = gguf.GGUFReader(str(src))
@@ -54,12 +56,15 @@ def copy_gguf(src: str | Path, dst: str | Path, kv: dict[str, tuple[Any, Any]] |
 def with_yarn(src: str | Path, dst: str | Path, factor: float, orig_ctx: int) -> Path:
     """A copy of ``src`` that declares YaRN RoPE scaling (``{arch}.rope.scaling.type`` ``yarn``,
     ``.factor``, ``.original_context_length``), as Qwen2.5's model cards give it for 128k
-    (factor 4 over 32768): fak and llama.cpp both read these keys."""
+    (factor 4 over 32768): fak and llama.cpp both read these keys (llama.cpp's ``llama-arch.cpp``
+    names; ``rust/src/model/rope_scaling.rs``). ``factor``: context extension (dimensionless);
+    ``orig_ctx``: tokens the model was trained on. Errors as :func:`copy_gguf`."""
     import gguf
 
-    r = gguf.GGUFReader(str(src))
-    arch = bytes(r.fields["general.architecture"].parts[-1]).decode()
-    del r
+    from fak.gguf import GGUFFile
+
+    with GGUFFile(src) as f:
+        arch = f.metadata["general.architecture"]
     t = gguf.GGUFValueType
     return copy_gguf(src, dst, kv={
         f"{arch}.rope.scaling.type": ("yarn", t.STRING),
