@@ -34,6 +34,9 @@ def trajectory_counts(run: Path) -> dict[str, int]:
 
 
 def report(run: Path) -> dict[str, Any]:
+    """One row of the table for the run folder ``run``: its ``summary.json`` fields (seconds,
+    instances per hour, tokens per second) and :func:`trajectory_counts`. Raises ``OSError`` /
+    ``ValueError`` when the folder has no readable ``summary.json``."""
     s = json.loads((run / "summary.json").read_text())
     label_file = run / "label"
     tot = s.get("totals") or {}
@@ -55,6 +58,7 @@ def report(run: Path) -> dict[str, Any]:
 
 
 def table(rows: list[dict[str, Any]]) -> str:
+    """The rows of :func:`report` as a Markdown table."""
     cols = [("run", "run"), ("workers", "agents at once"), ("attempts", "attempts"), ("finished", "finished"),
             ("wall_s", "wall s"), ("instances_per_hour", "inst/h"), ("completion_tok_per_wall_s", "completion tok/s"),
             ("completion_tok_s_per_seq", "tok/s per seq"), ("turns", "turns"), ("tool_calls", "tool calls"),
