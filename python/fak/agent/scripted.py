@@ -2,9 +2,10 @@
 
 A script maps an instance id (the part after ``/`` in the ``X-Fak-Conversation`` header; ``"*"``
 for any other) to a list of turns. The fleet's attempt k >= 1 of an instance (``ID.a{k}``) gets
-its own key's turns when the script has that key, else the instance's. The reply to a request is the turn whose index is the number of
-assistant messages already in the request (so the server keeps no conversation state and a retried
-request gets the same turn). Past the end of its list, a conversation gets a submit.
+its own key's turns when the script has that key, else the instance's. The reply to a request is
+the turn whose index is the number of assistant messages already in the request (so the server
+keeps no conversation state and a retried request gets the same turn). Past the end of its list,
+a conversation gets a submit.
 
 A turn (JSON object)::
 
