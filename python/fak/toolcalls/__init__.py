@@ -5,6 +5,11 @@ agent's protocols (``fak.agent.protocols``), so both read a reply the same way.
 - ``hermes``: Qwen2.5 / Hermes ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` blocks
   (and bare call objects) → ``ParsedToolCall`` / ``RejectedCall`` (``ToolCallParser``,
   ``extract_tool_calls``);
+- ``qwen3xml``: Qwen3-Coder ``<tool_call><function=NAME><parameter=P>value</parameter>...``
+  blocks → the same pieces (``Qwen3XmlParser``, ``extract_xml_tool_calls``), values typed by the
+  offered tool's schema;
+- ``formats``: which of the two a model speaks (``detect_tool_call_format``, from its chat
+  template) and each form's parser and forced-call pre-fill (``ToolCallFormat``);
 - ``shell``: fenced shell blocks of text-protocol agents (``BashBlockParser``, ``shell_blocks``);
 - ``schema``: the offered tools and their argument schemas (``ToolSet.check``);
 - ``segmenter``: the streaming marker splitter under both parsers.
@@ -22,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from fak.toolcalls.formats import ToolCallFormat, detect_tool_call_format, format_of_text
 from fak.toolcalls.hermes import (
     TOOL_CALL_CLOSE,
     TOOL_CALL_OPEN,
@@ -33,6 +39,7 @@ from fak.toolcalls.hermes import (
     new_tool_call_id,
     parse_bare_calls,
 )
+from fak.toolcalls.qwen3xml import Qwen3XmlParser, convert_parameter, extract_xml_tool_calls
 from fak.toolcalls.schema import CallProblem, SchemaError, ToolSet
 from fak.toolcalls.segmenter import Block, BlockSegmenter, Text
 from fak.toolcalls.shell import (
@@ -51,17 +58,23 @@ __all__ = [
     "BlockSegmenter",
     "CallProblem",
     "ParsedToolCall",
+    "Qwen3XmlParser",
     "RejectedCall",
     "SchemaError",
     "ShellBlock",
     "Text",
+    "ToolCallFormat",
     "ToolCallParser",
     "ToolSet",
     "bash_command",
     "block_ref",
+    "convert_parameter",
+    "detect_tool_call_format",
     "explain_block",
     "extract_tool_calls",
+    "extract_xml_tool_calls",
     "fence_language",
+    "format_of_text",
     "new_tool_call_id",
     "parse_bare_calls",
     "shell_blocks",

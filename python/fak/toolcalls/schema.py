@@ -6,7 +6,8 @@ against that tool's JSON Schema.
 (JSON Schema drafts 4 to 2020-12, the draft picked from ``$schema``, 2020-12 by default, as
 OpenAI's function calling documents). ``check(name, arguments_json)`` returns ``None`` for a call
 that fits, else the reason in words (``unknown_tool``, ``invalid_json`` or ``schema`` as
-``CallProblem.kind``) so the caller can resample or hand the text back as content.
+``CallProblem.kind``; the XML form's parser adds ``malformed``) so the caller can resample or
+hand the text back as content.
 
 Schemas come from clients, so compiling one never reaches the network or the disk: a ``$ref``
 to anything outside the schema itself is an error (``SchemaError``), and ``pattern`` uses the
@@ -24,6 +25,8 @@ __all__ = ["CallProblem", "SchemaError", "ToolSet"]
 
 #: The shortest example of a failing instance path, in messages (``city``, ``items/0``).
 _MAX_ERRORS = 3
+#: Local ``$ref`` links followed to find a parameter's schema (``ToolSet.parameter_schema``).
+_MAX_REF_HOPS = 8
 
 
 class SchemaError(ValueError):
@@ -40,7 +43,8 @@ class CallProblem:
     """Why a proposed call does not fit the offered tools.
 
     ``kind``: ``"unknown_tool"`` (a name that was not offered), ``"invalid_json"`` (arguments
-    that are not a JSON object) or ``"schema"`` (arguments that fail the tool's schema);
+    that are not a JSON object), ``"schema"`` (arguments that fail the tool's schema) or
+    ``"malformed"`` (a Qwen3-Coder XML call whose markup is broken: cut off, no function name);
     ``message``: what was wrong, in words a model (or a person) can act on.
     """
 
@@ -67,11 +71,14 @@ class ToolSet:
     """The offered tools by name, each with its compiled argument validator (``None``: any object).
 
     Build with ``from_openai``; ``names`` is the set of offered names (in offer order in
-    ``ordered``).
+    ``ordered``); ``schemas`` holds each tool's ``parameters`` JSON Schema as the client sent it
+    (tools without one are absent), which the Qwen3-Coder XML form needs to type its values
+    (``parameter_schema``).
     """
 
     validators: dict[str, Any] = field(default_factory=dict)
     ordered: tuple[str, ...] = ()
+    schemas: dict[str, Mapping[str, Any]] = field(default_factory=dict)
 
     @property
     def names(self) -> frozenset[str]:
@@ -88,6 +95,7 @@ class ToolSet:
         """
         validators: dict[str, Any] = {}
         ordered: list[str] = []
+        schemas: dict[str, Mapping[str, Any]] = {}
         for i, tool in enumerate(tools or ()):
             fn = tool.get("function") or {}
             name = str(fn.get("name") or "")
@@ -101,7 +109,29 @@ class ToolSet:
             if name not in validators:
                 ordered.append(name)
             validators[name] = validator
-        return cls(validators, tuple(ordered))
+            if isinstance(params, Mapping) and params:
+                schemas[name] = params
+            else:
+                schemas.pop(name, None)
+        return cls(validators, tuple(ordered), schemas)
+
+    def parameter_schema(self, tool: str, parameter: str) -> Mapping[str, Any] | None:
+        """The JSON Schema of one parameter of an offered tool (``parameters.properties[parameter]``),
+        a local ``$ref`` (``#/$defs/...``, ``#/definitions/...``) followed; ``None`` when the tool,
+        its schema or that property is not known."""
+        root = self.schemas.get(tool) or {}
+        props = root.get("properties")
+        schema = props.get(parameter) if isinstance(props, Mapping) else None
+        for _ in range(_MAX_REF_HOPS):
+            ref = schema.get("$ref") if isinstance(schema, Mapping) else None
+            if not isinstance(ref, str) or not ref.startswith("#/"):
+                break
+            target: Any = root
+            for part in ref[2:].split("/"):
+                part = part.replace("~1", "/").replace("~0", "~")
+                target = target.get(part) if isinstance(target, Mapping) else None
+            schema = target
+        return schema if isinstance(schema, Mapping) else None
 
     def check(self, name: str, arguments: str | Mapping[str, Any]) -> CallProblem | None:
         """``None`` when ``name`` was offered and ``arguments`` (a JSON object, or its text) fits
