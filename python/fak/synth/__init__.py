@@ -2,10 +2,11 @@
 
 Two kinds of file, both valid GGUF v3 that llama.cpp and fak load:
 
-- **Tiny models** (``write_tiny_model``): a complete qwen2 or llama model of a few hundred KB to a
-  few MB, with the architecture's real tensor names, shapes and metadata keys, a real byte-level
-  BPE tokenizer (``vocab.py``) and the family's chat template. For CI: engine, tokenizer and
-  gateway tests run end to end on them.
+- **Tiny models** (``write_tiny_model``): a complete qwen2, llama, qwen3 or qwen3moe model of a
+  few hundred KB to a few MB, with the architecture's real tensor names, shapes and metadata keys,
+  a real byte-level BPE tokenizer (``vocab.py``) and the family's chat template. For CI: engine,
+  tokenizer and gateway tests run end to end on them, and llama.cpp's outputs on them are the
+  parity goldens of the new architectures (``scripts/make_goldens.py --tiny``).
 - **Twins** (``write_twin``): the exact tensor layout (names, shapes, types, order, alignment) of a
   real file (``like=``) or of a known release (``preset=``), filled with random valid blocks.
   Speed does not depend on weight values, so twins are what speed is measured on when the real
@@ -32,12 +33,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
+import numpy as np
+
 from fak.errors import UnsupportedError
 from fak.gguf import GGUFFile
 from fak.synth.blocks import FORMATS
-from fak.synth.layout import FILE_TYPES, MIXES, ArchConfig, TensorSpec, quant_types, tensor_layout
+from fak.synth.layout import FILE_TYPES, MIXES, Arch, ArchConfig, TensorSpec, quant_types, tensor_layout
 from fak.synth.vocab import FAMILIES, TokenizerSpec, build_tokenizer
-from fak.synth.writer import GGUFPlan, MetaEntry, write_plan
+from fak.synth.writer import GGUFPlan, MetaEntry, router_std, write_plan
 
 __all__ = [
     "MIXES",
@@ -50,17 +53,19 @@ __all__ = [
     "build_tokenizer",
     "plan_tiny_model",
     "plan_twin",
+    "router_tie_rows",
     "write_plan",
     "write_tiny_model",
     "write_twin",
 ]
 
-QWEN2_SPECIAL_BASE = 151643  # id of <|endoftext|> in Qwen2.5's vocabulary
+QWEN2_SPECIAL_BASE = 151643  # id of <|endoftext|> in Qwen2.5's (and Qwen3's) vocabulary
 
 
 @dataclass(frozen=True)
 class Preset:
-    """A known release's layout: hyper-parameters, quant mix and ``general.*`` naming."""
+    """A known release's layout: hyper-parameters, quant mix and ``general.*`` naming
+    (``finetune`` empty: no ``general.finetune`` key)."""
 
     config: ArchConfig
     mix: str
@@ -85,16 +90,54 @@ PRESETS: dict[str, Preset] = {
                    n_ctx_train=32768, rope_freq_base=1e6, rms_eps=1e-6, tied_embeddings=False, attn_bias=True),
         mix="Q4_K_M", name="Qwen2.5 Coder 1.5B Instruct", basename="Qwen2.5-Coder", finetune="Instruct",
         size_label="1.5B", special_base=QWEN2_SPECIAL_BASE),
+    # Qwen3-Coder-30B-A3B-Instruct, Q4_K_M (17.28 GiB, 579 tensors: 241 F32, 289 Q4_K, 49 Q6_K).
+    # Hyper-parameters: its config.json (hidden 2048, 48 layers, 32 heads of head_dim 128, 4 KV heads,
+    # intermediate 5472, 128 experts, 8 per token, moe_intermediate 768, vocab 151936, 262144
+    # positions, rope_theta 1e7, rms_norm_eps 1e-6, untied lm_head). Metadata keys and their order:
+    # the llama.cpp loader log of unsloth's Qwen3-Coder-30B-A3B-Instruct GGUF (also
+    # expert_shared_feed_forward_length = 0). Types: llama.cpp's Q4_K_M rule over the quantizer's
+    # layer order (layout.py): attn_v and ffn_down_exps Q6_K in the 24 layers where
+    # use_more_bits(layer, 48) holds, output Q6_K, router and norms F32, the rest Q4_K; the type
+    # counts and the 17.28 GiB are those of the published Q4_K_M of the same architecture
+    # (unsloth Qwen3-30B-A3B-Q4_K_M.gguf: "type f32: 241, q4_K: 289, q6_K: 49, 17.28 GiB").
+    "qwen3-coder-30b-a3b-q4_k_m": Preset(
+        ArchConfig("qwen3moe", n_layer=48, n_embd=2048, n_head=32, n_head_kv=4, n_ff=5472, n_vocab=151936,
+                   n_ctx_train=262144, rope_freq_base=1e7, rms_eps=1e-6, tied_embeddings=False, attn_bias=False,
+                   n_embd_head=128, qk_norm=True, n_expert=128, n_expert_used=8, n_ff_exp=768),
+        mix="Q4_K_M", name="Qwen3 Coder 30B A3B Instruct", basename="Qwen3-Coder", finetune="Instruct",
+        size_label="30B-A3B", special_base=QWEN2_SPECIAL_BASE),
+    # Qwen3-8B, Q4_K_M (Qwen/Qwen3-8B config.json: hidden 4096, 36 layers, 32 heads of head_dim 128,
+    # 8 KV heads, intermediate 12288, vocab 151936, 40960 positions, rope_theta 1e6, rms_norm_eps 1e-6,
+    # untied lm_head); llama.cpp's Q4_K_M rule as above (18 layers' attn_v / ffn_down in Q6_K).
+    "qwen3-8b-q4_k_m": Preset(
+        ArchConfig("qwen3", n_layer=36, n_embd=4096, n_head=32, n_head_kv=8, n_ff=12288, n_vocab=151936,
+                   n_ctx_train=40960, rope_freq_base=1e6, rms_eps=1e-6, tied_embeddings=False, attn_bias=False,
+                   n_embd_head=128, qk_norm=True),
+        mix="Q4_K_M", name="Qwen3 8B", basename="Qwen3", finetune="", size_label="8B",
+        special_base=QWEN2_SPECIAL_BASE),
+}
+
+# Per-family defaults of the tiny models: (rope_freq_base, rms_eps, tied, attn_bias).
+_TINY_DEFAULTS: dict[str, tuple[float, float, bool, bool]] = {
+    "qwen2": (1e6, 1e-6, False, True),
+    "llama": (5e5, 1e-5, True, False),
+    "qwen3": (1e6, 1e-6, False, False),
+    "qwen3moe": (1e7, 1e-6, False, False),
 }
 
 
 def _model_metadata(cfg: ArchConfig, *, name: str, file_type: int, tokenizer: list[MetaEntry],
-                    general: list[tuple[str, str]], provenance: str) -> list[MetaEntry]:
-    """Metadata in the order llama.cpp's converter writes it (as the real Qwen2.5 files show)."""
+                    general: list[tuple[str, str]], provenance: str,
+                    arch_extra: list[MetaEntry] | None = None) -> list[MetaEntry]:
+    """Metadata in the order llama.cpp writes it: the converter's order for qwen2 / llama (as the
+    real Qwen2.5 files show), and for qwen3 / qwen3moe the order of the real Qwen3 GGUFs' loader
+    logs (``expert_used_count`` between the norm epsilon and ``key_length``, the expert sizes
+    after ``value_length``, ``general.file_type`` last, after ``quantization_version``).
+    ``arch_extra`` (e.g. sliding-window keys) follows the architecture's own keys."""
     a = cfg.arch
     meta = [MetaEntry("general.architecture", "STRING", a), MetaEntry("general.type", "STRING", "model"),
             MetaEntry("general.name", "STRING", name)]
-    meta += [MetaEntry(f"general.{k}", "STRING", v) for k, v in general]
+    meta += [MetaEntry(f"general.{k}", "STRING", v) for k, v in general if v]
     meta += [
         MetaEntry(f"{a}.block_count", "UINT32", cfg.n_layer),
         MetaEntry(f"{a}.context_length", "UINT32", cfg.n_ctx_train),
@@ -105,15 +148,26 @@ def _model_metadata(cfg: ArchConfig, *, name: str, file_type: int, tokenizer: li
         MetaEntry(f"{a}.rope.freq_base", "FLOAT32", cfg.rope_freq_base),
         MetaEntry(f"{a}.attention.layer_norm_rms_epsilon", "FLOAT32", cfg.rms_eps),
     ]
-    if a == "llama":
-        meta += [MetaEntry("llama.attention.key_length", "UINT32", cfg.head_dim),
-                 MetaEntry("llama.attention.value_length", "UINT32", cfg.head_dim)]
-    meta.append(MetaEntry("general.file_type", "UINT32", file_type))
+    if cfg.is_moe:
+        meta.append(MetaEntry(f"{a}.expert_used_count", "UINT32", cfg.n_expert_used))
+    if a in ("llama", "qwen3", "qwen3moe"):
+        meta += [MetaEntry(f"{a}.attention.key_length", "UINT32", cfg.head_dim),
+                 MetaEntry(f"{a}.attention.value_length", "UINT32", cfg.head_dim)]
+    if cfg.is_moe:
+        meta += [MetaEntry(f"{a}.expert_count", "UINT32", cfg.n_expert),
+                 MetaEntry(f"{a}.expert_feed_forward_length", "UINT32", cfg.n_ff_exp),
+                 MetaEntry(f"{a}.expert_shared_feed_forward_length", "UINT32", 0)]
+    meta += arch_extra or []
+    late_file_type = a in ("qwen3", "qwen3moe")
+    if not late_file_type:
+        meta.append(MetaEntry("general.file_type", "UINT32", file_type))
     if a == "llama":
         meta += [MetaEntry("llama.vocab_size", "UINT32", cfg.n_vocab),
                  MetaEntry("llama.rope.dimension_count", "UINT32", cfg.head_dim)]
     meta += tokenizer
     meta.append(MetaEntry("general.quantization_version", "UINT32", 2))
+    if late_file_type:
+        meta.append(MetaEntry("general.file_type", "UINT32", file_type))
     meta.append(MetaEntry("fak.synthetic", "STRING", provenance))
     return meta
 
@@ -122,12 +176,14 @@ def _tokenizer_entries(spec: TokenizerSpec) -> list[MetaEntry]:
     return [MetaEntry(k, t, v) for k, t, v in spec.metadata()]
 
 
-def plan_tiny_model(arch: Literal["qwen2", "llama"] = "qwen2", *, n_layer: int = 2, n_embd: int = 64,
+def plan_tiny_model(arch: Arch = "qwen2", *, n_layer: int = 2, n_embd: int = 64,
                     n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_vocab: int | None = None,
                     ctx: int = 2048, weight_type: str = "Q8_0", tied_embeddings: bool | None = None,
                     tensor_types: dict[str, str] | None = None, rope_freq_base: float | None = None,
                     rms_eps: float | None = None, sliding_window: int | None = None,
-                    sliding_window_pattern: int | list[bool] | None = None, seed: int = 0) -> GGUFPlan:
+                    sliding_window_pattern: int | list[bool] | None = None, head_dim: int | None = None,
+                    n_expert: int | None = None, n_expert_used: int | None = None, n_ff_exp: int | None = None,
+                    router_ties: int = 0, seed: int = 0) -> GGUFPlan:
     """The plan (metadata and tensor layout) of a tiny model; ``write_tiny_model`` writes it.
 
     Arguments are those of ``write_tiny_model``. Raises ``ValueError`` for inconsistent sizes or an
@@ -135,24 +191,75 @@ def plan_tiny_model(arch: Literal["qwen2", "llama"] = "qwen2", *, n_layer: int =
     """
     if arch not in FAMILIES:
         raise ValueError(f"unknown architecture {arch!r}; fak.synth writes: {', '.join(FAMILIES)}")
+    moe = arch == "qwen3moe"
+    if not moe and any(v is not None for v in (n_expert, n_expert_used, n_ff_exp)) or (not moe and router_ties):
+        raise ValueError(f"n_expert, n_expert_used, n_ff_exp and router_ties apply to qwen3moe, not {arch}")
+    if head_dim is not None and arch not in ("qwen3", "qwen3moe"):
+        raise ValueError(f"head_dim applies to qwen3 / qwen3moe; {arch}'s head dimension is n_embd / n_head")
+    if arch in ("qwen3", "qwen3moe") and head_dim is None:
+        if (2 * n_embd) % n_head:
+            raise ValueError(f"2 * n_embd ({2 * n_embd}) is not a multiple of n_head {n_head}: give head_dim")
+        head_dim = 2 * n_embd // n_head  # q_dim = 2 * n_embd != n_embd, as in Qwen3-30B-A3B
     tok = build_tokenizer(arch, n_vocab)
-    is_qwen = arch == "qwen2"
+    rope_default, eps_default, tied_default, bias = _TINY_DEFAULTS[arch]
     cfg = ArchConfig(
         arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, n_vocab=tok.n_vocab,
-        n_ctx_train=ctx, rope_freq_base=rope_freq_base or (1e6 if is_qwen else 5e5),
-        rms_eps=rms_eps or (1e-6 if is_qwen else 1e-5),
-        tied_embeddings=(not is_qwen) if tied_embeddings is None else tied_embeddings, attn_bias=is_qwen)
+        n_ctx_train=ctx, rope_freq_base=rope_freq_base or rope_default, rms_eps=rms_eps or eps_default,
+        tied_embeddings=tied_default if tied_embeddings is None else tied_embeddings, attn_bias=bias,
+        n_embd_head=head_dim, qk_norm=arch in ("qwen3", "qwen3moe"),
+        n_expert=(32 if n_expert is None else n_expert) if moe else 0,
+        n_expert_used=(4 if n_expert_used is None else n_expert_used) if moe else 0,
+        n_ff_exp=(n_embd if n_ff_exp is None else n_ff_exp) if moe else 0)
+    if moe and cfg.n_expert < 2:
+        raise ValueError(f"a qwen3moe model needs at least 2 experts, got {cfg.n_expert}")
     tensors = tensor_layout(cfg)
-    quant_types(tensors, weight_type, n_layer=n_layer, overrides=tensor_types)
+    quant_types(tensors, weight_type, n_layer=n_layer, overrides=tensor_types, n_expert=cfg.n_expert)
+    values = {}
+    if router_ties:
+        if router_ties < 2 or router_ties > cfg.n_expert:
+            raise ValueError(f"router_ties {router_ties} must be a group size in 2..n_expert ({cfg.n_expert})")
+        for t in tensors:
+            if t.role == "router":
+                if t.dtype != "F32":
+                    raise ValueError(f"router_ties needs F32 routers, {t.name} is {t.dtype}")
+                values[t.name] = _tied_router_fill(cfg.n_expert, cfg.n_embd, router_ties)
     file_type = FILE_TYPES.get(weight_type, 0)
+    what = f"tiny {arch} model, weight_type {weight_type}"
+    if router_ties:
+        what += f", router rows tied in groups of {router_ties}"
     meta = _model_metadata(cfg, name=f"fak tiny {arch}", file_type=file_type, tokenizer=_tokenizer_entries(tok),
                            general=[("size_label", _size_label(cfg))],
-                           provenance=f"tiny {arch} model, weight_type {weight_type}, random weights (seed {seed})")
-    swa = _sliding_window_entries(arch, n_layer, sliding_window, sliding_window_pattern)
-    if swa:
-        at = next(i for i, e in enumerate(meta) if e.key == "general.file_type")
-        meta[at:at] = swa
-    return GGUFPlan(arch, meta, tensors)
+                           provenance=f"{what}, random weights (seed {seed})",
+                           arch_extra=_sliding_window_entries(arch, n_layer, sliding_window, sliding_window_pattern))
+    return GGUFPlan(arch, meta, tensors, values=values)
+
+
+def router_tie_rows(n_expert: int, n_embd: int, group: int, rng: np.random.Generator) -> np.ndarray:
+    """Router weights ``[n_expert, n_embd]`` (float32) whose rows tie in groups of ``group``.
+
+    Experts ``g*j .. g*j + g - 1`` share one random row (std ``router_std(n_embd)``), so their
+    router logits are bit-identical for every token: an exact tie. With ``group >= 3`` the last
+    expert of each group gets that row moved by one ulp towards +inf in every element
+    (``np.nextafter``): its logit differs from the others' by rounding-level amounts, a near tie.
+    With ``n_expert_used`` not a multiple of ``group``, some group always straddles the top-k
+    boundary, so which tied expert llama.cpp keeps is exercised on every token.
+    """
+    n_groups = -(-n_expert // group)
+    base = (rng.standard_normal((n_groups, n_embd), dtype=np.float32)
+            * np.float32(router_std(n_embd))).astype(np.float32)
+    rows = base[np.arange(n_expert) // group].copy()
+    if group >= 3:
+        last = np.arange(n_expert) % group == group - 1
+        rows[last] = np.nextafter(rows[last], np.float32(np.inf))
+    return rows
+
+
+def _tied_router_fill(n_expert: int, n_embd: int, group: int):  # type: ignore[no-untyped-def]
+    def fill(rng: np.random.Generator, count: int) -> np.ndarray:
+        if count != n_expert * n_embd:
+            raise AssertionError(f"router written in chunks of {count}, expected {n_expert * n_embd}")
+        return router_tie_rows(n_expert, n_embd, group, rng).astype("<f4").view(np.uint8).reshape(-1)
+    return fill
 
 
 def _sliding_window_entries(arch: str, n_layer: int, window: int | None,
@@ -179,29 +286,40 @@ def _sliding_window_entries(arch: str, n_layer: int, window: int | None,
     return out
 
 
-def write_tiny_model(path: str | os.PathLike[str], arch: Literal["qwen2", "llama"] = "qwen2", *,
+def write_tiny_model(path: str | os.PathLike[str], arch: Arch = "qwen2", *,
                      n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128,
                      n_vocab: int | None = None, ctx: int = 2048, weight_type: str = "Q8_0",
                      tied_embeddings: bool | None = None, tensor_types: dict[str, str] | None = None,
                      rope_freq_base: float | None = None, rms_eps: float | None = None,
                      sliding_window: int | None = None, sliding_window_pattern: int | list[bool] | None = None,
-                     seed: int = 0) -> Path:
-    """Write a complete tiny ``qwen2`` or ``llama`` model to ``path`` and return the path.
+                     head_dim: int | None = None, n_expert: int | None = None, n_expert_used: int | None = None,
+                     n_ff_exp: int | None = None, router_ties: int = 0, seed: int = 0) -> Path:
+    """Write a complete tiny ``qwen2``, ``llama``, ``qwen3`` or ``qwen3moe`` model to ``path`` and
+    return the path.
 
     Args:
         arch: ``"qwen2"`` (Q/K/V biases, untied ``output.weight``, rope base 1e6, eps 1e-6, Qwen2.5
-            tokenizer conventions and ChatML template with tools) or ``"llama"`` (no biases, tied
-            embeddings so no ``output.weight``, rope base 5e5, eps 1e-5, Llama 3 conventions).
-        n_layer, n_embd, n_head, n_head_kv, n_ff: hyper-parameters; ``n_embd % n_head == 0`` and
-            ``n_head % n_head_kv == 0``. The head dimension is ``n_embd // n_head`` (16 by default).
+            tokenizer conventions and ChatML template with tools), ``"llama"`` (no biases, tied
+            embeddings so no ``output.weight``, rope base 5e5, eps 1e-5, Llama 3 conventions),
+            ``"qwen3"`` (no biases, per-head Q/K RMSNorm ``attn_q_norm`` / ``attn_k_norm``, untied,
+            rope base 1e6, eps 1e-6, Qwen3's 26 special tokens, a Qwen3 template: Hermes JSON tool
+            calls and ``<think>``) or ``"qwen3moe"`` (qwen3 attention and an MoE FFN: router
+            ``ffn_gate_inp`` and stacked experts ``ffn_{gate,up,down}_exps``, rope base 1e7 as
+            Qwen3-Coder, a Qwen3-Coder template: XML tool calls ``<function=NAME><parameter=P>``).
+        n_layer, n_embd, n_head, n_head_kv, n_ff: hyper-parameters; ``n_head % n_head_kv == 0``.
+            For qwen2 / llama the head dimension is ``n_embd // n_head`` (16 by default). For
+            qwen3moe ``n_ff`` is only the ``feed_forward_length`` key (llama.cpp reads the experts'
+            size from ``expert_feed_forward_length``).
         n_vocab: vocabulary size; default: the tokenizer's 256 bytes + 400 merges + specials rounded
-            up to a multiple of 64 (704 for qwen2, 704 for llama); larger values pad the vocabulary.
+            up to a multiple of 64 (704 for every family); larger values pad the vocabulary.
         ctx: ``{arch}.context_length`` (tokens).
-        weight_type: type of every 2-D weight (``"Q8_0"``, ``"Q4_0"``, ``"Q4_K"``, ``"Q6_K"``,
-            ``"F16"``, ... any of ``fak.synth.blocks.FORMATS``), or ``"Q4_K_M"`` for llama.cpp's mix.
-            Where the row length (``n_embd``, or ``n_ff`` for ``ffn_down``) is not a multiple of
-            the type's block size, the tensor falls back as llama.cpp does (Q4_K → Q5_0, Q6_K →
-            Q8_0, ...): use ``n_embd=256, n_ff=512`` to get real K-quant tensors.
+        weight_type: type of every 2-D and 3-D weight (``"Q8_0"``, ``"Q4_0"``, ``"Q4_K"``,
+            ``"Q6_K"``, ``"F16"``, ... any of ``fak.synth.blocks.FORMATS``), or ``"Q4_K_M"`` for
+            llama.cpp's mix; MoE routers stay F32 as in real files. Where the row length
+            (``n_embd``, or ``n_ff`` / ``n_ff_exp`` for the down projections, ``n_head * head_dim``
+            for ``attn_output``) is not a multiple of the type's block size, the tensor falls back
+            as llama.cpp does (Q4_K → Q5_0, Q6_K → Q8_0, ...): use ``n_embd=256, n_ff=512`` (and
+            ``n_ff_exp=256``) to get real K-quant tensors.
         tied_embeddings: override the family default.
         tensor_types: tensor name → type overrides (e.g. ``{"output.weight": "Q6_K"}``).
         rope_freq_base, rms_eps: override the family defaults.
@@ -211,23 +329,36 @@ def write_tiny_model(path: str | os.PathLike[str], arch: Literal["qwen2", "llama
             bool per layer (True: windowed; what llama.cpp's converter writes from Hugging Face's
             ``layer_types``) or an int period ``n`` (llama.cpp's ``set_swa_pattern``: layer ``il``
             windowed iff ``n == 0 or il % n < n - 1``). None: no key (every layer windowed).
+        head_dim: qwen3 / qwen3moe only: ``attention.key_length`` = ``value_length``. Default
+            ``2 * n_embd // n_head``, so that ``n_head * head_dim`` (the rows of ``attn_q``) is not
+            ``n_embd``, as in Qwen3-30B-A3B (2048 = 32 heads × 64, but its heads are 128 wide).
+        n_expert, n_expert_used, n_ff_exp: qwen3moe only: ``expert_count`` (default 32, more than
+            16 so that llama.cpp's expert sort takes the same introsort path as with the real 128),
+            ``expert_used_count`` (default 4) and ``expert_feed_forward_length`` (default
+            ``n_embd``). Router weights have std ``fak.synth.writer.router_std(n_embd)``: peaked,
+            token-dependent routing.
+        router_ties: qwen3moe only: when >= 2, each layer's router rows tie in groups of this size
+            (``router_tie_rows``: exact ties, and one-ulp near ties for groups of 3 or more).
         seed: seed of the random weights (same arguments and seed → identical file).
 
     Raises:
-        ValueError: inconsistent sizes, unknown architecture or type.
+        ValueError: inconsistent sizes, an argument given to an architecture without it, unknown
+            architecture or type.
         OSError: the file cannot be written.
     """
     plan = plan_tiny_model(arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff,
                            n_vocab=n_vocab, ctx=ctx, weight_type=weight_type, tied_embeddings=tied_embeddings,
                            tensor_types=tensor_types, rope_freq_base=rope_freq_base, rms_eps=rms_eps,
-                           sliding_window=sliding_window, sliding_window_pattern=sliding_window_pattern, seed=seed)
+                           sliding_window=sliding_window, sliding_window_pattern=sliding_window_pattern,
+                           head_dim=head_dim, n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
+                           router_ties=router_ties, seed=seed)
     return write_plan(path, plan, seed=seed)
 
 
 def _size_label(cfg: ArchConfig) -> str:
     n = cfg.n_vocab * cfg.n_embd * (1 if cfg.tied_embeddings else 2)
-    n += cfg.n_layer * (2 * cfg.n_embd * cfg.n_embd + 2 * cfg.n_embd * cfg.n_head_kv * cfg.head_dim
-                        + 3 * cfg.n_embd * cfg.n_ff)
+    ffn = (3 * cfg.n_ff_exp + 1) * cfg.n_expert * cfg.n_embd if cfg.is_moe else 3 * cfg.n_embd * cfg.n_ff
+    n += cfg.n_layer * (2 * cfg.n_embd * cfg.q_dim + 2 * cfg.n_embd * cfg.n_head_kv * cfg.head_dim + ffn)
     for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= div:
             return f"{n / div:.1f}".rstrip("0").rstrip(".") + unit
@@ -323,7 +454,7 @@ def plan_twin(*, like: str | os.PathLike[str] | None = None, preset: str | None 
     p = PRESETS[preset]
     cfg = p.config
     tensors = tensor_layout(cfg)
-    quant_types(tensors, p.mix, n_layer=cfg.n_layer)
+    quant_types(tensors, p.mix, n_layer=cfg.n_layer, n_expert=cfg.n_expert)
     if tokenizer_from is not None:
         tok = _copy_tokenizer(tokenizer_from, cfg.n_vocab)
     else:
@@ -344,13 +475,15 @@ def write_twin(path: str | os.PathLike[str], *, like: str | os.PathLike[str] | N
             type and value, tokenizer and chat template included) and tensor layout (names,
             shapes, types, order, alignment), so tensor offsets relative to the data section are
             identical; ``fak.synthetic`` is the only key added. Written as GGUF v3.
-        preset: a name in ``PRESETS`` (``"qwen2.5-7b-q4_k_m"``, ``"qwen2.5-coder-1.5b-q4_k_m"``):
-            the release's hyper-parameters and llama.cpp's Q4_K_M types (see ``layout.py``).
+        preset: a name in ``PRESETS`` (``"qwen2.5-7b-q4_k_m"``, ``"qwen2.5-coder-1.5b-q4_k_m"``,
+            ``"qwen3-8b-q4_k_m"``, ``"qwen3-coder-30b-a3b-q4_k_m"``): the release's
+            hyper-parameters and llama.cpp's Q4_K_M types (see ``layout.py`` and the sources
+            beside each preset). Written in streams: a few tens of MB of memory at any size.
         seed: seed of the random weights.
         tokenizer_from: a real GGUF whose ``tokenizer.*`` keys the twin carries (its vocabulary
             padded with unused ``[PAD<id>]`` tokens to the model's rows). Without it a preset twin
             gets fak's synthetic BPE padded to the model's vocabulary, with the specials at Qwen's
-            ids (``<|endoftext|>`` = 151643, ``<|im_end|>`` = 151645).
+            ids (``<|endoftext|>`` = 151643, ``<|im_end|>`` = 151645; Qwen3's ``<think>`` = 151667).
         progress: called as ``progress(done_bytes, total_bytes)`` while the data is written.
 
     Raises:

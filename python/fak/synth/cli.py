@@ -11,13 +11,14 @@ from fak.errors import FakError
 from fak.synth import PRESETS, plan_tiny_model, plan_twin, write_plan
 from fak.synth.blocks import FORMATS
 from fak.synth.layout import MIXES
+from fak.synth.vocab import FAMILIES
 
 __all__ = ["synth_command"]
 
 
 @click.command("synth")
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--tiny", type=click.Choice(["qwen2", "llama"]), help="A tiny model of this architecture (CI-sized).")
+@click.option("--tiny", type=click.Choice(list(FAMILIES)), help="A tiny model of this architecture (CI-sized).")
 @click.option("--like", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="A twin of this real GGUF: same header and tensor layout, random weights.")
 @click.option("--preset", type=click.Choice(sorted(PRESETS)), help="A twin of a known release's layout.")
@@ -33,9 +34,16 @@ __all__ = ["synth_command"]
               help="With --tiny: which layers are windowed ({arch}.attention.sliding_window_pattern): an int "
                    "period N (llama.cpp's: layer i windowed iff N == 0 or i % N < N - 1) or one 0/1 per layer.")
 @click.option("--n-layer", type=click.IntRange(min=1), default=None, help="With --tiny: transformer blocks [default: 2].")
+@click.option("--tied/--untied", "tied", default=None,
+              help="With --tiny: tie output.weight to token_embd.weight, or write both [default: the family's].")
+@click.option("--n-expert", type=click.IntRange(min=2), default=None,
+              help="With --tiny qwen3moe: experts per layer (expert_count) [default: 32].")
+@click.option("--n-expert-used", type=click.IntRange(min=1), default=None,
+              help="With --tiny qwen3moe: experts chosen per token (expert_used_count) [default: 4].")
 def synth_command(out: Path, tiny: str | None, like: Path | None, preset: str | None, seed: int,
                   tokenizer_from: Path | None, weight_type: str, sliding_window: int | None = None,
-                  sliding_window_pattern: str | None = None, n_layer: int | None = None) -> None:
+                  sliding_window_pattern: str | None = None, n_layer: int | None = None, tied: bool | None = None,
+                  n_expert: int | None = None, n_expert_used: int | None = None) -> None:
     """Write a synthetic GGUF model to OUT: real names, shapes, types and metadata, random valid weights."""
     from rich.console import Console
     from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn, TransferSpeedColumn
@@ -44,8 +52,10 @@ def synth_command(out: Path, tiny: str | None, like: Path | None, preset: str | 
         raise click.UsageError("give exactly one of --tiny ARCH, --like REAL.gguf, --preset NAME")
     if tiny and tokenizer_from:
         raise click.UsageError("--tokenizer-from applies to twins (--like/--preset), not --tiny")
-    if not tiny and (sliding_window is not None or sliding_window_pattern is not None or n_layer is not None):
-        raise click.UsageError("--sliding-window, --sliding-window-pattern and --n-layer apply to --tiny")
+    if not tiny and any(x is not None for x in (sliding_window, sliding_window_pattern, n_layer, tied)):
+        raise click.UsageError("--sliding-window, --sliding-window-pattern, --n-layer and --tied/--untied apply to --tiny")
+    if tiny != "qwen3moe" and (n_expert is not None or n_expert_used is not None):
+        raise click.UsageError("--n-expert and --n-expert-used apply to --tiny qwen3moe")
     pattern: int | list[bool] | None = None
     if sliding_window_pattern is not None:
         try:
@@ -58,7 +68,8 @@ def synth_command(out: Path, tiny: str | None, like: Path | None, preset: str | 
         if tiny:
             plan = plan_tiny_model(tiny, weight_type=weight_type.upper(), seed=seed,  # type: ignore[arg-type]
                                    n_layer=n_layer or 2, sliding_window=sliding_window,
-                                   sliding_window_pattern=pattern)
+                                   sliding_window_pattern=pattern, tied_embeddings=tied,
+                                   n_expert=n_expert, n_expert_used=n_expert_used)
         else:
             plan = plan_twin(like=like, preset=preset, seed=seed, tokenizer_from=tokenizer_from)
     except (FakError, ValueError) as exc:

@@ -1,21 +1,42 @@
 """Tensor layouts of real architectures and llama.cpp's choice of quant type per tensor.
 
-Names and shapes: llama.cpp's tensor names (``gguf-py`` ``MODEL_TENSORS``) for ``qwen2`` and
-``llama``. Order: the order ``convert_hf_to_gguf.py`` emits them for a single-file Hugging Face
-checkpoint, i.e. sorted by Hugging Face name (``lm_head`` < ``model.embed_tokens`` <
+Names and shapes: llama.cpp's tensor names (``gguf-py`` ``MODEL_TENSORS``; ``src/models/<arch>.cpp``
+``load_arch_tensors`` for the shapes) for ``qwen2``, ``llama``, ``qwen3`` and ``qwen3moe``.
+
+- ``qwen3`` is ``qwen2`` without the Q/K/V biases, plus a per-head RMSNorm of Q and K
+  (``blk.N.attn_q_norm.weight`` / ``attn_k_norm.weight``, shape ``[head_dim]``). The head dimension
+  is ``{arch}.attention.key_length`` (= ``value_length``) and need not be ``n_embd / n_head``:
+  ``attn_q`` is ``[n_embd, n_head * head_dim]`` and ``attn_output`` ``[n_head * head_dim, n_embd]``
+  in ggml order (Qwen3-30B-A3B: n_embd 2048, 32 heads of 128).
+- ``qwen3moe`` replaces the dense FFN by ``n_expert`` SwiGLU experts: the router
+  ``ffn_gate_inp`` ``[n_embd, n_expert]`` (F32 in real files: llama.cpp never quantizes it) and the
+  stacked experts ``ffn_gate_exps`` / ``ffn_up_exps`` ``[n_embd, n_ff_exp, n_expert]`` and
+  ``ffn_down_exps`` ``[n_ff_exp, n_embd, n_expert]`` (numpy order: expert first).
+
+Order: for ``qwen2`` / ``llama`` the order ``convert_hf_to_gguf.py`` emits them for a single-file
+Hugging Face checkpoint, i.e. sorted by Hugging Face name (``lm_head`` < ``model.embed_tokens`` <
 ``model.layers.0.*`` < ``model.layers.1.*`` < ``model.layers.10.*`` < ... < ``model.norm``), which
-is what the real Qwen2.5 GGUF files show.
+is what the real Qwen2.5 GGUF files show. For ``qwen3`` / ``qwen3moe`` the order of a file written
+by today's ``llama-quantize``: its ``weights_map`` is a ``std::map`` ordered by
+``weight_name_comparer`` (``src/llama-model-loader.h``: the ``blk.N.`` layer number, -1 for the
+other tensors, then the name), and it writes the tensors in that order, so the file starts with
+``output.weight``, ``output_norm.weight``, ``token_embd.weight`` and then has layer 0, 1, 2, ...
+with each layer's tensors sorted by name.
 
 Types: ``quant_types`` follows llama.cpp's ``llama_tensor_get_type`` (``src/llama-quant.cpp``) for
 the mixes fak writes. For ``Q4_K_M``: ``output.weight`` (and a tied ``token_embd.weight``) Q6_K;
 ``attn_v.weight`` and ``ffn_down.weight`` Q6_K where ``use_more_bits(i, n)`` holds, i.e.
 ``i < n/8 or i >= 7n/8 or (i - n/8) % 3 == 2`` with integer division, Q4_K elsewhere; other 2-D
-weights Q4_K; 1-D tensors (norms, biases) stay F32. ``i`` is llama.cpp's running count of
-``attn_v`` (or ``ffn_down``) tensors *in file order*, not the layer number, so with the string
-order above the "more bits" set of a 28-layer model is layers {0, 1, 5-10, 13, 16, 19, 21, 24, 27}
-(checked against the real Qwen2.5-Coder-1.5B Q4_K_M file). A row length that is not a multiple of
-the type's block size falls back as llama.cpp's ``tensor_type_fallback`` does (Q2_K/Q3_K → Q4_0,
-Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0, then F16).
+and 3-D weights Q4_K; 1-D tensors (norms, biases) and the MoE router ``ffn_gate_inp`` stay F32.
+``i`` is llama.cpp's running count of ``attn_v`` (or ``ffn_down``) tensors *in file order*, not
+the layer number, so with the string order above the "more bits" set of a 28-layer model is layers
+{0, 1, 5-10, 13, 16, 19, 21, 24, 27} (checked against the real Qwen2.5-Coder-1.5B Q4_K_M file); in
+the layer order of ``qwen3`` files the count is the layer number. For a model with experts
+(``n_expert > 1``) llama.cpp takes ``i`` of ``ffn_down`` / ``ffn_down_exps`` from the tensor's
+name (``layer_info``), and a model of exactly 8 experts (Mixtral's rule) gets ``attn_v`` and
+``attn_k`` in Q8_0 and ``attn_output`` in Q5_K. A row length that is not a multiple of the type's
+block size falls back as llama.cpp's ``tensor_type_fallback`` does (Q2_K/Q3_K → Q4_0, Q4_K → Q5_0,
+Q5_K → Q5_1, Q6_K → Q8_0, then F16).
 """
 
 from __future__ import annotations
@@ -25,9 +46,12 @@ from typing import Literal
 
 from fak.synth.blocks import format_of
 
-__all__ = ["FILE_TYPES", "MIXES", "ArchConfig", "TensorSpec", "quant_types", "tensor_layout", "use_more_bits"]
+__all__ = ["FILE_TYPES", "MIXES", "Arch", "ArchConfig", "TensorSpec", "layer_of", "quant_types", "quantize_order_key",
+           "tensor_layout", "use_more_bits"]
 
-Role = Literal["weight", "embedding", "norm", "bias"]
+Role = Literal["weight", "embedding", "norm", "bias", "router"]
+
+Arch = Literal["qwen2", "llama", "qwen3", "qwen3moe"]
 
 
 @dataclass(frozen=True)
@@ -36,10 +60,13 @@ class ArchConfig:
 
     ``n_embd`` is ``{arch}.embedding_length``, ``n_ff`` ``feed_forward_length``, ``n_head`` /
     ``n_head_kv`` ``attention.head_count`` / ``head_count_kv``, ``n_ctx_train``
-    ``context_length``; the head dimension is ``n_embd // n_head``.
+    ``context_length``. The head dimension is ``n_embd_head`` (``attention.key_length`` =
+    ``value_length``) when given, else ``n_embd // n_head``. ``qk_norm``: per-head RMSNorm of Q
+    and K (qwen3). ``n_expert`` / ``n_expert_used`` / ``n_ff_exp``: ``expert_count`` /
+    ``expert_used_count`` / ``expert_feed_forward_length`` of a MoE model (0: dense).
     """
 
-    arch: Literal["qwen2", "llama"]
+    arch: Arch
     n_layer: int
     n_embd: int
     n_head: int
@@ -51,18 +78,43 @@ class ArchConfig:
     rms_eps: float
     tied_embeddings: bool
     attn_bias: bool
+    n_embd_head: int | None = None
+    qk_norm: bool = False
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ff_exp: int = 0
 
     def __post_init__(self) -> None:
-        if self.n_embd % self.n_head:
+        if self.n_embd_head is None and self.n_embd % self.n_head:
             raise ValueError(f"n_embd {self.n_embd} is not a multiple of n_head {self.n_head}")
         if self.n_head % self.n_head_kv:
             raise ValueError(f"n_head {self.n_head} is not a multiple of n_head_kv {self.n_head_kv}")
-        if min(self.n_layer, self.n_embd, self.n_head, self.n_head_kv, self.n_ff, self.n_vocab, self.n_ctx_train) <= 0:
+        if min(self.n_layer, self.n_embd, self.n_head, self.n_head_kv, self.n_ff, self.n_vocab, self.n_ctx_train,
+               self.head_dim) <= 0:
             raise ValueError(f"all sizes must be positive: {self}")
+        if self.head_dim % 2:
+            raise ValueError(f"head_dim {self.head_dim} must be even (RoPE rotates pairs)")
+        if self.n_expert:
+            if not 0 < self.n_expert_used <= self.n_expert:
+                raise ValueError(f"n_expert_used {self.n_expert_used} must be in 1..n_expert ({self.n_expert})")
+            if self.n_ff_exp <= 0:
+                raise ValueError(f"n_ff_exp {self.n_ff_exp} must be positive for a MoE model")
+            if self.n_expert > 512:  # LLAMA_MAX_EXPERTS
+                raise ValueError(f"n_expert {self.n_expert} is more than llama.cpp's LLAMA_MAX_EXPERTS (512)")
 
     @property
     def head_dim(self) -> int:
-        return self.n_embd // self.n_head
+        """Dimension of one attention head (``attention.key_length``)."""
+        return self.n_embd_head if self.n_embd_head is not None else self.n_embd // self.n_head
+
+    @property
+    def q_dim(self) -> int:
+        """Rows of ``attn_q`` (``n_head * head_dim``), columns of ``attn_output``."""
+        return self.n_head * self.head_dim
+
+    @property
+    def is_moe(self) -> bool:
+        return self.n_expert > 0
 
 
 @dataclass
@@ -70,8 +122,10 @@ class TensorSpec:
     """One tensor to write.
 
     ``shape`` is numpy order, slowest axis first: a weight of ``n_out`` rows of ``k`` inputs is
-    ``(n_out, k)`` (ggml ``ne = [k, n_out]``). ``role`` picks the value distribution of a synthetic
-    tensor (``norm``: about 1.0; ``bias``, ``weight``, ``embedding``: about 0).
+    ``(n_out, k)`` (ggml ``ne = [k, n_out]``); stacked experts are ``(n_expert, n_out, k)``.
+    ``role`` picks the value distribution of a synthetic tensor (``norm``: about 1.0; ``bias``,
+    ``weight``, ``embedding``: about 0; ``router``: a MoE router, wider so that routing is not
+    uniform, see ``fak.synth.writer``).
     """
 
     name: str
@@ -82,38 +136,76 @@ class TensorSpec:
 
 
 def _layer_tensors(cfg: ArchConfig, i: int) -> list[TensorSpec]:
-    e, f, kv = cfg.n_embd, cfg.n_ff, cfg.n_head_kv * cfg.head_dim
+    e, f, kv, q = cfg.n_embd, cfg.n_ff, cfg.n_head_kv * cfg.head_dim, cfg.q_dim
     hf = f"model.layers.{i}."
     blk = f"blk.{i}."
     out = [
         TensorSpec(blk + "attn_norm.weight", (e,), "F32", "norm", hf + "input_layernorm.weight"),
-        TensorSpec(blk + "ffn_down.weight", (e, f), "F32", "weight", hf + "mlp.down_proj.weight"),
-        TensorSpec(blk + "ffn_gate.weight", (f, e), "F32", "weight", hf + "mlp.gate_proj.weight"),
-        TensorSpec(blk + "ffn_up.weight", (f, e), "F32", "weight", hf + "mlp.up_proj.weight"),
         TensorSpec(blk + "ffn_norm.weight", (e,), "F32", "norm", hf + "post_attention_layernorm.weight"),
         TensorSpec(blk + "attn_k.weight", (kv, e), "F32", "weight", hf + "self_attn.k_proj.weight"),
-        TensorSpec(blk + "attn_output.weight", (e, e), "F32", "weight", hf + "self_attn.o_proj.weight"),
-        TensorSpec(blk + "attn_q.weight", (e, e), "F32", "weight", hf + "self_attn.q_proj.weight"),
+        TensorSpec(blk + "attn_output.weight", (e, q), "F32", "weight", hf + "self_attn.o_proj.weight"),
+        TensorSpec(blk + "attn_q.weight", (q, e), "F32", "weight", hf + "self_attn.q_proj.weight"),
         TensorSpec(blk + "attn_v.weight", (kv, e), "F32", "weight", hf + "self_attn.v_proj.weight"),
     ]
+    if cfg.is_moe:
+        x, fe = cfg.n_expert, cfg.n_ff_exp
+        out += [
+            TensorSpec(blk + "ffn_gate_inp.weight", (x, e), "F32", "router", hf + "mlp.gate.weight"),
+            TensorSpec(blk + "ffn_gate_exps.weight", (x, fe, e), "F32", "weight", hf + "mlp.experts.gate_proj"),
+            TensorSpec(blk + "ffn_up_exps.weight", (x, fe, e), "F32", "weight", hf + "mlp.experts.up_proj"),
+            TensorSpec(blk + "ffn_down_exps.weight", (x, e, fe), "F32", "weight", hf + "mlp.experts.down_proj"),
+        ]
+    else:
+        out += [
+            TensorSpec(blk + "ffn_down.weight", (e, f), "F32", "weight", hf + "mlp.down_proj.weight"),
+            TensorSpec(blk + "ffn_gate.weight", (f, e), "F32", "weight", hf + "mlp.gate_proj.weight"),
+            TensorSpec(blk + "ffn_up.weight", (f, e), "F32", "weight", hf + "mlp.up_proj.weight"),
+        ]
+    if cfg.qk_norm:
+        d = cfg.head_dim
+        out += [
+            TensorSpec(blk + "attn_k_norm.weight", (d,), "F32", "norm", hf + "self_attn.k_norm.weight"),
+            TensorSpec(blk + "attn_q_norm.weight", (d,), "F32", "norm", hf + "self_attn.q_norm.weight"),
+        ]
     if cfg.attn_bias:
         out += [
             TensorSpec(blk + "attn_k.bias", (kv,), "F32", "bias", hf + "self_attn.k_proj.bias"),
-            TensorSpec(blk + "attn_q.bias", (e,), "F32", "bias", hf + "self_attn.q_proj.bias"),
+            TensorSpec(blk + "attn_q.bias", (q,), "F32", "bias", hf + "self_attn.q_proj.bias"),
             TensorSpec(blk + "attn_v.bias", (kv,), "F32", "bias", hf + "self_attn.v_proj.bias"),
         ]
     return out
 
 
+def layer_of(name: str) -> int:
+    """The ``N`` of a ``blk.N.`` tensor name, -1 for any other name (``sscanf("blk.%d.")``)."""
+    if not name.startswith("blk."):
+        return -1
+    digits = name[4:].split(".", 1)[0]
+    return int(digits) if digits.isdigit() else -1
+
+
+def quantize_order_key(name: str) -> tuple[int, str]:
+    """Sort key of llama.cpp's ``weight_name_comparer``: layer number (-1 first), then the name."""
+    return (layer_of(name), name)
+
+
 def tensor_layout(cfg: ArchConfig) -> list[TensorSpec]:
-    """Every tensor of ``cfg``'s model, in converter order, all typed F32 (see ``quant_types``)."""
+    """Every tensor of ``cfg``'s model in file order (see the module docstring), all typed F32
+    (``quant_types`` sets the types).
+
+    ``qwen2`` / ``llama``: the converter's order (Hugging Face names sorted); ``qwen3`` /
+    ``qwen3moe``: ``llama-quantize``'s output order (``quantize_order_key``).
+    """
     specs = [TensorSpec("token_embd.weight", (cfg.n_vocab, cfg.n_embd), "F32", "embedding", "model.embed_tokens.weight"),
              TensorSpec("output_norm.weight", (cfg.n_embd,), "F32", "norm", "model.norm.weight")]
     if not cfg.tied_embeddings:
         specs.append(TensorSpec("output.weight", (cfg.n_vocab, cfg.n_embd), "F32", "weight", "lm_head.weight"))
     for i in range(cfg.n_layer):
         specs += _layer_tensors(cfg, i)
-    specs.sort(key=lambda t: t.hf_name)
+    if cfg.arch in ("qwen3", "qwen3moe"):
+        specs.sort(key=lambda t: quantize_order_key(t.name))
+    else:
+        specs.sort(key=lambda t: t.hf_name)
     return specs
 
 
@@ -141,16 +233,21 @@ FILE_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q
 
 
 def quant_types(specs: list[TensorSpec], weight_type: str, *, n_layer: int,
-                overrides: dict[str, str] | None = None) -> None:
-    """Set ``dtype`` of each 2-D tensor in ``specs`` (in place), as llama.cpp's quantizer would.
+                overrides: dict[str, str] | None = None, n_expert: int = 0) -> None:
+    """Set ``dtype`` of each 2-D and 3-D weight in ``specs`` (in place), as llama.cpp's quantizer
+    would (``llama_tensor_get_type``; see the module docstring).
 
     Args:
         specs: the layout, in file order (the order matters for the Q4_K_M counters).
         weight_type: a ggml type name (``"Q8_0"``, ``"Q4_K"``, ``"F16"``, ...), applied to every
-            2-D weight like ``llama-quantize --pure``, or a mix name from ``MIXES`` (``"Q4_K_M"``).
+            2-D/3-D weight like ``llama-quantize --pure``, or a mix name from ``MIXES``
+            (``"Q4_K_M"``). MoE routers (``ffn_gate_inp``) and 1-D tensors stay F32 either way.
         n_layer: number of blocks (``n_attention_wv`` / ``n_ffn_down`` in llama.cpp).
         overrides: tensor name → type, applied after the rule (like ``--tensor-type``); still
             subject to the block-size fallback.
+        n_expert: ``{arch}.expert_count`` (0 for a dense model): with more than one expert the
+            ``ffn_down`` rule takes the layer from the tensor's name; with exactly 8 the mix puts
+            ``attn_v`` / ``attn_k`` in Q8_0 and ``attn_output`` in Q5_K.
 
     Raises:
         ValueError: unknown type or mix.
@@ -163,8 +260,8 @@ def quant_types(specs: list[TensorSpec], weight_type: str, *, n_layer: int,
     tied = not any(t.name == "output.weight" for t in specs)
     i_attn_v = i_ffn_down = 0
     for t in specs:
-        if len(t.shape) < 2:
-            t.dtype = "F32"
+        if len(t.shape) < 2 or t.role == "router":
+            t.dtype = overrides.get(t.name, "F32") if t.role == "router" else "F32"
             continue
         row = t.shape[-1]
         if weight_type not in MIXES:
@@ -178,9 +275,16 @@ def quant_types(specs: list[TensorSpec], weight_type: str, *, n_layer: int,
             elif t.name.endswith("attn_v.weight"):
                 if use_more_bits(i_attn_v, n_layer):
                     dtype = "Q6_K"
+                if n_expert == 8:
+                    dtype = "Q8_0"
                 i_attn_v += 1
+            elif t.name.endswith("attn_k.weight") and n_expert == 8:
+                dtype = "Q8_0"
+            elif t.name.endswith("attn_output.weight") and n_expert == 8:
+                dtype = "Q5_K"
             elif ".ffn_down" in t.name:
-                if use_more_bits(i_ffn_down, n_layer):
+                i_layer = layer_of(t.name) if n_expert > 1 else i_ffn_down
+                if use_more_bits(i_layer, n_layer):
                     dtype = "Q6_K"
                 i_ffn_down += 1
         if t.name in overrides:

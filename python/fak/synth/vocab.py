@@ -17,9 +17,10 @@ Format: llama.cpp's GGUF tokenizer keys for a GPT-2-style BPE (``tokenizer.ggml.
 
 Special tokens, ids and flags follow the families' real GGUF files: Qwen2.5 (bos = pad =
 ``<|endoftext|>``, eos = ``<|im_end|>``, ``add_bos_token = false``, ``<tool_call>`` and
-``</tool_call>`` user-defined, the rest control) and Llama 3.x Instruct (bos
-``<|begin_of_text|>``, eos = eot = ``<|eot_id|>``, pad ``<|finetune_right_pad_id|>``,
-``add_bos_token = true``).
+``</tool_call>`` user-defined, the rest control), Qwen3 (Qwen2.5's 22 plus ``<tool_response>``,
+``</tool_response>``, ``<think>``, ``</think>``, user-defined: 26 specials), Qwen3-Coder (the
+same tokens, no bos id) and Llama 3.x Instruct (bos ``<|begin_of_text|>``, eos = eot =
+``<|eot_id|>``, pad ``<|finetune_right_pad_id|>``, ``add_bos_token = true``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
-__all__ = ["FAMILIES", "TokenizerSpec", "bpe_merges", "build_tokenizer", "byte_symbols", "chat_template"]
+__all__ = ["FAMILIES", "QWEN2_SPECIALS", "QWEN3_SPECIALS", "TokenizerSpec", "bpe_merges", "build_tokenizer", "byte_symbols", "chat_template"]
 
 # llama.cpp llama_token_type
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
@@ -43,6 +44,14 @@ QWEN2_SPECIALS: list[tuple[str, int]] = [
     ("</tool_call>", USER_DEFINED), ("<|fim_prefix|>", CONTROL), ("<|fim_middle|>", CONTROL),
     ("<|fim_suffix|>", CONTROL), ("<|fim_pad|>", CONTROL), ("<|repo_name|>", CONTROL),
     ("<|file_sep|>", CONTROL),
+]
+
+# Qwen3 (and Qwen3-Coder) add four user-defined tokens after Qwen2.5's 22 (151665..151668 in the
+# real vocabulary; HF ``added_tokens_decoder`` marks them ``special: false``, and llama.cpp's
+# converter makes a non-special added token that does not look like ``<|...|>`` USER_DEFINED).
+QWEN3_SPECIALS: list[tuple[str, int]] = QWEN2_SPECIALS + [
+    ("<tool_response>", USER_DEFINED), ("</tool_response>", USER_DEFINED),
+    ("<think>", USER_DEFINED), ("</think>", USER_DEFINED),
 ]
 
 LLAMA3_SPECIALS: list[tuple[str, int]] = [
@@ -71,6 +80,18 @@ FAMILIES: dict[str, Family] = {
         pre="qwen2", specials=QWEN2_SPECIALS,
         ids={"eos_token_id": "<|im_end|>", "padding_token_id": "<|endoftext|>", "bos_token_id": "<|endoftext|>"},
         add_bos=False, template="qwen2.jinja", pad_unused=True),
+    # Qwen3 dense (the Qwen/Qwen3-8B GGUF: ids as Qwen2.5's), Hermes JSON tool calls, <think>.
+    "qwen3": Family(
+        pre="qwen2", specials=QWEN3_SPECIALS,
+        ids={"eos_token_id": "<|im_end|>", "padding_token_id": "<|endoftext|>", "bos_token_id": "<|endoftext|>"},
+        add_bos=False, template="qwen3.jinja", pad_unused=True),
+    # Qwen3-Coder-30B-A3B-Instruct: its config.json has no bos_token_id, so the converter writes
+    # none (llama.cpp then takes id 11, unused with add_bos false); pad is tokenizer_config.json's
+    # <|endoftext|>. XML tool calls (<function=NAME><parameter=P>).
+    "qwen3moe": Family(
+        pre="qwen2", specials=QWEN3_SPECIALS,
+        ids={"eos_token_id": "<|im_end|>", "padding_token_id": "<|endoftext|>"},
+        add_bos=False, template="qwen3-coder.jinja", pad_unused=True),
     "llama": Family(
         pre="llama-bpe", specials=LLAMA3_SPECIALS,
         ids={"bos_token_id": "<|begin_of_text|>", "eos_token_id": "<|eot_id|>", "eot_token_id": "<|eot_id|>",
@@ -100,7 +121,8 @@ def bpe_merges() -> list[str]:
 
 
 def chat_template(family: str) -> str:
-    """The chat template (jinja2 source) fak writes for ``family`` (``"qwen2"`` or ``"llama"``)."""
+    """The chat template (jinja2 source) fak writes for ``family`` (a key of ``FAMILIES``:
+    ``"qwen2"``, ``"qwen3"``, ``"qwen3moe"``, ``"llama"``)."""
     return resources.files("fak.synth").joinpath("templates", FAMILIES[family].template).read_text(encoding="utf-8")
 
 
@@ -147,7 +169,7 @@ def build_tokenizer(family: str, n_vocab: int | None = None, *, special_base: in
     """The synthetic tokenizer of ``family`` with ``n_vocab`` tokens.
 
     Args:
-        family: ``"qwen2"`` or ``"llama"``.
+        family: a key of ``FAMILIES`` (``"qwen2"``, ``"qwen3"``, ``"qwen3moe"``, ``"llama"``).
         n_vocab: total tokens (the model's vocabulary rows). Default: the smallest multiple of 64
             that holds bytes, merges and specials.
         special_base: id of the first special token. Default: right after the merges. Between the

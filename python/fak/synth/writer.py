@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 from fak.synth.blocks import format_of, n_bytes, new_rng, random_blocks
 from fak.synth.layout import TensorSpec
 
-__all__ = ["CHUNK_BYTES", "GGUFPlan", "MetaEntry", "write_plan"]
+__all__ = ["CHUNK_BYTES", "ROUTER_LOGIT_STD", "GGUFPlan", "MetaEntry", "router_std", "write_plan"]
 
 CHUNK_BYTES = 32 << 20
 GGUF_VERSION = 3
@@ -155,10 +155,29 @@ def _add_meta(writer: GGUFWriter, e: MetaEntry) -> None:
         writer.add_key_value(e.key, e.value, GGUFValueType[e.type])
 
 
+ROUTER_LOGIT_STD = 2.0
+"""Standard deviation (over experts) of a synthetic MoE router's logits for an input of unit RMS.
+
+A router row of ``n_embd`` weights of std ``s`` gives logits of std ``s * sqrt(n_embd)`` on the
+RMS-normalized hidden state, so weights of the usual 0.02 would give logits of std 0.16 at
+n_embd 64 (0.9 at 2048): a near-uniform softmax, every expert weighted alike. Real Qwen3-MoE
+routers are peaked (the top expert's probability is several times the mean), so router weights are
+drawn with std ``ROUTER_LOGIT_STD / sqrt(n_embd)``: logits of std about 2, a top-1 probability of
+a few tenths among 16 experts, and a different expert set for different tokens."""
+
+
+def router_std(n_embd: int) -> float:
+    """Weight std of a synthetic router row of ``n_embd`` inputs (see ``ROUTER_LOGIT_STD``)."""
+    return ROUTER_LOGIT_STD / float(np.sqrt(n_embd))
+
+
 def _tensor_data(spec: TensorSpec, rng: np.random.Generator, n_elements: int) -> np.ndarray:
-    """Values by role: norms ~ N(1, 0.05²) (quantized norms: spread only), everything else std 0.02."""
+    """Values by role: norms ~ N(1, 0.05²) (quantized norms: spread only), routers std
+    ``router_std(n_embd)``, everything else std 0.02."""
     if spec.role == "norm":
         return random_blocks(spec.dtype, n_elements, rng, std=0.05, mean=1.0)
+    if spec.role == "router":
+        return random_blocks(spec.dtype, n_elements, rng, std=router_std(spec.shape[-1]))
     return random_blocks(spec.dtype, n_elements, rng, std=0.02)
 
 
