@@ -499,6 +499,63 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// (Shazeer 2020, `silu(x) = x / (1 + e^−x)`).
     fn swiglu(&self, gate: &mut Self::Buffer, up: &Self::Buffer, n: usize) -> Result<()>;
 
+    /// RMSNorm of each of `n_rows` rows of `dim` elements in place, times `w` (`[dim]`), with the
+    /// arithmetic of [`Backend::rmsnorm`]: Qwen3's per-head norm of Q and K (`n_rows` = tokens ×
+    /// heads, `dim` = head_dim; llama.cpp `build_norm` on the `[head_dim, n_head, n_tokens]` view).
+    fn rmsnorm_inplace(&self, x: &mut Self::Buffer, w: &Self::Weight, eps: f32, n_rows: usize, dim: usize) -> Result<()>;
+
+    /// The mixture-of-experts router of `n_rows` rows (llama.cpp `build_moe_ffn`, softmax
+    /// gating): `logits` is `[n_rows, n_expert]` (`x·W_gate_inp`). Per row, `p = softmax(logits)`,
+    /// the `k` experts of largest `p` in ggml `argsort_top_k`'s order (descending; the CPU breaks
+    /// ties as llama.cpp's CPU build does, see `cpu::stdsort`), written as f32 values to
+    /// `ids[r·k + s]`; their weights `p[e]` to `weights[r·k + s]`, divided by their f32 sum
+    /// (clamped below at 2⁻¹⁴) when `norm_w`, times `w_scale` unless it is 0 or 1.
+    #[allow(clippy::too_many_arguments)]
+    fn moe_route(
+        &self,
+        logits: &Self::Buffer,
+        n_rows: usize,
+        n_expert: usize,
+        k: usize,
+        norm_w: bool,
+        w_scale: f32,
+        ids: &mut Self::Buffer,
+        weights: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// Expert matmul (ggml `mul_mat_id`) over the `n_rows · k` (row, chosen expert) pairs:
+    /// `out[r·k + s, :] = W_e · x[i, :]` with `e = ids[r·k + s]` and `i = r·k + s` when
+    /// `x_per_pair` (each pair its own input: the down projection), else `i = r` (the chosen
+    /// experts of a row read its one input: up, gate). `w` stacks the experts' matrices (`dims =
+    /// [k_in, n_out, n_expert]`), `out` is `[n_rows·k, n_out]`. The ids stay on the backend: no
+    /// host round trip.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_id(
+        &self,
+        w: &Self::Weight,
+        x: &Self::Buffer,
+        ids: &Self::Buffer,
+        n_rows: usize,
+        k: usize,
+        x_per_pair: bool,
+        out: &mut Self::Buffer,
+    ) -> Result<()>;
+
+    /// The weighted sum of the chosen experts' outputs added to the residual: `res[r, :] +=
+    /// Σ_s weights[r·k + s] · experts[r·k + s, :]` for `n_rows` rows of `dim`, each product
+    /// rounded to f32 and summed in slot order before the add (llama.cpp: `ggml_mul`, a chain of
+    /// `ggml_add`, then the residual `ggml_add`).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_combine(
+        &self,
+        experts: &Self::Buffer,
+        weights: &Self::Buffer,
+        n_rows: usize,
+        k: usize,
+        dim: usize,
+        res: &mut Self::Buffer,
+    ) -> Result<()>;
+
     /// Residual add: `x[i] += y[i]` for the first `n` elements.
     fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, n: usize) -> Result<()>;
 

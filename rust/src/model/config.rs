@@ -1,8 +1,11 @@
 //! Hyper-parameters of a decoder-only transformer, read from GGUF metadata under llama.cpp's key
 //! names (`llama-arch.cpp` `LLM_KV_*`: `{arch}.block_count`, `{arch}.attention.head_count`, ...).
 //!
-//! Supported architectures: `qwen2` (Qwen2 / Qwen2.5 / Qwen2.5-Coder: Q/K/V biases, NEOX RoPE)
-//! and `llama` (Llama 2/3.x, SmolLM2, Mistral-style dense models: no biases, NORM RoPE).
+//! Supported architectures: `qwen2` (Qwen2 / Qwen2.5 / Qwen2.5-Coder: Q/K/V biases, NEOX RoPE),
+//! `llama` (Llama 2/3.x, SmolLM2, Mistral-style dense models: no biases, NORM RoPE), `qwen3`
+//! (Qwen3 dense: no biases, a per-head RMSNorm of Q and K before RoPE, NEOX RoPE; llama.cpp
+//! `src/models/qwen3.cpp`) and `qwen3moe` (Qwen3-MoE / Qwen3-Coder-30B-A3B: `qwen3`'s attention and
+//! a mixture-of-experts FFN in every layer, [`MoeConfig`]; llama.cpp `src/models/qwen3moe.cpp`).
 //!
 //! Sliding-window attention (docs/long-context.md, "Sliding-window attention"), under llama.cpp's
 //! keys (`LLM_KV_ATTENTION_SLIDING_WINDOW`, `LLM_KV_ATTENTION_SLIDING_WINDOW_PATTERN`):
@@ -30,6 +33,8 @@ use crate::{FakError, Result};
 pub enum Arch {
     Qwen2,
     Llama,
+    Qwen3,
+    Qwen3Moe,
 }
 
 impl Arch {
@@ -38,24 +43,33 @@ impl Arch {
         match name {
             "qwen2" => Ok(Arch::Qwen2),
             "llama" => Ok(Arch::Llama),
+            "qwen3" => Ok(Arch::Qwen3),
+            "qwen3moe" => Ok(Arch::Qwen3Moe),
             other => Err(FakError::Unsupported(format!(
-                "model architecture {other:?} (general.architecture); fak runs \"qwen2\" and \"llama\""
+                "model architecture {other:?} (general.architecture); fak runs {}",
+                Arch::SUPPORTED
             ))),
         }
     }
 
-    /// The GGUF spelling (`"qwen2"`, `"llama"`), also the metadata key prefix.
+    /// The architectures fak runs, as an error message lists them.
+    pub const SUPPORTED: &'static str = "\"qwen2\", \"llama\", \"qwen3\" and \"qwen3moe\"";
+
+    /// The GGUF spelling (`"qwen2"`, `"llama"`, `"qwen3"`, `"qwen3moe"`), also the metadata key
+    /// prefix.
     pub fn name(self) -> &'static str {
         match self {
             Arch::Qwen2 => "qwen2",
             Arch::Llama => "llama",
+            Arch::Qwen3 => "qwen3",
+            Arch::Qwen3Moe => "qwen3moe",
         }
     }
 
     /// The RoPE pairing llama.cpp uses for this architecture (`llama_model_rope_type`).
     pub fn rope_style(self) -> RopeStyle {
         match self {
-            Arch::Qwen2 => RopeStyle::Neox,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => RopeStyle::Neox,
             Arch::Llama => RopeStyle::Norm,
         }
     }
@@ -64,7 +78,44 @@ impl Arch {
     pub fn requires_qkv_bias(self) -> bool {
         matches!(self, Arch::Qwen2)
     }
+
+    /// Whether each head of Q and K is RMS-normalized (`blk.N.attn_q_norm` / `attn_k_norm`,
+    /// `[head_dim]`) between the projection and RoPE (Qwen3; llama.cpp `build_norm` on the
+    /// `[head_dim, n_head, n_tokens]` view).
+    pub fn has_qk_norm(self) -> bool {
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
+    }
+
+    /// Whether every layer's FFN is a mixture of experts ([`MoeConfig`]).
+    pub fn is_moe(self) -> bool {
+        matches!(self, Arch::Qwen3Moe)
+    }
 }
+
+/// How a mixture-of-experts FFN picks and weighs its experts (llama.cpp `build_moe_ffn`):
+/// `probs = softmax(x·W_gate_inp)` over `n_expert`, the `n_expert_used` largest chosen (ggml
+/// `argsort_top_k`), their probabilities as weights, divided by their sum when `norm_w`
+/// (clamped below at 2⁻¹⁴) and scaled by `w_scale` when it is neither 0 nor 1; each chosen
+/// expert runs a SwiGLU FFN of `n_ff_exp` on the row, and the weighted outputs are summed in the
+/// order of the choice.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeConfig {
+    /// Experts per layer (`{arch}.expert_count`).
+    pub n_expert: usize,
+    /// Experts each token runs (`{arch}.expert_used_count`).
+    pub n_expert_used: usize,
+    /// The inner size of one expert (`{arch}.expert_feed_forward_length`, else
+    /// `feed_forward_length / expert_used_count` as llama.cpp falls back).
+    pub n_ff_exp: usize,
+    /// Renormalize the chosen experts' weights to sum to 1 (`true` for qwen3moe, which llama.cpp
+    /// hard-codes; `{arch}.expert_weights_norm` where the file has it).
+    pub norm_w: bool,
+    /// Multiplier of the weights (`{arch}.expert_weights_scale`; 0 or 1: none).
+    pub w_scale: f32,
+}
+
+/// The most experts a layer may have or a token may use (llama.cpp `LLAMA_MAX_EXPERTS` is 512).
+pub const MAX_EXPERTS: usize = 512;
 
 /// The hyper-parameters the forward pass needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -98,6 +149,8 @@ pub struct ModelConfig {
     /// Which layers take the window when there is one (`{arch}.attention.sliding_window_pattern`;
     /// all of them when the file has no pattern), `[n_layer]`.
     pub swa_pattern: Vec<bool>,
+    /// The mixture-of-experts FFN of every layer (`None`: a dense SwiGLU FFN of `n_ff`).
+    pub moe: Option<MoeConfig>,
 }
 
 fn get<'a>(f: &'a GgufFile, key: &str) -> Option<&'a MetaValue> {
@@ -184,6 +237,33 @@ fn get_f32(f: &GgufFile, key: &str) -> Result<Option<f32>> {
     }
 }
 
+/// The [`MoeConfig`] of a `qwen3moe`-style file (keys under `{arch}.`; `n_ff` its
+/// `feed_forward_length` or 0).
+fn moe_config(f: &GgufFile, a: &str, n_ff: usize) -> Result<MoeConfig> {
+    let k = |s: &str| format!("{a}.{s}");
+    let n_expert = req_usize(f, &k("expert_count"))?;
+    let n_expert_used = req_usize(f, &k("expert_used_count"))?;
+    if n_expert == 0 || n_expert_used == 0 || n_expert_used > n_expert || n_expert > MAX_EXPERTS {
+        return Err(FakError::model(format!(
+            "expert_count {n_expert} / expert_used_count {n_expert_used}: need 1 <= used <= count <= {MAX_EXPERTS}"
+        )));
+    }
+    let n_ff_exp = match get_usize(f, &k("expert_feed_forward_length"))? {
+        Some(v) if v > 0 => v,
+        _ if n_ff > 0 => n_ff / n_expert_used,
+        _ => return Err(FakError::model(format!("missing metadata key {}", k("expert_feed_forward_length")))),
+    };
+    if n_ff_exp == 0 {
+        return Err(FakError::model("zero-sized expert_feed_forward_length"));
+    }
+    let norm_w = match get(f, &k("expert_weights_norm")) {
+        None => true,
+        Some(v) => v.as_bool().ok_or_else(|| FakError::model(format!("metadata {} must be a bool", k("expert_weights_norm"))))?,
+    };
+    let w_scale = get_f32(f, &k("expert_weights_scale"))?.unwrap_or(0.0);
+    Ok(MoeConfig { n_expert, n_expert_used, n_ff_exp, norm_w, w_scale })
+}
+
 impl ModelConfig {
     /// Reads the hyper-parameters of `f`. `n_vocab` comes from `token_embd.weight`.
     ///
@@ -205,7 +285,17 @@ impl ModelConfig {
 
         let n_layer = req_usize(f, &k("block_count"))?;
         let n_embd = req_usize(f, &k("embedding_length"))?;
-        let n_ff = req_usize(f, &k("feed_forward_length"))?;
+        let n_ff = if arch.is_moe() {
+            get_usize(f, &k("feed_forward_length"))?.unwrap_or(0)
+        } else {
+            req_usize(f, &k("feed_forward_length"))?
+        };
+        let moe = if arch.is_moe() { Some(moe_config(f, a, n_ff)?) } else { None };
+        // A MoE model has no dense FFN: `n_ff` sizes nothing, so it takes the experts' width.
+        let n_ff = match moe {
+            Some(m) => m.n_ff_exp,
+            None => n_ff,
+        };
         let n_head = req_usize(f, &k("attention.head_count"))?;
         let n_head_kv = get_usize(f, &k("attention.head_count_kv"))?.unwrap_or(n_head);
         if n_layer == 0 || n_embd == 0 || n_ff == 0 || n_head == 0 || n_head_kv == 0 {
@@ -300,6 +390,7 @@ impl ModelConfig {
             rope_scaling,
             sliding_window,
             swa_pattern,
+            moe,
         })
     }
 

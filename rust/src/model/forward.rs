@@ -4,16 +4,18 @@
 //! ```text
 //! x = embed(tokens)
 //! per block:  h = rmsnorm(x)·w_attn_norm
-//!             q, k, v = h·Wq (+bq), h·Wk (+bk), h·Wv (+bv);  rope(q), rope(k)
+//!             q, k, v = h·Wq (+bq), h·Wk (+bk), h·Wv (+bv)
+//!             (qwen3: q, k = rmsnorm(q)·w_q_norm, rmsnorm(k)·w_k_norm per head);  rope(q), rope(k)
 //!             kv_write(k, v);  x += attention(q, KV cache)·Wo (+bo)
 //!             (the layer's sliding window, if it has one: `ModelConfig::layer_attn`)
 //!             (rope + rope + kv_write is one trait call, `rope_kv_write`, and each projection
 //!             followed by its residual add is `matmul_add`, so a backend can fuse them)
 //!             h = rmsnorm(x)·w_ffn_norm;  x += (silu(h·Wgate) ⊙ h·Wup)·Wdown
+//!             (MoE: e, w = route(h·W_gate_inp);  x += Σ_s w_s · (silu(h·Wgate[e_s]) ⊙ h·Wup[e_s])·Wdown[e_s])
 //! logits = rmsnorm(x[logit rows])·w_out_norm · W_out
 //! ```
 //!
-//! (llama.cpp `build_llama` / `build_qwen2`.) Only the rows that need logits go through the last
+//! (llama.cpp `build_llama` / `build_qwen2` / `qwen3` / `qwen3moe`, `build_moe_ffn`.) Only the rows that need logits go through the last
 //! block's output projection and MLP, the final norm and the LM head, as llama.cpp's `inp_out_ids`
 //! (a prefill chunk that needs no logits skips them altogether).
 //!
@@ -22,7 +24,7 @@
 //! the MLP's `·Wdown` are partial sums that one all-reduce each completes before the residual add,
 //! and the LM head's slices are gathered on rank 0.
 
-use super::weights::LayerWeights;
+use super::weights::{Ffn, LayerWeights};
 use super::{Model, ModelConfig};
 use crate::backend::{Backend, BatchLimits, BatchPlan, GraphKey};
 use crate::parallel::Communicator;
@@ -57,6 +59,20 @@ pub struct Scratch<B: Backend> {
     /// `[max_logits, n_vocab]` logits of the last forward.
     pub logits: B::Buffer,
     batch: B::Batch,
+    /// The mixture-of-experts FFN's buffers (a MoE model only).
+    moe: Option<MoeScratch<B>>,
+}
+
+/// Buffers of a mixture-of-experts FFN for `t` rows choosing `k` experts each (the experts'
+/// gate and up outputs live in [`Scratch`]'s `gate` / `up`, `[t·k, n_ff_exp]`).
+struct MoeScratch<B: Backend> {
+    /// `[t, n_expert]` router logits.
+    router: B::Buffer,
+    /// `[t, k]` chosen experts (as f32 values) and their weights.
+    ids: B::Buffer,
+    weights: B::Buffer,
+    /// `[t·k, n_embd]` each chosen expert's output.
+    experts: B::Buffer,
 }
 
 impl<B: Backend> Scratch<B> {
@@ -66,6 +82,17 @@ impl<B: Backend> Scratch<B> {
         let b = &model.backend;
         let t = limits.max_tokens;
         let wide = c.n_embd.max(c.q_dim());
+        // A MoE FFN runs each row through k experts of n_ff (= n_ff_exp) each.
+        let ffn_rows = c.moe.map_or(1, |m| m.n_expert_used);
+        let moe = match c.moe {
+            None => None,
+            Some(m) => Some(MoeScratch {
+                router: b.alloc_buffer(t * m.n_expert)?,
+                ids: b.alloc_buffer(t * m.n_expert_used)?,
+                weights: b.alloc_buffer(t * m.n_expert_used)?,
+                experts: b.alloc_buffer(t * m.n_expert_used * c.n_embd)?,
+            }),
+        };
         Ok(Scratch {
             max_tokens: t,
             max_logits,
@@ -77,11 +104,12 @@ impl<B: Backend> Scratch<B> {
             att: b.alloc_buffer(t * c.q_dim())?,
             att_l: b.alloc_buffer(max_logits * c.q_dim())?,
             tmp: b.alloc_buffer(t * c.n_embd)?,
-            gate: b.alloc_buffer(t * c.n_ff)?,
-            up: b.alloc_buffer(t * c.n_ff)?,
+            gate: b.alloc_buffer(t * ffn_rows * c.n_ff)?,
+            up: b.alloc_buffer(t * ffn_rows * c.n_ff)?,
             xl: b.alloc_buffer(max_logits * c.n_embd)?,
             logits: b.alloc_buffer(max_logits * c.n_vocab)?,
             batch: b.alloc_batch(limits)?,
+            moe,
         })
     }
 }
@@ -153,8 +181,10 @@ impl<B: Backend> Model<B> {
                 xl,
                 logits,
                 batch,
+                moe,
                 ..
             } = &mut *s;
+            let mut moe = moe.as_mut();
             let batch = &*batch;
             be.embed(&w.token_embd, batch, n, x)?;
             let mut pruned = false;
@@ -170,6 +200,10 @@ impl<B: Backend> Model<B> {
                     n,
                     &mut [&mut *q, &mut *k, &mut *v],
                 )?;
+                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
+                    be.rmsnorm_inplace(q, qn, c.rms_eps, n * c.n_head, c.head_dim)?;
+                    be.rmsnorm_inplace(k, kn, c.rms_eps, n * c.n_head_kv, c.head_dim)?;
+                }
                 be.rope_kv_write(
                     q,
                     k,
@@ -190,10 +224,10 @@ impl<B: Backend> Model<B> {
                     if n_logits > 0 {
                         be.gather_logit_rows(att, batch, c.q_dim(), att_l)?;
                         be.gather_logit_rows(x, batch, d, xl)?;
-                        block_tail(be, lw, c, n_logits, xl, att_l, h, tmp, gate, up, comm)?;
+                        block_tail(be, lw, c, n_logits, xl, att_l, h, tmp, gate, up, moe.as_deref_mut(), comm)?;
                     }
                 } else {
-                    block_tail(be, lw, c, n, x, att, h, tmp, gate, up, comm)?;
+                    block_tail(be, lw, c, n, x, att, h, tmp, gate, up, moe.as_deref_mut(), comm)?;
                 }
             }
             if n_logits > 0 {
@@ -229,19 +263,33 @@ fn block_tail<B: Backend>(
     tmp: &mut B::Buffer,
     gate: &mut B::Buffer,
     up: &mut B::Buffer,
+    moe: Option<&mut MoeScratch<B>>,
     comm: Option<&dyn Communicator<B>>,
 ) -> Result<()> {
     let d = c.n_embd;
     residual_proj(be, &lw.wo, lw.bo.as_ref(), att, n, d, tmp, x, comm)?;
     be.rmsnorm(x, &lw.ffn_norm, c.rms_eps, n, d, h)?;
-    be.matmul_multi(
-        &[(&lw.w_gate, None), (&lw.w_up, None)],
-        h,
-        n,
-        &mut [&mut *gate, &mut *up],
-    )?;
-    be.swiglu(gate, up, n * c.n_ff)?;
-    residual_proj(be, &lw.w_down, None, gate, n, d, tmp, x, comm)
+    match (&lw.ffn, moe, c.moe) {
+        (Ffn::Dense { w_gate, w_up, w_down }, _, _) => {
+            be.matmul_multi(&[(w_gate, None), (w_up, None)], h, n, &mut [&mut *gate, &mut *up])?;
+            be.swiglu(gate, up, n * c.n_ff)?;
+            residual_proj(be, w_down, None, gate, n, d, tmp, x, comm)
+        }
+        (Ffn::Moe { gate_inp, gate_exps, up_exps, down_exps }, Some(ms), Some(m)) => {
+            if comm.is_some() {
+                return Err(FakError::Unsupported("tensor parallelism of a mixture-of-experts FFN".into()));
+            }
+            let k = m.n_expert_used;
+            be.matmul(gate_inp, None, h, n, &mut ms.router)?;
+            be.moe_route(&ms.router, n, m.n_expert, k, m.norm_w, m.w_scale, &mut ms.ids, &mut ms.weights)?;
+            be.matmul_id(up_exps, h, &ms.ids, n, k, false, up)?;
+            be.matmul_id(gate_exps, h, &ms.ids, n, k, false, gate)?;
+            be.swiglu(gate, up, n * k * m.n_ff_exp)?;
+            be.matmul_id(down_exps, gate, &ms.ids, n, k, true, &mut ms.experts)?;
+            be.moe_combine(&ms.experts, &ms.weights, n, k, d, x)
+        }
+        (Ffn::Moe { .. }, _, _) => Err(FakError::model("a mixture-of-experts layer without its scratch buffers")),
+    }
 }
 
 /// `x += inp·Wᵀ (+bias)` on `n` rows of `d` outputs; with `comm`, `inp·Wᵀ (+bias)` is this

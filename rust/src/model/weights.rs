@@ -18,6 +18,16 @@ use crate::parallel::slice::{self, Cut, Sliced};
 use crate::parallel::ShardSpec;
 use crate::{FakError, Result};
 
+/// The FFN of one block: a dense SwiGLU MLP, or a mixture of experts.
+pub enum Ffn<B: Backend> {
+    /// `(silu(h·Wgate) ⊙ h·Wup)·Wdown`.
+    Dense { w_gate: B::Weight, w_up: B::Weight, w_down: B::Weight },
+    /// `ffn_gate_inp` `[n_embd, n_expert]` (the router), and every expert's SwiGLU MLP stacked
+    /// along the last axis: `ffn_gate_exps` / `ffn_up_exps` `[n_embd, n_ff_exp, n_expert]`,
+    /// `ffn_down_exps` `[n_ff_exp, n_embd, n_expert]` (ggml order).
+    Moe { gate_inp: B::Weight, gate_exps: B::Weight, up_exps: B::Weight, down_exps: B::Weight },
+}
+
 /// The weights of one transformer block.
 pub struct LayerWeights<B: Backend> {
     pub attn_norm: B::Weight,
@@ -29,10 +39,11 @@ pub struct LayerWeights<B: Backend> {
     pub bv: Option<B::Weight>,
     pub wo: B::Weight,
     pub bo: Option<B::Weight>,
+    /// Per-head RMSNorm weights of Q and K (`[head_dim]`, Qwen3), applied before RoPE.
+    pub q_norm: Option<B::Weight>,
+    pub k_norm: Option<B::Weight>,
     pub ffn_norm: B::Weight,
-    pub w_gate: B::Weight,
-    pub w_up: B::Weight,
-    pub w_down: B::Weight,
+    pub ffn: Ffn<B>,
 }
 
 /// All weights of a model.
@@ -127,9 +138,15 @@ impl<B: Backend> Weights<B> {
     pub fn load_shard(file: &Arc<GgufFile>, cfg: &ModelConfig, backend: &B, shard: Option<&ShardSpec>, n_shards: usize) -> Result<Weights<B>> {
         let l = Loader { file, backend, n_shards };
         let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
-        if file.tensor("blk.0.ffn_gate_exps.weight").is_some() {
+        if file.tensor("blk.0.ffn_gate_exps.weight").is_some() && cfg.moe.is_none() {
+            return Err(FakError::Unsupported(format!(
+                "mixture-of-experts layers (blk.*.ffn_gate_exps) in a {} file",
+                cfg.arch.name()
+            )));
+        }
+        if cfg.moe.is_some() && shard.is_some() {
             return Err(FakError::Unsupported(
-                "mixture-of-experts layers (blk.*.ffn_gate_exps)".into(),
+                "tensor parallelism of a mixture-of-experts model (run it on one shard)".into(),
             ));
         }
         let hd = cfg.head_dim;
@@ -144,6 +161,13 @@ impl<B: Backend> Weights<B> {
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for i in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{i}.{s}");
+            let qk_norm = |name: &str| -> Result<Option<B::Weight>> {
+                if cfg.arch.has_qk_norm() {
+                    l.required(name, &[hd], Cut::Whole).map(Some)
+                } else {
+                    Ok(None)
+                }
+            };
             let bias = |s: &str, len: usize, cut: Cut| -> Result<Option<B::Weight>> {
                 if cfg.arch.requires_qkv_bias() {
                     l.required(&n(s), &[len], cut).map(Some)
@@ -161,10 +185,25 @@ impl<B: Backend> Weights<B> {
                 bv: bias("attn_v.bias", kv, rows(kv_cols.clone()))?,
                 wo: l.required(&n("attn_output.weight"), &[q, d], cols(q_cols.clone()))?,
                 bo: if row_bias { l.optional(&n("attn_output.bias"), &[d], Cut::Whole)? } else { None },
+                q_norm: qk_norm(&n("attn_q_norm.weight"))?,
+                k_norm: qk_norm(&n("attn_k_norm.weight"))?,
                 ffn_norm: l.required(&n("ffn_norm.weight"), &[d], Cut::Whole)?,
-                w_gate: l.required(&n("ffn_gate.weight"), &[d, ff], rows(ffn.clone()))?,
-                w_up: l.required(&n("ffn_up.weight"), &[d, ff], rows(ffn.clone()))?,
-                w_down: l.required(&n("ffn_down.weight"), &[ff, d], cols(ffn.clone()))?,
+                ffn: match &cfg.moe {
+                    None => Ffn::Dense {
+                        w_gate: l.required(&n("ffn_gate.weight"), &[d, ff], rows(ffn.clone()))?,
+                        w_up: l.required(&n("ffn_up.weight"), &[d, ff], rows(ffn.clone()))?,
+                        w_down: l.required(&n("ffn_down.weight"), &[ff, d], cols(ffn.clone()))?,
+                    },
+                    Some(m) => {
+                        let (ne, fe) = (m.n_expert, m.n_ff_exp);
+                        Ffn::Moe {
+                            gate_inp: l.required(&n("ffn_gate_inp.weight"), &[d, ne], Cut::Whole)?,
+                            gate_exps: l.required(&n("ffn_gate_exps.weight"), &[d, fe, ne], Cut::Whole)?,
+                            up_exps: l.required(&n("ffn_up_exps.weight"), &[d, fe, ne], Cut::Whole)?,
+                            down_exps: l.required(&n("ffn_down_exps.weight"), &[fe, d, ne], Cut::Whole)?,
+                        }
+                    }
+                },
             });
         }
         // The LM head: a shard holds its vocabulary rows, of `token_embd` when the file ties them.

@@ -6,8 +6,10 @@
 pub mod attention;
 pub mod kv;
 pub mod matmul;
+pub mod moe;
 pub mod norm;
 pub mod rope;
+pub mod stdsort;
 pub mod vecops;
 pub mod weight;
 
@@ -57,21 +59,46 @@ pub fn llama_row(pos: u32, n_prompt: u32) -> matmul::LlamaRow {
 
 /// The [`matmul::LlamaRow`] of each row of the current batch (`all`) and of its logit rows
 /// (`logits`: the rows of the last layer after llama.cpp's `inp_out_ids` pruning, one output row
-/// per ubatch, so GEMV kernels).
+/// per ubatch, so GEMV kernels), and each row's llama.cpp ubatch (`groups`, `logit_groups`: rows
+/// with the same number were in one ubatch of one sequence there; a generated token is a ubatch
+/// of its own), which the MoE expert matmul needs (see [`moe`]).
 #[derive(Debug, Default)]
 struct GemmRows {
     all: Vec<matmul::LlamaRow>,
     logits: Vec<matmul::LlamaRow>,
+    groups: Vec<u32>,
+    logit_groups: Vec<u32>,
 }
 
 impl GemmRows {
     fn set(&mut self, plan: &BatchPlan) {
         self.all.clear();
+        self.groups.clear();
+        let mut next = 0u32;
         for s in &plan.seqs {
             self.all.extend((0..s.n_rows).map(|i| llama_row(s.n_past + i, s.n_prompt)));
+            let mut last: Option<u32> = None;
+            for i in 0..s.n_rows {
+                let pos = s.n_past + i;
+                let g = if pos < s.n_prompt {
+                    let u = pos / LLAMA_UBATCH;
+                    if last != Some(u) {
+                        next += 1;
+                        last = Some(u);
+                    }
+                    next
+                } else {
+                    last = None;
+                    next += 1;
+                    next
+                };
+                self.groups.push(g);
+            }
         }
         self.logits.clear();
         self.logits.resize(plan.logit_rows.len(), matmul::LlamaRow::default());
+        self.logit_groups.clear();
+        self.logit_groups.extend((0..plan.logit_rows.len() as u32).map(|j| next + 1 + j));
     }
 
     /// The row kinds for a matmul over `n_rows` rows: the batch's rows or its logit rows.
@@ -80,6 +107,18 @@ impl GemmRows {
             Some(&self.all)
         } else if n_rows == self.logits.len() {
             Some(&self.logits)
+        } else {
+            None
+        }
+    }
+
+    /// The llama.cpp ubatch of each of `n_rows` rows (as [`Self::for_rows`]); `None` for a
+    /// matmul outside a forward (each row its own).
+    fn groups_for_rows(&self, n_rows: usize) -> Option<&[u32]> {
+        if n_rows == self.groups.len() {
+            Some(&self.groups)
+        } else if n_rows == self.logit_groups.len() {
+            Some(&self.logit_groups)
         } else {
             None
         }
@@ -356,6 +395,49 @@ impl Backend for CpuBackend {
         } else {
             vecops::swiglu(g, u);
         }
+        Ok(())
+    }
+
+    fn rmsnorm_inplace(&self, x: &mut CpuBuffer, w: &CpuWeight, eps: f32, n_rows: usize, dim: usize) -> Result<()> {
+        let w = f32_of(w)?;
+        debug_assert_eq!(w.len(), dim);
+        norm::rmsnorm_inplace(&mut x.0, w, eps, n_rows);
+        Ok(())
+    }
+
+    fn moe_route(
+        &self,
+        logits: &CpuBuffer,
+        n_rows: usize,
+        n_expert: usize,
+        k: usize,
+        norm_w: bool,
+        w_scale: f32,
+        ids: &mut CpuBuffer,
+        weights: &mut CpuBuffer,
+    ) -> Result<()> {
+        moe::route(&logits.0, n_rows, n_expert, k, norm_w, w_scale, &mut ids.0, &mut weights.0);
+        Ok(())
+    }
+
+    fn matmul_id(&self, w: &CpuWeight, x: &CpuBuffer, ids: &CpuBuffer, n_rows: usize, k: usize, x_per_pair: bool, out: &mut CpuBuffer) -> Result<()> {
+        if w.dims.len() != 3 {
+            return Err(FakError::model(format!("tensor {} is not a stack of expert matrices", w.name)));
+        }
+        let (k_in, n_out, n_expert) = (w.dims[0], w.dims[1], w.dims[2]);
+        let n_x = if x_per_pair { n_rows * k } else { n_rows };
+        let groups = self
+            .gemm_rows
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .groups_for_rows(n_rows)
+            .map(<[u32]>::to_vec);
+        let m = moe::ExpertMatmul { wtype: w.wtype, w: w.bytes(), k_in, n_out, n_expert };
+        m.run(&x.0[..n_x * k_in], x_per_pair, &ids.0[..n_rows * k], k, groups.as_deref(), &mut out.0[..n_rows * k * n_out])
+    }
+
+    fn moe_combine(&self, experts: &CpuBuffer, weights: &CpuBuffer, n_rows: usize, k: usize, dim: usize, res: &mut CpuBuffer) -> Result<()> {
+        moe::combine(&experts.0, &weights.0, n_rows, k, dim, &mut res.0);
         Ok(())
     }
 

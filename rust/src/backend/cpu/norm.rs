@@ -23,6 +23,25 @@ pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32, n_rows: usize, out: &mut [f32]) {
     }
 }
 
+/// [`rmsnorm`] in place: each of `n_rows` rows of `w.len()` elements of `x` replaced by its norm.
+pub fn rmsnorm_inplace(x: &mut [f32], w: &[f32], eps: f32, n_rows: usize) {
+    let dim = w.len();
+    let one = |xr: &mut [f32]| {
+        let sum: f64 = xr.iter().map(|&v| (v * v) as f64).sum();
+        let mean = (sum / dim as f64) as f32;
+        let scale = 1.0 / (mean + eps).sqrt();
+        for (xv, &wv) in xr.iter_mut().zip(w) {
+            *xv = (*xv * scale) * wv;
+        }
+    };
+    let x = &mut x[..n_rows * dim];
+    if n_rows >= 8 {
+        x.par_chunks_mut(dim).for_each(one);
+    } else {
+        x.chunks_mut(dim).for_each(one);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -613,6 +613,22 @@ impl Backend for CudaBackend {
         self.op_add(x, y, n)
     }
 
+    fn rmsnorm_inplace(&self, _x: &mut CudaBuffer, _w: &CudaWeight, _eps: f32, _n_rows: usize, _dim: usize) -> Result<()> {
+        Err(FakError::Unsupported("rmsnorm_inplace on CUDA (in progress)".into()))
+    }
+
+    fn moe_route(&self, _l: &CudaBuffer, _n: usize, _ne: usize, _k: usize, _nw: bool, _ws: f32, _ids: &mut CudaBuffer, _w: &mut CudaBuffer) -> Result<()> {
+        Err(FakError::Unsupported("moe on CUDA (in progress)".into()))
+    }
+
+    fn matmul_id(&self, _w: &CudaWeight, _x: &CudaBuffer, _ids: &CudaBuffer, _n: usize, _k: usize, _pp: bool, _out: &mut CudaBuffer) -> Result<()> {
+        Err(FakError::Unsupported("moe on CUDA (in progress)".into()))
+    }
+
+    fn moe_combine(&self, _e: &CudaBuffer, _w: &CudaBuffer, _n: usize, _k: usize, _d: usize, _res: &mut CudaBuffer) -> Result<()> {
+        Err(FakError::Unsupported("moe on CUDA (in progress)".into()))
+    }
+
     fn gather_logit_rows(&self, x: &CudaBuffer, batch: &CudaBatch, dim: usize, out: &mut CudaBuffer) -> Result<()> {
         self.op_gather_rows(x, batch, dim, out)
     }
