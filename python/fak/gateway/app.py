@@ -30,7 +30,7 @@ from fak.gateway.chat_completions.protocol import (
 from fak.gateway.chat_completions.routes import create_chat_completion
 from fak.gateway.completions.protocol import Completion, CompletionRequest
 from fak.gateway.completions.routes import create_completion
-from fak.gateway.engine_api import EngineLike
+from fak.gateway.engine_api import EngineLike, engine_tool_call_format
 from fak.gateway.errors import APIError, ErrorResponse, exception_handlers
 from fak.gateway.health.routes import Health, health
 from fak.gateway.metrics import GatewayMetrics
@@ -65,6 +65,9 @@ class GatewayConfig:
             as content.
         serve_inline_reads: answer a repeated read-only tool call from the conversation's earlier
             result and let the model continue (``fak.gateway.inline_reads``).
+        tool_call_format: the form the model writes tool calls in (engine mode): ``None`` /
+            ``"auto"`` decides it from the engine's chat template; ``"hermes"`` (JSON) or
+            ``"qwen3_xml"`` (Qwen3-Coder) forces one (``fak.toolcalls.ToolCallFormat``).
     """
 
     model_name: str | None = None
@@ -73,6 +76,7 @@ class GatewayConfig:
     max_queue: int = 256
     tool_call_retries: int = 2
     serve_inline_reads: bool = False
+    tool_call_format: str | None = None
 
 
 class Gateway:
@@ -85,8 +89,12 @@ class Gateway:
         policy: a ``fak.policy.Policy`` or ``None`` (no adjudication).
         audit: a ``fak.policy.AuditLog`` or ``None``.
 
+    ``tool_call_format`` (engine mode) is the form the model writes tool calls in
+    (``engine_tool_call_format``), ``None`` in proxy mode.
+
     Raises:
-        ValueError: neither or both of ``engine`` and ``upstream``.
+        ValueError: neither or both of ``engine`` and ``upstream``; an unknown
+            ``config.tool_call_format``.
     """
 
     def __init__(self, config: GatewayConfig, *, engine: EngineLike | None = None, upstream: Upstream | None = None,
@@ -99,6 +107,7 @@ class Gateway:
         self.policy = policy
         self.audit = audit
         self.mode = "engine" if engine is not None else "proxy"
+        self.tool_call_format = engine_tool_call_format(engine, config.tool_call_format) if engine is not None else None
         self.model_name = config.model_name or (getattr(engine, "model_name", None) if engine else None) or "fak"
         self.created = int(time.time())
         self.admission = Admission(config.max_concurrency, config.max_queue)
@@ -203,8 +212,12 @@ def create_app(config: GatewayConfig | None = None, *, engine: EngineLike | None
     Returns:
         A Litestar ASGI app; ``app.state.gateway`` is its ``Gateway``.
 
+    ``tool_call_format`` (engine mode) is the form the model writes tool calls in
+    (``engine_tool_call_format``), ``None`` in proxy mode.
+
     Raises:
-        ValueError: neither or both of ``engine`` and ``upstream``.
+        ValueError: neither or both of ``engine`` and ``upstream``; an unknown
+            ``config.tool_call_format``.
     """
     from fak import __version__
 

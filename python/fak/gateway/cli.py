@@ -85,6 +85,10 @@ def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_
 @click.option("--tool-call-retries", type=click.IntRange(min=0), default=2, show_default=True,
               help="Extra samples of a forced tool call (tool_choice required or named) that does not fit its "
                    "tool's schema, before its text is returned as content.")
+@click.option("--tool-call-format", type=click.Choice(["auto", "hermes", "qwen3_xml"]), default="auto",
+              show_default=True,
+              help="The form the model writes tool calls in: auto reads it from the chat template "
+                   "(Qwen3-Coder's <function=...><parameter=...> XML form, else the <tool_call> JSON form).")
 @click.option("--serve-inline-reads", is_flag=True,
               help="Answer a repeated read-only tool call (read/list/search, read-only bash) from the "
                    "conversation's earlier result and let the model continue (needs X-Fak-Conversation).")
@@ -113,7 +117,7 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
           yarn_orig_ctx: int | None = None, sliding_window: int | None = None,
           replica_name: str | None = None, replicas: int = 1,
           ray_address: str | None = None, replica_cpus: float = 1.0,
-          replica_gpus: float = 0.0, tensor_parallel: int = 1) -> None:
+          replica_gpus: float = 0.0, tensor_parallel: int = 1, tool_call_format: str = "auto") -> None:
     """Serve OpenAI's API (chat, completions, models, health, metrics) with a tool-call policy."""
     if policy_check:
         if policy_path is None:
@@ -137,6 +141,9 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
                                    "not to --replicas.")
         if tensor_parallel > 1:
             raise click.UsageError("--tensor-parallel applies to one server's engine, not to --replicas.")
+        if tool_call_format != "auto":
+            raise click.UsageError("--tool-call-format applies to one server; the replicas read the form "
+                                   "from the model's chat template.")
         from fak.cluster.cli import serve_replicas
 
         return serve_replicas(gguf=gguf, n=replicas, ray_address=ray_address, addr=addr,
@@ -166,7 +173,7 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
     policy, audit = _load_policy(policy_path, audit_path, replica_name)
     config = GatewayConfig(model_name=model_name, api_key=api_key, max_concurrency=max_concurrency,
                            max_queue=max_queue, tool_call_retries=tool_call_retries,
-                           serve_inline_reads=serve_inline_reads)
+                           serve_inline_reads=serve_inline_reads, tool_call_format=tool_call_format)
     engine = None
     if gguf is not None:
         rope = rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx, sliding_window)
@@ -175,7 +182,8 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
                               tensor_parallel=tensor_parallel, **rope)
         app = create_app(config, engine=engine, policy=policy, audit=audit)
         what = f"{app.state.gateway.model_name} ({gguf.name}, backend {getattr(engine, 'backend', backend)}"
-        what += f", {tensor_parallel} tensor-parallel shards)" if tensor_parallel > 1 else ")"
+        what += f", {tensor_parallel} tensor-parallel shards" if tensor_parallel > 1 else ""
+        what += f", tool calls {app.state.gateway.tool_call_format.value})"
     else:
         assert base_url is not None
         app = create_app(config, upstream=Upstream(base_url, upstream_key), policy=policy, audit=audit)

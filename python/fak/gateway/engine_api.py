@@ -23,6 +23,7 @@ from fak.errors import ContextLengthError, FakError, KVCacheFullError
 from fak.gateway.admission import Admission
 from fak.gateway.errors import APIError, bad_request
 from fak.gateway.schemas import Timings
+from fak.toolcalls import ToolCallFormat, detect_tool_call_format
 
 log = logging.getLogger("fak.gateway")
 
@@ -33,6 +34,7 @@ __all__ = [
     "check_context",
     "check_stop",
     "engine_error",
+    "engine_tool_call_format",
     "sampling_kwargs",
     "token_logprobs",
 ]
@@ -57,6 +59,27 @@ class EngineLike(Protocol):
     def astream(self, prompt: str | list[int], **sampling: Any) -> AsyncIterator[Any]: ...
 
     def stats(self) -> dict[str, Any]: ...
+
+
+def engine_tool_call_format(engine: Any, override: str | None = None) -> ToolCallFormat:
+    """The tool-call form the engine's model speaks: ``override`` when given (``"hermes"`` or
+    ``"qwen3_xml"``, ``fak serve --tool-call-format``), else what its chat template teaches
+    (``fak.toolcalls.detect_tool_call_format`` over ``engine.chat_template.source``: the
+    template inside the GGUF, or the one that overrides it; a plain string is read as the
+    source). An engine without a template speaks the Hermes JSON form.
+
+    Raises:
+        ValueError: ``override`` names no form.
+    """
+    if override is not None and override != "auto":
+        try:
+            return ToolCallFormat(override)
+        except ValueError:
+            forms = ", ".join(f.value for f in ToolCallFormat)
+            raise ValueError(f"unknown tool-call format {override!r}; use auto, {forms}") from None
+    template = getattr(engine, "chat_template", None)
+    source = template if isinstance(template, str) else getattr(template, "source", None)
+    return detect_tool_call_format(source if isinstance(source, str) else None)
 
 
 def check_context(n_prompt: int, max_tokens: int | None, n_ctx: int, *, param: str,

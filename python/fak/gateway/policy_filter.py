@@ -6,7 +6,8 @@ gets a note in the message content instead (``denial_note``), and the ``fak_poli
 object lists every verdict of the response. A policy that raises fails closed (deny).
 
 ``AssistantOutputFilter`` is the engine-mode pipeline from generated text to what the client
-sees: Qwen2.5 ``<tool_call>`` blocks → tool calls (``toolcalls``), fenced ```bash blocks →
+sees: ``<tool_call>`` blocks in the model's form (Qwen2.5's JSON or Qwen3-Coder's XML,
+``toolcalls.ToolCallFormat``) → tool calls (``toolcalls``), fenced ```bash blocks →
 ``bash`` calls for text-protocol agents (``text_tools``), each adjudicated by the gate. Proxy mode
 (``proxy``) uses the gate and the text-tool parser on the upstream's structured output.
 
@@ -30,12 +31,14 @@ from fak.gateway.chat_completions.protocol import PolicyVerdictInfo
 from fak.gateway.errors import bad_request
 from fak.policy.audit import arguments_digest
 from fak.toolcalls import (
+    Qwen3XmlParser,
     BashBlockParser,
     Block,
     CallProblem,
     ParsedToolCall,
     RejectedCall,
     Text,
+    ToolCallFormat,
     ToolCallParser,
     ToolSet,
     bash_command,
@@ -237,6 +240,8 @@ class AssistantOutputFilter:
         gate: the request's ``PolicyGate``.
         parse_tools: parse ``<tool_call>`` blocks (the request has tools and ``tool_choice``
             is not ``"none"``).
+        tool_format: the form the model writes its calls in (``ToolCallFormat``: the Hermes
+            JSON form, or Qwen3-Coder's XML form), from its chat template.
         prefix: assistant text already in the prompt (forced tool-call opening); never sent.
         tools: the offered tools (``ToolSet``): a call naming another tool, or whose arguments
             fail its schema, is returned as content (``ContentOut.rejected`` says why); bare-JSON
@@ -258,8 +263,9 @@ class AssistantOutputFilter:
     tools: ToolSet | None = None
     content_offset: int = 0
     on_reject: Any = None
+    tool_format: ToolCallFormat = ToolCallFormat.HERMES
     rejected: list[CallProblem] = field(default_factory=list, init=False)
-    _tools: ToolCallParser | None = field(default=None, init=False)
+    _tools: ToolCallParser | Qwen3XmlParser | None = field(default=None, init=False)
     _bash: BashBlockParser | None = field(default=None, init=False)
     _held_ws: str = field(default="", init=False)
     _n_calls: int = field(default=0, init=False)
@@ -269,7 +275,7 @@ class AssistantOutputFilter:
 
     def __post_init__(self) -> None:
         if self.parse_tools:
-            self._tools = ToolCallParser(self.prefix, self.tools)
+            self._tools = ToolCallFormat(self.tool_format).parser(self.prefix, self.tools)
         if "bash" in self.gate.ctx.text_tools:
             self._bash = BashBlockParser()
 

@@ -48,8 +48,9 @@ takes the partial value: a cut ``rm -rf /tmp/x`` would run as ``rm -rf /``). The
 A block that is not a call (broken markup, a name that was not offered, arguments that fail the
 tool's schema) comes back as text, markers included: a ``RejectedCall`` saying why. A value cannot
 hold ``</parameter>`` or ``</tool_call>`` (the reference cannot either), nor a line that opens
-with ``<parameter=NAME>``, ``<function=NAME>`` or ``</function>`` when its ``</parameter>`` is
-missing.
+with ``<parameter=NAME>``, ``<function=NAME>`` or ``</function>`` (read as a value whose
+``</parameter>`` is missing: the value ends before that line; the reference ends it at such a tag
+anywhere).
 """
 
 from __future__ import annotations

@@ -8,8 +8,10 @@ be ``"auto"`` instead (the model may then write text before its call).
 
 Small models sometimes print the call instead of emitting it, or the server cannot parse it (a
 reply cut by ``max_tokens``): a ``<tool_call>{"name": ..., "arguments": {...}}`` block (closed or
-not) or a reply that starts with such a bare JSON object naming a tool is accepted too (read by
-the gateway's own parser, ``fak.toolcalls``), and its result goes back as a user message, since
+not) or a reply that starts with such a bare JSON object naming a tool is accepted too, and so is
+Qwen3-Coder's XML form (``<tool_call>\n<function=NAME>\n<parameter=P>\nvalue\n</parameter>...``),
+read by the gateway's own parsers (``fak.toolcalls``; the form picked from the reply itself, since
+the agent cannot see the model's chat template), and its result goes back as a user message, since
 there is no tool_call id to answer. Such a call has no ``call_ref``: when the gateway runs a policy,
 no verdict refers to it and it is not run.
 """
@@ -29,8 +31,8 @@ from fak.toolcalls import (
     TOOL_CALL_CLOSE,
     ParsedToolCall,
     RejectedCall,
-    ToolCallParser,
     ToolSet,
+    format_of_text,
     parse_bare_calls,
 )
 
@@ -53,14 +55,14 @@ def _arguments(raw: Any, name: str) -> dict[str, Any]:
 
 def calls_in_text(content: str, tools: ToolSet | Iterable[str] = TOOL_NAMES) -> list[Action]:
     """Tool calls written in ``content``, read and checked as the gateway reads and checks them
-    (``fak.toolcalls.ToolCallParser`` over the offered ``tools``: a ``ToolSet``, or names without
-    schemas): every ``<tool_call>`` block of an offered tool whose arguments fit its schema (the
-    closing tag is optional), else a reply that starts with bare ``{"name": TOOL, ...}`` objects
-    (optionally in a ```json fence). Raises ``FormatError`` saying what is wrong when a call is
+    (``fak.toolcalls.ToolCallParser``, or ``Qwen3XmlParser`` when the reply holds ``<function=``,
+    over the offered ``tools``: a ``ToolSet``, or names without schemas): every ``<tool_call>``
+    block of an offered tool whose arguments fit its schema (the closing tag is optional), else a
+    reply that starts with bare ``{"name": TOOL, ...}`` objects (optionally in a ```json fence). Raises ``FormatError`` saying what is wrong when a call is
     there but does not fit (bad JSON, an unknown tool, arguments that miss the schema); returns
     ``[]`` when there is no call at all."""
     toolset = tools if isinstance(tools, ToolSet) else ToolSet(dict.fromkeys(tools), tuple(tools))
-    parser = ToolCallParser(tools=toolset)
+    parser = format_of_text(content).parser(tools=toolset)
     pieces = parser.feed(content) + parser.finish()
     calls = [p for p in pieces if isinstance(p, ParsedToolCall)]
     rejected = next((p for p in pieces if isinstance(p, RejectedCall)), None)

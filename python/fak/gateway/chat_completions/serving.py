@@ -17,6 +17,13 @@ through ``AssistantOutputFilter`` (tool-call parsing, text tools, policy) → on
 - named (``{"type": "function", "function": {"name": F}}``): pre-filled with
   ``<tool_call>\\n{"name": "F", "arguments":``, the next token an opening brace.
 
+That is the Hermes JSON form. A model whose chat template speaks Qwen3-Coder's XML form
+(``fak.toolcalls.detect_tool_call_format``, decided once per gateway: ``Gateway.tool_call_format``)
+is forced the same way in its own form: pre-filled with ``<tool_call>\\n``, held to
+``<function=NAME>\\n`` + ``<parameter=`` or ``</function>`` for each offered name (required), or
+pre-filled with ``<tool_call>\\n<function=F>\\n`` and held to those two openings (named); its
+replies are parsed by ``fak.toolcalls.Qwen3XmlParser``.
+
 Every call is checked against the offered tools (``fak.toolcalls.ToolSet``: the name, and the
 arguments against the tool's JSON Schema). With ``"auto"`` a call that fails is content. With a
 forced choice, a first call that fails (bad JSON, arguments that do not match the schema) is
@@ -83,7 +90,7 @@ from fak.gateway.policy_filter import (
 )
 from fak.gateway.schemas import Usage, decode_body, new_id, now
 from fak.gateway.sse import DONE, SSE_HEADERS, sse_error, sse_event
-from fak.toolcalls import TOOL_CALL_OPEN, SchemaError, ToolSet
+from fak.toolcalls import SchemaError, ToolCallFormat, ToolSet
 
 log = logging.getLogger("fak.gateway")
 
@@ -99,9 +106,6 @@ __all__ = [
 SYSTEM_FINGERPRINT = "fp_fak"
 #: Temperature of the retries of a greedy request whose forced call did not fit (see module doc).
 RETRY_TEMPERATURE = 0.7
-#: How the arguments object may open after a forced ``"arguments":`` (with keys, empty, or
-#: pretty-printed): the model picks one, so a forced call's arguments are always an object.
-ARGUMENT_OPENINGS = (' {"', " {}", " {\n")
 
 
 class _ClientTools(msgspec.Struct):
@@ -210,30 +214,27 @@ def first_messages_key(messages: list[ChatMessage]) -> list[Any]:
     return key
 
 
-def forced_prefix(req: ChatCompletionRequest) -> str:
-    """Assistant-turn pre-fill for ``tool_choice`` ``"required"`` or a named function ("" otherwise)."""
+def forced_prefix(req: ChatCompletionRequest, fmt: ToolCallFormat = ToolCallFormat.HERMES) -> str:
+    """Assistant-turn pre-fill for ``tool_choice`` ``"required"`` or a named function ("" otherwise),
+    in the model's tool-call form ``fmt`` (``ToolCallFormat.forced_prefix``)."""
     if not req.tools or req.tool_choice is None or req.tool_choice in ("none", "auto"):
         return ""
     if req.tool_choice == "required":
-        return TOOL_CALL_OPEN + "\n" + '{"name": "'
-    name = req.tool_choice.function.name  # type: ignore[union-attr]
-    return TOOL_CALL_OPEN + "\n" + '{"name": ' + json.dumps(name) + ', "arguments":'
+        return fmt.forced_prefix()
+    return fmt.forced_prefix(req.tool_choice.function.name)  # type: ignore[union-attr]
 
 
-def forced_choices(req: ChatCompletionRequest, tokenize: Any) -> list[list[int]] | None:
+def forced_choices(req: ChatCompletionRequest, tokenize: Any,
+                   fmt: ToolCallFormat = ToolCallFormat.HERMES) -> list[list[int]] | None:
     """The engine's ``prefix_choices`` after ``forced_prefix``: for ``"required"``, each offered
-    name followed by ``", "arguments":`` and an opening of the arguments object; for a named
-    function, the opening only. ``tokenize(text) -> ids`` (no special tokens). ``None`` when the
-    tool choice forces nothing."""
-    prefix = forced_prefix(req)
-    if not prefix:
+    name followed by the opening of its arguments (JSON: ``", "arguments":`` and an opening brace;
+    XML: ``<function=NAME>\\n`` and ``<parameter=`` or ``</function>``); for a named function, the
+    openings only (``ToolCallFormat.forced_openings``). ``tokenize(text) -> ids`` (no special
+    tokens). ``None`` when the tool choice forces nothing."""
+    if not forced_prefix(req, fmt):
         return None
-    if req.tool_choice == "required":
-        names = list(dict.fromkeys(t.function.name for t in req.tools or []))
-        texts = [name + '", "arguments":' + opening for name in names for opening in ARGUMENT_OPENINGS]
-    else:
-        texts = list(ARGUMENT_OPENINGS)
-    return [ids for ids in (tokenize(t) for t in texts) if ids]
+    names = list(dict.fromkeys(t.function.name for t in req.tools or [])) if req.tool_choice == "required" else None
+    return [ids for ids in (tokenize(t) for t in fmt.forced_openings(names)) if ids]
 
 
 def chat_sampling(req: ChatCompletionRequest, max_tokens: int) -> dict[str, Any]:
@@ -248,7 +249,7 @@ def chat_sampling(req: ChatCompletionRequest, max_tokens: int) -> dict[str, Any]
 class _Setup:
     """What every generation of one chat request shares: the request, the client's own tool
     definitions (for the template), their schemas (``ToolSet``), the forced pre-fill, the policy
-    gate and whether tool calls are parsed."""
+    gate, whether tool calls are parsed, and the model's tool-call form."""
 
     req: ChatCompletionRequest
     client_tools: list[dict[str, Any]] | None
@@ -256,6 +257,7 @@ class _Setup:
     prefix: str
     gate: PolicyGate
     use_tools: bool
+    fmt: ToolCallFormat = ToolCallFormat.HERMES
 
 
 class _Generation:
@@ -404,6 +406,7 @@ class ChatServing:
     def __init__(self, gateway: Any) -> None:
         self.gw = gateway
         self.engine = gateway.engine
+        self.tool_call_format: ToolCallFormat = getattr(gateway, "tool_call_format", None) or ToolCallFormat.HERMES
 
     # -- request handling
 
@@ -425,11 +428,12 @@ class ChatServing:
             toolset = ToolSet.from_openai(client_tools) if use_tools else None
         except SchemaError as exc:
             raise bad_request(str(exc), param=f"tools[{exc.index}].function.parameters") from None
-        prefix = forced_prefix(req) if use_tools else ""
+        fmt = self.tool_call_format
+        prefix = forced_prefix(req, fmt) if use_tools else ""
         quarantine = self.gw.quarantine  # withheld tool results never reach the template
         screened = quarantine.screen(req.messages, ctx.conversation).apply(req.messages) if quarantine else req.messages
         messages = template_messages(screened)
-        setup = _Setup(req, client_tools, toolset, prefix, gate, use_tools)
+        setup = _Setup(req, client_tools, toolset, prefix, gate, use_tools, fmt)
         gen, prompt_ids, prompt = await self._generation(setup, messages, t_arrival)
         if quarantine is not None:
             quarantine.track(ctx.conversation, prompt, prompt_ids, screened, gen)
@@ -472,7 +476,8 @@ class ChatServing:
         def prompt_tokens() -> tuple[str, list[int], list[list[int]] | None]:
             prompt = self._render(messages, setup.client_tools) + setup.prefix
             ids = self.engine.tokenize(prompt, add_special=False, parse_special=True)
-            choices = forced_choices(req, lambda t: self.engine.tokenize(t, add_special=False, parse_special=False))
+            choices = forced_choices(req, lambda t: self.engine.tokenize(t, add_special=False, parse_special=False),
+                                     setup.fmt)
             return prompt, ids, choices
 
         # A long conversation takes milliseconds to render and tokenize: off the event loop, so
@@ -489,7 +494,8 @@ class ChatServing:
         def make_filter() -> AssistantOutputFilter:
             return AssistantOutputFilter(setup.gate, parse_tools=setup.use_tools, prefix=setup.prefix,
                                          parallel_tool_calls=req.parallel_tool_calls is not False,
-                                         tools=setup.toolset, on_reject=self.gw.metrics.count_tool_call_rejected)
+                                         tools=setup.toolset, on_reject=self.gw.metrics.count_tool_call_rejected,
+                                         tool_format=setup.fmt)
 
         gen = _Generation(self, req, prompt_ids, sampling, make_filter, forced=bool(setup.prefix),
                           t_arrival=t_arrival)
