@@ -4,7 +4,8 @@ Shared by the agent loop (``ToolBox._tool_search``) and anything else that greps
 (the staged pipeline's localizer), so both see the same files and the same matches.
 
 - **Files**: what git lists in the work tree (``git ls-files --cached --others
-  --exclude-standard``: tracked and untracked, ignored files and ``.git`` left out), text only (a
+  --exclude-standard`` through ``fak.gitsafe.git``: tracked and untracked, ignored files and
+  ``.git`` left out), text only (a
   NUL byte in the first 8 KiB marks a binary file), at most ``MAX_FILE_BYTES`` each. Outside a git
   repository, a walk of the folder that skips ``.git``.
 - **Patterns**: a fixed string by default (what small models type is mostly an identifier, a phrase
@@ -26,10 +27,11 @@ from __future__ import annotations
 import keyword
 import os
 import re
-import subprocess
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from fak.gitsafe import git
 
 #: files larger than this are not searched (generated tables, data dumps), bytes
 MAX_FILE_BYTES = 4_000_000
@@ -71,9 +73,8 @@ def list_files(root: Path, rel: str = ".") -> list[str]:
     """Files under ``rel`` (a folder or a file, relative to ``root``) that git sees in the work tree
     (tracked + untracked, not ignored), as root-relative ``/`` paths in path order; outside git, a
     walk that skips ``.git``."""
-    proc = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
-                           "--exclude-standard", "--", rel],
-                          capture_output=True, timeout=120, check=False)
+    proc = git(root, "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--", rel,
+               check=False, text=False, timeout=120)
     if proc.returncode == 0:
         names = {n for n in proc.stdout.decode("utf-8", "surrogateescape").split("\0") if n}
         return sorted(names)
@@ -124,8 +125,7 @@ class Searcher:
 
     def __init__(self, root: Path):
         self.root = Path(root)
-        probe = subprocess.run(["git", "-C", str(self.root), "rev-parse", "--is-inside-work-tree"],
-                               capture_output=True, text=True, check=False)
+        probe = git(self.root, "rev-parse", "--is-inside-work-tree", check=False)
         self.git = probe.returncode == 0 and probe.stdout.strip() == "true"
         self._has_pcre: bool | None = None
 
@@ -174,18 +174,16 @@ class Searcher:
         git built without PCRE: the caller falls back to Python)."""
         if regex and not self._pcre():
             return None
-        cmd = ["git", "-C", str(self.root), "grep", "-z", "-I", "--untracked", "--no-color",
-               *extra, "-P" if regex else "-F", *(["-i"] if ignore_case else []),
-               "-e", pattern, "--", rel]
-        proc = subprocess.run(cmd, capture_output=True, timeout=120, check=False)
+        proc = git(self.root, "grep", "-z", "-I", "--untracked", "--no-color", "--no-textconv",
+                   *extra, "-P" if regex else "-F", *(["-i"] if ignore_case else []),
+                   "-e", pattern, "--", rel, check=False, text=False, timeout=120)
         return proc.stdout if proc.returncode in (0, 1) else None
 
     def _pcre(self) -> bool:
         """Whether this git's grep takes ``-P`` (built with PCRE; checked once)."""
         if self._has_pcre is None:
-            proc = subprocess.run(["git", "-C", str(self.root), "grep", "-P", "-q", "-e", "x",
-                                   "--", ":(exclude)*"], capture_output=True, text=True,
-                                  check=False)
+            proc = git(self.root, "grep", "-P", "-q", "-e", "x", "--", ":(exclude)*",
+                       check=False)
             self._has_pcre = proc.returncode in (0, 1)
         return self._has_pcre
 

@@ -3,21 +3,6 @@
 Tool names and argument names are a contract with the policy engine (``fak.policy``) and the
 gateway; keep them:
 
-tool        arguments                                    what it does
-==========  ===========================================  =========================================
-read        path, start_line?, end_line? (1-based, incl.) numbered lines of a file
-list        path?                                        entries of a directory (dirs end in ``/``)
-search      pattern (extended regex), path?              matching lines ``file:line:text``
-edit        path, old, new                               replace ``old`` by ``new``; ``old`` must occur
-                                                         exactly once; a ``.py`` file must still parse
-write       path, content                                create or overwrite a file (``.py`` must parse)
-bash        command                                      ``bash -c`` in the workspace, inside the
-                                                         sandbox (``fak.sandbox``: no network, the
-                                                         workspace the only writable tree, limits),
-                                                         only with ``--allow-exec``
-submit      (none)                                       end the run; the patch is the workspace diff
-==========  ===========================================  =========================================
-=======
 ==========  ==============================================  ======================================
 tool        arguments                                       what it does
 ==========  ==============================================  ======================================
@@ -42,6 +27,10 @@ edit        path, old, new                                  replace ``old`` by `
                                                             files
 write       path, content                                   create or overwrite a file (``.py``
                                                             must parse)
+edit/write                                                  refuse git metadata: ``.git`` and all
+                                                            under it, a nested ``.git`` folder or
+                                                            ``gitdir:`` file, a symlink into one
+                                                            (``fak.gitsafe.git_metadata``)
 bash        command                                         ``bash -c`` in the workspace, inside
                                                             the sandbox (``fak.sandbox``: no
                                                             network, the workspace the only
@@ -67,7 +56,6 @@ import ast
 import difflib
 import os
 import re
-import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -77,6 +65,7 @@ from fak.agent import search as code_search
 from fak.agent.exceptions import SandboxError, Submitted, ToolError
 from fak.agent.search import Bounds, path_kind
 from fak.agent.workspace import Workspace
+from fak.gitsafe import git
 from fak.sandbox import (
     Limits,
     MiB,
@@ -414,14 +403,21 @@ class ToolBox:
         except ValueError as e:
             raise ToolError(f"{e}; paths are relative to the repository root") from None
 
+    def _write_path(self, path: str) -> Path:
+        """``_path`` for edit/write: git metadata is refused too (``Workspace.resolve_for_write``)."""
+        self._path(path)
+        try:
+            return self.workspace.resolve_for_write(path)
+        except ValueError as e:
+            raise ToolError(f"refused: {e}. The file was not changed.") from None
+
     def _not_found(self, what: str, path: str | None) -> ToolError:
         """A "no such file" error with a hint: tracked files of the same name, else the root's
         entries (small models guess paths such as ``src/x.py`` or ``OWNER/NAME/x.py``)."""
         name = Path(str(path or "").rstrip("/")).name
         hint = ""
         if name:
-            proc = subprocess.run(["git", "-C", str(self.workspace.root), "ls-files", "-z"],
-                                  capture_output=True, timeout=60)
+            proc = git(self.workspace.root, "ls-files", "-z", check=False, text=False, timeout=60)
             files = proc.stdout.decode("utf-8", "replace").split("\0")
             found: set[str] = set()
             for f in files:
@@ -527,7 +523,7 @@ class ToolBox:
                         f"the file was not changed.\n{err}")
 
     def _tool_edit(self, path: str, old: str, new: str) -> ToolResult:
-        p = self._path(path)
+        p = self._write_path(path)
         if not p.is_file():
             err = self._not_found("file", path)
             raise ToolError(f"{err} (write creates a new file)")
@@ -586,7 +582,7 @@ class ToolBox:
                 "Copy old exactly from these lines (without the line numbers), or read the file.")
 
     def _tool_write(self, path: str, content: str) -> ToolResult:
-        p = self._path(path)
+        p = self._write_path(path)
         if p.is_dir():
             raise ToolError(f"{path} is a folder")
         before = p.read_text(encoding="utf-8", errors="surrogateescape") if p.exists() else None

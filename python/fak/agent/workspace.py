@@ -1,7 +1,13 @@
 """The agent's workspace: a git work tree the tools may touch, and the patch it ends as.
 
 Paths the model gives are resolved inside the workspace root (relative to it, or absolute under it);
-anything that leaves the root (``..``, a symlink out) is refused.
+anything that leaves the root (``..``, a symlink out) is refused, and so is a write to git metadata
+(``resolve_for_write``: ``.git`` and everything under it, a nested repository's ``.git`` folder or
+``gitdir:`` file, a symlink that leads into one; ``fak.gitsafe.git_metadata``).
+
+Every git command runs through ``fak.gitsafe.git``, which never reads the repository's own
+configuration, hooks or ``gitdir:`` pointers: a model that wrote them cannot make fak's git run
+anything (docs/sandbox.md).
 
 The patch is what the official SWE-bench harness applies with ``git apply``: every change to the
 work tree against ``base_commit``, new files included, binary-safe. It is taken with
@@ -19,10 +25,12 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
-import os
-import subprocess
 import tempfile
 from pathlib import Path
+
+from fak.gitsafe import GitError, git, git_metadata
+
+__all__ = ["JUNK_PATTERNS", "Workspace", "WorkspaceError", "git"]
 
 JUNK_PATTERNS: tuple[str, ...] = (
     "__pycache__/",
@@ -53,26 +61,9 @@ def _is_junk(path: str) -> bool:
     return False
 
 
-class WorkspaceError(RuntimeError):
-    """A git operation on the workspace failed; the message carries git's stderr."""
-
-
-def git(root: Path, *args: str, env: dict[str, str] | None = None, check: bool = True,
-        text: bool = True, input: str | bytes | None = None) -> subprocess.CompletedProcess:
-    """Run ``git -C root args...`` and return the completed process.
-
-    Raises ``WorkspaceError`` (with git's stderr) when ``check`` and git exits non-zero.
-    """
-    full_env = dict(os.environ)
-    full_env.update({"GIT_TERMINAL_PROMPT": "0", "GIT_PAGER": "cat", "LC_ALL": "C"})
-    if env:
-        full_env.update(env)
-    proc = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=text,
-                          env=full_env, input=input)
-    if check and proc.returncode != 0:
-        err = proc.stderr if text else proc.stderr.decode("utf-8", "replace")
-        raise WorkspaceError(f"git {' '.join(args[:3])} failed in {root}: {err.strip()}")
-    return proc
+#: a git operation on the workspace failed (the message carries git's stderr); the same class as
+#: ``fak.gitsafe.GitError``, which every host-side git command raises
+WorkspaceError = GitError
 
 
 class Workspace:
@@ -102,6 +93,19 @@ class Workspace:
             raise ValueError(f"path {path!r} is outside the workspace {self.root}")
         return resolved
 
+    def resolve_for_write(self, path: str | None) -> Path:
+        """``resolve(path)`` for a tool that writes there. Raises ``ValueError`` also when the
+        path is git metadata (``fak.gitsafe.git_metadata``): git would run what a model wrote
+        there (hooks, ``core.fsmonitor``, filter drivers), so fak's tools never write it."""
+        resolved = self.resolve(path)
+        why = git_metadata(self.root, str(path).strip() if path is not None else ".")
+        if why is not None:
+            raise ValueError(f"{why}: git metadata (.git, a nested repository's .git, or a path "
+                             "that leads into one) is never written by the tools, since git runs "
+                             "commands that its configuration and hooks name; change the work "
+                             "tree's files only")
+        return resolved
+
     def display(self, path: Path) -> str:
         """``path`` relative to the root (``.`` for the root itself)."""
         try:
@@ -116,7 +120,7 @@ class Workspace:
         modification time (ns), so it changes when a changed file changes again. Cheap (one
         ``git status``); outside a git repository, ``""``."""
         proc = git(self.root, "status", "--porcelain=v1", "-z", "--untracked-files=all",
-                   "--no-renames", check=False, text=False)
+                   "--no-renames", "--ignore-submodules=all", check=False, text=False)
         if proc.returncode != 0:
             return ""
         h = hashlib.sha256()
@@ -158,5 +162,5 @@ class Workspace:
             git(self.root, "read-tree", base_commit, env=env)
             git(self.root, "add", "-A", env=env)
             proc = git(self.root, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff",
-                       "--no-renames", base_commit, env=env, text=False)
+                       "--no-textconv", "--no-renames", base_commit, env=env, text=False)
         return proc.stdout.decode("utf-8", "surrogateescape")

@@ -5,9 +5,11 @@ Per prediction (the harness's ``run_instance`` + eval script, ``swebench`` 4.1.0
 
 1. empty ``model_patch`` → ``empty_patch_ids`` (not run, as the harness);
 2. a clone of the repository at ``base_commit`` (local mirror, ``--repos``);
-3. ``model_patch`` applied: ``git apply --verbose``, then ``patch --batch --fuzz=5 -p1``
-   (the harness's fallbacks); if neither applies → ``error_ids`` with status
-   ``patch_apply_failed`` (the harness also counts it as an error);
+3. ``model_patch`` applied: ``git apply --verbose`` (``fak.gitsafe.git``: the clone's own
+   configuration is never read), then ``patch --batch --fuzz=5 -p1`` in the sandbox (the
+   harness's fallbacks); a patch that names git metadata (``.git``) is not applied; if neither
+   applies → ``error_ids`` with status ``patch_apply_failed`` (the harness also counts it as an
+   error);
 4. the env of (repo, version) built or reused (``fak.swebench.envs``, on the host: no model code
    is involved); ``pre_install`` (minus machine-changing steps) and ``install`` run in the clone
    **in fak's sandbox** (``fak.sandbox``: the model's patch is in the clone, so ``setup.py`` is
@@ -30,7 +32,6 @@ from __future__ import annotations
 import concurrent.futures as cf
 import shlex
 import shutil
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from fak.agent.trajectory import write_json_atomic
 from fak.sandbox import Limits, MiB, Sandbox, SandboxResult, probe, run_on_host, venv_paths
 from fak.swebench.dataset import parse_test_list
 from fak.swebench.envs import SYSTEM_COMMAND, Env, EnvBuilder, EnvError, get_spec
+from fak.gitsafe import git, patch_git_metadata
 from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
 
 START = ">>>>> Start Test Output"
@@ -162,18 +164,29 @@ class LocalGrader:
             else:
                 shutil.rmtree(work_root, ignore_errors=True)
 
-    @staticmethod
-    def _apply_model_patch(root: Path, patch: str, tmp: Path) -> str | None:
-        path = tmp / "model.patch"
-        path.write_text(patch if patch.endswith("\n") else patch + "\n",
-                        encoding="utf-8", errors="surrogateescape")
-        for cmd in (["git", "apply", "--verbose", str(path)],
-                    ["patch", "--batch", "--fuzz=5", "-p1", "-i", str(path)]):
-            proc = subprocess.run(cmd, cwd=root, capture_output=True, text=True)
-            if proc.returncode == 0:
-                return proc.stdout + proc.stderr
-            if cmd[0] == "patch":  # undo a partial application before giving up
-                subprocess.run(["git", "checkout", "--", "."], cwd=root, capture_output=True)
+    def _apply_model_patch(self, root: Path, patch: str, tmp: Path) -> str | None:
+        """Apply the model's patch as the harness does (``git apply --verbose``, else GNU
+        ``patch --batch --fuzz=5 -p1``); the apply log, or ``None`` when neither applies. A
+        patch that names git metadata (``fak.gitsafe.patch_git_metadata``) is never applied.
+        git runs on the host through ``fak.gitsafe.git`` (no repository configuration read);
+        GNU ``patch``, a large parser of model-written input (ed scripts included), runs in the
+        sandbox with the clone's ``.git`` read-only."""
+        data = (patch if patch.endswith("\n") else patch + "\n").encode("utf-8", "surrogateescape")
+        (tmp / "model.patch").write_bytes(data)
+        if patch_git_metadata(patch) is not None:
+            return None
+        proc = git(root, "apply", "--verbose", "-", input=data, check=False, text=False)
+        if proc.returncode == 0:
+            return (proc.stdout + proc.stderr).decode("utf-8", "replace")
+        argv = ["patch", "--batch", "--fuzz=5", "-p1"]
+        if self.unsafe_no_sandbox:
+            res = run_on_host(argv, cwd=root, env={"PATH": "/usr/bin:/bin", "LC_ALL": "C"},
+                              timeout_s=300, stdin=data)
+        else:
+            res = Sandbox(root, readonly=[root / ".git"], timeout_s=300).run(argv, stdin=data)
+        if res.returncode == 0:
+            return res.output
+        git(root, "checkout", "--", ".", check=False)  # undo a partial application
         return None
 
     def _install(self, env: Env, spec: dict[str, Any], root: Path, log_path: Path) -> list[str]:

@@ -21,13 +21,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import click
 
-from fak.agent.workspace import git
+from fak.gitsafe import git
 from fak.swebench.repos import DEFAULT_CACHE, RepoError, find_mirror
 
 
@@ -57,7 +56,8 @@ def dir_bytes(path: Path) -> int:
 
 
 def _has(repo: Path, sha: str) -> bool:
-    return git(repo, "cat-file", "-e", f"{sha}^{{commit}}", check=False).returncode == 0
+    return git(repo, "cat-file", "-e", f"{sha}^{{commit}}", mode="trusted",
+               check=False).returncode == 0
 
 
 def compact_mirror(repo: str, base: list[str], setup: list[str], out: Path,
@@ -69,40 +69,41 @@ def compact_mirror(repo: str, base: list[str], setup: list[str], out: Path,
     source = str(local) if local is not None else f"https://github.com/{repo}"
     if not (dest / "HEAD").is_file():
         dest.mkdir(parents=True, exist_ok=True)
-        git(dest, "init", "--bare", "-q")
-    remotes = git(dest, "remote").stdout.split()
-    git(dest, *(["remote", "set-url"] if "origin" in remotes else ["remote", "add"]), "origin", source)
+        git(dest, "init", "--bare", "-q", mode="trusted")
+    remotes = git(dest, "remote", mode="trusted").stdout.split()
+    git(dest, *(["remote", "set-url"] if "origin" in remotes else ["remote", "add"]), "origin", source,
+        mode="trusted")
     commits = base + [c for c in setup if c not in base]
     missing = [c for c in commits if not _has(dest, c)]
     if missing:
-        proc = subprocess.run(["git", "-C", str(dest), "fetch", "--quiet", "--depth", "1",
-                               "--no-tags", "origin", *missing], capture_output=True, text=True, check=False,
-                              env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+        proc = git(dest, "fetch", "--quiet", "--depth", "1", "--no-tags", "origin", *missing,
+                   mode="trusted", check=False)
         if proc.returncode != 0:
             raise RepoError(f"fetching {len(missing)} commit(s) of {repo} from {source} failed: "
                             f"{proc.stderr.strip()[-600:]}")
     for c in commits:
         if not _has(dest, c):
             raise RepoError(f"commit {c} of {repo} is not in {source}")
-        git(dest, "update-ref", f"refs/heads/fak/{c}", c)
-    git(dest, "symbolic-ref", "HEAD", f"refs/heads/fak/{commits[0]}")
+        git(dest, "update-ref", f"refs/heads/fak/{c}", c, mode="trusted")
+    git(dest, "symbolic-ref", "HEAD", f"refs/heads/fak/{commits[0]}", mode="trusted")
     tagged: dict[str, str] = {}
     skipped: list[str] = []
     if tags and local is not None:
         for c in base:
-            proc = git(local, "describe", "--tags", "--abbrev=0", c, check=False)
+            proc = git(local, "describe", "--tags", "--abbrev=0", c, check=False, mode="trusted")
             name = proc.stdout.strip()
             if proc.returncode != 0 or not name:
                 continue
-            have = git(dest, "rev-parse", "-q", "--verify", f"refs/tags/{name}", check=False)
+            have = git(dest, "rev-parse", "-q", "--verify", f"refs/tags/{name}", check=False,
+                       mode="trusted")
             if have.returncode == 0 and have.stdout.strip() != c:
                 skipped.append(name)
                 continue
-            git(dest, "update-ref", f"refs/tags/{name}", c)
+            git(dest, "update-ref", f"refs/tags/{name}", c, mode="trusted")
             tagged[name] = c
     if missing:
-        git(dest, "repack", "-a", "-d", "-q")
-        git(dest, "prune-packed", check=False)
+        git(dest, "repack", "-a", "-d", "-q", mode="trusted")
+        git(dest, "prune-packed", check=False, mode="trusted")
     return {"repo": repo, "path": str(dest), "source": source, "base_commits": base,
             "setup_commits": [c for c in setup if c not in base], "fetched": missing,
             "tags": tagged, "tags_skipped": skipped, "bytes": dir_bytes(dest)}

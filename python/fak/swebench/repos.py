@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
-from fak.agent.workspace import Workspace, WorkspaceError, git
+from fak.agent.workspace import Workspace
+from fak.gitsafe import GitError, git
 
 DEFAULT_CACHE = Path(os.environ.get("FAK_REPOS_CACHE", Path.home() / ".cache" / "fak" / "repos"))
 
@@ -39,7 +39,7 @@ def find_mirror(repos_dir: Path, repo: str) -> Path | None:
 
 
 def _has_commit(repo_path: Path, commit: str) -> bool:
-    proc = git(repo_path, "cat-file", "-e", f"{commit}^{{commit}}", check=False)
+    proc = git(repo_path, "cat-file", "-e", f"{commit}^{{commit}}", mode="trusted", check=False)
     return proc.returncode == 0
 
 
@@ -65,9 +65,8 @@ def ensure_mirror(repo: str, repos_dir: Path | None = None, cache_dir: Path | No
             tmp = mirror.with_name(mirror.name + ".partial")
             shutil.rmtree(tmp, ignore_errors=True)
             url = f"https://github.com/{repo}"
-            proc = subprocess.run(["git", "clone", "--quiet", "--mirror", url, str(tmp)],
-                                  capture_output=True, text=True,
-                                  env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+            proc = git(tmp.parent, "clone", "--quiet", "--mirror", url, str(tmp), mode="trusted",
+                       check=False)
             if proc.returncode != 0:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise RepoError(f"cloning {url} failed: {proc.stderr.strip()}; on an offline "
@@ -87,25 +86,27 @@ def make_workspace(mirror: Path, base_commit: str, dest: Path) -> Workspace:
     if dest.exists():
         shutil.rmtree(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(["git", "clone", "--quiet", "--no-checkout", "--local", str(mirror), str(dest)],
-                          capture_output=True, text=True)
+    # the mirror and the fresh clone are fak's own (no model has seen them): trusted mode
+    proc = git(dest.parent, "clone", "--quiet", "--no-checkout", "--local", str(mirror), str(dest),
+               mode="trusted", check=False)
     if proc.returncode != 0:
         raise RepoError(f"cloning {mirror} into {dest} failed: {proc.stderr.strip()}")
     try:
-        git(dest, "-c", "advice.detachedHead=false", "checkout", "--quiet", "--detach", base_commit)
-        git(dest, "remote", "remove", "origin", check=False)  # remote-tracking refs go with it
+        git(dest, "checkout", "--quiet", "--detach", base_commit, mode="trusted")
+        git(dest, "remote", "remove", "origin", mode="trusted", check=False)  # its refs go too
         # keep the tags of base_commit's history (setuptools_scm versions need them), as the
         # harness keeps tags older than base_commit; drop every branch and every later tag
-        kept = set(git(dest, "tag", "--merged", base_commit, "--format=%(refname)").stdout.split())
-        refs = [r for r in git(dest, "for-each-ref", "--format=%(refname)").stdout.split()
-                if r not in kept]
+        kept = set(git(dest, "tag", "--merged", base_commit, "--format=%(refname)",
+                       mode="trusted").stdout.split())
+        refs = [r for r in git(dest, "for-each-ref", "--format=%(refname)",
+                               mode="trusted").stdout.split() if r not in kept]
         if refs:
-            git(dest, "update-ref", "--no-deref", "--stdin",
+            git(dest, "update-ref", "--no-deref", "--stdin", mode="trusted",
                 input="".join(f"delete {r}\n" for r in refs))
-        git(dest, "reflog", "expire", "--expire=now", "--all", check=False)
-        git(dest, "config", "user.email", "agent@fak.invalid")
-        git(dest, "config", "user.name", "fak agent")
-    except WorkspaceError as e:
+        git(dest, "reflog", "expire", "--expire=now", "--all", mode="trusted", check=False)
+        git(dest, "config", "user.email", "agent@fak.invalid", mode="trusted")
+        git(dest, "config", "user.name", "fak agent", mode="trusted")
+    except GitError as e:
         raise RepoError(str(e)) from None
     ws = Workspace(dest)
     ws.write_junk_excludes()
@@ -114,5 +115,5 @@ def make_workspace(mirror: Path, base_commit: str, dest: Path) -> Workspace:
 
 def read_file_at(mirror: Path, commit: str, path: str) -> str | None:
     """The text of ``path`` at ``commit`` in ``mirror``, or ``None`` when it does not exist."""
-    proc = git(mirror, "show", f"{commit}:{path}", check=False)
+    proc = git(mirror, "show", f"{commit}:{path}", mode="trusted", check=False)
     return proc.stdout if proc.returncode == 0 else None

@@ -78,7 +78,8 @@ from fak.agent import (
     get_protocol,
 )
 from fak.agent.trajectory import write_json_atomic
-from fak.agent.workspace import WorkspaceError, git
+from fak.agent.workspace import WorkspaceError
+from fak.gitsafe import git
 from fak.sandbox import SandboxUnavailable, probe
 from fak.swebench.attempts import (  # noqa: F401 (re-exported: the fleet's attempt rules)
     ATTEMPTS_FILE,

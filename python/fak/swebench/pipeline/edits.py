@@ -22,10 +22,11 @@ from __future__ import annotations
 import ast
 import hashlib
 import re
-import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from fak.gitsafe import git, names_git_metadata
 
 _BLOCK = re.compile(
     r"(?:^|\n)(?:###\s*(?P<path>[^\n]+?)\s*\n)?(?:```[\w+-]*\n)?"
@@ -170,8 +171,16 @@ def normalized(path: str, text: str) -> str:
 
 def make_patch(changes: dict[str, tuple[str, str]]) -> str:
     """A ``git apply``-able patch of ``{path: (old_text, new_text)}`` (``git diff --no-index``
-    per file, paths as given, files in sorted order)."""
+    per file through ``fak.gitsafe.git``, paths as given, files in sorted order).
+
+    Raises ``EditError("bad_path")`` for a path that is absolute, climbs out (``..``) or names
+    git metadata (``fak.gitsafe.names_git_metadata``): such a file is never written, not even
+    in the temporary folder the patch is made in."""
     parts = []
+    for path in changes:
+        parts_of = path.replace("\\", "/").split("/")
+        if path.startswith("/") or ".." in parts_of or "" in parts_of or names_git_metadata(path):
+            raise EditError("bad_path", f"not a repository file path: {path!r}")
     with tempfile.TemporaryDirectory(prefix="fak-patch-") as tmp:
         for path in sorted(changes):
             old, new = changes[path]
@@ -180,9 +189,9 @@ def make_patch(changes: dict[str, tuple[str, str]]) -> str:
             b.parent.mkdir(parents=True, exist_ok=True)
             a.write_text(old, encoding="utf-8", errors="surrogateescape")
             b.write_text(new, encoding="utf-8", errors="surrogateescape")
-            proc = subprocess.run(["git", "diff", "--no-index", "--no-color", "--no-prefix",
-                                   "--no-ext-diff", f"a/{path}", f"b/{path}"], cwd=tmp,
-                                  capture_output=True, check=False)
+            proc = git(tmp, "diff", "--no-index", "--no-color", "--no-prefix", "--no-ext-diff",
+                       "--no-textconv", f"a/{path}", f"b/{path}", mode="none", check=False,
+                       text=False)
             if proc.returncode not in (0, 1):
                 raise RuntimeError(f"git diff --no-index failed: {proc.stderr.decode()[:300]}")
             parts.append(proc.stdout.decode("utf-8", "surrogateescape"))

@@ -1,7 +1,8 @@
 """The one place the pipeline runs a program: model-written scripts and task test suites.
 
 ``run_in_sandbox`` runs it in fak's sandbox (``fak.sandbox.Sandbox``: the workspace the only
-writable tree, the rest read-only, an empty ``$HOME``, its own PID namespace, limits, no network
+writable tree, its ``.git`` read-only again (nothing a script writes there is read by fak's own
+git, ``fak.gitsafe``, and none of it can be planted for later), the rest read-only, an empty ``$HOME``, its own PID namespace, limits, no network
 but loopback); ``net_setup`` lines (the requests tarpit of ``fak.swebench.local.NETNS_SETUP``) run
 first inside the sandbox's network namespace. Only ``unsafe_no_sandbox`` (the
 ``--unsafe-no-sandbox`` flag) runs it on the host instead. The command's environment is what the
@@ -57,8 +58,9 @@ def run_in_sandbox(argv: list[str], *, workspace: Path, env: dict[str, str] | No
     if unsafe_no_sandbox:
         res = run_on_host(list(argv), cwd=workdir, env=full_env, timeout_s=timeout_s)
     else:
+        git_dir = Path(workspace) / ".git"
         box = Sandbox(workspace, readable=readable, env=full_env, timeout_s=timeout_s, net="none",
-                      net_setup=net_setup)
+                      net_setup=net_setup, readonly=[git_dir] if git_dir.is_dir() else [])
         res = box.run(list(argv), cwd=workdir)
     text = res.output + (f"\n[{res.note}]" if res.killed and res.note else "")
     return RunResult(res.returncode, truncate_middle(text, max_output_chars), bool(res.killed),

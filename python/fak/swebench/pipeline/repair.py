@@ -27,6 +27,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from fak.gitsafe import names_git_metadata
 from fak.swebench.pipeline.edits import (
     EditError,
     apply_block,
@@ -82,7 +83,7 @@ def evaluate(repo: Repo, text: str, location: dict[str, Any]) -> tuple[str, str,
     changes: dict[str, tuple[str, str]] = {}
     for b in blocks:
         path = _resolve(b.path, files, location["path"])
-        if path is None or not is_source_path(path):
+        if path is None or not is_source_path(path) or names_git_metadata(path):
             return "bad_path", f"not a source file of the repository: {b.path!r}", {}
         old = changes[path][0] if path in changes else (repo.text(path) or "")
         cur = changes[path][1] if path in changes else old

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
-from fak.agent.workspace import git
+from fak.gitsafe import git
 
 #: path parts that mark tests, docs and other non-source trees
 NON_SOURCE_PARTS = frozenset({"tests", "test", "testing", "doc", "docs", "examples", "example",
@@ -58,7 +58,8 @@ class Repo:
     def text(self, path: str) -> str | None:
         """The file's text at the commit (UTF-8, undecodable bytes replaced), or ``None``."""
         if path not in self._text:
-            proc = git(self.mirror, "show", f"{self.commit}:{path}", check=False, text=False)
+            proc = git(self.mirror, "show", f"{self.commit}:{path}", mode="trusted", check=False,
+                       text=False)
             self._text[path] = (proc.stdout.decode("utf-8", "replace") if proc.returncode == 0
                                 else None)
         return self._text[path]
@@ -76,7 +77,7 @@ class Repo:
         for p in patterns:
             args += ["-e", p]
         args += [self.commit, "--", *(paths or [])]
-        proc = git(self.mirror, *args, check=False, text=False)
+        proc = git(self.mirror, *args, mode="trusted", check=False, text=False)
         out: list[tuple[str, int, str]] = []
         prefix = f"{self.commit}:".encode()
         for raw in proc.stdout.split(b"\n"):
@@ -99,7 +100,8 @@ class Repo:
 
 @lru_cache(maxsize=64)
 def _ls_tree(mirror: str, commit: str) -> list[str]:
-    proc = git(Path(mirror), "ls-tree", "-r", "-z", "--name-only", commit, text=False)
+    proc = git(Path(mirror), "ls-tree", "-r", "-z", "--name-only", commit, mode="trusted",
+               text=False)
     return sorted(p.decode("utf-8", "replace") for p in proc.stdout.split(b"\0") if p)
 
 

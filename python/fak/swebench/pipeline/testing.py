@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import re
 import shutil
-import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fak.agent.workspace import git
+from fak.gitsafe import git, patch_git_metadata
 from fak.sandbox import venv_paths
 from fak.swebench.pipeline.execute import RunResult, run_in_sandbox, sandbox_kind
 from fak.swebench.pipeline.source import Repo, is_test_path, module_name
@@ -92,9 +91,12 @@ class TaskEnv:
         git(self.root, "clean", "-fdq")
 
     def apply(self, patch: str) -> bool:
-        proc = subprocess.run(["git", "apply", "--whitespace=nowarn", "-"], cwd=self.root,
-                              input=patch.encode("utf-8", "surrogateescape"), capture_output=True,
-                              check=False)
+        """Apply ``patch`` to the work tree (``git apply`` through ``fak.gitsafe.git``); False
+        when it does not apply or names git metadata (never applied)."""
+        if patch_git_metadata(patch) is not None:
+            return False
+        proc = git(self.root, "apply", "--whitespace=nowarn", "-", check=False, text=False,
+                   input=patch.encode("utf-8", "surrogateescape"))
         return proc.returncode == 0
 
 
