@@ -56,6 +56,7 @@ class CompiledScope:
     reason: str
     optional: bool
     extra_roots: tuple[str, ...]
+    git_metadata: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,7 +173,7 @@ def _tool(name: str, t: ToolPolicy) -> CompiledTool:
                                               f"{base}.allowed"),
         allowed_verdict=Verdict(True, f"allowed by {base}", base),
         scopes=tuple(CompiledScope(f"{base}.paths[{i}]", s.argument, s.reason, s.optional,
-                                   tuple(real_root(r) for r in s.extra_roots))
+                                   tuple(real_root(r) for r in s.extra_roots), s.git_metadata)
                      for i, s in enumerate(t.paths)),
         deny=deny,
         plans=tuple(plans),

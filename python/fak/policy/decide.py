@@ -10,7 +10,8 @@ Evaluation order for ``decide(tool, arguments)`` (the first step that decides wi
 3. ``allowed: false`` → deny (``tools.<t>.allowed``).
 4. Path scopes, in order (``tools.<t>.paths[i]``): the argument must be a string that resolves
    inside the workspace root (or an extra root); a missing argument denies unless ``optional``;
-   no workspace root known → deny.
+   no workspace root known → deny; with ``git_metadata``, a path that is git metadata (a
+   ``.git`` component as written or resolved) → deny (``tools.<t>.paths[i].git_metadata``).
 5. Deny rules, in order (``tools.<t>.deny[i]``): the first that matches denies. An argument a
    ``normalized`` regex or a ``check`` reads is parsed as shell once; if it is not valid shell,
    the tool's ``on_unparseable`` decides (default: deny, ``tools.<t>.on_unparseable``).
@@ -36,6 +37,7 @@ from fak.errors import FakError
 from fak.policy import schema
 from fak.policy.compile import (NORMALIZED, RAW, CompiledBudget, CompiledPolicy, CompiledTool,
                                 Verdict, compile_policy)
+from fak.gitsafe import names_git_metadata
 from fak.policy.paths import real_root, resolve, within
 from fak.policy.shell import Analysis, ShellSyntaxError, analyze
 
@@ -390,6 +392,11 @@ def _check_scope(scope: Any, args: dict[str, Any], root: str | None) -> Verdict 
     if real is None:
         return Verdict(False, f"{scope.reason}: `{_short(value)}` cannot be resolved",
                        scope.rule_id)
+    if scope.git_metadata is not None:
+        below = real[len(root):] if within(real, root, strict=True) else real
+        if names_git_metadata(value) or names_git_metadata(below):
+            return Verdict(False, f"{scope.git_metadata}: `{_short(value)}` resolves to "
+                                  f"{_short(real)}", f"{scope.rule_id}.git_metadata")
     if within(real, root):
         return None
     for extra in scope.extra_roots:

@@ -59,12 +59,15 @@ class Budgets(_Base, frozen=True):
 
 class PathScope(_Base, frozen=True):
     """The argument ``argument`` names a path that must resolve inside the workspace root (or
-    one of ``extra_roots``); ``optional``: a missing argument is fine (the tool has a default)."""
+    one of ``extra_roots``); ``optional``: a missing argument is fine (the tool has a default);
+    ``git_metadata``: when given, the reason a path that is git metadata is denied with (``.git``
+    and everything under it, a nested ``.git``, a symlink into one: tools that write)."""
 
     argument: Name
     reason: Reason
     optional: bool = False
     extra_roots: list[str] = []
+    git_metadata: Reason | None = None
 
 
 class Rule(_Base, frozen=True):

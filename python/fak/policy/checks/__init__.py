@@ -49,7 +49,8 @@ CHECKS: dict[str, Check] = {c.name: c for c in (
           "printing the environment (env, printenv, export -p, set, ps e, awk ENVIRON)", False),
     Check("credential_files", credential_files,
           "naming credential files or other processes' environments", True),
-    Check("git_hooks", git_hooks, "writing git hooks or git configuration files", True),
+    Check("git_hooks", git_hooks,
+          "writing git metadata: .git (hooks, config, ...) or a nested repository's .git", True),
 )}
 
 __all__ = ["CHECKS", "Check", "CheckFn"]

@@ -10,6 +10,7 @@ import glob as _glob
 import os
 import re
 
+from fak.gitsafe import names_git_metadata
 from fak.policy import commands as _cmds
 from fak.policy import writes as _writes
 from fak.policy.checks.base import cached_resolve, is_root, path_problem, short
@@ -123,24 +124,30 @@ def _link_targets(c: SimpleCommand, root: str | None, extra: tuple[str, ...]) ->
     return None
 
 
-_GIT_RUNS = re.compile(r"(?:^|/)\.git/(?:hooks(?:/|$)|config$|info/attributes$"
-                       r"|worktrees/[^/]+/config$)")
+def _git_metadata_text(real: str, root: str | None) -> bool:
+    """Whether the real path ``real`` is git metadata: a ``.git`` component
+    (:func:`fak.gitsafe.names_git_metadata`) in its part below the workspace root, or anywhere
+    in it when it is outside the root."""
+    if root is not None and within(real, root, strict=True):
+        real = real[len(root):]
+    return names_git_metadata(real)
 
 
 def git_hooks(a: Analysis, root: str | None, extra: tuple[str, ...]) -> str | None:
-    """Writes into a repository's ``.git/hooks`` or ``.git/config``: git runs the hooks, and
-    the configuration names commands (aliases, ``core.pager``, ``core.fsmonitor``, ...)."""
+    """Writes into git metadata: ``.git`` and everything under it (hooks, ``config``,
+    ``info/attributes``, ...), a nested repository's ``.git`` folder or ``gitdir:`` file, as
+    written or once symlinks are resolved. Git runs the hooks, and its configuration names
+    commands (aliases, ``core.pager``, ``core.fsmonitor``, filter drivers, ...)."""
     for c in a.commands:
         for word, dyn, _, r in _written(c):
             if dyn:
                 continue
-            names = [os.path.normpath(word)]
+            if names_git_metadata(os.path.normpath(word)):
+                return f"{short(c.line or 'redirection')}: writes `{short(word, 80)}`"
             for cwd in c.cwds:
                 real = cached_resolve(c, word, cwd, root)
-                if real is not None:
-                    names.append(real)
-            if any(_GIT_RUNS.search(n) for n in names):
-                return f"{short(c.line or 'redirection')}: writes `{short(word, 80)}`"
+                if real is not None and _git_metadata_text(real, root):
+                    return f"{short(c.line or 'redirection')}: writes `{short(word, 80)}`"
     return None
 
 
