@@ -13,6 +13,12 @@ the Unicode range), the chat template is Qwen2.5's layout (including its tool bl
   way a constrained model is (``_constrained``);
 - otherwise a pseudo-random sentence seeded by the prompt's SHA-256.
 
+``xml_engine()`` is the same fake speaking Qwen3-Coder's XML form: its ``chat_template`` is the
+Qwen3-Coder-layout test template (``tests/data/qwen3_coder_style.jinja``, rendered by
+``fak.chat.ChatTemplate``, which is how the gateway tells the form), it answers ``XML_SCRIPT``,
+and it completes the XML pre-fills (``<tool_call>\n``, ``<tool_call>\n<function=F>\n``) in that
+form (``forced_xml_arguments`` scripts a named call's parameters).
+
 Streaming is an async generator that yields ``chunk`` tokens per ``Delta``, sleeping ``delay``
 seconds between deltas; closing it early (``aclose``) counts as a cancellation and frees the
 sequence's KV blocks, like the real engine. ``stats()`` has the contract's keys.
@@ -24,8 +30,10 @@ import asyncio
 import hashlib
 import json
 import math
+import re
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from fak.errors import ContextLengthError, KVCacheFullError
@@ -53,6 +61,35 @@ SCRIPT = [
     ("never close", "Here:\n```bash\nsudo reboot"),
     ("no markers", '{"name": "get_weather", "arguments": {"city": "Lima"}}'),
     ("json answer", '{"answer": 4}'),
+]
+
+
+#: A chat template in Qwen3-Coder's layout (tools as <function> entries, XML calls).
+XML_TEMPLATE = Path(__file__).resolve().parents[1] / "data" / "qwen3_coder_style.jinja"
+
+
+def xml_call(name: str, **params: str) -> str:
+    """One call in Qwen3-Coder's XML form, as its template writes it."""
+    body = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in params.items())
+    return f"<tool_call>\n<function={name}>\n{body}</function>\n</tool_call>"
+
+
+FORECAST_TOOL = {"type": "function", "function": {
+    "name": "get_forecast", "description": "Forecast of a city.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string"}, "days": {"type": "integer"}, "hourly": {"type": "boolean"},
+        "fields": {"type": "array", "items": {"type": "string"}}}, "required": ["city", "days"]}}}
+
+XML_SCRIPT = [
+    ("weather", xml_call("get_weather", city="Paris")),
+    ("two calls", "Let me check both.\n" + xml_call("get_weather", city="Paris") + "\n"
+                  + xml_call("get_weather", city="Rome")),
+    ("forecast", "A typed call.\n" + xml_call("get_forecast", city="São Paulo", days="3", hourly="True",
+                                              fields='["temp", "rain"]')),
+    ("cut off", "Running.\n<tool_call>\n<function=bash>\n<parameter=command>\nrm -rf /tmp/bu"),
+    ("html", xml_call("bash", command="echo '<b>a < b</b>' > out.html\ncat out.html")),
+    ("<tool_response>", "It is sunny in Paris."),
+    ("clean up", "Cleaning.\n" + xml_call("bash", command="rm -rf /") + "\n" + xml_call("bash", command="ls -la")),
 ]
 
 
@@ -90,6 +127,22 @@ def _offered_tools(prompt_text: str) -> dict[str, dict[str, Any]]:
             fn = json.loads(line).get("function", {})
             tools[fn.get("name", "")] = fn.get("parameters") or {}
     return tools
+
+
+def _offered_xml_tools(prompt_text: str) -> dict[str, list[str]]:
+    """The required parameters of each tool in the XML template's ``<tools>`` block, by name, in order."""
+    start, end = prompt_text.find("<tools>"), prompt_text.find("</tools>")
+    tools: dict[str, list[str]] = {}
+    if start >= 0 and end > start:
+        for entry in re.finditer(r"<function>\n<name>([^<]*)</name>.*?<required>(.*?)</required>",
+                                 prompt_text[start:end], re.S):
+            tools[entry.group(1)] = json.loads(entry.group(2))
+    return tools
+
+
+def _forced_xml_params(required: list[str]) -> str:
+    """A cooperative model's parameters in a forced XML call: ``forced`` for each required one."""
+    return "".join(f"<parameter={p}>\nforced\n</parameter>\n" for p in required)
 
 
 def _forced_args(parameters: dict[str, Any] | None) -> str:
@@ -133,8 +186,15 @@ class FakeEngine:
     #: under a named tool_choice: (trigger, text after `"arguments":`)
     forced_arguments: list[tuple[str, str]] = field(default_factory=lambda: [
         ("a number please", " 1}\n</tool_call>"), ("no city", ' {"town": "Oslo"}}\n</tool_call>')])
+    #: under a named tool_choice in the XML form: (trigger, text after `<function=F>\n`)
+    forced_xml_arguments: list[tuple[str, str]] = field(default_factory=lambda: [
+        ("no city", "<parameter=town>\nOslo\n</parameter>\n</function>\n</tool_call>"),
+        ("a number please", "1\n</function>\n</tool_call>")])
     #: whether ``prefix_choices`` hold (False: a fake of an engine that ignores them)
     honor_choices: bool = True
+    #: a ``fak.chat.ChatTemplate`` rendering the prompts instead of the built-in Qwen2.5 layout
+    #: (the gateway reads its ``source`` to tell the model's tool-call form)
+    chat_template: Any = None
 
     # -- tokenizer
 
@@ -166,6 +226,8 @@ class FakeEngine:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
                             add_generation_prompt: bool = True) -> str:
+        if self.chat_template is not None:
+            return self.chat_template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
         out = []
         msgs = list(messages)
         if tools:
@@ -193,8 +255,27 @@ class FakeEngine:
 
     # -- generation
 
+    def _xml_reply(self, prompt_text: str) -> str | None:
+        """The completion of the XML form's forced pre-fill, or ``None`` for another prompt."""
+        named = re.search(r"<tool_call>\n<function=([^>\n]*)>\n$", prompt_text)
+        if named is not None:
+            for trigger, reply in self.forced_xml_arguments:
+                if trigger in prompt_text:
+                    return reply
+            return _forced_xml_params(_offered_xml_tools(prompt_text).get(named.group(1), [])) + "</function>\n</tool_call>"
+        if prompt_text.endswith("<|im_start|>assistant\n<tool_call>\n"):
+            for trigger, name in self.forced_names:
+                if trigger in prompt_text:
+                    return f"<function={name}>\n</function>\n</tool_call>"
+            tools = _offered_xml_tools(prompt_text)
+            name = next(iter(tools), "unknown")
+            return f"<function={name}>\n" + _forced_xml_params(tools.get(name, [])) + "</function>\n</tool_call>"
+        return None
+
     def reply_for(self, prompt_text: str) -> str:
         """The full reply this engine gives to ``prompt_text`` (before stop strings/max_tokens)."""
+        if (xml := self._xml_reply(prompt_text)) is not None:
+            return xml
         if prompt_text.endswith('<tool_call>\n{"name": "'):
             for trigger, name in self.forced_names:
                 if trigger in prompt_text:
@@ -236,8 +317,8 @@ class FakeEngine:
         choice; else the first choice opening empty arguments (``{}``), then closing the call."""
         if any(text.startswith(c) for c in choices):
             return text
-        empty = next((c for c in choices if c.endswith("{}")), choices[0])
-        return empty + "}\n</tool_call>"
+        empty = next((c for c in choices if c.endswith(("{}", "</function>"))), choices[0])
+        return empty + ("\n</tool_call>" if empty.endswith("</function>") else "}\n</tool_call>")
 
     def _blocks(self, n_tokens: int) -> int:
         return math.ceil(n_tokens / self.kv_block_size)
@@ -297,6 +378,15 @@ class FakeEngine:
     def stats(self) -> dict[str, Any]:
         return {"running": self.running, "waiting": 0, "kv_blocks_used": self.kv_blocks_used,
                 "kv_blocks_total": self.kv_blocks_total}
+
+
+def xml_engine(**kwargs: Any) -> FakeEngine:
+    """A ``FakeEngine`` speaking Qwen3-Coder's XML form (see the module doc); ``kwargs`` as
+    ``FakeEngine`` takes them (``script`` defaults to ``XML_SCRIPT``)."""
+    from fak.chat import ChatTemplate
+
+    kwargs.setdefault("script", list(XML_SCRIPT))
+    return FakeEngine(chat_template=ChatTemplate(XML_TEMPLATE.read_text(encoding="utf-8")), **kwargs)
 
 
 # ------------------------------------------------------------------------------------- policy
