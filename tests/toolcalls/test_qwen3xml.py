@@ -5,8 +5,9 @@ Replies have the shape Qwen3-Coder's chat template asks for (and the reference p
 ``qwen3coder_tool_parser.py``, reads). Every text is also fed one character at a time and split
 at every position, since a marker may arrive across any delta boundary. To add a case, append
 ``(text, expected_content, expected_calls)`` to ``CASES`` (``expected_content`` is the content
-with whitespace stripped when there are calls), or a ``(value, schema, expected)`` row to
-``CONVERSIONS``.
+with whitespace stripped when there are calls), a ``(block, kind)`` row to ``REJECTED``, or a
+``(value, schema, expected)`` row to ``CONVERSIONS``; a property test feeds random markup in
+random deltas.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from fak.toolcalls import (
     format_of_text,
 )
 from fak.toolcalls.qwen3xml import parameter_kinds, scan_functions
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 SYNTH_TEMPLATES = Path(__file__).resolve().parents[2] / "python" / "fak" / "synth" / "templates"
@@ -329,3 +332,33 @@ def test_the_agent_reads_xml_calls_in_text() -> None:
     assert [(a.name, a.arguments) for a in actions] == [("bash", {"command": "pytest -x -q"})]
     with pytest.raises(FormatError, match="cut off"):
         calls_in_text("<tool_call>\n<function=bash>\n<parameter=command>\nrm -rf /tm", tools)
+
+
+FRAGMENTS = ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", "get_weather",
+             "city", "days", ">", "\n", " ", "<", "=", "Paris", "3", "true", "{", "}", '"', "null", "é", "<tool_", "<func"]
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.sampled_from(FRAGMENTS), max_size=40), st.integers(min_value=1, max_value=7))
+def test_any_text_parses_the_same_in_any_deltas_and_never_raises(parts: list[str], step: int) -> None:
+    text = "".join(parts)
+    whole = _run([text])
+    pieces = _run([text[i:i + step] for i in range(0, len(text), step)])
+
+    def shape(ps: list) -> list:
+        out: list = []
+        for p in ps:
+            if isinstance(p, ParsedToolCall):
+                out.append(("call", p.name, p.arguments, p.raw))
+            elif isinstance(p, RejectedCall):
+                out.append(("rejected", p.text, p.problem.kind))
+            elif out and out[-1][0] == "text":
+                out[-1] = ("text", out[-1][1] + p.text)
+            elif p.text:
+                out.append(("text", p.text))
+        return out
+
+    assert shape(whole) == shape(pieces)
+    for p in pieces:
+        if isinstance(p, ParsedToolCall):
+            assert isinstance(json.loads(p.arguments), dict)
