@@ -111,7 +111,7 @@ class GatewayMetrics:
                                 "engine_error).", ["reason"], registry=r)
         self.tool_calls_rejected = Counter("fak_tool_calls_rejected",
                                            "Proposed tool calls that did not fit the offered tools, by reason "
-                                           "(unknown_tool, invalid_json, schema).", ["reason"], registry=r)
+                                           "(unknown_tool, invalid_json, schema, malformed).", ["reason"], registry=r)
         self.tool_call_retries = Counter("fak_tool_call_retries",
                                          "Forced tool calls sampled again because the first did not fit.", registry=r)
         self.policy_verdicts = Counter("fak_policy_verdicts", "Tool-call policy decisions by tool and verdict.",
