@@ -38,6 +38,8 @@ def fak_serve(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> It
     (["--base-url", "http://x/v1", "--addr", "nohost"], "HOST:PORT"),
     (["--base-url", "http://x/v1", "--max-concurrency", "0"], "--max-concurrency"),
     (["--base-url", "http://x/v1", "--tool-call-retries", "-1"], "--tool-call-retries"),
+    (["--base-url", "http://x/v1", "--tool-call-format", "xml"], "--tool-call-format"),
+    (["--gguf", __file__, "--replicas", "2", "--tool-call-format", "hermes"], "--tool-call-format applies"),
 ])
 def test_usage_errors(args: list[str], message: str) -> None:
     result = CliRunner().invoke(main, ["serve", *args])
@@ -130,6 +132,52 @@ def test_engine_mode_tool_names_are_the_offered_ones(tmp_path: Path) -> None:
             content = msg.content or ""
             assert msg.tool_calls or content.startswith(" {"), content
             assert '"name": "bash"' not in content  # the pre-fill never comes back as content
+
+
+def test_engine_mode_qwen3_coder_tool_choice(tmp_path: Path) -> None:
+    """The same over the tiny synthetic qwen3moe model, whose Qwen3-Coder template teaches the XML
+    form: the gateway reads the form from the GGUF's template, pre-fills ``<tool_call>\\n`` and holds
+    the model to ``<function=NAME>\\n`` of an offered NAME (required) or to ``<parameter=`` /
+    ``</function>`` after ``<function=bash>\\n`` (named). Every call names an offered tool; content
+    is the model's own text after the pre-fill."""
+    pytest.importorskip("fak.engine", reason="fak.Engine lands from branch pyengine")
+    synth = pytest.importorskip("fak.synth", reason="fak.synth lands from branch synth")
+    from gateway_fakes import BASH_TOOL, WEATHER_TOOL
+
+    path = tmp_path / "tiny-qwen3moe.gguf"
+    try:
+        synth.write_tiny_model(path, "qwen3moe")
+    except (TypeError, ValueError) as exc:
+        pytest.skip(f"fak.synth cannot write qwen3moe here ({exc})")
+    tools = [WEATHER_TOOL, BASH_TOOL, {"type": "function", "function": {"name": "get_time"}}]
+    names = {t["function"]["name"] for t in tools}
+    haiku = [{"role": "user", "content": "Write a haiku about autumn."}]
+    with fak_serve("--gguf", str(path), "--backend", "cpu", "--n-ctx", "1024", "--model-name", "tiny",
+                   "--tool-call-retries", "1") as base:
+        client = openai.OpenAI(base_url=base, api_key="x", max_retries=0, timeout=300)
+        seen = set()
+        for seed in range(6):
+            r = client.chat.completions.create(model="tiny", messages=haiku, tools=tools, tool_choice="required",
+                                               max_tokens=24, temperature=1.0, seed=seed)
+            msg = r.choices[0].message
+            for call in msg.tool_calls or []:
+                assert call.function.name in names and isinstance(json.loads(call.function.arguments), dict)
+                seen.add(call.function.name)
+            if not msg.tool_calls:
+                content = msg.content or ""
+                assert content.startswith("<function=") and not content.startswith("<tool_call>"), content
+                name = content[len("<function="):].split(">", 1)[0]
+                assert name in names and content.startswith(f"<function={name}>\n"), content
+                seen.add(name)
+        assert len(seen) > 1, seen  # the model chooses among them; nothing picks one for it
+        for seed in range(3):
+            r = client.chat.completions.create(model="tiny", messages=haiku, tools=tools, max_tokens=16, seed=seed,
+                                               tool_choice={"type": "function", "function": {"name": "bash"}})
+            msg = r.choices[0].message
+            content = msg.content or ""
+            assert msg.tool_calls or content.startswith(("<parameter=", "</function>")), content
+            assert all(c.function.name == "bash" for c in msg.tool_calls or [])
+            assert "<function=bash>" not in content  # the pre-fill never comes back as content
 
 
 def test_policy_check(tmp_path: Path) -> None:
