@@ -262,7 +262,8 @@ class FakeEngine:
             for trigger, reply in self.forced_xml_arguments:
                 if trigger in prompt_text:
                     return reply
-            return _forced_xml_params(_offered_xml_tools(prompt_text).get(named.group(1), [])) + "</function>\n</tool_call>"
+            required = _offered_xml_tools(prompt_text).get(named.group(1), [])
+            return _forced_xml_params(required) + "</function>\n</tool_call>"
         if prompt_text.endswith("<|im_start|>assistant\n<tool_call>\n"):
             for trigger, name in self.forced_names:
                 if trigger in prompt_text:

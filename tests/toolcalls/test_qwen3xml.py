@@ -78,9 +78,10 @@ CASES = [
     # values holding `<`, XML-like text, tags inside a line, unicode
     (call("bash", command="test 1 < 2 && echo '<div class=\"x\">ok</div>' > out.html"), None,
      [("bash", {"command": "test 1 < 2 && echo '<div class=\"x\">ok</div>' > out.html"})]),
-    (call("edit", path="t.py", old="s = '<parameter=x>y</parameter=x>'\n  </function>", new="<tool_call> é 漢字 🙂"),
-     None, [("edit", {"path": "t.py", "old": "s = '<parameter=x>y</parameter=x>'\n  </function>",
-                      "new": "<tool_call> é 漢字 🙂"})]),
+    (call("edit", path="t.py", old="s = '<parameter=x>y</parameter=x>'\n  </function>",
+          new="<tool_call> é 漢字 🙂"), None,
+     [("edit", {"path": "t.py", "old": "s = '<parameter=x>y</parameter=x>'\n  </function>",
+                "new": "<tool_call> é 漢字 🙂"})]),
     # inline values (no newlines), blanks in tags
     ("<tool_call><function=get_weather><parameter=city>Kyiv</parameter></function></tool_call>", None,
      [("get_weather", {"city": "Kyiv"})]),
@@ -294,9 +295,13 @@ def test_scan_functions() -> None:
 
 def test_detect_tool_call_format_from_the_template() -> None:
     assert detect_tool_call_format((DATA / "qwen3_coder_style.jinja").read_text()) is ToolCallFormat.QWEN3_XML
-    assert detect_tool_call_format((SYNTH_TEMPLATES / "qwen2.jinja").read_text()) is ToolCallFormat.HERMES
-    assert detect_tool_call_format((SYNTH_TEMPLATES / "llama3.jinja").read_text()) is ToolCallFormat.HERMES
-    assert detect_tool_call_format(None) is ToolCallFormat.HERMES and detect_tool_call_format("") is ToolCallFormat.HERMES
+    # the templates fak synth writes into its tiny models (qwen3moe: Qwen3-Coder's)
+    for name, form in (("qwen2", "hermes"), ("llama3", "hermes"), ("qwen3", "hermes"), ("qwen3-coder", "qwen3_xml")):
+        path = SYNTH_TEMPLATES / f"{name}.jinja"
+        if path.exists():
+            assert detect_tool_call_format(path.read_text()) is ToolCallFormat(form), name
+    assert detect_tool_call_format(None) is ToolCallFormat.HERMES
+    assert detect_tool_call_format("") is ToolCallFormat.HERMES
     # Llama 3.1's custom-tool example mentions <function=...> with JSON, no <parameter=
     assert detect_tool_call_format('Reply as <function=NAME>{"a": 1}</function>') is ToolCallFormat.HERMES
     assert format_of_text(PARIS) is ToolCallFormat.QWEN3_XML and format_of_text("{}") is ToolCallFormat.HERMES
@@ -334,8 +339,9 @@ def test_the_agent_reads_xml_calls_in_text() -> None:
         calls_in_text("<tool_call>\n<function=bash>\n<parameter=command>\nrm -rf /tm", tools)
 
 
-FRAGMENTS = ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>", "get_weather",
-             "city", "days", ">", "\n", " ", "<", "=", "Paris", "3", "true", "{", "}", '"', "null", "é", "<tool_", "<func"]
+FRAGMENTS = ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>",
+             "get_weather", "city", "days", ">", "\n", " ", "<", "=", "Paris", "3", "true", "{", "}", '"', "null",
+             "é", "<tool_", "<func"]
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -45,6 +45,10 @@ def _client(srv: Any) -> openai.OpenAI:
     return openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
 
 
+def _named(name: str) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name}}
+
+
 def _ask(client: openai.OpenAI, stream: bool, **kwargs: Any) -> tuple[str | None, list[tuple[str, Any]], str]:
     """(content, [(name, arguments decoded)], finish_reason), streamed or not."""
     if stream:
@@ -126,7 +130,7 @@ def test_history_is_rendered_in_the_xml_form(start_gateway: Any) -> None:
     content, calls, finish = _ask(_client(start_gateway(engine=eng)), False, messages=messages, tools=[WEATHER_TOOL])
     assert (content, calls, finish) == ("It is sunny in Paris.", [], "stop")
     prompt = eng.detokenize(eng.requests[-1][0])
-    assert "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>" in prompt
+    assert xml_call("get_weather", city="Paris") in prompt
     assert "<name>get_weather</name>" in prompt
 
 
@@ -164,15 +168,14 @@ def test_required_unoffered_name_is_content_without_the_prefill(start_gateway: A
 def test_named_choice(start_gateway: Any, stream: bool) -> None:
     eng = xml_engine()
     content, calls, finish = _ask(_client(start_gateway(engine=eng)), stream,
-                                  messages=[{"role": "user", "content": "what time is it"}], tools=[TIME_TOOL, WEATHER_TOOL],
-                                  tool_choice={"type": "function", "function": {"name": "get_time"}})
+                                  messages=[{"role": "user", "content": "what time is it"}],
+                                  tools=[TIME_TOOL, WEATHER_TOOL], tool_choice=_named("get_time"))
     assert calls == [("get_time", {})] and finish == "tool_calls" and not content
     ids, sampling = eng.requests[-1]
     assert eng.detokenize(ids).endswith("<|im_start|>assistant\n<tool_call>\n<function=get_time>\n")
     assert {eng.detokenize(c) for c in sampling["prefix_choices"]} == {"<parameter=", "</function>"}
     _, calls, _ = _ask(_client(start_gateway(engine=eng)), stream, messages=[{"role": "user", "content": "weather"}],
-                       tools=[TIME_TOOL, WEATHER_TOOL],
-                       tool_choice={"type": "function", "function": {"name": "get_weather"}})
+                       tools=[TIME_TOOL, WEATHER_TOOL], tool_choice=_named("get_weather"))
     assert calls == [("get_weather", {"city": "forced"})]
 
 
@@ -180,7 +183,7 @@ def test_named_choice_that_misses_the_schema_is_retried_then_text(start_gateway:
     eng = xml_engine()
     srv = start_gateway(engine=eng, tool_call_retries=2)
     content, calls, finish = _ask(_client(srv), False, messages=[{"role": "user", "content": "no city"}],
-                                  tools=[WEATHER_TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}})
+                                  tools=[WEATHER_TOOL], tool_choice=_named("get_weather"))
     assert not calls and finish == "stop" and len(eng.requests) == 3
     assert content == "<parameter=town>\nOslo\n</parameter>\n</function>\n</tool_call>"  # no pre-fill
     m = scrape(http, srv.url)
@@ -232,7 +235,7 @@ def test_a_denied_forced_call_is_a_note(start_gateway: Any) -> None:
                                                     "</function>\n</tool_call>")])
     srv = start_gateway(engine=eng, policy=FakePolicy())
     r = _client(srv).chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "wipe it"}],
-                                             tools=[BASH_TOOL], tool_choice={"type": "function", "function": {"name": "bash"}})
+                                             tools=[BASH_TOOL], tool_choice=_named("bash"))
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "stop"
     assert r.choices[0].message.content.startswith("[fak policy] Tool call `bash` was denied")
     assert [v["allowed"] for v in r.model_extra["fak_policy"]["verdicts"]] == [False]

@@ -58,9 +58,10 @@ def calls_in_text(content: str, tools: ToolSet | Iterable[str] = TOOL_NAMES) -> 
     (``fak.toolcalls.ToolCallParser``, or ``Qwen3XmlParser`` when the reply holds ``<function=``,
     over the offered ``tools``: a ``ToolSet``, or names without schemas): every ``<tool_call>``
     block of an offered tool whose arguments fit its schema (the closing tag is optional), else a
-    reply that starts with bare ``{"name": TOOL, ...}`` objects (optionally in a ```json fence). Raises ``FormatError`` saying what is wrong when a call is
-    there but does not fit (bad JSON, an unknown tool, arguments that miss the schema); returns
-    ``[]`` when there is no call at all."""
+    reply that starts with bare ``{"name": TOOL, ...}`` objects (optionally in a ```json fence).
+    Raises ``FormatError`` saying what is wrong when a call is there but does not fit (bad JSON,
+    broken XML, an unknown tool, arguments that miss the schema); returns ``[]`` when there is no
+    call at all."""
     toolset = tools if isinstance(tools, ToolSet) else ToolSet(dict.fromkeys(tools), tuple(tools))
     parser = format_of_text(content).parser(tools=toolset)
     pieces = parser.feed(content) + parser.finish()
