@@ -82,6 +82,9 @@ CASES = [
           new="<tool_call> é 漢字 🙂"), None,
      [("edit", {"path": "t.py", "old": "s = '<parameter=x>y</parameter=x>'\n  </function>",
                 "new": "<tool_call> é 漢字 🙂"})]),
+    # a value that is an XML file with a `</function>` line (its own </parameter> follows)
+    (call("edit", path="f.xml", old="<function>\n<name>f</name>\n</function>", new=""), None,
+     [("edit", {"path": "f.xml", "old": "<function>\n<name>f</name>\n</function>", "new": ""})]),
     # inline values (no newlines), blanks in tags
     ("<tool_call><function=get_weather><parameter=city>Kyiv</parameter></function></tool_call>", None,
      [("get_weather", {"city": "Kyiv"})]),

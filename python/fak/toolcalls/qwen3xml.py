@@ -31,7 +31,8 @@ The conventions are those of the reference parser Qwen publishes with the model 
   not declare is text;
 - a missing ``</parameter>`` ends the value at the next ``<parameter=``, ``</function>`` or
   ``<function=`` tag (fak asks that tag to open a line, as the template writes it, so a value may
-  hold XML-like text: ``a < b``, ``<div>``, a ``<parameter=x>`` inside a line);
+  hold XML-like text: ``a < b``, ``<div>``, a ``<parameter=x>`` inside a line; and a
+  ``</function>`` line that the value's own ``</parameter>`` follows is the value's text);
 - a missing ``</function>`` or ``</tool_call>`` is forgiven where the call is otherwise whole; one
   ``<tool_call>`` block may hold several ``<function=...>`` blocks (one call each); a
   ``<function=...>...</function>`` block written without ``<tool_call>`` around it is a call too;
@@ -48,9 +49,8 @@ takes the partial value: a cut ``rm -rf /tmp/x`` would run as ``rm -rf /``). The
 A block that is not a call (broken markup, a name that was not offered, arguments that fail the
 tool's schema) comes back as text, markers included: a ``RejectedCall`` saying why. A value cannot
 hold ``</parameter>`` or ``</tool_call>`` (the reference cannot either), nor a line that opens
-with ``<parameter=NAME>``, ``<function=NAME>`` or ``</function>`` (read as a value whose
-``</parameter>`` is missing: the value ends before that line; the reference ends it at such a tag
-anywhere).
+with ``<parameter=NAME>`` or ``<function=NAME>`` (read as a value whose ``</parameter>`` is
+missing: the value ends before that line; the reference ends it at such a tag anywhere).
 """
 
 from __future__ import annotations
@@ -99,6 +99,7 @@ XML_EXAMPLE = "<tool_call>\\n<function=NAME>\\n<parameter=P>\\nvalue\\n</paramet
 _TAG = re.compile(r"<parameter=|</function>|<function=")
 #: Where a value whose ``</parameter>`` is missing ends: a line that opens with a tag.
 _OPEN_LINE_TAG = re.compile(r"\n(?=<parameter=[^>\n]*>|<function=[^>\n]*>|</function>)")
+_OPENING = re.compile(r"<parameter=|<function=")
 _INTEGER = re.compile(r"[+-]?[0-9]+")
 _NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 #: Longest value read as a Python literal (``ast.literal_eval`` parses the whole text).
@@ -318,6 +319,20 @@ def _tag_name(text: str, start: int, what: str) -> tuple[str, int] | CallProblem
     return name, end + 1
 
 
+def _missing_close(inner: str, start: int, close: int, limit: int) -> re.Match[str] | None:
+    """Where a value starting at ``start`` ends when its ``</parameter>`` is missing: the first
+    line before ``limit`` that opens with a tag. A ``</function>`` line followed by this value's
+    own ``</parameter>`` (no other tag opens between them) is text of the value (an XML file)."""
+    pos = start
+    while (tag := _OPEN_LINE_TAG.search(inner, pos)) is not None and tag.start() < limit:
+        after = tag.start() + 1
+        if not (inner.startswith(FUNCTION_CLOSE, after) and close >= 0
+                and _OPENING.search(inner, after, close) is None):
+            return tag
+        pos = after
+    return None
+
+
 def scan_functions(inner: str, *, closed: bool) -> list[XmlCall] | CallProblem | None:
     """The ``<function=...>`` blocks inside one ``<tool_call>`` block (``inner``: the text between
     the markers), by the rules of the module doc. ``closed``: whether ``</tool_call>`` ended the
@@ -352,8 +367,8 @@ def scan_functions(inner: str, *, closed: bool) -> list[XmlCall] | CallProblem |
             param, start = got
             close = inner.find(PARAMETER_CLOSE, start)
             limit = close if close >= 0 else len(inner)
-            line_tag = _OPEN_LINE_TAG.search(inner, start)
-            if line_tag is not None and line_tag.start() < limit:  # </parameter> missing
+            line_tag = _missing_close(inner, start, close, limit)
+            if line_tag is not None:  # </parameter> missing
                 raw, pos = inner[start:line_tag.start() + 1], line_tag.start() + 1
             elif close >= 0:
                 raw, pos = inner[start:close], close + len(PARAMETER_CLOSE)
