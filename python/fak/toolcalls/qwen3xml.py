@@ -324,10 +324,14 @@ def _missing_close(inner: str, start: int, close: int, limit: int) -> re.Match[s
     line before ``limit`` that opens with a tag. A ``</function>`` line followed by this value's
     own ``</parameter>`` (no other tag opens between them) is text of the value (an XML file)."""
     pos = start
+    opening = _OPENING.search(inner, start)  # the next <parameter= / <function=, kept ahead of pos
     while (tag := _OPEN_LINE_TAG.search(inner, pos)) is not None and tag.start() < limit:
         after = tag.start() + 1
-        if not (inner.startswith(FUNCTION_CLOSE, after) and close >= 0
-                and _OPENING.search(inner, after, close) is None):
+        if not inner.startswith(FUNCTION_CLOSE, after) or close < 0:
+            return tag
+        if opening is not None and opening.start() < after:
+            opening = _OPENING.search(inner, after)
+        if opening is not None and opening.start() < close:
             return tag
         pos = after
     return None
@@ -343,6 +347,7 @@ def scan_functions(inner: str, *, closed: bool) -> list[XmlCall] | CallProblem |
     if pos < 0:
         return None
     calls: list[XmlCall] = []
+    close = inner.find(PARAMETER_CLOSE)  # the next </parameter> (-1: none left)
     while pos >= 0:
         got = _tag_name(inner, pos + len(FUNCTION_OPEN), "function")
         if isinstance(got, CallProblem):
@@ -365,7 +370,8 @@ def scan_functions(inner: str, *, closed: bool) -> list[XmlCall] | CallProblem |
             if isinstance(got, CallProblem):
                 return got
             param, start = got
-            close = inner.find(PARAMETER_CLOSE, start)
+            if 0 <= close < start:  # (-1 stays -1: no </parameter> is left; keeps a long call linear)
+                close = inner.find(PARAMETER_CLOSE, start)
             limit = close if close >= 0 else len(inner)
             line_tag = _missing_close(inner, start, close, limit)
             if line_tag is not None:  # </parameter> missing
