@@ -53,7 +53,8 @@ def synth_command(out: Path, tiny: str | None, like: Path | None, preset: str | 
     if tiny and tokenizer_from:
         raise click.UsageError("--tokenizer-from applies to twins (--like/--preset), not --tiny")
     if not tiny and any(x is not None for x in (sliding_window, sliding_window_pattern, n_layer, tied)):
-        raise click.UsageError("--sliding-window, --sliding-window-pattern, --n-layer and --tied/--untied apply to --tiny")
+        raise click.UsageError("--sliding-window, --sliding-window-pattern, --n-layer and --tied/--untied "
+                               "apply to --tiny")
     if tiny != "qwen3moe" and (n_expert is not None or n_expert_used is not None):
         raise click.UsageError("--n-expert and --n-expert-used apply to --tiny qwen3moe")
     pattern: int | list[bool] | None = None

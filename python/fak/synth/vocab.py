@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
-__all__ = ["FAMILIES", "QWEN2_SPECIALS", "QWEN3_SPECIALS", "TokenizerSpec", "bpe_merges", "build_tokenizer", "byte_symbols", "chat_template"]
+__all__ = ["FAMILIES", "QWEN2_SPECIALS", "QWEN3_SPECIALS", "TokenizerSpec", "bpe_merges", "build_tokenizer",
+           "byte_symbols", "chat_template"]
 
 # llama.cpp llama_token_type
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
