@@ -72,7 +72,9 @@ def copy_bandwidth() -> float:
 
 
 def bytes_per_token(path: str) -> tuple[int, int]:
-    """(weight bytes one decode token reads, KV bytes per token of context)."""
+    """(weight bytes one decode token reads, KV bytes per token of context). A mixture-of-experts
+    layer's stacked experts (``*_exps``) count with ``expert_used_count / expert_count`` of their
+    bytes: one token reads only its chosen experts' matrices."""
     with GGUFFile(path) as f:
         names = {t.name: t for t in f.tensors}
         md = f.metadata
@@ -81,9 +83,12 @@ def bytes_per_token(path: str) -> tuple[int, int]:
         n_head = int(md[f"{arch}.attention.head_count"])
         n_kv = int(md[f"{arch}.attention.head_count_kv"])
         n_embd = int(md[f"{arch}.embedding_length"])
+        head_dim = int(md.get(f"{arch}.attention.key_length", n_embd // n_head))
+        used = int(md.get(f"{arch}.expert_used_count", 1))
+        n_exp = int(md.get(f"{arch}.expert_count", 1))
     tied = "output.weight" not in names
-    w = sum(t.n_bytes for n, t in names.items() if n != "token_embd.weight" or tied)
-    head_dim = n_embd // n_head
+    w = sum(t.n_bytes * (used / n_exp if "_exps." in n else 1) for n, t in names.items() if n != "token_embd.weight" or tied)
+    w = int(w)
     return w, n_layer * n_kv * head_dim * 2 * 2
 
 

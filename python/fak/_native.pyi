@@ -288,6 +288,12 @@ class OpRunner:
         self, wtype: str, w: npt.NDArray[np.uint8], n_out: int, k: int, x: npt.NDArray[np.float32],
         res: npt.NDArray[np.float32], bias: npt.NDArray[np.float32] | None = None,
     ) -> npt.NDArray[np.float32]: ...
+    def head_norm(self, x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], eps: float) -> npt.NDArray[np.float32]: ...
+    def moe_ffn(
+        self, h: npt.NDArray[np.float32], res: npt.NDArray[np.float32], d: int, n_ff: int, n_expert: int, k: int,
+        gate_inp: npt.NDArray[np.float32], gate_type: str, gate: npt.NDArray[np.uint8], up_type: str,
+        up: npt.NDArray[np.uint8], down_type: str, down: npt.NDArray[np.uint8],
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
     def rope_kv_write(
         self, q: npt.NDArray[np.float32], k: npt.NDArray[np.float32], v: npt.NDArray[np.float32], n_past: int,
         table: npt.NDArray[np.uint32], n_head: int, n_head_kv: int, head_dim: int, style: str, n_rot: int,

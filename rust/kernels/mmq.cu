@@ -218,7 +218,7 @@ FAK_DEVICE void cp_async4z(void* smem, const void* gmem, int n) {
 template <int FMT, int BN, int G, int S, bool FR = false>
 __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __restrict__ yq, const void* __restrict__ ya,
                        const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,
-                       bool accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {
+                       bool accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters, int n0_tok) {
     constexpr int BM = 128, AST = 48, NT = BN / 16;
     constexpr bool KQ = FMT == T_Q4_K || FMT == T_Q5_K;  // super-block sums with mins
     constexpr bool K6 = FMT == T_Q6_K;
@@ -239,7 +239,7 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
     __shared__ u32 s_last;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
     const int g = lane >> 2, tig = lane & 3;
-    const int m0 = blockIdx.x * BM, n0 = blockIdx.y * BN;
+    const int m0 = blockIdx.x * BM, n0 = n0_tok;
     const int wm = (warp & 3) * 32, wn = (warp >> 2) * (BN / 2);
 
     // Loaders: weight row tid/2, 16 values at 16·(tid & 1); token tid/4 (those < BN), 8 bytes at
@@ -753,7 +753,7 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
         const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,   \
         int accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {                                     \
         pdl_enter();                                                                                                       \
-        mmq_q8<FMT, BN, G, 0>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters);    \
+        mmq_q8<FMT, BN, G, 0>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters, blockIdx.y * BN);    \
     }
 // mmq_<fmt>_q8_n<BN>_s<S>: the staged mode (two k-steps per barrier), dynamic shared memory
 // 2·2·128·48 + S·stage_bytes (the host's `mmq_q8_smem`); K % 256 == 0.
@@ -763,7 +763,7 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
         const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,   \
         int accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {                                     \
         pdl_enter();                                                                                                       \
-        mmq_q8<FMT, BN, 2, S>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters);    \
+        mmq_q8<FMT, BN, 2, S>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters, blockIdx.y * BN);    \
     }
 // mmq_<fmt>_q8_n<BN>_f<S>: the fragment mode (Q4_K, Q6_K), dynamic shared memory S·stage_bytes.
 #define MMQ_Q8F(NAME, FMT, BN, S)                                                                                          \
@@ -772,7 +772,7 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
         const int* __restrict__ ys, const float* __restrict__ bias, float* __restrict__ Y, int K, int n_out, int n_rows,   \
         int accumulate, int kps, float* __restrict__ ws, u32* __restrict__ counters) {                                     \
         pdl_enter();                                                                                                       \
-        mmq_q8<FMT, BN, 2, S, true>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters); \
+        mmq_q8<FMT, BN, 2, S, true>(W, row_bytes, yq, ya, ys, bias, Y, K, n_out, n_rows, accumulate != 0, kps, ws, counters, blockIdx.y * BN); \
     }
 #define MMQ_Q8F_ALL(NAME, FMT)                                                                                             \
     MMQ_Q8F(NAME, FMT, 16, 2) MMQ_Q8F(NAME, FMT, 16, 3) MMQ_Q8F(NAME, FMT, 32, 2) MMQ_Q8F(NAME, FMT, 32, 3)             \
@@ -782,6 +782,40 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
     MMQ_Q8(NAME, FMT, 64, 1) MMQ_Q8(NAME, FMT, 64, 2)                                                                     \
     MMQ_Q8S(NAME, FMT, 16, 2) MMQ_Q8S(NAME, FMT, 16, 3) MMQ_Q8S(NAME, FMT, 32, 2) MMQ_Q8S(NAME, FMT, 32, 3)             \
     MMQ_Q8S(NAME, FMT, 64, 2) MMQ_Q8S(NAME, FMT, 64, 3)
+// mmq_id_<fmt>_q8_n64: the grouped GEMM of a mixture-of-experts FFN over (row, expert) pairs in
+// expert-sorted order (moe.cu `moe_sort`, `moe_gather_q8`): tile t = blockIdx.y of the tile table
+// `tiles` (count, then (expert, first row, rows) per tile) multiplies expert e's matrix
+// (W + e·estride) with rows first .. first + rows of the sorted activations into the same rows of
+// Y. grid (⌈n_out/128⌉, an upper bound on the tiles), 256 threads, dynamic shared memory as
+// mmq_<fmt>_q8_n64_p2; blocks past the table's count return at once. No split-K, no bias.
+template <int FMT>
+__device__ void mmq_id(const u8* __restrict__ W, size_t row_bytes, size_t estride, const i8* __restrict__ yq, const void* __restrict__ ya,
+                       const int* __restrict__ ys, float* __restrict__ Y, int K, int n_out, const u32* __restrict__ tiles) {
+    pdl_enter();
+    const u32 t = blockIdx.y;
+    if (t >= tiles[0]) return;
+    const u32 e = tiles[1 + 3 * t], first = tiles[2 + 3 * t], rows = tiles[3 + 3 * t];
+    constexpr bool KF = FMT == T_Q4_K || FMT == T_Q5_K || FMT == T_Q6_K;
+    const void* a = KF ? (const void*)((const float*)ya + (size_t)first * (K / 256)) : (const void*)((const float2*)ya + (size_t)first * (K / 32));
+    const int* sm = ys ? ys + (size_t)first * (K / 32) : nullptr;
+    mmq_q8<FMT, 64, 2, 0>(W + (size_t)e * estride, row_bytes, yq + (size_t)first * K, a, sm, nullptr, Y + (size_t)first * n_out, K, n_out,
+                          (int)rows, false, K / 32, nullptr, nullptr, 0);
+}
+#define MMQ_ID(NAME, FMT)                                                                                                  \
+    extern "C" __global__ void __launch_bounds__(256, 2) mmq_id_##NAME##_q8_n64(                                          \
+        const u8* __restrict__ W, size_t row_bytes, size_t estride, const i8* __restrict__ yq, const void* __restrict__ ya, \
+        const int* __restrict__ ys, float* __restrict__ Y, int K, int n_out, const u32* __restrict__ tiles) {              \
+        mmq_id<FMT>(W, row_bytes, estride, yq, ya, ys, Y, K, n_out, tiles);                                                \
+    }
+MMQ_ID(q4_0, T_Q4_0)
+MMQ_ID(q4_1, T_Q4_1)
+MMQ_ID(q5_0, T_Q5_0)
+MMQ_ID(q5_1, T_Q5_1)
+MMQ_ID(q8_0, T_Q8_0)
+MMQ_ID(q4_K, T_Q4_K)
+MMQ_ID(q5_K, T_Q5_K)
+MMQ_ID(q6_K, T_Q6_K)
+
 MMQ_Q8_ALL(q4_0, T_Q4_0)
 MMQ_Q8_ALL(q4_1, T_Q4_1)
 MMQ_Q8_ALL(q5_0, T_Q5_0)

@@ -169,6 +169,51 @@ __device__ void mmv_dense(const u8* __restrict__ W, size_t row_bytes, const floa
     }
 }
 
+// The expert GEMV of a mixture-of-experts FFN (ggml mul_mat_id with the ids on the device): pair p
+// (blockIdx.y) multiplies expert e = ids[p] of the stacked matrices (W + e·estride) with activation
+// row i = x_per_pair ? p : p / k, into dst[p, :]. blockIdx.z picks the matrix: 0 (W0 → d0) or 1
+// (W1 → d1; gate and up of one input in one launch). grid (⌈n_out/rpb⌉, n_pairs, 1 or 2).
+template <bool KFORM>
+__device__ void mmvq_id(const u8* W0, const u8* W1, size_t rb, size_t estride, float* d0, float* d1, int n_out, int rpb, int fmt,
+                        const float* __restrict__ ids, int k, int x_per_pair, const i8* __restrict__ yq, const void* __restrict__ ya,
+                        const int* __restrict__ ys, int K) {
+    pdl_enter();  // the ids come from the kernel before
+    const int p = blockIdx.y;
+    const int e = (int)ids[p];
+    const size_t i = x_per_pair ? (size_t)p : (size_t)(p / k);
+    const u8* W = (blockIdx.z == 0 ? W0 : W1) + (size_t)e * estride;
+    float* dst = (blockIdx.z == 0 ? d0 : d1) + (size_t)p * n_out;
+    const i8* q = yq + i * K;
+    const int* sm = KFORM ? ys + i * (K / 32) : nullptr;
+    const void* a = KFORM ? (const void*)((const float*)ya + i * (K / 256)) : (const void*)((const float2*)ya + i * (K / 32));
+    const int lb = blockIdx.x;
+    if (KFORM) {
+        switch (fmt) {
+            case T_Q4_K: mmvq_rows<T_Q4_K, 1>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+            case T_Q5_K: mmvq_rows<T_Q5_K, 1>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+            case T_Q6_K: mmvq_rows<T_Q6_K, 1>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+        }
+    } else {
+        switch (fmt) {
+            case T_Q4_0: mmvq_rows<T_Q4_0, 1>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+            case T_Q4_1: mmvq_rows<T_Q4_1, 1>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+            case T_Q5_0: mmvq_rows<T_Q5_0, 1>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+            case T_Q5_1: mmvq_rows<T_Q5_1, 1>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+            case T_Q8_0: mmvq_rows<T_Q8_0, 1>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+        }
+    }
+}
+
+#define MMVQ_ID(NAME, KFORM)                                                                                          \
+    extern "C" __global__ void __launch_bounds__(128) mmvq_id_##NAME(                                                   \
+        const u8* W0, const u8* W1, size_t rb, size_t estride, float* d0, float* d1, int n_out, int rpb, int fmt,      \
+        const float* __restrict__ ids, int k, int x_per_pair, const i8* __restrict__ yq, const void* __restrict__ ya,  \
+        const int* __restrict__ ys, int K) {                                                                           \
+        mmvq_id<KFORM>(W0, W1, rb, estride, d0, d1, n_out, rpb, fmt, ids, k, x_per_pair, yq, ya, ys, K);              \
+    }
+MMVQ_ID(kquant_q8_K, true)
+MMVQ_ID(legacy_q8_0, false)
+
 #define MMVQ_MULTI(NAME, KFORM, NC)                                                                                  \
     extern "C" __global__ void __launch_bounds__(128) mmvq_##NAME##_c##NC(                                              \
         const u8* W0, size_t rb0, const float* b0, float* d0, int n0, int rpb0, int f0, int end0,                        \

@@ -307,6 +307,40 @@ pub struct GraphKey {
     pub n_logits: usize,
 }
 
+/// The weights of one mixture-of-experts FFN: the router `gate_inp` (`[n_embd, n_expert]`) and
+/// the experts' stacked matrices (`gate_exps` / `up_exps` `[n_embd, n_ff_exp, n_expert]`,
+/// `down_exps` `[n_ff_exp, n_embd, n_expert]`, ggml order).
+pub struct MoeWeights<'a, W> {
+    pub gate_inp: &'a W,
+    pub gate_exps: &'a W,
+    pub up_exps: &'a W,
+    pub down_exps: &'a W,
+}
+
+/// The shape of one mixture-of-experts FFN: `k` of `n_expert` experts per row, each an MLP of
+/// `n_ff_exp` on rows of `n_embd`; the weights' renormalization and scale (see
+/// [`Backend::moe_route`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MoeParams {
+    pub n_embd: usize,
+    pub n_expert: usize,
+    pub k: usize,
+    pub n_ff_exp: usize,
+    pub norm_w: bool,
+    pub w_scale: f32,
+}
+
+/// Scratch of [`Backend::moe_ffn`] for `n` rows: `router` `[n, n_expert]`, `ids` / `weights`
+/// `[n, k]`, `gate` / `up` `[n·k, n_ff_exp]`, `experts` `[n·k, n_embd]`.
+pub struct MoeBuffers<'a, Buf> {
+    pub router: &'a mut Buf,
+    pub ids: &'a mut Buf,
+    pub weights: &'a mut Buf,
+    pub gate: &'a mut Buf,
+    pub up: &'a mut Buf,
+    pub experts: &'a mut Buf,
+}
+
 /// The ops of a decoder-only transformer forward pass, on backend-owned buffers.
 ///
 /// Buffers are flat `f32` activation arrays with a fixed capacity; each op is told how many rows
@@ -555,6 +589,23 @@ pub trait Backend: Send + Sync + Sized + 'static {
         dim: usize,
         res: &mut Self::Buffer,
     ) -> Result<()>;
+
+    /// A whole mixture-of-experts FFN of `n_rows` rows: `res[r, :] += Σ_s w_s ·
+    /// (silu(h_r·Wgate_e) ⊙ h_r·Wup_e)·Wdown_e` over the `k` experts `e = e_s` the router picks
+    /// for row `r` (llama.cpp `build_moe_ffn`). The default runs [`Backend::matmul`] (the
+    /// router), [`Backend::moe_route`], [`Backend::matmul_id`] (up, gate), [`Backend::swiglu`],
+    /// [`Backend::matmul_id`] (down) and [`Backend::moe_combine`]; a backend may reorder the
+    /// pairs (a grouped GEMM by expert) as long as each pair's products are the same.
+    fn moe_ffn(&self, h: &Self::Buffer, w: &MoeWeights<'_, Self::Weight>, p: &MoeParams, n_rows: usize, s: MoeBuffers<'_, Self::Buffer>, res: &mut Self::Buffer) -> Result<()> {
+        let k = p.k;
+        self.matmul(w.gate_inp, None, h, n_rows, s.router)?;
+        self.moe_route(s.router, n_rows, p.n_expert, k, p.norm_w, p.w_scale, s.ids, s.weights)?;
+        self.matmul_id(w.up_exps, h, s.ids, n_rows, k, false, s.up)?;
+        self.matmul_id(w.gate_exps, h, s.ids, n_rows, k, false, s.gate)?;
+        self.swiglu(s.gate, s.up, n_rows * k * p.n_ff_exp)?;
+        self.matmul_id(w.down_exps, s.gate, s.ids, n_rows, k, true, s.experts)?;
+        self.moe_combine(s.experts, s.weights, n_rows, k, p.n_embd, res)
+    }
 
     /// Residual add: `x[i] += y[i]` for the first `n` elements.
     fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, n: usize) -> Result<()>;

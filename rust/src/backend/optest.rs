@@ -7,7 +7,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use super::cpu::{CpuBackend, CpuBuffer, CpuKvCache};
-use super::{AttnParams, Backend, BatchLimits, BatchPlan, HostTensor, KvLayout, LogitRows, RopeParams};
+use super::{AttnParams, Backend, BatchLimits, BatchPlan, HostTensor, KvLayout, LogitRows, MoeBuffers, MoeParams, MoeWeights, RopeParams};
 use crate::quant::GgmlType;
 use crate::{FakError, Result};
 
@@ -403,4 +403,43 @@ pub fn draw<B: TestIo>(b: &B, x: &[f32], n_cols: usize, draws: &[super::DrawRequ
     let mut out = super::DrawnRows::default();
     b.draw_rows(&xb, n_cols, draws, &mut out)?;
     Ok(out)
+}
+
+/// RMSNorm in place of each `w.len()`-element row of `x` (Qwen3's per-head Q/K norm).
+pub fn head_norm<B: TestIo>(b: &B, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>> {
+    let dim = w.len();
+    let n_rows = x.len() / dim.max(1);
+    check_len("x", x.len(), n_rows * dim)?;
+    let wt = f32_weight(b, "norm", w)?;
+    let mut xb = b.upload(x)?;
+    b.rmsnorm_inplace(&mut xb, &wt, eps, n_rows, dim)?;
+    read(b, &xb, n_rows * dim)
+}
+
+/// One expert stack for [`moe_ffn`]: `(type, blocks)` of `n_expert` matrices.
+pub type Experts<'a> = (GgmlType, &'a [u8]);
+
+/// A whole mixture-of-experts FFN ([`Backend::moe_ffn`]) on `h` (`[n_rows, d]`) added to `res`
+/// (`[n_rows, d]`): the router `gate_inp` (f32 `[d, n_expert]`, row-major by expert), `gate` /
+/// `up` (`n_expert` matrices of `n_ff` rows of `d`), `down` (`n_expert` matrices of `d` rows of
+/// `n_ff`), `k` experts per row. Returns `(res', ids, weights)`.
+#[allow(clippy::too_many_arguments)]
+pub fn moe_ffn<B: TestIo>(b: &B, h: &[f32], res: &[f32], d: usize, n_ff: usize, n_expert: usize, k: usize, gate_inp: &[f32], gate: Experts<'_>, up: Experts<'_>, down: Experts<'_>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+    let n_rows = h.len() / d.max(1);
+    check_len("h", h.len(), n_rows * d)?;
+    check_len("res", res.len(), n_rows * d)?;
+    check_len("gate_inp", gate_inp.len(), d * n_expert)?;
+    let gi = weight(b, "gate_inp", GgmlType::F32, &[d, n_expert], gate_inp.iter().flat_map(|x| x.to_le_bytes()).collect())?;
+    let ge = weight(b, "gate_exps", gate.0, &[d, n_ff, n_expert], gate.1.to_vec())?;
+    let ue = weight(b, "up_exps", up.0, &[d, n_ff, n_expert], up.1.to_vec())?;
+    let de = weight(b, "down_exps", down.0, &[n_ff, d, n_expert], down.1.to_vec())?;
+    let hb = b.upload(h)?;
+    let mut rb = b.upload(res)?;
+    let (mut router, mut ids, mut ws) = (out_buf(b, n_rows * n_expert)?, out_buf(b, n_rows * k)?, out_buf(b, n_rows * k)?);
+    let (mut g, mut u, mut e) = (out_buf(b, n_rows * k * n_ff)?, out_buf(b, n_rows * k * n_ff)?, out_buf(b, n_rows * k * d)?);
+    let w = MoeWeights { gate_inp: &gi, gate_exps: &ge, up_exps: &ue, down_exps: &de };
+    let p = MoeParams { n_embd: d, n_expert, k, n_ff_exp: n_ff, norm_w: true, w_scale: 0.0 };
+    let bufs = MoeBuffers { router: &mut router, ids: &mut ids, weights: &mut ws, gate: &mut g, up: &mut u, experts: &mut e };
+    b.moe_ffn(&hb, &w, &p, n_rows, bufs, &mut rb)?;
+    Ok((read(b, &rb, n_rows * d)?, read(b, &ids, n_rows * k)?, read(b, &ws, n_rows * k)?))
 }

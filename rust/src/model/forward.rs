@@ -26,7 +26,7 @@
 
 use super::weights::{Ffn, LayerWeights};
 use super::{Model, ModelConfig};
-use crate::backend::{Backend, BatchLimits, BatchPlan, GraphKey};
+use crate::backend::{Backend, BatchLimits, BatchPlan, GraphKey, MoeBuffers, MoeParams, MoeWeights};
 use crate::parallel::Communicator;
 use crate::{FakError, Result};
 
@@ -279,14 +279,10 @@ fn block_tail<B: Backend>(
             if comm.is_some() {
                 return Err(FakError::Unsupported("tensor parallelism of a mixture-of-experts FFN".into()));
             }
-            let k = m.n_expert_used;
-            be.matmul(gate_inp, None, h, n, &mut ms.router)?;
-            be.moe_route(&ms.router, n, m.n_expert, k, m.norm_w, m.w_scale, &mut ms.ids, &mut ms.weights)?;
-            be.matmul_id(up_exps, h, &ms.ids, n, k, false, up)?;
-            be.matmul_id(gate_exps, h, &ms.ids, n, k, false, gate)?;
-            be.swiglu(gate, up, n * k * m.n_ff_exp)?;
-            be.matmul_id(down_exps, gate, &ms.ids, n, k, true, &mut ms.experts)?;
-            be.moe_combine(&ms.experts, &ms.weights, n, k, d, x)
+            let w = MoeWeights { gate_inp, gate_exps, up_exps, down_exps };
+            let p = MoeParams { n_embd: d, n_expert: m.n_expert, k: m.n_expert_used, n_ff_exp: m.n_ff_exp, norm_w: m.norm_w, w_scale: m.w_scale };
+            let bufs = MoeBuffers { router: &mut ms.router, ids: &mut ms.ids, weights: &mut ms.weights, gate, up, experts: &mut ms.experts };
+            be.moe_ffn(h, &w, &p, n, bufs, x)
         }
         (Ffn::Moe { .. }, _, _) => Err(FakError::model("a mixture-of-experts layer without its scratch buffers")),
     }

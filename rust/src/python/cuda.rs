@@ -262,6 +262,9 @@ trait RunAny: Sync {
     fn top_rows(&self, x: &[f32], n_cols: usize, rows: &[u32], m: usize) -> Result<TopRows>;
     fn penalize(&self, x: &[f32], n_cols: usize, pens: &[LogitPenalty]) -> Result<(Vec<f32>, Vec<f32>)>;
     fn draw(&self, x: &[f32], n_cols: usize, draws: &[DrawRequest]) -> Result<DrawnRows>;
+    fn head_norm(&self, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>>;
+    #[allow(clippy::too_many_arguments)]
+    fn moe_ffn(&self, h: &[f32], res: &[f32], d: usize, n_ff: usize, n_expert: usize, k: usize, gi: &[f32], g: optest::Experts<'_>, u: optest::Experts<'_>, dn: optest::Experts<'_>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
 }
 
 impl<B: TestIo> RunAny for B {
@@ -318,6 +321,12 @@ impl<B: TestIo> RunAny for B {
     }
     fn draw(&self, x: &[f32], n_cols: usize, draws: &[DrawRequest]) -> Result<DrawnRows> {
         optest::draw(self, x, n_cols, draws)
+    }
+    fn head_norm(&self, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>> {
+        optest::head_norm(self, x, w, eps)
+    }
+    fn moe_ffn(&self, h: &[f32], res: &[f32], d: usize, n_ff: usize, n_expert: usize, k: usize, gi: &[f32], g: optest::Experts<'_>, u: optest::Experts<'_>, dn: optest::Experts<'_>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
+        optest::moe_ffn(self, h, res, d, n_ff, n_expert, k, gi, g, u, dn)
     }
 }
 
@@ -437,6 +446,28 @@ impl PyOpRunner {
         let spec: Vec<(GgmlType, &[u8], usize, Option<&[f32]>)> = (0..ts.len()).map(|i| (ts[i], wsl[i], n_outs[i], bsl[i])).collect();
         let outs = self.run(py, |r| r.matmul_multi(&spec, k, x))?;
         Ok(outs.into_iter().map(|o| o.into_pyarray(py)).collect())
+    }
+
+    /// head_norm(x, w, eps) -> x with each `len(w)`-element row RMS-normalized in place
+    /// (`Backend::rmsnorm_inplace`, Qwen3's per-head Q/K norm).
+    fn head_norm<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, w: PyReadonlyArray1<'py, f32>, eps: f32) -> PyResult<F32Out<'py>> {
+        let (x, w) = (slice(&x, "x")?, slice(&w, "w")?);
+        Ok(self.run(py, |r| r.head_norm(x, w, eps))?.into_pyarray(py))
+    }
+
+    /// moe_ffn(h, res, d, n_ff, n_expert, k, gate_inp, gate_type, gate, up_type, up, down_type,
+    /// down) -> (res + MoE FFN(h), ids, weights): `Backend::moe_ffn` on float32 `h`/`res`
+    /// `[n_rows·d]`, the f32 router `gate_inp` `[n_expert·d]` and uint8 GGUF blocks of the
+    /// stacked experts (`gate`/`up`: n_expert × n_ff rows of d; `down`: n_expert × d rows of n_ff).
+    #[allow(clippy::too_many_arguments)]
+    fn moe_ffn<'py>(&self, py: Python<'py>, h: PyReadonlyArray1<'py, f32>, res: PyReadonlyArray1<'py, f32>, d: usize, n_ff: usize, n_expert: usize, k: usize, gate_inp: PyReadonlyArray1<'py, f32>, gate_type: &str, gate: PyReadonlyArrayDyn<'py, u8>, up_type: &str, up: PyReadonlyArrayDyn<'py, u8>, down_type: &str, down: PyReadonlyArrayDyn<'py, u8>) -> PyResult<(F32Out<'py>, F32Out<'py>, F32Out<'py>)> {
+        let (h, res, gi) = (slice(&h, "h")?, slice(&res, "res")?, slice(&gate_inp, "gate_inp")?);
+        fn bytes<'a>(a: &'a PyReadonlyArrayDyn<'_, u8>) -> PyResult<&'a [u8]> {
+            a.as_slice().map_err(|e| to_py(FakError::invalid("experts", format!("must be contiguous: {e}"))))
+        }
+        let (g, u, dn) = ((gtype(gate_type)?, bytes(&gate)?), (gtype(up_type)?, bytes(&up)?), (gtype(down_type)?, bytes(&down)?));
+        let (o, ids, w) = self.run(py, |r| r.moe_ffn(h, res, d, n_ff, n_expert, k, gi, g, u, dn))?;
+        Ok((o.into_pyarray(py), ids.into_pyarray(py), w.into_pyarray(py)))
     }
 
     /// matmul_add(wtype, w, n_out, k, x, res, bias=None) -> res + x·Wᵀ (+ bias), through the

@@ -249,6 +249,8 @@ pub struct CudaBackend {
     pub(crate) small: Mutex<Option<Tracked>>,
     /// Partial sums of the split-K GEMM (the same growth rule as the attention's).
     pub(crate) mm: Mutex<AttnScratch>,
+    /// The MoE grouped GEMM's expert index and gathered activations (`ops::moe`).
+    pub(crate) moe: Mutex<ops::MoeScratch>,
     /// Arrival counters of the split-K GEMM, one per output tile, zero between launches.
     pub(crate) mm_counters: Tracked,
     /// Whether the current forward is a decode step (every sequence one row: the forward has a
@@ -279,6 +281,7 @@ impl CudaBackend {
             attn: Mutex::new(AttnScratch::default()),
             small: Mutex::new(None),
             mm: Mutex::new(AttnScratch::default()),
+            moe: Mutex::new(ops::MoeScratch::default()),
             mm_counters,
             decode_step: std::sync::atomic::AtomicBool::new(false),
             pdl,
@@ -613,20 +616,24 @@ impl Backend for CudaBackend {
         self.op_add(x, y, n)
     }
 
-    fn rmsnorm_inplace(&self, _x: &mut CudaBuffer, _w: &CudaWeight, _eps: f32, _n_rows: usize, _dim: usize) -> Result<()> {
-        Err(FakError::Unsupported("rmsnorm_inplace on CUDA (in progress)".into()))
+    fn rmsnorm_inplace(&self, x: &mut CudaBuffer, w: &CudaWeight, eps: f32, n_rows: usize, dim: usize) -> Result<()> {
+        self.op_rmsnorm_inplace(x, w, eps, n_rows, dim)
     }
 
-    fn moe_route(&self, _l: &CudaBuffer, _n: usize, _ne: usize, _k: usize, _nw: bool, _ws: f32, _ids: &mut CudaBuffer, _w: &mut CudaBuffer) -> Result<()> {
-        Err(FakError::Unsupported("moe on CUDA (in progress)".into()))
+    fn moe_route(&self, logits: &CudaBuffer, n_rows: usize, n_expert: usize, k: usize, norm_w: bool, w_scale: f32, ids: &mut CudaBuffer, weights: &mut CudaBuffer) -> Result<()> {
+        self.op_moe_route(logits, n_rows, n_expert, k, norm_w, w_scale, ids, weights)
     }
 
-    fn matmul_id(&self, _w: &CudaWeight, _x: &CudaBuffer, _ids: &CudaBuffer, _n: usize, _k: usize, _pp: bool, _out: &mut CudaBuffer) -> Result<()> {
-        Err(FakError::Unsupported("moe on CUDA (in progress)".into()))
+    fn matmul_id(&self, w: &CudaWeight, x: &CudaBuffer, ids: &CudaBuffer, n_rows: usize, k: usize, x_per_pair: bool, out: &mut CudaBuffer) -> Result<()> {
+        self.op_matmul_id(&[w], x, ids, n_rows, k, x_per_pair, &mut [out])
     }
 
-    fn moe_combine(&self, _e: &CudaBuffer, _w: &CudaBuffer, _n: usize, _k: usize, _d: usize, _res: &mut CudaBuffer) -> Result<()> {
-        Err(FakError::Unsupported("moe on CUDA (in progress)".into()))
+    fn moe_combine(&self, experts: &CudaBuffer, weights: &CudaBuffer, n_rows: usize, k: usize, dim: usize, res: &mut CudaBuffer) -> Result<()> {
+        self.op_moe_combine(experts, weights, 0, n_rows, k, dim, res)
+    }
+
+    fn moe_ffn(&self, h: &CudaBuffer, w: &crate::backend::MoeWeights<'_, CudaWeight>, p: &crate::backend::MoeParams, n_rows: usize, s: crate::backend::MoeBuffers<'_, CudaBuffer>, res: &mut CudaBuffer) -> Result<()> {
+        self.op_moe_ffn(h, w, p, n_rows, s, res)
     }
 
     fn gather_logit_rows(&self, x: &CudaBuffer, batch: &CudaBatch, dim: usize, out: &mut CudaBuffer) -> Result<()> {

@@ -100,6 +100,12 @@ fn gemv_half() -> bool {
     *HALF.get_or_init(|| std::env::var("FAK_CUDA_GEMV_HALF").as_deref() != Ok("0"))
 }
 
+/// Rows per 128-thread block of the quantized GEMV for rows of `k` into `n_out` outputs (the
+/// expert GEMV of `ops::moe` launches the same rows).
+pub(crate) fn gemv_rows_per_block(k: usize, n_out: usize) -> usize {
+    gemv_shape_q(k, n_out)
+}
+
 /// [`gemv_shape`] for the quantized GEMV, which also runs rows of 33..63 tasks of 32 weights
 /// (K = 1056..2016, e.g. 1536) on half a warp each, 8 rows per block (`8`): 48 tasks on 16 lanes
 /// are 3 each, where 32 lanes would take 2 on half of them and 1 on the rest.
@@ -124,7 +130,7 @@ impl CudaBackend {
 
     /// Makes sure `x` holds the 8-bit form (q8_K when `kform`, else q8_0) of its first `need`
     /// elements, quantizing them here when no fused producer wrote it.
-    fn ensure_q8(&self, x: &CudaBuffer, need: usize, kform: bool) -> Result<()> {
+    pub(crate) fn ensure_q8(&self, x: &CudaBuffer, need: usize, kform: bool) -> Result<()> {
         let have = if kform { x.q8k_len.get() } else { x.q8_len.get() };
         if have >= need {
             return Ok(());
@@ -147,7 +153,7 @@ impl CudaBackend {
     /// The kernels' activation operands `(quants, scales, block sums)` of `x`'s first `need`
     /// values in the q8_K form (`kform`; block sums of 32) or the q8_0 form (scale and scaled sum
     /// pairs; no separate sums: 0), quantized first when needed ([`Self::ensure_q8`]).
-    fn q8_operands(&self, x: &CudaBuffer, need: usize, kform: bool) -> Result<(u64, u64, u64)> {
+    pub(crate) fn q8_operands(&self, x: &CudaBuffer, need: usize, kform: bool) -> Result<(u64, u64, u64)> {
         self.ensure_q8(x, need, kform)?;
         let [qs0, ds0, qsk, dk, sk] = x.q8_ptrs();
         Ok(if kform { (qsk, dk, sk) } else { (qs0, ds0, 0) })

@@ -8,8 +8,10 @@ mod kv;
 mod matmul;
 pub mod matmul_plan;
 mod matmul_table;
+mod moe;
 mod norm;
 mod rope;
 mod sampling;
 
 pub(crate) use matmul::MM_COUNTERS;
+pub(crate) use moe::MoeScratch;
