@@ -5,7 +5,11 @@ architectures' names, shapes and metadata; random blocks dequantize (with ``gguf
 reference) to finite weights of the intended spread in every format; the tokenizer is a working
 byte-level BPE in ``tokenizers``; the qwen2 chat template renders exactly as the real Qwen2.5
 template; twins reproduce real layouts (``--like`` on the real 0.5B file, the 1.5B preset against
-the real 1.5B file, the 7B preset against llama.cpp's Q4_K_M rule).
+the real 1.5B file, the 7B preset against llama.cpp's Q4_K_M rule); the qwen3 / qwen3moe tiny models
+have llama.cpp's names (``gguf`` ``MODEL_TENSORS``), shapes, metadata keys, Qwen3 / Qwen3-Coder
+tokens and templates, and a router that routes; the Qwen3 presets have the real files' header and
+tensor table (without writing 5-17 GB). That llama.cpp itself loads and runs the tiny qwen3 /
+qwen3moe files is what their goldens show (``scripts/make_goldens.py --tiny``).
 
 To add a format: add it to ``fak.synth.blocks.FORMATS`` and to ``FORMATS_UNDER_TEST`` below.
 """
@@ -22,11 +26,15 @@ import jinja2.sandbox
 import numpy as np
 import pytest
 from fak.gguf import GGUFFile
-from fak.synth import PRESETS, GGUFPlan, plan_tiny_model, plan_twin, write_plan, write_tiny_model, write_twin
+from click.testing import CliRunner
+from fak.synth import (PRESETS, GGUFPlan, plan_tiny_model, plan_twin, router_tie_rows, write_plan, write_tiny_model,
+                       write_twin)
 from fak.synth.blocks import FORMATS, new_rng, random_blocks
-from fak.synth.layout import use_more_bits
+from fak.synth.layout import quantize_order_key, use_more_bits
 from fak.synth.vocab import bpe_merges, build_tokenizer, byte_symbols, chat_template
+from fak.synth.writer import router_std
 from gguf import GGMLQuantizationType, GGUFReader, GGUFValueType
+from gguf.constants import MODEL_ARCH, MODEL_TENSORS, TENSOR_NAMES
 from gguf import quants as gguf_quants
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 
@@ -546,3 +554,361 @@ def test_like_twin_keeps_a_custom_alignment(tmp_path: Path) -> None:
     assert all((int(t.data_offset) - r.data_offset) % 64 == 0 for t in r.tensors)
     assert layout(twin) == layout(src)
     assert fields(twin)["general.alignment"] == 64
+
+
+# --- qwen3 and qwen3moe (issue 27) ---------------------------------------------------------------
+
+def _llama_cpp_names(arch: str) -> set[str]:
+    """Tensor name templates llama.cpp knows for ``arch`` (gguf-py's MODEL_TENSORS)."""
+    return {TENSOR_NAMES[t] for t in MODEL_TENSORS[MODEL_ARCH[arch.upper()]]}
+
+
+def _template_of(name: str) -> str:
+    parts = name.removesuffix(".weight").removesuffix(".bias").split(".")
+    return ".".join(["blk", "{bid}", *parts[2:]]) if parts[0] == "blk" else ".".join(parts)
+
+
+@pytest.mark.parametrize("tied", [False, True])
+def test_tiny_qwen3_has_llama_cpp_layout(tmp_path: Path, tied: bool) -> None:
+    path = write_tiny_model(tmp_path / "q3.gguf", "qwen3", n_layer=3, n_embd=64, n_head=4, n_head_kv=2, n_ff=128,
+                            tied_embeddings=tied, ctx=1024)
+    meta, types = fields(path), field_types(path)
+    assert meta["general.architecture"] == "qwen3"
+    head_dim = 32  # default 2 * n_embd / n_head: n_head * head_dim = 128 != n_embd = 64
+    expect = {"qwen3.block_count": 3, "qwen3.context_length": 1024, "qwen3.embedding_length": 64,
+              "qwen3.feed_forward_length": 128, "qwen3.attention.head_count": 4, "qwen3.attention.head_count_kv": 2,
+              "qwen3.attention.key_length": head_dim, "qwen3.attention.value_length": head_dim}
+    for key, value in expect.items():
+        assert meta[key] == value and types[key] == ["UINT32"], key
+    assert meta["qwen3.rope.freq_base"] == 1e6 and types["qwen3.rope.freq_base"] == ["FLOAT32"]
+    assert types["qwen3.attention.layer_norm_rms_epsilon"] == ["FLOAT32"]
+    assert not any(k.startswith("qwen3.expert") for k in meta)
+    names = {n: (dims, ty) for n, dims, ty, _ in layout(path)}
+    assert {_template_of(n) for n in names} <= _llama_cpp_names("qwen3")
+    n_vocab = len(meta["tokenizer.ggml.tokens"])
+    assert ("output.weight" in names) is not tied
+    assert names["token_embd.weight"][0] == (64, n_vocab)
+    for i in range(3):
+        b = f"blk.{i}."
+        assert names[b + "attn_q.weight"][0] == (64, 4 * head_dim)       # ggml order: [n_embd, n_head * head_dim]
+        assert names[b + "attn_k.weight"][0] == (64, 2 * head_dim)
+        assert names[b + "attn_v.weight"][0] == (64, 2 * head_dim)
+        assert names[b + "attn_output.weight"][0] == (4 * head_dim, 64)
+        assert names[b + "attn_q_norm.weight"] == ((head_dim,), "F32")
+        assert names[b + "attn_k_norm.weight"] == ((head_dim,), "F32")
+        assert names[b + "ffn_down.weight"][0] == (128, 64)
+        assert not any(n.startswith(b) and n.endswith(".bias") for n in names)
+    assert len(names) == (1 if tied else 2) + 1 + 11 * 3
+    # llama-quantize's order: the non-layer tensors by name, then layer by layer, names sorted
+    order = [n for n, *_ in layout(path)]
+    assert order == sorted(order, key=quantize_order_key)
+    assert order[:3] == (["output_norm.weight", "token_embd.weight", "blk.0.attn_k.weight"] if tied
+                         else ["output.weight", "output_norm.weight", "token_embd.weight"])
+
+
+def test_tiny_qwen3moe_has_llama_cpp_layout(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path / "moe.gguf", "qwen3moe", n_layer=2, n_embd=64, n_head=4, n_head_kv=2,
+                            n_expert=16, n_expert_used=4, n_ff_exp=96)
+    meta, types = fields(path), field_types(path)
+    expect = {"qwen3moe.expert_count": 16, "qwen3moe.expert_used_count": 4, "qwen3moe.expert_feed_forward_length": 96,
+              "qwen3moe.expert_shared_feed_forward_length": 0, "qwen3moe.attention.key_length": 32}
+    for key, value in expect.items():
+        assert meta[key] == value and types[key] == ["UINT32"], key
+    assert meta["qwen3moe.rope.freq_base"] == 1e7  # Qwen3-Coder's
+    assert "qwen3moe.expert_weights_norm" not in meta  # llama.cpp's qwen3moe always renormalises; real files lack it
+    keys = list(meta)
+    assert keys.index("qwen3moe.expert_used_count") < keys.index("qwen3moe.attention.key_length") \
+        < keys.index("qwen3moe.expert_count") < keys.index("tokenizer.ggml.model")
+    assert keys[-2:] == ["general.file_type", "fak.synthetic"]
+    names = {n: (dims, ty) for n, dims, ty, _ in layout(path)}
+    assert {_template_of(n) for n in names} <= _llama_cpp_names("qwen3moe")
+    for i in range(2):
+        b = f"blk.{i}."
+        assert names[b + "ffn_gate_inp.weight"] == ((64, 16), "F32")    # [n_embd, n_expert]
+        assert names[b + "ffn_gate_exps.weight"][0] == (64, 96, 16)     # [n_embd, n_ff_exp, n_expert]
+        assert names[b + "ffn_up_exps.weight"][0] == (64, 96, 16)
+        assert names[b + "ffn_down_exps.weight"][0] == (96, 64, 16)     # [n_ff_exp, n_embd, n_expert]
+        assert not any(n.startswith(b + "ffn_" + w + ".") for w in ("gate", "up", "down") for n in names)
+    with GGUFFile(path) as f:  # fak's reader sees the 3-D tensors as the gguf package does
+        assert [(t.name, t.dims, t.dtype) for t in f.tensors] == [(n, d, ty) for n, d, ty, _ in layout(path)]
+        gate = f.dequantize("blk.0.ffn_gate_exps.weight")
+        assert gate.shape == (16, 96, 64) and np.isfinite(gate).all() and 0.014 < gate.std() < 0.026
+
+
+def test_moe_quant_mix_follows_llama_cpp(tmp_path: Path) -> None:
+    # K-quant rows: n_embd 256, n_ff_exp 256; 8 layers so use_more_bits picks layers {0, 3, 6, 7}
+    plan = plan_tiny_model("qwen3moe", n_layer=8, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_expert=4,
+                           n_expert_used=2, n_ff_exp=256, weight_type="Q4_K_M")
+    types = {t.name: t.dtype for t in plan.tensors}
+    more = {i for i in range(8) if use_more_bits(i, 8)}
+    for i in range(8):
+        want = "Q6_K" if i in more else "Q4_K"
+        assert types[f"blk.{i}.ffn_down_exps.weight"] == want          # from the layer in the name
+        assert types[f"blk.{i}.attn_v.weight"] == want                 # the count, in layer order here
+        assert types[f"blk.{i}.ffn_gate_exps.weight"] == types[f"blk.{i}.ffn_up_exps.weight"] == "Q4_K"
+        assert types[f"blk.{i}.ffn_gate_inp.weight"] == "F32"           # llama.cpp never quantizes routers
+        assert types[f"blk.{i}.attn_q_norm.weight"] == "F32"
+    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == "Q4_K"
+    # exactly 8 experts: Mixtral's rule (attn_v / attn_k Q8_0, attn_output Q5_K)
+    eight = plan_tiny_model("qwen3moe", n_layer=2, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_expert=8,
+                            n_expert_used=2, n_ff_exp=256, weight_type="Q4_K_M")
+    t8 = {t.name: t.dtype for t in eight.tensors}
+    assert t8["blk.0.attn_v.weight"] == t8["blk.0.attn_k.weight"] == "Q8_0" and t8["blk.0.attn_output.weight"] == "Q5_K"
+    pure = plan_tiny_model("qwen3moe", weight_type="Q8_0")
+    assert {t.dtype for t in pure.tensors if t.name.endswith("ffn_gate_inp.weight")} == {"F32"}
+
+
+def test_tiny_arch_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="qwen3moe"):
+        plan_tiny_model("qwen3", n_expert=4)
+    with pytest.raises(ValueError, match="head_dim applies"):
+        plan_tiny_model("qwen2", head_dim=32)
+    with pytest.raises(ValueError, match="n_expert_used"):
+        plan_tiny_model("qwen3moe", n_expert=4, n_expert_used=5)
+    with pytest.raises(ValueError, match="router_ties"):
+        plan_tiny_model("qwen3moe", router_ties=1)
+    with pytest.raises(ValueError, match="F32 routers"):
+        plan_tiny_model("qwen3moe", router_ties=2, tensor_types={"blk.0.ffn_gate_inp.weight": "F16"})
+
+
+def _routing(router: np.ndarray, k: int, n_tokens: int = 256) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k experts and top-1 probability of ``router`` [n_expert, n_embd] on random unit-RMS inputs
+    (the RMS-normalized hidden state the router sees)."""
+    x = new_rng(99).standard_normal((n_tokens, router.shape[1]))
+    logits = x @ router.T.astype(np.float64)
+    p = np.exp(logits - logits.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    return np.argsort(-p, axis=1)[:, :k], p.max(axis=1)
+
+
+def test_router_routes_like_a_trained_one(tmp_path: Path) -> None:
+    n_expert, k = 32, 4
+    path = write_tiny_model(tmp_path / "moe.gguf", "qwen3moe", n_embd=64, n_expert=n_expert, n_expert_used=k, seed=5)
+    with GGUFFile(path) as f:
+        router = f.dequantize("blk.0.ffn_gate_inp.weight")
+    assert router.shape == (n_expert, 64)
+    assert abs(router.std() - router_std(64)) < 0.1 * router_std(64)
+    chosen, top1 = _routing(router, k)
+    counts = np.bincount(chosen.ravel(), minlength=n_expert)
+    assert (counts > 0).all()                        # every expert is chosen by some token
+    assert counts.max() < 0.5 * len(chosen)          # no expert by every token
+    assert len({tuple(sorted(c)) for c in chosen}) > 0.5 * len(chosen)  # token-dependent sets
+    assert 3 / n_expert < np.median(top1) < 0.9      # peaked, not uniform, not one-hot
+
+
+def test_router_ties_are_exact_and_near(tmp_path: Path) -> None:
+    rows = router_tie_rows(12, 64, 3, new_rng(1))
+    assert rows.dtype == np.float32 and rows.shape == (12, 64)
+    for g in range(4):
+        a, b, c = rows[3 * g:3 * g + 3]
+        assert np.array_equal(a, b)                                   # exact tie
+        assert np.array_equal(c, np.nextafter(a, np.float32(np.inf)))  # one ulp away: a near tie
+    path = write_tiny_model(tmp_path / "ties.gguf", "qwen3moe", n_expert=12, n_expert_used=4, router_ties=3, seed=2)
+    with GGUFFile(path) as f:
+        written = f.dequantize("blk.1.ffn_gate_inp.weight")
+    assert np.array_equal(written[0], written[1]) and not np.array_equal(written[0], written[3])
+    again = write_tiny_model(tmp_path / "ties2.gguf", "qwen3moe", n_expert=12, n_expert_used=4, router_ties=3, seed=2)
+    assert path.read_bytes() == again.read_bytes()
+    assert "router rows tied in groups of 3" in fields(path)["fak.synthetic"]
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "qwen3moe"])
+def test_qwen3_tokenizers(tmp_path: Path, arch: str) -> None:
+    path = write_tiny_model(tmp_path / "t.gguf", arch)
+    meta = fields(path)
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    specials = [t for t, ty in zip(tokens, types) if ty in (3, 4)]
+    assert len(specials) == 26  # llama.cpp: "special tokens cache size = 26", as the real Qwen3 files
+    for text in ("<tool_response>", "</tool_response>", "<think>", "</think>", "<tool_call>", "</tool_call>"):
+        assert types[tokens.index(text)] == 4, text  # user-defined
+    for text in ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<|fim_prefix|>"):
+        assert types[tokens.index(text)] == 3, text  # control
+    assert meta["tokenizer.ggml.pre"] == "qwen2" and meta["tokenizer.ggml.add_bos_token"] is False
+    assert meta["tokenizer.ggml.eos_token_id"] == tokens.index("<|im_end|>")
+    assert meta["tokenizer.ggml.padding_token_id"] == tokens.index("<|endoftext|>")
+    # Qwen3-Coder's config.json has no bos_token_id, so its GGUF has no bos key (llama.cpp then uses 11)
+    assert ("tokenizer.ggml.bos_token_id" in meta) is (arch == "qwen3")
+    tok = tokenizer_from_gguf(path)
+    text = "<|im_start|>assistant\n<think>\nplan\n</think>\n\n<tool_call>\n<function=bash>\n"
+    ids = tok.encode(text).ids
+    assert tok.decode(ids, skip_special_tokens=False) == text
+    assert tokens.index("<think>") in ids and tokens.index("<tool_call>") in ids
+
+
+def test_twin_vocab_puts_qwen3_specials_at_their_ids() -> None:
+    spec = build_tokenizer("qwen3", 151936, special_base=151643)
+    assert spec.tokens[151645] == "<|im_end|>" and spec.tokens[151657] == "<tool_call>"
+    assert spec.tokens[151665:151669] == ["<tool_response>", "</tool_response>", "<think>", "</think>"]
+    assert spec.token_type[151669] == 5 and spec.n_vocab == 151936
+
+
+QWEN3_TOOL_CONVERSATION = [
+    {"role": "system", "content": "You fix bugs."},
+    {"role": "user", "content": "Open a.py"},
+    {"role": "assistant", "content": "", "tool_calls": [
+        {"type": "function", "function": {"name": "read_file", "arguments": {"path": "a.py"}}}]},
+    {"role": "tool", "content": "print(1)"},
+    {"role": "assistant", "content": "<think>\nIt prints.\n</think>\n\nIt prints 1."},
+]
+
+
+def test_qwen3_template_renders_hermes_calls_and_thinking() -> None:
+    out = _render(chat_template("qwen3"), messages=QWEN3_TOOL_CONVERSATION, tools=TOOLS, add_generation_prompt=False)
+    assert out == (
+        "<|im_start|>system\nYou fix bugs.\n\n# Tools\n\nYou may call one or more functions to assist with the user "
+        "query.\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
+        + json.dumps(TOOLS[0], sort_keys=True) + "\n</tools>\n\nFor each function call, return a json object with function name and "
+        "arguments within <tool_call></tool_call> XML tags:\n<tool_call>\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\nOpen a.py<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}'
+        "\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nprint(1)\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\nIt prints.\n</think>\n\nIt prints 1.<|im_end|>\n")
+    # earlier turns drop their reasoning; thinking switched off by an empty think block
+    later = QWEN3_TOOL_CONVERSATION + [{"role": "user", "content": "Thanks"}]
+    out = _render(chat_template("qwen3"), messages=later, tools=None, add_generation_prompt=True,
+                  enable_thinking=False)
+    assert out.startswith("<|im_start|>system\nYou fix bugs.<|im_end|>\n<|im_start|>user\nOpen a.py<|im_end|>\n")
+    assert "<|im_start|>assistant\nIt prints 1.<|im_end|>\n" in out and "It prints.\n" not in out
+    assert out.endswith("<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert _render(chat_template("qwen3"), messages=[{"role": "user", "content": "Hi"}], tools=None,
+                   add_generation_prompt=True) == "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n"
+
+
+def test_qwen3_coder_template_renders_xml_calls() -> None:
+    template = chat_template("qwen3moe")
+    assert "<function=" in template and "<parameter=" in template  # how toolcalls/ tells the XML form
+    tools = [{"type": "function", "function": {
+        "name": "edit", "description": " Replace text. ",
+        "parameters": {"type": "object", "required": ["path"], "properties": {
+            "path": {"type": "string", "description": "file"}, "mode": {"type": "string", "enum": ["a", "b"]},
+            "count": {"type": "integer", "minimum": 1}}}}}]
+    msgs = [{"role": "user", "content": "Fix it"},
+            {"role": "assistant", "content": "Editing now.", "tool_calls": [
+                {"function": {"name": "edit", "arguments": {"path": "a.py", "count": 2, "spec": {"x": [1]}}}},
+                {"function": {"name": "edit", "arguments": {"path": "b.py"}}}]},
+            {"role": "tool", "content": "ok"}, {"role": "tool", "content": "ok too"}]
+    out = _render(template, messages=msgs, tools=tools, add_generation_prompt=True)
+    assert out == (
+        "<|im_start|>system\nYou are Qwen, a helpful AI assistant that can interact with a computer to solve tasks."
+        "\n\nYou have access to the following functions:\n\n<tools>\n<function>\n<name>edit</name>\n"
+        "<description>Replace text.</description>\n<parameters>\n<parameter>\n<name>path</name>\n<type>string</type>\n"
+        "<description>file</description>\n</parameter>\n<parameter>\n<name>mode</name>\n<type>string</type>\n"
+        "<enum>[`a`, `b`]</enum>\n</parameter>\n<parameter>\n<name>count</name>\n<type>integer</type>\n"
+        "<minimum>1</minimum>\n</parameter>\n<required>[`path`]</required>\n</parameters>\n</function>\n</tools>"
+        "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n<tool_call>\n"
+        "<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>\n"
+        "<parameter=example_parameter_2>\nThis is the value for the second parameter\nthat can span\nmultiple lines\n"
+        "</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\nReminder:\n- Function calls MUST follow the "
+        "specified format: an inner <function=...></function> block must be nested within <tool_call></tool_call> "
+        "XML tags\n- Required parameters MUST be specified\n- You may provide optional reasoning for your function "
+        "call in natural language BEFORE the function call, but NOT after\n- If there is no function call available, "
+        "answer the question like normal with your current knowledge and do not tell the user about function calls\n"
+        "</IMPORTANT><|im_end|>\n"
+        "<|im_start|>user\nFix it<|im_end|>\n"
+        "<|im_start|>assistant\nEditing now.\n"
+        "\n<tool_call>\n<function=edit>\n<parameter=path>\na.py\n</parameter>\n<parameter=count>\n2\n</parameter>\n"
+        '<parameter=spec>\n{"x": [1]}\n</parameter>\n</function>\n</tool_call>'
+        "\n<tool_call>\n<function=edit>\n<parameter=path>\nb.py\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nok\n</tool_response>\n<tool_response>\nok too\n</tool_response>\n"
+        "<|im_end|>\n<|im_start|>assistant\n")
+    plain = _render(template, messages=[{"role": "user", "content": "Hi"}], tools=None, add_generation_prompt=False)
+    assert plain == "<|im_start|>user\nHi<|im_end|>\n"
+
+
+def test_qwen3_templates_render_through_fak_chat(tmp_path: Path) -> None:
+    from fak.chat import ChatTemplate
+
+    for arch in ("qwen3", "qwen3moe"):
+        path = write_tiny_model(tmp_path / f"{arch}.gguf", arch)
+        template = fields(path)["tokenizer.chat_template"]
+        assert template == chat_template(arch)
+        msgs = [{"role": "user", "content": "Read a.py"},
+                {"role": "assistant", "content": "", "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "read_file", "arguments": '{"path": "a.py"}'}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "x = 1"}]
+        out = ChatTemplate(template, bos_token="", eos_token="<|im_end|>").render(msgs, tools=TOOLS,
+                                                                                 add_generation_prompt=True)
+        if arch == "qwen3":
+            assert '<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>' in out
+        else:
+            assert "<tool_call>\n<function=read_file>\n<parameter=path>\na.py\n</parameter>\n</function>\n</tool_call>" in out
+        assert out.endswith("<tool_response>\nx = 1\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+                            if arch == "qwen3" else
+                            "<tool_response>\nx = 1\n</tool_response>\n<|im_end|>\n<|im_start|>assistant\n")
+
+
+# The Qwen3 presets: the real files' header and tensor table, planned (nothing written).
+
+def test_preset_qwen3_coder_30b_a3b_q4_k_m_layout() -> None:
+    plan = plan_twin(preset="qwen3-coder-30b-a3b-q4_k_m")
+    a = "qwen3moe"
+    expect = {"general.architecture": a, f"{a}.block_count": 48, f"{a}.context_length": 262144,
+              f"{a}.embedding_length": 2048, f"{a}.feed_forward_length": 5472, f"{a}.attention.head_count": 32,
+              f"{a}.attention.head_count_kv": 4, f"{a}.rope.freq_base": 1e7, f"{a}.attention.layer_norm_rms_epsilon": 1e-6,
+              f"{a}.expert_used_count": 8, f"{a}.attention.key_length": 128, f"{a}.attention.value_length": 128,
+              f"{a}.expert_count": 128, f"{a}.expert_feed_forward_length": 768,
+              f"{a}.expert_shared_feed_forward_length": 0, "general.file_type": 15, "tokenizer.ggml.eos_token_id": 151645,
+              "general.size_label": "30B-A3B", "general.basename": "Qwen3-Coder"}
+    for key, value in expect.items():
+        got = plan.meta(key)
+        assert (np.float32(got) == np.float32(value)) if isinstance(value, float) else got == value, key
+    assert len(plan.meta("tokenizer.ggml.tokens")) == 151936
+    types = {t.name: t.dtype for t in plan.tensors}
+    shapes = {t.name: t.shape for t in plan.tensors}
+    assert len(plan.tensors) == 579 == 3 + 48 * 12
+    counts = {ty: list(types.values()).count(ty) for ty in set(types.values())}
+    assert counts == {"F32": 241, "Q4_K": 289, "Q6_K": 49}   # the published Q4_K_M's "type" lines
+    assert [t.name for t in plan.tensors[:4]] == ["output.weight", "output_norm.weight", "token_embd.weight",
+                                                  "blk.0.attn_k.weight"]
+    assert types["output.weight"] == "Q6_K" and types["token_embd.weight"] == "Q4_K"
+    assert shapes["blk.0.attn_q.weight"] == (4096, 2048) and shapes["blk.0.attn_output.weight"] == (2048, 4096)
+    assert shapes["blk.0.attn_k.weight"] == (512, 2048) and shapes["blk.0.attn_q_norm.weight"] == (128,)
+    assert shapes["blk.0.ffn_gate_inp.weight"] == (128, 2048) and types["blk.0.ffn_gate_inp.weight"] == "F32"
+    assert shapes["blk.0.ffn_gate_exps.weight"] == (128, 768, 2048) == shapes["blk.47.ffn_up_exps.weight"]
+    assert shapes["blk.0.ffn_down_exps.weight"] == (128, 2048, 768)
+    more = {i for i in range(48) if use_more_bits(i, 48)}
+    assert more == set(range(6)) | set(range(8, 42, 3)) | set(range(42, 48)) and len(more) == 24
+    for i in range(48):
+        want = "Q6_K" if i in more else "Q4_K"
+        assert types[f"blk.{i}.attn_v.weight"] == types[f"blk.{i}.ffn_down_exps.weight"] == want, i
+        for w in ("attn_q", "attn_k", "attn_output", "ffn_gate_exps", "ffn_up_exps"):
+            assert types[f"blk.{i}.{w}.weight"] == "Q4_K"
+    assert plan.n_params() == 30_532_122_624                   # llama.cpp: "model params = 30.53 B"
+    assert abs(plan.file_nbytes() / 2**30 - 17.28) < 0.005    # "file size = 17.28 GiB"
+    data = plan.data_nbytes()
+    experts = sum(plan.tensor_nbytes(t) for t in plan.tensors if "_exps" in t.name)
+    assert 0.9 < experts / data < 0.95                         # the bytes a decode step mostly skips
+
+
+def test_preset_qwen3_8b_q4_k_m_layout() -> None:
+    plan = plan_twin(preset="qwen3-8b-q4_k_m")
+    assert plan.meta("qwen3.embedding_length") == 4096 and plan.meta("qwen3.attention.key_length") == 128
+    assert plan.meta("qwen3.block_count") == 36 and plan.meta("qwen3.feed_forward_length") == 12288
+    assert plan.meta("qwen3.context_length") == 40960 and plan.meta("general.file_type") == 15
+    keys = [e.key for e in plan.metadata]
+    assert "general.finetune" not in keys and not any(k.startswith("qwen3.expert") for k in keys)
+    types = {t.name: t.dtype for t in plan.tensors}
+    assert len(plan.tensors) == 399 == 3 + 36 * 11
+    counts = {ty: list(types.values()).count(ty) for ty in set(types.values())}
+    assert counts == {"F32": 145, "Q4_K": 217, "Q6_K": 37}
+    for i in range(36):
+        want = "Q6_K" if use_more_bits(i, 36) else "Q4_K"
+        assert types[f"blk.{i}.attn_v.weight"] == types[f"blk.{i}.ffn_down.weight"] == want, i
+    assert plan.n_params() == 8_190_735_360                    # Qwen3-8B: 8.2 B parameters
+    assert abs(plan.file_nbytes() - 5.03e9) < 0.01e9           # Qwen3-8B-Q4_K_M.gguf: 5.03 GB
+
+
+def test_synth_cli_writes_qwen3moe(tmp_path: Path) -> None:
+    from fak.cli import main
+
+    out = tmp_path / "m.gguf"
+    res = CliRunner().invoke(main, ["synth", str(out), "--tiny", "qwen3moe", "--n-expert", "12", "--n-expert-used", "3",
+                                    "--tied", "--weight-type", "Q4_K_M"])
+    assert res.exit_code == 0, res.output
+    meta = fields(out)
+    assert meta["qwen3moe.expert_count"] == 12 and meta["qwen3moe.expert_used_count"] == 3
+    assert "output.weight" not in {n for n, *_ in layout(out)}
+    res = CliRunner().invoke(main, ["synth", str(tmp_path / "x.gguf"), "--tiny", "qwen3", "--n-expert", "4"])
+    assert res.exit_code != 0 and "qwen3moe" in res.output
