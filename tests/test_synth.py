@@ -912,3 +912,21 @@ def test_synth_cli_writes_qwen3moe(tmp_path: Path) -> None:
     assert "output.weight" not in {n for n, *_ in layout(out)}
     res = CliRunner().invoke(main, ["synth", str(tmp_path / "x.gguf"), "--tiny", "qwen3", "--n-expert", "4"])
     assert res.exit_code != 0 and "qwen3moe" in res.output
+
+
+def test_inspect_reports_experts(tmp_path: Path) -> None:
+    from fak.inspect_model import ModelSummary, TensorRow, summarize
+
+    path = write_tiny_model(tmp_path / "moe.gguf", "qwen3moe", n_embd=64, n_expert=16, n_expert_used=4, n_ff_exp=64)
+    moe = summarize(path).moe
+    assert moe is not None and (moe["n_expert"], moe["n_expert_used"]) == (16, 4)
+    assert moe["expert_params"] == 2 * 3 * 16 * 64 * 64
+    assert summarize(write_tiny_model(tmp_path / "dense.gguf", "qwen3")).moe is None
+    # the 30B-A3B preset's header: "3.3B activated" (model card), ~2 GB of weights per decode step (issue 27)
+    plan = plan_twin(preset="qwen3-coder-30b-a3b-q4_k_m")
+    meta = {e.key: {"type": e.type, "value": e.value} for e in plan.metadata if not e.is_array}
+    rows = [TensorRow(t.name, list(t.shape), t.dtype, int(np.prod(t.shape)), plan.tensor_nbytes(t), 0)
+            for t in plan.tensors]
+    moe = ModelSummary("twin", plan.file_nbytes(), 3, 32, 0, meta, rows).moe
+    assert moe is not None and abs(moe["active_params"] / 1e9 - 3.35) < 0.01
+    assert 1.8e9 < moe["decode_read_bytes"] < 2.0e9

@@ -5,7 +5,9 @@
 type, bytes), bytes and parameters per type, total parameter count, file size. The command renders
 it: a header panel, the metadata table (long arrays summarized as length + first items, long
 strings cut), the tensor table (``--no-tensors`` hides it), and the per-type table; ``--json``
-prints the same summary as JSON.
+prints the same summary as JSON. For a mixture-of-experts model (``{arch}.expert_count`` and
+``expert_used_count`` in the metadata) the header also gives the experts' share of the parameters,
+the parameters active per token and the weight bytes a decode step reads (``ModelSummary.moe``).
 """
 
 from __future__ import annotations
@@ -71,9 +73,31 @@ class ModelSummary:
     def data_bytes(self) -> int:
         return sum(t.n_bytes for t in self.tensors)
 
+    @property
+    def moe(self) -> dict[str, Any] | None:
+        """For a MoE model (``{arch}.expert_count`` and ``expert_used_count`` set, stacked
+        ``*_exps`` tensors present), else None: ``n_expert``, ``n_expert_used``,
+        ``expert_params`` / ``expert_bytes`` (every expert), ``active_params`` (parameters one token
+        uses: all but the experts, plus ``n_expert_used / n_expert`` of theirs) and
+        ``decode_read_bytes`` (weight bytes one decode step reads: as active, without the token
+        embedding table, of which a step reads one row)."""
+        arch = self.metadata.get("general.architecture", {}).get("value")
+        n_expert = self.metadata.get(f"{arch}.expert_count", {}).get("value")
+        n_used = self.metadata.get(f"{arch}.expert_used_count", {}).get("value")
+        experts = [t for t in self.tensors if "_exps." in t.name]
+        if not (isinstance(n_expert, int) and isinstance(n_used, int) and n_expert > 0 and experts):
+            return None
+        e_params = sum(t.n_elements for t in experts)
+        e_bytes = sum(t.n_bytes for t in experts)
+        embd = sum(t.n_bytes for t in self.tensors if t.name == "token_embd.weight")
+        return {"n_expert": n_expert, "n_expert_used": n_used, "expert_params": e_params, "expert_bytes": e_bytes,
+                "active_params": self.n_params - e_params + e_params * n_used // n_expert,
+                "decode_read_bytes": self.data_bytes - embd - e_bytes + e_bytes * n_used // n_expert}
+
     def to_json(self, *, tensors: bool = True) -> dict[str, Any]:
         out = asdict(self)
         out["n_params"] = self.n_params
+        out["moe"] = self.moe
         out["n_tensors"] = len(self.tensors)
         out["data_bytes"] = self.data_bytes
         out["bits_per_weight"] = 8 * self.data_bytes / self.n_params if self.n_params else 0.0
@@ -178,6 +202,12 @@ def render(summary: ModelSummary, *, tensors: bool = True) -> None:
     head.add_row("model", f"{name} ({arch})" if name else str(arch))
     head.add_row("parameters", f"{n_params:,} ({_human_count(n_params)})")
     head.add_row("tensors", f"{len(summary.tensors):,}, {summary.data_bytes:,} bytes, {bpw:.2f} bits per weight")
+    moe = summary.moe
+    if moe:
+        head.add_row("experts", f"{moe['n_expert']} per layer, {moe['n_expert_used']} per token: "
+                                f"{_human_count(moe['expert_params'])} of the parameters; "
+                                f"{_human_count(moe['active_params'])} active per token, "
+                                f"~{_human_bytes(moe['decode_read_bytes'])} of weights read per decode step")
     if "fak.synthetic" in meta:
         head.add_row("synthetic", _format_meta(meta["fak.synthetic"]))
     console.print(head)
