@@ -45,12 +45,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+import codecs
 import dataclasses
 import functools
 import re
 import unicodedata
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+
+from fak.quarantine import addressed
 
 __all__ = [
     "FAMILIES",
@@ -74,6 +77,9 @@ FAMILY_DESCRIPTIONS = {
 META_FACTOR = 0.25
 #: Boosters add to a family only when its own findings weigh at least this much.
 BOOST_MIN_BASE = 0.4
+#: ... and only when they lie within this many characters of one (a booster at the other end of
+#: a long file says nothing about a finding here).
+BOOST_SPAN = 400
 #: Weight multiplier of findings inside a hidden carrier (comment, hidden element, base64, tags).
 HIDDEN_FACTOR = 1.5
 _BOOST = "boost"
@@ -155,12 +161,25 @@ def _collapse(low: str) -> str:
 _CONFUSABLE_RX = re.compile("[" + "".join(sorted(chr(k) for k in _CONFUSABLES)) + "]")
 
 
+_LETTERS = re.compile(r"[^\W\d_]+")
+_ASCII_LETTER = re.compile(r"[A-Za-z]")
+
+
+def _fold_mixed(m: re.Match[str]) -> str:
+    """A word with ASCII letters and lookalikes from other scripts, folded to ASCII (``Ιgnοre``);
+    a word in one script is kept (``инструкции``, ``ουρά``)."""
+    w = m.group()
+    if _ASCII_LETTER.search(w) is None or _CONFUSABLE_RX.search(w) is None:
+        return w
+    return _CONFUSABLE_RX.sub(lambda c: _CONFUSABLES[ord(c.group())], w)
+
+
 def _normalize(text: str) -> str:
     """NFKC, confusables folded to ASCII, invisible characters removed (non-ASCII text only;
     each step only when the text needs it)."""
     t = text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
     if _CONFUSABLE_RX.search(t) is not None:
-        t = _CONFUSABLE_RX.sub(lambda m: _CONFUSABLES[ord(m.group())], t)
+        t = _LETTERS.sub(_fold_mixed, t)
     if _INVISIBLE.search(t) is not None:
         t = _INVISIBLE.sub("", t)
     return t
@@ -183,7 +202,8 @@ _SPLIT = bytes(c if (48 <= c <= 57 or 97 <= c <= 122 or c == 95 or c >= 128) els
 @dataclass(frozen=True, slots=True)
 class _Group:
     words: frozenset[bytes]
-    subs: tuple[str, ...]
+    subs: tuple[str, ...]      # ASCII substrings
+    wide: tuple[str, ...] = ()  # other substrings: only an ASCII-only text is known to lack them
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,10 +220,12 @@ class _Rule:
     span: int = 640                # and ends at most ``span`` characters after it
     whole: bool = True             # every anchor is a whole word of any match (absent words skip)
 
-    def open(self, low: str, words: set[bytes]) -> bool:
-        """Whether the gate passes for the lower-cased text ``low`` with word set ``words``."""
+    def open(self, low: str, words: set[bytes], ascii_only: bool = False) -> bool:
+        """Whether the gate passes for the lower-cased text ``low`` with word set ``words``
+        (``ascii_only``: the text is ASCII, so no non-ASCII substring can be in it)."""
         for g in self.gate:
-            if g.words.isdisjoint(words) and not any(x in low for x in g.subs):
+            if g.words.isdisjoint(words) and not any(x in low for x in g.subs) and \
+                    (ascii_only or not any(x in low for x in g.wide)):
                 return False
         return True
 
@@ -215,7 +237,8 @@ def _r(feature: str, family: str, weight: float, gate: Iterable[str] | Iterable[
     groups = (gate,) if all(isinstance(g, str) for g in gate) else gate
     # a gate string is a word of the text, or (not a word, or marked with a leading ``*``) a substring
     built = tuple(_Group(frozenset(w.encode() for w in grp if _WORD.fullmatch(w)),
-                         tuple(w.lstrip("*").lower() for w in grp if not _WORD.fullmatch(w))) for grp in groups)
+                         tuple(w.lstrip("*").lower() for w in grp if not _WORD.fullmatch(w) and w.isascii()),
+                         tuple(w.lower() for w in grp if not w.isascii())) for grp in groups)
     anchor = tuple(a.lstrip("*") for a in anchors) if anchors is not None else tuple(g.lstrip("*") for g in groups[0])
     if family in (EXEC_REQUEST, _BOOST):
         meta = False  # attackers quote commands in backticks too; these need a target signal anyway
@@ -301,11 +324,124 @@ def _words(low: str) -> set[bytes]:
     return set(low.encode("utf-8", "surrogatepass").translate(_SPLIT).split())
 
 
-_PREV = r"(?:previous|prior|above|earlier|preceding|former|original|initial|system|old|existing|foregoing|other)"
-_INSTR = (r"(?:\w{0,3}nstruct\w*|directions?|prompts?|rules|guidelines|directives?|commands?|orders|constraints|"
+_PREV = (r"(?:previous|prior|above|earlier|preceding|former|original|initial|system|old|existing|foregoing|"
+         r"other|prev\.?)")
+_INSTR = (r"(?:\w{0,3}nstruct\w*|directions?|prompts?|rules|guidelines|guidance|directives?|commands?|orders|constraints|"
           r"guardrails|programming|context|messages|tasks?|restrictions|policies|system\s+prompt|training)")
 _QUAL = r"(?:(?:all|any|the|your|my|of|every|these|those|the\s+user'?s|user|their)\s+)*"
+# between a verb and its object: blanks, or a line break into unindented prose (not into code)
+_GAP = r"(?:[ \t]+|[ \t]*\r?\n[ \t]{0,3}(?=[a-z]))"
+_VERBS_I = r"(?:ignore|ignoring|disregard|disregarding|forget|forgetting|neglect|discard|abandon)"
+_PREV_STRONG = r"(?:previous|prior|above|earlier|preceding|former|original|initial|foregoing|prev\.?)"
+_PREV_WEAK = r"(?:other|existing|old|system)"
+_INSTR_NARROW = (r"(?:\w{0,3}nstruct\w*|directives?|guidelines|guidance|prompts?|system\s+prompt|guardrails|"
+                 r"programming)")
 _VERBS = r"(?:ignore|ignoring|disregard|disregarding|forget|forgetting|override|bypass|neglect|discard|abandon)"
+
+# Other verbs of "ignore previous instructions" (only with an instruction noun and a "previous", "your" or
+# "you were given": "skip the rules" alone is a linter's manual).
+_VERBS2 = (r"(?:drop|set\s+aside|put\s+aside|throw\s+(?:away|out)|scrap|dismiss|pay\s+no\s+attention\s+to|"
+           r"stop\s+following|do\s+not\s+follow|don't\s+follow|dont\s+follow|never\s*mind|reset|skip|overrule)")
+_NOUN2 = (r"(?:instructions?|directives?|directions|guidance|guidelines|rules|prompts?|system\s+prompt|orders|"
+          r"programming|constraints|restrictions)")
+_NOUN2V = r"(?:instructions?|directives?|directions|guidance|guidelines|rules|prompts?|orders|commands|programming)"
+
+# Multilingual forms, written for fak from the phrasings of public multilingual injection sets
+# (deepset/prompt-injections' German, translated "ignore previous instructions" variants).
+_ML_IGNORE = re.compile(
+    # zh: ignore/forget (your) previous/above/all ... instructions/rules/prompts
+    "(?:\u5ffd\u7565|\u65e0\u89c6|\u5ffd\u89c6|\u5fd8\u8bb0|\u5fd8\u6389|\u4e0d\u8981\u7406\u4f1a|\u522b\u7406\u4f1a|"
+    "\u4e0d\u7406\u4f1a|\u629b\u5f00|\u653e\u5f03)(?:\u6389)?(?:\u4f60|\u60a8)?(?:\u7684)?"
+    "(?:\u4e4b\u524d|\u4ee5\u524d|\u5148\u524d|\u6b64\u524d|\u4e0a\u9762|\u4e0a\u8ff0|\u524d\u9762|\u4ee5\u4e0a|"
+    "\u539f\u6765|\u539f\u5148|\u539f\u6709|\u6700\u521d|\u6240\u6709|\u5168\u90e8|\u4e00\u5207)(?:\u7684)?"
+    "(?:\u6240\u6709|\u5168\u90e8|\u4e00\u5207)?(?:\u7684)?(?:\u6307\u4ee4|\u6307\u793a|\u8bf4\u660e|\u547d\u4ee4|"
+    "\u89c4\u5219|\u63d0\u793a\u8bcd|\u63d0\u793a|\u8981\u6c42|\u8bbe\u5b9a|\u7ea6\u675f|\u9650\u5236)"
+    # ja: (previous/above/so-far) instructions/commands/rules (all) ignore/forget
+    "|(?:\u4ee5\u524d|\u524d|\u3053\u308c\u307e\u3067|\u4e0a\u8a18|\u4e0a|\u5148\u307b\u3069|\u6700\u521d|\u5143)"
+    "\u306e(?:\u3059\u3079\u3066\u306e|\u5168\u3066\u306e|\u5168\u90e8\u306e)?(?:\u6307\u793a|\u547d\u4ee4|"
+    "\u30eb\u30fc\u30eb|\u30d7\u30ed\u30f3\u30d7\u30c8|\u6307\u4ee4|\u8a2d\u5b9a|\u5236\u7d04)(?:\u306f|\u3092)?"
+    "(?:\u3059\u3079\u3066|\u5168\u3066|\u5168\u90e8)?(?:\u7121\u8996|\u5fd8\u308c|\u7834\u68c4)"
+    # ko: previous (all) instructions ... ignore/forget
+    "|\uc774\uc804\uc758?\\s*(?:\ubaa8\ub4e0\\s*)?(?:\uc9c0\uc2dc|\uba85\ub839|\uc9c0\uce68|\uaddc\uce59|"
+    "\ud504\ub86c\ud504\ud2b8)(?:\ub97c|\uc744|\uc740|\ub294|\uc0ac\ud56d\uc744)?\\s*(?:\ubaa8\ub450\\s*)?"
+    "(?:\ubb34\uc2dc|\uc78a)"
+    # es / pt
+    r"|\b(?:ignora|ignore|ignorad|ignoren|ignorar|olvida|olvide|olviden|olvidad|olvidar|descarta|descarte|omite|"
+    r"omita|haz\s+caso\s+omiso\s+(?:de|a)|no\s+(?:hagas|haga)\s+caso\s+(?:de|a)|esque[\u00e7c]a|desconsidere)\s+"
+    r"(?:todas?\s+|tus\s+|sus\s+|las\s+|los\s+|as\s+|os\s+|suas\s+|tuas\s+)*(?:instrucciones|indicaciones|"
+    r"[\u00f3o]rdenes|reglas|directrices|directivas|normas|comandos|consignas|instru[\u00e7c][\u00f5o]es|ordens|"
+    r"regras|diretrizes)\s+(?:anteriores|previas|previos|pr[\u00e9e]vias|de\s+arriba|acima|originales|originais|"
+    r"iniciales|que\s+(?:te|le)\s+(?:dieron|han\s+dado|di))"
+    # de
+    r"|\b(?:ignoriere|ignorier|ignorieren\s+sie|vergiss|vergessen\s+sie|missachte|missachten\s+sie|verwirf|"
+    r"verwerfen\s+sie|[\u00fcu]bergehe|[\u00fcu]bergehen\s+sie)\s+(?:bitte\s+)?(?:alle\s+|die\s+|deine\s+|ihre\s+|"
+    r"s[\u00e4a]mtliche\s+|jegliche\s+)*(?:vorherigen|bisherigen|obigen|vorigen|fr[\u00fcu]heren|vorangegangenen|"
+    r"urspr[\u00fcu]nglichen|alten|vorangehenden)\s+(?:anweisungen|befehle|instruktionen|regeln|vorgaben|"
+    r"anordnungen|richtlinien)"
+    r"|\b(?:vergiss|vergessen\s+sie)\s+alles,?\s+was\s+(?:dir|ihnen|man\s+dir|ich\s+dir)\s+(?:vorher|bisher|zuvor)?"
+    r"\s*(?:gesagt|befohlen|aufgetragen)"
+    # fr
+    r"|\b(?:ignore[zs]?|oublie[zs]?|n[\u00e9e]glige[zs]?|ne\s+tiens\s+pas\s+compte|ne\s+tenez\s+pas\s+compte|"
+    r"fais\s+abstraction|faites\s+abstraction)\s+(?:de\s+|des\s+|d')?(?:toutes\s+|tous\s+|les\s+|tes\s+|vos\s+|"
+    r"ces\s+)*(?:instructions|consignes|directives|r[\u00e8e]gles|ordres|commandes|indications)\s+(?:pr[\u00e9e]"
+    r"c[\u00e9e]dentes|ant[\u00e9e]rieures|ci-dessus|initiales|originales|d'avant)"
+    # ru
+    "|(?:\u0438\u0433\u043d\u043e\u0440\u0438\u0440\u0443\u0439(?:\u0442\u0435)?|\u0438\u0433\u043d\u043e\u0440"
+    "\u0438\u0440\u043e\u0432\u0430\u0442\u044c|\u0437\u0430\u0431\u0443\u0434\u044c(?:\u0442\u0435)?|\u0437\u0430"
+    "\u0431\u044b\u0442\u044c|\u043d\u0435\\s+\u043e\u0431\u0440\u0430\u0449\u0430\u0439(?:\u0442\u0435)?\\s+"
+    "\u0432\u043d\u0438\u043c\u0430\u043d\u0438\u044f\\s+\u043d\u0430|\u043e\u0442\u0431\u0440\u043e\u0441\u044c"
+    "(?:\u0442\u0435)?|\u043f\u0440\u0435\u043d\u0435\u0431\u0440\u0435\u0433\u0438(?:\u0442\u0435)?)\\s+"
+    "(?:(?:\u0432\u0441\u0435|\u0432\u0441\u0451|\u0441\u0432\u043e\u0438|\u0442\u0432\u043e\u0438|\u0432\u0430"
+    "\u0448\u0438|\u044d\u0442\u0438)\\s+)*(?:\u043f\u0440\u0435\u0434\u044b\u0434\u0443\u0449\u0438\u0435|\u043f"
+    "\u0440\u0435\u0436\u043d\u0438\u0435|\u043f\u0440\u0435\u0434\u0448\u0435\u0441\u0442\u0432\u0443\u044e\u0449"
+    "\u0438\u0435|\u0432\u044b\u0448\u0435\u0443\u043a\u0430\u0437\u0430\u043d\u043d\u044b\u0435|\u0432\u044b\u0448"
+    "\u0435\u043f\u0440\u0438\u0432\u0435\u0434[\u0435\u0451]\u043d\u043d\u044b\u0435|\u0440\u0430\u043d\u0435\u0435"
+    "\\s+\u0434\u0430\u043d\u043d\u044b\u0435|\u0441\u0442\u0430\u0440\u044b\u0435|\u0438\u0437\u043d\u0430\u0447"
+    "\u0430\u043b\u044c\u043d\u044b\u0435|\u0438\u0441\u0445\u043e\u0434\u043d\u044b\u0435|\u043f\u0440\u043e\u0448"
+    "\u043b\u044b\u0435)\\s+(?:\u0438\u043d\u0441\u0442\u0440\u0443\u043a\u0446\u0438\u0438|\u0443\u043a\u0430\u0437"
+    "\u0430\u043d\u0438\u044f|\u043a\u043e\u043c\u0430\u043d\u0434\u044b|\u043f\u0440\u0430\u0432\u0438\u043b\u0430"
+    "|\u0440\u0430\u0441\u043f\u043e\u0440\u044f\u0436\u0435\u043d\u0438\u044f|\u0443\u0441\u0442\u0430\u043d\u043e"
+    "\u0432\u043a\u0438|\u0434\u0438\u0440\u0435\u043a\u0442\u0438\u0432\u044b|\u0437\u0430\u0434\u0430\u043d\u0438"
+    "\u044f|\u043f\u0440\u0438\u043a\u0430\u0437\u044b)"
+    # it / nl
+    r"|\b(?:ignora|ignorate|dimentica|dimenticate|trascura)\s+(?:tutte\s+)?(?:le\s+)?(?:istruzioni|indicazioni|"
+    r"regole|direttive|comandi)\s+(?:precedenti|di\s+prima|sopra)"
+    r"|\b(?:negeer|vergeet)\s+(?:alle\s+)?(?:de\s+)?(?:vorige|eerdere|voorgaande|bovenstaande)\s+(?:instructies|"
+    r"opdrachten|regels)",
+    re.IGNORECASE)
+_ML_REAL_TASK = re.compile(
+    "(?:\u4f60|\u60a8)(?:\u7684)?(?:\u771f\u6b63|\u5b9e\u9645|\u771f\u5b9e|\u65b0)(?:\u7684)?(?:\u4efb\u52a1|"
+    "\u76ee\u6807|\u5de5\u4f5c|\u6307\u4ee4)"
+    "|(?:\u672c\u5f53\u306e|\u771f\u306e|\u65b0\u3057\u3044|\u5b9f\u969b\u306e)(?:\u30bf\u30b9\u30af|\u4efb\u52d9|"
+    "\u4ed5\u4e8b|\u76ee\u7684|\u6307\u793a)\u306f"
+    "|(?:\uc9c4\uc9dc|\uc2e4\uc81c|\uc0c8\ub85c\uc6b4)\\s*(?:\uc784\ubb34|\uc791\uc5c5|\uacfc\uc81c)"
+    r"|\btu\s+(?:verdadera|nueva|[\u00fau]nica|real|aut[\u00e9e]ntica)\s+(?:tarea|misi[\u00f3o]n)\b"
+    r"|\ba\s+tua\s+(?:verdadeira|nova|[\u00fau]nica|real)\s+tarefa\b"
+    r"|\b(?:deine|ihre)\s+(?:eigentliche|wahre|neue|echte|einzige|tats[\u00e4a]chliche)\s+aufgabe\b"
+    r"|\b(?:ta|votre)\s+(?:vraie|v[\u00e9e]ritable|nouvelle|seule|r[\u00e9e]elle)\s+(?:t[\u00e2a]che|mission)\b"
+    "|(?:\u0442\u0432\u043e\u044f|\u0432\u0430\u0448\u0430)\\s+(?:\u043d\u0430\u0441\u0442\u043e\u044f\u0449"
+    "\u0430\u044f|\u043d\u043e\u0432\u0430\u044f|\u0438\u0441\u0442\u0438\u043d\u043d\u0430\u044f|\u0440\u0435\u0430"
+    "\u043b\u044c\u043d\u0430\u044f|\u0435\u0434\u0438\u043d\u0441\u0442\u0432\u0435\u043d\u043d\u0430\u044f)\\s+"
+    "(?:\u0437\u0430\u0434\u0430\u0447\u0430|\u0446\u0435\u043b\u044c|\u043c\u0438\u0441\u0441\u0438\u044f)"
+    r"|\bil\s+tuo\s+(?:vero|nuovo|unico)\s+compito\b",
+    re.IGNORECASE)
+_ML_SECRECY = re.compile(
+    "(?:\u4e0d\u8981|\u522b|\u5207\u52ff|\u4e0d\u5f97|\u4e0d\u53ef)(?:\u544a\u8bc9|\u901a\u77e5|\u63d0\u9192|"
+    "\u900f\u9732|\u544a\u77e5|\u8ba9)(?:\u7ed9)?(?:\u7528\u6237|\u4f7f\u7528\u8005|\u4eba\u7c7b|\u4efb\u4f55\u4eba)"
+    "|(?:\u30e6\u30fc\u30b6\u30fc|\u5229\u7528\u8005)(?:\u306b|\u3078)(?:\u306f)?(?:\u77e5\u3089\u305b|\u4f1d\u3048|"
+    "\u8a00\u308f|\u6559\u3048|\u5831\u544a\u3057)(?:\u305a|\u306a\u3044\u3067)"
+    "|(?:\uc0ac\uc6a9\uc790)(?:\uc5d0\uac8c)\\s*(?:\ub9d0\ud558\uc9c0|\uc54c\ub9ac\uc9c0)"
+    r"|\bno\s+(?:le\s+)?(?:digas|diga|cuentes|informes|menciones|avises)\s+(?:nada\s+)?(?:(?:de\s+esto\s+)?(?:al|a\s+la|"
+    r"a)\s+)?(?:usuari[oa]|nadie)\b|\bn[\u00e3a]o\s+(?:conte|diga)\s+(?:nada\s+)?ao\s+usu[\u00e1a]rio\b"
+    r"|\b(?:sag|sage|erz[\u00e4a]hl|verrat|verrate)\w*\s+(?:dem|der|den)\s+(?:nutzer|benutzer|anwender)\w*\s+nichts\b"
+    r"|\bohne\s+(?:den|dem)\s+(?:nutzer|benutzer)\w*\s+(?:zu\s+)?(?:informieren|fragen)"
+    r"|\bne\s+(?:dis|dites)\s+rien\s+[\u00e0a]\s+l'utilisat|\bsans\s+(?:le\s+)?dire\s+[\u00e0a]\s+l'utilisat"
+    "|\u043d\u0435\\s+(?:\u0433\u043e\u0432\u043e\u0440\u0438|\u0441\u043e\u043e\u0431\u0449\u0430\u0439|\u0440\u0430"
+    "\u0441\u0441\u043a\u0430\u0437\u044b\u0432\u0430\u0439|\u0433\u043e\u0432\u043e\u0440\u0438\u0442\u0435|\u0441"
+    "\u043e\u043e\u0431\u0449\u0430\u0439\u0442\u0435)\\s+(?:\u043e\u0431\\s+\u044d\u0442\u043e\u043c\\s+)?(?:\u043f"
+    "\u043e\u043b\u044c\u0437\u043e\u0432\u0430\u0442\u0435\u043b\u044e|\u043d\u0438\u043a\u043e\u043c\u0443)"
+    r"|\bnon\s+dire\s+(?:niente\s+)?all'utente\b",
+    re.IGNORECASE)
 
 RULES: tuple[_Rule, ...] = (
     # ---------------------------------------------------------------- role_markup
@@ -313,27 +449,32 @@ RULES: tuple[_Rule, ...] = (
     _r("role_markup.tool_call_tag", ROLE_MARKUP, 1.0, (('tool_call', 'tool_response', 'tool_result', 'function_call', 'function'), ('<tool_call', '</tool_call', '<tool_response', '</tool_response', '<function_call', '<function=', '<tool_result', '</tool_result')),
        r"</?(?:tool_call|tool_response|tool_result|function_call)\b[^>\n]{0,40}>|<function=[a-z_]", meta=False),
     _r("role_markup.inst", ROLE_MARKUP, 1.0, (('inst', 'sys'), ('[inst]', '[/inst]', '<<sys>>', '<</sys>>')),
-       r"\[/?INST\]|<</?SYS>>"),
-    _r("role_markup.header", ROLE_MARKUP, 1.0, (('#',), ('system', 'instruction', 'instructions', 'assistant', 'response', 'human', 'user', 'input')),
+       r"\[/?INST\]|<</?SYS>>", flags=re.MULTILINE),
+    _r("role_markup.header", ROLE_MARKUP, 0.4, (('#',), ('system', 'instruction', 'instructions', 'assistant', 'response', 'human', 'user', 'input')),
        r"^[ \t]*#{2,4}[ \t]*(?:system|instructions?|assistant|response|human|user|input)[ \t]*:"),
     _r("role_markup.role_tag", ROLE_MARKUP, 1.0, (('system', 'assistant', 'sys', 'im_start', 'im_end', 'system_prompt'), ('<system', '</system', '<assistant', '</assistant', '[system]', '[assistant]', '<im_start', '<sys>')),
        r"</?(?:system|assistant|system_prompt|sys|im_start|im_end)>|\[(?:system|assistant)\]\(#\w*\)"),
-    _r("role_markup.human_turn", ROLE_MARKUP, 0.5, (('human', 'user'), ('human:', 'user:')), r"^[ \t]*(?:human|user)[ \t]*:[ \t]*\S"),
-    _r("role_markup.assistant_turn", ROLE_MARKUP, 0.5, (('assistant', 'ai'), ('assistant:', 'ai:')), r"^[ \t]*(?:assistant|ai)[ \t]*:[ \t]*\S"),
-    _r("role_markup.system_turn", ROLE_MARKUP, 0.3, (('system',), ('system:',)), r"^[ \t]*system[ \t]*:[ \t]*\S"),
+    _r("role_markup.system_message", ROLE_MARKUP, 1.0, (("(system", "( system", "(admin", "(developer"),),
+       r"#{2,4}\s*\(\s*(?:system|admin|developer)[_\s]?(?:message|prompt|instructions?)\s*\)", anchors=("#",), back=0),
+    _r("role_markup.human_turn", ROLE_MARKUP, 0.3, (('human', 'user'), ('human:', 'user:')), r"^[ \t]*(?:human|user)[ \t]*:[ \t]*\S"),
+    _r("role_markup.assistant_turn", ROLE_MARKUP, 0.3, (('assistant', 'ai'), ('assistant:', 'ai:')), r"^[ \t]*(?:assistant|ai)[ \t]*:[ \t]*\S"),
+    _r("role_markup.system_turn", ROLE_MARKUP, 0.2, (('system',), ('system:',)), r"^[ \t]*system[ \t]*:[ \t]*\S"),
     _r("role_markup.fake_call_json", ROLE_MARKUP, 0.5, (('arguments',), ('"arguments"',)),
        r'\{\s*"name"\s*:\s*"[A-Za-z0-9_\-]{1,64}"\s*,\s*"arguments"\s*:\s*\{'),
     # ---------------------------------------------------------------- override
     _r("override.ignore_previous", OVERRIDE, 1.0, (('ignore', 'ignoring', 'disregard', 'disregarding', 'forget', 'forgetting', 'override', 'bypass', 'neglect', 'discard', 'abandon'), ('*nstruct', 'instructions', 'instruction', 'prompt', 'prompts', 'rules', 'guidelines', 'directives', 'directive', 'directions', 'direction', 'commands', 'command', 'orders', 'constraints', 'guardrails', 'programming', 'context', 'messages', 'task', 'tasks', 'restrictions', 'policies', 'training', 'safety')),
-       rf"\b{_VERBS}\s+{_QUAL}{_PREV}\s+(?:and\s+\w+\s+)?{_INSTR}\b"
-       rf"|\b{_VERBS}\s+{_QUAL}(?:\w{{0,3}}nstructions|system\s+prompt|directives|prompts?)\b"
-       rf"|\b{_VERBS}\s+(?:all\s+)?your\s+(?:rules|guidelines|programming|training|restrictions|guardrails|"
+       rf"\b{_VERBS_I}{_GAP}{_QUAL}{_PREV_STRONG}\s+(?:and\s+\w+\s+)?{_INSTR}\b"
+       rf"|\b{_VERBS}{_GAP}{_QUAL}(?:{_PREV_STRONG}|{_PREV_WEAK})\s+(?:and\s+\w+\s+)?{_INSTR_NARROW}\b"
+       rf"|\b{_VERBS}{_GAP}(?:(?:all|any|the|your|my|every|these|those|of)\s+)*(?:\w{{0,3}}nstructions|system\s+prompt|"
+       rf"directives)\b|\b{_VERBS}{_GAP}(?:(?:all|your|my|these|those|of)\s+)+prompts?\b"
+       rf"|\b{_VERBS}{_GAP}(?:all\s+)?your\s+(?:rules|guidelines|programming|training|restrictions|guardrails|"
        rf"policies|safety|constraints)\b"),
     _r("override.ignore_what", OVERRIDE, 1.0, (('ignore', 'disregard', 'forget'), ('told', 'given', 'asked', 'instructed', 'said', 'above', 'before', 'else', 'prior', 'far', 'training', 'guidelines')),
        r"\b(?:ignore|disregard|forget)\s+(?:all\s+|everything\s+)?(?:(?:that\s+)?(?:you\s+(?:were|have\s+been)\s+"
        r"(?:told|given|asked|instructed))|what\s+(?:you\s+were|i|the\s+user)\s+(?:told|said|asked)|"
        r"(?:everything|all)\s+(?:above|before|else\s+you|prior|so\s+far)|the\s+above\b(?!\s+(?:error|warning|"
-       r"message|output|line|example|code)))"),
+       r"message|output|line|example|code))(?!(?:\s+[\w\-]+){1,3}\s+(?:errors?|warnings?|messages?|outputs?|lines?|"
+       r"examples?|code|tests?|exceptions?|failures?|issues?|problems?)\b))"),
     _r("override.ignore_given", OVERRIDE, 1.0, (("ignore", "disregard", "forget", "ignoring"),
                                                 ("given", "gave", "received", "assigned", "user")),
        r"\b(?:ignore|ignoring|disregard|forget)\s+(?:the|your|this|any)\s+(?:task|request|question|assignment|job|"
@@ -349,13 +490,14 @@ RULES: tuple[_Rule, ...] = (
        r"(?:has|have|had)\s+(?:already\s+)?(?:authori[sz]ed|approved|allowed|permitted|requested|consented)\b"),
     _r("override.new_instructions", OVERRIDE, 0.6, (('new', 'updated', 'real', 'actual', 'true', 'revised', 'different', 'additional', 'secret', 'hidden', 'override'), ('instruction', 'instructions', 'task', 'objective', 'directive', 'goal', 'mission', 'prompt')),
        r"\b(?:new|updated|real|actual|true|revised|different|additional|secret|hidden|override)\s+"
-       r"(?:system\s+)?(?:instructions?|task|objective|directive|goal|mission|system\s+prompt)\s*(?::|is\b|are\b)"),
+       r"(?:system\s+)?(?:instructions?|task|objective|directive|goal|mission|system\s+prompt)\s*(?::|is\s+(?:to\b|now\b|"
+       r"as\s+follows|simple|:)|are\s*(?:as\s+follows|now\b|:|to\b))"),
     _r("override.real_task", OVERRIDE, 0.8, (('real', 'true', 'actual', 'new', 'only', 'primary', 'sole'), ('task', 'job', 'goal', 'purpose', 'objective', 'mission'), ('your', 'the')),
-       r"\b(?:your|the)\s+(?:real|true|actual|new|only|primary|sole)\s+(?:task|job|goal|purpose|objective|mission)"
-       r"\s+(?:is|now\s+is|from\s+now|:)"),
+       r"\b(?:your\s+(?:real|true|actual|new|only|primary|sole)|the\s+(?:real|true|actual))\s+(?:task|job|goal|"
+       r"purpose|objective|mission)\s*(?:is\s+(?:to\b|now\b|:|simple)|now\s+is|from\s+now|:)"),
     _r("override.you_are_now", OVERRIDE, 0.6, ("you are now", "you're now", "you are no longer", "from now on",
                                                "you will now", "you must now", "you shall now"),
-       r"\byou(?:\s+are|'re)\s+now\s+(?:a|an|the|my|dan|free|unrestricted|operating|acting|working\s+for)\b|"
+       r"\byou(?:\s+are|'re)\s+now\s+(?:a|an|the|my|dan|free|unrestricted|acting\s+as|working\s+for)\b|"
        r"\byou(?:\s+are|'re)\s+no\s+longer\s+(?:an?|bound|restricted|required|limited|allowed|a\s+helpful)\b|"
        r"\bfrom\s+now\s+on,?\s+(?:you|your|act|always|only|respond)|"
        r"\byou\s+(?:will|must|shall)\s+now\s+(?:act|behave|respond|follow|obey|only|ignore|execute|run)"),
@@ -375,7 +517,8 @@ RULES: tuple[_Rule, ...] = (
        r"\b(?:enable|enter|activate|switch\s+to|engage|turn\s+on|you\s+are\s+(?:now\s+)?in)\s+(?:the\s+)?(?:god|dan|"
        r"jailbreak|jailbroken|unrestricted|unfiltered|uncensored|evil)\s+mode\b|\bdo\s+anything\s+now\b"),
     _r("override.developer_mode", OVERRIDE, 0.6, ("developer mode", "admin mode"),
-       r"\b(?:developer|admin|administrator)\s+mode\s+(?:enabled|activated|on)\b|\byou\s+are\s+(?:now\s+)?in\s+"
+       r"\b(?:developer|admin|administrator)\s+mode\s+(?:is\s+)?(?:now\s+)?(?:enabled|activated|active|on|engaged|"
+       r"unlocked)\b|\byou\s+are\s+(?:now\s+)?in\s+"
        r"(?:developer|admin|administrator)\s+mode\b"),
     _r("override.jailbreak", OVERRIDE, 0.5, ("jailbreak",), r"\bjailbreak(?:ing)?\b(?!\s+(?:detection|attempt))"),
     _r("override.authority", OVERRIDE, 0.6, (('override', 'instruction', 'message', 'notice', 'command', 'directive', 'alert'), ('system', 'admin', 'administrator', 'developer', 'root', 'priority')),
@@ -395,14 +538,16 @@ RULES: tuple[_Rule, ...] = (
        r"\b(?:task|instructions?|request|job)\s+(?:that\s+)?(?:i|the\s+user|your\s+user)\s+(?:gave|have\s+given|"
        r"assigned|asked)\s+(?:you|to\s+you)\s+(?:in\s+the\s+beginning|earlier|before|originally|at\s+the\s+start|"
        r"first)"),
-    _r("override.tags", OVERRIDE, 0.6, (('information', 'important', 'instructions', 'instruction', 'admin', 'secret', 'hidden', 'urgent', 'override', 'injected'), ('<information', '<important', '<instruction', '<admin', '<secret', '<hidden', '<urgent', '<override', '<injected', '</information', '</important', '</instruction')),
-       r"</?(?:information|important|instructions?|admin|secret|hidden|urgent|override|injected)>"),
+    _r("override.tags", OVERRIDE, 0.6, (('information', 'admin', 'secret', 'hidden', 'urgent', 'override', 'injected'), ('<information', '<admin', '<secret', '<hidden', '<urgent', '<override', '<injected', '</information')),
+       r"</?(?:information|admin|secret|hidden|urgent|override|injected)>"),
+    _r("override.prompt_tags", OVERRIDE, 0.3, (('important', 'instructions', 'instruction'), ('<important', '<instruction', '</important', '</instruction')),
+       r"</?(?:important|instructions?)>"),
     _r("override.strictly_adhere", OVERRIDE, 0.8, (('adhere', 'follow', 'obey', 'comply', 'execute'), ('following', 'new', 'below', 'next'), ('instructions', 'instruction', 'commands', 'command', 'steps', 'step', 'directive', 'directives', 'orders', 'order', 'task')),
        r"\b(?:strictly|carefully|only|now|must|exactly)\s+(?:adhere\s+to|follow|obey|comply\s+with|execute)\s+"
        r"(?:the\s+|these\s+|my\s+)?(?:following|new|below|next)\s+(?:instructions?|commands?|steps?|directives?|"
        r"orders?|task)"),
     _r("override.stop_task", OVERRIDE, 0.8, (('stop', 'halt', 'abort', 'cease', 'pause'), ('doing', 'current', 'everything', 'tasks', 'work', 'activities')),
-       r"\b(?:stop|halt|abort|cease|pause)\s+(?:what\s+you\s+are\s+doing|(?:your|the)\s+current\s+(?:task|work|"
+       r"\b(?:stop|halt|abort|cease|pause)\s+(?:what\s+you(?:\s+are|'re|\u2019re)\s+doing|(?:your|the)\s+current\s+(?:task|work|"
        r"activity)|everything\s+(?:you|and)|all\s+(?:other\s+)?(?:tasks|work|activities))"),
     _r("override.extract_prompt", OVERRIDE, 0.6, (('repeat', 'print', 'reveal', 'output', 'show', 'display', 'leak', 'tell', 'write', 'recite', 'dump', 'echo'), ('prompt', 'instructions', 'preprompt', 'pre', 'password', 'secret', 'code', 'window')),
        r"\b(?:repeat|print|reveal|output|show|display|leak|tell\s+me|write\s+out|recite|dump|echo)\s+(?:back\s+)?"
@@ -416,6 +561,49 @@ RULES: tuple[_Rule, ...] = (
        r"(?:%{3}|={3,}|-{3,}|\*{3}|#{3,}|\[)\s*(?:end|begin|start)\s+(?:of\s+)?(?:the\s+)?(?:user(?:\s+input)?|"
        r"system(?:\s+prompt)?|ambiguity|user\s+ambiguity|input|instructions|prompt|context|tool\s+(?:output|result|response)|"
        r"untrusted\s+(?:content|data)|(?:function|tool)\s+call)\s*(?:%{3}|={3,}|-{3,}|\*{3}|#{3,}|\])"),
+    # paraphrases of "ignore previous instructions" (issue 26): other verbs, and the passive "the previous
+    # instructions are void / no longer apply"
+    _r("override.ignore_paraphrase", OVERRIDE, 1.0, (('drop', 'set', 'put', 'throw', 'scrap', 'dismiss', 'pay', 'stop', 'follow', 'never', 'nevermind', 'reset', 'skip', 'overrule', 'ignore', 'disregard', 'forget'), ('instructions', 'instruction', 'directives', 'directive', 'directions', 'guidance', 'guidelines', 'rules', 'prompt', 'prompts', 'orders', 'programming', 'constraints', 'restrictions', 'task', 'assignment')),
+       rf"\b{_VERBS2}\s+{_QUAL}{_PREV}\s+(?:and\s+\w+\s+)?{_NOUN2}\b"
+       rf"|\b{_VERBS2}\s+(?:all\s+)?(?:of\s+)?your\s+(?:current\s+|original\s+|existing\s+|initial\s+)?(?:{_NOUN2}|"
+       rf"task|assignment)\b"
+       rf"|\b(?:{_VERBS2}|{_VERBS})\s+(?:all\s+)?(?:of\s+)?(?:the\s+|any\s+)?{_NOUN2}\s+(?:(?:that\s+)?you(?:'ve|\s+have|"
+       rf"\s+were|\s+had)?\s+(?:been\s+)?(?:given|received|got|told)|given\s+to\s+you|you\s+received)\b"),
+    _r("override.instructions_void", OVERRIDE, 1.0, (('instructions', 'instruction', 'directives', 'directive', 'directions', 'guidance', 'guidelines', 'rules', 'prompt', 'prompts', 'orders', 'commands', 'programming'), ('void', 'null', 'invalid', 'cancelled', 'canceled', 'revoked', 'superseded', 'overridden', 'overruled', 'rescinded', 'test', 'fake', 'mistake')),
+       rf"\b(?:{_PREV}\s+(?:set\s+of\s+)?{_NOUN2V}|{_NOUN2V}\s+(?:above|before\s+this(?:\s+line)?|given\s+(?:to\s+you\s+)?"
+       rf"(?:before|earlier|so\s+far|above)))\s+(?:is|are|was|were|have\s+been|has\s+been)\s+(?:now\s+|hereby\s+|"
+       rf"henceforth\s+|officially\s+|all\s+)?(?:null\s+and\s+)?(?:void|null|invalid|cancell?ed|revoked|superseded|"
+       rf"overridden|overruled|rescinded|(?:only\s+|just\s+)?a\s+test|fake|written\s+by\s+mistake)\b"),
+    _r("override.instructions_stale", OVERRIDE, 0.6, (('instructions', 'instruction', 'directives', 'directive', 'directions', 'guidance', 'guidelines', 'rules', 'prompt', 'prompts', 'orders', 'commands', 'programming'), ('longer', 'apply', 'applies', 'obsolete', 'replaced', 'matter', 'count')),
+       rf"\b(?:{_PREV}\s+(?:set\s+of\s+)?{_NOUN2V}|{_NOUN2V}\s+(?:above|before\s+this(?:\s+line)?))\s+(?:(?:is|are|was|"
+       rf"were)\s+(?:now\s+)?(?:no\s+longer\s+(?:valid|relevant|in\s+effect|applicable|active)|obsolete|replaced)|"
+       rf"(?:now\s+)?(?:no\s+longer|do\s+not|don't|does\s+not|doesn't)\s+(?:apply|applies|matter|count))\b"),
+    _r("override.safety_off", OVERRIDE, 0.6, (('safety', 'content', 'security', 'ethical', 'moderation'), ('suspended', 'disabled', 'lifted', 'off', 'removed', 'deactivated', 'bypassed')),
+       r"\b(?:safety|content|security|ethical|moderation)\s+(?:guidelines|policies|policy|rules|filters?|restrictions|"
+       r"checks|protocols|settings|measures)\s+(?:are\s+|have\s+been\s+|has\s+been\s+|is\s+)?(?:now\s+|temporarily\s+)?"
+       r"(?:suspended|disabled|lifted|off|removed|deactivated|bypassed|turned\s+off)\b"),
+    _r("override.ignore_policies", OVERRIDE, 0.6, (('ignore', 'disregard', 'bypass'), ('content', 'safety', 'usage', 'openai', 'anthropic', 'ethical')),
+       r"\b(?:ignore|disregard|bypass)\s+(?:all\s+|any\s+|your\s+|the\s+)?(?:content|safety|usage|openai|anthropic|"
+       r"ethical)\s+(?:policies|policy|guidelines|rules|filters|restrictions)\b"),
+    _r("override.unrestricted", OVERRIDE, 0.5, (('unrestricted', 'unfiltered', 'uncensored', 'jailbroken', 'limitless', 'no', 'never', 'refuses', 'refuse'),),
+       r"\b(?:you\s+are|you're|act\s+as|become|answer\s+as|respond\s+as)\s+(?:now\s+)?(?:an?\s+)?(?:unrestricted|"
+       r"unfiltered|uncensored|jailbroken|limitless)\b|\b(?:with|have|has)\s+no\s+(?:rules|restrictions|limits|filters|"
+       r"guidelines|boundaries)\b|\bnever\s+refuses?\b"),
+    _r("override.message_to_you", OVERRIDE, 0.6, (('message', 'note', 'notice'), ('important', 'urgent', 'critical')),
+       r"\b(?:important|urgent|critical)\s+(?:message|note|notice)\s+from\s+[^.\n]{1,60}?\s+to\s+you\b"),
+    # ---------------------------------------------------------------- multilingual (zh, ja, ko, es, pt, de,
+    # fr, ru, it, nl): "ignore the previous instructions", "your real task", "do not tell the user"
+    _r("override.ml_ignore", OVERRIDE, 1.0, (("\u5ffd\u7565", "\u65e0\u89c6", "\u5ffd\u89c6", "\u5fd8\u8bb0", "\u5fd8\u6389", "\u7406\u4f1a", "\u629b\u5f00", "\u653e\u5f03", "\u7121\u8996", "\u5fd8\u308c", "\u7834\u68c4", "\ubb34\uc2dc", "\uc78a", "\u0438\u0433\u043d\u043e\u0440", "\u0437\u0430\u0431\u0443\u0434", "\u0437\u0430\u0431\u044b\u0442\u044c", "\u043e\u0431\u0440\u0430\u0449\u0430\u0439", "\u043e\u0442\u0431\u0440\u043e\u0441", "\u043f\u0440\u0435\u043d\u0435\u0431\u0440", "ignora", "ignorad", "ignoren", "ignorar", "ignorate", "ignorez", "olvida", "olvide", "olviden", "olvidad", "olvidar", "descarta", "descarte", "omite", "omita", "omiso", "esqueça", "esqueca", "desconsidere", "ignoriere", "ignorier", "ignorieren", "vergiss", "vergessen", "missachte", "missachten", "verwirf", "verwerfen", "übergehe", "übergehen", "ubergehe", "oublie", "oubliez", "tiens", "tenez", "fais abstraction", "faites abstraction", "néglige", "négligez", "dimentica", "dimenticate", "trascura", "negeer", "vergeet",), ("\u6307\u4ee4", "\u6307\u793a", "\u8bf4\u660e", "\u547d\u4ee4", "\u89c4\u5219", "\u63d0\u793a", "\u8981\u6c42", "\u8bbe\u5b9a", "\u7ea6\u675f", "\u9650\u5236", "\u30eb\u30fc\u30eb", "\u30d7\u30ed\u30f3\u30d7\u30c8", "\u8a2d\u5b9a", "\u5236\u7d04", "\uc9c0\uc2dc", "\uba85\ub839", "\uc9c0\uce68", "\uaddc\uce59", "\ud504\ub86c\ud504\ud2b8", "\u0438\u043d\u0441\u0442\u0440\u0443\u043a\u0446", "\u0443\u043a\u0430\u0437\u0430\u043d", "\u043a\u043e\u043c\u0430\u043d\u0434", "\u043f\u0440\u0430\u0432\u0438\u043b", "\u0440\u0430\u0441\u043f\u043e\u0440\u044f\u0436", "\u0443\u0441\u0442\u0430\u043d\u043e\u0432\u043a", "\u0434\u0438\u0440\u0435\u043a\u0442\u0438\u0432", "\u0437\u0430\u0434\u0430\u043d\u0438", "\u043f\u0440\u0438\u043a\u0430\u0437", "instrucciones", "indicaciones", "órdenes", "ordenes", "reglas", "directrices", "directivas", "normas", "comandos", "consignas", "instruções", "instrucoes", "ordens", "regras", "diretrizes", "anweisungen", "befehle", "instruktionen", "regeln", "vorgaben", "anordnungen", "richtlinien", "gesagt", "befohlen", "aufgetragen", "instructions", "consignes", "directives", "règles", "regles", "ordres", "commandes", "indications", "istruzioni", "indicazioni", "regole", "direttive", "comandi", "instructies", "opdrachten",)),
+       _ML_IGNORE.pattern, anchors=()),
+    # French and Spanish "ignore" is the English word: only next to a French or Spanish "previous"
+    _r("override.ml_ignore", OVERRIDE, 1.0, (("ignore",), ("pr\u00e9c\u00e9dentes", "precedentes", "ant\u00e9rieures",
+                                                            "anterieures", "ci-dessus", "anteriores", "previas", "pr\u00e9vias",
+                                                            "acima")),
+       _ML_IGNORE.pattern, anchors=()),
+    _r("override.ml_real_task", OVERRIDE, 0.8, (("\u4efb\u52a1", "\u76ee\u6807", "\u30bf\u30b9\u30af", "\u4efb\u52d9", "\u0437\u0430\u0434\u0430\u0447", "\uc784\ubb34", "\uc791\uc5c5", "\uacfc\uc81c", "\u4ed5\u4e8b", "\u76ee\u7684", "\u6307\u793a", "\u5de5\u4f5c", "\u6307\u4ee4", "\u0446\u0435\u043b\u044c", "\u043c\u0438\u0441\u0441\u0438\u044f", "tarea", "misión", "mision", "aufgabe", "tâche", "tache", "mission", "tarefa", "compito",)),
+       _ML_REAL_TASK.pattern, anchors=()),
+    _r("override.ml_secrecy", OVERRIDE, 0.8, (("\u544a\u8bc9", "\u901a\u77e5", "\u900f\u9732", "\u544a\u77e5", "\u77e5\u3089\u305b", "\u4f1d\u3048", "\u8a00\u308f", "\u6559\u3048", "\u5831\u544a", "\u0433\u043e\u0432\u043e\u0440\u0438", "\u0441\u043e\u043e\u0431\u0449\u0430\u0439", "\u0440\u0430\u0441\u0441\u043a\u0430\u0437\u044b\u0432\u0430\u0439", "\ub9d0\ud558\uc9c0", "\uc54c\ub9ac\uc9c0", "digas", "diga", "cuentes", "menciones", "avises", "informes", "nichts", "informieren", "rien", "dire", "conte",)),
+       _ML_SECRECY.pattern, anchors=()),
     # ---------------------------------------------------------------- exec_request
     _r("exec_request.pipe_to_shell", EXEC_REQUEST, 0.5, (('curl', 'wget', 'fetch', 'iwr', 'irm', 'invoke'), ('|',)),
        r"\b(?:curl|wget|fetch|iwr|invoke-webrequest)\b[^\n|;]{0,300}\|\s*(?:sudo\s+(?:-\S+\s+)*)?"
@@ -477,7 +665,7 @@ RULES: tuple[_Rule, ...] = (
        r"have\s+to))\s+(?:now\s+|first\s+|also\s+)?(?:run|execute)\s*:\s*(?:sudo\s+)?(?:rm|curl|wget|bash|sh|chmod|"
        r"git|nc|iwr|irm|python)\b"),
     _r("exec_request.dangerous_command", EXEC_REQUEST, 0.5, (('rm', 'chmod', 'git', 'mkfs', 'dd', 'dev'), ('rm -rf', 'rm -fr', 'chmod', 'git push', 'mkfs', ':(){', 'dd if=', '/dev/sd')),
-       r"\brm\s+-(?:rf|fr)\s+(?:/|~|\$HOME|\*|\.\s|\.$|--no-preserve-root)|\bchmod\s+-R\s+777\s+/|\bgit\s+push\s+"
+       r"\brm\s+-(?:rf|fr)\s+(?:/(?=[\s*\"'`;|&)]|$)|~|\$HOME|\*|\.\s|\.$|--no-preserve-root)|\bchmod\s+-R\s+777\s+/|\bgit\s+push\s+"
        r"(?:-f\s+|--force\s+)?(?:https?://|\S+@\S+:)|:\(\)\s*\{\s*:\|:&\s*\};:|\bdd\s+if=\S+\s+of=/dev/sd|"
        r">\s*/dev/sd[a-z]\b"),
     _r("exec_request.persistence", EXEC_REQUEST, 0.6, (("authorized_keys", "bashrc", "zshrc", "profile", "crontab",
@@ -553,6 +741,19 @@ _ANCHORS: dict[str, tuple[tuple[str, ...], int, int]] = {
                                  100, 40),
     "boost.impersonation": (("it's", "it is", "this is", "i am", "i'm"), 0, 60),
     "override.access_granted": (("access granted",), 60, 20),
+    "override.prompt_tags": (("<important", "</important", "<instruction", "</instruction"), 0, 20),
+    "override.ignore_paraphrase": (("drop", "set aside", "put aside", "throw", "scrap", "dismiss", "pay no", "stop following",
+                                    "do not follow", "don't follow", "dont follow", "never", "nevermind", "reset", "skip",
+                                    "overrule", "ignor", "disregard", "forget", "override", "bypass", "neglect", "discard",
+                                    "abandon"), 0, 160),
+    "override.instructions_void": (("instruction", "directive", "direction", "guidance", "guideline", "rules", "prompt",
+                                    "orders", "commands", "programming"), 40, 140),
+    "override.instructions_stale": (("instruction", "directive", "direction", "guidance", "guideline", "rules", "prompt",
+                                     "orders", "commands", "programming"), 40, 140),
+    "override.unrestricted": (("unrestricted", "unfiltered", "uncensored", "jailbroken", "limitless", "no rules",
+                               "no restrictions", "no limits", "no filters", "no guidelines", "no boundaries", "never refuse"),
+                              24, 60),
+    "override.message_to_you": (("message", "note", "notice"), 12, 100),
     "override.boundary": (("end ", "begin ", "start "), 8, 80),
     "exec_request.procsub_shell": (("<(curl", "<(wget", "$(curl", "$(wget", "`curl", "`wget", "<( curl", "$( curl"),
                                    24, 40),
@@ -584,6 +785,11 @@ RULES = tuple(dataclasses.replace(r, anchors=_ANCHORS[r.feature][0], back=_ANCHO
                                   span=_ANCHORS[r.feature][2], whole=False) if r.feature in _ANCHORS else r
               for r in RULES)
 
+#: Findings that make the collapsed-view search (``override.obfuscated``) unnecessary.
+_PLAIN_FEATURES = frozenset({"override.ignore_previous", "override.secrecy", "override.real_task", "override.you_are_now",
+                             "override.mode", "override.developer_mode", "override.ignore_paraphrase",
+                             "override.instructions_void", "override.ml_ignore"})
+
 # Phrases searched in the collapsed (letters-only, leetspeak-folded) view; a hit there that the
 # plain rules missed means the phrase was spelled to dodge them.
 _COLLAPSED = re.compile(
@@ -596,7 +802,7 @@ _COLLAPSE_GATE = ("ignore", "disregard", "forget", "bypass", "override", "donot"
 
 _QUOTES = {'"': '"', "'": "'", "`": "`", "\u201c": "\u201d", "\u2018": "\u2019", "\u00ab": "\u00bb"}
 _META_WORDS = re.compile(
-    r"injection|injected|\battack|adversar|malicious|jailbreak|\bphrases?\b|payload|(?<![.@\w\-])examples?\b(?![.\-@])|e\.g\.|such\s+as|"
+    r"injection|injected|\battack(?![\w\-]*[@.][\w\-])|adversar|malicious(?![\w\-]*[@.][\w\-])|jailbreak|\bphrases?\b|payload|(?<![.@\w\-])examples?\b(?![.\-@])|e\.g\.|such\s+as|"
     r"for\s+instance|red[- ]team|exploit|mitigat|defen[cs]e|quarantin|threat|benchmark|corpus|vulnerab|"
     r"test\s+case",
     re.IGNORECASE)
@@ -642,6 +848,8 @@ _HIDDEN_STYLE = re.compile(
     re.IGNORECASE | re.DOTALL)
 _HIDDEN_ATTR = re.compile(r"<(\w+)[^>]{0,300}?\b(?:hidden|aria-hidden\s*=\s*[\"']true[\"'])[^>]*>(.*?)</\1>",
                           re.IGNORECASE | re.DOTALL)
+_HEX = re.compile(r"[0-9a-fA-F]+")
+_ROT13_HINT = re.compile(r"\brot[\s\-_]?13\b")
 _B64 = re.compile(r"(?<![A-Za-z0-9+/=])[A-Za-z0-9+/]{40,}={0,2}(?![A-Za-z0-9+/=])")
 _PADDING = r"[ \t\r\n\u00a0\u2000-\u200a\u2028\u2029\u3000]{%d,}(?=\S)"
 _PRINTABLE = frozenset(range(32, 127)) | {9, 10, 13}
@@ -668,6 +876,7 @@ class _Scanner:
         """Run the rule tables over ``text``; returns the weight added (for carriers)."""
         low = text.lower()
         words = _words(low)
+        ascii_only = low.isascii()
         if depth == 0:
             self.words = words
         added = 0.0
@@ -676,7 +885,7 @@ class _Scanner:
         for rule in RULES:
             if rule.family == _BOOST and base < BOOST_MIN_BASE and depth == 0:
                 continue  # boosters only matter next to a base finding (or inside a carrier)
-            if not rule.open(low, words):
+            if not rule.open(low, words, ascii_only):
                 continue
             for m in _matches(rule, text, low, words):
                 w = rule.weight * factor
@@ -686,11 +895,18 @@ class _Scanner:
                 added += w
                 if rule.family in (OVERRIDE, EXEC_REQUEST):
                     base = max(base, sum(f.weight for f in self.findings if f.family == rule.family))
-                if rule.feature in ("override.ignore_previous", "override.secrecy", "override.real_task",
-                                    "override.you_are_now", "override.mode", "override.developer_mode"):
+                if rule.feature in _PLAIN_FEATURES:
                     plain_ignore = True
                 if rule.once:
                     break
+        for h in addressed.find(text, low, words):
+            # instructions addressed to the model, fake turns: an address or a turn marker with a payload
+            w = h.weight * factor
+            if h.meta and _meta(text, h.start, h.end):
+                w *= META_FACTOR
+            self.add(h.family, h.feature, w, offset + h.start, offset + h.end)
+            added += w
+            plain_ignore = True
         for feature, family, rx in self.extra:
             m = rx.search(text)
             if m is not None:
@@ -729,12 +945,19 @@ class _Scanner:
                 break
             n_b64 += 1
             blob = m.group(0)
+            feature = "hidden_text.base64_payload"
             try:
-                raw = base64.b64decode(blob + "=" * (-len(blob) % 4), validate=False)
+                if len(blob) % 2 == 0 and _HEX.fullmatch(blob) is not None:
+                    raw, feature = bytes.fromhex(blob), "hidden_text.hex_payload"
+                else:
+                    raw = base64.b64decode(blob + "=" * (-len(blob) % 4), validate=False)
             except (binascii.Error, ValueError):
                 continue
             if len(raw) >= 24 and sum(b in _PRINTABLE for b in raw) >= 0.95 * len(raw):
-                added += self._payload("hidden_text.base64_payload", raw.decode("ascii", "replace"), m.start())
+                added += self._payload(feature, raw.decode("ascii", "replace"), m.start())
+        if "rot" in low and _ROT13_HINT.search(low) is not None:
+            # a text that says it is ROT13: its decoding is scanned like any hidden payload
+            added += self._payload("hidden_text.rot13_payload", codecs.decode(text, "rot13"), 0)
         lim = self.limits
         if lim.padding_chars > 0 and len(text) > lim.padding_chars:
             for m in _padding_rx(lim.padding_chars).finditer(text):
@@ -778,7 +1001,8 @@ class _Scanner:
         inner = _Scanner(payload, self.limits, self.extra)
         got = inner.phrases(payload, HIDDEN_FACTOR, offset, depth=1)
         base = sum(f.weight for f in inner.findings if f.family in (OVERRIDE, EXEC_REQUEST, ROLE_MARKUP))
-        addressed = any(f.feature == "boost.ai_address" for f in inner.findings)
+        # an address alone ("<!-- Notes for AI agents -->", a section label) is not an instruction
+        addressed = any(f.feature == "boost.ai_address" for f in inner.findings) and len(payload.split()) >= 8
         self.findings.extend(inner.findings)
         # a carrier fires when what it hides is an instruction: a base finding of its own, or a line
         # addressed to the AI (urgency words alone, "right now", are ordinary prose)
@@ -811,6 +1035,17 @@ class _Scanner:
             self.add(HIDDEN_TEXT, "hidden_text.zero_width", 1.0)
 
 
+def _near(boost: Finding, base: list[Finding]) -> bool:
+    """Whether a booster lies within :data:`BOOST_SPAN` characters of a base finding (a finding
+    without a position, a count or a carrier's decoding, is near everything)."""
+    if boost.start < 0:
+        return True
+    for b in base:
+        if b.start < 0 or (b.start - BOOST_SPAN <= boost.end and boost.start <= b.end + BOOST_SPAN):
+            return True
+    return False
+
+
 def scan(text: str, *, thresholds: dict[str, float] | None = None, enabled: Iterable[str] = FAMILIES,
          limits: HiddenTextLimits = HiddenTextLimits(),
          extra: tuple[tuple[str, str, re.Pattern[str]], ...] = ()) -> ScanResult:
@@ -839,10 +1074,10 @@ def scan(text: str, *, thresholds: dict[str, float] | None = None, enabled: Iter
     for f in findings:
         if f.family in scores:
             scores[f.family] += f.weight
-    boost = sum(f.weight for f in findings if f.family == _BOOST)
+    boosts = [f for f in findings if f.family == _BOOST]
     for fam in (OVERRIDE, EXEC_REQUEST):
-        if fam in scores and scores[fam] >= BOOST_MIN_BASE:
-            scores[fam] += boost
+        if fam in scores and scores[fam] >= BOOST_MIN_BASE and boosts:
+            scores[fam] += sum(f.weight for f in boosts if _near(f, [b for b in findings if b.family == fam]))
     th = thresholds or {}
     forced = {f.family for f in findings if f.feature.startswith("extra.")}  # an operator's pattern withholds
     fired = [fam for fam in FAMILIES if fam in scores and (scores[fam] >= th.get(fam, 1.0) - 1e-9 or fam in forced)]
