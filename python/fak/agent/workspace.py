@@ -25,10 +25,12 @@ from __future__ import annotations
 
 import fnmatch
 import hashlib
+import os
+import re
 import tempfile
 from pathlib import Path
 
-from fak.gitsafe import GitError, git, git_metadata
+from fak.gitsafe import GitError, git, git_metadata, is_git_name
 
 __all__ = ["JUNK_PATTERNS", "Workspace", "WorkspaceError", "git"]
 
@@ -149,18 +151,60 @@ class Workspace:
             with exclude.open("a") as f:
                 f.write("\n# fak: never part of a patch\n" + "\n".join(missing) + "\n")
 
+    def git_metadata_entries(self) -> list[str]:
+        """Root-relative paths below the root that git will not take into a patch: folders
+        holding a ``.git`` entry (a nested repository, a submodule's checkout, a stray
+        ``gitdir:`` file) and entries named like git metadata (``.GIT``, ``.git.``, ``git~1``:
+        ``fak.gitsafe.is_git_name``, which ``git add`` refuses). Found by a walk that follows
+        no symlink and enters none of them."""
+        out = []
+        for dirpath, dirnames, filenames in os.walk(self.root):
+            rel = Path(dirpath).relative_to(self.root)
+            if dirpath != str(self.root) and (".git" in dirnames or ".git" in filenames):
+                out.append(rel.as_posix())
+                dirnames[:] = []
+                continue
+            for name in [*dirnames, *filenames]:
+                if is_git_name(name) and not (dirpath == str(self.root) and name == ".git"):
+                    out.append((rel / name).as_posix())
+            dirnames[:] = [d for d in dirnames if not is_git_name(d)]
+        return sorted(out)
+
+    def _add_around_git_metadata(self, env: dict[str, str], tmp: Path) -> None:
+        """``git add -A`` into the private index without ``git_metadata_entries``: the tracked
+        ones (a submodule's checkout, a tracked folder turned into a repository) left out by
+        pathspec, the untracked ones by an exclude file. Raises ``WorkspaceError`` when that
+        fails too."""
+        entries = self.git_metadata_entries()
+        tracked: set[str] = set()
+        if entries:
+            out = git(self.root, "ls-files", "-z", "--", *[f":(literal){e}" for e in entries],
+                      env=env).stdout
+            tracked = {f for f in out.split("\0") if f}
+        tops = [e for e in entries if any(t == e or t.startswith(e + "/") for t in tracked)]
+        exclude = tmp / "exclude"
+        exclude.write_text("".join("/" + re.sub(r"([\\*?\[\]!# ])", r"\\\1", e) + "\n"
+                                   for e in entries if e not in tops))
+        git(self.root, "-c", f"core.excludesFile={exclude}", "add", "-A", "--", ".",
+            *[f":(exclude,literal){e}" for e in tops], env=env)
+
     def diff(self, base_commit: str) -> str:
         """The workspace's changes against ``base_commit`` as a ``git apply``-able patch.
 
         Untracked files are included (``git add -A`` into a private index), binary files as
-        ``GIT binary patch`` hunks, junk excluded (see module docstring). Returns ``""`` when
-        nothing changed. Raises ``WorkspaceError`` when git fails.
+        ``GIT binary patch`` hunks, junk excluded (see module docstring). When ``git add`` fails on a
+        nested repository or an entry named like git metadata (``git_metadata_entries``: a
+        model's ``git init`` of a folder with no commit, a broken submodule checkout, a ``.GIT``
+        folder), those are left out and the rest is taken (``_add_around_git_metadata``)
+        instead of losing the whole patch. Returns ``""`` when nothing changed. Raises
+        ``WorkspaceError`` when git fails.
         """
         self.write_junk_excludes()
         with tempfile.TemporaryDirectory(prefix="fak-index-") as tmp:
             env = {"GIT_INDEX_FILE": str(Path(tmp) / "index")}
             git(self.root, "read-tree", base_commit, env=env)
-            git(self.root, "add", "-A", env=env)
+            if git(self.root, "add", "-A", env=env, check=False).returncode != 0:
+                self._add_around_git_metadata(env, Path(tmp))
             proc = git(self.root, "diff", "--cached", "--binary", "--no-color", "--no-ext-diff",
                        "--no-textconv", "--no-renames", base_commit, env=env, text=False)
         return proc.stdout.decode("utf-8", "surrogateescape")
