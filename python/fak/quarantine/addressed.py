@@ -121,6 +121,9 @@ _A_VOCATIVE = re.compile(rf",\s+(?={_VOC_VERBS})", _I)
 _A_QUOTE = re.compile(r"\s*:\s+(?=the\s+user\b|you\b|please\b|ignore\b|forget\b|before\b|do\b|your\b|stop\b|"
                       r"this\s+is\b)", _I)
 _A_ASAN = re.compile(r"\s*,?\s+(?=you\s+(?:must|should|will|need|have|are|shall)\b)", _I)
+_A_MODAL = re.compile(r"\s+(?:must|should|shall|needs?\s+to|has\s+to|have\s+to|is\s+required\s+to|are\s+required\s+to)\b",
+                      _I)
+_B_GENERIC = re.compile(rf"(?:\b(?:the|any|all|every|each)\s+{_QUALS}|\b(?:ai|llm|language|coding)[\s\-]+)\Z", _I)
 #: Characters before a head noun that the address forms look at.
 _BACK = 72
 _STRONG_CUES = re.compile(r"you|dear|hey|hi|hello|greetings|psst|yo|attention")
@@ -165,6 +168,8 @@ def _addresses(text: str, low: str, words: set[bytes]) -> Iterator[tuple[int, in
             found = (b.start(), a.end(), True)
         elif ("to" in before or "for" in before or "if" in before) and (b := _B_WEAK.search(text, lo, i)):
             found = (b.start(), j, False)
+        elif (a := _A_MODAL.match(text, j)) is not None and (b := _B_GENERIC.search(text, lo, i)) is not None:
+            found = (b.start(), a.end(), False)
         if found is not None:
             last = found[1]
             yield found
@@ -524,6 +529,29 @@ def _turns(text: str, low: str, words: set[bytes]) -> list[tuple[int, int, str]]
 # --------------------------------------------------------------------------------------------
 
 
+_DIRECTIVE_HEAD = re.compile(
+    r"\b(?:new|real|actual|true|secret|hidden|override)\s+(?:system\s+)?(?:instructions?|task|directives?|objective|"
+    r"orders|mission|assignment)\s*:|\byour\s+(?:real|actual|true|new|sole|only)\s+"
+    r"(?:task|job|goal|objective|assignment|mission)\s+is\b", _I)
+_DIRECTIVE_WORDS = frozenset(w.encode() for w in "new real actual true secret hidden override your".split())
+_DIRECTIVE_NOUNS = frozenset(w.encode() for w in "instruction instructions task tasks directive directives objective "
+                             "objectives orders mission assignment job goal".split())
+
+# Turn markers in other languages (user, assistant, system): zh, ja, ko, es, pt, de, fr, it, ru.
+_ML_TURN = re.compile(
+    "^[ \t>*#\[]*(?P<role>\u7528\u6237|\u4f7f\u7528\u8005|\u7cfb\u7edf|\u52a9\u624b|\u30e6\u30fc\u30b6\u30fc|"
+    "\u30b7\u30b9\u30c6\u30e0|\u30a2\u30b7\u30b9\u30bf\u30f3\u30c8|\uc0ac\uc6a9\uc790|\uc2dc\uc2a4\ud15c|"
+    "\uc5b4\uc2dc\uc2a4\ud134\ud2b8|usuario|usu\u00e1rio|sistema|asistente|assistente|benutzer|nutzer|assistent|"
+    "utilisateur|syst\u00e8me|utente|\u043f\u043e\u043b\u044c\u0437\u043e\u0432\u0430\u0442\u0435\u043b\u044c|"
+    "\u0441\u0438\u0441\u0442\u0435\u043c\u0430|\u0430\u0441\u0441\u0438\u0441\u0442\u0435\u043d\u0442)"
+    "[ \t\]*_]*[:\uff1a]", _I | re.MULTILINE)
+_ML_TURN_USER = ("\u7528\u6237", "\u4f7f\u7528\u8005", "\u7cfb\u7edf", "\u30e6\u30fc\u30b6\u30fc", "\u30b7\u30b9\u30c6\u30e0",
+                 "\uc0ac\uc6a9\uc790", "\uc2dc\uc2a4\ud15c", "usuario", "usu\u00e1rio", "sistema", "benutzer", "nutzer",
+                 "utilisateur", "syst\u00e8me", "utente", "\u043f\u043e\u043b\u044c\u0437\u043e\u0432\u0430\u0442\u0435\u043b\u044c",
+                 "\u0441\u0438\u0441\u0442\u0435\u043c\u0430")
+_ML_TURN_WORDS = frozenset(w.encode() for w in "usuario sistema benutzer nutzer utilisateur utente".split())
+
+
 def find(text: str, low: str, words: set[bytes]) -> list[Hit]:
     """Composite findings of ``text`` (``low`` its lower-cased form, ``words`` its word set as bytes,
     as :mod:`fak.quarantine.detectors` computes them). At most one hit per feature; cost linear in the
@@ -538,6 +566,13 @@ def find(text: str, low: str, words: set[bytes]) -> list[Hit]:
         if p is not None:
             hits.append(Hit("override.addressed_instruction", "override", 1.0, start, p.end()))
             break
+    else:
+        if not _DIRECTIVE_WORDS.isdisjoint(words) and not _DIRECTIVE_NOUNS.isdisjoint(words):
+            for m in _DIRECTIVE_HEAD.finditer(text):
+                p = _payload(text, m.end(), min(len(text), m.end() + WINDOW), weak=False)
+                if p is not None:
+                    hits.append(Hit("override.addressed_instruction", "override", 1.0, m.start(), p.end()))
+                    break
     if (":" in text or "[" in text or "#" in text or "<start_of_turn>" in low) and not _ROLES_B.isdisjoint(words):
         turns = _turns(text, low, words)
         for k, (start, end, role) in enumerate(turns):
@@ -560,6 +595,16 @@ def find(text: str, low: str, words: set[bytes]) -> list[Hit]:
                 _OPEN_TURN.search(text, max(0, turns[-1][0] - 2)) is not None:
             # the text ends in an empty assistant turn after a user turn: a prompt for the model to go on
             hits.append(Hit("role_markup.open_turn", "role_markup", 0.6, turns[-1][0], len(text)))
+    if (not text.isascii() and any(r in low for r in _ML_TURN_USER)) or not _ML_TURN_WORDS.isdisjoint(words):
+        ml_turns = list(_ML_TURN.finditer(text))
+        for k, m in enumerate(ml_turns):
+            if m.group("role").lower() not in _ML_TURN_USER:
+                continue
+            stop = min(ml_turns[k + 1].start() if k + 1 < len(ml_turns) else len(text), m.end() + TURN_SPAN)
+            p = _ML_PAYLOAD.search(text, m.end(), stop) or _payload(text, m.end(), stop, weak=False)
+            if p is not None:
+                hits.append(Hit("role_markup.fake_turn", "role_markup", 1.0, m.start(), p.end()))
+                break
     if not text.isascii() or not _ML_ASCII_WORDS.isdisjoint(words):
         done = False
         for a, b in _ml_windows(low):

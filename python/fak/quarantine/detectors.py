@@ -589,6 +589,10 @@ RULES: tuple[_Rule, ...] = (
        r"\b(?:you\s+are|you're|act\s+as|become|answer\s+as|respond\s+as)\s+(?:now\s+)?(?:an?\s+)?(?:unrestricted|"
        r"unfiltered|uncensored|jailbroken|limitless)\b|\b(?:with|have|has)\s+no\s+(?:rules|restrictions|limits|filters|"
        r"guidelines|boundaries)\b|\bnever\s+refuses?\b"),
+    # AgentDojo's tool_knowledge attack names the tool and its arguments
+    _r("override.tool_knowledge", OVERRIDE, 0.6, (("tool", "function", "placeholders", "placeholder"), ("arguments", "parameters", "args", "substitute")),
+       r"\byou\s+(?:should|must|need\s+to|have\s+to)\s+(?:use|call|invoke|run)\s+the\s+(?:tool|function)\s+[`'\"]?[\w.\-]+"
+       r"[`'\"]?\s+with\s+(?:the\s+following\s+)?(?:arguments|parameters|args)\b|\bsubstitute\s+the\s+placeholders\b"),
     _r("override.message_to_you", OVERRIDE, 0.6, (('message', 'note', 'notice'), ('important', 'urgent', 'critical')),
        r"\b(?:important|urgent|critical)\s+(?:message|note|notice)\s+from\s+[^.\n]{1,60}?\s+to\s+you\b"),
     # ---------------------------------------------------------------- multilingual (zh, ja, ko, es, pt, de,
@@ -754,6 +758,7 @@ _ANCHORS: dict[str, tuple[tuple[str, ...], int, int]] = {
                                "no restrictions", "no limits", "no filters", "no guidelines", "no boundaries", "never refuse"),
                               24, 60),
     "override.message_to_you": (("message", "note", "notice"), 12, 100),
+    "override.tool_knowledge": (("you should", "you must", "you need", "you have", "substitute"), 0, 200),
     "override.boundary": (("end ", "begin ", "start "), 8, 80),
     "exec_request.procsub_shell": (("<(curl", "<(wget", "$(curl", "$(wget", "`curl", "`wget", "<( curl", "$( curl"),
                                    24, 40),
