@@ -54,7 +54,7 @@ pub fn llama_ubatch(pos: u32, n_prompt: u32) -> (u32, u32) {
 /// `n ≥ 8`, Q6_K goes through the tiled kernel.
 pub fn llama_row(pos: u32, n_prompt: u32) -> matmul::LlamaRow {
     let (n, i) = llama_ubatch(pos, n_prompt);
-    matmul::LlamaRow { gemm4: i < n - n % 4, tiled: n >= 8 }
+    matmul::LlamaRow { gemm4: i < n - n % 4, tiled: n >= 8, single: n == 1 }
 }
 
 /// The [`matmul::LlamaRow`] of each row of the current batch (`all`) and of its logit rows
@@ -96,7 +96,7 @@ impl GemmRows {
             }
         }
         self.logits.clear();
-        self.logits.resize(plan.logit_rows.len(), matmul::LlamaRow::default());
+        self.logits.resize(plan.logit_rows.len(), matmul::LlamaRow { single: true, ..Default::default() });
         self.logit_groups.clear();
         self.logit_groups.extend((0..plan.logit_rows.len() as u32).map(|j| next + 1 + j));
     }
@@ -300,7 +300,7 @@ impl Backend for CpuBackend {
         let (k, n_out) = (w.k(), w.n_out());
         let y = &mut out.0[..n_rows * n_out];
         let x = &x.0[..n_rows * k];
-        if matches!(w.wtype, crate::quant::GgmlType::Q4_K | crate::quant::GgmlType::Q6_K) {
+        if matches!(w.wtype, crate::quant::GgmlType::Q4_K | crate::quant::GgmlType::Q6_K | crate::quant::GgmlType::F32) {
             // A copy of the row kinds, so that the lock is not held across the parallel matmul:
             // a pool thread waiting in it may steal another matmul of the same `matmul_multi`,
             // which would take the lock again on the same thread (a deadlock, seen with ≥ 8

@@ -132,7 +132,7 @@ impl ExpertMatmul<'_> {
                     xs.extend_from_slice(&x[i * k_in..(i + 1) * k_in]);
                     let g = group(p);
                     let routed = ps.iter().filter(|&&q| group(q) == g).count();
-                    kinds.push(LlamaRow { gemm4: false, tiled: routed >= TILED_MIN_ROUTED });
+                    kinds.push(LlamaRow { gemm4: false, tiled: routed >= TILED_MIN_ROUTED, single: true });
                 }
                 let mut y = vec![0f32; ps.len() * n_out];
                 matmul::matmul_rows(self.wtype, we, n_out, k_in, &xs, ps.len(), &mut y, &kinds)?;

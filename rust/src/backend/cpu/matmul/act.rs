@@ -105,6 +105,10 @@ pub struct LlamaRow {
     /// The row's ubatch has ≥ 8 rows: llama.cpp's tiled K-quant matmul (ggml-cpu `tiled/`,
     /// used for Q6_K), else `ggml_vec_dot_q6_K_q8_K`.
     pub tiled: bool,
+    /// The row is computed alone (a one-row ubatch, a pruned output row, a MoE expert's pair):
+    /// F32 weights take `ggml_vec_dot_f32` there (llamafile's `sgemm` declines `n < 2`, and
+    /// `mul_mat_id` never calls it), else tinyBLAS.
+    pub single: bool,
 }
 
 /// A Q8_K activation block (ggml `block_q8_K`): f32 `d`, 256 quants, sums of each 16 quants;

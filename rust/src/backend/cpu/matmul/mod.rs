@@ -205,11 +205,48 @@ fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usi
             let _ = tiled;
             drive(kern, None, w, &a, nb, shape, y)
         }
-        Plan::F32(kern) => drive(kern, None, w, x, k, shape, y),
+        Plan::F32(kern) => match rows.filter(|r| r.iter().any(|r| r.single)) {
+            None => drive(kern, None, w, x, k, shape, y),
+            Some(rows) => f32_split(kern, w, n_out, k, x, n_rows, y, rows),
+        },
         Plan::F16(kern) => drive(kern, None, w, &quantize_rows(x, k, 1, q.f16), k, shape, y),
         Plan::BF16(kern) => drive(kern, None, w, &quantize_rows(x, k, 1, q.bf16), k, shape, y),
     }
     Ok(())
+}
+
+/// F32 weights where some rows are computed alone ([`LlamaRow::single`]): those rows take
+/// [`scalar::dot_f32_ggml`] (llama.cpp's `ggml_vec_dot_f32`), the others the tinyBLAS kernel.
+#[allow(clippy::too_many_arguments)]
+fn f32_split(kern: Kernel<f32>, w: &[u8], n_out: usize, k: usize, x: &[f32], n_rows: usize, y: &mut [f32], rows: &[LlamaRow]) {
+    let (alone, rest): (Vec<usize>, Vec<usize>) = (0..n_rows).partition(|&r| rows[r].single);
+    if !rest.is_empty() {
+        let xs: Vec<f32> = rest.iter().flat_map(|&r| x[r * k..(r + 1) * k].iter().copied()).collect();
+        let mut ys = vec![0f32; rest.len() * n_out];
+        let shape = Shape { n_out, nb: k, row_bytes: 4 * k, n_rows: rest.len() };
+        drive(kern, None, w, &xs, k, shape, &mut ys);
+        for (i, &r) in rest.iter().enumerate() {
+            y[r * n_out..(r + 1) * n_out].copy_from_slice(&ys[i * n_out..(i + 1) * n_out]);
+        }
+    }
+    let wf: &[f32] = bytemuck_f32(w);
+    for &r in &alone {
+        let xr = &x[r * k..(r + 1) * k];
+        let yr = &mut y[r * n_out..(r + 1) * n_out];
+        if n_out >= 64 {
+            yr.par_iter_mut().enumerate().for_each(|(o, v)| *v = scalar::dot_f32_ggml(&wf[o * k..(o + 1) * k], xr));
+        } else {
+            yr.iter_mut().enumerate().for_each(|(o, v)| *v = scalar::dot_f32_ggml(&wf[o * k..(o + 1) * k], xr));
+        }
+    }
+}
+
+/// The f32 values of F32 weight blocks (little-endian, 4-byte aligned: the GGUF data section is
+/// 32-byte aligned and every F32 row is whole floats).
+fn bytemuck_f32(w: &[u8]) -> &[f32] {
+    assert!(w.as_ptr().align_offset(4) == 0 && w.len() % 4 == 0, "F32 weights must be 4-byte aligned");
+    // SAFETY: aligned and sized as checked above; any bit pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts(w.as_ptr() as *const f32, w.len() / 4) }
 }
 
 /// Quantizes the activations `x` (`[n_rows, k]`) to a format's ggml `vec_dot_type` and returns the

@@ -268,3 +268,31 @@ pub fn dot_bf16(w: &[u8], a: &[f32]) -> f32 {
     }
     sum as f32
 }
+
+/// `Σ w[i]·x[i]` as llama.cpp's AVX-512 build computes `ggml_vec_dot_f32` (ggml-cpu `vec.cpp`,
+/// `GGML_F32_STEP` 64, `GGML_F32_EPR` 16): four 16-lane accumulators, each lane a fused
+/// multiply-add chain over its elements (`i ≡ lane (mod 16)` of block `j` of every 64), reduced
+/// `a0 + a2`, `a1 + a3`, then those two, then the 16 lanes as GCC's `_mm512_reduce_add_ps`; the
+/// elements past the last whole 64 added one by one in f32 (`sumf += x·y`). `f32::mul_add` is
+/// the hardware FMA's rounding, so every SIMD level gives these bits.
+pub fn dot_f32_ggml(w: &[f32], x: &[f32]) -> f32 {
+    let n = w.len().min(x.len());
+    let np = n / 64 * 64;
+    let mut acc = [[0f32; 16]; 4];
+    for i in (0..np).step_by(64) {
+        for (j, a) in acc.iter_mut().enumerate() {
+            for (l, v) in a.iter_mut().enumerate() {
+                let e = i + 16 * j + l;
+                *v = w[e].mul_add(x[e], *v);
+            }
+        }
+    }
+    let s02: [f32; 16] = std::array::from_fn(|l| acc[0][l] + acc[2][l]);
+    let s13: [f32; 16] = std::array::from_fn(|l| acc[1][l] + acc[3][l]);
+    let s: [f32; 16] = std::array::from_fn(|l| s02[l] + s13[l]);
+    let mut sumf = crate::backend::cpu::vecops::reduce16(&s);
+    for e in np..n {
+        sumf += w[e] * x[e];
+    }
+    sumf
+}

@@ -400,8 +400,8 @@ fn tiled_bit_identical() {
             let w = random_weights(t, f16_fields, n_out, k, &mut rng);
             for &n in counts {
                 let x = random_x(n * k, &mut rng);
-                let ubatch: Vec<LlamaRow> = (0..n).map(|r| LlamaRow { gemm4: r < n - n % 4, tiled: n >= 8 }).collect();
-                let mixed: Vec<LlamaRow> = (0..n).map(|_| LlamaRow { gemm4: !rng.next().is_multiple_of(3), tiled: !rng.next().is_multiple_of(3) }).collect();
+                let ubatch: Vec<LlamaRow> = (0..n).map(|r| LlamaRow { gemm4: r < n - n % 4, tiled: n >= 8, single: n == 1 }).collect();
+                let mixed: Vec<LlamaRow> = (0..n).map(|_| LlamaRow { gemm4: !rng.next().is_multiple_of(3), tiled: !rng.next().is_multiple_of(3), single: false }).collect();
                 for rows in [None, Some(&ubatch[..]), Some(&mixed[..])] {
                     let go = |tiled: bool| {
                         let mut y = vec![f32::NAN; n * n_out];
