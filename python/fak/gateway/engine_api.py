@@ -280,6 +280,7 @@ class EngineRun:
     prompt_param: str = "messages"
     n_completion: int = 0
     finish_reason: str | None = None
+    stop_reason: str | int | None = None
     _it: Any = None
     _first: Any = None
     _has_first: bool = False
@@ -349,6 +350,7 @@ class EngineRun:
             self.n_completion += n
         if getattr(delta, "finish_reason", None):
             self.finish_reason = delta.finish_reason
+            self.stop_reason = getattr(delta, "stop_reason", None)
 
     async def deltas(self) -> AsyncIterator[Any]:
         """Every delta of the generation, the first one included.
