@@ -539,12 +539,12 @@ _DIRECTIVE_NOUNS = frozenset(w.encode() for w in "instruction instructions task 
 
 # Turn markers in other languages (user, assistant, system): zh, ja, ko, es, pt, de, fr, it, ru.
 _ML_TURN = re.compile(
-    "^[ \t>*#\[]*(?P<role>\u7528\u6237|\u4f7f\u7528\u8005|\u7cfb\u7edf|\u52a9\u624b|\u30e6\u30fc\u30b6\u30fc|"
+    "^[ \t>*#\\[]*(?P<role>\u7528\u6237|\u4f7f\u7528\u8005|\u7cfb\u7edf|\u52a9\u624b|\u30e6\u30fc\u30b6\u30fc|"
     "\u30b7\u30b9\u30c6\u30e0|\u30a2\u30b7\u30b9\u30bf\u30f3\u30c8|\uc0ac\uc6a9\uc790|\uc2dc\uc2a4\ud15c|"
     "\uc5b4\uc2dc\uc2a4\ud134\ud2b8|usuario|usu\u00e1rio|sistema|asistente|assistente|benutzer|nutzer|assistent|"
     "utilisateur|syst\u00e8me|utente|\u043f\u043e\u043b\u044c\u0437\u043e\u0432\u0430\u0442\u0435\u043b\u044c|"
     "\u0441\u0438\u0441\u0442\u0435\u043c\u0430|\u0430\u0441\u0441\u0438\u0441\u0442\u0435\u043d\u0442)"
-    "[ \t\]*_]*[:\uff1a]", _I | re.MULTILINE)
+    "[ \t\\]*_]*[:\uff1a]", _I | re.MULTILINE)
 _ML_TURN_USER = ("\u7528\u6237", "\u4f7f\u7528\u8005", "\u7cfb\u7edf", "\u30e6\u30fc\u30b6\u30fc", "\u30b7\u30b9\u30c6\u30e0",
                  "\uc0ac\uc6a9\uc790", "\uc2dc\uc2a4\ud15c", "usuario", "usu\u00e1rio", "sistema", "benutzer", "nutzer",
                  "utilisateur", "syst\u00e8me", "utente", "\u043f\u043e\u043b\u044c\u0437\u043e\u0432\u0430\u0442\u0435\u043b\u044c",
