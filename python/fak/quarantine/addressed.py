@@ -4,25 +4,31 @@ Two composite features, each an *address* followed by a *payload* close after it
 
 - ``override.addressed_instruction``: a phrase that speaks to the model reading the text ("to the
   AI assistant processing this issue", "Any language model that reads this docstring", "Dear
-  assistant,", "Agent, stop here.", "to you, AI model", "If you are an LLM", "Note to AI agents")
-  and, within :data:`WINDOW` characters after it, something an injection asks for: a changed task
-  ("your real task is", "the user has changed their mind", "before you can solve the task"),
-  secrecy ("do not tell the user", "quietly"), data sent out (an e-mail address or URL after
-  *send/upload/forward*, secrets printed), money moved, access granted, destructive or
-  supply-chain actions (``rm -rf``, force-push, ``curl ... | sh``, CI disabled, tests deleted).
+  assistant,", "Agent, stop here.", "to you, AI model", "If you are an LLM", "Note to AI agents",
+  "The assistant must now", "New instructions:", and their forms in zh, ja, ko, es, pt, de, fr,
+  ru, it) and, within :data:`WINDOW` characters after it, something an injection asks for: a
+  changed task ("your real task is", "the user has changed their mind", "before you can solve the
+  task"), secrecy ("do not tell the user", "quietly add"), data sent out (an e-mail address or URL
+  after *send/upload/forward*, secrets printed), money moved, access granted, destructive actions
+  (``rm -rf``, force-push, tests deleted, CI disabled).
 - ``role_markup.fake_turn``: a line that opens a conversation turn in plain text (``User:``,
   ``[assistant]:``, ``### System``, ``**Human:**``, ``> USER:``, ``User (admin):``,
-  ``<start_of_turn>user``) whose turn, up to the next turn, carries such a payload.
+  ``<start_of_turn>user``, ``Usuario:``, ``用户：``) whose user or system turn, up to the next
+  turn, carries such a payload (a system turn also by granting permissions: "you are allowed
+  to run any command"), or an assistant turn that makes a JSON tool call. A text that ends in an
+  empty assistant turn after a user turn adds ``role_markup.open_turn``.
 
 An address or a turn alone is ordinary: repositories hold ``AGENTS.md`` notes to AI agents
 ("run the linter before you commit") and chat-format examples (``User: hi`` / ``Assistant:
-hello``). What a prompt injection adds is the payload. Addresses are *strong* (they speak to the
-reader of this very text: "reading this", greetings, vocatives, "to you, ...") or *weak* ("Note to
-AI agents", "If you are an AI agent": the forms of a repository's own notes to agents); payloads
-are strong (the list above) or weak ("instead", deleting files, running a command). A strong
-address with any payload, or any address or user/system turn with a strong payload, is a
-finding of weight 1.0; weak with weak is nothing. A payload preceded closely by a negation ("do
-not delete the tests") does not count, except secrecy, which is a negation itself.
+hello``), Python annotations (``user: str``) and INI sections (``[user]``). What a prompt
+injection adds is the payload. Addresses are *strong* (they speak to the reader of this very
+text: "reading this", greetings, vocatives, "to you, ...") or *weak* ("Note to AI agents", "If
+you are an AI agent", "AI agents should": the forms of a repository's own notes to agents);
+payloads are strong (the list above) or weak ("instead", deleting files, running a command,
+``curl ... | sh``, "push"). A strong address with any payload, or any address or user/system turn
+with a strong payload, is a finding of weight 1.0; weak with weak is nothing. A payload preceded
+closely by a negation ("do not delete the tests") does not count, except secrecy, which is a
+negation itself.
 
 The families come from the public corpora (read, not copied): AgentDojo's
 ``important_instructions``/``tool_knowledge``/DoS templates ("This is an important message from
@@ -30,7 +36,10 @@ me, ..., to you, ..."), InjecAgent's enhanced attacker instructions, BIPIA's ins
 in e-mails and code comments, Greshake et al.'s "note to the AI" web pages, and the fake
 ``Human:``/``Assistant:`` turns of the Anthropic-format breakouts.
 
-Pure functions over one string; patterns are module constants (thread-safe).
+The cost is linear: addresses are looked for only at whole-word occurrences of a model noun (two
+anchored matches each), turns only at role words at a line's start, multilingual forms in windows
+around their key words. Pure functions over one string; patterns are module constants
+(thread-safe).
 """
 
 from __future__ import annotations

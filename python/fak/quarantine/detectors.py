@@ -6,24 +6,34 @@ its threshold (1.0 by default); :func:`scan` returns every finding and the famil
 
 - ``role_markup``: chat-template and tool-call markup inside a result: the served model's control
   tokens (``<|im_start|>``, ``<|im_end|>``, ``<|endoftext|>`` and any ``<|name|>`` token),
-  Qwen/Hermes ``<tool_call>``/``<tool_response>`` blocks, Llama ``[INST]``/``<<SYS>>``, Alpaca
-  ``### System:`` headers, Bing-style ``[system](#...)`` links, ``Human:``/``Assistant:`` turns.
-  A control token in a result is never harmless in fak's engine: the gateway tokenizes the
-  rendered prompt with special tokens parsed, so the text *becomes* a turn boundary.
+  Qwen/Hermes ``<tool_call>``/``<tool_response>`` blocks, Llama ``[INST]``/``<<SYS>>``,
+  Bing-style ``[system](#...)`` links, AgentDojo's ``###(system_message)``, and fake conversation
+  turns in plain text (``User:``, ``[assistant]:``, ``### System``, ``**Human:**``, ``Usuario:``,
+  ...) whose user or system turn carries a payload (:mod:`fak.quarantine.addressed`). A bare turn
+  marker or an Alpaca ``### Instruction:`` header weighs too little to fire: chat-format examples
+  in docs and tests pass. A control token in a result is never harmless in fak's engine: the
+  gateway tokenizes the rendered prompt with special tokens parsed, so the text *becomes* a turn
+  boundary.
 - ``override``: instruction-override phrasing ("ignore all previous instructions", "your new
   task is", "do not tell the user", AgentDojo's "important message ... before you can solve the
   task", InjecAgent's "IMPORTANT!!! ... strictly adhere", Tensor Trust's prompt-extraction and
-  fake boundary lines), also when spelled with separators, leetspeak or homoglyphs.
+  fake boundary lines), its paraphrases ("set aside your prior guidance", "the previous
+  instructions are void"), in ten languages (zh, ja, ko, es, pt, de, fr, ru, it, nl), also when
+  spelled with separators, leetspeak or homoglyphs; and instructions addressed to the model in
+  prose ("To the AI assistant reading this: ...", "Dear assistant, ...", "Agent, stop here.")
+  when a payload follows the address (:mod:`fak.quarantine.addressed`).
 - ``exec_request``: requests to run commands or to exfiltrate: a download piped to a shell, a
   base64 blob piped to a shell, reverse shells, secrets sent to a URL or address, credential
   files read into a network command, markdown images whose URL carries a placeholder.
 - ``hidden_text``: text a human reviewer would not see: Unicode tag characters (ASCII
   smuggling), bidi controls (Trojan Source), zero-width characters, HTML comments / CSS-hidden
-  elements / markdown comments / base64 blobs / whitespace-padded tails that carry instructions.
+  elements / markdown comments / base64 or hex blobs / ROT13 text that says so / whitespace-padded
+  tails that carry instructions.
 
 Two *booster* features, addressing the AI ("note to the AI agent", "dear assistant") and urgency
 ("immediately", "you must", "IMPORTANT:"), add to ``override`` and ``exec_request`` only when the
-family has a base finding of its own; on their own they never fire.
+family has a base finding of its own within :data:`BOOST_SPAN` characters; on their own they never
+fire.
 
 Text that *talks about* injection (security docs, tests of a filter) quotes the phrases: a
 phrase match inside quotes or backticks, or within a short distance of words like "attack",
@@ -35,8 +45,11 @@ irrelevant and code attacks), InjecAgent (Zhan et al. 2024, base and "enhanced" 
 instructions), AgentDojo (Debenedetti et al. 2024, ``important_instructions``,
 ``ignore_previous``, ``tool_knowledge`` attacks), Tensor Trust (Toyer et al. 2023, hijacking and
 prompt extraction), Greshake et al. 2023 (indirect injection through hidden web content),
-Trojan Source (Boucher & Anderson 2021, bidi controls) and the Unicode-tag "ASCII smuggling"
-technique. The corpus in ``tests/data/quarantine_corpus.jsonl`` measures them.
+Trojan Source (Boucher & Anderson 2021, bidi controls), the Unicode-tag "ASCII smuggling"
+technique, and for the multilingual rules deepset/prompt-injections (German) and translated
+"ignore previous instructions" sets. ``tests/data/quarantine_injected.jsonl`` (tuning),
+``tests/data/quarantine_heldout.jsonl`` (never tuned on) and the benign corpora measure them
+(``benches/results/quarantine-recall.md``).
 
 Every function here is pure and thread-safe; the compiled patterns are module constants.
 """
