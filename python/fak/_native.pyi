@@ -146,6 +146,7 @@ class Model:
         tensor_parallel: int = 1,
         sliding_window: int | None = None,
         free_window_blocks: bool = True,
+        n_cpu_moe: int = 0,
     ) -> Model: ...
     @property
     def backend(self) -> str: ...

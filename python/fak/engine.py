@@ -479,6 +479,10 @@ class Engine:
             one) attend to the last ``sliding_window`` positions only (llama.cpp's and Hugging
             Face's convention). With every layer windowed, each sequence's KV memory is bounded by
             the window instead of ``n_ctx`` (docs/long-context.md).
+        n_cpu_moe: a mixture-of-experts model's experts of the first ``n_cpu_moe`` layers stay
+            in host memory and run on the CPU, the rest of the model on the GPU (llama.cpp's
+            ``--n-cpu-moe``; ≥ the layer count: every layer, ``--cpu-moe``; no effect on the CPU
+            backend or a dense model; docs/moe.md).
 
     Raises:
         OSError / fak.GGUFError: unreadable or invalid file.
@@ -505,6 +509,7 @@ class Engine:
         yarn_orig_ctx: int | None = None,
         tensor_parallel: int = 1,
         sliding_window: int | None = None,
+        n_cpu_moe: int = 0,
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
@@ -523,7 +528,7 @@ class Engine:
                               kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
                               prefix_cache=prefix_cache, rope_scaling=rope_scaling, rope_scale=rope_scale,
                               yarn_orig_ctx=yarn_orig_ctx, tensor_parallel=tensor_parallel,
-                              sliding_window=sliding_window)
+                              sliding_window=sliding_window, n_cpu_moe=n_cpu_moe)
         self._init(model, tokenizer, template, path.stem, resolved, max_batch)
 
     @classmethod

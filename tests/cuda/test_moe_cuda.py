@@ -157,3 +157,24 @@ def test_tiny_model_cuda_matches_cpu(require_cuda: None, tiny_models: dict[str, 
     same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
     print(f"{name} n_prompt={n_prompt}: min cos {cos.min():.7f}, greedy tokens identical {same}/16")
     assert same >= 8, f"{name}: greedy diverges at token {same}: {got} vs {want}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("n_cpu_moe", [1, 1 << 30])
+def test_cpu_moe_matches_all_on_gpu(require_cuda: None, tiny_models: dict[str, str], n_cpu_moe: int) -> None:
+    """``--n-cpu-moe N`` / ``--cpu-moe``: the first N layers' experts run on the CPU (host memory),
+    the rest on the GPU; the logits stay those of the all-GPU run within the noise of one
+    f32 summation order against another, greedy decode (no graphs then) the same tokens."""
+    path = tiny_models["qwen3moe-Q4_K_M"]
+    gpu = _native.Model(path, backend="cuda", n_ctx=512)
+    mixed = _native.Model(path, backend="cuda", n_ctx=512, n_cpu_moe=n_cpu_moe)
+    assert mixed.config["host_expert_layers"] == min(n_cpu_moe, mixed.config["n_layer"])
+    rng = np.random.default_rng(3)
+    for n_prompt in (5, 100):
+        prompt = [int(t) for t in rng.integers(10, gpu.n_vocab - 10, size=n_prompt)]
+        lg, lm = gpu.logits(prompt), mixed.logits(prompt)
+        cos = (lg * lm).sum(axis=1) / np.linalg.norm(lg, axis=1) / np.linalg.norm(lm, axis=1)
+        assert cos.min() >= 0.9999, f"n_cpu_moe={n_cpu_moe} n_prompt={n_prompt}: min cosine {cos.min():.6f}"
+        want, got = _greedy(gpu, prompt, 12), _greedy(mixed, prompt, 12)
+        same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
+        assert same >= 6, f"greedy diverges at {same}: {got} vs {want}"

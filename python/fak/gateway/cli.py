@@ -117,7 +117,8 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
           yarn_orig_ctx: int | None = None, sliding_window: int | None = None,
           replica_name: str | None = None, replicas: int = 1,
           ray_address: str | None = None, replica_cpus: float = 1.0,
-          replica_gpus: float = 0.0, tensor_parallel: int = 1, tool_call_format: str = "auto") -> None:
+          replica_gpus: float = 0.0, tensor_parallel: int = 1, tool_call_format: str = "auto",
+          cpu_moe: bool = False, n_cpu_moe: int | None = None) -> None:
     """Serve OpenAI's API (chat, completions, models, health, metrics) with a tool-call policy."""
     if policy_check:
         if policy_path is None:
@@ -153,7 +154,7 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
                               policy_path=policy_path, audit_path=audit_path, api_key=api_key,
                               model_name=model_name, replica_cpus=replica_cpus,
                               replica_gpus=replica_gpus, log_level=log_level,
-                              rope=rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx, sliding_window))
+                              rope=rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx, sliding_window, cpu_moe, n_cpu_moe))
 
     from fak.gateway.app import GatewayConfig, create_app
     from fak.gateway.proxy import Upstream
@@ -176,7 +177,7 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
                            serve_inline_reads=serve_inline_reads, tool_call_format=tool_call_format)
     engine = None
     if gguf is not None:
-        rope = rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx, sliding_window)
+        rope = rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx, sliding_window, cpu_moe, n_cpu_moe)
         engine = _load_engine(gguf, backend, n_ctx, threads, max_batch=max_concurrency,
                               kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache,
                               tensor_parallel=tensor_parallel, **rope)

@@ -368,6 +368,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// biases, RoPE frequency factors) may be converted to f32.
     fn load_weight(&self, t: &HostTensor<'_>) -> Result<Self::Weight>;
 
+    /// Takes a weight that stays in host memory (the file's map) while the backend computes
+    /// with it there: the MoE experts of `--cpu-moe` / `--n-cpu-moe` layers, which
+    /// [`Backend::moe_ffn`] then runs on the CPU. The default is [`Backend::load_weight`] (on the
+    /// CPU backend everything is in host memory already).
+    fn load_weight_host(&self, t: &HostTensor<'_>) -> Result<Self::Weight> {
+        self.load_weight(t)
+    }
+
     /// A zeroed activation buffer of `n` f32 elements.
     fn alloc_buffer(&self, n: usize) -> Result<Self::Buffer>;
 

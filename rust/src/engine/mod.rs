@@ -80,6 +80,10 @@ pub struct EngineOptions {
     /// Off, sequences keep every block (the same outputs, memory growing with the sequence): for
     /// tests and debugging.
     pub free_window_blocks: bool,
+    /// The first this many layers' MoE experts stay in host memory and run on the CPU
+    /// (llama.cpp's `--n-cpu-moe`; `usize::MAX`: every layer, `--cpu-moe`; 0: none). The
+    /// attention, router and other weights stay on the backend. No effect on the CPU backend.
+    pub n_cpu_moe: usize,
 }
 
 impl Default for EngineOptions {
@@ -95,6 +99,7 @@ impl Default for EngineOptions {
             tensor_parallel: 1,
             sliding_window: None,
             free_window_blocks: true,
+            n_cpu_moe: 0,
         }
     }
 }
@@ -352,7 +357,7 @@ impl Engine<CpuBackend> {
             let sharded = ShardedModel::open_cpu(file, cfg, opts.tensor_parallel, threads, kv, sizes.limits, sizes.max_logits)?;
             return Engine::with_core(Core::Sharded(sharded), opts, sizes, pool);
         }
-        let model = pool.install(|| Model::open_with(&path, CpuBackend::default(), &opts.rope))?;
+        let model = pool.install(|| Model::open_placed(&path, CpuBackend::default(), &opts.rope, opts.n_cpu_moe))?;
         Engine::with_pool(model, opts, pool)
     }
 

@@ -42,6 +42,16 @@ impl<B: Backend> Model<B> {
         Self::from_file_with(Arc::new(GgufFile::open(path)?), backend, rope)
     }
 
+    /// [`Self::open_with`] with the MoE experts of the first `n_cpu_moe` layers kept in host
+    /// memory ([`Backend::load_weight_host`]; llama.cpp's `--n-cpu-moe`, `usize::MAX` for
+    /// `--cpu-moe`).
+    pub fn open_placed(path: impl AsRef<Path>, backend: B, rope: &RopeOverride, n_cpu_moe: usize) -> Result<Model<B>> {
+        let file = Arc::new(GgufFile::open(path)?);
+        let config = ModelConfig::from_gguf_with(&file, rope)?;
+        let weights = Weights::load_placed(&file, &config, &backend, n_cpu_moe)?;
+        Ok(Model { config, backend, weights, file })
+    }
+
     /// Loads an already opened file onto `backend`.
     pub fn from_file(file: Arc<GgufFile>, backend: B) -> Result<Model<B>> {
         Self::from_file_with(file, backend, &RopeOverride::default())

@@ -55,6 +55,9 @@ pub struct Weights<B: Backend> {
     pub output: Option<B::Weight>,
     /// llama3-style RoPE frequency factors (`rope_freqs.weight`, `[n_rot/2]`).
     pub rope_freqs: Option<B::Weight>,
+    /// Layers whose MoE experts are in host memory ([`Backend::load_weight_host`]): their
+    /// forward cannot be one captured graph.
+    pub host_expert_layers: usize,
 }
 
 impl<B: Backend> Weights<B> {
@@ -110,6 +113,17 @@ impl<B: Backend> Loader<'_, B> {
         self.backend.load_weight(&t)
     }
 
+    /// Tensor `name` (whole, of `shape`) kept in host memory ([`Backend::load_weight_host`]).
+    fn required_host(&self, name: &str, shape: &[usize]) -> Result<B::Weight> {
+        let info = self.file.tensor(name).ok_or_else(|| FakError::model(format!("missing tensor {name}")))?;
+        let dims: Vec<usize> = info.dims.iter().map(|&d| d as usize).collect();
+        if dims != shape {
+            return Err(FakError::model(format!("tensor {name} has shape {dims:?} (ggml order), expected {shape:?}")));
+        }
+        let t = HostTensor { name, wtype: info.ggml_type, dims: &dims, data: self.file.tensor_data(info), owner: self.file.clone() };
+        self.backend.load_weight_host(&t)
+    }
+
     fn required(&self, name: &str, shape: &[usize], cut: Cut) -> Result<B::Weight> {
         self.optional(name, shape, cut)?
             .ok_or_else(|| FakError::model(format!("missing tensor {name}")))
@@ -126,6 +140,11 @@ impl<B: Backend> Weights<B> {
         Self::load_shard(file, cfg, backend, None, 1)
     }
 
+    /// [`Self::load`] with the experts of the first `n_cpu_moe` MoE layers in host memory.
+    pub fn load_placed(file: &Arc<GgufFile>, cfg: &ModelConfig, backend: &B, n_cpu_moe: usize) -> Result<Weights<B>> {
+        Self::load_impl(file, cfg, backend, None, 1, n_cpu_moe)
+    }
+
     /// Loads the part of every weight of `cfg` (the whole model's config) that tensor-parallel
     /// shard `shard` of an `n_shards`-way plan holds (`None`: everything): Q/K/V rows of its query
     /// and KV heads and their biases, the K range of its query heads in `attn_output` (its bias on
@@ -136,6 +155,10 @@ impl<B: Backend> Weights<B> {
     /// Errors: as [`Self::load`]; [`FakError::Shard`] when a K range does not fall on the blocks
     /// of a tensor's format.
     pub fn load_shard(file: &Arc<GgufFile>, cfg: &ModelConfig, backend: &B, shard: Option<&ShardSpec>, n_shards: usize) -> Result<Weights<B>> {
+        Self::load_impl(file, cfg, backend, shard, n_shards, 0)
+    }
+
+    fn load_impl(file: &Arc<GgufFile>, cfg: &ModelConfig, backend: &B, shard: Option<&ShardSpec>, n_shards: usize, n_cpu_moe: usize) -> Result<Weights<B>> {
         let l = Loader { file, backend, n_shards };
         let (d, q, kv, ff) = (cfg.n_embd, cfg.q_dim(), cfg.kv_dim(), cfg.n_ff);
         if file.tensor("blk.0.ffn_gate_exps.weight").is_some() && cfg.moe.is_none() {
@@ -196,11 +219,13 @@ impl<B: Backend> Weights<B> {
                     },
                     Some(m) => {
                         let (ne, fe) = (m.n_expert, m.n_ff_exp);
+                        let host = i < n_cpu_moe;
+                        let exps = |s: &str, shape: &[usize]| if host { l.required_host(&n(s), shape) } else { l.required(&n(s), shape, Cut::Whole) };
                         Ffn::Moe {
                             gate_inp: l.required(&n("ffn_gate_inp.weight"), &[d, ne], Cut::Whole)?,
-                            gate_exps: l.required(&n("ffn_gate_exps.weight"), &[d, fe, ne], Cut::Whole)?,
-                            up_exps: l.required(&n("ffn_up_exps.weight"), &[d, fe, ne], Cut::Whole)?,
-                            down_exps: l.required(&n("ffn_down_exps.weight"), &[fe, d, ne], Cut::Whole)?,
+                            gate_exps: exps("ffn_gate_exps.weight", &[d, fe, ne])?,
+                            up_exps: exps("ffn_up_exps.weight", &[d, fe, ne])?,
+                            down_exps: exps("ffn_down_exps.weight", &[fe, d, ne])?,
                         }
                     }
                 },
@@ -214,7 +239,9 @@ impl<B: Backend> Weights<B> {
                 None => l.required("token_embd.weight", &[d, cfg.n_vocab], Cut::Rows(s.vocab.clone()))?,
             }),
         };
+        let host_expert_layers = if cfg.moe.is_some() { n_cpu_moe.min(cfg.n_layer) } else { 0 };
         Ok(Weights {
+            host_expert_layers,
             token_embd,
             layers,
             output_norm: l.required("output_norm.weight", &[d], Cut::Whole)?,

@@ -141,7 +141,7 @@ type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>, Option<&'static str>);
 impl PyModel {
     /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
     ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None,
-    ///       tensor_parallel=1, sliding_window=None, free_window_blocks=True)
+    ///       tensor_parallel=1, sliding_window=None, free_window_blocks=True, n_cpu_moe=0)
     ///
     /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
     /// "auto" (cuda when a GPU is usable, else cpu).
@@ -166,6 +166,10 @@ impl PyModel {
     /// `sliding_window` positions only. When every layer is windowed, each sequence returns the KV
     /// blocks outside its window to the pool (memory bounded by the window, not `n_ctx`);
     /// `free_window_blocks=False` keeps them (same outputs; for tests).
+    /// `n_cpu_moe`: the mixture-of-experts experts of the first `n_cpu_moe` layers stay in host
+    /// memory and run on the CPU while attention, router and the other layers run on the GPU
+    /// (llama.cpp's `--n-cpu-moe`; ≥ n_layer: every layer, `--cpu-moe`; no effect on the CPU
+    /// backend or a dense model).
     ///
     /// Raises: OSError (cannot open), fak.GGUFError (malformed file), fak.UnsupportedError
     /// (architecture / format), fak.ModelError (missing or mis-shaped tensor), fak.ShardError
@@ -173,7 +177,7 @@ impl PyModel {
     /// fak.BackendError (`backend="cuda"` without a usable CUDA backend, or with
     /// `tensor_parallel > 1`: multi-GPU is not built), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -191,6 +195,7 @@ impl PyModel {
         tensor_parallel: usize,
         sliding_window: Option<usize>,
         free_window_blocks: bool,
+        n_cpu_moe: usize,
     ) -> PyResult<PyModel> {
         if max_tokens_per_step == Some(0) {
             return Err(super::to_py(FakError::invalid("max_tokens_per_step", "0 (must be ≥ 1, or None for 512)")));
@@ -218,6 +223,7 @@ impl PyModel {
             tensor_parallel,
             sliding_window,
             free_window_blocks,
+            n_cpu_moe,
         };
         let engine: Box<dyn EngineApi> = match backend {
             "cpu" => Box::new(detach(py, || Engine::open_cpu(&path, opts))?),
@@ -265,6 +271,10 @@ impl PyModel {
             ("rope_ext_factor", ConfigValue::Float(c.rope.ext_factor as f64)),
             ("rope_attn_factor", ConfigValue::Float(c.rope.attn_factor as f64)),
             ("sliding_window", ConfigValue::Int(c.sliding_window)),
+            ("n_expert", ConfigValue::Int(c.moe.map_or(0, |m| m.n_expert))),
+            ("n_expert_used", ConfigValue::Int(c.moe.map_or(0, |m| m.n_expert_used))),
+            ("n_ff_exp", ConfigValue::Int(c.moe.map_or(0, |m| m.n_ff_exp))),
+            ("host_expert_layers", ConfigValue::Int(if c.moe.is_some() && engine.backend_name() != "cpu" { n_cpu_moe.min(c.n_layer) } else { 0 })),
             ("swa_layers", ConfigValue::Ints((0..c.n_layer).filter(|&il| c.layer_window(il).is_some()).collect())),
             ("kv_window", ConfigValue::Int(c.kv_window().filter(|_| free_window_blocks).unwrap_or(0))),
             ("kv_block_size", ConfigValue::Int(crate::engine::BLOCK_SIZE)),

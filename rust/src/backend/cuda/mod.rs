@@ -68,7 +68,9 @@ impl Drop for Tracked {
     }
 }
 
-/// A weight on the device: a matrix in its GGUF blocks, or a 1-D tensor widened to f32.
+/// A weight on the device: a matrix in its GGUF blocks, or a 1-D tensor widened to f32 — or, for
+/// the MoE experts of `--cpu-moe` layers, the blocks left in host memory (`host`; `mem` is then
+/// a token allocation).
 pub struct CudaWeight {
     pub name: String,
     /// Block format of the device bytes (`F32` for widened vectors).
@@ -77,7 +79,37 @@ pub struct CudaWeight {
     pub dims: Vec<usize>,
     pub row_bytes: usize,
     pub(crate) mem: Tracked,
+    pub(crate) host: Option<HostBlocks>,
 }
+
+/// GGUF blocks in host memory (the file's map), kept alive by `owner`.
+pub struct HostBlocks {
+    ptr: *const u8,
+    len: usize,
+    _owner: std::sync::Arc<dyn std::any::Any + Send + Sync>,
+}
+
+// SAFETY: the bytes are immutable for as long as `_owner` (a read-only map) lives, and the owner
+// is Send + Sync.
+unsafe impl Send for HostBlocks {}
+unsafe impl Sync for HostBlocks {}
+
+impl HostBlocks {
+    /// The blocks.
+    pub fn bytes(&self) -> &[u8] {
+        // SAFETY: `ptr..ptr + len` was a valid slice of memory owned by `_owner`, held here.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
+    }
+}
+
+impl Drop for HostBlocks {
+    fn drop(&mut self) {
+        HOST_EXPERT_BYTES.fetch_sub(self.len, Ordering::Relaxed);
+    }
+}
+
+/// Bytes of MoE experts held in host memory (`--cpu-moe`), process-wide.
+pub static HOST_EXPERT_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 impl CudaWeight {
     /// Elements per row (`dims[0]`).
@@ -380,7 +412,7 @@ pub fn open_engine(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine
         return Err(crate::engine::tensor_parallel_unavailable("cuda", opts.tensor_parallel));
     }
     let backend = CudaBackend::new(0)?;
-    let model = Model::open_with(path, backend, &opts.rope)?;
+    let model = Model::open_placed(path, backend, &opts.rope, opts.n_cpu_moe)?;
     Engine::new(model, opts)
 }
 
@@ -452,7 +484,7 @@ impl Backend for CudaBackend {
             let mut v = vec![0f32; n_elements];
             crate::quant::dequantize_row(t.wtype, t.data, &mut v).map_err(|e| FakError::model(format!("tensor {}: {e}", t.name)))?;
             let mem = Tracked::new(self.dev.upload(&v)?, &MEMORY.weights);
-            return Ok(CudaWeight { name: t.name.to_string(), wtype: GgmlType::F32, dims: t.dims.to_vec(), row_bytes: 4 * k, mem });
+            return Ok(CudaWeight { name: t.name.to_string(), wtype: GgmlType::F32, dims: t.dims.to_vec(), row_bytes: 4 * k, mem, host: None });
         }
         if kernel_fmt(t.wtype).is_none() {
             return Err(FakError::Unsupported(format!(
@@ -465,7 +497,24 @@ impl Backend for CudaBackend {
             return Err(FakError::Unsupported(format!("the CUDA backend needs rows of a multiple of 32 elements; tensor {} has {k}", t.name)));
         }
         let mem = Tracked::new(self.dev.upload(t.data)?, &MEMORY.weights);
-        Ok(CudaWeight { name: t.name.to_string(), wtype: t.wtype, dims: t.dims.to_vec(), row_bytes, mem })
+        Ok(CudaWeight { name: t.name.to_string(), wtype: t.wtype, dims: t.dims.to_vec(), row_bytes, mem, host: None })
+    }
+
+    fn load_weight_host(&self, t: &HostTensor<'_>) -> Result<CudaWeight> {
+        let k = t.dims.first().copied().unwrap_or(1);
+        let row_bytes = t
+            .wtype
+            .row_bytes(k as u64)
+            .map(|r| r as usize)
+            .ok_or_else(|| FakError::model(format!("tensor {}: {k} elements per row is not a whole number of {} blocks", t.name, t.wtype.name())))?;
+        let n_rows: usize = t.dims.iter().skip(1).product();
+        if t.data.len() != row_bytes * n_rows || t.dims.len() < 2 {
+            return Err(FakError::model(format!("tensor {}: {} bytes of data do not hold shape {:?} of {}", t.name, t.data.len(), t.dims, t.wtype.name())));
+        }
+        HOST_EXPERT_BYTES.fetch_add(t.data.len(), Ordering::Relaxed);
+        let mem = Tracked::new(self.dev.alloc(256)?, &MEMORY.weights);
+        let host = HostBlocks { ptr: t.data.as_ptr(), len: t.data.len(), _owner: t.owner.clone() };
+        Ok(CudaWeight { name: t.name.to_string(), wtype: t.wtype, dims: t.dims.to_vec(), row_bytes, mem, host: Some(host) })
     }
 
     fn alloc_buffer(&self, n: usize) -> Result<CudaBuffer> {
