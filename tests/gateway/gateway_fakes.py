@@ -160,6 +160,7 @@ class Delta:
     token_ids: list[int]
     finish_reason: str | None = None
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
+    stop_reason: str | None = None  # the stop string that ended the reply (``fak.Engine``'s)
 
 
 @dataclass
@@ -336,13 +337,14 @@ class FakeEngine:
         if sampling.get("prefix_choices") and self.honor_choices:
             text = self._constrained(text, [self.detokenize(c) for c in sampling["prefix_choices"]])
         finish = "stop"
+        stop_reason = None
         stops = sampling.get("stop") or []
         for s in [stops] if isinstance(stops, str) else stops:
             cut = text.find(s)
             if cut >= 0:
-                text = text[:cut]
+                text, stop_reason = text[:cut], s
         if len(text) > max_tokens:
-            text, finish = text[:max_tokens], "length"
+            text, finish, stop_reason = text[:max_tokens], "length", None
         n_lp = sampling.get("logprobs")
         blocks = self._blocks(len(ids) + 1)
         if self.kv_blocks_used + blocks > self.kv_blocks_total:
@@ -366,7 +368,7 @@ class FakeEngine:
                 if n_lp is not None:
                     lps = [(t, -0.25, [(t, -0.25), (ord("x"), -2.0)][: max(n_lp, 0)]) for t in token_ids]
                 done = last
-                yield Delta(piece, token_ids, finish if last else None, lps)
+                yield Delta(piece, token_ids, finish if last else None, lps, stop_reason if last else None)
                 if not last:
                     await asyncio.sleep(self.delay)
             self.finished += 1

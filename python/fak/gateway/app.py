@@ -34,6 +34,9 @@ from fak.gateway.engine_api import EngineLike, engine_tool_call_format
 from fak.gateway.errors import APIError, ErrorResponse, exception_handlers
 from fak.gateway.health.routes import Health, health
 from fak.gateway.metrics import GatewayMetrics
+from fak.gateway.messages.protocol import CountTokensRequest, CountTokensResponse, MessagesRequest
+from fak.gateway.messages.protocol import Message as AnthropicMessage
+from fak.gateway.messages.routes import count_message_tokens, create_message
 from fak.gateway.metrics.routes import metrics
 from fak.gateway.models.protocol import ModelCard, ModelList
 from fak.gateway.models.routes import list_models, retrieve_model
@@ -68,6 +71,13 @@ class GatewayConfig:
         tool_call_format: the form the model writes tool calls in (engine mode): ``None`` /
             ``"auto"`` decides it from the engine's chat template; ``"hermes"`` (JSON) or
             ``"qwen3_xml"`` (Qwen3-Coder) forces one (``fak.toolcalls.ToolCallFormat``).
+        model_aliases: other model ids served as ``model_name`` (engine mode): agents that ask
+            for their vendor's model names (Claude Code's ``claude-...``); ``"*"`` accepts any id.
+        stream_headers_after_s: a stream whose first token is not there after this many seconds
+            sends its status, headers and opening events at once (errors before then keep their
+            HTTP status).
+        stream_keepalive_s: a stream that sent nothing for this many seconds sends a keep-alive
+            (an SSE comment, or Anthropic's ``ping`` event).
     """
 
     model_name: str | None = None
@@ -77,6 +87,9 @@ class GatewayConfig:
     tool_call_retries: int = 2
     serve_inline_reads: bool = False
     tool_call_format: str | None = None
+    model_aliases: tuple[str, ...] = ()
+    stream_headers_after_s: float = 0.2
+    stream_keepalive_s: float = 5.0
 
 
 class Gateway:
@@ -120,16 +133,21 @@ class Gateway:
         if engine is not None:
             from fak.gateway.chat_completions.serving import ChatServing
             from fak.gateway.completions.serving import CompletionServing
+            from fak.gateway.messages.serving import MessagesServing
             self.chat: Any = ChatServing(self)
             self.completions: Any = CompletionServing(self)
+            self.messages: Any = MessagesServing(self)
         else:
             assert upstream is not None
             self.chat = ProxyChatServing(self, upstream)
             self.completions = ProxyCompletionServing(self, upstream)
+            self.messages = _EngineOnly("/v1/messages")
 
     def check_model(self, name: str) -> None:
-        """Raise a 404 ``model_not_found`` unless ``name`` is the served model (engine mode)."""
-        if self.mode == "engine" and name != self.model_name:
+        """Raise a 404 ``model_not_found`` unless ``name`` is the served model or one of its
+        ``model_aliases`` (engine mode)."""
+        aliases = self.config.model_aliases
+        if self.mode == "engine" and name != self.model_name and name not in aliases and "*" not in aliases:
             raise APIError(404, f"The model `{name}` does not exist. This server serves `{self.model_name}` "
                            "(GET /v1/models).", param="model", code="model_not_found")
 
@@ -183,12 +201,34 @@ class Gateway:
             await self.upstream.aclose()
 
 
+class _EngineOnly:
+    """The serving object of an endpoint proxy mode does not relay: every call is a 501."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _refuse(self) -> APIError:
+        return APIError(501, f"{self.path} is served in engine mode (fak serve --gguf); proxy mode relays "
+                        "/v1/chat/completions and /v1/completions only.", type="server_error",
+                        code="not_implemented")
+
+    async def handle(self, request: Any) -> Response[Any]:
+        """Refuse (501)."""
+        raise self._refuse()
+
+    async def count_tokens(self, request: Any) -> Response[Any]:
+        """Refuse (501)."""
+        raise self._refuse()
+
+
 def _auth_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     gw: Gateway = connection.app.state.gateway
     key = gw.config.api_key
     if not key or not connection.url.path.startswith("/v1/"):
         return
     header = connection.headers.get("authorization", "")
+    if not header and connection.headers.get("x-api-key"):  # Anthropic's SDKs send the key this way
+        header = "Bearer " + connection.headers["x-api-key"]
     scheme, _sep, token = header.partition(" ")
     if not header:
         raise APIError(401, "You didn't provide an API key. Send it as 'Authorization: Bearer YOUR_KEY'.",
@@ -232,14 +272,17 @@ def create_app(config: GatewayConfig | None = None, *, engine: EngineLike | None
         await gateway.aclose()
 
     schemas = component_schemas([ChatCompletionRequest, ChatCompletion, ChatCompletionChunk, CompletionRequest,
-                                 Completion, ModelList, ModelCard, ErrorResponse])
+                                 Completion, ModelList, ModelCard, ErrorResponse, MessagesRequest, AnthropicMessage,
+                                 CountTokensRequest, CountTokensResponse])
     openapi = OpenAPIConfig(
         title="fak gateway", version=__version__,
-        description="OpenAI-compatible API served by fak, with every tool call adjudicated by a policy.",
+        description="OpenAI- and Anthropic-compatible API served by fak, with every tool call adjudicated by a "
+                    "policy.",
         path="/schema", render_plugins=[JsonRenderPlugin(), SwaggerRenderPlugin()],
     )
     app = Litestar(
-        route_handlers=[create_chat_completion, create_completion, list_models, retrieve_model, health, metrics, quarantine_route],
+        route_handlers=[create_chat_completion, create_completion, create_message, count_message_tokens, list_models,
+                        retrieve_model, health, metrics, quarantine_route],
         exception_handlers=exception_handlers(),
         guards=[_auth_guard],
         before_send=[count_response],

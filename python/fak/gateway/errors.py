@@ -9,6 +9,12 @@ exceptions (validation, 404, 405, 413, ...) and anything unexpected to that shap
 ever sees a traceback. Types and codes follow OpenAI's published error objects
 (``invalid_request_error`` with codes such as ``context_length_exceeded``, ``model_not_found``;
 401 ``invalid_api_key``; 429 ``rate_limit_exceeded``).
+
+Requests to Anthropic's endpoints (``/v1/messages...``) get Anthropic's shape instead, with the
+same status: ``{"type": "error", "error": {"type", "message"}}``, the type by status as
+Anthropic's API documents it (400 ``invalid_request_error``, 401 ``authentication_error``, 403
+``permission_error``, 404 ``not_found_error``, 413 ``request_too_large``, 429
+``rate_limit_error``, 500 ``api_error``, 503/529 ``overloaded_error``); ``anthropic_shape``.
 """
 
 from __future__ import annotations
@@ -25,8 +31,11 @@ from litestar.types import ExceptionHandlersMap
 log = logging.getLogger("fak.gateway")
 
 __all__ = [
+    "ANTHROPIC_PREFIX",
     "APIError",
     "ErrorBody",
+    "anthropic_body",
+    "anthropic_error_type",
     "ErrorResponse",
     "bad_request",
     "decode_error",
@@ -110,10 +119,39 @@ def decode_error(exc: msgspec.DecodeError) -> APIError:
                        "The body must be a single JSON object.", code="invalid_json")
 
 
-def error_response(err: APIError) -> Response[Any]:
-    """Litestar response carrying ``err``'s body, status and headers."""
-    return Response(content=err.body(), status_code=err.status, headers=err.headers,
-                    media_type="application/json")
+#: Paths whose errors take Anthropic's shape (the Messages API and its sub-paths).
+ANTHROPIC_PREFIX = "/v1/messages"
+
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large",
+                    415: "invalid_request_error", 429: "rate_limit_error", 503: "overloaded_error",
+                    529: "overloaded_error"}
+
+
+def anthropic_error_type(status: int) -> str:
+    """Anthropic's error ``type`` for an HTTP status (``api_error`` for other 5xx)."""
+    return _ANTHROPIC_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+
+
+def anthropic_body(err: APIError) -> dict[str, Any]:
+    """``err`` in Anthropic's shape: ``{"type": "error", "error": {"type", "message"}}`` (the
+    field at fault, when there is one, is named in the message)."""
+    message = err.message
+    if err.param and err.param not in message:
+        message += f" (at '{err.param}')"
+    return {"type": "error", "error": {"type": anthropic_error_type(err.status), "message": message}}
+
+
+def error_response(err: APIError, *, anthropic: bool = False) -> Response[Any]:
+    """Litestar response carrying ``err``'s body (OpenAI's shape, or Anthropic's), status and
+    headers."""
+    body: Any = anthropic_body(err) if anthropic else err.body()
+    return Response(content=body, status_code=err.status, headers=err.headers, media_type="application/json")
+
+
+def _anthropic(request: Request[Any, Any, Any]) -> bool:
+    path = request.url.path
+    return path == ANTHROPIC_PREFIX or path.startswith(ANTHROPIC_PREFIX + "/")
 
 
 _STATUS_TYPES = {
@@ -128,8 +166,8 @@ _STATUS_TYPES = {
 }
 
 
-def _handle_api_error(_: Request[Any, Any, Any], exc: APIError) -> Response[Any]:
-    return error_response(exc)
+def _handle_api_error(request: Request[Any, Any, Any], exc: APIError) -> Response[Any]:
+    return error_response(exc, anthropic=_anthropic(request))
 
 
 def _handle_validation(request: Request[Any, Any, Any], exc: ValidationException) -> Response[Any]:
@@ -142,7 +180,7 @@ def _handle_validation(request: Request[Any, Any, Any], exc: ValidationException
         if isinstance(first, dict):
             param = first.get("key")
             message = f"{first.get('message', message)}" + (f" (at '{param}')" if param else "")
-    return error_response(bad_request(f"Invalid request: {message}", param=param))
+    return error_response(bad_request(f"Invalid request: {message}", param=param), anthropic=_anthropic(request))
 
 
 def _handle_http(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
@@ -155,13 +193,14 @@ def _handle_http(request: Request[Any, Any, Any], exc: HTTPException) -> Respons
     else:
         message = exc.detail
     headers = dict(exc.headers or {})
-    return error_response(APIError(status, message, type=etype, code=code, headers=headers))
+    return error_response(APIError(status, message, type=etype, code=code, headers=headers),
+                          anthropic=_anthropic(request))
 
 
 def _handle_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return error_response(APIError(500, f"Internal server error ({type(exc).__name__}); see the gateway log.",
-                                   type="server_error", code="internal_error"))
+                                   type="server_error", code="internal_error"), anthropic=_anthropic(request))
 
 
 def exception_handlers() -> ExceptionHandlersMap:

@@ -9,6 +9,7 @@ enforces.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass
@@ -25,12 +26,15 @@ __all__ = [
     "Usage",
     "component_schemas",
     "decode_body",
+    "decode_lenient",
     "new_id",
     "now",
     "openapi_operation",
 ]
 
 T = TypeVar("T")
+
+log = logging.getLogger("fak.gateway")
 
 
 class Usage(msgspec.Struct):
@@ -71,6 +75,30 @@ def decode_body(body: bytes, type_: type[T]) -> T:
         return msgspec.json.decode(body, type=type_)
     except msgspec.DecodeError as exc:  # ValidationError is a subclass
         raise decode_error(exc) from None
+
+
+def decode_lenient(body: bytes, type_: type[T], *, what: str) -> T:
+    """Decode a JSON request body into ``type_``, ignoring top-level fields it does not know.
+
+    Vendor APIs grow fields faster than a local server learns them (``reasoning_effort``,
+    ``context_management``, ``prompt_cache_key``, ...), and a client that gets a 400 for one stops
+    working; the unknown names are listed in the ``fak.gateway`` debug log (``what``: the
+    endpoint, for the log line). Known fields are still checked strictly.
+
+    Raises:
+        APIError: 400 with ``param`` naming the offending field, or ``invalid_json``.
+    """
+    value = decode_body(body, type_)
+    if log.isEnabledFor(logging.DEBUG):
+        known = set(getattr(type_, "__struct_fields__", ()))
+        try:
+            keys = msgspec.json.decode(body, type=dict[str, msgspec.Raw])
+        except msgspec.DecodeError:
+            keys = {}
+        unknown = sorted(k for k in keys if k not in known)
+        if unknown:
+            log.debug("%s: ignored unknown fields %s", what, unknown)
+    return value
 
 
 def new_id(prefix: str) -> str:

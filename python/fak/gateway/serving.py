@@ -238,6 +238,8 @@ class Generation:
         self.n_discarded = 0  # completion tokens of attempts that were not kept
         self.run = self._new_run()
         self.filt: AssistantOutputFilter = make_filter()
+        #: the completion budget was cut to the context window's room (``clamp_budget``)
+        self.window_cut = False
 
     def _new_run(self) -> EngineRun:
         sampling = dict(self.sampling)
@@ -439,6 +441,10 @@ class EngineServing:
 
     #: the request field that holds the prompt, named by context-length errors
     prompt_param = "messages"
+    #: whether the client's completion budget is a ceiling cut to the room the prompt leaves
+    #: (Anthropic's ``max_tokens``, Responses' ``max_output_tokens``: clients send their model's
+    #: largest budget) rather than a request that must fit (chat completions, as OpenAI's API)
+    clamp_budget = False
 
     def __init__(self, gateway: Any) -> None:
         self.gw = gateway
@@ -514,8 +520,14 @@ class EngineServing:
         # the other streams keep flowing meanwhile.
         prompt, prompt_ids, choices = await anyio.to_thread.run_sync(prompt_tokens)
         requested, budget_param = self.max_tokens_of(req)
-        max_tokens = check_context(len(prompt_ids), requested, self.engine.n_ctx, param=self.prompt_param,
-                                   max_tokens_param=budget_param)
+        if self.clamp_budget and requested is not None:
+            # the budget is a ceiling: cut to the room the prompt leaves (an error only when the
+            # prompt alone does not fit)
+            room = check_context(len(prompt_ids), None, self.engine.n_ctx, param=self.prompt_param)
+            max_tokens = min(requested, room)
+        else:
+            max_tokens = check_context(len(prompt_ids), requested, self.engine.n_ctx, param=self.prompt_param,
+                                       max_tokens_param=budget_param)
         sampling = chat_sampling(req, max_tokens)
         if choices and setup.use_tools:
             sampling["prefix_choices"] = choices
@@ -528,6 +540,7 @@ class EngineServing:
 
         gen = Generation(self, req, prompt_ids, sampling, make_filter, forced=bool(setup.prefix),
                          t_arrival=t_arrival)
+        gen.window_cut = requested is not None and max_tokens < requested
         return gen, prompt_ids, prompt
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
