@@ -41,6 +41,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fak.sandbox import Limits, MiB, Sandbox, venv_paths
+from fak.sandbox.venv import SHARED_ENV_PTH
 from fak.swebench.repos import read_file_at
 
 DEFAULT_ENVS = Path(os.environ.get("FAK_SWEBENCH_ENVS", Path.home() / ".cache" / "fak" / "swebench-envs"))
@@ -58,6 +60,9 @@ SYSTEM_COMMAND = re.compile(r"^\s*(sudo\s+)?(apt-get|apt|yum|dnf|wget|curl|local
 
 #: the spec keys an env is built from (its cache key); pre_install/install run per instance
 ENV_KEYS = ("python", "packages", "pip_packages", "system_site_packages")
+#: the system folders after an overlay's and its shared env's ``bin`` on the test ``PATH``
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+_PYTEST_CMD = re.compile(r"^((?:\s*[A-Za-z_]\w*=\S+)*\s*)pytest\b")
 
 _REGISTERED: dict[str, dict[str, dict[str, Any]]] = {}
 
@@ -256,6 +261,9 @@ class Env:
     spec: dict[str, Any]
     unreproduced: list[str] = field(default_factory=list)
     log: Path | None = None
+    #: what a sandbox running with this env must see (``fak.sandbox.venv_paths``, taken when
+    #: fak made it); empty: compute it
+    sandbox_paths: list[Path] = field(default_factory=list)
 
     def environ(self) -> dict[str, str]:
         """Process environment with the venv activated."""
@@ -388,18 +396,50 @@ class EnvBuilder:
 
 
 def _purelib(python: Path) -> Path:
-    out = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+    """The site-packages folder of the venv of ``python`` (``VENV/bin/python``). The interpreter
+    runs on the host isolated (``-E -s``: no ``PYTHON*`` variables, no user site; ``-I`` is
+    not in every Python a spec names) and without
+    ``site`` (``-S``), so no ``.pth`` file, ``sitecustomize`` or ``usercustomize`` of the venv
+    runs; without ``site`` it does not know it is in a venv, so the venv is given as the scheme's
+    base (``sysconfig.get_paths(vars=...)``)."""
+    venv = Path(python).parent.parent
+    code = ("import sys, sysconfig; print(sysconfig.get_paths(vars={'base': sys.argv[1], "
+            "'platbase': sys.argv[1]})['purelib'])")
+    out = subprocess.run([str(python), "-E", "-s", "-S", "-c", code, str(venv)],
                          capture_output=True, text=True, check=True).stdout.strip()
     return Path(out)
 
 
-def make_overlay(env: Env, dest: Path, workspace: Path, log_path: Path) -> Env:
+def overlay_environment(overlay: Env, shared: Env) -> dict[str, str]:
+    """The variables a command run with ``overlay`` needs: ``VIRTUAL_ENV`` and a ``PATH`` of the
+    overlay's ``bin``, the shared env's ``bin``, then ``SYSTEM_PATH`` (never the host's)."""
+    return {"VIRTUAL_ENV": str(overlay.path),
+            "PATH": f"{overlay.path / 'bin'}:{shared.path / 'bin'}:{SYSTEM_PATH}",
+            "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_INPUT": "1"}
+
+
+def overlay_test_command(cmd: str) -> str:
+    """A spec's test command for an overlay: a leading ``pytest`` (after ``VAR=value``
+    assignments) becomes ``python -m pytest``, so the overlay's interpreter runs it (an overlay
+    has no console scripts; the shared env's ``pytest`` would not see the repository
+    installed in the overlay)."""
+    return _PYTEST_CMD.sub(r"\1python -m pytest", cmd)
+
+
+def make_overlay(env: Env, dest: Path, workspace: Path, log_path: Path, *,
+                 unsafe_no_sandbox: bool = False, timeout_s: float = 1800.0) -> Env:
     """A per-instance venv at ``dest`` layered over the shared ``env`` (a ``.pth`` file puts the
     shared site-packages on its path), with the task repository installed from ``workspace`` by
     the spec's ``pre_install`` (machine-changing steps skipped) and ``install`` steps.
 
-    Several instances of one (repo, version) can then run at once, each with its own editable
-    install. Needs the network (pip). Raises ``EnvError`` when the venv cannot be made.
+    The steps run in ``fak.sandbox`` with the host's network (pip), the workspace and ``dest``
+    the only writable trees: the shared env stays read-only, so nothing an install writes (a
+    model's ``setup.py`` in ``eval --local``) lands where fak's own host-side steps run it
+    later. ``unsafe_no_sandbox``: on the host instead. ``timeout_s`` bounds each step
+    (seconds). The result's ``sandbox_paths`` are the paths its sandboxes must see, taken
+    before any step ran. Several instances of one (repo, version) can run at once, each with
+    its own editable install. Raises ``EnvError`` when the venv cannot be made, and
+    ``fak.sandbox.SandboxUnavailable`` when no sandbox can be made here.
     """
     shutil.rmtree(dest, ignore_errors=True)
     base_python = find_python(str(env.spec["python"]))
@@ -410,17 +450,30 @@ def make_overlay(env: Env, dest: Path, workspace: Path, log_path: Path) -> Env:
     if proc.returncode != 0:
         raise EnvError(f"python -m venv failed for {dest}: {proc.stderr.strip()[-800:]}")
     overlay = Env(env.key, dest, dest / "bin" / "python", env.spec, list(env.unreproduced), log_path)
-    (_purelib(overlay.python) / "_fak_shared_env.pth").write_text(f"{_purelib(env.python)}\n")
+    (_purelib(overlay.python) / SHARED_ENV_PTH).write_text(f"{_purelib(env.python)}\n")
+    overlay.sandbox_paths = venv_paths(dest)  # before anything else can write the overlay
     steps = [c for c in env.spec.get("pre_install", []) if not SYSTEM_COMMAND.search(c)]
     if env.spec.get("install"):
         steps.append(env.spec["install"])
+    box = None
+    if steps and not unsafe_no_sandbox:
+        box = Sandbox(workspace, writable=[dest], readable=overlay.sandbox_paths,
+                      env={**overlay.sandbox_env(), "PIP_NO_CACHE_DIR": "1"}, timeout_s=timeout_s,
+                      net="host", limits=Limits(processes=1024, output_bytes=256 * MiB))
     with log_path.open("w") as log:
         for cmd in steps:
             log.write(f"$ {cmd}\n")
             log.flush()
-            rc = subprocess.run(["bash", "-c", cmd], cwd=workspace, env=overlay.environ(),
-                                stdout=log, stderr=subprocess.STDOUT).returncode
-            log.write(f"[exit {rc}]\n")
+            if box is not None:
+                res = box.run(["bash", "-c", cmd])
+                log.write(res.output)
+                rc = res.returncode
+                note = f" [{res.note}]" if res.note else ""
+            else:
+                rc = subprocess.run(["bash", "-c", cmd], cwd=workspace, env=overlay.environ(),
+                                    stdout=log, stderr=subprocess.STDOUT).returncode
+                note = ""
+            log.write(f"[exit {rc}]{note}\n")
             if rc != 0:
                 overlay.unreproduced.append(f"step failed: {cmd}")
     return overlay

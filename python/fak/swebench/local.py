@@ -11,14 +11,17 @@ Per prediction (the harness's ``run_instance`` + eval script, ``swebench`` 4.1.0
    applies → ``error_ids`` with status ``patch_apply_failed`` (the harness also counts it as an
    error);
 4. the env of (repo, version) built or reused (``fak.swebench.envs``, on the host: no model code
-   is involved); ``pre_install`` (minus machine-changing steps) and ``install`` run in the clone
-   **in fak's sandbox** (``fak.sandbox``: the model's patch is in the clone, so ``setup.py`` is
-   model code) with the host's network (pip) and only the clone and the env's venv writable;
+   is involved), and a per-instance overlay venv over it (``make_overlay``, as ``run
+   --task-env`` does); ``pre_install`` (minus machine-changing steps) and ``install`` run in the
+   clone **in fak's sandbox** (``fak.sandbox``: the model's patch is in the clone, so
+   ``setup.py`` is model code) with the host's network (pip) and only the clone and the overlay
+   writable: the shared env, which fak's host-side steps run later, stays read-only;
 5. in the sandbox with **no network** (loopback only, plus for ``psf/requests`` a tarpit for
    10.0.0.0/8 inside the sandbox's network namespace so that its connect-timeout tests time out
    as on the internet, ``NETNS_SETUP``; nothing leaves the machine), the clone the only writable
    tree and the env read-only: the test files reset to ``base_commit``, ``test_patch`` applied,
-   then the spec's ``test_cmd`` on the test files of ``test_patch`` (``get_test_directives``)
+   then the spec's ``test_cmd`` (``pytest`` as ``python -m pytest`` of the overlay,
+   ``overlay_test_command``) on the test files of ``test_patch`` (``get_test_directives``)
    between the harness's ``>>>>> Start Test Output`` / ``>>>>> End Test Output`` markers;
 6. the log graded by ``swebench.harness.grading.get_eval_report`` (the package's log parser for
    the repository; FAIL_TO_PASS and PASS_TO_PASS must all pass).
@@ -39,9 +42,18 @@ from pathlib import Path
 from typing import Any
 
 from fak.agent.trajectory import write_json_atomic
-from fak.sandbox import Limits, MiB, Sandbox, SandboxResult, probe, run_on_host, venv_paths
+from fak.sandbox import Limits, MiB, Sandbox, probe, run_on_host, venv_paths
 from fak.swebench.dataset import parse_test_list
-from fak.swebench.envs import SYSTEM_COMMAND, Env, EnvBuilder, EnvError, get_spec
+from fak.swebench.envs import (
+    SYSTEM_COMMAND,
+    Env,
+    EnvBuilder,
+    EnvError,
+    get_spec,
+    make_overlay,
+    overlay_environment,
+    overlay_test_command,
+)
 from fak.gitsafe import git, patch_git_metadata
 from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
 
@@ -133,13 +145,19 @@ class LocalGrader:
             with self.builder.lock(key):
                 env = self.builder.ensure(repo, version, mirror,
                                           row.get("environment_setup_commit") or row["base_commit"])
-                skipped = self._install(env, spec, ws.root, log_dir / "install.log")
-                test_files = get_modified_files(row["test_patch"])
-                test_cmd = spec["test_cmd"][-1] if isinstance(spec["test_cmd"], list) else spec["test_cmd"]
-                command = " ".join([test_cmd, *get_test_directives(row)])
-                script = self._eval_script(row, spec, test_files, command)
-                (log_dir / "eval.sh").write_text(script)
-                rc, timed_out = self._run_tests(env, ws.root, script, repo, log_dir / "test_output.txt")
+            # the model's patch is in the clone (setup.py is model code): it is installed into
+            # a per-instance overlay, in the sandbox; the shared env stays read-only
+            skipped = [c for c in spec.get("pre_install", []) if SYSTEM_COMMAND.search(c)]
+            overlay = make_overlay(env, work_root / "env", ws.root, log_dir / "install.log",
+                                   unsafe_no_sandbox=self.unsafe_no_sandbox,
+                                   timeout_s=self.timeout_s)
+            test_files = get_modified_files(row["test_patch"])
+            test_cmd = spec["test_cmd"][-1] if isinstance(spec["test_cmd"], list) else spec["test_cmd"]
+            command = " ".join([overlay_test_command(test_cmd), *get_test_directives(row)])
+            script = self._eval_script(row, spec, test_files, command)
+            (log_dir / "eval.sh").write_text(script)
+            rc, timed_out = self._run_tests(overlay, overlay_environment(overlay, env), ws.root,
+                                            script, repo, log_dir / "test_output.txt")
             spec_obj = TestSpec(instance_id=iid, repo=repo, version=version, repo_script_list=[],
                                 eval_script_list=[], env_script_list=[], arch="x86_64",
                                 FAIL_TO_PASS=parse_test_list(row.get("FAIL_TO_PASS")),
@@ -153,7 +171,7 @@ class LocalGrader:
                    "resolved": bool(entry["resolved"]), "tests_status": entry.get("tests_status"),
                    "patch_successfully_applied": entry["patch_successfully_applied"],
                    "test_exit_code": rc, "timed_out": timed_out, "env": env.key,
-                   "unreproduced": env.unreproduced + [f"not run: {c}" for c in skipped]}
+                   "unreproduced": overlay.unreproduced + [f"not run: {c}" for c in skipped]}
             if not entry["patch_successfully_applied"]:
                 out["status"] = "error"
                 out["error"] = "the test log has no test output (test patch failed or tests crashed)"
@@ -189,40 +207,10 @@ class LocalGrader:
         git(root, "checkout", "--", ".", check=False)  # undo a partial application
         return None
 
-    def _install(self, env: Env, spec: dict[str, Any], root: Path, log_path: Path) -> list[str]:
-        """``pre_install`` and ``install`` in the clone (network allowed); returns the
-        machine-changing steps that were not run."""
-        skipped = []
-        steps = []
-        for cmd in spec.get("pre_install", []):
-            (skipped if SYSTEM_COMMAND.search(cmd) else steps).append(cmd)
-        if spec.get("install"):
-            steps.append(spec["install"])
-        sandbox = None
-        if steps and not self.unsafe_no_sandbox:
-            sandbox = Sandbox(root, writable=[env.path], readable=venv_paths(env.path),
-                              env={**env.sandbox_env(), "PIP_NO_CACHE_DIR": "1"},
-                              timeout_s=self.timeout_s, net="host", limits=self._limits())
-        with log_path.open("w") as log:
-            for cmd in steps:
-                log.write(f"$ {cmd}\n")
-                log.flush()
-                res = self._run(sandbox, ["bash", "-c", cmd], root, env)
-                log.write(res.output)
-                log.write(f"[exit {res.returncode}]" + (f" [{res.note}]" if res.note else "") + "\n")
-        return skipped
-
     @staticmethod
     def _limits() -> Limits:
         """Task suites' limits: more processes and output than the agent's commands get."""
         return Limits(processes=1024, output_bytes=256 * MiB)
-
-    def _run(self, sandbox: Sandbox | None, argv: list[str], root: Path, env: Env,
-             stdout_path: Path | None = None) -> SandboxResult:
-        if sandbox is not None:
-            return sandbox.run(argv, stdout_path=stdout_path)
-        return run_on_host(argv, cwd=root, env=env.environ(), timeout_s=self.timeout_s,
-                           limits=self._limits(), stdout_path=stdout_path)
 
     @staticmethod
     def _eval_script(row: dict[str, Any], spec: dict[str, Any], test_files: list[str],
@@ -238,14 +226,20 @@ class LocalGrader:
                  f"git checkout -q {base} -- {files}" if files else ":", "exit $rc"]
         return "\n".join(lines) + "\n"
 
-    def _run_tests(self, env: Env, root: Path, script: str, repo: str,
-                   log_path: Path) -> tuple[int | None, bool]:
-        sandbox = None
-        if not self.unsafe_no_sandbox:
-            sandbox = Sandbox(root, readable=venv_paths(env.path), env=env.sandbox_env(),
-                              timeout_s=self.timeout_s, net="none", limits=self._limits(),
-                              net_setup=NETNS_SETUP.get(repo, ()))
-        res = self._run(sandbox, ["bash", "-c", script], root, env, stdout_path=log_path)
+    def _run_tests(self, env: Env, variables: dict[str, str], root: Path, script: str,
+                   repo: str, log_path: Path) -> tuple[int | None, bool]:
+        """The eval script in the sandbox (no network, the clone the only writable tree, the
+        env's paths read-only as taken when fak made it); ``variables``: the env's ``PATH`` and
+        ``VIRTUAL_ENV``. Returns (exit status, timed out)."""
+        if self.unsafe_no_sandbox:
+            res = run_on_host(["bash", "-c", script], cwd=root,
+                              env={**env.environ(), **variables}, timeout_s=self.timeout_s,
+                              limits=self._limits(), stdout_path=log_path)
+        else:
+            sandbox = Sandbox(root, readable=env.sandbox_paths or venv_paths(env.path),
+                              env=variables, timeout_s=self.timeout_s, net="none",
+                              limits=self._limits(), net_setup=NETNS_SETUP.get(repo, ()))
+            res = sandbox.run(["bash", "-c", script], stdout_path=log_path)
         if res.killed is not None:
             with log_path.open("a") as log:
                 if res.killed == "timeout":

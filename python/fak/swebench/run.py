@@ -342,7 +342,10 @@ class Fleet:
         with self._lock:
             self._models[key] = model
         try:
-            venv = bash_env.get("VIRTUAL_ENV")  # the per-instance overlay: pip may write there
+            # the per-instance overlay (--task-env) is writable: pip may write there; a shared
+            # task env that _pick_python chose stays read-only, since fak runs its interpreter on
+            # the host later (make_overlay) and every instance shares it
+            venv = bash_env.get("VIRTUAL_ENV") if cfg.task_env else None
             toolbox = ToolBox(ws, allow_exec=cfg.allow_exec, exec_timeout_s=cfg.exec_timeout_s,
                               unsafe_no_sandbox=cfg.unsafe_no_sandbox, env_overrides=bash_env,
                               sandbox_writable=(Path(venv),) if venv else ())
@@ -395,7 +398,8 @@ class Fleet:
             env = self._env_builder.ensure(row["repo"], str(row["version"]), mirror,
                                            row.get("environment_setup_commit") or row["base_commit"])
         overlay = make_overlay(env, self.out / "envs" / unit, ws.root,
-                               self.out / "envs" / f"{unit}.install.log")
+                               self.out / "envs" / f"{unit}.install.log",
+                               unsafe_no_sandbox=self.config.unsafe_no_sandbox)
         git(ws.root, "commit", "--quiet", "--allow-empty", "--no-verify", "-am", "fak: task setup")
         setup_commit = git(ws.root, "rev-parse", "HEAD").stdout.strip()
         traj.data["info"]["task_env"] = {"env": env.key, "overlay": str(overlay.path),

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fak.gitsafe import git, patch_git_metadata
-from fak.sandbox import venv_paths
+from fak.swebench.envs import SYSTEM_PATH, overlay_test_command
 from fak.swebench.pipeline.execute import RunResult, run_in_sandbox, sandbox_kind
 from fak.swebench.pipeline.source import Repo, is_test_path, module_name
 
@@ -45,8 +45,6 @@ UNFIXABLE = ("SyntaxError", "IndentationError", "TabError", "ModuleNotFoundError
 SCRIPT_BUGS = ("NameError", "UnboundLocalError")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
 _EXC = re.compile(r"^(?:[\w.]+\.)?([A-Z]\w*(?:Error|Exception|Exit|Failure|Warning))\b")
-SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
-_PYTEST_CMD = re.compile(r"^((?:\s*[A-Za-z_]\w*=\S+)*\s*)pytest\b")
 HOST_TEST_CMD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -p no:cacheprovider"
 
 
@@ -125,17 +123,18 @@ def prepare(task: dict[str, Any], mirror: Path, work_dir: Path, *, task_env: boo
         with builder.lock(key):
             shared = builder.ensure(task["repo"], task["version"], mirror,
                                     task.get("environment_setup_commit") or task["base_commit"])
-        overlay = make_overlay(shared, work_dir / "env", root, work_dir / "install.log")
+        overlay = make_overlay(shared, work_dir / "env", root, work_dir / "install.log",
+                               unsafe_no_sandbox=unsafe_no_sandbox)
         git(root, "commit", "--quiet", "--allow-empty", "--no-verify", "-am", "fak: task setup")
         # the overlay's interpreter first, then the shared env's scripts; never the host's PATH
         env.update(PATH=f"{overlay.path / 'bin'}:{shared.path / 'bin'}:{SYSTEM_PATH}",
                    VIRTUAL_ENV=str(overlay.path))
-        readable = venv_paths(overlay.path)  # the overlay, its base Python, the shared env
+        readable = overlay.sandbox_paths  # the overlay, its base Python, the shared env
         spec = get_spec(task["repo"], task["version"])
         cmd = spec["test_cmd"][-1] if isinstance(spec["test_cmd"], list) else spec["test_cmd"]
         # the overlay has no console scripts: run pytest with its interpreter, which sees the
         # shared env's packages and the repository installed in the overlay
-        cmd = _PYTEST_CMD.sub(r"\1python -m pytest", cmd)
+        cmd = overlay_test_command(cmd)
         exports = [c for c in spec.get("eval_commands", []) if not SYSTEM_COMMAND.search(c)]
         info.update(env=shared.key, python=str(spec.get("python")),
                     unreproduced=overlay.unreproduced)
