@@ -227,7 +227,8 @@ def main() -> int:
         if not repos:
             continue
         lines += [f"### {title}", "", "| repository | commit | files | MB | " + " | ".join(
-            f"withheld {c}" for c in cols) + " | scan s (after) |", "|---|---|---:|---:|" + "---:|" * len(cols) + "---:|"]
+            f"withheld {c}" for c in cols) + " | " + " | ".join(f"scan s {c}" for c in cols) + " |",
+            "|---|---|---:|---:|" + "---:|" * (2 * len(cols))]
         tot = collections.Counter()
         withheld: list[str] = []
         for g in repos:
@@ -240,10 +241,10 @@ def main() -> int:
             withheld += [f"{name}: `{p}`" for p in r["hits"]["after"]]
             lines.append(f"| {name} | `{commit}` | {r['files']} | {r['bytes'] / 1e6:.1f} | " + " | ".join(
                 f"{len(r['hits'][k])} ({_pct(len(r['hits'][k]), r['files'])})" for k in cols)
-                + f" | {r['seconds']['after']:.1f} |")
+                + " | " + " | ".join(f"{r['seconds'][k]:.1f}" for k in cols) + " |")
             print(lines[-1], flush=True)
         lines.append(f"| **all** | | {tot['files']} | | " + " | ".join(
-            f"**{tot[k]} ({_pct(tot[k], tot['files'])})**" for k in cols) + " | |")
+            f"**{tot[k]} ({_pct(tot[k], tot['files'])})**" for k in cols) + " |" + " |" * len(cols))
         lines += ["", "Withheld (after): " + ("; ".join(withheld) if withheld else "none") + ".", ""]
 
     if args.site_packages:

@@ -360,14 +360,16 @@ _ML_ADDRESS = re.compile(
 #: Substrings (of a lower-cased text) that let a multilingual address exist.
 #: Substrings of a lower-cased text one of which every multilingual address contains (ASCII ones only
 #: between non-letters): the address regex runs in windows around them.
-_ML_KEYS = ("ai", "\uff41\uff49", "\u4eba\u5de5\u667a\u80fd", "\u52a9\u624b", "\u6a21\u578b", "\u667a\u80fd\u4f53",
+_ML_KEYS = ("\uff41\uff49", "\u4eba\u5de5\u667a\u80fd", "\u52a9\u624b", "\u6a21\u578b", "\u667a\u80fd\u4f53",
             "\u4efb\u52a1", "\u76ee\u6807", "\u5de5\u4f5c", "\u30a2\u30b7\u30b9\u30bf\u30f3\u30c8",
             "\u30a8\u30fc\u30b8\u30a7\u30f3\u30c8", "\u30e2\u30c7\u30eb", "\u30bf\u30b9\u30af", "\u4efb\u52d9", "\u4ed5\u4e8b",
-            "\u76ee\u7684", "\uc778\uacf5\uc9c0\ub2a5", "asistente", "agente", "modelo", "ia", "inteligencia", "ki",
-            "assistent", "modell", "agent", "bot", "assistant", "mod\u00e8le", "intelligence", "modello", "tarea",
-            "aufgabe", "t\u00e2che", "\u0438\u0438", "\u0430\u0441\u0441\u0438\u0441\u0442\u0435\u043d\u0442",
+            "\u76ee\u7684", "\uc778\uacf5\uc9c0\ub2a5", "asistente", "agente", "modelo", "ia", "ki", "assistent", "modell",
+            "mod\u00e8le", "modello", "assistente", "tarea", "aufgabe", "t\u00e2che", "l'ia", "l\u2019ia", "l'assistant",
+            "l\u2019assistant", "l'agent", "l\u2019agent", "\u0438\u0438", "\u0430\u0441\u0441\u0438\u0441\u0442\u0435\u043d\u0442",
             "\u043c\u043e\u0434\u0435\u043b", "\u0430\u0433\u0435\u043d\u0442", "\u043d\u0435\u0439\u0440\u043e\u0441\u0435\u0442",
             "\u0431\u043e\u0442", "\u0437\u0430\u0434\u0430\u0447")
+# "AI" right before a CJK or kana word ("AI\u52a9\u624b", "AI\u3078"): the other keys are in the address itself
+_ML_AI = re.compile("ai[ \t]*(?=[^\x00-\x7f])")
 _ML_BACK, _ML_AHEAD = 48, 48
 _ASCII_ALPHA = frozenset("abcdefghijklmnopqrstuvwxyz")
 _WORD_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_-")
@@ -383,6 +385,8 @@ def _occurrences(low: str, word: str, *, letters_only: bool = False) -> list[int
     """Start offsets of ``word`` in ``low`` where it is a whole word (ASCII words: no letter, digit
     or ``_`` on either side, only letters with ``letters_only``; other words: every occurrence).
     A regex with a literal prefix: the search skips ahead in C, not one ``find`` per substring hit."""
+    if word not in low:
+        return []
     if not word.isascii():
         out, i = [], low.find(word)
         while i >= 0:
@@ -398,7 +402,10 @@ def _ml_windows(low: str) -> list[tuple[int, int]]:
     """Merged ``(start, end)`` windows around every multilingual address key of ``low``."""
     n = len(low)
     wide = not low.isascii()
-    spots = sorted(i for k in _ML_KEYS if wide or k.isascii() for i in _occurrences(low, k, letters_only=True))
+    spots = [i for k in _ML_KEYS if wide or k.isascii() for i in _occurrences(low, k, letters_only=True)]
+    if wide:
+        spots += [m.start() for m in _ML_AI.finditer(low) if m.start() == 0 or low[m.start() - 1] not in _ASCII_ALPHA]
+    spots.sort()
     out: list[tuple[int, int]] = []
     for i in spots:
         a, b = max(0, i - _ML_BACK), min(n, i + _ML_AHEAD)

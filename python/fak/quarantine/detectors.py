@@ -174,17 +174,34 @@ def _collapse(low: str) -> str:
 _CONFUSABLE_RX = re.compile("[" + "".join(sorted(chr(k) for k in _CONFUSABLES)) + "]")
 
 
-_LETTERS = re.compile(r"[^\W\d_]+")
-_ASCII_LETTER = re.compile(r"[A-Za-z]")
+_ASCII_LETTERS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
 
 
-def _fold_mixed(m: re.Match[str]) -> str:
-    """A word with ASCII letters and lookalikes from other scripts, folded to ASCII (``Ιgnοre``);
-    a word in one script is kept (``инструкции``, ``ουρά``)."""
-    w = m.group()
-    if _ASCII_LETTER.search(w) is None or _CONFUSABLE_RX.search(w) is None:
-        return w
-    return _CONFUSABLE_RX.sub(lambda c: _CONFUSABLES[ord(c.group())], w)
+def _fold_mixed(t: str) -> str:
+    """``t`` with every word that mixes ASCII letters and lookalikes from other scripts folded to
+    ASCII (``Ιgnοre`` → ``Ignore``); a word in one script is kept (``инструкции``, ``ουρά``). Only
+    the words around a lookalike are looked at."""
+    out: list[str] = []
+    done = 0
+    for m in _CONFUSABLE_RX.finditer(t):
+        i = m.start()
+        if i < done:
+            continue
+        a = i
+        while a > 0 and t[a - 1].isalpha():
+            a -= 1
+        b = i + 1
+        while b < len(t) and t[b].isalpha():
+            b += 1
+        word = t[a:b]
+        if not _ASCII_LETTERS.isdisjoint(word):
+            out.append(t[done:a])
+            out.append(_CONFUSABLE_RX.sub(lambda c: _CONFUSABLES[ord(c.group())], word))
+            done = b
+    if not out:
+        return t
+    out.append(t[done:])
+    return "".join(out)
 
 
 def _normalize(text: str) -> str:
@@ -192,7 +209,7 @@ def _normalize(text: str) -> str:
     each step only when the text needs it)."""
     t = text if unicodedata.is_normalized("NFKC", text) else unicodedata.normalize("NFKC", text)
     if _CONFUSABLE_RX.search(t) is not None:
-        t = _LETTERS.sub(_fold_mixed, t)
+        t = _fold_mixed(t)
     if _INVISIBLE.search(t) is not None:
         t = _INVISIBLE.sub("", t)
     return t
@@ -582,12 +599,12 @@ RULES: tuple[_Rule, ...] = (
        rf"task|assignment)\b"
        rf"|\b(?:{_VERBS2}|{_VERBS})\s+(?:all\s+)?(?:of\s+)?(?:the\s+|any\s+)?{_NOUN2}\s+(?:(?:that\s+)?you(?:'ve|\s+have|"
        rf"\s+were|\s+had)?\s+(?:been\s+)?(?:given|received|got|told)|given\s+to\s+you|you\s+received)\b"),
-    _r("override.instructions_void", OVERRIDE, 1.0, (('instructions', 'instruction', 'directives', 'directive', 'directions', 'guidance', 'guidelines', 'rules', 'prompt', 'prompts', 'orders', 'commands', 'programming'), ('void', 'null', 'invalid', 'cancelled', 'canceled', 'revoked', 'superseded', 'overridden', 'overruled', 'rescinded', 'test', 'fake', 'mistake')),
+    _r("override.instructions_void", OVERRIDE, 1.0, (('instructions', 'instruction', 'directives', 'directive', 'directions', 'guidance', 'guidelines', 'rules', 'prompt', 'prompts', 'orders', 'commands', 'programming'), ('void', 'invalid', 'cancelled', 'canceled', 'revoked', 'superseded', 'overridden', 'overruled', 'rescinded', 'fake', 'mistake', '*a test')),
        rf"\b(?:{_PREV}\s+(?:set\s+of\s+)?{_NOUN2V}|{_NOUN2V}\s+(?:above|before\s+this(?:\s+line)?|given\s+(?:to\s+you\s+)?"
        rf"(?:before|earlier|so\s+far|above)))\s+(?:is|are|was|were|have\s+been|has\s+been)\s+(?:now\s+|hereby\s+|"
        rf"henceforth\s+|officially\s+|all\s+)?(?:null\s+and\s+)?(?:void|null|invalid|cancell?ed|revoked|superseded|"
        rf"overridden|overruled|rescinded|(?:only\s+|just\s+)?a\s+test|fake|written\s+by\s+mistake)\b"),
-    _r("override.instructions_stale", OVERRIDE, 0.6, (('instructions', 'instruction', 'directives', 'directive', 'directions', 'guidance', 'guidelines', 'rules', 'prompt', 'prompts', 'orders', 'commands', 'programming'), ('longer', 'apply', 'applies', 'obsolete', 'replaced', 'matter', 'count')),
+    _r("override.instructions_stale", OVERRIDE, 0.6, (('instructions', 'instruction', 'directives', 'directive', 'directions', 'guidance', 'guidelines', 'rules', 'prompt', 'prompts', 'orders', 'commands', 'programming'), ('no longer', 'not apply', "n't apply", 'not matter', "n't matter", 'not count', "n't count", 'obsolete', 'replaced')),
        rf"\b(?:{_PREV}\s+(?:set\s+of\s+)?{_NOUN2V}|{_NOUN2V}\s+(?:above|before\s+this(?:\s+line)?))\s+(?:(?:is|are|was|"
        rf"were)\s+(?:now\s+)?(?:no\s+longer\s+(?:valid|relevant|in\s+effect|applicable|active)|obsolete|replaced)|"
        rf"(?:now\s+)?(?:no\s+longer|do\s+not|don't|does\s+not|doesn't)\s+(?:apply|applies|matter|count))\b"),
@@ -617,9 +634,9 @@ RULES: tuple[_Rule, ...] = (
                                                             "anterieures", "ci-dessus", "anteriores", "previas", "pr\u00e9vias",
                                                             "acima")),
        _ML_IGNORE.pattern, anchors=()),
-    _r("override.ml_real_task", OVERRIDE, 0.8, (("\u4efb\u52a1", "\u76ee\u6807", "\u30bf\u30b9\u30af", "\u4efb\u52d9", "\u0437\u0430\u0434\u0430\u0447", "\uc784\ubb34", "\uc791\uc5c5", "\uacfc\uc81c", "\u4ed5\u4e8b", "\u76ee\u7684", "\u6307\u793a", "\u5de5\u4f5c", "\u6307\u4ee4", "\u0446\u0435\u043b\u044c", "\u043c\u0438\u0441\u0441\u0438\u044f", "tarea", "misión", "mision", "aufgabe", "tâche", "tache", "mission", "tarefa", "compito",)),
+    _r("override.ml_real_task", OVERRIDE, 0.8, (("\u4efb\u52a1", "\u76ee\u6807", "\u30bf\u30b9\u30af", "\u4efb\u52d9", "\u0437\u0430\u0434\u0430\u0447", "\uc784\ubb34", "\uc791\uc5c5", "\uacfc\uc81c", "\u4ed5\u4e8b", "\u76ee\u7684", "\u6307\u793a", "\u5de5\u4f5c", "\u6307\u4ee4", "\u0446\u0435\u043b\u044c", "\u043c\u0438\u0441\u0441\u0438\u044f", "tarea", "misi\u00f3n", "mision", "aufgabe", "t\u00e2che", "tache", "mission", "tarefa", "compito"), ("\u4f60", "\u60a8", "\u672c\u5f53", "\u771f\u306e", "\u65b0\u3057\u3044", "\u5b9f\u969b", "\uc9c4\uc9dc", "\uc2e4\uc81c", "\uc0c8\ub85c\uc6b4", "\u0442\u0432\u043e\u044f", "\u0432\u0430\u0448\u0430", "tu", "ta", "votre", "deine", "ihre", "tua", "tuo", "il")),
        _ML_REAL_TASK.pattern, anchors=()),
-    _r("override.ml_secrecy", OVERRIDE, 0.8, (("\u544a\u8bc9", "\u901a\u77e5", "\u900f\u9732", "\u544a\u77e5", "\u77e5\u3089\u305b", "\u4f1d\u3048", "\u8a00\u308f", "\u6559\u3048", "\u5831\u544a", "\u0433\u043e\u0432\u043e\u0440\u0438", "\u0441\u043e\u043e\u0431\u0449\u0430\u0439", "\u0440\u0430\u0441\u0441\u043a\u0430\u0437\u044b\u0432\u0430\u0439", "\ub9d0\ud558\uc9c0", "\uc54c\ub9ac\uc9c0", "digas", "diga", "cuentes", "menciones", "avises", "informes", "nichts", "informieren", "rien", "dire", "conte",)),
+    _r("override.ml_secrecy", OVERRIDE, 0.8, (("\u544a\u8bc9", "\u901a\u77e5", "\u900f\u9732", "\u544a\u77e5", "\u77e5\u3089\u305b", "\u4f1d\u3048", "\u8a00\u308f", "\u6559\u3048", "\u5831\u544a", "\u0433\u043e\u0432\u043e\u0440\u0438", "\u0441\u043e\u043e\u0431\u0449\u0430\u0439", "\u0440\u0430\u0441\u0441\u043a\u0430\u0437\u044b\u0432\u0430\u0439", "\ub9d0\ud558\uc9c0", "\uc54c\ub9ac\uc9c0", "digas", "diga", "cuentes", "menciones", "avises", "informes", "nichts", "informieren", "rien", "dire", "conte"), ("\u7528\u6237", "\u4f7f\u7528\u8005", "\u4eba\u7c7b", "\u4efb\u4f55\u4eba", "\u30e6\u30fc\u30b6\u30fc", "\u5229\u7528\u8005", "\uc0ac\uc6a9\uc790", "\u043f\u043e\u043b\u044c\u0437\u043e\u0432\u0430\u0442", "\u043d\u0438\u043a\u043e\u043c\u0443", "usuario", "usuaria", "nadie", "nutzer", "benutzer", "anwender", "nutzerin", "benutzerin", "utilisateur", "utilisatrice", "usu\u00e1rio", "utente", "usuarios", "nutzern", "benutzern")),
        _ML_SECRECY.pattern, anchors=()),
     # ---------------------------------------------------------------- exec_request
     _r("exec_request.pipe_to_shell", EXEC_REQUEST, 0.5, (('curl', 'wget', 'fetch', 'iwr', 'irm', 'invoke'), ('|',)),
@@ -721,6 +738,10 @@ RULES: tuple[_Rule, ...] = (
        r"(?:that|to)\s+(?:you|the\s+(?:ai|assistant|agent|model))"),
 )
 
+_VOID_ANCHORS = ("previous", "prior", "above", "earlier", "preceding", "former", "original", "initial", "system", "old",
+                 "existing", "foregoing", "other", "prev", "instruction", "directive", "direction", "guidance",
+                 "guideline", "rules", "prompt", "orders", "commands", "programming")
+
 # Anchors (substrings of the lower-cased text that every match contains near its start) where the
 # first gate group is not the right choice: (anchors, back, span).
 _ANCHORS: dict[str, tuple[tuple[str, ...], int, int]] = {
@@ -763,14 +784,13 @@ _ANCHORS: dict[str, tuple[tuple[str, ...], int, int]] = {
                                     "do not follow", "don't follow", "dont follow", "never", "nevermind", "reset", "skip",
                                     "overrule", "ignor", "disregard", "forget", "override", "bypass", "neglect", "discard",
                                     "abandon"), 0, 160),
-    "override.instructions_void": (("instruction", "directive", "direction", "guidance", "guideline", "rules", "prompt",
-                                    "orders", "commands", "programming"), 40, 140),
-    "override.instructions_stale": (("instruction", "directive", "direction", "guidance", "guideline", "rules", "prompt",
-                                     "orders", "commands", "programming"), 40, 140),
+    # each match starts at its "previous" word or, in "the instructions above ...", at its noun
+    "override.instructions_void": (_VOID_ANCHORS, 0, 160),
+    "override.instructions_stale": (_VOID_ANCHORS, 0, 160),
     "override.unrestricted": (("unrestricted", "unfiltered", "uncensored", "jailbroken", "limitless", "no rules",
                                "no restrictions", "no limits", "no filters", "no guidelines", "no boundaries", "never refuse"),
                               24, 60),
-    "override.message_to_you": (("message", "note", "notice"), 12, 100),
+    "override.message_to_you": (("important", "urgent", "critical"), 0, 120),
     "override.tool_knowledge": (("you should", "you must", "you need", "you have", "substitute"), 0, 200),
     "override.boundary": (("end ", "begin ", "start "), 8, 80),
     "exec_request.procsub_shell": (("<(curl", "<(wget", "$(curl", "$(wget", "`curl", "`wget", "<( curl", "$( curl"),
@@ -802,6 +822,12 @@ _ANCHORS: dict[str, tuple[tuple[str, ...], int, int]] = {
 RULES = tuple(dataclasses.replace(r, anchors=_ANCHORS[r.feature][0], back=_ANCHORS[r.feature][1],
                                   span=_ANCHORS[r.feature][2], whole=False) if r.feature in _ANCHORS else r
               for r in RULES)
+# The multilingual rules search windows around their first gate group's words (verbs, task nouns,
+# "tell"): a verb at the end (ja, ko) is at most this far from the match's start.
+_ML_FEATURES = ("override.ml_ignore", "override.ml_real_task", "override.ml_secrecy")
+RULES = tuple(dataclasses.replace(r, anchors=tuple(sorted({w.decode() for w in r.gate[0].words} | set(r.gate[0].subs)
+                                                          | set(r.gate[0].wide))), back=80, span=160, whole=False)
+              if r.feature in _ML_FEATURES else r for r in RULES)
 
 #: Findings that make the collapsed-view search (``override.obfuscated``) unnecessary.
 _PLAIN_FEATURES = frozenset({"override.ignore_previous", "override.secrecy", "override.real_task", "override.you_are_now",
