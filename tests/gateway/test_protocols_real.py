@@ -74,3 +74,33 @@ def test_messages_through_the_anthropic_sdk(served: str) -> None:
     assert r2.usage.input_tokens > r.usage.input_tokens
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="claude-opus-4", max_tokens=8, messages=hi)
+
+
+def test_responses_through_the_openai_sdk(served: str) -> None:
+    import openai
+
+    client = openai.OpenAI(base_url=served + "/v1", api_key="x", max_retries=0, timeout=300)
+    r = client.responses.create(model="tiny", input="Name a prime number.", instructions="Be brief.",
+                                max_output_tokens=12, temperature=0)
+    assert r.status in ("completed", "incomplete") and r.output[0].type == "message"
+    assert 1 <= r.usage.output_tokens <= 12
+    events = list(client.responses.create(model="tiny", input="Name a prime number.", instructions="Be brief.",
+                                          max_output_tokens=12, temperature=0, stream=True))
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete")
+    final = events[-1].response
+    assert final.output_text == r.output_text and final.usage.input_tokens == r.usage.input_tokens
+    # a forced call of Codex's shell tool names it; the answer goes back by previous_response_id
+    shell = {"type": "function", "name": "shell", "parameters": {"type": "object", "properties": {
+        "command": {"type": "array", "items": {"type": "string"}}}, "required": ["command"]}}
+    f = client.responses.create(model="tiny", input="List the files.", tools=[shell], tool_choice="required",
+                                max_output_tokens=32)
+    calls = [o for o in f.output if o.type == "function_call"]
+    assert all(c.name == "shell" for c in calls)
+    if calls:
+        r2 = client.responses.create(model="tiny", previous_response_id=f.id, tools=[shell], max_output_tokens=8,
+                                     input=[{"type": "function_call_output", "call_id": calls[0].call_id,
+                                             "output": "a.py"}])
+        assert r2.usage.input_tokens > f.usage.input_tokens
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model="tiny", input="hi", tools=[{"type": "web_search"}])

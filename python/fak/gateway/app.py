@@ -38,6 +38,8 @@ from fak.gateway.messages.protocol import CountTokensRequest, CountTokensRespons
 from fak.gateway.messages.protocol import Message as AnthropicMessage
 from fak.gateway.messages.routes import count_message_tokens, create_message
 from fak.gateway.metrics.routes import metrics
+from fak.gateway.responses.protocol import ResponsesRequest
+from fak.gateway.responses.routes import create_response, delete_response, retrieve_response
 from fak.gateway.models.protocol import ModelCard, ModelList
 from fak.gateway.models.routes import list_models, retrieve_model
 from fak.gateway.policy_filter import AuditLike, PolicyLike
@@ -134,14 +136,17 @@ class Gateway:
             from fak.gateway.chat_completions.serving import ChatServing
             from fak.gateway.completions.serving import CompletionServing
             from fak.gateway.messages.serving import MessagesServing
+            from fak.gateway.responses.serving import ResponsesServing
             self.chat: Any = ChatServing(self)
             self.completions: Any = CompletionServing(self)
             self.messages: Any = MessagesServing(self)
+            self.responses: Any = ResponsesServing(self)
         else:
             assert upstream is not None
             self.chat = ProxyChatServing(self, upstream)
             self.completions = ProxyCompletionServing(self, upstream)
             self.messages = _EngineOnly("/v1/messages")
+            self.responses = _EngineOnly("/v1/responses")
 
     def check_model(self, name: str) -> None:
         """Raise a 404 ``model_not_found`` unless ``name`` is the served model or one of its
@@ -220,6 +225,14 @@ class _EngineOnly:
         """Refuse (501)."""
         raise self._refuse()
 
+    async def retrieve(self, response_id: str) -> Response[Any]:
+        """Refuse (501)."""
+        raise self._refuse()
+
+    async def delete(self, response_id: str) -> Response[Any]:
+        """Refuse (501)."""
+        raise self._refuse()
+
 
 def _auth_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     gw: Gateway = connection.app.state.gateway
@@ -273,7 +286,7 @@ def create_app(config: GatewayConfig | None = None, *, engine: EngineLike | None
 
     schemas = component_schemas([ChatCompletionRequest, ChatCompletion, ChatCompletionChunk, CompletionRequest,
                                  Completion, ModelList, ModelCard, ErrorResponse, MessagesRequest, AnthropicMessage,
-                                 CountTokensRequest, CountTokensResponse])
+                                 CountTokensRequest, CountTokensResponse, ResponsesRequest])
     openapi = OpenAPIConfig(
         title="fak gateway", version=__version__,
         description="OpenAI- and Anthropic-compatible API served by fak, with every tool call adjudicated by a "
@@ -281,8 +294,9 @@ def create_app(config: GatewayConfig | None = None, *, engine: EngineLike | None
         path="/schema", render_plugins=[JsonRenderPlugin(), SwaggerRenderPlugin()],
     )
     app = Litestar(
-        route_handlers=[create_chat_completion, create_completion, create_message, count_message_tokens, list_models,
-                        retrieve_model, health, metrics, quarantine_route],
+        route_handlers=[create_chat_completion, create_completion, create_message, count_message_tokens,
+                        create_response, retrieve_response, delete_response, list_models, retrieve_model, health,
+                        metrics, quarantine_route],
         exception_handlers=exception_handlers(),
         guards=[_auth_guard],
         before_send=[count_response],

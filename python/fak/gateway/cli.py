@@ -93,6 +93,9 @@ def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_
               help="Answer a repeated read-only tool call (read/list/search, read-only bash) from the "
                    "conversation's earlier result and let the model continue (needs X-Fak-Conversation).")
 @click.option("--model-name", help="Model id clients send and /v1/models lists [default: the engine's].")
+@click.option("--model-alias", "model_aliases", multiple=True, metavar="NAME",
+              help="Another model id served as --model-name (repeatable), for agents that ask for their vendor's "
+                   "models (Claude Code's claude-...); '*' accepts any id.")
 @click.option("--base-url", help="Upstream OpenAI base URL (…/v1): proxy mode instead of --gguf.")
 @click.option("--upstream-key", envvar="FAK_UPSTREAM_KEY", help="API key for the upstream (env FAK_UPSTREAM_KEY).")
 @click.option("--replica-name", help="This server's name in each audit record (a replica behind fak router).")
@@ -118,8 +121,8 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
           replica_name: str | None = None, replicas: int = 1,
           ray_address: str | None = None, replica_cpus: float = 1.0,
           replica_gpus: float = 0.0, tensor_parallel: int = 1, tool_call_format: str = "auto",
-          cpu_moe: bool = False, n_cpu_moe: int | None = None) -> None:
-    """Serve OpenAI's API (chat, completions, models, health, metrics) with a tool-call policy."""
+          cpu_moe: bool = False, n_cpu_moe: int | None = None, model_aliases: tuple[str, ...] = ()) -> None:
+    """Serve OpenAI's API (chat, completions, responses, models) and Anthropic's messages, with a tool-call policy."""
     if policy_check:
         if policy_path is None:
             raise click.UsageError("--policy-check needs --policy FILE.")
@@ -174,7 +177,8 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
     policy, audit = _load_policy(policy_path, audit_path, replica_name)
     config = GatewayConfig(model_name=model_name, api_key=api_key, max_concurrency=max_concurrency,
                            max_queue=max_queue, tool_call_retries=tool_call_retries,
-                           serve_inline_reads=serve_inline_reads, tool_call_format=tool_call_format)
+                           serve_inline_reads=serve_inline_reads, tool_call_format=tool_call_format,
+                           model_aliases=tuple(model_aliases))
     engine = None
     if gguf is not None:
         rope = rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx, sliding_window, cpu_moe, n_cpu_moe)
