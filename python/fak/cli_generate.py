@@ -15,6 +15,7 @@ from typing import Any
 import click
 
 from fak.rope_options import rope_click_options, rope_kwargs
+from fak.terminal import printable
 
 __all__ = ["generate", "chat", "resolve_model"]
 
@@ -105,8 +106,9 @@ def generate(model: str, prompt: str, as_chat: bool, system: str | None, **kw: A
                 stream = engine.stream(prompt, **_sampling(kw))
             last = None
             with stream:
+                tty = sys.stdout.isatty()  # a terminal: no escape sequence of the model's
                 for delta in stream:
-                    sys.stdout.write(delta.text)
+                    sys.stdout.write(printable(delta.text) if tty else delta.text)
                     sys.stdout.flush()
                     last = delta
         except (FakError, ValueError) as e:
@@ -162,7 +164,7 @@ def chat(model: str, system: str | None, **kw: Any) -> None:
             try:
                 with engine.chat_stream(messages, **_sampling(kw)) as stream:
                     for delta in stream:
-                        console.print(delta.text, end="", markup=False, soft_wrap=True)
+                        console.print(printable(delta.text), end="", markup=False, soft_wrap=True)
                         reply.append(delta.text)
                         last = delta
             except KeyboardInterrupt:

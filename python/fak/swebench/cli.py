@@ -13,6 +13,7 @@ import click
 
 from fak.agent.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 from fak.swebench.pipeline.cli import pipeline_options
+from fak.terminal import printable
 
 UNSAFE_HELP = ("Run model-written commands / task tests on this host with your privileges, "
                "without fak's sandbox (never for untrusted models; recorded in the output).")
@@ -341,7 +342,7 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
     for inst in summary["instances"]:
         if inst["exit_reason"] in ("setup_error", "error") and inst.get("message"):
             name = inst["instance_id"] + (f" a{inst['attempt']}" if "attempt" in inst else "")
-            click.echo(f"{name}: {inst['exit_reason']} ({inst['message']})", err=True)
+            click.echo(printable(f"{name}: {inst['exit_reason']} ({inst['message']})"), err=True)
     t = summary["totals"]
     preds = output / "predictions.json"
     where = f" → {preds}" if preds.is_file() else " · no predictions written"
@@ -409,7 +410,7 @@ def eval_cmd(predictions: Path, dataset: str | None, run_id: str, workers: int, 
                          keep_workspaces=keep_workspaces)
     report = grader.run(load_predictions(predictions))
     for iid, d in report["instances"].items():
-        click.echo(f"{iid}: {d['status']}" + (f" ({d['error']})" if d.get("error") else ""))
+        click.echo(printable(f"{iid}: {d['status']}" + (f" ({d['error']})" if d.get("error") else "")))
     if report["unknown_ids"]:
         click.echo(f"not in the dataset, not graded: {', '.join(report['unknown_ids'])}", err=True)
     n_run = len(report["instances"])

@@ -95,6 +95,7 @@ from fak.swebench.attempts import (  # noqa: F401 (re-exported: the fleet's atte
 from fak.swebench.envs import EnvBuilder, EnvError, make_overlay
 from fak.swebench.interpreter import choose_python
 from fak.swebench.repos import RepoError, ensure_mirror, make_workspace
+from fak.terminal import markup_safe, printable
 
 log = logging.getLogger(__name__)
 
@@ -284,9 +285,11 @@ class Fleet:
             "instances": {iid: [recs[k] for k in sorted(recs)] for iid, recs in self.ledger.items()}})
 
     def _label(self, key: str) -> str:
-        """How a unit is named on the console: the instance id, with `` aK`` for attempts."""
+        """How a unit is named on the console: the instance id, with `` aK`` for attempts
+        (control characters and Rich markup escaped: ``fak.terminal.markup_safe``)."""
         st = self.states[key]
-        return st.instance_id if self.n_attempts == 1 else f"{st.instance_id} a{st.attempt}"
+        label = st.instance_id if self.n_attempts == 1 else f"{st.instance_id} a{st.attempt}"
+        return markup_safe(label, newlines=False)
 
     # -- one instance ------------------------------------------------------------------------
 
@@ -598,7 +601,7 @@ class Fleet:
             style = {"submitted": "green", "max_steps": "yellow", "interrupted": "magenta"}.get(
                 status, "red" if status and "error" in status else "")
             t.add_row(self._label(iid), f"[{style}]{status}[/]" if style else status, str(s.step),
-                      str(s.tokens), f"{s.tok_per_s:.1f}", s.last_tool,
+                      str(s.tokens), f"{s.tok_per_s:.1f}", markup_safe(s.last_tool, newlines=False),
                       f"{s.allowed}✓ {s.denied}✗")
         wall = time.time() - self.started_at
         t.add_section()
@@ -654,7 +657,7 @@ class Fleet:
                         st = self.states[iid]
                         st.exit_reason, st.message = "error", f"{type(exc).__name__}: {exc}"
                         st.traceback = "".join(traceback.format_exception(exc))
-                        log.error("%s: %s", iid, st.traceback.rstrip())
+                        log.error("%s: %s", printable(iid), printable(st.traceback.rstrip()))
                     if not live and iid not in reported:
                         reported.add(iid)
                         self._print_line(iid)
@@ -678,7 +681,7 @@ class Fleet:
         s = st.stats
         self.console.print(f"{self._label(iid)}: {st.exit_reason} steps={s.step} tokens={s.tokens} "
                            f"denied={s.denied} patch={st.patch_bytes}B"
-                           + (f" ({st.message[:200]})" if st.exit_reason not in FINISHED_REASONS
+                           + (f" ({markup_safe(st.message[:200])})" if st.exit_reason not in FINISHED_REASONS
                               and st.message else ""))
 
     def _interrupt(self, executor: cf.ThreadPoolExecutor, futures: dict, live: Live | None) -> None:

@@ -28,6 +28,7 @@ from fak.swebench.pipeline.config import MODEL_STAGES, STAGES, PipelineConfig
 from fak.swebench.pipeline.instance import InstanceState, process_instance
 from fak.swebench.pipeline.sampler import Sampler
 from fak.swebench.pipeline.task import task_view
+from fak.terminal import markup_safe
 
 
 def _load_json(path: Path, default: Any) -> Any:
@@ -147,7 +148,7 @@ class PipelineRun:
                                                                    "red" if "error" in st.status
                                                                    or "missing" in st.status else "")
             status = f"[{style}]{st.status}[/]" if style else st.status
-            t.add_row(iid, status, str(st.usage.requests),
+            t.add_row(markup_safe(iid, newlines=False), status, str(st.usage.requests),
                       str(st.usage.prompt_tokens + st.usage.completion_tokens),
                       str(c.get("candidates", "")), str(c.get("scripts_kept", "")),
                       str(c.get("chosen") or ""))
@@ -206,7 +207,7 @@ class PipelineRun:
         c = st.counts
         stages = " ".join(s + ("(reused)" if d.get("reused") else f"={d.get('seconds', 0):.1f}s")
                           for s, d in st.stages.items())
-        self.console.print(f"{iid}: {st.result} {stages} candidates={c.get('candidates', '-')} "
+        self.console.print(f"{markup_safe(iid)}: {st.result} {stages} candidates={c.get('candidates', '-')} "
                            f"kept-scripts={c.get('scripts_kept', '-')} chosen={c.get('chosen', '-')}"
-                           + (f" ({st.message.splitlines()[0][:300]})" if st.result != "done"
+                           + (f" ({markup_safe(st.message.splitlines()[0][:300])})" if st.result != "done"
                               and st.message else ""))
