@@ -95,7 +95,7 @@ def _example_file(files: list[str], pkg: str | None, root: Path) -> tuple[str | 
     cands.sort(key=lambda f: (f.count("/") != depth, f))
     fallback: tuple[str | None, str | None] = (None, None)
     for f in cands[:400]:
-        text = read_text_file(root / f)
+        text = read_text_file(root / f, root)
         if not text:
             continue
         sym = _first_symbol(text)
@@ -177,7 +177,7 @@ def prompt_variables(root: str | Path, repo: str = "",
     example, symbol = None, None
     for s in seeds:
         if s["path"].endswith(".py"):
-            text = read_text_file(root / s["path"]) or ""
+            text = read_text_file(root / s["path"], root) or ""
             example, symbol = s["path"], s.get("symbol") or _first_symbol(text)
             if symbol:
                 break
@@ -188,7 +188,7 @@ def prompt_variables(root: str | Path, repo: str = "",
         example = next((f for f in files if path_kind(f) == "source"), files[0] if files else None)
     old = new = None
     if example and example.endswith(".py"):
-        old = _example_snippet(read_text_file(root / example) or "")
+        old = _example_snippet(read_text_file(root / example, root) or "")
         if old:
             first, second = old.split("\n", 1)
             new = f"{first}\n{second}  # the fixed line(s) here"

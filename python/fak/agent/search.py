@@ -89,10 +89,13 @@ def list_files(root: Path, rel: str = ".") -> list[str]:
     return sorted(out)
 
 
-def read_text_file(path: Path) -> str | None:
+def read_text_file(path: Path, root: Path | None = None) -> str | None:
     """The file's text (UTF-8, undecodable bytes replaced), or ``None`` for a binary, missing,
-    unreadable or too-large file."""
+    unreadable or too-large file, and, with ``root``, for one that resolves outside ``root``
+    (a symlink a model made to a host file: git grep never follows it, and neither does this)."""
     try:
+        if root is not None and not _inside(path, root):
+            return None
         if not path.is_file() or path.stat().st_size > MAX_FILE_BYTES:
             return None
         data = path.read_bytes()
@@ -101,6 +104,11 @@ def read_text_file(path: Path) -> str | None:
     if b"\0" in data[:8192]:
         return None
     return data.decode("utf-8", "replace")
+
+
+def _inside(path: Path, root: Path) -> bool:
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    return real == top or real.startswith(top.rstrip("/") + "/")
 
 
 @dataclass
@@ -189,7 +197,7 @@ class Searcher:
 
     def _texts(self, rel: str) -> Iterable[tuple[str, str]]:
         for f in list_files(self.root, rel):
-            t = read_text_file(self.root / f)
+            t = read_text_file(self.root / f, self.root)
             if t is not None:
                 yield f, t
 
