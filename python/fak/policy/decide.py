@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import threading
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from fak.policy import schema
 from fak.policy.compile import (NORMALIZED, RAW, CompiledBudget, CompiledPolicy, CompiledTool,
                                 Verdict, compile_policy)
 from fak.gitsafe import names_git_metadata
+from fak.policy.patches import PatchError, patch_paths
 from fak.policy.paths import real_root, resolve, within
 from fak.policy.shell import Analysis, ShellSyntaxError, analyze
 
@@ -186,7 +188,7 @@ class Policy:
         if isinstance(arguments, dict):
             args = arguments
             if _too_deep_value(args):
-                _log.warning("denied %s call: arguments nested deeper than %d", tool,
+                _log.warning("denied %r call: arguments nested deeper than %d", tool,
                              MAX_ARGUMENTS_DEPTH)
                 return Verdict(False, f"tool-call arguments nested deeper than "
                                       f"{MAX_ARGUMENTS_DEPTH} levels", "arguments")
@@ -194,11 +196,11 @@ class Policy:
             if isinstance(arguments, (str, bytes, bytearray, memoryview)):
                 text = arguments if isinstance(arguments, (str, bytes)) else bytes(arguments)
                 if len(text) > MAX_ARGUMENTS_CHARS:
-                    _log.warning("denied %s call: arguments of %d characters", tool, len(text))
+                    _log.warning("denied %r call: arguments of %d characters", tool, len(text))
                     return Verdict(False, f"tool-call arguments longer than "
                                           f"{MAX_ARGUMENTS_CHARS} characters", "arguments")
                 if _too_deep_text(text):
-                    _log.warning("denied %s call: arguments nested deeper than %d", tool,
+                    _log.warning("denied %r call: arguments nested deeper than %d", tool,
                                  MAX_ARGUMENTS_DEPTH)
                     return Verdict(False, f"tool-call arguments nested deeper than "
                                           f"{MAX_ARGUMENTS_DEPTH} levels", "arguments")
@@ -216,6 +218,8 @@ class Policy:
             return self._charge(conversation, tool, None, v) if v.allowed else v
         if not ct.allowed:
             return ct.denied  # type: ignore[return-value]
+        if ct.convert:
+            args = _converted(args, ct.convert)
         root: str | None = None
         if ct.scopes or ct.deny:
             r = workspace_root if workspace_root is not None else self._c.workspace_root
@@ -375,6 +379,18 @@ class Policy:
         return f"Policy({self.source!r}, tools={sorted(self._tools)})"
 
 
+def _converted(args: dict[str, Any], convert: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    """``args`` with each list argument of ``convert`` joined into one command line (``argv``:
+    quoted as the shell would, ``shlex.join``; ``lines``: one line per item). Lists holding
+    anything but strings are left for the rules to deny."""
+    out = dict(args)
+    for name, how in convert:
+        value = out.get(name)
+        if type(value) is list and all(type(v) is str for v in value):
+            out[name] = shlex.join(value) if how == "argv" else "\n".join(value)
+    return out
+
+
 def _check_scope(scope: Any, args: dict[str, Any], root: str | None) -> Verdict | None:
     value = args.get(scope.argument)
     if value is None:
@@ -382,9 +398,30 @@ def _check_scope(scope: Any, args: dict[str, Any], root: str | None) -> Verdict 
             return None
         return Verdict(False, f"{scope.reason}: argument `{scope.argument}` is missing",
                        scope.rule_id)
+    if scope.format == "paths" and type(value) is list:
+        for item in value:
+            out = _check_scope(scope, {scope.argument: item}, root) if type(item) is str else Verdict(
+                False, f"{scope.reason}: argument `{scope.argument}` must list strings", scope.rule_id)
+            if out is not None:
+                return out
+        return None
     if type(value) is not str:
         return Verdict(False, f"{scope.reason}: argument `{scope.argument}` must be a string",
                        scope.rule_id)
+    if scope.format == "apply_patch":
+        try:
+            names = patch_paths(value)
+        except PatchError as e:
+            return Verdict(False, f"{scope.reason}: the patch could not be read ({e})", scope.rule_id)
+        for name in names:
+            out = _check_path(scope, name, root)
+            if out is not None:
+                return out
+        return None
+    return _check_path(scope, value, root)
+
+
+def _check_path(scope: Any, value: str, root: str | None) -> Verdict | None:
     if root is None:
         return Verdict(False, f"{scope.reason}: no workspace root is known (pass workspace_root "
                               f"or set it in the policy file)", scope.rule_id)
