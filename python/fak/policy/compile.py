@@ -57,6 +57,7 @@ class CompiledScope:
     optional: bool
     extra_roots: tuple[str, ...]
     git_metadata: str | None = None
+    format: str = "path"
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +106,7 @@ class CompiledTool:
     unparseable_allows: bool
     unparseable_reason: str
     unparseable_rule: str
+    convert: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +175,7 @@ def _tool(name: str, t: ToolPolicy) -> CompiledTool:
                                               f"{base}.allowed"),
         allowed_verdict=Verdict(True, f"allowed by {base}", base),
         scopes=tuple(CompiledScope(f"{base}.paths[{i}]", s.argument, s.reason, s.optional,
-                                   tuple(real_root(r) for r in s.extra_roots), s.git_metadata)
+                                   tuple(real_root(r) for r in s.extra_roots), s.git_metadata, s.format)
                      for i, s in enumerate(t.paths)),
         deny=deny,
         plans=tuple(plans),
@@ -184,6 +186,7 @@ def _tool(name: str, t: ToolPolicy) -> CompiledTool:
         unparseable_allows=unp is not None and unp.verdict == "allow",
         unparseable_reason=unp.reason if unp is not None else "not valid shell",
         unparseable_rule=f"{base}.on_unparseable",
+        convert=tuple(t.convert.items()),
     )
 
 

@@ -61,13 +61,17 @@ class PathScope(_Base, frozen=True):
     """The argument ``argument`` names a path that must resolve inside the workspace root (or
     one of ``extra_roots``); ``optional``: a missing argument is fine (the tool has a default);
     ``git_metadata``: when given, the reason a path that is git metadata is denied with (``.git``
-    and everything under it, a nested ``.git``, a symlink into one: tools that write)."""
+    and everything under it, a nested ``.git``, a symlink into one: tools that write).
+    ``format``: ``"path"`` (the argument is one path), ``"paths"`` (a list of paths: Qwen Code's
+    ``read_many_files``) or ``"apply_patch"`` (the argument is a patch in Codex's ``apply_patch``
+    format; every file it adds, updates, deletes or moves to must pass; ``fak.policy.patches``)."""
 
     argument: Name
     reason: Reason
     optional: bool = False
     extra_roots: list[str] = []
     git_metadata: Reason | None = None
+    format: Literal["path", "paths", "apply_patch"] = "path"
 
 
 class Rule(_Base, frozen=True):
@@ -98,9 +102,14 @@ class OnUnparseable(_Base, frozen=True):
 
 
 class ToolPolicy(_Base, frozen=True):
-    """Everything about one tool."""
+    """Everything about one tool. ``convert`` turns list arguments into the one command line the
+    shell rules read, before any rule runs: ``{"command": "argv"}`` joins an argv list as the
+    shell would quote it (Codex's ``shell``: ``["bash", "-lc", "ls"]`` → ``bash -lc ls``, which
+    the analysis follows into ``bash -c``), ``"lines"`` joins command lines with newlines
+    (``shell``'s ``commands``). A value that is already a string is left as it is."""
 
     allowed: bool = True
+    convert: dict[Name, Literal["argv", "lines"]] = {}
     reason: str | None = None
     description: str = ""
     paths: list[PathScope] = []
