@@ -9,8 +9,9 @@ blocks the same way, only more widely, and adjudicates each as a call of the too
 arguments ``{"command": <block text>}``:
 
 - an opening fence is three backticks, optional blanks, and a shell name (``bash``, ``sh``,
-  ``shell``, ``zsh``, ``console``; any case) not followed by a letter or digit — with or without
-  the newline the agents require;
+  ``shell``, ``zsh``, ``console``, and mini-swe-agent 2.x's ``mswea_bash_command``; any case)
+  not followed by a letter, digit, ``_``, ``+`` or ``-`` — with or without the newline the agents
+  require;
 - it is searched everywhere in the text, not only at the start of a line or outside other fences;
 - the block ends at the next three backticks; a block still open when the generation ends is
   adjudicated too, so a missing closing fence cannot smuggle a command past the policy.
@@ -35,10 +36,13 @@ __all__ = [
 ]
 
 FENCE = "```"
-SHELL_LANGUAGES = ("bash", "sh", "shell", "zsh", "console")
-SHELL_FENCE = re.compile(r"```[ \t]*(?:" + "|".join(SHELL_LANGUAGES) + r")(?![A-Za-z0-9_+\-])", re.IGNORECASE)
+#: Fence names of shell blocks: the usual ones, and the agents' own (mini-swe-agent 2.x asks for
+#: ```` ```mswea_bash_command ````; its 1.x, fak's text protocol and aider write ```` ```bash ````).
+SHELL_LANGUAGES = ("bash", "sh", "shell", "zsh", "console", "mswea_bash_command")
+SHELL_FENCE = re.compile(r"```[ \t]*(?:" + "|".join(sorted(SHELL_LANGUAGES, key=len, reverse=True))
+                         + r")(?![A-Za-z0-9_+\-])", re.IGNORECASE)
 # The text after the last backticks that could still grow into an opening fence.
-_MAYBE_FENCE = re.compile(r"`{1,3}$|```[ \t]*[A-Za-z]{0,7}$")
+_MAYBE_FENCE = re.compile(r"`{1,3}$|```[ \t]*[A-Za-z_]{0,%d}$" % max(map(len, SHELL_LANGUAGES)))
 
 
 def bash_command(block: Block) -> str:
