@@ -233,3 +233,24 @@ def test_a_changed_result_replaces_the_kept_one(start_gateway: Any, engine: Fake
     cut_history = HISTORY[:3] + [result("c1", cut)] + HISTORY[4:]
     served = post(http, srv, cut_history, conversation="conv-cut")["fak"]["inline_reads"][0]["tool"]["content"]
     assert served == full, "the cut copy is served in full"
+
+
+@pytest.mark.parametrize("name,args,read_only", [
+    ("Read", {"file_path": "a.py"}, True),
+    ("Grep", {"pattern": "x"}, True),
+    ("read_file", {"absolute_path": "/ws/a.py"}, True),
+    ("Bash", {"command": "cat a.py | head -3"}, True),
+    ("Bash", {"command": "sed -i s/a/b/ a.py"}, False),
+    ("run_shell_command", {"command": "git diff"}, True),
+    ("exec_command", {"cmd": "ls -la"}, True),
+    ("exec_command", {"cmd": "touch x"}, False),
+    ("shell", {"command": ["bash", "-lc", "git status"]}, True),
+    ("shell", {"command": ["bash", "-lc", "rm x"]}, False),
+    ("shell", {"commands": ["ls", "cat a.py"]}, True),
+    ("Edit", {"file_path": "a.py", "old_string": "a", "new_string": "b"}, False),
+    ("apply_patch", {"input": "*** Begin Patch\n*** End Patch"}, False),
+])
+def test_other_agents_tools_are_classified(name: str, args: dict, read_only: bool) -> None:
+    """Claude Code's, Codex's and Qwen Code's read and shell tools (``fak.policy.agent_tools``)."""
+    assert is_read_only(name, args) is read_only
+    assert is_read_only(name, json.dumps(args)) is read_only

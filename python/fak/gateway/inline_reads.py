@@ -18,8 +18,11 @@ What counts:
   the fleet agent's middle cut of the kept text (``fak.agent.tools.truncate_middle``) is served
   in full. Any other change of a result replaces the kept text, so the model is never served
   something the client no longer sends (a quarantine's replacement included).
-- *read-only*: tools ``read``, ``list``, ``search`` (the coding agent's, ``fak.agent.tools``), and
-  ``bash`` whose command, as ``fak.policy.shell.analyze`` reads it, runs only read-only commands
+- *read-only*: the read tools of the agents fak serves (``fak.policy.agent_tools.READ_TOOLS``: the
+  coding agent's ``read``, ``list``, ``search``; Claude Code's ``Read``, ``Grep``, ``Glob``, ``LS``;
+  Qwen Code's ``read_file``, ``list_directory``, ...), and their shell tools (``bash``, ``Bash``,
+  ``run_shell_command``, Codex's ``shell``/``exec_command``: ``agent_tools.shell_command``) whose
+  command, as ``fak.policy.shell.analyze`` reads it, runs only read-only commands
   (``cat``, ``head``, ``grep``, ``ls``, ``find`` without actions, ``sed -n`` with print
   scripts, ``git diff``/``status``/``log``/``show``/``blame``/``grep``/``ls-files``, ...) with no
   redirection that writes and no command known only at run time. The policy file has no notion
@@ -59,13 +62,11 @@ from typing import Any
 import msgspec
 
 from fak.gateway.errors import APIError
+from fak.policy.agent_tools import READ_TOOLS, SHELL_TOOLS, shell_command
 from fak.policy.audit import arguments_digest
 from fak.quarantine.screen import content_digest
 
 __all__ = ["READ_TOOLS", "InlineReads", "is_read_only"]
-
-READ_TOOLS = frozenset({"read", "list", "search"})
-SHELL_TOOLS = frozenset({"bash"})
 
 # Commands that only read (with their flags that write or run something else refused below).
 _READ_COMMANDS = frozenset({
@@ -139,7 +140,7 @@ def is_read_only(name: str, arguments: str | dict[str, Any]) -> bool:
         return False
     try:
         args = json.loads(arguments) if isinstance(arguments, str) else arguments
-        command = args.get("command") if isinstance(args, dict) else None
+        command = shell_command(name, args) if isinstance(args, dict) else None
         if not isinstance(command, str) or not command.strip():
             return False
         from fak.policy.shell import ShellSyntaxError, analyze
