@@ -263,8 +263,10 @@ class _Rule:
 def _r(feature: str, family: str, weight: float, gate: Iterable[str] | Iterable[Iterable[str]], pattern: str, *,
        meta: bool = True, once: bool = True, flags: int = _F, anchors: Iterable[str] | None = None,
        back: int = 0) -> _Rule:
-    gate = tuple(gate)
-    groups = (gate,) if all(isinstance(g, str) for g in gate) else gate
+    items = tuple(gate)
+    groups: tuple[tuple[str, ...], ...] = ((tuple(g for g in items if isinstance(g, str)),)
+                                          if all(isinstance(g, str) for g in items)
+                                          else tuple(tuple(grp) for grp in items if not isinstance(grp, str)))
     # a gate string is a word of the text, or (not a word, or marked with a leading ``*``) a substring
     built = tuple(_Group(frozenset(w.encode() for w in grp if _WORD.fullmatch(w)),
                          tuple(w.lstrip("*").lower() for w in grp if not _WORD.fullmatch(w) and w.isascii()),
@@ -299,8 +301,8 @@ def _matches(rule: _Rule, text: str, low: str, words: set[bytes]) -> Iterable[re
         yield from rule.rx.finditer(text)
         return
     if rule.back > 64:
-        for a, b in _windows(low, rule, n, words):
-            yield from rule.rx.finditer(text, a, b)
+        for lo, hi in _windows(low, rule, n, words):
+            yield from rule.rx.finditer(text, lo, hi)
         return
     spots: list[int] = []
     for a in rule.anchors:
@@ -341,11 +343,11 @@ def _windows(low: str, rule: _Rule, n: int, words: set[bytes]) -> list[tuple[int
     spots.sort()
     out: list[tuple[int, int]] = []
     for i in spots:
-        a, b = max(0, i - rule.back), min(n, i + rule.span)
-        if out and a <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], b))
+        lo, hi = max(0, i - rule.back), min(n, i + rule.span)
+        if out and lo <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], hi))
         else:
-            out.append((a, b))
+            out.append((lo, hi))
     return out
 
 
@@ -952,9 +954,9 @@ class _Scanner:
             added += w
             plain_ignore = True
         for feature, family, rx in self.extra:
-            m = rx.search(text)
-            if m is not None:
-                self.add(family, feature, 1.0 * factor, offset + m.start(), offset + m.end())
+            hit = rx.search(text)
+            if hit is not None:
+                self.add(family, feature, 1.0 * factor, offset + hit.start(), offset + hit.end())
                 added += factor
         if not plain_ignore:
             # a phrase found only once separators, case, digits and homoglyphs are folded away was
