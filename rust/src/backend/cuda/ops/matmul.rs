@@ -223,26 +223,34 @@ impl CudaBackend {
         if n_rows == 0 {
             return Ok(());
         }
-        if is_dense(w.wtype) && n_rows <= MMVQ_MAX_ROWS {
+        // Dense weights on few rows: the f32 GEMV. F32 weights (a MoE router: its top-k must not
+        // see f16 rounding) take it on any number of rows, 8 at a time.
+        if is_dense(w.wtype) && (n_rows <= MMVQ_MAX_ROWS || w.wtype == GgmlType::F32) {
             let rpb = gemv_shape(k, n_out);
-            let name = intern(format!("mmv_{fmt}_f32_c{n_rows}"));
-            return self.launch(
-                "mmvq",
-                name,
-                (n_out.div_ceil(rpb) as u32, 1, 1),
-                128,
-                0,
-                Args::new()
-                    .ptr(w.mem.ptr())
-                    .u64(w.row_bytes as u64)
-                    .ptr(x.ptr())
-                    .ptr(bias_ptr)
-                    .ptr(out.ptr())
-                    .i32(k as i32)
-                    .i32(n_out as i32)
-                    .i32(rpb as i32)
-                    .i32(accumulate as i32),
-            );
+            let mut r0 = 0;
+            while r0 < n_rows {
+                let n = (n_rows - r0).min(MMVQ_MAX_ROWS);
+                let name = intern(format!("mmv_{fmt}_f32_c{n}"));
+                self.launch(
+                    "mmvq",
+                    name,
+                    (n_out.div_ceil(rpb) as u32, 1, 1),
+                    128,
+                    0,
+                    Args::new()
+                        .ptr(w.mem.ptr())
+                        .u64(w.row_bytes as u64)
+                        .ptr(x.ptr() + (r0 * k * 4) as u64)
+                        .ptr(bias_ptr)
+                        .ptr(out.ptr() + (r0 * n_out * 4) as u64)
+                        .i32(k as i32)
+                        .i32(n_out as i32)
+                        .i32(rpb as i32)
+                        .i32(accumulate as i32),
+                )?;
+                r0 += n;
+            }
+            return Ok(());
         }
         if !is_dense(w.wtype) && (n_rows <= MMVQ_MAX_ROWS || !mmq_f16()) {
             return match matmul_plan::choose(w.wtype, k, n_out, n_rows, self.dev.info.n_sm.max(1) as usize, self.decode_mode()) {
