@@ -2,7 +2,8 @@
 into a venv never runs on the host and never widens a later sandbox.
 
 - ``eval --local`` installs the model's patch into a per-instance overlay in the sandbox: the
-  shared (repo, version) env, whose interpreter fak runs on the host later, stays untouched.
+  shared (repo, version) env, whose interpreter fak runs on the host later, stays untouched,
+  and neither the install nor the test run (a model's ``conftest.py``) can write ``.git``.
 - fak's own host-side run of a venv's interpreter (``envs._purelib``) runs no ``.pth`` file.
 - ``venv_paths`` follows only fak's own ``.pth``: a planted one cannot bind a hidden folder of the
   host into later sandboxes.
@@ -35,6 +36,21 @@ for p in sys.path:
             print("planted", p)
         except OSError as e:
             print("refused", p, e)
+try:
+    with open(".git/config", "a") as f:
+        f.write("[core]\\n\\tfsmonitor = planted\\n")
+    print("git config planted")
+except OSError as e:
+    print("git config refused", e)
+'''
+#: a model's conftest.py: pytest runs it with the tests; it tries to plant a git hook
+CONFTEST = '''import os
+try:
+    os.makedirs(".git/hooks", exist_ok=True)
+    with open(".git/hooks/post-checkout", "w") as f:
+        f.write("planted")
+except OSError:
+    open("conftest_refused", "w").close()
 '''
 
 
@@ -49,7 +65,7 @@ def test_eval_local_installs_model_code_into_an_overlay_only(tiny, tmp_path):
     spec = dict(SPECS["fak-test/calc"][VERSION], install=f"python plant.py {canary}")
     specs = tmp_path / "specs.json"
     specs.write_text(json.dumps({"fak-test/calc": {VERSION: spec}}))
-    patch = GOLD["fak-test__calc-1"] + _new_file("plant.py", PLANT)
+    patch = GOLD["fak-test__calc-1"] + _new_file("plant.py", PLANT) + _new_file("conftest.py", CONFTEST)
     preds = tmp_path / "preds.json"
     preds.write_text(json.dumps([{"instance_id": "fak-test__calc-1", "model_name_or_path": "m",
                                   "model_patch": patch}]))
@@ -63,6 +79,11 @@ def test_eval_local_installs_model_code_into_an_overlay_only(tiny, tmp_path):
     assert report["resolved_ids"] == ["fak-test__calc-1"], report["instances"]
     log = (out / "logs" / "fak-test__calc-1" / "install.log").read_text()
     assert "planted" in log and "refused" in log, log  # the overlay: yes; the shared env: no
+    assert "git config refused" in log, log  # .git is read-only in the install's sandbox
+    kept = out / "logs" / "fak-test__calc-1" / "workspace" / "repo" / ".git"
+    assert "planted" not in (kept / "config").read_text()
+    assert not (kept / "hooks" / "post-checkout").exists()  # nor in the test run's
+    assert (kept.parent / "conftest_refused").exists()
     shared = next(p for p in envs.iterdir() if p.is_dir())
     assert not list(shared.rglob("zz_planted.pth"))
     overlay = out / "logs" / "fak-test__calc-1" / "workspace" / "env"

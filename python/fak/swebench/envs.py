@@ -432,8 +432,8 @@ def make_overlay(env: Env, dest: Path, workspace: Path, log_path: Path, *,
     shared site-packages on its path), with the task repository installed from ``workspace`` by
     the spec's ``pre_install`` (machine-changing steps skipped) and ``install`` steps.
 
-    The steps run in ``fak.sandbox`` with the host's network (pip), the workspace and ``dest``
-    the only writable trees: the shared env stays read-only, so nothing an install writes (a
+    The steps run in ``fak.sandbox`` with the host's network (pip), the workspace (its ``.git``
+    read-only) and ``dest`` the only writable trees: the shared env stays read-only, so nothing an install writes (a
     model's ``setup.py`` in ``eval --local``) lands where fak's own host-side steps run it
     later. ``unsafe_no_sandbox``: on the host instead. ``timeout_s`` bounds each step
     (seconds). The result's ``sandbox_paths`` are the paths its sandboxes must see, taken
@@ -457,7 +457,9 @@ def make_overlay(env: Env, dest: Path, workspace: Path, log_path: Path, *,
         steps.append(env.spec["install"])
     box = None
     if steps and not unsafe_no_sandbox:
+        git_dir = Path(workspace) / ".git"
         box = Sandbox(workspace, writable=[dest], readable=overlay.sandbox_paths,
+                      readonly=[git_dir] if git_dir.is_dir() else [],
                       env={**overlay.sandbox_env(), "PIP_NO_CACHE_DIR": "1"}, timeout_s=timeout_s,
                       net="host", limits=Limits(processes=1024, output_bytes=256 * MiB))
     with log_path.open("w") as log:

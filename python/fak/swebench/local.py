@@ -19,8 +19,9 @@ Per prediction (the harness's ``run_instance`` + eval script, ``swebench`` 4.1.0
 5. in the sandbox with **no network** (loopback only, plus for ``psf/requests`` a tarpit for
    10.0.0.0/8 inside the sandbox's network namespace so that its connect-timeout tests time out
    as on the internet, ``NETNS_SETUP``; nothing leaves the machine), the clone the only writable
-   tree and the env read-only: the test files reset to ``base_commit``, ``test_patch`` applied,
-   then the spec's ``test_cmd`` (``pytest`` as ``python -m pytest`` of the overlay,
+   tree (its ``.git`` read-only) and the env read-only: the test files reset to ``base_commit``
+   and ``test_patch`` applied first, on the host through ``fak.gitsafe`` (the harness's eval
+   script does both in the container), then the spec's ``test_cmd`` (``pytest`` as ``python -m pytest`` of the overlay,
    ``overlay_test_command``) on the test files of ``test_patch`` (``get_test_directives``)
    between the harness's ``>>>>> Start Test Output`` / ``>>>>> End Test Output`` markers;
 6. the log graded by ``swebench.harness.grading.get_eval_report`` (the package's log parser for
@@ -33,7 +34,6 @@ The report has the keys of the official run report (``make_run_report``) plus ``
 from __future__ import annotations
 
 import concurrent.futures as cf
-import shlex
 import shutil
 import tempfile
 import time
@@ -154,7 +154,8 @@ class LocalGrader:
             test_files = get_modified_files(row["test_patch"])
             test_cmd = spec["test_cmd"][-1] if isinstance(spec["test_cmd"], list) else spec["test_cmd"]
             command = " ".join([overlay_test_command(test_cmd), *get_test_directives(row)])
-            script = self._eval_script(row, spec, test_files, command)
+            self._prepare_tests(ws.root, row, test_files, log_dir / "eval_setup.log")
+            script = self._eval_script(spec, command)
             (log_dir / "eval.sh").write_text(script)
             rc, timed_out = self._run_tests(overlay, overlay_environment(overlay, env), ws.root,
                                             script, repo, log_dir / "test_output.txt")
@@ -213,23 +214,36 @@ class LocalGrader:
         return Limits(processes=1024, output_bytes=256 * MiB)
 
     @staticmethod
-    def _eval_script(row: dict[str, Any], spec: dict[str, Any], test_files: list[str],
-                     command: str) -> str:
-        base = row["base_commit"]
-        files = " ".join(shlex.quote(f) for f in test_files)
+    def _prepare_tests(root: Path, row: dict[str, Any], test_files: list[str],
+                       log_path: Path) -> None:
+        """The harness eval script's git steps, on the host through ``fak.gitsafe.git`` before
+        the sandboxed test run (so that run needs no write to ``.git``, which stays read-only
+        there as in every sandbox): the test files reset to ``base_commit``, then ``test_patch``
+        applied (``git apply -v``; a failure is logged and the tests run anyway, as the
+        harness's script does). Their output goes to ``log_path``."""
+        out = []
+        if test_files:
+            proc = git(root, "checkout", "-q", row["base_commit"], "--", *test_files, check=False)
+            out.append(f"$ git checkout -q {row['base_commit']} -- {' '.join(test_files)}\n"
+                       f"{proc.stdout}{proc.stderr}[exit {proc.returncode}]\n")
+        proc = git(root, "apply", "-v", "-", input=row["test_patch"], check=False)
+        out.append(f"$ git apply -v - (test_patch)\n{proc.stdout}{proc.stderr}"
+                   f"[exit {proc.returncode}]\n")
+        log_path.write_text("".join(out))
+
+    @staticmethod
+    def _eval_script(spec: dict[str, Any], command: str) -> str:
+        """What runs in the sandbox: the spec's eval exports (machine-changing ones left out),
+        then ``command`` between the harness's start and end markers; its exit status."""
         exports = [c for c in spec.get("eval_commands", []) if not SYSTEM_COMMAND.search(c)]
-        delim = "EOF_114329324912"
-        lines = ["set -uo pipefail", *exports,
-                 f"git checkout -q {base} -- {files}" if files else ":",
-                 f"git apply -v - <<'{delim}'\n{row['test_patch']}\n{delim}",
-                 f"echo '{START}'", command, "rc=$?", f"echo '{END}'",
-                 f"git checkout -q {base} -- {files}" if files else ":", "exit $rc"]
+        lines = ["set -uo pipefail", *exports, f"echo '{START}'", command, "rc=$?",
+                 f"echo '{END}'", "exit $rc"]
         return "\n".join(lines) + "\n"
 
     def _run_tests(self, env: Env, variables: dict[str, str], root: Path, script: str,
                    repo: str, log_path: Path) -> tuple[int | None, bool]:
-        """The eval script in the sandbox (no network, the clone the only writable tree, the
-        env's paths read-only as taken when fak made it); ``variables``: the env's ``PATH`` and
+        """The eval script in the sandbox (no network, the clone the only writable tree and its
+        ``.git`` read-only, the env's paths read-only as taken when fak made it); ``variables``: the env's ``PATH`` and
         ``VIRTUAL_ENV``. Returns (exit status, timed out)."""
         if self.unsafe_no_sandbox:
             res = run_on_host(["bash", "-c", script], cwd=root,
@@ -237,8 +251,9 @@ class LocalGrader:
                               limits=self._limits(), stdout_path=log_path)
         else:
             sandbox = Sandbox(root, readable=env.sandbox_paths or venv_paths(env.path),
-                              env=variables, timeout_s=self.timeout_s, net="none",
-                              limits=self._limits(), net_setup=NETNS_SETUP.get(repo, ()))
+                              readonly=[root / ".git"], env=variables, timeout_s=self.timeout_s,
+                              net="none", limits=self._limits(),
+                              net_setup=NETNS_SETUP.get(repo, ()))
             res = sandbox.run(["bash", "-c", script], stdout_path=log_path)
         if res.killed is not None:
             with log_path.open("a") as log:
