@@ -6,8 +6,10 @@ one shard within the CPU backend's own summation-order noise; greedy tokens iden
 batched decode through ``fak._native.Model`` (plain greedy and the host-sampler path); a sequence
 batched equals it alone under N = 2; ``fak.Engine(tensor_parallel=2)``. On synthetic models: both
 architectures (qwen2 with Q/K/V biases, llama with tied embeddings, so its LM head is a slice of
-``token_embd``), the typed ``fak.ShardError`` of a k-quant whose K per shard is not whole 256-element
-blocks, and the loud failures of ``backend="cuda"`` / ``fak serve --backend cuda`` with N > 1.
+``token_embd``), qwen3 (per-head Q/K norms) and qwen3moe (experts cut by columns, router replicated:
+logits, greedy decode, router ties, ``fak.Engine`` chat; their own noise bound, below), the typed
+``fak.ShardError`` of a k-quant whose K per shard is not whole 256-element blocks (``ffn_down_exps``
+too), and the loud failures of ``backend="cuda"`` / ``fak serve --backend cuda`` with N > 1.
 
 The bound. Splitting ``attn_output`` and ``ffn_down`` along K changes only where their f32 dot
 products are summed (each shard's partial sum is rounded, then the shards are added in rank
@@ -198,6 +200,123 @@ def test_synthetic_models_of_both_architectures(tmp_path, arch: str) -> None:  #
         d = np.abs(got - ref)
         assert d.max() <= 1e-3 * np.abs(ref).max(), (n, d.max())
         assert (got.argmax(1) == ref.argmax(1)).all(), n
+
+
+# Tiny qwen3 / qwen3moe models (3 layers, n_embd 256, 8 query heads of 64 over 2 KV heads; qwen3moe:
+# 32 experts, 4 per token, n_ff_exp 512; qwen3: n_ff 1024). Their logits are small (|logit| <= 1.6),
+# and a last-bit difference anywhere can flip the rounding of one 8-bit activation (Q8_0 / Q8_K, as
+# llama.cpp quantizes them), which moves a logit by about 1e-2 here. The CPU backend's own noise
+# measured the same way (FAK_CPU_SIMD=scalar vs SIMD, 64 positions, Q8_0 and Q4_K_M, seeds 0-2;
+# 2026-12-07): max |dlogit| 0.013-0.049 (qwen3moe) and 0.008-0.019 (qwen3), mean 0.0003-0.0022; the
+# shards against one shard: max 0-0.030, mean 0-0.0022. The bounds are about 1.2x and 1.4x the largest
+# noise. A dropped MoE all-reduce moves them by whole units (docs/tensor-parallel.md).
+TINY_MAX_ABS = 0.06
+TINY_MEAN_ABS = 0.003
+
+
+def _tiny_qwen3(tmp_path, arch: str, weight_type: str = "Q8_0", **kw):  # type: ignore[no-untyped-def]
+    shape = dict(n_expert=32, n_expert_used=4, n_ff_exp=512) if arch == "qwen3moe" else dict(n_ff=1024)
+    return write_tiny_model(tmp_path / f"{arch}-{weight_type}.gguf", arch, n_layer=3, n_embd=256, n_head=8,
+                            n_head_kv=2, head_dim=64, weight_type=weight_type, **{**shape, **kw})
+
+
+def _within_tiny_noise(ref: np.ndarray, got: np.ndarray, what: str) -> None:
+    d = np.abs(got - ref)
+    assert np.isfinite(got).all(), what
+    assert d.max() <= TINY_MAX_ABS and d.mean() <= TINY_MEAN_ABS, \
+        f"{what}: max |dlogit| {d.max():.4f} (bound {TINY_MAX_ABS}), mean {d.mean():.5f} (bound {TINY_MEAN_ABS})"
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2 * TINY_MAX_ABS
+    assert clear.sum() > 0
+    assert (ref.argmax(1)[clear] == got.argmax(1)[clear]).all(), what
+
+
+@pytest.mark.parametrize("arch,weight_type,shards", [
+    ("qwen3moe", "Q8_0", (2, 3, 4, 8)),
+    ("qwen3moe", "Q4_K_M", (2,)),
+    ("qwen3", "Q8_0", (2, 3, 4, 8)),
+    ("qwen3", "Q4_K_M", (2,)),
+])
+def test_qwen3_and_qwen3moe_shards_within_cpu_noise(tmp_path, arch: str, weight_type: str, shards) -> None:  # type: ignore[no-untyped-def]
+    """qwen3's per-head Q/K RMSNorm runs on each shard's own heads (one [head_dim] weight for every
+    head); qwen3moe's experts are cut by columns: each shard holds the same n_ff_exp columns of every
+    expert (rows of each ffn_gate_exps / ffn_up_exps matrix, K of each ffn_down_exps row), routes with
+    the whole replicated router and all-reduces its partial weighted sum. In Q4_K_M the experts' down
+    K is 2 blocks of 256 (and attn_output's K 2 blocks), so 2 shards; in Q8_0 up to 8."""
+    p = _tiny_qwen3(tmp_path, arch, weight_type)
+    toks = list(range(5, 69))
+    ref = _model(p, 1, n_ctx=128).logits(toks)
+    n_ff = 512 if arch == "qwen3moe" else 1024
+    for n in shards:
+        m = _model(p, n, n_ctx=128)
+        ffn = [s["ffn"] for s in m.shard_plan]
+        assert ffn[0][0] == 0 and ffn[-1][1] == n_ff and all(a[1] == b[0] for a, b in zip(ffn, ffn[1:])), ffn
+        _within_tiny_noise(ref, m.logits(toks), f"{arch} {weight_type} N={n}")
+
+
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3"])
+def test_tiny_qwen3_greedy_batched_decode_equals_one_shard(tmp_path, arch: str) -> None:  # type: ignore[no-untyped-def]
+    """Three sequences decoded together (prefill, then one row each per step: the MoE layers route
+    one row at a time) give one shard's greedy tokens at N = 2, 4 and 8. As on the real models, a
+    sequence may leave the reference only at a near tie (one shard's top two within 2 x
+    TINY_MAX_ABS; the rest of it is then not compared): qwen3moe's tokens are all identical here,
+    qwen3's third sequence leaves at token 21 at N = 2 (its top two 8e-5 apart)."""
+    p = _tiny_qwen3(tmp_path, arch)
+    prompts = [list(range(5, 30)), list(range(40, 47)), [7, 300, 9, 200, 11, 100]]
+    ref = _decode(_model(p, 1, n_ctx=128), prompts, 32, 2)
+    for n in (2, 4, 8):
+        got = _decode(_model(p, n, n_ctx=128), prompts, 32, 0)
+        compared = 0
+        for i, want in ref.items():
+            toks = [t for t, _ in got[i]]
+            for j, (w, top) in enumerate(want):
+                if toks[j] != w:
+                    margin = top[0][1] - top[1][1]
+                    assert margin < 2 * TINY_MAX_ABS, f"{arch} N={n} seq {i} token {j}: {toks[j]} != {w} (margin {margin:.4f})"
+                    break
+                compared += 1
+        assert compared >= 80, (arch, n, compared)
+        if arch == "qwen3moe":
+            assert got == {i: [(t, None) for t, _ in want] for i, want in ref.items()}, n
+
+
+def test_qwen3moe_router_ties_pick_the_same_experts_on_every_shard(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Router rows tied in pairs (exact ties: equal logits whatever the input): every shard breaks
+    them as one shard does (the same std::sort over the same bits), so the logits stay within the
+    noise at every position and the greedy tokens are one shard's."""
+    p = _tiny_qwen3(tmp_path, "qwen3moe", router_ties=2)
+    toks = list(range(5, 69))
+    ref = _model(p, 1, n_ctx=128).logits(toks)
+    for n in (2, 4):
+        _within_tiny_noise(ref, _model(p, n, n_ctx=128).logits(toks), f"ties N={n}")
+    want = _decode(_model(p, 1, n_ctx=128), [toks[:10]], 16, 0)
+    assert _decode(_model(p, 2, n_ctx=128), [toks[:10]], 16, 0) == want
+
+
+def test_moe_experts_that_cannot_be_cut_on_their_blocks_is_a_shard_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The experts' K (n_ff_exp 256) is one Q4_K block of ffn_down_exps: no 2-way column cut, named
+    as such (attn_output in Q8_0, so the heads would split)."""
+    q8_wo = {f"blk.{i}.attn_output.weight": "Q8_0" for i in range(2)}
+    p = write_tiny_model(tmp_path / "moe_q4k.gguf", "qwen3moe", n_layer=2, n_embd=256, n_head=8, n_head_kv=2,
+                         head_dim=64, n_expert=8, n_expert_used=2, n_ff_exp=256, weight_type="Q4_K",
+                         tensor_types=q8_wo)
+    with pytest.raises(fak.ShardError) as e:
+        _model(p, 2, n_ctx=64)
+    msg = str(e.value)
+    assert "blk.0.ffn_down_exps.weight" in msg and "Q4_K" in msg and "n_ff_exp 256" in msg, msg
+    assert np.isfinite(_model(p, 1, n_ctx=64).logits([1, 2, 3])).all()
+
+
+def test_engine_tensor_parallel_chats_on_the_tiny_qwen3moe(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """fak.Engine with tensor_parallel=2 on a MoE model: the chat template, the tokenizer and the
+    sharded engine core give one shard's greedy text."""
+    p = _tiny_qwen3(tmp_path, "qwen3moe")
+    msgs = [{"role": "user", "content": "Write a function that adds two numbers."}]
+    with Engine(p, backend="cpu", n_ctx=256, threads=2) as e1, \
+            Engine(p, backend="cpu", n_ctx=256, threads=2, tensor_parallel=2) as e2:
+        a = e1.chat(msgs, temperature=0, max_tokens=24)
+        b = e2.chat(msgs, temperature=0, max_tokens=24)
+    assert a.token_ids == b.token_ids and a.text == b.text
 
 
 def test_sharded_sliding_window_stream_equals_one_shard(tmp_path) -> None:  # type: ignore[no-untyped-def]

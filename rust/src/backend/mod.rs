@@ -618,6 +618,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// Residual add: `x[i] += y[i]` for the first `n` elements.
     fn add(&self, x: &mut Self::Buffer, y: &Self::Buffer, n: usize) -> Result<()>;
 
+    /// `x[i] = 0` for the first `n` elements (a tensor-parallel shard's MoE FFN sums its partial
+    /// output into a zeroed buffer, to be all-reduced before the residual add).
+    fn zero(&self, x: &mut Self::Buffer, n: usize) -> Result<()>;
+
     /// `out[j, :] = x[batch.logit_rows[j], :]` for every logit row; rows have `dim` elements.
     fn gather_logit_rows(
         &self,

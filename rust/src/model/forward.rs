@@ -20,9 +20,10 @@
 //! (a prefill chunk that needs no logits skips them altogether).
 //!
 //! The same code runs one tensor-parallel shard ([`Model::forward_tp`], `crate::parallel`): the
-//! shard's weights and config hold only its heads, FFN columns and vocabulary slice, `att·Wo` and
-//! the MLP's `·Wdown` are partial sums that one all-reduce each completes before the residual add,
-//! and the LM head's slices are gathered on rank 0.
+//! shard's weights and config hold only its heads, FFN columns (of a MoE layer: of every expert)
+//! and vocabulary slice, `att·Wo` and the MLP's `·Wdown` (the MoE FFN's `Σ_s w_s·…·Wdown[e_s]`)
+//! are partial sums that one all-reduce each completes before the residual add, and the LM head's
+//! slices are gathered on rank 0.
 
 use super::weights::{Ffn, LayerWeights};
 use super::{Model, ModelConfig};
@@ -249,9 +250,9 @@ impl<B: Backend> Model<B> {
 }
 
 /// The rest of a transformer block after attention, on `n` rows: `x += att·Wo (+bo)`, then
-/// `x += (silu(h·Wgate) ⊙ h·Wup)·Wdown` with `h = rmsnorm(x)·w_ffn_norm`. With `comm` (a
-/// tensor-parallel shard) each projection is this shard's partial sum, all-reduced over the
-/// shards before its residual add.
+/// `x += (silu(h·Wgate) ⊙ h·Wup)·Wdown` with `h = rmsnorm(x)·w_ffn_norm` (or the MoE FFN). With
+/// `comm` (a tensor-parallel shard) each projection (the MoE FFN's weighted sum of experts) is
+/// this shard's partial sum, all-reduced over the shards before its residual add.
 #[allow(clippy::too_many_arguments)]
 fn block_tail<B: Backend>(
     be: &B,
@@ -277,13 +278,21 @@ fn block_tail<B: Backend>(
             residual_proj(be, w_down, None, gate, n, d, tmp, x, comm)
         }
         (Ffn::Moe { gate_inp, gate_exps, up_exps, down_exps }, Some(ms), Some(m)) => {
-            if comm.is_some() {
-                return Err(FakError::Unsupported("tensor parallelism of a mixture-of-experts FFN".into()));
-            }
             let w = MoeWeights { gate_inp, gate_exps, up_exps, down_exps };
             let p = MoeParams { n_embd: d, n_expert: m.n_expert, k: m.n_expert_used, n_ff_exp: m.n_ff_exp, norm_w: m.norm_w, w_scale: m.w_scale };
             let bufs = MoeBuffers { router: &mut ms.router, ids: &mut ms.ids, weights: &mut ms.weights, gate, up, experts: &mut ms.experts };
-            be.moe_ffn(h, &w, &p, n, bufs, x)
+            match comm {
+                None => be.moe_ffn(h, &w, &p, n, bufs, x),
+                Some(comm) => {
+                    // Every shard routes the same (replicated router, identical h); its experts hold
+                    // only its columns, so its weighted sum is a partial one: summed into zeros,
+                    // all-reduced, then added to the residual.
+                    be.zero(tmp, n * d)?;
+                    be.moe_ffn(h, &w, &p, n, bufs, tmp)?;
+                    comm.all_reduce_sum(be, tmp, n * d)?;
+                    be.add(x, tmp, n * d)
+                }
+            }
         }
         (Ffn::Moe { .. }, _, _) => Err(FakError::model("a mixture-of-experts layer without its scratch buffers")),
     }

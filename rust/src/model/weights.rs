@@ -134,8 +134,8 @@ impl<B: Backend> Weights<B> {
     /// Loads every weight of `cfg` from `file` onto `backend`.
     ///
     /// Errors: [`FakError::Model`] naming a missing tensor or one with the wrong shape;
-    /// [`FakError::Unsupported`] for a mixture-of-experts file or a block format the backend's
-    /// matmul does not run.
+    /// [`FakError::Unsupported`] for mixture-of-experts tensors in a dense architecture's file or
+    /// a block format the backend's matmul does not run.
     pub fn load(file: &Arc<GgufFile>, cfg: &ModelConfig, backend: &B) -> Result<Weights<B>> {
         Self::load_shard(file, cfg, backend, None, 1)
     }
@@ -148,9 +148,11 @@ impl<B: Backend> Weights<B> {
     /// Loads the part of every weight of `cfg` (the whole model's config) that tensor-parallel
     /// shard `shard` of an `n_shards`-way plan holds (`None`: everything): Q/K/V rows of its query
     /// and KV heads and their biases, the K range of its query heads in `attn_output` (its bias on
-    /// rank 0 only), its FFN columns (rows of gate/up, K of down), its vocabulary rows of the LM
-    /// head (of `token_embd` when tied), and the replicated embedding and norms. Row splits
-    /// borrow the file's blocks; K splits copy the blocks of each row's K range (still quantized).
+    /// rank 0 only), its FFN columns (rows of gate/up, K of down; of a MoE layer, those columns of
+    /// every expert, the router replicated), its vocabulary rows of the LM head (of `token_embd`
+    /// when tied), and the replicated embedding and norms (Qwen3's per-head Q/K norms too: every
+    /// head has the same `[head_dim]` weight). Row splits borrow the file's blocks; K splits and a
+    /// MoE layer's expert stacks copy the blocks they keep (still quantized).
     ///
     /// Errors: as [`Self::load`]; [`FakError::Shard`] when a K range does not fall on the blocks
     /// of a tensor's format.
@@ -167,10 +169,8 @@ impl<B: Backend> Weights<B> {
                 cfg.arch.name()
             )));
         }
-        if cfg.moe.is_some() && shard.is_some() {
-            return Err(FakError::Unsupported(
-                "tensor parallelism of a mixture-of-experts model (run it on one shard)".into(),
-            ));
+        if n_cpu_moe > 0 && shard.is_some() {
+            return Err(FakError::Unsupported("experts in host memory (--cpu-moe / --n-cpu-moe) with tensor parallelism".into()));
         }
         let hd = cfg.head_dim;
         // (column split, row split) cuts of the attention, the FFN and the vocabulary.
@@ -179,6 +179,8 @@ impl<B: Backend> Weights<B> {
         let q_cols = shard.map(|s| s.q_cols(hd));
         let kv_cols = shard.map(|s| s.kv_cols(hd));
         let ffn = shard.map(|s| s.ffn.clone());
+        // A MoE shard's columns of every expert: rows of each gate/up matrix, K of each down's.
+        let stack_rows = |r: Option<std::ops::Range<usize>>| r.map_or(Cut::Whole, Cut::StackRows);
         let row_bias = shard.is_none_or(ShardSpec::adds_row_bias);
         let token_embd = l.required("token_embd.weight", &[d, cfg.n_vocab], Cut::Whole)?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
@@ -220,12 +222,12 @@ impl<B: Backend> Weights<B> {
                     Some(m) => {
                         let (ne, fe) = (m.n_expert, m.n_ff_exp);
                         let host = i < n_cpu_moe;
-                        let exps = |s: &str, shape: &[usize]| if host { l.required_host(&n(s), shape) } else { l.required(&n(s), shape, Cut::Whole) };
+                        let exps = |s: &str, shape: &[usize], cut: Cut| if host { l.required_host(&n(s), shape) } else { l.required(&n(s), shape, cut) };
                         Ffn::Moe {
                             gate_inp: l.required(&n("ffn_gate_inp.weight"), &[d, ne], Cut::Whole)?,
-                            gate_exps: exps("ffn_gate_exps.weight", &[d, fe, ne])?,
-                            up_exps: exps("ffn_up_exps.weight", &[d, fe, ne])?,
-                            down_exps: exps("ffn_down_exps.weight", &[fe, d, ne])?,
+                            gate_exps: exps("ffn_gate_exps.weight", &[d, fe, ne], stack_rows(ffn.clone()))?,
+                            up_exps: exps("ffn_up_exps.weight", &[d, fe, ne], stack_rows(ffn.clone()))?,
+                            down_exps: exps("ffn_down_exps.weight", &[fe, d, ne], cols(ffn.clone()))?,
                         }
                     }
                 },

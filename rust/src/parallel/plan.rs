@@ -8,6 +8,9 @@
 //! | `attn_output`                   | row (K, the input features)    | the K range of its query heads  |
 //! | `ffn_gate`, `ffn_up`            | column (output rows)           | its FFN columns                 |
 //! | `ffn_down`                      | row (K)                        | the K range of its FFN columns  |
+//! | `ffn_gate_exps`, `ffn_up_exps`  | column, in every expert        | its columns of every expert     |
+//! | `ffn_down_exps`                 | row (K), in every expert       | the K range of its columns      |
+//! | `ffn_gate_inp` (MoE router)     | replicated                     | everything                      |
 //! | `output` (or tied `token_embd`) | column (vocabulary rows)       | its vocabulary slice            |
 //! | `token_embd`, norms, `rope_freqs` | replicated                   | everything                      |
 //! | `attn_output.bias`              | on rank 0 only (added once)    |                                 |
@@ -16,6 +19,16 @@
 //! `[n_rows, n_embd]` projection; one sum all-reduce each ([`super::comm`]) gives every shard the
 //! same residual. The LM head's vocabulary slices are gathered into one `[n_rows, n_vocab]` row
 //! set on rank 0.
+//!
+//! A mixture-of-experts FFN (`qwen3moe`) is split the way a dense one is, inside every expert:
+//! each shard holds columns `[f0, f1)` of `n_ff_exp` of all `n_expert` experts (vLLM's default
+//! for MoE layers, `FusedMoE` under tensor parallelism; llama.cpp's `--split-mode row` cuts the
+//! expert matrices the same way). Every shard runs the replicated router, picks the same experts
+//! with the same weights, computes `Σ_s w_s · down_s(swiglu(gate_s, up_s))` over its columns, and
+//! the same all-reduce completes the sum. The granule is `ffn_down_exps`'s block, so a model
+//! whose `n_ff_exp` has few blocks supports few shards (Qwen3-30B-A3B's 768 = 3 Q4_K/Q6_K
+//! blocks: `N ≤ 3`, and `N = 2` is 512 + 256 columns); docs/tensor-parallel.md gives the measured
+//! comparison with splitting by expert.
 //!
 //! GQA (as vLLM's `QKVParallelLinear` and Megatron): with `N ≤ n_head_kv` the KV heads are divided
 //! among the shards and each takes the query heads of its KV heads; with `N > n_head_kv` every
@@ -36,6 +49,7 @@
 use std::ops::Range;
 
 use crate::gguf::GgufFile;
+use crate::model::config::MoeConfig;
 use crate::model::ModelConfig;
 use crate::quant::GgmlType;
 use crate::{FakError, Result};
@@ -49,7 +63,8 @@ pub struct ShardSpec {
     pub q_heads: Range<usize>,
     /// KV heads `[kv0, kv1)` (several shards hold the same one when `N > n_head_kv`).
     pub kv_heads: Range<usize>,
-    /// FFN intermediate columns `[f0, f1)` (rows of `ffn_gate`/`ffn_up`, K of `ffn_down`).
+    /// FFN intermediate columns `[f0, f1)` (rows of `ffn_gate`/`ffn_up`, K of `ffn_down`; of a
+    /// MoE model, the same columns of every expert's `n_ff_exp`).
     pub ffn: Range<usize>,
     /// Vocabulary rows `[v0, v1)` of the LM head (columns of the logits).
     pub vocab: Range<usize>,
@@ -73,13 +88,15 @@ impl ShardSpec {
     }
 
     /// The hyper-parameters this shard's forward runs with: `full` with its own head, KV head,
-    /// FFN and vocabulary counts (`n_embd`, `head_dim`, RoPE, ... unchanged).
+    /// FFN (of a MoE model: each expert's `n_ff_exp`) and vocabulary counts (`n_embd`,
+    /// `head_dim`, RoPE, the experts and their routing, ... unchanged).
     pub fn config(&self, full: &ModelConfig) -> ModelConfig {
         ModelConfig {
             n_head: self.q_heads.len(),
             n_head_kv: self.kv_heads.len(),
             n_ff: self.ffn.len(),
             n_vocab: self.vocab.len(),
+            moe: full.moe.map(|m| MoeConfig { n_ff_exp: self.ffn.len(), ..m }),
             ..full.clone()
         }
     }
@@ -114,6 +131,16 @@ impl KBlock {
     /// Elements per block of the format.
     pub fn block(&self) -> usize {
         self.format.block_size()
+    }
+}
+
+/// The row-split FFN projection of `cfg`'s layers: `ffn_down.weight`, or a MoE model's stacked
+/// `ffn_down_exps.weight` (its K is `n_ff_exp`, which is `cfg.n_ff` then).
+fn down_name(cfg: &ModelConfig) -> &'static str {
+    if cfg.moe.is_some() {
+        "ffn_down_exps.weight"
+    } else {
+        "ffn_down.weight"
     }
 }
 
@@ -211,12 +238,14 @@ impl ShardPlan {
             }
         }
         let bs_down = down.block();
+        // a MoE model's K is each expert's n_ff_exp (PlanShape::n_ff holds it then)
+        let k_name = if down.tensor.contains("_exps") { "n_ff_exp" } else { "n_ff" };
         let ffn = split_aligned(n_ff, n, bs_down).ok_or_else(|| {
             FakError::shard(
                 &down.tensor,
                 down.format.name(),
                 n,
-                format!("its K = n_ff {n_ff} can only be cut on {bs_down}-element blocks: {} blocks for {n} shards", n_ff.div_ceil(bs_down)),
+                format!("its K = {k_name} {n_ff} can only be cut on {bs_down}-element blocks: {} blocks for {n} shards", n_ff.div_ceil(bs_down)),
             )
         })?;
         let vocab = split_aligned(n_vocab, n, 1)
@@ -232,8 +261,8 @@ impl ShardPlan {
     }
 
     /// The partition of the model `cfg` read from `file` into `n` shards: [`Self::new`] with the
-    /// largest block of the file's `attn_output` and `ffn_down` tensors, then [`Self::validate`]
-    /// against every one of them.
+    /// largest block of the file's `attn_output` and `ffn_down` (of a MoE model `ffn_down_exps`)
+    /// tensors, then [`Self::validate`] against every one of them.
     ///
     /// Errors: as [`Self::new`] and [`Self::validate`]; [`FakError::Model`] for a missing tensor.
     pub fn for_model(cfg: &ModelConfig, file: &GgufFile, n: usize) -> Result<ShardPlan> {
@@ -249,20 +278,21 @@ impl ShardPlan {
             }
             best.ok_or_else(|| FakError::model("a model without layers"))
         };
-        let plan = ShardPlan::new(&PlanShape::of(cfg), n, &widest("attn_output.weight")?, &widest("ffn_down.weight")?)?;
+        let plan = ShardPlan::new(&PlanShape::of(cfg), n, &widest("attn_output.weight")?, &widest(down_name(cfg))?)?;
         plan.validate(cfg, type_of)?;
         Ok(plan)
     }
 
-    /// Checks that every row-split tensor (`blk.*.attn_output.weight`, `blk.*.ffn_down.weight`)
-    /// is cut only on block boundaries of its own format (`type_of` gives a tensor's format).
+    /// Checks that every row-split tensor (`blk.*.attn_output.weight`, `blk.*.ffn_down.weight`
+    /// or `blk.*.ffn_down_exps.weight`) is cut only on block boundaries of its own format
+    /// (`type_of` gives a tensor's format).
     ///
     /// Errors: [`FakError::Shard`] naming the first tensor cut inside a block.
     pub fn validate(&self, cfg: &ModelConfig, type_of: impl Fn(&str) -> Option<GgmlType>) -> Result<()> {
         for il in 0..cfg.n_layer {
             for (suffix, ranges) in [
                 ("attn_output.weight", self.shards.iter().map(|s| s.q_cols(cfg.head_dim)).collect::<Vec<_>>()),
-                ("ffn_down.weight", self.shards.iter().map(|s| s.ffn.clone()).collect()),
+                (down_name(cfg), self.shards.iter().map(|s| s.ffn.clone()).collect()),
             ] {
                 let name = format!("blk.{il}.{suffix}");
                 let Some(t) = type_of(&name) else { continue };
@@ -461,6 +491,54 @@ mod tests {
         // ends on a block boundary except every second one: N = 1 or 2.
         let q7 = PlanShape { n_head: 28, n_head_kv: 4, head_dim: 128, n_ff: 18944, n_vocab: 152064 };
         assert_eq!(ok(&q7, GgmlType::Q4_K, GgmlType::Q6_K), vec![1, 2]);
+    }
+
+    #[test]
+    fn qwen3_layouts_and_the_moe_experts_columns() {
+        let ok = |s: &PlanShape, wo: GgmlType, down: GgmlType| -> Vec<usize> {
+            (1..=s.n_head).filter(|&n| ShardPlan::new(s, n, &kb(wo), &kb(down)).is_ok()).collect()
+        };
+        // Qwen3-8B Q4_K_M: 32 query heads of 128 over 8 KV heads, n_ff 12288 (48 blocks).
+        let q8b = PlanShape { n_head: 32, n_head_kv: 8, head_dim: 128, n_ff: 12288, n_vocab: 151936 };
+        assert_eq!(ok(&q8b, GgmlType::Q4_K, GgmlType::Q6_K), (1..=16).collect::<Vec<_>>());
+        // Qwen3-Coder-30B-A3B Q4_K_M: 32 heads of 128 over 4 KV heads; the experts' n_ff_exp 768 is
+        // 3 blocks of ffn_down_exps (Q4_K / Q6_K), so at most 3 shards, and 2 are 512 + 256 columns.
+        let a3b = PlanShape { n_head: 32, n_head_kv: 4, head_dim: 128, n_ff: 768, n_vocab: 151936 };
+        assert_eq!(ok(&a3b, GgmlType::Q4_K, GgmlType::Q6_K), vec![1, 2, 3]);
+        let p = ShardPlan::new(&a3b, 2, &kb(GgmlType::Q4_K), &kb(GgmlType::Q6_K)).unwrap();
+        check_cover(&p, &a3b);
+        assert_eq!((p.shards[0].ffn.clone(), p.shards[1].ffn.clone()), (0..512, 512..768));
+        let e = ShardPlan::new(&a3b, 4, &kb(GgmlType::Q4_K), &KBlock { tensor: "blk.0.ffn_down_exps.weight".into(), format: GgmlType::Q6_K })
+            .unwrap_err();
+        assert!(e.to_string().contains("n_ff_exp 768") && e.to_string().contains("3 blocks for 4 shards"), "{e}");
+    }
+
+    #[test]
+    fn a_moe_shard_runs_its_columns_of_every_expert_with_the_whole_routing() {
+        use crate::model::config::Arch;
+        use crate::model::{RopeScaling, RopeScalingKind};
+        let moe = MoeConfig { n_expert: 128, n_expert_used: 8, n_ff_exp: 768, norm_w: true, w_scale: 0.0 };
+        let full = ModelConfig {
+            arch: Arch::Qwen3Moe,
+            n_layer: 2,
+            n_embd: 2048,
+            n_ff: 768,
+            n_head: 32,
+            n_head_kv: 4,
+            head_dim: 128,
+            n_vocab: 151936,
+            n_ctx_train: 4096,
+            rms_eps: 1e-6,
+            rope: crate::backend::RopeParams::plain(crate::backend::RopeStyle::Neox, 128, 1e7),
+            rope_scaling: RopeScaling { kind: RopeScalingKind::None, factor: 1.0, orig_ctx: 4096, freq_factors: None },
+            sliding_window: 0,
+            swa_pattern: vec![false; 2],
+            moe: Some(moe),
+        };
+        let spec = ShardSpec { rank: 1, q_heads: 16..32, kv_heads: 2..4, ffn: 512..768, vocab: 75968..151936 };
+        let c = spec.config(&full);
+        assert_eq!((c.n_head, c.n_head_kv, c.n_ff, c.n_vocab), (16, 2, 256, 75968));
+        assert_eq!(c.moe, Some(MoeConfig { n_ff_exp: 256, ..moe }));
     }
 
     #[test]

@@ -6,6 +6,11 @@
 //! (`Cut::Cols`): the blocks `k0/bs .. k1/bs` of each row, copied into one owned buffer (still
 //! quantized; the cut must fall on block boundaries). A vector (`dims = [n]`: biases, norms) is
 //! one row, so cutting its elements is a `Cut::Cols` of that row.
+//!
+//! A stack of matrices (`dims = [k, n_out, n_mat]`: a MoE layer's `ffn_{gate,up,down}_exps`, one
+//! matrix per expert) is cut the same way in every matrix: `Cut::StackRows` takes rows
+//! `[r0, r1)` of each (the rows `m·n_out + [r0, r1)` of the flat tensor: not one contiguous range,
+//! so copied), and `Cut::Cols` the K range of every row of every matrix.
 
 use std::ops::Range;
 
@@ -20,8 +25,13 @@ pub enum Cut {
     /// Output rows `[r0, r1)` of a matrix, or elements `[r0, r1)` of a vector (column split: the
     /// layer's output features).
     Rows(Range<usize>),
-    /// Elements `[k0, k1)` of every row of a matrix (row split: the layer's input features, K).
+    /// Elements `[k0, k1)` of every row of a matrix (row split: the layer's input features, K),
+    /// of every matrix of a stack.
     Cols(Range<usize>),
+    /// Output rows `[r0, r1)` of every matrix of a stack (`dims = [k, n_out, n_mat]`): the same
+    /// columns of every expert of `ffn_gate_exps` / `ffn_up_exps`. The cut has `dims = [k, r1 −
+    /// r0, n_mat]`.
+    StackRows(Range<usize>),
 }
 
 /// The bytes of a cut: a borrowed range of the tensor's data, or blocks gathered into a new buffer.
@@ -72,6 +82,20 @@ pub fn cut<'a>(name: &str, wtype: GgmlType, dims: &[usize], data: &'a [u8], cut:
             d[1..].fill(1);
             d[1] = r.len();
             Ok((d, Sliced::Borrowed(&data[r.start * row_bytes..r.end * row_bytes])))
+        }
+        Cut::StackRows(r) => {
+            if dims.len() != 3 {
+                return Err(FakError::model(format!("tensor {name}: dims {dims:?} are not a stack of matrices")));
+            }
+            let per = dims[1];
+            if r.start > r.end || r.end > per {
+                return Err(out_of_range(r, per, "rows of each matrix"));
+            }
+            let mut out = Vec::with_capacity(r.len() * row_bytes * dims[2]);
+            for m in data.chunks_exact(per * row_bytes) {
+                out.extend_from_slice(&m[r.start * row_bytes..r.end * row_bytes]);
+            }
+            Ok((vec![k, r.len(), dims[2]], Sliced::Owned(out)))
         }
         // A vector's elements are one row's K range.
         Cut::Rows(r) | Cut::Cols(r) => {
@@ -165,6 +189,32 @@ mod tests {
         ));
         let (d, s) = cut("x", GgmlType::Q4_K, &[512, 2], &q4k, &Cut::Cols(256..512), 2).unwrap();
         assert_eq!((d, s.bytes().len()), (vec![256, 2], 2 * 144));
+    }
+
+    #[test]
+    fn stack_rows_take_the_same_rows_of_every_matrix_and_cols_every_row_of_a_stack() {
+        // 3 matrices (experts) of 4 rows of 64: the rows 1..3 of each, and K 32..64 of each row.
+        let (k, n_out, n_mat) = (64, 4, 3);
+        let data = q8_0_rows(n_out * n_mat, k);
+        let full = deq(GgmlType::Q8_0, &data, n_out * n_mat * k);
+        let (d, s) = cut("blk.0.ffn_up_exps.weight", GgmlType::Q8_0, &[k, n_out, n_mat], &data, &Cut::StackRows(1..3), 2).unwrap();
+        assert_eq!(d, vec![64, 2, 3]);
+        let part = deq(GgmlType::Q8_0, s.bytes(), 2 * n_mat * k);
+        for m in 0..n_mat {
+            for r in 0..2 {
+                let src = (m * n_out + 1 + r) * k;
+                assert_eq!(part[(m * 2 + r) * k..(m * 2 + r + 1) * k], full[src..src + k], "matrix {m} row {r}");
+            }
+        }
+        let (d, s) = cut("blk.0.ffn_down_exps.weight", GgmlType::Q8_0, &[k, n_out, n_mat], &data, &Cut::Cols(32..64), 2).unwrap();
+        assert_eq!(d, vec![32, 4, 3]);
+        let part = deq(GgmlType::Q8_0, s.bytes(), n_out * n_mat * 32);
+        for row in 0..n_out * n_mat {
+            assert_eq!(part[row * 32..(row + 1) * 32], full[row * k + 32..(row + 1) * k]);
+        }
+        // not a stack, or rows past a matrix's end
+        assert!(matches!(cut("w", GgmlType::Q8_0, &[k, 12], &data, &Cut::StackRows(0..2), 2), Err(FakError::Model(_))));
+        assert!(matches!(cut("w", GgmlType::Q8_0, &[k, n_out, n_mat], &data, &Cut::StackRows(3..5), 2), Err(FakError::Model(_))));
     }
 
     #[test]

@@ -441,6 +441,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn zero(&self, x: &mut CpuBuffer, n: usize) -> Result<()> {
+        x.0[..n].fill(0.0);
+        Ok(())
+    }
+
     fn add(&self, x: &mut CpuBuffer, y: &CpuBuffer, n: usize) -> Result<()> {
         const CHUNK: usize = 1 << 15;
         let add = |(a, b): (&mut [f32], &[f32])| {

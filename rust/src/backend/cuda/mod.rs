@@ -665,6 +665,10 @@ impl Backend for CudaBackend {
         self.op_add(x, y, n)
     }
 
+    fn zero(&self, x: &mut CudaBuffer, n: usize) -> Result<()> {
+        self.fill(x, 0.0, n)
+    }
+
     fn rmsnorm_inplace(&self, x: &mut CudaBuffer, w: &CudaWeight, eps: f32, n_rows: usize, dim: usize) -> Result<()> {
         self.op_rmsnorm_inplace(x, w, eps, n_rows, dim)
     }
