@@ -671,3 +671,9 @@ def test_git_metadata_predicate(tmp_path):
     assert patch_paths(patch)[:3] == ["a/a.py", "b/a.py", "b/a.py"]
     assert patch_git_metadata(patch) == "a/sub/.git/config"
     assert patch_git_metadata(_new_file_patch("a.py", "x")) is None
+    # GNU patch takes names from plain unified headers with timestamps, context diffs, Index:
+    for other in ("--- a/x.py\t2020-01-01 00:00:00\n+++ b/.git/config\t2020-01-01 00:00:00\n",
+                  "*** a/.git/hooks/post-commit\t2020\n--- b/x.py\t2020\n",
+                  "Index: sub/.GIT/config\n1a2\n> x\n",
+                  '--- "a/sp ace/.git/config"\n+++ "b/sp ace/.git/config"\n'):
+        assert patch_git_metadata(other), other

@@ -265,16 +265,18 @@ def git_metadata(root: str | os.PathLike[str], path: str | os.PathLike[str]) -> 
 
 
 _PATCH_PATH = re.compile(
-    r"^(?:diff --git (?P<a>\S+) (?P<b>\S+)|(?:---|\+\+\+) (?P<f>[^\t\n]+)"
-    r"|(?:rename|copy) (?:from|to) (?P<r>.+))$", re.M)
+    r"^(?:diff --git (?P<a>\S+) (?P<b>\S+)|(?:---|\+\+\+|\*\*\*) (?P<f>[^\t\n]+)(?:\t.*)?"
+    r"|(?:rename|copy) (?:from|to) (?P<r>.+)|Index: (?P<i>.+))$", re.M)
 
 
 def patch_paths(patch: str) -> list[str]:
-    """Every path a unified or git patch names (``diff --git`` lines, ``---``/``+++`` headers,
-    rename/copy lines), as written (``a/``/``b/`` prefixes kept, ``/dev/null`` left out)."""
+    """Every path a patch names: ``diff --git`` lines, unified (``---``/``+++``) and context
+    (``***``/``---``) headers, rename/copy lines and ``Index:`` lines (GNU patch takes a file
+    name from any of them), as written (``a/``/``b/`` prefixes kept, ``/dev/null`` left out).
+    Lines of a hunk that look like headers are listed too (harmless: only a refusal follows)."""
     out: list[str] = []
     for m in _PATCH_PATH.finditer(patch):
-        for key in ("a", "b", "f", "r"):
+        for key in ("a", "b", "f", "r", "i"):
             v = m.group(key)
             if v and v.strip() != "/dev/null":
                 v = v.strip()
