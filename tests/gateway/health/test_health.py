@@ -21,6 +21,7 @@ def test_openapi_schema_is_served(gateway: Any, http: httpx.Client) -> None:
     post = doc["paths"]["/v1/chat/completions"]["post"]
     assert post["requestBody"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChatCompletionRequest")
     req = doc["components"]["schemas"]["ChatCompletionRequest"]
-    assert req["additionalProperties"] is False and "messages" in req["required"]
+    assert "messages" in req["required"]  # unknown fields are ignored (logged), not refused
     assert req["properties"]["messages"]["minItems"] == 1
-    assert set(doc["paths"]) >= {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics"}
+    assert set(doc["paths"]) >= {"/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/metrics",
+                                 "/v1/messages", "/v1/messages/count_tokens", "/v1/responses"}

@@ -1,9 +1,10 @@
 """Request and response schemas of ``POST /v1/chat/completions`` (OpenAI Chat Completions API).
 
-Field names, types and ranges follow OpenAI's API reference for ``/v1/chat/completions``. The
-top-level request forbids unknown fields (OpenAI answers 400 "Unrecognized request argument");
-messages and tools accept unknown fields, because clients send back the assistant messages they
-received (with ``refusal``, ``annotations``, ``audio`` ...). Extensions, as in vLLM and llama.cpp:
+Field names, types and ranges follow OpenAI's API reference for ``/v1/chat/completions``. Unknown
+fields are accepted everywhere: at the top level they are ignored and logged (OpenAI itself
+answers 400 "Unrecognized request argument", but agents built for other servers send their
+vendors' fields), and messages carry what clients send back of the messages they received
+(``refusal``, ``annotations``, ``audio`` ...). Extensions, as in vLLM and llama.cpp:
 ``top_k``, ``min_p``, ``repetition_penalty`` in the request; ``fak_policy`` in the response.
 """
 
@@ -125,8 +126,12 @@ class ResponseFormat(msgspec.Struct):
     json_schema: dict[str, Any] | None = None
 
 
-class ChatCompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
+class ChatCompletionRequest(msgspec.Struct):
     """Body of ``POST /v1/chat/completions``.
+
+    Unknown top-level fields (vendors' ``reasoning_effort``, ``chat_template_kwargs``, new
+    OpenAI fields) are ignored and listed in the ``fak.gateway`` debug log, not refused: a
+    client built for another server keeps working (``fak.gateway.schemas.decode_lenient``).
 
     Ranges as OpenAI documents them: ``temperature`` 0..2, ``top_p`` 0..1, penalties -2..2,
     ``top_logprobs`` 0..20, at most 4 ``stop`` sequences. ``n`` must be 1 (checked by the server

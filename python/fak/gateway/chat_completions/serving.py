@@ -32,7 +32,7 @@ from fak.gateway.disconnect import ClientDisconnected
 from fak.gateway.engine_api import TokenLogprobs, check_stop
 from fak.gateway.errors import APIError, bad_request, error_response
 from fak.gateway.policy_filter import ContentOut, ToolCallOut, merge_content
-from fak.gateway.schemas import Usage, decode_body, new_id, now
+from fak.gateway.schemas import Usage, decode_lenient, new_id, now
 from fak.gateway.serving import (
     RETRY_TEMPERATURE,
     SYSTEM_FINGERPRINT,
@@ -133,7 +133,7 @@ class ChatServing(EngineServing):
         """Serve one request (body not yet read)."""
         t_arrival = time.perf_counter()
         body = await request.body()
-        req = decode_body(body, ChatCompletionRequest)
+        req = decode_lenient(body, ChatCompletionRequest, what="/v1/chat/completions")
         validate_chat_request(req)
         validate_engine_only(req)
         use_tools = bool(req.tools) and req.tool_choice != "none"
