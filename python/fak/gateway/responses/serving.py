@@ -126,10 +126,10 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
             else:
                 out.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
         elif kind in OUTPUT_ITEMS:
-            call_id = item.get("call_id") or item.get("id")
-            if not isinstance(call_id, str) or not call_id:
+            answered: Any = item.get("call_id") or item.get("id")
+            if not isinstance(answered, str) or not answered:
                 raise bad_request(f"A {kind} item needs the call_id it answers.", param=f"{where}.call_id")
-            out.append(ChatMessage(role="tool", tool_call_id=call_id, content=output_text(item)))
+            out.append(ChatMessage(role="tool", tool_call_id=answered, content=output_text(item)))
         elif kind in ("reasoning", "compaction"):
             continue
         else:

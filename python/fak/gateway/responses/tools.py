@@ -149,7 +149,7 @@ def call_item(kind: str, *, item_id: str, call_id: str, name: str, arguments: st
                 "input": str(_args(arguments).get("input", "")), "status": status}
     if kind == "local_shell":
         a = _args(arguments)
-        action = {"type": "exec", "command": a.get("command") or [], "env": {},
+        action: dict[str, Any] = {"type": "exec", "command": a.get("command") or [], "env": {},
                   "working_directory": a.get("workdir"), "timeout_ms": a.get("timeout_ms"), "user": None}
         return {"type": "local_shell_call", "id": item_id, "call_id": call_id, "action": action, "status": status}
     if kind == "shell":
