@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fak.sandbox import Limits, MiB, Sandbox, venv_paths
+from fak.sandbox import Limits, MiB, Sandbox, SandboxUnavailable, venv_paths
 from fak.sandbox.venv import SHARED_ENV_PTH
 from fak.swebench.repos import read_file_at
 
@@ -438,8 +438,8 @@ def make_overlay(env: Env, dest: Path, workspace: Path, log_path: Path, *,
     later. ``unsafe_no_sandbox``: on the host instead. ``timeout_s`` bounds each step
     (seconds). The result's ``sandbox_paths`` are the paths its sandboxes must see, taken
     before any step ran. Several instances of one (repo, version) can run at once, each with
-    its own editable install. Raises ``EnvError`` when the venv cannot be made, and
-    ``fak.sandbox.SandboxUnavailable`` when no sandbox can be made here.
+    its own editable install. Raises ``EnvError`` when the venv cannot be made or no sandbox
+    can be made here.
     """
     shutil.rmtree(dest, ignore_errors=True)
     base_python = find_python(str(env.spec["python"]))
@@ -458,10 +458,16 @@ def make_overlay(env: Env, dest: Path, workspace: Path, log_path: Path, *,
     box = None
     if steps and not unsafe_no_sandbox:
         git_dir = Path(workspace) / ".git"
-        box = Sandbox(workspace, writable=[dest], readable=overlay.sandbox_paths,
-                      readonly=[git_dir] if git_dir.is_dir() else [],
-                      env={**overlay.sandbox_env(), "PIP_NO_CACHE_DIR": "1"}, timeout_s=timeout_s,
-                      net="host", limits=Limits(processes=1024, output_bytes=256 * MiB))
+        try:
+            box = Sandbox(workspace, writable=[dest], readable=overlay.sandbox_paths,
+                          readonly=[git_dir] if git_dir.is_dir() else [],
+                          env={**overlay.sandbox_env(), "PIP_NO_CACHE_DIR": "1"},
+                          timeout_s=timeout_s, net="host",
+                          limits=Limits(processes=1024, output_bytes=256 * MiB))
+        except SandboxUnavailable as e:
+            raise EnvError(f"installing the task repository into {dest} runs in the sandbox, "
+                           f"which cannot be made here: {e}; --unsafe-no-sandbox runs it on "
+                           "the host") from None
     with log_path.open("w") as log:
         for cmd in steps:
             log.write(f"$ {cmd}\n")
