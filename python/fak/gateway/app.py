@@ -169,7 +169,8 @@ class Gateway:
         return Response(ModelList(data=[self._card()]), media_type="application/json")
 
     def _card(self) -> ModelCard:
-        return ModelCard(id=self.model_name, created=self.created, max_model_len=int(self.engine.n_ctx))  # type: ignore[union-attr]
+        n_ctx = int(self.engine.n_ctx)  # type: ignore[union-attr]
+        return ModelCard(id=self.model_name, created=self.created, max_model_len=n_ctx, context_length=n_ctx)
 
     async def retrieve_model(self, model_id: str) -> Response[Any]:
         """``/v1/models/{model_id}``: the served model's card, or the upstream's answer.
@@ -198,7 +199,11 @@ class Gateway:
             stats = dict(self.engine.stats())
         except Exception as exc:  # noqa: BLE001 - health must answer
             stats = {"error": f"{type(exc).__name__}: {exc}"}
-        return Health(status="ok", mode=self.mode, model=self.model_name, engine=stats)
+        kv_total = stats.get("kv_blocks_total")
+        block = int(getattr(self.engine, "kv_block_size", 32))
+        return Health(status="ok", mode=self.mode, model=self.model_name, engine=stats,
+                      context_window=int(self.engine.n_ctx),
+                      kv_cache_tokens=int(kv_total) * block if isinstance(kv_total, int) else None)
 
     async def aclose(self) -> None:
         """Release the upstream connection pool (the engine and the audit log belong to the caller)."""

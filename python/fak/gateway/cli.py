@@ -52,6 +52,19 @@ def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_
         raise click.ClickException(f"could not load {gguf}: {exc}") from None
 
 
+def _plan_context(gguf: Path, **kwargs: Any) -> Any:
+    """``fak.gateway.context_window.plan_context`` with its errors as click's."""
+    from fak.errors import FakError
+    from fak.gateway.context_window import ContextPlanError, plan_context
+
+    try:
+        return plan_context(gguf, **kwargs)
+    except ContextPlanError as exc:
+        raise click.ClickException(str(exc)) from None
+    except (FakError, OSError) as exc:
+        raise click.ClickException(f"could not read {gguf}: {exc}") from None
+
+
 @click.command("serve")
 @click.option("--gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="GGUF model to serve (engine mode).")
@@ -70,8 +83,13 @@ def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_
               help="Requests generating at once.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=256, show_default=True,
               help="Requests waiting for a slot; beyond this, 429.")
-@click.option("--n-ctx", type=click.IntRange(min=16), default=4096, show_default=True,
-              help="Context window in tokens.")
+@click.option("--n-ctx", type=click.IntRange(min=16), default=None,
+              help="Context window in tokens [default: the model's trained context, capped by what the "
+                   "KV-memory budget holds; printed at start, /v1/models max_model_len].")
+@click.option("--kv-memory", "kv_memory", default=None, metavar="SIZE",
+              help="KV-cache memory budget that sizes the default context window and KV cache (8GiB, "
+                   "512MiB) [default: CUDA 90%% of the GPU less the weights and 1 GiB; CPU half of "
+                   "MemAvailable less the weights].")
 @rope_click_options
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="CPU threads of the engine.")
 @click.option("--kv-cache-tokens", type=click.IntRange(min=16), default=None,
@@ -113,7 +131,7 @@ def _load_engine(gguf: Path, backend: str, n_ctx: int, threads: int | None, max_
               default="info", show_default=True)
 def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_path: Path | None,
           policy_check: bool, audit_path: Path | None, api_key: str | None, max_concurrency: int,
-          max_queue: int, n_ctx: int, threads: int | None, kv_cache_tokens: int | None,
+          max_queue: int, n_ctx: int | None, threads: int | None, kv_cache_tokens: int | None,
           prefix_cache: bool, tool_call_retries: int, model_name: str | None, base_url: str | None,
           upstream_key: str | None, log_level: str, serve_inline_reads: bool = False,
           rope_scaling: str | None = None, rope_scale: float | None = None,
@@ -121,7 +139,8 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
           replica_name: str | None = None, replicas: int = 1,
           ray_address: str | None = None, replica_cpus: float = 1.0,
           replica_gpus: float = 0.0, tensor_parallel: int = 1, tool_call_format: str = "auto",
-          cpu_moe: bool = False, n_cpu_moe: int | None = None, model_aliases: tuple[str, ...] = ()) -> None:
+          cpu_moe: bool = False, n_cpu_moe: int | None = None, model_aliases: tuple[str, ...] = (),
+          kv_memory: str | None = None) -> None:
     """Serve OpenAI's API (chat, completions, responses, models) and Anthropic's messages, with a tool-call policy."""
     if policy_check:
         if policy_path is None:
@@ -137,6 +156,22 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
         raise click.UsageError(f"--tensor-parallel {tensor_parallel} with --backend cuda: multi-GPU tensor "
                                "parallelism (NCCL) is not built in this fak; it runs on --backend cpu only "
                                "(docs/tensor-parallel.md).")
+    kv_memory_bytes = None
+    if kv_memory is not None:
+        from fak.gateway.context_window import parse_size
+
+        try:
+            kv_memory_bytes = parse_size(kv_memory)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--kv-memory") from None
+        if base_url is not None:
+            raise click.UsageError("--kv-memory sizes the engine's KV cache: it needs --gguf.")
+
+    def plan() -> Any:
+        assert gguf is not None
+        return _plan_context(gguf, backend=backend, max_concurrency=max_concurrency, n_ctx=n_ctx,
+                             kv_cache_tokens=kv_cache_tokens, kv_memory=kv_memory_bytes, replicas=replicas,
+                             rope_scaling=rope_scaling, rope_scale=rope_scale, yarn_orig_ctx=yarn_orig_ctx)
     if replicas > 1 or ray_address is not None:
         if gguf is None:
             raise click.UsageError("--replicas and --ray serve a --gguf model (engine mode).")
@@ -150,9 +185,12 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
                                    "from the model's chat template.")
         from fak.cluster.cli import serve_replicas
 
+        context = plan()
+        click.echo(f"fak serve: {context.describe()} per replica", err=True)
+
         return serve_replicas(gguf=gguf, n=replicas, ray_address=ray_address, addr=addr,
-                              backend=backend, n_ctx=n_ctx, threads=threads,
-                              kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache,
+                              backend=backend, n_ctx=context.n_ctx, threads=threads,
+                              kv_cache_tokens=context.kv_cache_tokens, prefix_cache=prefix_cache,
                               max_concurrency=max_concurrency, max_queue=max_queue,
                               policy_path=policy_path, audit_path=audit_path, api_key=api_key,
                               model_name=model_name, replica_cpus=replica_cpus,
@@ -182,8 +220,10 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
     engine = None
     if gguf is not None:
         rope = rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx, sliding_window, cpu_moe, n_cpu_moe)
-        engine = _load_engine(gguf, backend, n_ctx, threads, max_batch=max_concurrency,
-                              kv_cache_tokens=kv_cache_tokens, prefix_cache=prefix_cache,
+        context = plan()
+        click.echo(f"fak serve: {context.describe()}", err=True)
+        engine = _load_engine(gguf, backend, context.n_ctx, threads, max_batch=max_concurrency,
+                              kv_cache_tokens=context.kv_cache_tokens, prefix_cache=prefix_cache,
                               tensor_parallel=tensor_parallel, **rope)
         app = create_app(config, engine=engine, policy=policy, audit=audit)
         what = f"{app.state.gateway.model_name} ({gguf.name}, backend {getattr(engine, 'backend', backend)}"

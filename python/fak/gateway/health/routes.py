@@ -11,12 +11,16 @@ __all__ = ["Health", "health"]
 
 
 class Health(msgspec.Struct):
-    """``status`` is ``"ok"`` while the gateway serves; ``engine`` holds ``Engine.stats()`` in engine mode."""
+    """``status`` is ``"ok"`` while the gateway serves; ``engine`` holds ``Engine.stats()`` in engine
+    mode, ``context_window`` the context window in tokens and ``kv_cache_tokens`` the KV cache's
+    size in tokens (shared by all sequences)."""
 
     status: str
     mode: str
     model: str | None = None
     engine: dict[str, Any] | None = None
+    context_window: int | None = None
+    kv_cache_tokens: int | None = None
 
 
 @get("/health", summary="Health check", tags=["monitoring"])
