@@ -21,7 +21,7 @@ def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> str:
 def _greedy(model: _native.Model, prompt: list[int], n: int) -> list[int]:
     model.add_sequence(1, prompt, {"temperature": 0.0, "max_tokens": n})
     toks: list[int] = []
-    while model.n_running:
+    while model.n_running or model.n_waiting:
         toks += [t for (_, t, _, _, _) in model.step()]
     return toks
 

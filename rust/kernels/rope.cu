@@ -73,6 +73,24 @@ extern "C" __global__ void rope_f32(float* __restrict__ x, const u32* __restrict
     rope_rows(x + r * (size_t)n_heads * head_dim, n_heads, head_dim, half, neox, cs);
 }
 
+// RMSNorm in place of each of the `n_heads` heads of one row (Qwen3's per-head Q/K norm, as the
+// CPU's rmsnorm: squares summed in f64, mean rounded to f32, scale = 1/sqrtf(mean + eps), then
+// (x·scale)·w): warp w takes heads w, w + nwarps, ...; ends with __syncthreads.
+FAK_DEVICE void head_norms(float* xr, const float* __restrict__ w, int n_heads, int head_dim, float eps) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    for (int h = warp; h < n_heads; h += nw) {
+        float* hx = xr + (size_t)h * head_dim;
+        double ss = 0.0;
+        for (int d = lane; d < head_dim; d += 32) ss += (double)(hx[d] * hx[d]);
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        const float mean = (float)(ss / (double)head_dim);
+        const float scale = 1.0f / sqrtf(mean + eps);
+        for (int d = lane; d < head_dim; d += 32) hx[d] = __fmul_rn(__fmul_rn(hx[d], scale), w[d]);
+    }
+    __syncthreads();
+}
+
 // The attention block's RoPE of q and k and the KV write, in one launch: q ([n_rows, n_head,
 // head_dim]) and k ([n_rows, n_head_kv, head_dim]) rotated in place exactly as rope_f32, then the
 // rotated k and v rounded to f16 into each row's slot of the paged cache (layout as kv_write_f16:
@@ -81,11 +99,16 @@ extern "C" __global__ void rope_qk_kv_write_f32(float* __restrict__ q, float* __
                                                 const u32* __restrict__ positions, const u32* __restrict__ slots,
                                                 const float* __restrict__ freq_factors, u16* __restrict__ kc, u16* __restrict__ vc,
                                                 int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale,
-                                                int neox, int block_size, float ext_factor, float mscale, float corr_lo, float corr_hi) {
+                                                int neox, int block_size, float ext_factor, float mscale, float corr_lo, float corr_hi,
+                                                const float* __restrict__ q_norm, const float* __restrict__ k_norm, float norm_eps) {
     pdl_enter();
     extern __shared__ float cs[];  // [n_rot/2][2]
     const int half = n_rot / 2;
     const size_t r = blockIdx.x;
+    if (q_norm) {  // Qwen3: each head of q and k RMS-normalized before RoPE
+        head_norms(q + r * (size_t)n_head * head_dim, q_norm, n_head, head_dim, norm_eps);
+        head_norms(k + r * (size_t)n_head_kv * head_dim, k_norm, n_head_kv, head_dim, norm_eps);
+    }
     rope_table(cs, (float)positions[r], freq_factors, half, theta_scale, RopeScale{freq_scale, ext_factor, mscale, corr_lo, corr_hi});
     rope_rows(q + r * (size_t)n_head * head_dim, n_head, head_dim, half, neox, cs);
     const u32 slot = slots[r];

@@ -496,8 +496,10 @@ pub trait Backend: Send + Sync + Sized + 'static {
     ) -> Result<()>;
 
     /// What the attention block runs between the Q/K/V projections and [`Backend::attention`]:
-    /// RoPE of `q` (`n_head` heads) and `k` (`n_head_kv` heads), then [`Backend::kv_write`] of
-    /// the rotated `k` and `v`. The default runs the three ops; a backend may fuse them.
+    /// with `qk_norm = Some((w_q, w_k, eps))` (Qwen3) first the RMSNorm of each head of `q` and
+    /// `k` in place ([`Backend::rmsnorm_inplace`]), then RoPE of `q` (`n_head` heads) and `k`
+    /// (`n_head_kv` heads), then [`Backend::kv_write`] of the rotated `k` and `v`. The default
+    /// runs the ops one by one; a backend may fuse them.
     #[allow(clippy::too_many_arguments)]
     fn rope_kv_write(
         &self,
@@ -511,7 +513,12 @@ pub trait Backend: Send + Sync + Sized + 'static {
         attn: &AttnParams,
         rope: &RopeParams,
         freq_factors: Option<&Self::Weight>,
+        qk_norm: Option<(&Self::Weight, &Self::Weight, f32)>,
     ) -> Result<()> {
+        if let Some((wq, wk, eps)) = qk_norm {
+            self.rmsnorm_inplace(q, wq, eps, n_rows * attn.n_head, attn.head_dim)?;
+            self.rmsnorm_inplace(k, wk, eps, n_rows * attn.n_head_kv, attn.head_dim)?;
+        }
         self.rope(q, batch, n_rows, attn.n_head, attn.head_dim, rope, freq_factors)?;
         self.rope(k, batch, n_rows, attn.n_head_kv, attn.head_dim, rope, freq_factors)?;
         self.kv_write(cache, layer, k, v, batch, n_rows)

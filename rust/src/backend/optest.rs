@@ -362,7 +362,7 @@ pub fn rope_kv_write<B: TestIo>(
     let mut qb = b.upload(q)?;
     let mut kb = b.upload(k)?;
     let vb = b.upload(v)?;
-    b.rope_kv_write(&mut qb, &mut kb, &vb, &mut cache, 0, &batch, n, attn, params, ff.as_ref())?;
+    b.rope_kv_write(&mut qb, &mut kb, &vb, &mut cache, 0, &batch, n, attn, params, ff.as_ref(), None)?;
     let qo = read(b, &qb, q.len())?;
     let kr = b.read_kv(&cache, 0, false, table, n_past..n_past + n)?;
     let vr = b.read_kv(&cache, 0, true, table, n_past..n_past + n)?;

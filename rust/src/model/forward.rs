@@ -202,10 +202,6 @@ impl<B: Backend> Model<B> {
                     n,
                     &mut [&mut *q, &mut *k, &mut *v],
                 )?;
-                if let (Some(qn), Some(kn)) = (&lw.q_norm, &lw.k_norm) {
-                    be.rmsnorm_inplace(q, qn, c.rms_eps, n * c.n_head, c.head_dim)?;
-                    be.rmsnorm_inplace(k, kn, c.rms_eps, n * c.n_head_kv, c.head_dim)?;
-                }
                 be.rope_kv_write(
                     q,
                     k,
@@ -217,6 +213,7 @@ impl<B: Backend> Model<B> {
                     &attn,
                     &c.rope,
                     w.rope_freqs.as_ref(),
+                    lw.q_norm.as_ref().zip(lw.k_norm.as_ref()).map(|(qn, kn)| (qn, kn, c.rms_eps)),
                 )?;
                 be.attention(q, kv, il, batch, n, &c.layer_attn(il), att)?;
                 if il + 1 == w.layers.len() && n_logits < n {

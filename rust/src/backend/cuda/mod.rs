@@ -641,8 +641,9 @@ impl Backend for CudaBackend {
         attn: &AttnParams,
         rope: &RopeParams,
         freq_factors: Option<&CudaWeight>,
+        qk_norm: Option<(&CudaWeight, &CudaWeight, f32)>,
     ) -> Result<()> {
-        self.op_rope_kv_write(q, k, v, cache, layer, batch, n_rows, attn, rope, freq_factors)
+        self.op_rope_kv_write(q, k, v, cache, layer, batch, n_rows, attn, rope, freq_factors, qk_norm)
     }
 
     fn rope(&self, x: &mut CudaBuffer, batch: &CudaBatch, n_rows: usize, n_heads: usize, head_dim: usize, rope: &RopeParams, freq_factors: Option<&CudaWeight>) -> Result<()> {

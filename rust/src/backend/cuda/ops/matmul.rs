@@ -100,12 +100,6 @@ fn gemv_half() -> bool {
     *HALF.get_or_init(|| std::env::var("FAK_CUDA_GEMV_HALF").as_deref() != Ok("0"))
 }
 
-/// Rows per 128-thread block of the quantized GEMV for rows of `k` into `n_out` outputs (the
-/// expert GEMV of `ops::moe` launches the same rows).
-pub(crate) fn gemv_rows_per_block(k: usize, n_out: usize) -> usize {
-    gemv_shape_q(k, n_out)
-}
-
 /// [`gemv_shape`] for the quantized GEMV, which also runs rows of 33..63 tasks of 32 weights
 /// (K = 1056..2016, e.g. 1536) on half a warp each, 8 rows per block (`8`): 48 tasks on 16 lanes
 /// are 3 each, where 32 lanes would take 2 on half of them and 1 on the rest.

@@ -141,7 +141,11 @@ impl CudaBackend {
         }
         let kform = is_kquant(ws[0].wtype);
         let (yq, ya, ys) = self.q8_operands(x, n_x * k_in, kform)?;
-        let rpb = super::matmul::gemv_rows_per_block(k_in, n_out);
+        // One warp per row, 4 rows a block (half a warp per row, 8 a block, for rows of 33..63
+        // tasks of 32): the pairs give the grid its width, so no row is split across warps (the
+        // dense GEMV's shape for small matrices would leave half the lanes idle at K = 2048).
+        let tasks = k_in / 32;
+        let rpb = if tasks > 32 && tasks < 64 { 8 } else { 4 };
         let d1 = outs.get(1).map_or(0, |o| o.ptr());
         let w1 = ws.get(1).map_or(0, |w| w.mem.ptr());
         let name = if kform { "mmvq_id_kquant_q8_K" } else { "mmvq_id_legacy_q8_0" };

@@ -58,8 +58,17 @@ impl CudaBackend {
         attn: &AttnParams,
         rope: &RopeParams,
         freq_factors: Option<&CudaWeight>,
+        qk_norm: Option<(&CudaWeight, &CudaWeight, f32)>,
     ) -> Result<()> {
         let l = cache.layout;
+        if let Some((wq, wk, _)) = qk_norm {
+            for w in [wq, wk] {
+                if w.wtype != crate::quant::GgmlType::F32 || w.k() != attn.head_dim || w.dims.len() > 1 {
+                    return Err(FakError::model(format!("tensor {} must be a vector of {} values", w.name, attn.head_dim)));
+                }
+            }
+        }
+        let (qn, kn, eps) = qk_norm.map_or((0, 0, 0.0), |(wq, wk, e)| (wq.mem.ptr(), wk.mem.ptr(), e));
         if l.n_head_kv != attn.n_head_kv || l.head_dim != attn.head_dim || rope.n_rot > attn.head_dim || !rope.n_rot.is_multiple_of(2) {
             return Err(FakError::invalid("rope_kv_write", format!("cache {}×{}, attention {}×{}, n_rot {}", l.n_head_kv, l.head_dim, attn.n_head_kv, attn.head_dim, rope.n_rot)));
         }
@@ -92,7 +101,10 @@ impl CudaBackend {
                 .f32(rope.ext_factor)
                 .f32(mscale(rope))
                 .f32(rope.corr_dims[0])
-                .f32(rope.corr_dims[1]),
+                .f32(rope.corr_dims[1])
+                .ptr(qn)
+                .ptr(kn)
+                .f32(eps),
         )
     }
 }
