@@ -94,8 +94,9 @@ def test_engine_mode_end_to_end(tmp_path: Path) -> None:
 def test_engine_mode_tool_names_are_the_offered_ones(tmp_path: Path) -> None:
     """A real ``fak serve`` over the tiny synthetic model (random weights: it would name anything)
     and the official client: with ``tool_choice: "required"`` every call names an offered tool, and
-    when its arguments do not fit (random text rarely does), the content is what the model wrote,
-    starting with an offered name (the engine's prefix_choices held it there), never the pre-fill."""
+    when its arguments do not fit (random text rarely does), nothing of the broken call comes back
+    (empty content, ``fak.tool_call_error``); what the model wrote (its tokens' logprobs) starts
+    with an offered name (the engine's prefix_choices held it there)."""
     pytest.importorskip("fak.engine", reason="fak.Engine lands from branch pyengine")
     synth = pytest.importorskip("fak.synth", reason="fak.synth lands from branch synth")
     from gateway_fakes import BASH_TOOL, WEATHER_TOOL
@@ -111,35 +112,34 @@ def test_engine_mode_tool_names_are_the_offered_ones(tmp_path: Path) -> None:
         seen = set()
         for seed in range(6):
             r = client.chat.completions.create(model="tiny", messages=haiku, tools=tools, tool_choice="required",
-                                               max_tokens=24, temperature=1.0, seed=seed)
+                                               max_tokens=24, temperature=1.0, seed=seed, logprobs=True)
             msg = r.choices[0].message
             for call in msg.tool_calls or []:
                 assert call.function.name in names
                 seen.add(call.function.name)
             if not msg.tool_calls:
-                content = msg.content or ""
-                # never the server's pre-fill (the model may write a "<tool_call>" of its own later,
-                # e.g. as its last token before max_tokens: that is its text, not the pre-fill)
-                assert not content.startswith("<tool_call>") and '{"name": ' not in content
-                name = content.split('"', 1)[0]
-                assert name in names and content.startswith(name + '", "arguments":'), content
+                assert not msg.content and r.model_extra["fak"]["tool_call_error"]  # never a fragment
+                written = "".join(t.token for t in r.choices[0].logprobs.content)
+                name = written.split('"', 1)[0]
+                assert name in names and written.startswith(name + '", "arguments":'), written
                 seen.add(name)
         assert len(seen) > 1, seen  # the model chooses among them; nothing picks one for it
         for seed in range(3):
             r = client.chat.completions.create(model="tiny", messages=haiku, tools=tools, max_tokens=16, seed=seed,
-                                               tool_choice={"type": "function", "function": {"name": "bash"}})
+                                               tool_choice={"type": "function", "function": {"name": "bash"}},
+                                               logprobs=True)
             msg = r.choices[0].message
-            content = msg.content or ""
-            assert msg.tool_calls or content.startswith(" {"), content
-            assert '"name": "bash"' not in content  # the pre-fill never comes back as content
+            assert msg.tool_calls or not msg.content  # a call, or nothing of one
+            written = "".join(t.token for t in r.choices[0].logprobs.content)
+            assert msg.tool_calls or written.startswith(" {"), written
 
 
 def test_engine_mode_qwen3_coder_tool_choice(tmp_path: Path) -> None:
     """The same over the tiny synthetic qwen3moe model, whose Qwen3-Coder template teaches the XML
     form: the gateway reads the form from the GGUF's template, pre-fills ``<tool_call>\\n`` and holds
     the model to ``<function=NAME>\\n`` of an offered NAME (required) or to ``<parameter=`` /
-    ``</function>`` after ``<function=bash>\\n`` (named). Every call names an offered tool; content
-    is the model's own text after the pre-fill."""
+    ``</function>`` after ``<function=bash>\\n`` (named). Every call names an offered tool; a call
+    that does not fit comes back as nothing (its tokens' logprobs show what the model wrote)."""
     pytest.importorskip("fak.engine", reason="fak.Engine lands from branch pyengine")
     synth = pytest.importorskip("fak.synth", reason="fak.synth lands from branch synth")
     from gateway_fakes import BASH_TOOL, WEATHER_TOOL
@@ -158,26 +158,27 @@ def test_engine_mode_qwen3_coder_tool_choice(tmp_path: Path) -> None:
         seen = set()
         for seed in range(6):
             r = client.chat.completions.create(model="tiny", messages=haiku, tools=tools, tool_choice="required",
-                                               max_tokens=24, temperature=1.0, seed=seed)
+                                               max_tokens=24, temperature=1.0, seed=seed, logprobs=True)
             msg = r.choices[0].message
             for call in msg.tool_calls or []:
                 assert call.function.name in names and isinstance(json.loads(call.function.arguments), dict)
                 seen.add(call.function.name)
             if not msg.tool_calls:
-                content = msg.content or ""
-                assert content.startswith("<function=") and not content.startswith("<tool_call>"), content
-                name = content[len("<function="):].split(">", 1)[0]
-                assert name in names and content.startswith(f"<function={name}>\n"), content
+                assert not msg.content and r.model_extra["fak"]["tool_call_error"]  # never a fragment
+                written = "".join(t.token for t in r.choices[0].logprobs.content)
+                name = written[len("<function="):].split(">", 1)[0]
+                assert name in names and written.startswith(f"<function={name}>\n"), written
                 seen.add(name)
         assert len(seen) > 1, seen  # the model chooses among them; nothing picks one for it
         for seed in range(3):
             r = client.chat.completions.create(model="tiny", messages=haiku, tools=tools, max_tokens=16, seed=seed,
-                                               tool_choice={"type": "function", "function": {"name": "bash"}})
+                                               tool_choice={"type": "function", "function": {"name": "bash"}},
+                                               logprobs=True)
             msg = r.choices[0].message
-            content = msg.content or ""
-            assert msg.tool_calls or content.startswith(("<parameter=", "</function>")), content
+            assert msg.tool_calls or not msg.content  # a call, or nothing of one
+            written = "".join(t.token for t in r.choices[0].logprobs.content)
+            assert msg.tool_calls or written.startswith(("<parameter=", "</function>")), written
             assert all(c.function.name == "bash" for c in msg.tool_calls or [])
-            assert "<function=bash>" not in content  # the pre-fill never comes back as content
 
 
 def test_policy_check(tmp_path: Path) -> None:

@@ -75,15 +75,60 @@ def test_fitting_calls_pass() -> None:
         ("get_weather", {"city": "Paris"}), ("get_time", {"anything": [1]})]
 
 
-def test_a_rejected_forced_block_drops_the_prefill() -> None:
-    """The server's pre-fill is never content: a forced block that is not a call comes back as
-    the model's part of it only."""
+def test_a_rejected_forced_block_is_never_a_fragment() -> None:
+    """Neither the server's pre-fill nor the model's part of a forced block that is not a call
+    comes back as text: the rejection has empty text (the gateway retries, or answers cleanly)."""
     prefix = '<tool_call>\n{"name": "get_weather", "arguments":'
     pieces = _pieces(" 1}\n</tool_call>", prefix=prefix)
-    assert pieces == [RejectedCall(" 1}\n</tool_call>", pieces[0].problem, "get_weather")]
+    assert pieces == [RejectedCall("", pieces[0].problem, "get_weather")]
     pieces = _pieces(' {"city": "Rome"}}\n</tool_call>', prefix=prefix)
     assert [(p.name, json.loads(p.arguments)) for p in pieces] == [("get_weather", {"city": "Rome"})]
     assert _pieces("", prefix=prefix) == [RejectedCall("", _pieces("", prefix=prefix)[0].problem, None)]
+    required = '<tool_call>\n{"name": "'
+    for reply in ('autumn", "arguments": {}}\n</tool_call>', 'get_weather", "arguments": {"town": 1}}\n</tool_call>',
+                  'get_weather", "arguments": {"city": "Ro', 'get_weather", "argu'):
+        pieces = _pieces(reply, prefix=required)
+        assert len(pieces) == 1 and isinstance(pieces[0], RejectedCall) and pieces[0].text == "", reply
+
+
+@pytest.mark.parametrize("reply,calls,rest", [
+    # a whole call, then junk inside the block: the call is taken, the junk (and the rest) dropped
+    ('get_time", "arguments": {}}}}\n</tool_call>\nmore text', [("get_time", {})], ""),
+    ('get_weather", "arguments": {"city": "Rome"}} and now I explain the call', [("get_weather", {"city": "Rome"})], ""),
+    ('get_weather", "arguments": {"city": "Rome"}}\n{"name": "get_time", "arguments": {}} junk',
+     [("get_weather", {"city": "Rome"}), ("get_time", {})], ""),
+    ('get_weather", "arguments": {"city": "Rome"}}, {"name": "get_time", "arguments": {}}\n</tool_call>',
+     [("get_weather", {"city": "Rome"}), ("get_time", {})], ""),
+    # a whole call that closes its block normally: the text after it stays
+    ('get_time", "arguments": {}}\n</tool_call>\nDone.', [("get_time", {})], "\nDone."),
+    # junk after a call that does not fit is no rescue
+    ('get_weather", "arguments": {"town": "Rome"}} junk', [], None),
+])
+def test_a_forced_call_followed_by_junk_is_the_call(reply: str, calls: list, rest: str | None) -> None:
+    pieces = _pieces(reply, prefix='<tool_call>\n{"name": "')
+    assert [(p.name, json.loads(p.arguments)) for p in pieces if isinstance(p, ParsedToolCall)] == calls
+    if rest is None:
+        assert len(pieces) == 1 and isinstance(pieces[0], RejectedCall) and pieces[0].text == ""
+    else:
+        assert "".join(p.text for p in pieces if isinstance(p, Text)) == rest
+
+
+def test_a_forced_call_is_decided_as_soon_as_junk_follows_it() -> None:
+    """Fed token by token, the parser takes the call when the first junk character arrives and
+    says so (``complete``): the gateway stops the generation there."""
+    parser = ToolCallParser('<tool_call>\n{"name": "', TOOLS)
+    got: list = []
+    for ch in 'get_time", "arguments": {}}':
+        got += parser.feed(ch)
+    assert not got and not parser.complete  # the object closed: another may follow, or </tool_call>
+    got += parser.feed("\n")
+    assert not got and not parser.complete
+    got += parser.feed("}")
+    assert [p.name for p in got] == ["get_time"] and parser.complete
+    assert parser.feed("</tool_call> more") == [] and parser.finish() == []
+    # without a prefix (tool_choice auto) nothing is salvaged: a block with junk is content
+    pieces = _pieces('<tool_call>\n{"name": "get_time", "arguments": {}}}\n</tool_call>')
+    assert isinstance(pieces[0], RejectedCall) and pieces[0].text.startswith("<tool_call>")
 
 
 def test_bare_calls_must_fit_too() -> None:

@@ -218,11 +218,43 @@ def test_forced_prefix_is_parsed_and_never_returned() -> None:
     for parts in _splits("<parameter=city>\nRome\n</parameter>\n</function>\n</tool_call>"):
         assert _calls(_run(parts, prefix)) == [("get_weather", {"city": "Rome"})]
     pieces = _run(["<parameter=town>\nRome\n</parameter>\n</function>\n</tool_call>"], prefix)
-    assert pieces == [RejectedCall("<parameter=town>\nRome\n</parameter>\n</function>\n</tool_call>",
-                                   pieces[0].problem, "get_weather")]
+    assert pieces == [RejectedCall("", pieces[0].problem, "get_weather")]  # never a fragment
     assert _calls(_run(["<function=get_time>\n</function>\n</tool_call>"], "<tool_call>\n")) == [("get_time", {})]
     empty = _run([""], "<tool_call>\n")
     assert len(empty) == 1 and isinstance(empty[0], RejectedCall) and empty[0].text == ""
+
+
+@pytest.mark.parametrize("reply,calls,rest", [
+    # a whole call, then broken markup: the call is taken, the rest dropped
+    ("<function=get_time>\n</function>\n<function=get_weather>\n<parameter=city", [("get_time", {})], ""),
+    ("<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\nI called it.\n</tool_call>\nmore",
+     [("get_weather", {"city": "Rome"})], ""),
+    # a call that closes its block normally keeps the text after it
+    ("<function=get_time>\n</function>\n</tool_call>\nDone.", [("get_time", {})], "\nDone."),
+    # a </function> inside a value still open is never taken as the call's end: nothing is cut
+    ("<function=get_weather>\n<parameter=city>\n<a>\n</function>\nb\n</parameter>\n</function>\n</tool_call>",
+     [("get_weather", {"city": "<a>\n</function>\nb"})], ""),
+    ("<function=autumn>\n</function>\njunk", [], None),
+])
+def test_a_forced_xml_call_followed_by_junk_is_the_call(reply: str, calls: list, rest: str | None) -> None:
+    for parts in _splits(reply):
+        pieces = _run(parts, "<tool_call>\n")
+        assert _calls(pieces) == calls, parts
+        if rest is None:
+            assert len(pieces) == 1 and isinstance(pieces[0], RejectedCall) and pieces[0].text == "", parts
+        else:
+            assert "".join(p.text for p in pieces if isinstance(p, Text)) == rest, parts
+
+
+def test_a_forced_xml_call_is_decided_as_soon_as_junk_follows_it() -> None:
+    parser = Qwen3XmlParser("<tool_call>\n", TOOLS)
+    got: list = []
+    for ch in "<function=get_weather>\n<parameter=city>\nRome\n</parameter>\n</function>\n</tool":
+        got += parser.feed(ch)
+    assert not got and not parser.complete
+    got += parser.feed("x")  # "</toolx": not the close marker
+    assert _calls(got) == [("get_weather", {"city": "Rome"})] and parser.complete
+    assert parser.feed("more") == [] and parser.finish() == []
 
 
 def test_without_tools_any_name_and_every_value_text() -> None:

@@ -265,6 +265,9 @@ class AssistantOutputFilter:
     on_reject: Any = None
     tool_format: ToolCallFormat = ToolCallFormat.HERMES
     rejected: list[CallProblem] = field(default_factory=list, init=False)
+    #: with a forced ``prefix``: why the forced call is not a call (``None``: it is, or undecided)
+    forced_error: CallProblem | None = field(default=None, init=False)
+    _forced_seen: bool = field(default=False, init=False)
     _tools: ToolCallParser | Qwen3XmlParser | None = field(default=None, init=False)
     _bash: BashBlockParser | None = field(default=None, init=False)
     _held_ws: str = field(default="", init=False)
@@ -283,6 +286,13 @@ class AssistantOutputFilter:
     def n_tool_calls(self) -> int:
         """Tool calls sent so far."""
         return self._n_calls
+
+    @property
+    def complete(self) -> bool:
+        """The forced call was decided before its block closed (whole calls, then junk the
+        parser drops): nothing the model writes from here reaches the client, so the generation
+        may stop (``ToolCallParser.complete``)."""
+        return bool(getattr(self._tools, "complete", False))
 
     def feed(self, text: str) -> list[ContentOut | ToolCallOut]:
         """Consume one generated text delta."""
@@ -306,6 +316,10 @@ class AssistantOutputFilter:
     def _pieces(self, pieces: list[Text | ParsedToolCall]) -> list[ContentOut | ToolCallOut]:
         out: list[ContentOut | ToolCallOut] = []
         for piece in pieces:
+            if isinstance(piece, (RejectedCall, ParsedToolCall)) and self.prefix and not self._forced_seen:
+                self._forced_seen = True  # the first block is the forced one
+                if isinstance(piece, RejectedCall):
+                    self.forced_error = piece.problem
             if isinstance(piece, RejectedCall):
                 self.rejected.append(piece.problem)
                 if self.on_reject is not None:

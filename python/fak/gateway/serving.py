@@ -43,8 +43,11 @@ arguments against the tool's JSON Schema). With ``"auto"`` a call that fails is 
 forced choice, a first call that fails (bad JSON, arguments that do not match the schema) is
 sampled again, up to ``GatewayConfig.tool_call_retries`` more times (a fresh seed; a greedy
 request's retries sample at ``RETRY_TEMPERATURE``, since greedy decoding would write the same call
-again); if none fits, the model's own text comes back as content (never the server's pre-fill,
-never a fragment of the pre-filled call), with ``finish_reason`` ``"stop"``: never a 4xx.
+again). A forced block that holds whole calls followed by junk is those calls (the parsers'
+``leading_calls``; the sequence stops as soon as the junk shows: ``Generation`` reads the
+filter's ``complete``). If no attempt fits, the answer has empty content, ``finish_reason``
+``"stop"`` and ``fak.tool_call_error`` (``Generation.tool_call_error``): never the server's
+pre-fill, never a fragment of the call, never a 4xx.
 """
 
 from __future__ import annotations
@@ -304,6 +307,8 @@ class Generation:
                         events += self.filt.feed(delta.text)
                     if decided:
                         yield events, lps
+                        if self.filt.complete:
+                            break
                         continue
                     held += events
                     held_lp += lps
@@ -316,6 +321,14 @@ class Generation:
                     decided = True
                     yield held, held_lp
                     held, held_lp = [], []
+                    if self.filt.complete:
+                        break
+            if self.filt.complete and not retry:
+                # the forced call is whole and the model went on with junk the parser drops:
+                # stop the sequence now (it ended as at a stop string)
+                if self.run.finish_reason is None:
+                    self.run.finish_reason = "stop"
+                await self.run.aclose()
             if not retry:
                 tail = self.filt.finish()
                 if not decided:
@@ -340,6 +353,16 @@ class Generation:
             self.run = self._new_run()
             self.filt = self.make_filter()
             await self.run.start()
+
+    @property
+    def tool_call_error(self) -> dict[str, str] | None:
+        """The ``fak.tool_call_error`` of a forced call that no attempt wrote whole (``kind``,
+        ``message``: why the last attempt was not a call), else ``None``. The answer then has
+        empty content: nothing of a broken call reaches the client."""
+        problem = self.filt.forced_error
+        if problem is None or self.filt.n_tool_calls:
+            return None
+        return {"kind": problem.kind, "message": problem.message}
 
     @staticmethod
     def _first_call(events: list[ContentOut | ToolCallOut]) -> str | None:
@@ -656,6 +679,8 @@ class EngineServing:
             system_fingerprint=SYSTEM_FINGERPRINT)
         if gate.active:
             response.fak_policy = FakPolicyInfo(verdicts=gate.verdicts)
+        if (error := gen.tool_call_error) is not None:
+            response.fak = {"tool_call_error": error}
         if (timings := gen.run.timings()) is not None:
             response.timings = timings
         return msgspec.json.encode(response)

@@ -42,6 +42,7 @@ __all__ = [
     "arguments_to_json",
     "explain_block",
     "extract_tool_calls",
+    "leading_calls",
     "new_tool_call_id",
     "parse_bare_calls",
     "parse_tool_call_json",
@@ -135,8 +136,13 @@ def parse_tool_call_objects(inner: str) -> list[tuple[str, str]] | None:
     return calls or None
 
 
-def _call_of(obj: Any, tool_names: frozenset[str]) -> tuple[str, str] | None:
-    if not isinstance(obj, dict) or obj.get("name") not in tool_names:
+def _call_of(obj: Any, tool_names: frozenset[str] | None) -> tuple[str, str] | None:
+    """``(name, arguments_json)`` of a call object naming one of ``tool_names`` (``None``: any
+    non-empty string name), else ``None``."""
+    if not isinstance(obj, dict):
+        return None
+    name = obj.get("name")
+    if not isinstance(name, str) or not name or (tool_names is not None and name not in tool_names):
         return None
     args_json = arguments_to_json(obj.get("arguments", obj.get("parameters", {})))
     return None if args_json is None else (obj["name"], args_json)
@@ -183,6 +189,43 @@ def parse_bare_calls(text: str, tool_names: frozenset[str], *, leading: bool = F
             return None
         calls.append(ParsedToolCall(parsed[0], parsed[1], text))
     return calls or None
+
+
+def leading_calls(inner: str, tools: ToolSet | None = None, *, early: bool = False) -> list[tuple[str, str]] | None:
+    """The call objects a block opens with when something else follows them: a forced call
+    (``tool_choice`` required or named) whose model wrote a whole call and then junk
+    (``{"name": "bash", "arguments": {...}}}}`` or prose inside the block). Returns
+    ``[(name, arguments_json), ...]`` of the leading objects that are calls of offered tools
+    (``tools.check`` passes; ``tools=None``: any name), or ``None`` when the block does not open
+    with one.
+
+    ``early=True`` (the block is still open): only when the text after the calls already shows it
+    is not more of the call list (another object, a comma) nor the block's close marker, so the
+    caller may decide now and stop the generation.
+    """
+    body = inner.lstrip()
+    decoder = json.JSONDecoder()
+    calls: list[tuple[str, str]] = []
+    pos = 0
+    while pos < len(body):
+        try:
+            obj, end = decoder.raw_decode(body, pos)
+        except (ValueError, RecursionError):
+            break
+        parsed = _call_of(obj, None) if isinstance(obj, dict) else None
+        if parsed is None or (tools is not None and tools.check(*parsed) is not None):
+            break
+        calls.append(parsed)
+        pos = last = end
+        while pos < len(body) and body[pos] in " \t\r\n,":
+            pos += 1
+    if not calls:
+        return None
+    if early:
+        rest = body[pos:].strip()
+        if not rest or TOOL_CALL_CLOSE.startswith(rest) or rest.startswith(("{", "[")) or "," in body[last:pos]:
+            return None
+    return calls
 
 
 _JSON_FENCE = "```json"
@@ -238,8 +281,11 @@ class ToolCallParser:
     Args:
         prefix: text the prompt already put in the assistant turn (a forced ``<tool_call>``
             opening for ``tool_choice="required"`` or a named function); parsed as if the model
-            had written it, and never returned as text: a block it opened that is not a call comes
-            back as the model's own part of it.
+            had written it, and never returned as text. The block it opened is the forced call:
+            when it holds a whole call followed by junk, the call is taken (``leading_calls``;
+            decided as soon as the junk shows, ``complete`` then says the rest of the generation
+            is not needed); when it holds none, it comes back as a ``RejectedCall`` with empty
+            text (never a fragment of a call: the caller retries or answers cleanly).
         tools: the offered tools (a ``ToolSet``, or a set of names without schemas). When given,
             every call is checked: a name that was not offered or arguments that fail the tool's
             schema make the block a ``RejectedCall``; and (without ``prefix``) an answer made only
@@ -255,8 +301,16 @@ class ToolCallParser:
         # "lead": deciding whether the answer may be bare JSON; "bare": holding it; "marked": normal
         self._mode = "lead" if self._tools is not None and self._tools.names and not prefix else "marked"
         self._held = ""
+        self._forced_open = bool(prefix)  # the forced block is open and undecided
+        self._complete = False
         if prefix:
             self._pending = self._convert(self._seg.feed(prefix))
+
+    @property
+    def complete(self) -> bool:
+        """The forced call was decided before its block closed (a whole call, then junk): the
+        rest of the generation is dropped, so the caller may stop it."""
+        return self._complete
 
     def _lead(self, delta: str) -> list[Text | ParsedToolCall]:
         self._held += delta
@@ -272,18 +326,33 @@ class ToolCallParser:
         text, self._held = self._held, ""
         return self._convert(self._seg.feed(text))
 
+    def _decided(self) -> None:
+        """The forced call is taken with junk after it: drop the rest of the generation."""
+        self._forced_open, self._complete = False, True
+        self._seg = BlockSegmenter(TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+
     def _convert(self, pieces: list[Text | Block]) -> list[Text | ParsedToolCall]:
         out: list[Text | ParsedToolCall] = []
         for piece in pieces:
+            if self._complete:
+                break
             if isinstance(piece, Text):
                 out.append(piece)
                 continue
             strip, self._prefix_len = self._prefix_len, 0
+            forced, self._forced_open = self._forced_open, False
             parsed = parse_tool_call_objects(piece.inner)
             problem = explain_block(piece.inner) if parsed is None else None
             if parsed is not None and self._tools is not None:
                 problem = next((p for p in (self._tools.check(n, a) for n, a in parsed) if p is not None), None)
-            if problem is not None:
+            if problem is not None and forced:
+                salvaged = leading_calls(piece.inner, self._tools)
+                if salvaged is not None:
+                    out += [ParsedToolCall(name, args, piece.raw) for name, args in salvaged]
+                    self._decided()
+                else:
+                    out.append(RejectedCall("", problem, _name_in(piece.inner)))
+            elif problem is not None:
                 out.append(RejectedCall(piece.raw[strip:], problem, _name_in(piece.inner)))
             else:
                 assert parsed is not None
@@ -297,12 +366,22 @@ class ToolCallParser:
         if self._mode == "bare":
             self._held += delta
             return []
+        if self._complete:
+            return []
         out = self._pending + self._convert(self._seg.feed(delta))
         self._pending = []
+        if self._forced_open and self._seg.in_block and "}" in delta:
+            early = leading_calls(self._seg.held, self._tools, early=True)
+            if early is not None:
+                raw = TOOL_CALL_OPEN + self._seg.held
+                out += [ParsedToolCall(name, args, raw) for name, args in early]
+                self._decided()
         return out
 
     def finish(self) -> list[Text | ParsedToolCall]:
         """End of generation. An unterminated block still counts as a call if its JSON is whole."""
+        if self._complete:
+            return []
         out: list[Text | ParsedToolCall] = []
         if self._mode != "marked":
             held, self._held = self._held, ""

@@ -83,6 +83,7 @@ __all__ = [
     "XmlCall",
     "convert_parameter",
     "extract_xml_tool_calls",
+    "leading_xml_calls",
     "parameter_kinds",
     "parse_xml_block",
     "scan_functions",
@@ -416,6 +417,49 @@ def parse_xml_block(inner: str, *, closed: bool = True, tools: ToolSet | None = 
     return out
 
 
+def _structural_ends(inner: str) -> list[int]:
+    """Where each ``</function>`` that surely closes a call ends: one right after a
+    ``</parameter>`` (blanks between), or closing a function with no parameter. A ``</function>``
+    inside a value still open (an XML file being written) is never one."""
+    ends = []
+    pos = 0
+    while (i := inner.find(FUNCTION_CLOSE, pos)) >= 0:
+        head = inner[:i].rstrip()
+        opened = head.rfind(FUNCTION_OPEN)
+        if head.endswith(PARAMETER_CLOSE) or (opened >= 0 and PARAMETER_OPEN not in head[opened:]):
+            ends.append(i + len(FUNCTION_CLOSE))
+        pos = i + len(FUNCTION_CLOSE)
+    return ends
+
+
+def leading_xml_calls(inner: str, tools: ToolSet | None = None, *, early: bool = False,
+                      ) -> list[tuple[str, str]] | None:
+    """The whole calls a ``<tool_call>`` block of the XML form opens with, when what follows
+    them is not a call: a forced call (``tool_choice`` required or named) whose model wrote a
+    call and then broken markup or junk. Only calls that end at a ``</function>`` that surely
+    closes them (``_structural_ends``: never one inside an open value, so no value is ever cut)
+    and fit the offered tools count. Returns ``[(name, arguments_json), ...]`` or ``None``.
+
+    ``early=True`` (the block is still open): only when the text after the calls already shows it
+    is neither another ``<function=`` nor the close marker, so the caller may decide now."""
+    best: tuple[list[tuple[str, str]], int] | None = None
+    for end in _structural_ends(inner):
+        parsed = parse_xml_block(inner[:end], closed=True, tools=tools)
+        if isinstance(parsed, CallProblem) or not parsed:
+            break
+        if tools is not None and any(tools.check(n, a) is not None for n, a in parsed):
+            break
+        best = (parsed, end)
+    if best is None:
+        return None
+    if early:
+        rest = inner[best[1]:].strip()
+        if (not rest or TOOL_CALL_CLOSE.startswith(rest) or rest.startswith(FUNCTION_OPEN)
+                or FUNCTION_OPEN.startswith(rest)):
+            return None
+    return best[0]
+
+
 def _first_name(inner: str) -> str | None:
     pos = inner.find(FUNCTION_OPEN)
     if pos < 0:
@@ -439,8 +483,10 @@ class Qwen3XmlParser:
         prefix: text the prompt already put in the assistant turn (the gateway's forced
             ``<tool_call>\\n`` or ``<tool_call>\\n<function=NAME>\\n`` for ``tool_choice``
             ``"required"`` or a named function); parsed as if the model had written it, never
-            returned as text: a block it opened that is not a call comes back as the model's own
-            part of it.
+            returned as text. The block it opened is the forced call: whole calls followed by
+            junk are taken (``leading_xml_calls``; decided as soon as the junk shows, ``complete``
+            then says the rest of the generation is not needed); a block with none comes back
+            as a ``RejectedCall`` with empty text (never a fragment of a call).
         tools: the offered tools (a ``ToolSet``, or a set of names without schemas). When given,
             values are typed by each tool's schema and every call is checked: a name that was not
             offered or arguments that fail the tool's schema make the block a ``RejectedCall``.
@@ -458,8 +504,16 @@ class Qwen3XmlParser:
         self._tools = _toolset(tools)
         self._prefix_len = len(prefix)  # stripped from the first block when it is not a call
         self._pending: list[Text | ParsedToolCall] = []
+        self._forced_open = bool(prefix)  # the forced block is open and undecided
+        self._complete = False
         if prefix:
             self._pending = self._convert(self._seg.feed(prefix))
+
+    @property
+    def complete(self) -> bool:
+        """The forced call was decided before its block closed (whole calls, then junk): the rest
+        of the generation is dropped, so the caller may stop it."""
+        return self._complete
 
     def _call(self, inner: str, closed: bool, raw: str, shown: str) -> list[Text | ParsedToolCall]:
         parsed = parse_xml_block(inner, closed=closed, tools=self._tools)
@@ -483,26 +537,55 @@ class Qwen3XmlParser:
                 out += self._call(inner, False, piece.raw, piece.raw)
         return out
 
+    def _decided(self) -> None:
+        """The forced call is taken with junk after it: drop the rest of the generation."""
+        self._forced_open, self._complete = False, True
+        self._seg = BlockSegmenter(TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
+
     def _convert(self, pieces: list[Text | Block]) -> list[Text | ParsedToolCall]:
         out: list[Text | ParsedToolCall] = []
         for piece in pieces:
+            if self._complete:
+                break
             if isinstance(piece, Text):
                 out += self._bare_pieces(self._bare.feed(piece.text))
                 continue
             out += self._bare_pieces(self._bare.finish())  # the text before this block, whole
             strip, self._prefix_len = self._prefix_len, 0
-            out += self._call(piece.inner, piece.closed, piece.raw, piece.raw[strip:])
+            forced, self._forced_open = self._forced_open, False
+            got = self._call(piece.inner, piece.closed, piece.raw, piece.raw[strip:])
+            first = got[0]
+            if forced and isinstance(first, RejectedCall):  # never a fragment of the forced call
+                salvaged = leading_xml_calls(piece.inner, self._tools)
+                if salvaged is not None:
+                    got = [ParsedToolCall(n, a, piece.raw) for n, a in salvaged]
+                    self._decided()
+                else:
+                    got = [RejectedCall("", first.problem, first.name)]
+            elif forced and leading_xml_calls(piece.inner, self._tools, early=True) is not None:
+                self._decided()  # junk after the calls, inside the block: as if decided early
+            out += got
         return out
 
     def feed(self, delta: str) -> list[Text | ParsedToolCall]:
         """Consume a text delta; return the pieces it completes."""
+        if self._complete:
+            return []
         out = self._pending + self._convert(self._seg.feed(delta))
         self._pending = []
+        if self._forced_open and self._seg.in_block and FUNCTION_CLOSE in self._seg.held:
+            early = leading_xml_calls(self._seg.held, self._tools, early=True)
+            if early is not None:
+                raw = TOOL_CALL_OPEN + self._seg.held
+                out += [ParsedToolCall(name, args, raw) for name, args in early]
+                self._decided()
         return out
 
     def finish(self) -> list[Text | ParsedToolCall]:
         """End of generation: the held text, and an unterminated block as a call when it is whole
         (see the module doc), else as text."""
+        if self._complete:
+            return []
         out = self._pending + self._convert(self._seg.finish()) + self._bare_pieces(self._bare.finish())
         self._pending = []
         return out

@@ -68,6 +68,11 @@ class BlockSegmenter:
         """Whether an opening marker has been seen and its closing marker not yet."""
         return self._in_block
 
+    @property
+    def held(self) -> str:
+        """The text held back: inside an open block, the block's inner text so far."""
+        return self._buf
+
     def feed(self, delta: str) -> list[Text | Block]:
         """Consume ``delta``; return the pieces it completes, in order."""
         if not delta:

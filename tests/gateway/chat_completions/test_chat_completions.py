@@ -31,9 +31,11 @@ def expected_reply(engine: FakeEngine, messages: list[dict[str, Any]], tools: An
 def collect_stream(stream: Any) -> dict[str, Any]:
     """Accumulate streamed chunks the way OpenAI's SDK helpers do."""
     out: dict[str, Any] = {"content": "", "tool_calls": {}, "finish_reason": None, "usage": None, "chunks": 0,
-                           "roles": []}
+                           "roles": [], "fak": None}
     for chunk in stream:
         out["chunks"] += 1
+        if (chunk.model_extra or {}).get("fak") is not None:  # fak's extension (a forced call's error)
+            out["fak"] = chunk.model_extra["fak"]
         if chunk.usage is not None:
             out["usage"] = chunk.usage
         for choice in chunk.choices:

@@ -156,12 +156,12 @@ def test_required_fills_the_required_parameters(start_gateway: Any, stream: bool
     assert calls == [("get_weather", {"city": "forced"})]
 
 
-def test_required_unoffered_name_is_content_without_the_prefill(start_gateway: Any) -> None:
-    """An engine that ignores prefix_choices: the call of an unknown tool is the model's text."""
+def test_required_unoffered_name_is_never_a_fragment(start_gateway: Any) -> None:
+    """An engine that ignores prefix_choices: the call of an unknown tool is not a call, and
+    nothing of it comes back (empty content, finish "stop")."""
     srv = start_gateway(engine=xml_engine(honor_choices=False), tool_call_retries=0)
     content, calls, finish = _ask(_client(srv), False, messages=HAIKU, tools=[WEATHER_TOOL], tool_choice="required")
-    assert not calls and finish == "stop"
-    assert content == "<function=autumn>\n</function>\n</tool_call>"  # what the model wrote, no pre-fill
+    assert not calls and finish == "stop" and not content
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -179,13 +179,13 @@ def test_named_choice(start_gateway: Any, stream: bool) -> None:
     assert calls == [("get_weather", {"city": "forced"})]
 
 
-def test_named_choice_that_misses_the_schema_is_retried_then_text(start_gateway: Any, http: httpx.Client) -> None:
+def test_named_choice_that_misses_the_schema_is_retried_then_empty(start_gateway: Any, http: httpx.Client) -> None:
     eng = xml_engine()
     srv = start_gateway(engine=eng, tool_call_retries=2)
     content, calls, finish = _ask(_client(srv), False, messages=[{"role": "user", "content": "no city"}],
                                   tools=[WEATHER_TOOL], tool_choice=_named("get_weather"))
     assert not calls and finish == "stop" and len(eng.requests) == 3
-    assert content == "<parameter=town>\nOslo\n</parameter>\n</function>\n</tool_call>"  # no pre-fill
+    assert not content  # nothing of the broken call
     m = scrape(http, srv.url)
     assert m[("fak_tool_call_retries_total", ())] == 2
     assert m[("fak_tool_calls_rejected_total", (("reason", "schema"),))] == 3

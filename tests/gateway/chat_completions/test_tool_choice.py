@@ -10,6 +10,7 @@ the client receives is a call of an offered tool with fitting arguments, or cont
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,6 +22,7 @@ from gateway_fakes import (
     BASH_TOOL,
     SCRIPT,
     WEATHER_TOOL,
+    Delta,
     FakeEngine,
     FakePolicy,
     scrape,
@@ -57,21 +59,58 @@ def test_required_never_calls_a_tool_that_was_not_offered(start_gateway: Any, st
     assert choices == {f'{n}", "arguments":{o}' for n in ("get_weather", "get_time") for o in (' {"', " {}", " {\n")}
 
 
-@pytest.mark.parametrize("stream", [False, True])
-def test_unoffered_name_is_content_not_a_call(start_gateway: Any, stream: bool) -> None:
-    """An engine that does not hold the model to the choices (or a model writing a second block):
-    a call of an unknown tool is never returned as a call; the model's text is content."""
-    srv = start_gateway(engine=FakeEngine(honor_choices=False))
-    client = _client(srv)
-    kwargs = dict(model=MODEL, messages=HAIKU, tools=[WEATHER_TOOL], tool_choice="required")
+def _forced(client: openai.OpenAI, stream: bool, **kwargs: Any) -> tuple[str | None, Any, str, Any]:
+    """(content, tool calls, finish reason, fak extension) of one request, streamed or not."""
     if stream:
         got = collect_stream(client.chat.completions.create(stream=True, **kwargs))
-        content, calls, finish = got["content"], got["tool_calls"], got["finish_reason"]
+        return got["content"], got["tool_calls"], got["finish_reason"], got["fak"]
+    r = client.chat.completions.create(**kwargs)
+    c = r.choices[0]
+    return c.message.content, c.message.tool_calls, c.finish_reason, (r.model_extra or {}).get("fak")
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_unoffered_name_is_never_a_call_nor_a_fragment(start_gateway: Any, stream: bool) -> None:
+    """An engine that does not hold the model to the choices (or a model writing a second block):
+    a call of an unknown tool is never returned as a call, and nothing of the broken call reaches
+    the client (no `autumn", "arguments": ...` fragment): empty content, finish "stop", and
+    fak.tool_call_error saying why."""
+    srv = start_gateway(engine=FakeEngine(honor_choices=False))
+    content, calls, finish, fak = _forced(_client(srv), stream, model=MODEL, messages=HAIKU, tools=[WEATHER_TOOL],
+                                          tool_choice="required")
+    assert not calls and finish == "stop" and not content
+    assert fak["tool_call_error"]["kind"] == "unknown_tool" and "autumn" in fak["tool_call_error"]["message"]
+
+
+class _CallThenJunk(FakeEngine):
+    """Completes a forced call whole, then writes junk (extra braces, prose) for a long time."""
+
+    async def astream(self, prompt: Any, **sampling: Any) -> AsyncIterator[Any]:
+        self.requests.append((list(prompt), dict(sampling)))
+        text = 'get_weather", "arguments": {"city": "Rome"}}}}' + " and so on" * 200
+        for i, ch in enumerate(text):
+            await asyncio.sleep(0)
+            yield Delta(ch, [ord(ch)], "length" if i == len(text) - 1 else None)
+        self.finished += 1
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_whole_forced_call_followed_by_junk_is_the_call(start_gateway: Any, http: httpx.Client,
+                                                          stream: bool) -> None:
+    """The issue's case: the text held a complete valid call followed by junk. The call comes
+    back (no retry), and the sequence stops at the first junk character."""
+    eng = _CallThenJunk()
+    srv = start_gateway(engine=eng, tool_call_retries=2)
+    content, calls, finish, fak = _forced(_client(srv), stream, model=MODEL, messages=HAIKU, tools=[WEATHER_TOOL],
+                                          tool_choice="required")
+    if stream:
+        calls = [(c["name"], json.loads(c["arguments"])) for c in calls.values()]
     else:
-        r = client.chat.completions.create(**kwargs)
-        content, calls, finish = r.choices[0].message.content, r.choices[0].message.tool_calls, r.choices[0].finish_reason
-    assert not calls and finish == "stop"
-    assert content == 'autumn", "arguments": {}}\n</tool_call>'  # what the model wrote, no pre-fill
+        calls = [(c.function.name, json.loads(c.function.arguments)) for c in calls]
+    assert calls == [("get_weather", {"city": "Rome"})] and finish == "tool_calls" and not content and fak is None
+    assert len(eng.requests) == 1 and eng.finished == 0  # stopped early: the fake never reached its end
+    assert ("fak_tool_call_retries_total", ()) not in scrape(http, srv.url) or \
+        scrape(http, srv.url)[("fak_tool_call_retries_total", ())] == 0
 
 
 def test_unoffered_name_in_auto_mode_is_content(start_gateway: Any, http: httpx.Client) -> None:
@@ -102,19 +141,14 @@ def test_arguments_that_fail_the_schema_are_content_in_auto_mode(start_gateway: 
 @pytest.mark.parametrize("stream", [False, True])
 def test_named_choice_never_leaks_the_prefill(start_gateway: Any, stream: bool) -> None:
     """The model answers the pre-filled `"arguments":` with `1}` (not an object): the client gets
-    the model's own text, never `<tool_call>\\n{"name": "get_weather", "arguments": 1}`."""
+    neither `<tool_call>\\n{"name": "get_weather", "arguments": 1}` nor the fragment ` 1}`."""
     srv = start_gateway(engine=FakeEngine(honor_choices=False), tool_call_retries=1)
     client = _client(srv)
     kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "a number please"}], tools=[WEATHER_TOOL],
                   tool_choice={"type": "function", "function": {"name": "get_weather"}})
-    if stream:
-        got = collect_stream(client.chat.completions.create(stream=True, **kwargs))
-        content, calls = got["content"], got["tool_calls"]
-    else:
-        r = client.chat.completions.create(**kwargs)
-        content, calls = r.choices[0].message.content, r.choices[0].message.tool_calls
-    assert not calls and content == " 1}\n</tool_call>"
-    assert "<tool_call>" not in content.replace("</tool_call>", "") and '"name"' not in content
+    content, calls, finish, fak = _forced(client, stream, **kwargs)
+    assert not calls and not content and finish == "stop"
+    assert fak["tool_call_error"]["kind"] == "invalid_json"
 
 
 def test_named_choice_opens_an_object(start_gateway: Any) -> None:
@@ -189,14 +223,15 @@ def test_an_unseeded_greedy_retry_is_reproducible(start_gateway: Any) -> None:
     assert seeds[0] == seeds[1] != seeds[2]
 
 
-def test_retries_exhausted_return_the_text(start_gateway: Any) -> None:
+def test_retries_exhausted_answer_cleanly(start_gateway: Any) -> None:
     eng = FakeEngine()
     srv = start_gateway(engine=eng, tool_call_retries=2)
     r = _client(srv).chat.completions.create(
         model=MODEL, messages=[{"role": "user", "content": "no city"}], tools=[WEATHER_TOOL],
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
     assert r.choices[0].message.tool_calls is None and r.choices[0].finish_reason == "stop"
-    assert r.choices[0].message.content == ' {"town": "Oslo"}}\n</tool_call>'
+    assert r.choices[0].message.content == ""
+    assert r.model_extra["fak"]["tool_call_error"]["kind"] == "schema"
     assert len(eng.requests) == 3
 
 

@@ -301,3 +301,25 @@ def test_stream_answers_before_the_first_token(start_gateway: Any, http: httpx.C
     assert seen[0][1] == "message_start" and seen[0][0] < 0.8 < first_text
     assert sum(1 for t, e in seen if e == "ping" and t < first_text) >= 3
     assert seen[-1][1] == "message_stop"
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_that_fails_is_never_a_fragment(start_gateway: Any, http: httpx.Client, stream: bool) -> None:
+    """tool_choice any, and a model that names a tool that was not offered (an engine that
+    ignores prefix_choices): no tool_use, no text fragment of the call, end_turn, and
+    fak.tool_call_error saying why."""
+    srv = start_gateway(engine=FakeEngine(honor_choices=False), tool_call_retries=0)
+    body = {"model": MODEL, "max_tokens": 100, "tools": [WEATHER], "tool_choice": {"type": "any"},
+            "messages": [{"role": "user", "content": "Write a haiku about autumn."}]}
+    if not stream:
+        r = http.post(srv.url + "/v1/messages", json=body)
+        data = r.json()
+        assert r.status_code == 200 and data["content"] == [] and data["stop_reason"] == "end_turn"
+        assert data["fak"]["tool_call_error"]["kind"] == "unknown_tool"
+        return
+    with http.stream("POST", srv.url + "/v1/messages", json={**body, "stream": True}) as r:
+        raw = b"".join(r.iter_raw()).decode()
+    events = [json.loads(line[6:]) for line in raw.splitlines() if line.startswith("data: ")]
+    assert [e["type"] for e in events] == ["message_start", "ping", "message_delta", "message_stop"]
+    assert events[2]["delta"]["stop_reason"] == "end_turn" and "autumn" not in raw.split("message_delta")[0]
+    assert events[2]["fak"]["tool_call_error"]["kind"] == "unknown_tool"

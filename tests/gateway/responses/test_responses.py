@@ -231,3 +231,21 @@ def test_policy_on_responses(start_gateway: Any, engine: FakeEngine) -> None:
     events = list(c.responses.create(model=MODEL, input="wipe it", tools=[{"type": "shell"}], stream=True))
     final = events[-1].response
     assert final.output_text.startswith("[fak policy]") and not any(o.type == "shell_call" for o in final.output)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_forced_call_that_fails_is_never_a_fragment(start_gateway: Any, stream: bool) -> None:
+    """tool_choice required, and a model that names a tool that was not offered: no call item,
+    no message holding a fragment of the call, and fak.tool_call_error saying why."""
+    srv = start_gateway(engine=FakeEngine(honor_choices=False), tool_call_retries=0)
+    client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0)
+    kwargs: dict[str, Any] = dict(model=MODEL, input="Write a haiku about autumn.", tools=[WEATHER],
+                                  tool_choice="required")
+    if stream:
+        events = list(client.responses.create(stream=True, **kwargs))
+        assert [e.type for e in events] == ["response.created", "response.in_progress", "response.completed"]
+        final = events[-1].response
+    else:
+        final = client.responses.create(**kwargs)
+    assert final.output == [] and final.status == "completed"
+    assert final.model_extra["fak"]["tool_call_error"]["kind"] == "unknown_tool"

@@ -271,6 +271,9 @@ class ChatCompletion(msgspec.Struct):
     system_fingerprint: str | None = None
     fak_policy: FakPolicyInfo | UnsetType = UNSET
     timings: Timings | UnsetType = UNSET  # engine mode: queue+prefill and decode time (llama.cpp's names)
+    #: fak extension: ``tool_call_error`` (a forced call no attempt wrote whole: ``kind``,
+    #: ``message``), ``inline_reads`` (``--serve-inline-reads``)
+    fak: dict[str, Any] | UnsetType = UNSET
 
 
 class ChunkFunction(msgspec.Struct):
@@ -321,3 +324,5 @@ class ChatCompletionChunk(msgspec.Struct):
     system_fingerprint: str | None = None
     usage: Usage | None | UnsetType = UNSET
     fak_policy: FakPolicyInfo | UnsetType = UNSET
+    #: fak extension on the chunk that ends the choice (see ``ChatCompletion.fak``)
+    fak: dict[str, Any] | UnsetType = UNSET

@@ -168,13 +168,15 @@ class ChatServing(EngineServing):
         sent_calls = 0
 
         def chunk(delta: ChatDelta, *, finish: str | None = None, verdict: Any = None,
-                  lp: list[TokenLogprobs] | None = None) -> bytes:
+                  lp: list[TokenLogprobs] | None = None, fak: dict[str, Any] | None = None) -> bytes:
             c = ChatCompletionChunk(
                 id=cid, created=created, model=model, system_fingerprint=SYSTEM_FINGERPRINT, usage=usage_null,
                 choices=[ChatChunkChoice(index=0, delta=delta, finish_reason=finish,
                                          logprobs=ChoiceLogprobs(content=self._chat_logprobs(lp)) if lp else None)])
             if verdict is not None:
                 c.fak_policy = FakPolicyInfo(verdicts=[verdict])
+            if fak is not None:
+                c.fak = fak
             return sse_event(c)
 
         def events_out(events: list[ContentOut | ToolCallOut]) -> list[bytes]:
@@ -202,7 +204,9 @@ class ChatServing(EngineServing):
                     out = events_out(merge_content(events))
                     if out:
                         yield b"".join(out)
-            tail = [chunk(ChatDelta(), finish=finish_reason_of(gen.finish_reason, sent_calls > 0), lp=pending_lp)]
+            error = gen.tool_call_error  # a forced call no attempt wrote whole
+            tail = [chunk(ChatDelta(), finish=finish_reason_of(gen.finish_reason, sent_calls > 0), lp=pending_lp,
+                          fak={"tool_call_error": error} if error is not None else None)]
             if include_usage:
                 tail.append(sse_event(ChatCompletionChunk(
                     id=cid, created=created, model=model, system_fingerprint=SYSTEM_FINGERPRINT, choices=[],

@@ -418,10 +418,13 @@ class MessagesServing(EngineServing):
             stop = stop_reason_of(gen.finish_reason, has_calls=n_calls > 0, stop_sequence=gen.stop_sequence,
                                   window_cut=gen.window_cut)
             tail = close()
-            tail.append(anthropic_event("message_delta", {
+            delta: dict[str, Any] = {
                 "type": "message_delta",
                 "delta": {"stop_reason": stop, "stop_sequence": gen.stop_sequence if stop == "stop_sequence" else None},
-                "usage": {"input_tokens": prep.n_prompt, "output_tokens": gen.n_completion}}))
+                "usage": {"input_tokens": prep.n_prompt, "output_tokens": gen.n_completion}}
+            if (error := gen.tool_call_error) is not None:  # a forced call no attempt wrote whole
+                delta["fak"] = {"tool_call_error": error}
+            tail.append(anthropic_event("message_delta", delta))
             tail.append(anthropic_event("message_stop", {"type": "message_stop"}))
             yield b"".join(tail)
         except APIError as err:

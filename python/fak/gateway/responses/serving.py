@@ -416,6 +416,8 @@ class ResponsesServing(EngineServing):
             final = self._response(req, rid, created, output, gen, prep.n_prompt, gen.n_completion)
             if prep.setup.gate.active:
                 final["fak_policy"] = {"verdicts": [msgspec.to_builtins(v) for v in prep.setup.gate.verdicts]}
+            if (error := gen.tool_call_error) is not None:  # a forced call no attempt wrote whole
+                final["fak"] = {"tool_call_error": error}
             self._store(req, rid, history, output, final)
             kind = "response.incomplete" if final["status"] == "incomplete" else "response.completed"
             tail.append(ev(kind, response=final))
