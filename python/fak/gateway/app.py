@@ -1,7 +1,8 @@
 """The app factory: a Litestar app serving OpenAI's API over a ``fak.Engine`` or an upstream.
 
 ``create_app(engine=...)`` serves one engine (engine mode); ``create_app(upstream=Upstream(...))``
-relays to another OpenAI-compatible server (proxy mode). Either way the app has the same
+relays each protocol (chat completions, completions, Anthropic messages, responses) to an
+upstream server that speaks it (proxy mode). Either way the app has the same
 routes, errors, policy and metrics. The engine (or upstream) is injected, so tests pass a fake
 engine and ``fak serve`` passes a real one; the app never closes an engine it was given.
 """
@@ -143,10 +144,12 @@ class Gateway:
             self.responses: Any = ResponsesServing(self)
         else:
             assert upstream is not None
+            from fak.gateway.messages.proxy import ProxyMessagesServing
+            from fak.gateway.responses.proxy import ProxyResponsesServing
             self.chat = ProxyChatServing(self, upstream)
             self.completions = ProxyCompletionServing(self, upstream)
-            self.messages = _EngineOnly("/v1/messages")
-            self.responses = _EngineOnly("/v1/responses")
+            self.messages = ProxyMessagesServing(self, upstream)
+            self.responses = ProxyResponsesServing(self, upstream)
 
     def check_model(self, name: str) -> None:
         """Raise a 404 ``model_not_found`` unless ``name`` is the served model or one of its
@@ -209,34 +212,6 @@ class Gateway:
         """Release the upstream connection pool (the engine and the audit log belong to the caller)."""
         if self.upstream is not None:
             await self.upstream.aclose()
-
-
-class _EngineOnly:
-    """The serving object of an endpoint proxy mode does not relay: every call is a 501."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-    def _refuse(self) -> APIError:
-        return APIError(501, f"{self.path} is served in engine mode (fak serve --gguf); proxy mode relays "
-                        "/v1/chat/completions and /v1/completions only.", type="server_error",
-                        code="not_implemented")
-
-    async def handle(self, request: Any) -> Response[Any]:
-        """Refuse (501)."""
-        raise self._refuse()
-
-    async def count_tokens(self, request: Any) -> Response[Any]:
-        """Refuse (501)."""
-        raise self._refuse()
-
-    async def retrieve(self, response_id: str) -> Response[Any]:
-        """Refuse (501)."""
-        raise self._refuse()
-
-    async def delete(self, response_id: str) -> Response[Any]:
-        """Refuse (501)."""
-        raise self._refuse()
 
 
 def _auth_guard(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:

@@ -1,7 +1,10 @@
-"""Proxy mode: the same API in front of an upstream OpenAI-compatible server, same policy.
+"""Proxy mode: the same API in front of an upstream server, same policy.
 
 ``fak serve --base-url URL`` forwards ``/v1/chat/completions``, ``/v1/completions`` and
-``/v1/models`` to ``URL`` (an OpenAI base URL, ``.../v1``) with httpx. Requests are validated
+``/v1/models`` to ``URL`` (an OpenAI base URL, ``.../v1``) with httpx; ``/v1/messages`` and
+``/v1/responses`` are relayed by their own folders over the same flow
+(``fak.gateway.messages.proxy``, ``fak.gateway.responses.proxy``: ``_ProxyServing`` and its
+hooks, ``sse_events`` for streams with named events). Requests are validated
 with the gateway's own schemas first (the same 400s as engine mode), then the client's body is
 sent unchanged, with the upstream key (``--upstream-key``) instead of the client's.
 
@@ -43,6 +46,7 @@ from fak.gateway.policy_filter import (
     AssistantOutputFilter,
     ContentOut,
     PolicyGate,
+    RequestContext,
     denial_note,
     request_context,
 )
@@ -51,7 +55,8 @@ from fak.gateway.sse import DONE, SSE_HEADERS, sse_error, sse_event
 
 log = logging.getLogger("fak.gateway.proxy")
 
-__all__ = ["PolicyRelay", "ProxyChatServing", "ProxyCompletionServing", "Upstream"]
+__all__ = ["PolicyRelay", "ProxyChatServing", "ProxyCompletionServing", "Upstream", "named_event", "sse_events",
+           "upstream_error"]
 
 
 class Upstream:
@@ -97,9 +102,13 @@ class Upstream:
         """``base_url`` + ``path`` (``/chat/completions``)."""
         return self.base_url + path
 
-    async def send(self, method: str, path: str, body: bytes | None = None, *, stream: bool = False) -> httpx.Response:
-        """Send one request; connection failures become 502/504 ``APIError``s."""
-        req = self.client.build_request(method, self.url(path), content=body, headers=self.headers())
+    async def send(self, method: str, path: str, body: bytes | None = None, *, stream: bool = False,
+                   headers: dict[str, str] | None = None) -> httpx.Response:
+        """Send one request; connection failures become 502/504 ``APIError``s. ``headers``
+        replace or add to ``headers()`` (a value ``""`` removes that header)."""
+        merged = {**self.headers(), **(headers or {})}
+        req = self.client.build_request(method, self.url(path), content=body,
+                                        headers={k: v for k, v in merged.items() if v})
         try:
             return await self.client.send(req, stream=stream)
         except httpx.TimeoutException as exc:
@@ -110,17 +119,19 @@ class Upstream:
                            type="server_error", code="upstream_unavailable") from None
 
 
-def upstream_error(resp: httpx.Response, body: bytes) -> Response[Any]:
-    """The upstream's error, passed through when it is OpenAI-shaped, else wrapped as a 502."""
+def upstream_error(resp: httpx.Response, body: bytes, *, anthropic: bool = False) -> Response[Any]:
+    """The upstream's error, passed through when it is OpenAI-shaped (or, ``anthropic``,
+    Anthropic-shaped: ``{"type": "error", "error": {...}}``), else wrapped as a 502."""
     try:
         data = json.loads(body)
     except ValueError:
         data = None
     if isinstance(data, dict) and isinstance(data.get("error"), dict):
-        return Response(body, status_code=resp.status_code, media_type="application/json")
+        if not anthropic or data.get("type") == "error":
+            return Response(body, status_code=resp.status_code, media_type="application/json")
     text = body[:500].decode("utf-8", "replace")
     return error_response(APIError(502, f"The upstream server answered {resp.status_code}: {text}",
-                                   type="server_error", code="upstream_error"))
+                                   type="server_error", code="upstream_error"), anthropic=anthropic)
 
 
 def _content_tail(text: str) -> str:
@@ -362,15 +373,47 @@ class PolicyRelay:
         return out
 
 
+async def sse_events(resp: httpx.Response) -> AsyncIterator[tuple[str | None, str]]:
+    """The server-sent events of an upstream stream as ``(event name or None, data)``: ``data:``
+    lines of one event joined by newlines (the SSE spec), comments and ``id:``/``retry:`` skipped."""
+    event: str | None = None
+    data: list[str] = []
+    async for line in resp.aiter_lines():
+        if not line:
+            if data:
+                yield event, "\n".join(data)
+            event, data = None, []
+        elif line.startswith("event:"):
+            event = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].lstrip(" "))
+    if data:
+        yield event, "\n".join(data)
+
+
+def named_event(event: str | None, data: str | bytes) -> bytes:
+    """One server-sent event: ``event: NAME`` (when named) and ``data: ...``."""
+    payload = data if isinstance(data, bytes) else data.encode()
+    return (b"event: " + event.encode() + b"\n" if event else b"") + b"data: " + payload + b"\n\n"
+
+
 class _ProxyServing:
-    """Shared request flow of the proxied endpoints."""
+    """Shared request flow of the proxied endpoints: decode and validate with the gateway's own
+    schemas, build the policy context and gate, screen tool results (quarantine), take an
+    admission slot, forward, and pass the answer (whole or streamed) through the protocol's
+    policy relay. Subclasses set ``path`` and ``request_type`` and the hooks below."""
 
     path = ""
     request_type: type = ChatCompletionRequest
+    #: errors take Anthropic's shape (``/v1/messages``)
+    anthropic = False
 
     def __init__(self, gateway: Any, upstream: Upstream) -> None:
         self.gw = gateway
         self.upstream = upstream
+
+    def _decode(self, body: bytes) -> Any:
+        return decode_body(body, self.request_type)
 
     def _validate(self, req: Any) -> None:
         raise NotImplementedError
@@ -378,27 +421,56 @@ class _ProxyServing:
     def _context_key(self, req: Any) -> list[Any]:
         raise NotImplementedError
 
-    def _filter_whole(self, relay: PolicyRelay, data: dict[str, Any]) -> None:
+    def _context(self, request: Request[Any, Any, Any], req: Any) -> RequestContext:
+        return request_context(request.headers, user=req.user, first_messages=self._context_key(req))
+
+    def _screen(self, req: Any, body: bytes, conversation: str) -> bytes:
+        """The body to forward: withheld tool results replaced (quarantine)."""
+        if self.gw.quarantine is not None and getattr(req, "messages", None):
+            return self.gw.quarantine.screen(req.messages, conversation).apply_raw(body)
+        return body
+
+    def _prepare_body(self, req: Any, body: bytes) -> bytes:
+        """A last change to the forwarded body (the Responses relay answers denied calls)."""
+        return body
+
+    def _relay_for(self, gate: PolicyGate, ctx: RequestContext) -> Any:
+        return PolicyRelay(gate, text_tools="bash" in ctx.text_tools)
+
+    def _upstream_headers(self, request: Request[Any, Any, Any]) -> dict[str, str] | None:
+        return None
+
+    def _filter_whole(self, relay: Any, data: dict[str, Any]) -> None:
         raise NotImplementedError
+
+    def _finish_whole(self, relay: Any, data: dict[str, Any]) -> None:
+        """After ``_filter_whole`` with a policy: attach the verdicts."""
+        data["fak_policy"] = {"verdicts": [msgspec.to_builtins(v) for v in relay.gate.verdicts]}
+
+    def _error(self, resp: httpx.Response, body: bytes) -> Response[Any]:
+        return upstream_error(resp, body, anthropic=self.anthropic)
+
+    def _fail(self, err: APIError) -> Response[Any]:
+        return error_response(err, anthropic=self.anthropic)
 
     async def handle(self, request: Request[Any, Any, Any]) -> Response[Any]:
         """Validate, forward, adjudicate, answer."""
         t0 = time.perf_counter()
         body = await request.body()
-        req: Any = decode_body(body, self.request_type)
+        req: Any = self._decode(body)
         self._validate(req)
-        ctx = request_context(request.headers, user=req.user, first_messages=self._context_key(req))
+        ctx = self._context(request, req)
         gate = PolicyGate(self.gw.policy, self.gw.audit, ctx, on_verdict=self.gw.metrics.count_verdict)
-        relay = PolicyRelay(gate, text_tools="bash" in ctx.text_tools)
+        relay = self._relay_for(gate, ctx)
         admission: Admission = self.gw.admission
-        if self.gw.quarantine is not None and getattr(req, "messages", None):
-            # withheld tool results never reach the upstream
-            body = self.gw.quarantine.screen(req.messages, ctx.conversation).apply_raw(body)
+        body = self._screen(req, body, ctx.conversation)  # withheld tool results never reach the upstream
+        body = self._prepare_body(req, body)
+        extra = self._upstream_headers(request)
 
         async def start() -> httpx.Response:
             await admission.acquire()
             try:
-                return await self.upstream.send("POST", self.path, body, stream=bool(req.stream))
+                return await self.upstream.send("POST", self.path, body, stream=bool(req.stream), headers=extra)
             except BaseException:
                 admission.release()
                 raise
@@ -422,22 +494,22 @@ class _ProxyServing:
             try:
                 raw = resp.content
                 if resp.status_code != 200:
-                    return upstream_error(resp, raw)
+                    return self._error(resp, raw)
                 try:
                     data = json.loads(raw)
                 except ValueError:
-                    return error_response(APIError(502, "The upstream server sent a body that is not JSON.",
-                                                   type="server_error", code="upstream_error"))
+                    return self._fail(APIError(502, "The upstream server sent a body that is not JSON.",
+                                               type="server_error", code="upstream_error"))
                 self._count_usage(data)
                 if relay.active and isinstance(data, dict):
                     try:
                         self._filter_whole(relay, data)
                     except Exception:  # noqa: BLE001 - never pass on what could not be adjudicated
                         log.exception("adjudicating the upstream response failed")
-                        return error_response(APIError(502, "The upstream sent a response the gateway could "
-                                                       "not read.", type="server_error", code="upstream_error"))
+                        return self._fail(APIError(502, "The upstream sent a response the gateway could "
+                                                   "not read.", type="server_error", code="upstream_error"))
                     if gate.active:
-                        data["fak_policy"] = {"verdicts": [msgspec.to_builtins(v) for v in gate.verdicts]}
+                        self._finish_whole(relay, data)
                     raw = msgspec.json.encode(data)
                 return Response(raw, media_type="application/json")
             finally:
@@ -447,14 +519,17 @@ class _ProxyServing:
                 raw = await resp.aread()
             finally:
                 await done()
-            return upstream_error(resp, raw)
+            return self._error(resp, raw)
         return Stream(self._relay(resp, relay, done), media_type="text/event-stream", headers=SSE_HEADERS,
                       background=BackgroundTask(done))
 
     def _count_usage(self, data: Any) -> None:
         usage = data.get("usage") if isinstance(data, dict) else None
+        if isinstance(data, dict) and isinstance(data.get("response"), dict):  # Responses' final event
+            usage = data["response"].get("usage")
         if isinstance(usage, dict):
-            pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+            pt = usage.get("prompt_tokens", usage.get("input_tokens"))
+            ct = usage.get("completion_tokens", usage.get("output_tokens"))
             if isinstance(pt, int) and pt >= 0:
                 self.gw.metrics.prompt_tokens.inc(pt)
             if isinstance(ct, int) and ct >= 0:
