@@ -6,10 +6,11 @@ one shard within the CPU backend's own summation-order noise; greedy tokens iden
 batched decode through ``fak._native.Model`` (plain greedy and the host-sampler path); a sequence
 batched equals it alone under N = 2; ``fak.Engine(tensor_parallel=2)``. On synthetic models: both
 architectures (qwen2 with Q/K/V biases, llama with tied embeddings, so its LM head is a slice of
-``token_embd``), qwen3 (per-head Q/K norms) and qwen3moe (experts cut by columns, router replicated:
-logits, greedy decode, router ties, ``fak.Engine`` chat; their own noise bound, below), the typed
-``fak.ShardError`` of a k-quant whose K per shard is not whole 256-element blocks (``ffn_down_exps``
-too), and the loud failures of ``backend="cuda"`` / ``fak serve --backend cuda`` with N > 1.
+``token_embd``), qwen3 (per-head Q/K norms) and qwen3moe (experts divided whole or cut by columns,
+``FAK_TP_MOE``, router replicated: logits, greedy decode, router ties, ``fak.Engine`` chat; their own
+noise bound, below), the typed ``fak.ShardError`` of a k-quant whose K per shard is not whole
+256-element blocks (``ffn_down_exps`` too), and the loud failures of ``backend="cuda"`` / ``fak serve
+--backend cuda`` with N > 1.
 
 The bound. Splitting ``attn_output`` and ``ffn_down`` along K changes only where their f32 dot
 products are summed (each shard's partial sum is rounded, then the shards are added in rank
@@ -208,8 +209,10 @@ def test_synthetic_models_of_both_architectures(tmp_path, arch: str) -> None:  #
 # llama.cpp quantizes them), which moves a logit by about 1e-2 here. The CPU backend's own noise
 # measured the same way (FAK_CPU_SIMD=scalar vs SIMD, 64 positions, Q8_0 and Q4_K_M, seeds 0-2;
 # 2026-12-07): max |dlogit| 0.013-0.049 (qwen3moe) and 0.008-0.019 (qwen3), mean 0.0003-0.0022; the
-# shards against one shard: max 0-0.030, mean 0-0.0022. The bounds are about 1.2x and 1.4x the largest
-# noise. A dropped MoE all-reduce moves them by whole units (docs/tensor-parallel.md).
+# shards against one shard (N = 2, 3, 4, 8; qwen3moe's experts divided either way): max 0-0.030, mean
+# 0-0.0022. The bounds are about 1.2x and 1.4x the largest noise. With the MoE all-reduce dropped (each
+# shard keeps its partial sum) or the partial sum not started from zeros, the qwen3moe tests fail
+# with max 0.23-0.38 and mean 0.025-0.062 (each mutation built and run, then reverted).
 TINY_MAX_ABS = 0.06
 TINY_MEAN_ABS = 0.003
 
@@ -231,36 +234,51 @@ def _within_tiny_noise(ref: np.ndarray, got: np.ndarray, what: str) -> None:
     assert (ref.argmax(1)[clear] == got.argmax(1)[clear]).all(), what
 
 
-@pytest.mark.parametrize("arch,weight_type,shards", [
-    ("qwen3moe", "Q8_0", (2, 3, 4, 8)),
-    ("qwen3moe", "Q4_K_M", (2,)),
-    ("qwen3", "Q8_0", (2, 3, 4, 8)),
-    ("qwen3", "Q4_K_M", (2,)),
+def _covers(ranges: list, total: int) -> bool:
+    return ranges[0][0] == 0 and ranges[-1][1] == total and all(a[1] == b[0] < b[1] for a, b in zip(ranges, ranges[1:]))
+
+
+@pytest.mark.parametrize("arch,weight_type,split,shards", [
+    ("qwen3moe", "Q8_0", "experts", (2, 3, 4, 8)),
+    ("qwen3moe", "Q8_0", "columns", (2, 3, 4, 8)),
+    ("qwen3moe", "Q4_K_M", "experts", (2,)),
+    ("qwen3moe", "Q4_K_M", "columns", (2,)),
+    ("qwen3", "Q8_0", None, (2, 3, 4, 8)),
+    ("qwen3", "Q4_K_M", None, (2,)),
 ])
-def test_qwen3_and_qwen3moe_shards_within_cpu_noise(tmp_path, arch: str, weight_type: str, shards) -> None:  # type: ignore[no-untyped-def]
+def test_qwen3_and_qwen3moe_shards_within_cpu_noise(tmp_path, monkeypatch, arch: str, weight_type: str, split, shards) -> None:  # type: ignore[no-untyped-def]
     """qwen3's per-head Q/K RMSNorm runs on each shard's own heads (one [head_dim] weight for every
-    head); qwen3moe's experts are cut by columns: each shard holds the same n_ff_exp columns of every
-    expert (rows of each ffn_gate_exps / ffn_up_exps matrix, K of each ffn_down_exps row), routes with
-    the whole replicated router and all-reduces its partial weighted sum. In Q4_K_M the experts' down
-    K is 2 blocks of 256 (and attn_output's K 2 blocks), so 2 shards; in Q8_0 up to 8."""
+    head). qwen3moe's experts are divided (FAK_TP_MOE): by expert (the default), each shard holds
+    32/N experts whole and computes the chosen pairs among them; by column, each shard holds the same
+    n_ff_exp columns of every expert (rows of each ffn_gate_exps / ffn_up_exps matrix, K of each
+    ffn_down_exps row). Either way it routes with the whole replicated router and all-reduces its
+    partial weighted sum. In Q4_K_M attn_output's K is 2 blocks of 256 (and the experts' down K
+    too), so 2 shards; in Q8_0 up to 8."""
+    if split:
+        monkeypatch.setenv("FAK_TP_MOE", split)
     p = _tiny_qwen3(tmp_path, arch, weight_type)
     toks = list(range(5, 69))
     ref = _model(p, 1, n_ctx=128).logits(toks)
     n_ff = 512 if arch == "qwen3moe" else 1024
     for n in shards:
         m = _model(p, n, n_ctx=128)
-        ffn = [s["ffn"] for s in m.shard_plan]
-        assert ffn[0][0] == 0 and ffn[-1][1] == n_ff and all(a[1] == b[0] for a, b in zip(ffn, ffn[1:])), ffn
-        _within_tiny_noise(ref, m.logits(toks), f"{arch} {weight_type} N={n}")
+        plan = m.shard_plan
+        if split == "experts":
+            assert all(s["ffn"] == (0, n_ff) for s in plan) and _covers([s["experts"] for s in plan], 32), plan
+        else:
+            assert _covers([s["ffn"] for s in plan], n_ff) and all(s["experts"] is None for s in plan), plan
+        _within_tiny_noise(ref, m.logits(toks), f"{arch} {weight_type} {split} N={n}")
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen3"])
-def test_tiny_qwen3_greedy_batched_decode_equals_one_shard(tmp_path, arch: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("arch,split", [("qwen3moe", "experts"), ("qwen3moe", "columns"), ("qwen3", None)])
+def test_tiny_qwen3_greedy_batched_decode_equals_one_shard(tmp_path, monkeypatch, arch: str, split) -> None:  # type: ignore[no-untyped-def]
     """Three sequences decoded together (prefill, then one row each per step: the MoE layers route
     one row at a time) give one shard's greedy tokens at N = 2, 4 and 8. As on the real models, a
     sequence may leave the reference only at a near tie (one shard's top two within 2 x
     TINY_MAX_ABS; the rest of it is then not compared): qwen3moe's tokens are all identical here,
     qwen3's third sequence leaves at token 21 at N = 2 (its top two 8e-5 apart)."""
+    if split:
+        monkeypatch.setenv("FAK_TP_MOE", split)
     p = _tiny_qwen3(tmp_path, arch)
     prompts = [list(range(5, 30)), list(range(40, 47)), [7, 300, 9, 200, 11, 100]]
     ref = _decode(_model(p, 1, n_ctx=128), prompts, 32, 2)
@@ -280,10 +298,12 @@ def test_tiny_qwen3_greedy_batched_decode_equals_one_shard(tmp_path, arch: str) 
             assert got == {i: [(t, None) for t, _ in want] for i, want in ref.items()}, n
 
 
-def test_qwen3moe_router_ties_pick_the_same_experts_on_every_shard(tmp_path) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("split", ["experts", "columns"])
+def test_qwen3moe_router_ties_pick_the_same_experts_on_every_shard(tmp_path, monkeypatch, split: str) -> None:  # type: ignore[no-untyped-def]
     """Router rows tied in pairs (exact ties: equal logits whatever the input): every shard breaks
     them as one shard does (the same std::sort over the same bits), so the logits stay within the
     noise at every position and the greedy tokens are one shard's."""
+    monkeypatch.setenv("FAK_TP_MOE", split)
     p = _tiny_qwen3(tmp_path, "qwen3moe", router_ties=2)
     toks = list(range(5, 69))
     ref = _model(p, 1, n_ctx=128).logits(toks)
@@ -293,23 +313,37 @@ def test_qwen3moe_router_ties_pick_the_same_experts_on_every_shard(tmp_path) -> 
     assert _decode(_model(p, 2, n_ctx=128), [toks[:10]], 16, 0) == want
 
 
-def test_moe_experts_that_cannot_be_cut_on_their_blocks_is_a_shard_error(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """The experts' K (n_ff_exp 256) is one Q4_K block of ffn_down_exps: no 2-way column cut, named
-    as such (attn_output in Q8_0, so the heads would split)."""
+def test_moe_split_limits_and_the_switch(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The experts' K (n_ff_exp 256) is one Q4_K block of ffn_down_exps: by column there is no 2-way
+    cut, named as such (attn_output in Q8_0, so the heads would split); by expert (the default) its 8
+    experts go 4 + 4 (and 5 experts cannot make 8 shards). FAK_TP_MOE takes experts or columns only."""
     q8_wo = {f"blk.{i}.attn_output.weight": "Q8_0" for i in range(2)}
     p = write_tiny_model(tmp_path / "moe_q4k.gguf", "qwen3moe", n_layer=2, n_embd=256, n_head=8, n_head_kv=2,
                          head_dim=64, n_expert=8, n_expert_used=2, n_ff_exp=256, weight_type="Q4_K",
                          tensor_types=q8_wo)
+    ref = _model(p, 1, n_ctx=64).logits([1, 2, 3])
+    m = _model(p, 2, n_ctx=64)
+    assert [s["experts"] for s in m.shard_plan] == [(0, 4), (4, 8)]
+    _within_tiny_noise(ref, m.logits([1, 2, 3]), "8 experts over 2 shards")
+    monkeypatch.setenv("FAK_TP_MOE", "columns")
     with pytest.raises(fak.ShardError) as e:
         _model(p, 2, n_ctx=64)
     msg = str(e.value)
     assert "blk.0.ffn_down_exps.weight" in msg and "Q4_K" in msg and "n_ff_exp 256" in msg, msg
-    assert np.isfinite(_model(p, 1, n_ctx=64).logits([1, 2, 3])).all()
+    monkeypatch.setenv("FAK_TP_MOE", "rows")
+    with pytest.raises(ValueError, match="FAK_TP_MOE"):
+        _model(p, 2, n_ctx=64)
+    monkeypatch.delenv("FAK_TP_MOE")
+    p5 = write_tiny_model(tmp_path / "moe5.gguf", "qwen3moe", n_layer=1, n_embd=256, n_head=8, n_head_kv=8, head_dim=32,
+                          n_expert=5, n_expert_used=2, n_ff_exp=64)
+    with pytest.raises(fak.ShardError, match="5 experts per layer"):
+        _model(p5, 8, n_ctx=64)
+    assert [s["experts"] for s in _model(p5, 5, n_ctx=64).shard_plan] == [(i, i + 1) for i in range(5)]
 
 
 def test_engine_tensor_parallel_chats_on_the_tiny_qwen3moe(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    """fak.Engine with tensor_parallel=2 on a MoE model: the chat template, the tokenizer and the
-    sharded engine core give one shard's greedy text."""
+    """fak.Engine with tensor_parallel=2 on a MoE model (its experts divided, the default): the chat
+    template, the tokenizer and the sharded engine core give one shard's greedy text."""
     p = _tiny_qwen3(tmp_path, "qwen3moe")
     msgs = [{"role": "user", "content": "Write a function that adds two numbers."}]
     with Engine(p, backend="cpu", n_ctx=256, threads=2) as e1, \

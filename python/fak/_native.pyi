@@ -167,7 +167,8 @@ class Model:
     @property
     def shard_plan(self) -> list[dict[str, Any]]:
         """One dict per tensor-parallel shard: ``rank`` and the ``[start, end)`` ranges it holds
-        (``q_heads``, ``kv_heads``, ``ffn``, ``vocab``); empty with one shard."""
+        (``q_heads``, ``kv_heads``, ``ffn``, ``vocab``; ``experts``: the MoE experts it holds whole,
+        or None when it holds every expert); empty with one shard."""
     def add_sequence(self, seq_id: int, prompt_ids: list[int], sampling: dict[str, Any] | None = None) -> None:
         """Queues a sequence for prefill. Raises ContextLengthError, KVCacheFullError, ValueError."""
     def remove_sequence(self, seq_id: int) -> None:

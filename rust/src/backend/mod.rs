@@ -577,7 +577,7 @@ pub trait Backend: Send + Sync + Sized + 'static {
     /// `x_per_pair` (each pair its own input: the down projection), else `i = r` (the chosen
     /// experts of a row read its one input: up, gate). `w` stacks the experts' matrices (`dims =
     /// [k_in, n_out, n_expert]`), `out` is `[n_rows·k, n_out]`. The ids stay on the backend: no
-    /// host round trip.
+    /// host round trip. An id of −1 ([`Backend::moe_localize`]) leaves its pair out (a zero row).
     #[allow(clippy::too_many_arguments)]
     fn matmul_id(
         &self,
@@ -589,6 +589,14 @@ pub trait Backend: Send + Sync + Sized + 'static {
         x_per_pair: bool,
         out: &mut Self::Buffer,
     ) -> Result<()>;
+
+    /// A tensor-parallel shard's view of the routing when the experts are divided among the
+    /// shards: of the first `n_pairs` chosen experts, those in `[e0, e1)` (the shard's) become
+    /// `id − e0` (the index in its stack); the others become −1 with weight 0. [`Backend::matmul_id`]
+    /// skips a pair with id −1 (its output row is 0), so [`Backend::moe_combine`] adds only the
+    /// shard's experts. A backend that cannot skip such pairs returns
+    /// [`crate::FakError::Unsupported`].
+    fn moe_localize(&self, ids: &mut Self::Buffer, weights: &mut Self::Buffer, n_pairs: usize, e0: usize, e1: usize) -> Result<()>;
 
     /// The weighted sum of the chosen experts' outputs added to the residual: `res[r, :] +=
     /// Σ_s weights[r·k + s] · experts[r·k + s, :]` for `n_rows` rows of `dim`, each product

@@ -112,6 +112,10 @@ pub struct MoeConfig {
     pub norm_w: bool,
     /// Multiplier of the weights (`{arch}.expert_weights_scale`; 0 or 1: none).
     pub w_scale: f32,
+    /// Experts `[e0, e1)` whose matrices this model holds: all of them, `(0, n_expert)`, or a
+    /// tensor-parallel shard's share when the experts are divided among the shards
+    /// (`crate::parallel::plan::MoeSplit::Experts`; its `ffn_*_exps` then stack only those).
+    pub held: (usize, usize),
 }
 
 /// The most experts a layer may have or a token may use (llama.cpp `LLAMA_MAX_EXPERTS` is 512).
@@ -261,7 +265,7 @@ fn moe_config(f: &GgufFile, a: &str, n_ff: usize) -> Result<MoeConfig> {
         Some(v) => v.as_bool().ok_or_else(|| FakError::model(format!("metadata {} must be a bool", k("expert_weights_norm"))))?,
     };
     let w_scale = get_f32(f, &k("expert_weights_scale"))?.unwrap_or(0.0);
-    Ok(MoeConfig { n_expert, n_expert_used, n_ff_exp, norm_w, w_scale })
+    Ok(MoeConfig { n_expert, n_expert_used, n_ff_exp, norm_w, w_scale, held: (0, n_expert) })
 }
 
 impl ModelConfig {

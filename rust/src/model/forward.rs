@@ -20,8 +20,8 @@
 //! (a prefill chunk that needs no logits skips them altogether).
 //!
 //! The same code runs one tensor-parallel shard ([`Model::forward_tp`], `crate::parallel`): the
-//! shard's weights and config hold only its heads, FFN columns (of a MoE layer: of every expert)
-//! and vocabulary slice, `att·Wo` and the MLP's `·Wdown` (the MoE FFN's `Σ_s w_s·…·Wdown[e_s]`)
+//! shard's weights and config hold only its heads, FFN columns (of a MoE layer: its experts, or
+//! its columns of every expert) and vocabulary slice, `att·Wo` and the MLP's `·Wdown` (the MoE FFN's `Σ_s w_s·…·Wdown[e_s]`)
 //! are partial sums that one all-reduce each completes before the residual add, and the LM head's
 //! slices are gathered on rank 0.
 
@@ -278,14 +278,20 @@ fn block_tail<B: Backend>(
             let w = MoeWeights { gate_inp, gate_exps, up_exps, down_exps };
             let p = MoeParams { n_embd: d, n_expert: m.n_expert, k: m.n_expert_used, n_ff_exp: m.n_ff_exp, norm_w: m.norm_w, w_scale: m.w_scale };
             let bufs = MoeBuffers { router: &mut ms.router, ids: &mut ms.ids, weights: &mut ms.weights, gate, up, experts: &mut ms.experts };
+            let divided = m.held != (0, m.n_expert);
             match comm {
-                None => be.moe_ffn(h, &w, &p, n, bufs, x),
+                None if !divided => be.moe_ffn(h, &w, &p, n, bufs, x),
+                None => Err(FakError::model("a MoE layer holding some of its experts outside tensor parallelism")),
                 Some(comm) => {
-                    // Every shard routes the same (replicated router, identical h); its experts hold
-                    // only its columns, so its weighted sum is a partial one: summed into zeros,
-                    // all-reduced, then added to the residual.
+                    // Every shard routes the same (replicated router, identical h). Its weighted sum
+                    // covers its experts (or its columns of every expert): a partial one, summed
+                    // into zeros, all-reduced, then added to the residual.
                     be.zero(tmp, n * d)?;
-                    be.moe_ffn(h, &w, &p, n, bufs, tmp)?;
+                    if divided {
+                        moe_ffn_held(be, h, &w, &p, m.held, n, bufs, tmp)?;
+                    } else {
+                        be.moe_ffn(h, &w, &p, n, bufs, tmp)?;
+                    }
                     comm.all_reduce_sum(be, tmp, n * d)?;
                     be.add(x, tmp, n * d)
                 }
@@ -293,6 +299,31 @@ fn block_tail<B: Backend>(
         }
         (Ffn::Moe { .. }, _, _) => Err(FakError::model("a mixture-of-experts layer without its scratch buffers")),
     }
+}
+
+/// [`Backend::moe_ffn`]'s ops for a tensor-parallel shard that holds experts `[e0, e1)` of the
+/// layer's `n_expert` (`w`'s stacks hold only those): the whole routing, then only the chosen pairs
+/// among its experts ([`Backend::moe_localize`]), their weighted sum added to `res`.
+#[allow(clippy::too_many_arguments)]
+fn moe_ffn_held<B: Backend>(
+    be: &B,
+    h: &B::Buffer,
+    w: &MoeWeights<'_, B::Weight>,
+    p: &MoeParams,
+    (e0, e1): (usize, usize),
+    n: usize,
+    s: MoeBuffers<'_, B::Buffer>,
+    res: &mut B::Buffer,
+) -> Result<()> {
+    let k = p.k;
+    be.matmul(w.gate_inp, None, h, n, s.router)?;
+    be.moe_route(s.router, n, p.n_expert, k, p.norm_w, p.w_scale, s.ids, s.weights)?;
+    be.moe_localize(s.ids, s.weights, n * k, e0, e1)?;
+    be.matmul_id(w.up_exps, h, s.ids, n, k, false, s.up)?;
+    be.matmul_id(w.gate_exps, h, s.ids, n, k, false, s.gate)?;
+    be.swiglu(s.gate, s.up, n * k * p.n_ff_exp)?;
+    be.matmul_id(w.down_exps, s.gate, s.ids, n, k, true, s.experts)?;
+    be.moe_combine(s.experts, s.weights, n, k, p.n_embd, res)
 }
 
 /// `x += inp·Wᵀ (+bias)` on `n` rows of `d` outputs; with `comm`, `inp·Wᵀ (+bias)` is this

@@ -148,11 +148,12 @@ impl<B: Backend> Weights<B> {
     /// Loads the part of every weight of `cfg` (the whole model's config) that tensor-parallel
     /// shard `shard` of an `n_shards`-way plan holds (`None`: everything): Q/K/V rows of its query
     /// and KV heads and their biases, the K range of its query heads in `attn_output` (its bias on
-    /// rank 0 only), its FFN columns (rows of gate/up, K of down; of a MoE layer, those columns of
-    /// every expert, the router replicated), its vocabulary rows of the LM head (of `token_embd`
-    /// when tied), and the replicated embedding and norms (Qwen3's per-head Q/K norms too: every
-    /// head has the same `[head_dim]` weight). Row splits borrow the file's blocks; K splits and a
-    /// MoE layer's expert stacks copy the blocks they keep (still quantized).
+    /// rank 0 only), its FFN columns (rows of gate/up, K of down), of a MoE layer its experts
+    /// whole or its columns of every expert (the router replicated), its vocabulary rows of the
+    /// LM head (of `token_embd` when tied), and the replicated embedding and norms (Qwen3's
+    /// per-head Q/K norms too: every head has the same `[head_dim]` weight). Row splits and whole
+    /// experts borrow the file's blocks; K splits and the columns of every expert copy the blocks
+    /// they keep (still quantized).
     ///
     /// Errors: as [`Self::load`]; [`FakError::Shard`] when a K range does not fall on the blocks
     /// of a tensor's format.
@@ -179,8 +180,14 @@ impl<B: Backend> Weights<B> {
         let q_cols = shard.map(|s| s.q_cols(hd));
         let kv_cols = shard.map(|s| s.kv_cols(hd));
         let ffn = shard.map(|s| s.ffn.clone());
-        // A MoE shard's columns of every expert: rows of each gate/up matrix, K of each down's.
-        let stack_rows = |r: Option<std::ops::Range<usize>>| r.map_or(Cut::Whole, Cut::StackRows);
+        // A MoE shard's experts, whole (borrowed); or its columns of every expert: rows of each
+        // gate/up matrix, K of each down's (copied).
+        let experts = shard.and_then(|s| s.experts.clone());
+        let (gate_up_cut, down_cut) = match (&experts, &ffn) {
+            (Some(e), _) => (Cut::Stack(e.clone()), Cut::Stack(e.clone())),
+            (None, Some(f)) => (Cut::StackRows(f.clone()), Cut::Cols(f.clone())),
+            (None, None) => (Cut::Whole, Cut::Whole),
+        };
         let row_bias = shard.is_none_or(ShardSpec::adds_row_bias);
         let token_embd = l.required("token_embd.weight", &[d, cfg.n_vocab], Cut::Whole)?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
@@ -225,9 +232,9 @@ impl<B: Backend> Weights<B> {
                         let exps = |s: &str, shape: &[usize], cut: Cut| if host { l.required_host(&n(s), shape) } else { l.required(&n(s), shape, cut) };
                         Ffn::Moe {
                             gate_inp: l.required(&n("ffn_gate_inp.weight"), &[d, ne], Cut::Whole)?,
-                            gate_exps: exps("ffn_gate_exps.weight", &[d, fe, ne], stack_rows(ffn.clone()))?,
-                            up_exps: exps("ffn_up_exps.weight", &[d, fe, ne], stack_rows(ffn.clone()))?,
-                            down_exps: exps("ffn_down_exps.weight", &[fe, d, ne], cols(ffn.clone()))?,
+                            gate_exps: exps("ffn_gate_exps.weight", &[d, fe, ne], gate_up_cut.clone())?,
+                            up_exps: exps("ffn_up_exps.weight", &[d, fe, ne], gate_up_cut.clone())?,
+                            down_exps: exps("ffn_down_exps.weight", &[fe, d, ne], down_cut.clone())?,
                         }
                     }
                 },

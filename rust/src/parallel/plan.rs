@@ -8,8 +8,8 @@
 //! | `attn_output`                   | row (K, the input features)    | the K range of its query heads  |
 //! | `ffn_gate`, `ffn_up`            | column (output rows)           | its FFN columns                 |
 //! | `ffn_down`                      | row (K)                        | the K range of its FFN columns  |
-//! | `ffn_gate_exps`, `ffn_up_exps`  | column, in every expert        | its columns of every expert     |
-//! | `ffn_down_exps`                 | row (K), in every expert       | the K range of its columns      |
+//! | `ffn_{gate,up,down}_exps`       | by expert (default)            | its experts, whole              |
+//! |                                 | or column (`FAK_TP_MOE=columns`) | its columns of every expert (K of down) |
 //! | `ffn_gate_inp` (MoE router)     | replicated                     | everything                      |
 //! | `output` (or tied `token_embd`) | column (vocabulary rows)       | its vocabulary slice            |
 //! | `token_embd`, norms, `rope_freqs` | replicated                   | everything                      |
@@ -20,15 +20,20 @@
 //! same residual. The LM head's vocabulary slices are gathered into one `[n_rows, n_vocab]` row
 //! set on rank 0.
 //!
-//! A mixture-of-experts FFN (`qwen3moe`) is split the way a dense one is, inside every expert:
-//! each shard holds columns `[f0, f1)` of `n_ff_exp` of all `n_expert` experts (vLLM's default
-//! for MoE layers, `FusedMoE` under tensor parallelism; llama.cpp's `--split-mode row` cuts the
-//! expert matrices the same way). Every shard runs the replicated router, picks the same experts
-//! with the same weights, computes `Σ_s w_s · down_s(swiglu(gate_s, up_s))` over its columns, and
-//! the same all-reduce completes the sum. The granule is `ffn_down_exps`'s block, so a model
-//! whose `n_ff_exp` has few blocks supports few shards (Qwen3-30B-A3B's 768 = 3 Q4_K/Q6_K
-//! blocks: `N ≤ 3`, and `N = 2` is 512 + 256 columns); docs/tensor-parallel.md gives the measured
-//! comparison with splitting by expert.
+//! A mixture-of-experts FFN (`qwen3moe`) is split one of two ways ([`MoeSplit`]); in both, every
+//! shard runs the replicated router on the same (bit-identical) input, so all pick the same
+//! experts with the same weights, and one all-reduce completes `Σ_s w_s · down_s(swiglu(gate_s,
+//! up_s))` before the residual add, as after a dense `ffn_down`:
+//!
+//! - **by expert** (the default): shard `r` holds experts `[e0, e1)` of `n_expert` whole (their
+//!   bytes borrowed from the map) and computes only the chosen (row, expert) pairs among them;
+//!   any `N ≤ n_expert` works, the FFN columns are not cut;
+//! - **by column** (`FAK_TP_MOE=columns`): shard `r` holds columns `[f0, f1)` of `n_ff_exp` of
+//!   every expert (vLLM's `FusedMoE` under tensor parallelism, llama.cpp's `--split-mode row`),
+//!   cut on `ffn_down_exps`'s blocks like a dense `ffn_down` (copied): Qwen3-30B-A3B's 768 = 3
+//!   Q4_K/Q6_K blocks allows `N ≤ 3`, and `N = 2` is 512 + 256 columns.
+//!
+//! docs/tensor-parallel.md gives the measurement behind the default.
 //!
 //! GQA (as vLLM's `QKVParallelLinear` and Megatron): with `N ≤ n_head_kv` the KV heads are divided
 //! among the shards and each takes the query heads of its KV heads; with `N > n_head_kv` every
@@ -68,6 +73,9 @@ pub struct ShardSpec {
     pub ffn: Range<usize>,
     /// Vocabulary rows `[v0, v1)` of the LM head (columns of the logits).
     pub vocab: Range<usize>,
+    /// MoE experts `[e0, e1)` this shard holds whole ([`MoeSplit::Experts`]); `None`: every
+    /// expert (split by columns, or a dense model).
+    pub experts: Option<Range<usize>>,
 }
 
 impl ShardSpec {
@@ -88,15 +96,19 @@ impl ShardSpec {
     }
 
     /// The hyper-parameters this shard's forward runs with: `full` with its own head, KV head,
-    /// FFN (of a MoE model: each expert's `n_ff_exp`) and vocabulary counts (`n_embd`,
-    /// `head_dim`, RoPE, the experts and their routing, ... unchanged).
+    /// FFN (of a MoE model: each expert's `n_ff_exp`, and the experts it holds) and vocabulary
+    /// counts (`n_embd`, `head_dim`, RoPE, the routing over all `n_expert`, ... unchanged).
     pub fn config(&self, full: &ModelConfig) -> ModelConfig {
         ModelConfig {
             n_head: self.q_heads.len(),
             n_head_kv: self.kv_heads.len(),
             n_ff: self.ffn.len(),
             n_vocab: self.vocab.len(),
-            moe: full.moe.map(|m| MoeConfig { n_ff_exp: self.ffn.len(), ..m }),
+            moe: full.moe.map(|m| MoeConfig {
+                n_ff_exp: self.ffn.len(),
+                held: self.experts.as_ref().map_or((0, m.n_expert), |e| (e.start, e.end)),
+                ..m
+            }),
             ..full.clone()
         }
     }
@@ -110,12 +122,41 @@ pub struct PlanShape {
     pub head_dim: usize,
     pub n_ff: usize,
     pub n_vocab: usize,
+    /// MoE experts to divide whole among the shards ([`MoeSplit::Experts`]); 0: none (a dense
+    /// model, or experts split by columns: then `n_ff` is each expert's `n_ff_exp`).
+    pub experts: usize,
 }
 
 impl PlanShape {
-    /// The shape of `cfg`.
-    pub fn of(cfg: &ModelConfig) -> PlanShape {
-        PlanShape { n_head: cfg.n_head, n_head_kv: cfg.n_head_kv, head_dim: cfg.head_dim, n_ff: cfg.n_ff, n_vocab: cfg.n_vocab }
+    /// The shape of `cfg` with its MoE experts (if any) split `split`'s way.
+    pub fn of(cfg: &ModelConfig, split: MoeSplit) -> PlanShape {
+        let experts = match (cfg.moe, split) {
+            (Some(m), MoeSplit::Experts) => m.n_expert,
+            _ => 0,
+        };
+        PlanShape { n_head: cfg.n_head, n_head_kv: cfg.n_head_kv, head_dim: cfg.head_dim, n_ff: cfg.n_ff, n_vocab: cfg.n_vocab, experts }
+    }
+}
+
+/// How a mixture-of-experts FFN is divided among tensor-parallel shards (module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MoeSplit {
+    /// Each shard holds `n_expert / N` experts whole (the default).
+    Experts,
+    /// Each shard holds `n_ff_exp / N` columns of every expert.
+    Columns,
+}
+
+impl MoeSplit {
+    /// `FAK_TP_MOE`: `experts` (or unset) or `columns`.
+    ///
+    /// Errors: [`FakError::InvalidArgument`] (`FAK_TP_MOE`) for another value.
+    pub fn from_env() -> Result<MoeSplit> {
+        match std::env::var("FAK_TP_MOE").as_deref() {
+            Err(_) | Ok("" | "experts") => Ok(MoeSplit::Experts),
+            Ok("columns") => Ok(MoeSplit::Columns),
+            Ok(other) => Err(FakError::invalid("FAK_TP_MOE", format!("{other:?} (experts or columns)"))),
+        }
     }
 }
 
@@ -187,18 +228,20 @@ pub fn split_aligned(total: usize, parts: usize, granule: usize) -> Option<Vec<R
 
 impl ShardPlan {
     /// The partition of `shape` into `n` shards, under the K-block constraints of
-    /// `attn_output` (`wo`) and `ffn_down` (`down`). `n = 1` is the whole model.
+    /// `attn_output` (`wo`) and `ffn_down` (`down`; unused when `shape.experts > 0`: the experts
+    /// are divided instead of the columns). `n = 1` is the whole model.
     ///
     /// Errors: [`FakError::InvalidArgument`] (`tensor_parallel`) for `n = 0`; [`FakError::Shard`]
     /// naming `wo.tensor` when the query heads cannot be divided into `n` block-aligned K ranges
     /// of `attn_output` (`n > n_head`, or fewer aligned head groups than shards, or a KV head's
     /// query heads not starting on a block), naming `down.tensor` when `n_ff` has fewer whole
-    /// `ffn_down` blocks than shards, and naming `output.weight` when `n > n_vocab`.
+    /// `ffn_down` blocks than shards (or fewer experts than shards), and naming `output.weight`
+    /// when `n > n_vocab`.
     pub fn new(shape: &PlanShape, n: usize, wo: &KBlock, down: &KBlock) -> Result<ShardPlan> {
         if n == 0 {
             return Err(FakError::invalid("tensor_parallel", "0 (must be ≥ 1)"));
         }
-        let PlanShape { n_head, n_head_kv, head_dim, n_ff, n_vocab } = *shape;
+        let PlanShape { n_head, n_head_kv, head_dim, n_ff, n_vocab, experts } = *shape;
         let g = n_head / n_head_kv;
         let bs_wo = wo.block();
         let wo_err = |msg: String| FakError::shard(&wo.tensor, wo.format.name(), n, msg);
@@ -240,7 +283,16 @@ impl ShardPlan {
         let bs_down = down.block();
         // a MoE model's K is each expert's n_ff_exp (PlanShape::n_ff holds it then)
         let k_name = if down.tensor.contains("_exps") { "n_ff_exp" } else { "n_ff" };
-        let ffn = split_aligned(n_ff, n, bs_down).ok_or_else(|| {
+        let expert_ranges = match experts {
+            0 => vec![None; n],
+            _ => split_aligned(experts, n, 1)
+                .ok_or_else(|| FakError::shard(&down.tensor, down.format.name(), n, format!("the model has {experts} experts per layer")))?
+                .into_iter()
+                .map(Some)
+                .collect(),
+        };
+        let ffn = if experts > 0 { Some(vec![0..n_ff; n]) } else { split_aligned(n_ff, n, bs_down) };
+        let ffn = ffn.ok_or_else(|| {
             FakError::shard(
                 &down.tensor,
                 down.format.name(),
@@ -254,17 +306,20 @@ impl ShardPlan {
             .into_iter()
             .zip(ffn)
             .zip(vocab)
+            .zip(expert_ranges)
             .enumerate()
-            .map(|(rank, (((q_heads, kv_heads), ffn), vocab))| ShardSpec { rank, q_heads, kv_heads, ffn, vocab })
+            .map(|(rank, ((((q_heads, kv_heads), ffn), vocab), experts))| ShardSpec { rank, q_heads, kv_heads, ffn, vocab, experts })
             .collect();
         Ok(ShardPlan { n_shards: n, shards })
     }
 
     /// The partition of the model `cfg` read from `file` into `n` shards: [`Self::new`] with the
     /// largest block of the file's `attn_output` and `ffn_down` (of a MoE model `ffn_down_exps`)
-    /// tensors, then [`Self::validate`] against every one of them.
+    /// tensors and a MoE model's experts split [`MoeSplit::from_env`]'s way, then
+    /// [`Self::validate`] against every one of them.
     ///
-    /// Errors: as [`Self::new`] and [`Self::validate`]; [`FakError::Model`] for a missing tensor.
+    /// Errors: as [`Self::new`], [`MoeSplit::from_env`] and [`Self::validate`]; [`FakError::Model`]
+    /// for a missing tensor.
     pub fn for_model(cfg: &ModelConfig, file: &GgufFile, n: usize) -> Result<ShardPlan> {
         let type_of = |name: &str| file.tensor(name).map(|t| t.ggml_type);
         let widest = |suffix: &str| -> Result<KBlock> {
@@ -278,7 +333,8 @@ impl ShardPlan {
             }
             best.ok_or_else(|| FakError::model("a model without layers"))
         };
-        let plan = ShardPlan::new(&PlanShape::of(cfg), n, &widest("attn_output.weight")?, &widest(down_name(cfg))?)?;
+        let split = if cfg.moe.is_some() { MoeSplit::from_env()? } else { MoeSplit::Columns };
+        let plan = ShardPlan::new(&PlanShape::of(cfg, split), n, &widest("attn_output.weight")?, &widest(down_name(cfg))?)?;
         plan.validate(cfg, type_of)?;
         Ok(plan)
     }
@@ -311,13 +367,15 @@ impl ShardPlan {
         Ok(())
     }
 
-    /// One line per shard: `rank r: q heads a..b, KV heads c..d, FFN e..f, vocab g..h`.
+    /// One line per shard: `rank r: q heads a..b, KV heads c..d, FFN e..f, vocab g..h` (and
+    /// `, experts i..j` when the MoE experts are divided).
     pub fn describe(&self) -> String {
         self.shards
             .iter()
             .map(|s| {
+                let experts = s.experts.as_ref().map_or(String::new(), |e| format!(", experts {e:?}"));
                 format!(
-                    "rank {}: q heads {:?}, KV heads {:?}, FFN {:?}, vocab {:?}",
+                    "rank {}: q heads {:?}, KV heads {:?}, FFN {:?}, vocab {:?}{experts}",
                     s.rank, s.q_heads, s.kv_heads, s.ffn, s.vocab
                 )
             })
@@ -336,9 +394,9 @@ mod tests {
 
     /// Qwen2.5-Coder-0.5B: 14 query heads over 2 KV heads of 64, n_ff 4864, vocab 151936;
     /// attn_output Q5_0, ffn_down Q4_K/Q6_K (256-element blocks).
-    const QWEN05: PlanShape = PlanShape { n_head: 14, n_head_kv: 2, head_dim: 64, n_ff: 4864, n_vocab: 151936 };
+    const QWEN05: PlanShape = PlanShape { n_head: 14, n_head_kv: 2, head_dim: 64, n_ff: 4864, n_vocab: 151936, experts: 0 };
     /// Qwen2.5-Coder-1.5B: 12 query heads over 2 KV heads of 128, n_ff 8960; all Q4_K/Q6_K.
-    const QWEN15: PlanShape = PlanShape { n_head: 12, n_head_kv: 2, head_dim: 128, n_ff: 8960, n_vocab: 151936 };
+    const QWEN15: PlanShape = PlanShape { n_head: 12, n_head_kv: 2, head_dim: 128, n_ff: 8960, n_vocab: 151936, experts: 0 };
 
     fn check_cover(p: &ShardPlan, s: &PlanShape) {
         // contiguous cover of query heads, FFN and vocabulary; every shard non-empty
@@ -446,7 +504,7 @@ mod tests {
     #[test]
     fn k_quant_blocks_that_cannot_be_cut_name_the_tensor_format_and_n() {
         // attn_output Q4_K with K = 256 (4 heads of 64, one KV head each): one block, no cut.
-        let tiny = PlanShape { n_head: 4, n_head_kv: 4, head_dim: 64, n_ff: 512, n_vocab: 1000 };
+        let tiny = PlanShape { n_head: 4, n_head_kv: 4, head_dim: 64, n_ff: 512, n_vocab: 1000, experts: 0 };
         let wo = KBlock { tensor: "blk.0.attn_output.weight".into(), format: GgmlType::Q4_K };
         let down = KBlock { tensor: "blk.1.ffn_down.weight".into(), format: GgmlType::Q6_K };
         let e = ShardPlan::new(&tiny, 2, &wo, &down).unwrap_err();
@@ -489,21 +547,21 @@ mod tests {
         assert_eq!(ok(&QWEN15, GgmlType::Q4_K, GgmlType::Q6_K), vec![1, 2, 3, 4, 5, 6]);
         // 7B Q4_K_M: 7 query heads of 128 per KV head = 896 = 3.5 Q4_K blocks, so a KV group never
         // ends on a block boundary except every second one: N = 1 or 2.
-        let q7 = PlanShape { n_head: 28, n_head_kv: 4, head_dim: 128, n_ff: 18944, n_vocab: 152064 };
+        let q7 = PlanShape { n_head: 28, n_head_kv: 4, head_dim: 128, n_ff: 18944, n_vocab: 152064, experts: 0 };
         assert_eq!(ok(&q7, GgmlType::Q4_K, GgmlType::Q6_K), vec![1, 2]);
     }
 
     #[test]
-    fn qwen3_layouts_and_the_moe_experts_columns() {
+    fn qwen3_layouts_and_the_two_moe_splits() {
         let ok = |s: &PlanShape, wo: GgmlType, down: GgmlType| -> Vec<usize> {
             (1..=s.n_head).filter(|&n| ShardPlan::new(s, n, &kb(wo), &kb(down)).is_ok()).collect()
         };
         // Qwen3-8B Q4_K_M: 32 query heads of 128 over 8 KV heads, n_ff 12288 (48 blocks).
-        let q8b = PlanShape { n_head: 32, n_head_kv: 8, head_dim: 128, n_ff: 12288, n_vocab: 151936 };
+        let q8b = PlanShape { n_head: 32, n_head_kv: 8, head_dim: 128, n_ff: 12288, n_vocab: 151936, experts: 0 };
         assert_eq!(ok(&q8b, GgmlType::Q4_K, GgmlType::Q6_K), (1..=16).collect::<Vec<_>>());
         // Qwen3-Coder-30B-A3B Q4_K_M: 32 heads of 128 over 4 KV heads; the experts' n_ff_exp 768 is
         // 3 blocks of ffn_down_exps (Q4_K / Q6_K), so at most 3 shards, and 2 are 512 + 256 columns.
-        let a3b = PlanShape { n_head: 32, n_head_kv: 4, head_dim: 128, n_ff: 768, n_vocab: 151936 };
+        let a3b = PlanShape { n_head: 32, n_head_kv: 4, head_dim: 128, n_ff: 768, n_vocab: 151936, experts: 0 };
         assert_eq!(ok(&a3b, GgmlType::Q4_K, GgmlType::Q6_K), vec![1, 2, 3]);
         let p = ShardPlan::new(&a3b, 2, &kb(GgmlType::Q4_K), &kb(GgmlType::Q6_K)).unwrap();
         check_cover(&p, &a3b);
@@ -511,13 +569,37 @@ mod tests {
         let e = ShardPlan::new(&a3b, 4, &kb(GgmlType::Q4_K), &KBlock { tensor: "blk.0.ffn_down_exps.weight".into(), format: GgmlType::Q6_K })
             .unwrap_err();
         assert!(e.to_string().contains("n_ff_exp 768") && e.to_string().contains("3 blocks for 4 shards"), "{e}");
+        // Divided by expert, its 128 experts go whole to the shards and the columns are not cut: the
+        // heads are the limit (N = 16 leaves 2 query heads of 128 per shard, one Q4_K block).
+        let by_expert = PlanShape { experts: 128, ..a3b };
+        assert_eq!(ok(&by_expert, GgmlType::Q4_K, GgmlType::Q6_K), (1..=16).collect::<Vec<_>>());
+        let p = ShardPlan::new(&by_expert, 3, &kb(GgmlType::Q4_K), &kb(GgmlType::Q6_K)).unwrap();
+        check_cover_experts(&p, 128);
+        assert!(p.shards.iter().all(|s| s.ffn == (0..768)));
+        let e: Vec<_> = p.shards.iter().map(|s| s.experts.clone().unwrap()).collect();
+        assert_eq!(e, vec![0..43, 43..86, 86..128]);
+        assert!(p.describe().contains("experts 43..86"), "{}", p.describe());
+        let few = PlanShape { experts: 2, ..by_expert };
+        let e = ShardPlan::new(&few, 3, &kb(GgmlType::Q4_K), &KBlock { tensor: "blk.0.ffn_down_exps.weight".into(), format: GgmlType::Q6_K })
+            .unwrap_err();
+        assert!(e.to_string().contains("2 experts per layer"), "{e}");
+    }
+
+    fn check_cover_experts(p: &ShardPlan, n_expert: usize) {
+        let mut e0 = 0;
+        for s in &p.shards {
+            let e = s.experts.clone().expect("experts divided");
+            assert!(e.start == e0 && !e.is_empty(), "{s:?}");
+            e0 = e.end;
+        }
+        assert_eq!(e0, n_expert);
     }
 
     #[test]
-    fn a_moe_shard_runs_its_columns_of_every_expert_with_the_whole_routing() {
+    fn a_moe_shard_runs_its_experts_or_its_columns_of_every_expert_with_the_whole_routing() {
         use crate::model::config::Arch;
         use crate::model::{RopeScaling, RopeScalingKind};
-        let moe = MoeConfig { n_expert: 128, n_expert_used: 8, n_ff_exp: 768, norm_w: true, w_scale: 0.0 };
+        let moe = MoeConfig { n_expert: 128, n_expert_used: 8, n_ff_exp: 768, norm_w: true, w_scale: 0.0, held: (0, 128) };
         let full = ModelConfig {
             arch: Arch::Qwen3Moe,
             n_layer: 2,
@@ -535,15 +617,20 @@ mod tests {
             swa_pattern: vec![false; 2],
             moe: Some(moe),
         };
-        let spec = ShardSpec { rank: 1, q_heads: 16..32, kv_heads: 2..4, ffn: 512..768, vocab: 75968..151936 };
+        let spec = ShardSpec { rank: 1, q_heads: 16..32, kv_heads: 2..4, ffn: 512..768, vocab: 75968..151936, experts: None };
         let c = spec.config(&full);
         assert_eq!((c.n_head, c.n_head_kv, c.n_ff, c.n_vocab), (16, 2, 256, 75968));
         assert_eq!(c.moe, Some(MoeConfig { n_ff_exp: 256, ..moe }));
+        let spec = ShardSpec { ffn: 0..768, experts: Some(64..128), ..spec };
+        let c = spec.config(&full);
+        assert_eq!(c.moe, Some(MoeConfig { held: (64, 128), ..moe }));
+        assert_eq!(PlanShape::of(&full, MoeSplit::Experts).experts, 128);
+        assert_eq!(PlanShape::of(&full, MoeSplit::Columns).experts, 0);
     }
 
     #[test]
     fn one_shard_is_the_whole_model() {
         let p = ShardPlan::new(&QWEN05, 1, &kb(GgmlType::Q5_0), &kb(GgmlType::Q4_K)).unwrap();
-        assert_eq!(p.shards, vec![ShardSpec { rank: 0, q_heads: 0..14, kv_heads: 0..2, ffn: 0..4864, vocab: 0..151936 }]);
+        assert_eq!(p.shards, vec![ShardSpec { rank: 0, q_heads: 0..14, kv_heads: 0..2, ffn: 0..4864, vocab: 0..151936, experts: None }]);
     }
 }

@@ -8,9 +8,10 @@
 //! one row, so cutting its elements is a `Cut::Cols` of that row.
 //!
 //! A stack of matrices (`dims = [k, n_out, n_mat]`: a MoE layer's `ffn_{gate,up,down}_exps`, one
-//! matrix per expert) is cut the same way in every matrix: `Cut::StackRows` takes rows
-//! `[r0, r1)` of each (the rows `m·n_out + [r0, r1)` of the flat tensor: not one contiguous range,
-//! so copied), and `Cut::Cols` the K range of every row of every matrix.
+//! matrix per expert) is cut by whole matrices (`Cut::Stack`: contiguous, borrowed), or the same
+//! way in every matrix: `Cut::StackRows` takes rows `[r0, r1)` of each (the rows `m·n_out +
+//! [r0, r1)` of the flat tensor: not one contiguous range, so copied), and `Cut::Cols` the K range
+//! of every row of every matrix.
 
 use std::ops::Range;
 
@@ -32,6 +33,9 @@ pub enum Cut {
     /// columns of every expert of `ffn_gate_exps` / `ffn_up_exps`. The cut has `dims = [k, r1 −
     /// r0, n_mat]`.
     StackRows(Range<usize>),
+    /// Matrices `[m0, m1)` of a stack (`dims = [k, n_out, n_mat]`): whole experts of a MoE
+    /// layer. The cut has `dims = [k, n_out, m1 − m0]`.
+    Stack(Range<usize>),
 }
 
 /// The bytes of a cut: a borrowed range of the tensor's data, or blocks gathered into a new buffer.
@@ -82,6 +86,16 @@ pub fn cut<'a>(name: &str, wtype: GgmlType, dims: &[usize], data: &'a [u8], cut:
             d[1..].fill(1);
             d[1] = r.len();
             Ok((d, Sliced::Borrowed(&data[r.start * row_bytes..r.end * row_bytes])))
+        }
+        Cut::Stack(r) => {
+            if dims.len() != 3 {
+                return Err(FakError::model(format!("tensor {name}: dims {dims:?} are not a stack of matrices")));
+            }
+            if r.start > r.end || r.end > dims[2] {
+                return Err(out_of_range(r, dims[2], "matrices"));
+            }
+            let per = dims[1] * row_bytes;
+            Ok((vec![k, dims[1], r.len()], Sliced::Borrowed(&data[r.start * per..r.end * per])))
         }
         Cut::StackRows(r) => {
             if dims.len() != 3 {
@@ -192,7 +206,7 @@ mod tests {
     }
 
     #[test]
-    fn stack_rows_take_the_same_rows_of_every_matrix_and_cols_every_row_of_a_stack() {
+    fn stacks_cut_whole_matrices_the_same_rows_of_every_matrix_or_every_rows_k_range() {
         // 3 matrices (experts) of 4 rows of 64: the rows 1..3 of each, and K 32..64 of each row.
         let (k, n_out, n_mat) = (64, 4, 3);
         let data = q8_0_rows(n_out * n_mat, k);
@@ -212,6 +226,11 @@ mod tests {
         for row in 0..n_out * n_mat {
             assert_eq!(part[row * 32..(row + 1) * 32], full[row * k + 32..(row + 1) * k]);
         }
+        let (d, s) = cut("blk.0.ffn_gate_exps.weight", GgmlType::Q8_0, &[k, n_out, n_mat], &data, &Cut::Stack(1..3), 2).unwrap();
+        assert_eq!(d, vec![64, 4, 2]);
+        assert!(matches!(s, Sliced::Borrowed(_)));
+        assert_eq!(deq(GgmlType::Q8_0, s.bytes(), 2 * n_out * k), full[n_out * k..]);
+        assert!(matches!(cut("w", GgmlType::Q8_0, &[k, n_out, n_mat], &data, &Cut::Stack(2..4), 2), Err(FakError::Model(_))));
         // not a stack, or rows past a matrix's end
         assert!(matches!(cut("w", GgmlType::Q8_0, &[k, 12], &data, &Cut::StackRows(0..2), 2), Err(FakError::Model(_))));
         assert!(matches!(cut("w", GgmlType::Q8_0, &[k, n_out, n_mat], &data, &Cut::StackRows(3..5), 2), Err(FakError::Model(_))));

@@ -42,6 +42,8 @@ struct ShardRow {
     kv_heads: (usize, usize),
     ffn: (usize, usize),
     vocab: (usize, usize),
+    /// MoE experts held whole (`None`: every expert).
+    experts: Option<(usize, usize)>,
 }
 
 #[derive(Clone)]
@@ -294,6 +296,7 @@ impl PyModel {
                         kv_heads: (s.kv_heads.start, s.kv_heads.end),
                         ffn: (s.ffn.start, s.ffn.end),
                         vocab: (s.vocab.start, s.vocab.end),
+                        experts: s.experts.as_ref().map(|e| (e.start, e.end)),
                     })
                     .collect()
             })
@@ -314,8 +317,9 @@ impl PyModel {
 
     /// The tensor-parallel partition: one dict per shard, in rank order, with `rank` and the
     /// whole model's `[start, end)` ranges it holds: `q_heads`, `kv_heads` (several shards hold
-    /// the same KV head when there are fewer than shards), `ffn` (FFN columns) and `vocab`
-    /// (LM-head rows); an empty list with one shard.
+    /// the same KV head when there are fewer than shards), `ffn` (FFN columns: of a MoE model,
+    /// of every expert it holds), `vocab` (LM-head rows) and `experts` (the MoE experts it holds
+    /// whole when they are divided among the shards, else `None`); an empty list with one shard.
     #[getter]
     fn shard_plan<'py>(&self, py: Python<'py>) -> PyResult<Vec<Bound<'py, PyDict>>> {
         self.shard_plan
@@ -327,6 +331,7 @@ impl PyModel {
                 d.set_item("kv_heads", s.kv_heads)?;
                 d.set_item("ffn", s.ffn)?;
                 d.set_item("vocab", s.vocab)?;
+                d.set_item("experts", s.experts)?;
                 Ok(d)
             })
             .collect()

@@ -441,6 +441,11 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn moe_localize(&self, ids: &mut CpuBuffer, weights: &mut CpuBuffer, n_pairs: usize, e0: usize, e1: usize) -> Result<()> {
+        moe::localize(&mut ids.0[..n_pairs], &mut weights.0[..n_pairs], e0, e1);
+        Ok(())
+    }
+
     fn zero(&self, x: &mut CpuBuffer, n: usize) -> Result<()> {
         x.0[..n].fill(0.0);
         Ok(())

@@ -10,7 +10,8 @@
 //! - [`ExpertMatmul::run`]: ggml `mul_mat_id`, each (row, chosen expert) pair a product with that
 //!   expert's matrix in the kernel llama.cpp's CPU build picks for it (see there);
 //! - [`combine`]: `ggml_mul` of each expert's output by its weight, the outputs summed in the
-//!   order of the choice (`ggml_add` chain), then added to the residual.
+//!   order of the choice (`ggml_add` chain), then added to the residual;
+//! - [`localize`]: a tensor-parallel shard's pairs of the experts it holds (the others skipped).
 
 use rayon::prelude::*;
 
@@ -71,6 +72,20 @@ fn softmax(x: &mut [f32]) {
     x.iter_mut().for_each(|e| *e *= inv);
 }
 
+/// Of the chosen experts `ids` (f32 values) and their `weights`, those in `[e0, e1)` become
+/// `id − e0`; the others become −1 with weight 0 ([`ExpertMatmul::run`] skips them).
+pub fn localize(ids: &mut [f32], weights: &mut [f32], e0: usize, e1: usize) {
+    for (id, w) in ids.iter_mut().zip(weights.iter_mut()) {
+        let e = *id as usize;
+        if (e0..e1).contains(&e) {
+            *id = (e - e0) as f32;
+        } else {
+            *id = -1.0;
+            *w = 0.0;
+        }
+    }
+}
+
 /// A stack of `n_expert` matrices of `n_out` rows of `k_in` (GGUF blocks of `wtype`): a MoE
 /// layer's `ffn_{gate,up,down}_exps` (`dims = [k_in, n_out, n_expert]`).
 pub struct ExpertMatmul<'a> {
@@ -107,11 +122,18 @@ impl ExpertMatmul<'_> {
     /// batch; `None`: every row alone) chose the same expert, as `ggml_compute_forward_mul_mat_id`
     /// decides per expert and ubatch.
     ///
+    /// A pair with id −1 ([`localize`]: an expert another tensor-parallel shard holds) is left
+    /// out: its output row is 0.
+    ///
     /// Errors: [`FakError::InvalidArgument`] for an expert id outside `0..n_expert`; matmul errors.
     pub fn run(&self, x: &[f32], x_per_pair: bool, ids: &[f32], k: usize, groups: Option<&[u32]>, out: &mut [f32]) -> Result<()> {
         let (k_in, n_out) = (self.k_in, self.n_out);
         let mut by_expert: Vec<Vec<usize>> = vec![Vec::new(); self.n_expert];
         for (p, &e) in ids.iter().enumerate() {
+            if e == -1.0 {
+                out[p * n_out..(p + 1) * n_out].fill(0.0);
+                continue;
+            }
             let e = e as usize;
             if e >= self.n_expert {
                 return Err(FakError::invalid("ids", format!("expert id {e} for {} experts", self.n_expert)));
@@ -182,6 +204,27 @@ mod tests {
         assert!(ids[1..].contains(&3.0) && ids[1..].contains(&5.0), "{ids:?}");
         assert!((ws.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         assert!(ws[0] > ws[1] && ws[1] == ws[2]);
+    }
+
+    #[test]
+    fn localize_keeps_the_shards_experts_and_zeroes_the_others_weights() {
+        let mut ids = [5f32, 1.0, 7.0, 4.0];
+        let mut ws = [0.4f32, 0.3, 0.2, 0.1];
+        localize(&mut ids, &mut ws, 4, 8);
+        assert_eq!((ids, ws), ([1.0, -1.0, 3.0, 0.0], [0.4, 0.0, 0.2, 0.1]));
+        // a skipped pair's output row is zero; the others are computed
+        let (k_in, n_out) = (32, 2);
+        let w: Vec<u8> = (0..4 * n_out).flat_map(|_| f32_row(k_in)).collect();
+        let m = ExpertMatmul { wtype: GgmlType::F32, w: &w, k_in, n_out, n_expert: 4 };
+        let x = vec![1f32; 2 * k_in];
+        let mut out = vec![7f32; 4 * n_out];
+        m.run(&x, false, &ids, 2, None, &mut out).unwrap();
+        assert_eq!(out[2..4], [0.0, 0.0]);
+        assert!(out[..2].iter().chain(&out[4..]).all(|&v| v == k_in as f32), "{out:?}");
+    }
+
+    fn f32_row(k: usize) -> Vec<u8> {
+        (0..k).flat_map(|_| 1f32.to_le_bytes()).collect()
     }
 
     #[test]

@@ -670,6 +670,12 @@ impl Backend for CudaBackend {
         self.fill(x, 0.0, n)
     }
 
+    fn moe_localize(&self, _ids: &mut CudaBuffer, _weights: &mut CudaBuffer, _n_pairs: usize, _e0: usize, _e1: usize) -> Result<()> {
+        // The expert GEMV/GEMM kernels take ids in 0..n_expert only; tensor parallelism on CUDA is
+        // not built (docs/tensor-parallel.md).
+        Err(FakError::Unsupported("MoE experts divided among tensor-parallel shards on CUDA".into()))
+    }
+
     fn rmsnorm_inplace(&self, x: &mut CudaBuffer, w: &CudaWeight, eps: f32, n_rows: usize, dim: usize) -> Result<()> {
         self.op_rmsnorm_inplace(x, w, eps, n_rows, dim)
     }
