@@ -169,8 +169,14 @@ class Model:
         """One dict per tensor-parallel shard: ``rank`` and the ``[start, end)`` ranges it holds
         (``q_heads``, ``kv_heads``, ``ffn``, ``vocab``; ``experts``: the MoE experts it holds whole,
         or None when it holds every expert); empty with one shard."""
-    def add_sequence(self, seq_id: int, prompt_ids: list[int], sampling: dict[str, Any] | None = None) -> None:
-        """Queues a sequence for prefill. Raises ContextLengthError, KVCacheFullError, ValueError."""
+    def add_sequence(self, seq_id: int, prompt_ids: list[int], sampling: dict[str, Any] | None = None,
+                     resident_tokens: int = 0) -> None:
+        """Queues a sequence for prefill; its first ``resident_tokens`` prompt tokens' cached blocks
+        stay resident under the prefix cache's LRU when it ends. Raises ContextLengthError,
+        KVCacheFullError, ValueError."""
+    def take_prefix_hits(self) -> list[tuple[int, int]]:
+        """``(seq_id, hit_tokens)`` of each sequence admitted since the last call: prompt tokens
+        found in the prefix cache."""
     def remove_sequence(self, seq_id: int) -> None:
         """Frees the sequence's KV blocks; an unknown id is a no-op."""
     def step(self) -> list[tuple[int, int, float, list[tuple[int, float]] | None, str | None]]:

@@ -66,7 +66,8 @@ class NativeModel(Protocol):
     def kv_blocks_total(self) -> int: ...
     @property
     def kv_blocks_free(self) -> int: ...
-    def add_sequence(self, seq_id: int, prompt_ids: list[int], sampling: dict[str, Any]) -> None: ...
+    def add_sequence(self, seq_id: int, prompt_ids: list[int], sampling: dict[str, Any],
+                     resident_tokens: int = 0) -> None: ...
     def remove_sequence(self, seq_id: int) -> None: ...
     def step(self) -> list[tuple[int, int, float, list[tuple[int, float]] | None, str | None]]: ...
     def logits(self, token_ids: list[int]) -> Any: ...
@@ -129,7 +130,8 @@ class Delta(msgspec.Struct):
     held back); ``token_ids``: the tokens sampled since the previous delta; ``finish_reason``:
     ``"stop"`` (EOS/EOT token or stop string) or ``"length"`` (max_tokens or context full) on the
     last delta, else None; ``logprobs``: one entry per token when requested. The last delta also
-    carries ``usage`` and ``timings``.
+    carries ``usage`` and ``timings``. The first delta carries ``cached_tokens``: the prompt tokens
+    the prefix cache held (their prefill was skipped), when the native core reports it.
     """
 
     text: str
@@ -139,6 +141,7 @@ class Delta(msgspec.Struct):
     usage: Usage | None = None
     timings: Timings | None = None
     stop_reason: str | int | None = None
+    cached_tokens: int | None = None
 
 
 class Completion(msgspec.Struct):
@@ -173,6 +176,7 @@ def _merge(deltas: Sequence[Delta]) -> Delta:
         usage=last.usage,
         timings=last.timings,
         stop_reason=last.stop_reason,
+        cached_tokens=deltas[0].cached_tokens,
     )
 
 
@@ -313,6 +317,8 @@ class _Request:
         self.prefill_s = 0.0
         self.t_first: float | None = None
         self.t_last = 0.0
+        self.resident = 0  # leading prompt tokens to keep resident in the prefix cache
+        self.cached_tokens: int | None = None  # prompt tokens the prefix cache held
 
 
 class _Stream:
@@ -557,6 +563,8 @@ class Engine:
         self.backend = backend
         self.n_ctx: int = int(model.n_ctx)
         self.max_batch = max_batch
+        # per-sequence prefix-cache hits and resident prefixes (native cores that have them)
+        self._prefix_hits = callable(getattr(model, "take_prefix_hits", None))
         # The tokens that end a generation (EOS, EOT, ...), decided by the engine core per step.
         self._stop_ids: list[int] = sorted(tokenizer.eog_ids)
         self._ids = itertools.count(1)
@@ -622,6 +630,10 @@ class Engine:
             raise FakError("the engine is closed")
         if self._broken is not None:
             raise FakError(f"the engine loop has failed: {self._broken!r}")
+        sampling = dict(sampling)
+        resident = int(sampling.pop("resident_prefix", 0) or 0)
+        if resident < 0:
+            raise ValueError(f"resident_prefix must be >= 0, got {resident}")
         params = SamplingParams.from_kwargs(**sampling)
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_special=add_special, parse_special=True)
@@ -646,7 +658,9 @@ class Engine:
                 f"{n + params.max_tokens} tokens, but the context holds {self.n_ctx}; shorten the prompt, "
                 "lower max_tokens or raise n_ctx", n + params.max_tokens, self.n_ctx)
         max_new = self.n_ctx - n if params.max_tokens is None else params.max_tokens
-        return _Request(next(self._ids), ids, params, max_new, self.tokenizer, self._stop_ids)
+        req = _Request(next(self._ids), ids, params, max_new, self.tokenizer, self._stop_ids)
+        req.resident = min(resident, n)
+        return req
 
     def stream(self, prompt: str | Sequence[int], **sampling: Any) -> TokenStream:
         """Streams a completion of ``prompt`` (text, tokenized with BOS per the model, or ids).
@@ -655,7 +669,10 @@ class Engine:
             prompt: text or token ids.
             **sampling: :class:`fak.sampling.SamplingParams` fields (max_tokens, temperature,
                 top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
-                frequency_penalty, seed, stop, logprobs, prefix_choices).
+                frequency_penalty, seed, stop, logprobs, prefix_choices), and
+                ``resident_prefix``: the leading prompt tokens (an agent's system prompt and
+                tools, repeated by its every request) whose prefix-cache blocks get second chances
+                under the LRU when this sequence ends (0: none; needs a native core that has it).
 
         Returns:
             an iterator of :class:`Delta`; the last one has ``finish_reason``, ``usage``, ``timings``.
@@ -900,7 +917,10 @@ class Engine:
                 # The native scheduler queues a sequence past max_batch or until KV blocks free
                 # up (preempting by recompute when needed); KVCacheFullError means the prompt can
                 # never fit.
-                self._model.add_sequence(req.seq_id, req.prompt_ids, req.native)
+                if req.resident and self._prefix_hits:
+                    self._model.add_sequence(req.seq_id, req.prompt_ids, req.native, resident_tokens=req.resident)
+                else:
+                    self._model.add_sequence(req.seq_id, req.prompt_ids, req.native)
             except Exception as e:
                 self._remove(req)
                 self._waiting.popleft()
@@ -926,6 +946,11 @@ class Engine:
             return
         t1 = time.perf_counter()
         self._stats["steps"] += 1
+        if self._prefix_hits:
+            for seq_id, n_hit in self._model.take_prefix_hits():  # type: ignore[attr-defined]
+                hit_req = self._active.get(seq_id)
+                if hit_req is not None and hit_req.cached_tokens is None:
+                    hit_req.cached_tokens = int(n_hit)
         wakes = _Wakes()
         try:
             self._deliver_step(outputs, t0, t1, wakes)
@@ -983,6 +1008,8 @@ class Engine:
             else:
                 text += req.stop.flush()
         delta = Delta(text, [token_id], finish, logprobs)
+        if req.n_generated == 1:
+            delta.cached_tokens = req.cached_tokens
         if finish is not None:
             del self._active[req.seq_id]
             self._remove(req)

@@ -161,6 +161,7 @@ class Delta:
     finish_reason: str | None = None
     logprobs: list[tuple[int, float, list[tuple[int, float]]]] | None = None
     stop_reason: str | None = None  # the stop string that ended the reply (``fak.Engine``'s)
+    cached_tokens: int | None = None  # the first delta: prompt tokens the prefix cache held
 
 
 @dataclass
@@ -226,9 +227,10 @@ class FakeEngine:
     # -- chat template (Qwen2.5 layout)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                            add_generation_prompt: bool = True) -> str:
+                            add_generation_prompt: bool = True, **kwargs: Any) -> str:
         if self.chat_template is not None:
-            return self.chat_template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt)
+            return self.chat_template.render(messages, tools=tools, add_generation_prompt=add_generation_prompt,
+                                             **kwargs)
         out = []
         msgs = list(messages)
         if tools:
@@ -304,7 +306,7 @@ class FakeEngine:
 
     def _check_sampling(self, sampling: dict[str, Any]) -> None:
         allowed = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-                   "frequency_penalty", "seed", "stop", "logprobs", "prefix_choices"}
+                   "frequency_penalty", "seed", "stop", "logprobs", "prefix_choices", "resident_prefix"}
         unknown = set(sampling) - allowed
         if unknown:
             raise TypeError(f"unknown sampling keys {sorted(unknown)}")
@@ -331,6 +333,7 @@ class FakeEngine:
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
         if len(ids) >= self.n_ctx:
             raise ContextLengthError(f"prompt of {len(ids)} tokens does not fit the context of {self.n_ctx}")
+        cached = self._cached(ids)
         self.requests.append((ids, dict(sampling)))
         max_tokens = int(sampling.get("max_tokens") or (self.n_ctx - len(ids)))
         text = self.reply_for(self.detokenize(ids))
@@ -368,7 +371,8 @@ class FakeEngine:
                 if n_lp is not None:
                     lps = [(t, -0.25, [(t, -0.25), (ord("x"), -2.0)][: max(n_lp, 0)]) for t in token_ids]
                 done = last
-                yield Delta(piece, token_ids, finish if last else None, lps, stop_reason if last else None)
+                yield Delta(piece, token_ids, finish if last else None, lps, stop_reason if last else None,
+                            cached if pos == len(piece) else None)
                 if not last:
                     await asyncio.sleep(self.delay)
             self.finished += 1
@@ -378,9 +382,44 @@ class FakeEngine:
             self.running -= 1
             self.kv_blocks_used -= blocks
 
+    def _cached(self, ids: list[int]) -> int:
+        """A prefix cache of whole ``kv_block_size`` blocks: the longest prefix shared with an
+        earlier prompt, in whole blocks, leaving one token to compute (as the engine's)."""
+        best = 0
+        for earlier, _ in self.requests:
+            n = 0
+            for a, b in zip(earlier, ids):
+                if a != b:
+                    break
+                n += 1
+            best = max(best, n)
+        best = min(best, len(ids) - 1)
+        return best - best % self.kv_block_size
+
     def stats(self) -> dict[str, Any]:
         return {"running": self.running, "waiting": 0, "kv_blocks_used": self.kv_blocks_used,
                 "kv_blocks_total": self.kv_blocks_total}
+
+
+#: Qwen3's chat template as fak's synthetic qwen3 models carry it (thinking, Hermes JSON calls).
+QWEN3_TEMPLATE = Path(__file__).resolve().parents[2] / "python" / "fak" / "synth" / "templates" / "qwen3.jinja"
+
+THINK_SCRIPT = [
+    ("weather", "<think>\nThe user wants the weather.\nI will call the tool.\n</think>\n\n"
+                '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'),
+    ("<tool_response>", "<think>\nThe tool answered.\n</think>\n\nIt is sunny in Paris."),
+    ("haiku", "<think>\nA haiku has three lines.\n</think>\n\nLeaves fall.\nRed and gold.\nAutumn."),
+    ("cut", "<think>\nThis goes on and on"),
+]
+
+
+def thinking_engine(**kwargs: Any) -> FakeEngine:
+    """A ``FakeEngine`` whose chat template is Qwen3's (it has thinking), answering
+    ``THINK_SCRIPT`` (``<think>`` reasoning, then the answer or a call)."""
+    from fak.chat import ChatTemplate
+
+    kwargs.setdefault("script", list(THINK_SCRIPT))
+    return FakeEngine(chat_template=ChatTemplate(QWEN3_TEMPLATE.read_text(encoding="utf-8")), **kwargs)
 
 
 def xml_engine(**kwargs: Any) -> FakeEngine:

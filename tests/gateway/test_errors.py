@@ -254,13 +254,14 @@ def test_litestar_validation_errors_become_openai_errors() -> None:
 
 
 def test_unknown_fields_are_ignored(http: httpx.Client, gateway: Any, caplog: pytest.LogCaptureFixture) -> None:
-    """Vendor fields clients send (``reasoning_effort``, ``chat_template_kwargs``) are ignored and
-    listed in the debug log, not refused (issue 29: a 400 stopped the agent)."""
+    """Vendor fields clients send (``reasoning_effort``, ``logit_scale``) are ignored and listed
+    in the debug log, not refused (issue 29: a 400 stopped the agent); ``chat_template_kwargs``
+    (vLLM's) is read."""
     import logging
 
     with caplog.at_level(logging.DEBUG, logger="fak.gateway"):
         r = http.post(gateway.base_url + "/chat/completions",
-                      json=chat(reasoning_effort="high", chat_template_kwargs={"enable_thinking": False}))
+                      json=chat(reasoning_effort="high", logit_scale=2, chat_template_kwargs={"enable_thinking": False}))
     assert r.status_code == 200, r.text
-    assert any("reasoning_effort" in rec.getMessage() and "chat_template_kwargs" in rec.getMessage()
-               for rec in caplog.records)
+    assert any("reasoning_effort" in rec.getMessage() and "logit_scale" in rec.getMessage()
+               and "chat_template_kwargs" not in rec.getMessage() for rec in caplog.records)

@@ -39,6 +39,11 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield url
 
 
+def _prompt_tokens(usage: Any) -> int:
+    """Anthropic's prompt size: tokens computed plus tokens the prefix cache held."""
+    return usage.input_tokens + (usage.cache_read_input_tokens or 0)
+
+
 def test_messages_through_the_anthropic_sdk(served: str) -> None:
     client = anthropic.Anthropic(base_url=served, api_key="x", max_retries=0, timeout=300)
     hi = [{"role": "user", "content": "Name a prime number."}]
@@ -46,12 +51,13 @@ def test_messages_through_the_anthropic_sdk(served: str) -> None:
     assert r.content and r.content[0].type == "text"
     assert r.stop_reason in ("end_turn", "max_tokens") and 1 <= r.usage.output_tokens <= 12
     assert client.messages.count_tokens(model="tiny", system="Be brief.", messages=hi).input_tokens == \
-        r.usage.input_tokens
+        _prompt_tokens(r.usage)
     with client.messages.stream(model="tiny", max_tokens=12, system="Be brief.", messages=hi) as stream:
         events = [e.type for e in stream]
         final = stream.get_final_message()
     assert events[0] == "message_start" and events[-1] == "message_stop" and "message_delta" in events
-    assert final.usage.input_tokens == r.usage.input_tokens
+    assert _prompt_tokens(final.usage) == _prompt_tokens(r.usage)
+    assert final.usage.cache_read_input_tokens  # the same prompt again: its full blocks were cached
     # a forced tool call names an offered tool; a fitting one is adjudicated by the policy
     names: set[str] = set()
     for seed in range(3):
@@ -61,7 +67,7 @@ def test_messages_through_the_anthropic_sdk(served: str) -> None:
         for b in f.content:
             if b.type == "tool_use":
                 names.add(b.name)
-            else:  # did not fit the schema: the model's own text, never the pre-fill
+            else:  # did not fit the schema: never the pre-fill, never a fragment
                 assert not b.text.startswith("<tool_call>")
     assert names <= {"bash", "read"}
     # a tool round trip: the result is accepted and answered
@@ -71,7 +77,7 @@ def test_messages_through_the_anthropic_sdk(served: str) -> None:
                                            "input": {"command": "ls"}}]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "a.py\nb.py"}]}]
     r2 = client.messages.create(model="tiny", max_tokens=8, tools=[BASH], messages=turns)
-    assert r2.usage.input_tokens > r.usage.input_tokens
+    assert _prompt_tokens(r2.usage) > _prompt_tokens(r.usage)
     with pytest.raises(anthropic.NotFoundError):
         client.messages.create(model="claude-opus-4", max_tokens=8, messages=hi)
 

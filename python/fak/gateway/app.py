@@ -45,6 +45,7 @@ from fak.gateway.models.protocol import ModelCard, ModelList
 from fak.gateway.models.routes import list_models, retrieve_model
 from fak.gateway.policy_filter import AuditLike, PolicyLike
 from fak.gateway.inline_reads import InlineReads
+from fak.gateway.prefix_stats import PrefixCacheStats
 from fak.gateway.quarantine_filter import QuarantineGate, quarantine_route
 from fak.gateway.proxy import (
     ProxyChatServing,
@@ -133,6 +134,8 @@ class Gateway:
         self.quarantine = QuarantineGate.from_policy(policy, audit=audit, registry=self.metrics.registry,
                                                      engine=engine)
         self.inline_reads = InlineReads() if config.serve_inline_reads and engine is not None else None
+        #: prefix-cache hits per conversation (engine mode; ``/health`` ``prefix_cache``)
+        self.prefix_stats = PrefixCacheStats() if engine is not None else None
         if engine is not None:
             from fak.gateway.chat_completions.serving import ChatServing
             from fak.gateway.completions.serving import CompletionServing
@@ -206,7 +209,8 @@ class Gateway:
         block = int(getattr(self.engine, "kv_block_size", 32))
         return Health(status="ok", mode=self.mode, model=self.model_name, engine=stats,
                       context_window=int(self.engine.n_ctx),
-                      kv_cache_tokens=int(kv_total) * block if isinstance(kv_total, int) else None)
+                      kv_cache_tokens=int(kv_total) * block if isinstance(kv_total, int) else None,
+                      prefix_cache=self.prefix_stats.summary() if self.prefix_stats is not None else None)
 
     async def aclose(self) -> None:
         """Release the upstream connection pool (the engine and the audit log belong to the caller)."""

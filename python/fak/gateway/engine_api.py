@@ -281,6 +281,8 @@ class EngineRun:
     n_completion: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
+    #: prompt tokens the engine's prefix cache held (its first delta says; ``None``: not reported)
+    cached_tokens: int | None = None
     _it: Any = None
     _first: Any = None
     _has_first: bool = False
@@ -339,6 +341,9 @@ class EngineRun:
         await self.aclose()
 
     def _account(self, delta: Any) -> None:
+        cached = getattr(delta, "cached_tokens", None)
+        if cached is not None and self.cached_tokens is None:
+            self.cached_tokens = int(cached)
         n = len(getattr(delta, "token_ids", ()) or ())
         if n:
             now = time.perf_counter()

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import msgspec
+from msgspec import UNSET, UnsetType
 from litestar.openapi.spec import OpenAPIMediaType as MediaType
 from litestar.openapi.spec import OpenAPIResponse, Operation, Reference, RequestBody
 
@@ -43,6 +44,8 @@ class Usage(msgspec.Struct):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    #: ``{"cached_tokens": N}``: prompt tokens the prefix cache held (engine mode)
+    prompt_tokens_details: dict[str, int] | UnsetType = UNSET
 
 
 class Timings(msgspec.Struct):

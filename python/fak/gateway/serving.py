@@ -58,6 +58,7 @@ import json
 import logging
 import time
 from array import array
+from collections import OrderedDict
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -94,6 +95,7 @@ from fak.gateway.policy_filter import (
     ToolCallOut,
     request_context,
 )
+from fak.gateway.reasoning import ReasoningSplitter, prompt_opens_reasoning, template_thinks
 from fak.gateway.schemas import Usage, new_id, now
 from fak.gateway.sse import SSE_HEADERS
 from fak.toolcalls import SchemaError, ToolCallFormat, ToolSet
@@ -106,6 +108,7 @@ __all__ = [
     "EngineServing",
     "Generation",
     "Prepared",
+    "ReasoningOut",
     "Setup",
     "chat_sampling",
     "finish_reason_of",
@@ -114,6 +117,7 @@ __all__ = [
     "forced_prefix",
     "keepalive",
     "template_messages",
+    "usage_of",
 ]
 
 SYSTEM_FINGERPRINT = "fp_fak"
@@ -142,7 +146,8 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
     """Messages as the chat template expects them (HF ``transformers`` conventions).
 
     ``developer`` becomes ``system``; content parts are joined with newlines; assistant tool-call
-    arguments are decoded to objects.
+    arguments are decoded to objects; an assistant turn's ``reasoning_content`` is passed on (a
+    thinking template shows it in the turns after the last user query).
     """
     out: list[dict[str, Any]] = []
     for msg in messages:
@@ -157,6 +162,8 @@ def template_messages(messages: list[ChatMessage]) -> list[dict[str, Any]]:
                 for tc in msg.tool_calls]
         if msg.tool_call_id is not None:
             item["tool_call_id"] = msg.tool_call_id
+        if msg.reasoning_content:
+            item["reasoning_content"] = msg.reasoning_content
         out.append(item)
     return out
 
@@ -213,6 +220,18 @@ class Setup:
     gate: PolicyGate
     use_tools: bool
     fmt: ToolCallFormat = ToolCallFormat.HERMES
+    #: split the model's ``<think>`` reasoning from its answer (``fak.gateway.reasoning``)
+    reasoning: bool = False
+    #: extra chat-template variables (``enable_thinking``)
+    template_kwargs: dict[str, Any] | None = None
+
+
+@dataclass(slots=True)
+class ReasoningOut:
+    """The model's reasoning (``<think>`` text), for the protocol's reasoning field, block or item;
+    it always comes before the answer's events."""
+
+    text: str
 
 
 class Generation:
@@ -227,8 +246,18 @@ class Generation:
     """
 
     def __init__(self, serving: EngineServing, req: ChatCompletionRequest, prompt_ids: list[int],
-                 sampling: dict[str, Any], make_filter: Any, forced: bool, t_arrival: float) -> None:
+                 sampling: dict[str, Any], make_filter: Any, forced: bool, t_arrival: float, *,
+                 reasoning: bool = False, in_reasoning: bool = False) -> None:
         self.serving = serving
+        #: split reasoning from the answer (a thinking template), starting inside it (``in_reasoning``)
+        self.reasoning = reasoning
+        self.in_reasoning = in_reasoning
+        self.splitter = ReasoningSplitter(in_reasoning=in_reasoning) if reasoning else None
+        #: completion tokens of the kept attempt that were reasoning (deltas that gave reasoning text)
+        self.n_reasoning = 0
+        #: the policy's conversation key (the prefix-cache hits are counted per conversation)
+        self.conversation = ""
+        self._recorded = False
         self.gw = serving.gw
         self.req = req
         self.prompt_ids = prompt_ids
@@ -278,6 +307,11 @@ class Generation:
         return self.n_discarded + self.run.n_completion
 
     @property
+    def cached_tokens(self) -> int | None:
+        """Prompt tokens of the kept attempt the prefix cache held (``None``: not reported)."""
+        return self.run.cached_tokens
+
+    @property
     def finish_reason(self) -> str | None:
         """The kept attempt's end: ``"stop"``, ``"length"`` or ``None`` (not ended)."""
         return self.run.finish_reason
@@ -289,22 +323,23 @@ class Generation:
         reason = self.run.stop_reason
         return reason if isinstance(reason, str) else None
 
-    async def groups(self) -> AsyncGenerator[tuple[list[ContentOut | ToolCallOut], list[TokenLogprobs]], None]:
-        """See the class doc. Raises APIError (an engine failure)."""
+    async def groups(self) -> AsyncGenerator[tuple[list[Any], list[TokenLogprobs]], None]:
+        """See the class doc: the events are ``ReasoningOut``, ``ContentOut`` and ``ToolCallOut``.
+        Raises APIError (an engine failure)."""
         want_lp = bool(self.req.logprobs)
         while True:
             decided = not self.forced
-            held: list[ContentOut | ToolCallOut] = []
+            held: list[Any] = []
             held_lp: list[TokenLogprobs] = []
             retry = False
             async with aclosing(self.run.batches()) as batches:
                 async for group in batches:
-                    events: list[ContentOut | ToolCallOut] = []
+                    events: list[Any] = []
                     lps: list[TokenLogprobs] = []
                     for delta in group:
                         if want_lp:
                             lps += token_logprobs(delta)
-                        events += self.filt.feed(delta.text)
+                        events += self._feed(delta)
                     if decided:
                         yield events, lps
                         if self.filt.complete:
@@ -330,7 +365,7 @@ class Generation:
                     self.run.finish_reason = "stop"
                 await self.run.aclose()
             if not retry:
-                tail = self.filt.finish()
+                tail = self._finish()
                 if not decided:
                     held += tail
                     if (self._first_call(held) == "rejected" and self.retries_left
@@ -352,7 +387,32 @@ class Generation:
             self.n_discarded += self.run.n_completion
             self.run = self._new_run()
             self.filt = self.make_filter()
+            self.splitter = ReasoningSplitter(in_reasoning=self.in_reasoning) if self.reasoning else None
+            self.n_reasoning = 0
             await self.run.start()
+
+    def _feed(self, delta: Any) -> list[Any]:
+        """One delta's events: its reasoning (one ``ReasoningOut``) before its answer's."""
+        if self.splitter is None:
+            return list(self.filt.feed(delta.text))
+        reasoning, content = self.splitter.feed(delta.text)
+        out: list[Any] = []
+        if reasoning:
+            self.n_reasoning += len(getattr(delta, "token_ids", ()) or ())
+            out.append(ReasoningOut(reasoning))
+        if content:
+            out += self.filt.feed(content)
+        return out
+
+    def _finish(self) -> list[Any]:
+        out: list[Any] = []
+        if self.splitter is not None:
+            reasoning, content = self.splitter.finish()
+            if reasoning:
+                out.append(ReasoningOut(reasoning))
+            if content:
+                out += self.filt.feed(content)
+        return out + self.filt.finish()
 
     @property
     def tool_call_error(self) -> dict[str, str] | None:
@@ -365,10 +425,12 @@ class Generation:
         return {"kind": problem.kind, "message": problem.message}
 
     @staticmethod
-    def _first_call(events: list[ContentOut | ToolCallOut]) -> str | None:
+    def _first_call(events: list[Any]) -> str | None:
         """How the first tool-call block went: ``"rejected"``, ``"ok"`` (sent or denied), or
         ``None`` while undecided."""
         for ev in events:
+            if isinstance(ev, ReasoningOut):
+                continue
             if isinstance(ev, ToolCallOut):
                 return "ok"
             if ev.rejected is not None:
@@ -378,7 +440,13 @@ class Generation:
         return None
 
     async def aclose(self) -> None:
+        """Close the kept attempt (idempotent) and count its prefix-cache hits for its
+        conversation (``Gateway.prefix_stats``)."""
         await self.run.aclose()
+        stats = getattr(self.gw, "prefix_stats", None)
+        if not self._recorded and stats is not None and self.run.cached_tokens is not None:
+            self._recorded = True
+            stats.record(self.conversation, len(self.prompt_ids), self.run.cached_tokens)
 
 
 @dataclass
@@ -397,6 +465,16 @@ class Prepared:
     def n_prompt(self) -> int:
         """Prompt tokens."""
         return len(self.prompt_ids)
+
+
+def usage_of(n_prompt: int, gen: Generation) -> Usage:
+    """Chat ``usage`` of a generation: prompt and completion tokens (every attempt), and the
+    prompt tokens the prefix cache held as ``prompt_tokens_details.cached_tokens`` (OpenAI's
+    field) when the engine reports them."""
+    usage = Usage(n_prompt, gen.n_completion, n_prompt + gen.n_completion)
+    if gen.cached_tokens is not None:
+        usage.prompt_tokens_details = {"cached_tokens": gen.cached_tokens}
+    return usage
 
 
 def finish_reason_of(engine_reason: str | None, has_calls: bool) -> str:
@@ -473,6 +551,12 @@ class EngineServing:
         self.gw = gateway
         self.engine = gateway.engine
         self.tool_call_format: ToolCallFormat = getattr(gateway, "tool_call_format", None) or ToolCallFormat.HERMES
+        template = getattr(self.engine, "chat_template", None)
+        source = template if isinstance(template, str) else getattr(template, "source", None)
+        #: the model's chat template has thinking: reasoning is returned apart from the answer
+        self.thinks = template_thinks(source if isinstance(source, str) else None)
+        #: system turns rendered lately: key → (their text, tokens) (``resident_prefix``)
+        self._system_heads: OrderedDict[str, tuple[str, int]] = OrderedDict()
 
     # -- preparation
 
@@ -508,7 +592,9 @@ class EngineServing:
         quarantine = self.gw.quarantine  # withheld tool results never reach the template
         screened = quarantine.screen(req.messages, ctx.conversation).apply(req.messages) if quarantine else req.messages
         messages = template_messages(screened)
-        setup = Setup(req, tools, toolset, prefix, gate, use_tools, fmt)
+        kwargs = self.template_kwargs(req)
+        reasoning = self.thinks and not prefix and kwargs.get("enable_thinking") is not False
+        setup = Setup(req, tools, toolset, prefix, gate, use_tools, fmt, reasoning, kwargs)
         gen, prompt_ids, prompt = await self._generation(setup, messages, t_arrival)
         if quarantine is not None:
             quarantine.track(ctx.conversation, prompt, prompt_ids, screened, gen)
@@ -517,6 +603,15 @@ class EngineServing:
     def tool_param(self, index: int) -> str:
         """The request field of the ``index``-th tool's schema, for errors."""
         return f"tools[{index}].function.parameters"
+
+    @staticmethod
+    def template_kwargs(req: ChatCompletionRequest) -> dict[str, Any]:
+        """Extra chat-template variables of ``req`` (``chat_template_kwargs``; the names the
+        template call itself uses are left out)."""
+        kwargs = dict(req.chat_template_kwargs or {})
+        for name in ("messages", "tools", "add_generation_prompt"):
+            kwargs.pop(name, None)
+        return kwargs
 
     def max_tokens_of(self, req: ChatCompletionRequest) -> tuple[int | None, str]:
         """The completion budget the client asked for and the field that holds it."""
@@ -532,16 +627,16 @@ class EngineServing:
         Raises ``APIError`` (400: the template rejects the messages, or they do not fit)."""
         req = setup.req
 
-        def prompt_tokens() -> tuple[str, list[int], list[list[int]] | None]:
-            prompt = self._render(messages, setup.client_tools) + setup.prefix
+        def prompt_tokens() -> tuple[str, list[int], list[list[int]] | None, int]:
+            prompt = self._render(messages, setup.client_tools, **(setup.template_kwargs or {})) + setup.prefix
             ids = self.engine.tokenize(prompt, add_special=False, parse_special=True)
             choices = forced_choices(req, lambda t: self.engine.tokenize(t, add_special=False, parse_special=False),
                                      setup.fmt)
-            return prompt, ids, choices
+            return prompt, ids, choices, self.resident_prefix(messages, setup, prompt)
 
         # A long conversation takes milliseconds to render and tokenize: off the event loop, so
         # the other streams keep flowing meanwhile.
-        prompt, prompt_ids, choices = await anyio.to_thread.run_sync(prompt_tokens)
+        prompt, prompt_ids, choices, resident = await anyio.to_thread.run_sync(prompt_tokens)
         requested, budget_param = self.max_tokens_of(req)
         if self.clamp_budget and requested is not None:
             # the budget is a ceiling: cut to the room the prompt leaves (an error only when the
@@ -554,6 +649,8 @@ class EngineServing:
         sampling = chat_sampling(req, max_tokens)
         if choices and setup.use_tools:
             sampling["prefix_choices"] = choices
+        if resident:
+            sampling["resident_prefix"] = resident
 
         def make_filter() -> AssistantOutputFilter:
             return AssistantOutputFilter(setup.gate, parse_tools=setup.use_tools, prefix=setup.prefix,
@@ -562,13 +659,46 @@ class EngineServing:
                                          tool_format=setup.fmt)
 
         gen = Generation(self, req, prompt_ids, sampling, make_filter, forced=bool(setup.prefix),
-                         t_arrival=t_arrival)
+                         t_arrival=t_arrival, reasoning=setup.reasoning,
+                         in_reasoning=setup.reasoning and prompt_opens_reasoning(prompt))
         gen.window_cut = requested is not None and max_tokens < requested
+        gen.conversation = setup.gate.ctx.conversation
         return gen, prompt_ids, prompt
 
-    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+    #: system turns remembered by ``resident_prefix``
+    SYSTEM_HEADS = 64
+
+    def resident_prefix(self, messages: list[dict[str, Any]], setup: Setup, prompt: str) -> int:
+        """Tokens of the system turn (system prompt and tools, as the template renders them) at
+        the head of ``prompt``: an agent repeats them in every request, so the engine keeps
+        their prefix-cache blocks resident (``fak.Engine`` ``resident_prefix``; a main agent and
+        its sub-agents each have one). 0 without a system message, or when the template does
+        not render it as the prompt's head. One less than the head's tokens, so a token merged
+        across the boundary never counts. Remembers the last ``SYSTEM_HEADS`` heads."""
+        if not messages or messages[0].get("role") != "system" or not hasattr(self.engine, "tokenize"):
+            return 0
+        kwargs = setup.template_kwargs or {}
+        key = hashlib.sha256(json.dumps([messages[0].get("content"), setup.client_tools, kwargs], sort_keys=True,
+                                        default=str).encode()).hexdigest()
+        head = self._system_heads.get(key)
+        if head is None:
+            try:
+                text = self.engine.apply_chat_template(messages[:1], tools=setup.client_tools,
+                                                       add_generation_prompt=False, **kwargs)
+            except Exception:  # noqa: BLE001 - a template that wants more than a system turn: no hint
+                text = ""
+            n = len(self.engine.tokenize(text, add_special=False, parse_special=True)) - 1 if text else 0
+            head = (text, max(0, n))
+            self._system_heads[key] = head
+            while len(self._system_heads) > self.SYSTEM_HEADS:
+                self._system_heads.popitem(last=False)
+        else:
+            self._system_heads.move_to_end(key)
+        return head[1] if head[0] and prompt.startswith(head[0]) else 0
+
+    def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, **kwargs: Any) -> str:
         try:
-            return self.engine.apply_chat_template(messages, tools=tools, add_generation_prompt=True)
+            return self.engine.apply_chat_template(messages, tools=tools, add_generation_prompt=True, **kwargs)
         except Exception as exc:
             if type(exc).__module__.startswith("jinja2") or isinstance(exc, (ValueError, TypeError, KeyError)):
                 raise bad_request(f"The model's chat template rejected the messages: {exc}",
@@ -579,7 +709,8 @@ class EngineServing:
         """Tokens of the prompt ``req`` would send the model (template, tools, forced pre-fill
         included): what ``count_tokens`` endpoints answer. Raises ``APIError`` (400: template)."""
         use_tools = bool(req.tools) and req.tool_choice != "none"
-        prompt = self._render(template_messages(req.messages), client_tools if use_tools else None)
+        prompt = self._render(template_messages(req.messages), client_tools if use_tools else None,
+                              **self.template_kwargs(req))
         prompt += forced_prefix(req, self.tool_call_format) if use_tools else ""
         return len(self.engine.tokenize(prompt, add_special=False, parse_special=True))
 
@@ -648,13 +779,16 @@ class EngineServing:
 
     async def _complete(self, gen: Generation, gate: PolicyGate, req: ChatCompletionRequest, n_prompt: int) -> bytes:
         content: list[str] = []
+        reasoning: list[str] = []
         calls: list[ChatToolCall] = []
         logprobs: list[TokenLogprobs] = []
         async with aclosing(gen.groups()) as groups:
             async for events, lps in groups:
                 logprobs += lps
                 for ev in events:
-                    if isinstance(ev, ContentOut):
+                    if isinstance(ev, ReasoningOut):
+                        reasoning.append(ev.text)
+                    elif isinstance(ev, ContentOut):
                         content.append(ev.text)
                     else:
                         calls.append(ChatToolCall(id=ev.call.id,
@@ -670,13 +804,14 @@ class EngineServing:
             message.tool_calls = calls
         else:
             message = ChatResponseMessage(content=text)
+        if reasoning:
+            message.reasoning_content = "".join(reasoning)
         finish = finish_reason_of(gen.finish_reason, bool(calls))
         choice = ChatChoice(index=0, message=message, finish_reason=finish,
                             logprobs=ChoiceLogprobs(content=self._chat_logprobs(logprobs)) if req.logprobs else None)
         response = ChatCompletion(
             id=new_id("chatcmpl"), created=now(), model=self.gw.model_name, choices=[choice],
-            usage=Usage(n_prompt, gen.n_completion, n_prompt + gen.n_completion),
-            system_fingerprint=SYSTEM_FINGERPRINT)
+            usage=usage_of(n_prompt, gen), system_fingerprint=SYSTEM_FINGERPRINT)
         if gate.active:
             response.fak_policy = FakPolicyInfo(verdicts=gate.verdicts)
         if (error := gen.tool_call_error) is not None:

@@ -24,6 +24,12 @@
 //!   is released like any other: if it is cached, it keeps its K/V and stays findable until the
 //!   pool evicts it (and eviction drops its hash, so a block that was overwritten is never
 //!   matched); if not, it is reused first.
+//! - Resident prefixes ([`BlockPool::mark_resident`]): the cached blocks of a prefix its caller
+//!   names as worth keeping (an agent's system prompt and tools, which every request of that
+//!   agent repeats) get [`RESIDENT_CHANCES`] second chances: when eviction reaches such a block it
+//!   goes to the back of the free list instead, one chance fewer (CLOCK's second chance over the
+//!   LRU). A main agent's prefix and its sub-agents' then outlive the dead tails of finished
+//!   conversations under memory pressure; a prefix nobody repeats loses its chances and goes.
 //! - Quarantine ([`BlockPool::quarantine`]): blocks whose tokens include a span found poisoned,
 //!   and every cached block whose chain passes through them, leave the cache; their hashes are
 //!   banned, so the same chain is never cached or matched again (a block whose parent is banned is
@@ -43,6 +49,9 @@ pub type BlockHash = u64;
 /// "No block" in the free-list links.
 const NIL: u32 = u32::MAX;
 
+/// Times eviction passes over a block of a resident prefix before taking it (see the module doc).
+pub const RESIDENT_CHANCES: u8 = 2;
+
 #[derive(Debug, Clone)]
 struct BlockMeta {
     /// Sequences (and `Engine::logits` calls) holding the block.
@@ -54,6 +63,8 @@ struct BlockMeta {
     /// Free-list links; meaningful only while `ref_cnt == 0`.
     prev: u32,
     next: u32,
+    /// Second chances left before eviction takes this cached block ([`BlockPool::mark_resident`]).
+    chances: u8,
 }
 
 /// The physical KV blocks: reference counts, the free list in eviction order and the prefix cache.
@@ -90,6 +101,7 @@ impl BlockPool {
                 parent: None,
                 prev: if b == 0 { NIL } else { b - 1 },
                 next: if b as usize + 1 == n_blocks { NIL } else { b + 1 },
+                chances: 0,
             })
             .collect();
         BlockPool {
@@ -271,6 +283,7 @@ impl BlockPool {
                 continue;
             };
             self.meta[b as usize].parent = None;
+            self.meta[b as usize].chances = 0;
             self.cached.remove(&h);
             self.banned.insert(h);
             let bs = self.block_size;
@@ -348,18 +361,47 @@ impl BlockPool {
             });
         }
         for _ in 0..needed {
-            let b = self.head;
+            let mut b = self.head;
             debug_assert_ne!(b, NIL);
+            // A resident prefix's block gets a second chance: to the back, one chance fewer
+            // (chances are finite, so this ends).
+            while self.meta[b as usize].chances > 0 && self.n_free > 1 {
+                self.meta[b as usize].chances -= 1;
+                self.unlink(b);
+                self.push_back(b);
+                b = self.head;
+            }
             self.unlink(b);
             let m = &mut self.meta[b as usize];
             if let Some(h) = m.hash.take() {
                 m.parent = None;
                 self.cached.remove(&h);
             }
+            m.chances = 0;
             m.ref_cnt = 1;
             table.push(b);
         }
         Ok(())
+    }
+
+    /// Marks the cached blocks of `blocks` (a sequence's leading blocks that hold a prefix its
+    /// caller wants kept: [`NO_BLOCK`] and uncached blocks are skipped) as resident: eviction
+    /// passes over each [`RESIDENT_CHANCES`] times before taking it. Marking again renews the
+    /// chances. Returns how many blocks were marked.
+    pub fn mark_resident(&mut self, blocks: &[u32]) -> usize {
+        let mut n = 0;
+        for &b in blocks {
+            if b != NO_BLOCK && self.meta[b as usize].hash.is_some() {
+                self.meta[b as usize].chances = RESIDENT_CHANCES;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Cached blocks that are resident (with second chances left).
+    pub fn n_resident(&self) -> usize {
+        self.meta.iter().filter(|m| m.chances > 0 && m.hash.is_some()).count()
     }
 
     /// Drops one reference on every block of `table` and empties it ([`NO_BLOCK`] entries, blocks
@@ -740,6 +782,38 @@ mod tests {
         pool.check(&held(&pool, &[&v])).unwrap();
         pool.release(&mut v);
         pool.check(&[0; 6]).unwrap();
+    }
+
+    #[test]
+    fn resident_blocks_outlive_older_dead_tails() {
+        // Four cached blocks freed oldest first: r (resident), a, b, c. Eviction takes a, b, c
+        // before r; r then goes after its chances are spent.
+        let mut pool = BlockPool::new(4, 2, true);
+        let mut t = Vec::new();
+        pool.grow(&mut t, 8).unwrap();
+        let mut parent = None;
+        for (i, &b) in t.iter().enumerate() {
+            let toks = [i as u32, 7];
+            let h = pool.hash_block(parent, &toks);
+            assert!(pool.register(b, h, parent, &toks));
+            parent = Some(h);
+        }
+        let (r, rest) = (t[0], t[1..].to_vec());
+        assert_eq!(pool.mark_resident(&[r, NO_BLOCK]), 1);
+        assert_eq!(pool.n_resident(), 1);
+        for &b in std::iter::once(&r).chain(rest.iter()) {
+            pool.release_one(b);
+        }
+        assert_eq!(pool.free_blocks(), vec![r, rest[0], rest[1], rest[2]]);
+        let mut u = Vec::new();
+        pool.grow(&mut u, 6).unwrap();
+        assert_eq!(u, rest, "the dead tails go first");
+        assert!(pool.is_cached(r) && pool.n_resident() == 1);
+        let mut v = Vec::new();
+        pool.grow(&mut v, 2).unwrap();
+        assert_eq!(v, vec![r], "a lone free block is taken whatever its chances");
+        assert_eq!(pool.n_resident(), 0);
+        pool.check(&[1, 1, 1, 1]).unwrap();
     }
 
     #[test]

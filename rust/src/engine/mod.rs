@@ -193,6 +193,12 @@ pub trait EngineApi: Send {
     fn add_sequence(&mut self, seq_id: u64, prompt: Vec<u32>, params: SamplingParams)
         -> Result<()>;
     fn remove_sequence(&mut self, seq_id: u64) -> bool;
+    /// Sets the leading prompt tokens of `seq_id` whose cached blocks stay resident
+    /// ([`BlockPool::mark_resident`]); false for an unknown id.
+    fn set_resident_prefix(&mut self, seq_id: u64, n_tokens: usize) -> bool;
+    /// `(seq_id, prompt tokens found in the prefix cache)` of each sequence admitted since the
+    /// last call.
+    fn take_prefix_hits(&mut self) -> Vec<(u64, usize)>;
     fn step(&mut self) -> Result<Vec<StepOutput>>;
     fn logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>>;
     fn stats(&self) -> EngineStats;
@@ -959,6 +965,12 @@ impl<B: Backend> EngineApi for Engine<B> {
     }
     fn remove_sequence(&mut self, seq_id: u64) -> bool {
         Engine::remove_sequence(self, seq_id)
+    }
+    fn set_resident_prefix(&mut self, seq_id: u64, n_tokens: usize) -> bool {
+        self.sched.set_resident(seq_id, n_tokens)
+    }
+    fn take_prefix_hits(&mut self) -> Vec<(u64, usize)> {
+        self.sched.take_admitted_hits()
     }
     fn step(&mut self) -> Result<Vec<StepOutput>> {
         Engine::step(self)

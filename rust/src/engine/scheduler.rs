@@ -78,7 +78,13 @@ pub struct Scheduler {
     /// tokens found there (their prefill was skipped), since creation.
     pub prefix_query_tokens: u64,
     pub prefix_hit_tokens: u64,
+    /// Admissions since the last [`Scheduler::take_admitted_hits`]: `(id, hit tokens)`.
+    admitted_hits: Vec<(u64, usize)>,
 }
+
+/// Most admissions [`Scheduler::take_admitted_hits`] keeps between two calls (a caller that
+/// never asks costs a bounded buffer).
+const MAX_ADMITTED_HITS: usize = 4096;
 
 impl Scheduler {
     pub fn new(cfg: SchedulerConfig, pool: BlockPool) -> Scheduler {
@@ -90,6 +96,7 @@ impl Scheduler {
             n_preempted: 0,
             prefix_query_tokens: 0,
             prefix_hit_tokens: 0,
+            admitted_hits: Vec::new(),
         }
     }
 
@@ -106,10 +113,33 @@ impl Scheduler {
         self.waiting.push_back(seq);
     }
 
-    /// Drops the sequence `id` and frees its blocks. Returns whether it existed.
+    /// Sets the resident prefix of sequence `id` ([`Sequence::resident_tokens`]). Returns whether
+    /// it exists.
+    pub fn set_resident(&mut self, id: u64, n_tokens: usize) -> bool {
+        match self.running.iter_mut().chain(self.waiting.iter_mut()).find(|s| s.id == id) {
+            Some(s) => {
+                s.resident_tokens = n_tokens;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// `(sequence id, prompt tokens found in the prefix cache)` of each sequence admitted since
+    /// the last call (the caller reports them per request: `cached_tokens`).
+    pub fn take_admitted_hits(&mut self) -> Vec<(u64, usize)> {
+        std::mem::take(&mut self.admitted_hits)
+    }
+
+    /// Drops the sequence `id` and frees its blocks (the cached blocks of its resident prefix
+    /// marked resident first, [`Sequence::resident_tokens`]). Returns whether it existed.
     pub fn remove(&mut self, id: u64) -> bool {
         if let Some(i) = self.running.iter().position(|s| s.id == id) {
             let mut s = self.running.remove(i);
+            let keep = (s.resident_tokens / self.pool.block_size()).min(s.block_table.len());
+            if keep > 0 {
+                self.pool.mark_resident(&s.block_table[..keep]);
+            }
             self.pool.release(&mut s.block_table);
             return true;
         }
@@ -266,7 +296,11 @@ impl Scheduler {
             available -= need;
             let mut seq = self.waiting.pop_front().expect("front exists");
             self.prefix_query_tokens += seq.tokens.len() as u64;
-            self.prefix_hit_tokens += seq.take_cached(&mut self.pool, &hits) as u64;
+            let hit = seq.take_cached(&mut self.pool, &hits);
+            self.prefix_hit_tokens += hit as u64;
+            if self.admitted_hits.len() < MAX_ADMITTED_HITS {
+                self.admitted_hits.push((seq.id, hit));
+            }
             if let Some(w) = self.cfg.kv_window {
                 seq.release_outside_window(&mut self.pool, w);
             }

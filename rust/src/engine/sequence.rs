@@ -37,6 +37,10 @@ pub struct Sequence {
     /// Tokens sampled for this sequence so far (what `max_tokens` counts; unlike
     /// [`Sequence::n_generated`], not changed when a quarantined span is cut out).
     pub n_sampled: usize,
+    /// Leading prompt tokens its caller wants kept in the prefix cache (an agent's system prompt
+    /// and tools): their cached blocks are marked resident when the sequence ends
+    /// ([`BlockPool::mark_resident`]). 0: none.
+    pub resident_tokens: usize,
 }
 
 impl Sequence {
@@ -54,6 +58,7 @@ impl Sequence {
             block_hashes: Vec::new(),
             sampler,
             n_sampled: 0,
+            resident_tokens: 0,
         }
     }
 

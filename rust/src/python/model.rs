@@ -401,27 +401,42 @@ impl PyModel {
         self.waiting.load(Ordering::Relaxed)
     }
 
-    /// add_sequence(seq_id, prompt_ids, sampling=None)
+    /// add_sequence(seq_id, prompt_ids, sampling=None, resident_tokens=0)
     ///
     /// Queues a sequence; the next `step()` with room prefills it. `sampling` keys: temperature,
     /// top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
     /// seed, n_logprobs, prefix_choices (a list of token-id lists: the output must begin with one
     /// of them), max_tokens (≥ 1: the sequence finishes after that many tokens), stop_ids (token
     /// ids that finish it) (None values mean the default; unknown keys are errors).
+    /// `resident_tokens`: the leading prompt tokens (an agent's system prompt and tools) whose
+    /// cached KV blocks get second chances under the prefix cache's LRU when the sequence ends.
     ///
     /// Raises: ValueError (duplicate id, empty prompt, token id ≥ n_vocab, bad or unknown sampling
     /// value, naming it), fak.ContextLengthError (`len(prompt_ids) + 1 > n_ctx`),
     /// fak.KVCacheFullError (the prompt needs more blocks than the whole cache).
-    #[pyo3(signature = (seq_id, prompt_ids, sampling=None))]
+    #[pyo3(signature = (seq_id, prompt_ids, sampling=None, resident_tokens=0))]
     fn add_sequence(
         &self,
         py: Python<'_>,
         seq_id: u64,
         prompt_ids: Vec<u32>,
         sampling: Option<&Bound<'_, PyDict>>,
+        resident_tokens: usize,
     ) -> PyResult<()> {
         let params = sampling_from_dict(sampling)?;
-        self.with_engine(py, move |e| e.add_sequence(seq_id, prompt_ids, params))
+        self.with_engine(py, move |e| {
+            e.add_sequence(seq_id, prompt_ids, params)?;
+            if resident_tokens > 0 {
+                e.set_resident_prefix(seq_id, resident_tokens);
+            }
+            Ok(())
+        })
+    }
+
+    /// take_prefix_hits() -> list[(seq_id, hit_tokens)]: the prompt tokens each sequence admitted
+    /// since the last call found in the prefix cache (their prefill was skipped).
+    fn take_prefix_hits(&self, py: Python<'_>) -> PyResult<Vec<(u64, usize)>> {
+        self.with_engine(py, |e| Ok(e.take_prefix_hits()))
     }
 
     /// remove_sequence(seq_id): drops the sequence and frees its KV blocks; unknown ids are a no-op.

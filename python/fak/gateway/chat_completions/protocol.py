@@ -88,6 +88,9 @@ class ChatMessage(msgspec.Struct):
     tool_calls: list[MessageToolCall] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None
+    #: an assistant turn's reasoning, as the gateway returned it (a thinking template shows it
+    #: again in the turns after the last user query)
+    reasoning_content: str | None = None
 
 
 class FunctionDefinition(msgspec.Struct):
@@ -167,6 +170,9 @@ class ChatCompletionRequest(msgspec.Struct):
     top_k: Annotated[int, Meta(ge=-1)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
+    #: extra chat-template variables (vLLM's name; ``{"enable_thinking": false}`` turns Qwen3's
+    #: thinking off)
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 # --------------------------------------------------------------------------------------- response
@@ -194,6 +200,8 @@ class ChatResponseMessage(msgspec.Struct):
     role: str = "assistant"
     refusal: str | None = None
     tool_calls: list[ChatToolCall] | UnsetType = UNSET
+    #: the model's reasoning (``<think>`` text of a thinking template; vLLM's name)
+    reasoning_content: str | UnsetType = UNSET
 
 
 class TopLogprob(msgspec.Struct):
@@ -298,6 +306,7 @@ class ChatDelta(msgspec.Struct):
     role: str | UnsetType = UNSET
     content: str | None | UnsetType = UNSET
     tool_calls: list[ChunkToolCall] | UnsetType = UNSET
+    reasoning_content: str | UnsetType = UNSET
 
 
 class ChatChunkChoice(msgspec.Struct):

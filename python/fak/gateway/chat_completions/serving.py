@@ -39,12 +39,14 @@ from fak.gateway.serving import (
     EngineServing,
     Generation,
     Prepared,
+    ReasoningOut,
     chat_sampling,
     finish_reason_of,
     first_messages_key,
     forced_choices,
     forced_prefix,
     template_messages,
+    usage_of,
 )
 from fak.gateway.sse import DONE, sse_error, sse_event
 
@@ -179,11 +181,13 @@ class ChatServing(EngineServing):
                 c.fak = fak
             return sse_event(c)
 
-        def events_out(events: list[ContentOut | ToolCallOut]) -> list[bytes]:
+        def events_out(events: list[Any]) -> list[bytes]:
             nonlocal pending_lp, sent_calls
             out = []
             for ev in events:
-                if isinstance(ev, ContentOut):
+                if isinstance(ev, ReasoningOut):
+                    out.append(chunk(ChatDelta(reasoning_content=ev.text)))
+                elif isinstance(ev, ContentOut):
                     if not ev.text and ev.verdict is None:
                         continue
                     lp, pending_lp = pending_lp, []
@@ -210,7 +214,7 @@ class ChatServing(EngineServing):
             if include_usage:
                 tail.append(sse_event(ChatCompletionChunk(
                     id=cid, created=created, model=model, system_fingerprint=SYSTEM_FINGERPRINT, choices=[],
-                    usage=Usage(n_prompt, gen.n_completion, n_prompt + gen.n_completion))))
+                    usage=usage_of(n_prompt, gen))))
             tail.append(DONE)
             yield b"".join(tail)
         except APIError as err:

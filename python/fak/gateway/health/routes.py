@@ -21,6 +21,8 @@ class Health(msgspec.Struct):
     engine: dict[str, Any] | None = None
     context_window: int | None = None
     kv_cache_tokens: int | None = None
+    #: prefix-cache hits, in total and per conversation (``PrefixCacheStats.summary``)
+    prefix_cache: dict[str, Any] | None = None
 
 
 @get("/health", summary="Health check", tags=["monitoring"])

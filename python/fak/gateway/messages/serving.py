@@ -18,15 +18,21 @@ The request, read as Anthropic documents it:
   by a short note, since the model reads text); ``image`` / ``document`` blocks of the user are
   refused (400 naming the block), as chat completions refuse image parts;
 - ``assistant`` turns: ``text`` blocks and ``tool_use`` blocks (calls with their ``input``);
-  ``thinking`` blocks are dropped (a local model's reasoning is not sent back to it);
+  ``thinking`` blocks become the turn's reasoning (a thinking template shows it again in the
+  turns after the last user query; others ignore it), ``redacted_thinking`` is dropped;
 - ``tools`` with ``input_schema`` are offered as functions; Anthropic's own tool types
   (``web_search_20250305``, ``code_execution_...``: no ``input_schema``) are refused with a 400
   naming the type; ``tool_choice`` ``auto`` / ``any`` / ``tool`` / ``none`` are the chat
   ``auto`` / ``required`` / named / ``none`` (forced calls as in ``fak.gateway.serving``), and
   ``disable_parallel_tool_use`` keeps the first call;
 - ``max_tokens`` is a ceiling cut to the context window's room; ``stop_sequences``,
-  ``temperature``, ``top_p``, ``top_k``; ``thinking`` and ``metadata`` accepted
-  (``metadata.user_id`` keys the policy's conversation without ``X-Fak-Conversation``).
+  ``temperature``, ``top_p``, ``top_k``; ``thinking`` (``enabled`` / ``disabled`` become the
+  template's ``enable_thinking``) and ``metadata`` (``metadata.user_id`` keys the policy's
+  conversation without ``X-Fak-Conversation``).
+
+A thinking template's reasoning (``fak.gateway.reasoning``) comes back as a ``thinking`` block
+before the answer (``signature`` empty: a local model signs nothing), streamed as
+``thinking_delta`` events.
 
 Stop reasons: ``end_turn``, ``tool_use`` (calls kept after the policy), ``stop_sequence`` (with
 the string), ``max_tokens``, and ``model_context_window_exceeded`` when the window, not the
@@ -72,7 +78,7 @@ from fak.gateway.messages.protocol import (
 )
 from fak.gateway.policy_filter import ContentOut, ToolCallOut, merge_content
 from fak.gateway.schemas import decode_lenient, new_id
-from fak.gateway.serving import EngineServing, Generation, Prepared
+from fak.gateway.serving import EngineServing, Generation, Prepared, ReasoningOut
 
 log = logging.getLogger("fak.gateway")
 
@@ -81,6 +87,7 @@ __all__ = [
     "MessagesServing",
     "anthropic_event",
     "message_from_chat",
+    "message_usage",
     "stop_reason_of",
     "to_chat",
 ]
@@ -168,12 +175,16 @@ def _turns(messages: list[InputMessage], system: list[str]) -> list[ChatMessage]
             out.append(ChatMessage(role=m.role, content=m.content))
             continue
         texts: list[str] = []
+        thoughts: list[str] = []
         calls: list[MessageToolCall] = []
         for j, b in enumerate(m.content):
             at = f"{where}.content[{j}]"
             if b.type == "text":
                 texts.append(b.text or "")
-            elif b.type in ("thinking", "redacted_thinking"):
+            elif b.type == "thinking":
+                if m.role == "assistant" and b.thinking:
+                    thoughts.append(b.thinking)
+            elif b.type == "redacted_thinking":
                 continue
             elif m.role == "user" and b.type == "tool_result":
                 if not b.tool_use_id:
@@ -197,7 +208,7 @@ def _turns(messages: list[InputMessage], system: list[str]) -> list[ChatMessage]
         if m.role == "assistant":
             if texts or calls:
                 out.append(ChatMessage(role="assistant", content="".join(texts) if texts or not calls else None,
-                                       tool_calls=calls or None))
+                                       tool_calls=calls or None, reasoning_content="\n".join(thoughts) or None))
         elif texts:
             out.append(ChatMessage(role="user", content="\n".join(texts)))
     return out
@@ -266,6 +277,9 @@ def to_chat(req: MessagesRequest | CountTokensRequest) -> tuple[ChatCompletionRe
         chat.top_k = req.top_k
         chat.stop = list(req.stop_sequences) if req.stop_sequences else None
         chat.user = user if isinstance(user, str) and user else None
+        kind = (req.thinking or {}).get("type")
+        if kind in ("enabled", "disabled"):  # Anthropic's switch → the template's (Qwen3's enable_thinking)
+            chat.chat_template_kwargs = {"enable_thinking": kind == "enabled"}
     return chat, client_tools
 
 
@@ -288,11 +302,23 @@ def _tool_input(arguments: str) -> Any:
     return value if isinstance(value, dict) else {}
 
 
+def message_usage(n_prompt: int, n_output: int, cached: int | None) -> MessageUsage:
+    """Anthropic's usage: ``input_tokens`` are the prompt tokens the prefix cache did not hold,
+    ``cache_read_input_tokens`` those it held (so the three input counts add up to the prompt, as
+    Anthropic's do); ``cache_creation_input_tokens`` 0 (fak caches every prompt without being
+    asked)."""
+    if cached is None:
+        return MessageUsage(n_prompt, n_output)
+    return MessageUsage(n_prompt - cached, n_output, cache_creation_input_tokens=0, cache_read_input_tokens=cached)
+
+
 def message_from_chat(data: dict[str, Any], gen: Generation, model: str) -> Message:
     """The ``Message`` of a finished generation, from the base's ``ChatCompletion`` (decoded)."""
     choice = data["choices"][0]
     msg = choice["message"]
     content: list[dict[str, Any]] = []
+    if msg.get("reasoning_content"):
+        content.append({"type": "thinking", "thinking": msg["reasoning_content"], "signature": ""})
     if msg.get("content"):
         content.append({"type": "text", "text": msg["content"]})
     calls = msg.get("tool_calls") or []
@@ -304,7 +330,8 @@ def message_from_chat(data: dict[str, Any], gen: Generation, model: str) -> Mess
                           window_cut=gen.window_cut)
     out = Message(id=new_id("msg").replace("-", "_", 1), model=model, content=content, stop_reason=stop,
                   stop_sequence=gen.stop_sequence if stop == "stop_sequence" else None,
-                  usage=MessageUsage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)))
+                  usage=message_usage(int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0),
+                                      gen.cached_tokens))
     if isinstance(data.get("fak_policy"), dict):
         out.fak_policy = msgspec.convert(data["fak_policy"], type=FakPolicyInfo)
     if isinstance(data.get("fak"), dict):
@@ -370,11 +397,22 @@ class MessagesServing(EngineServing):
                 data["fak_policy"] = {"verdicts": [msgspec.to_builtins(verdict)]}
             return data
 
-        def out(events: list[ContentOut | ToolCallOut]) -> list[bytes]:
+        def out(events: list[Any]) -> list[bytes]:
             nonlocal index, open_kind, n_calls
             chunks: list[bytes] = []
             for ev in events:
-                if isinstance(ev, ContentOut):
+                if isinstance(ev, ReasoningOut):
+                    if open_kind != "thinking":
+                        chunks += close()
+                        index += 1
+                        open_kind = "thinking"
+                        chunks.append(anthropic_event("content_block_start", {
+                            "type": "content_block_start", "index": index,
+                            "content_block": {"type": "thinking", "thinking": "", "signature": ""}}))
+                    chunks.append(anthropic_event("content_block_delta", {
+                        "type": "content_block_delta", "index": index,
+                        "delta": {"type": "thinking_delta", "thinking": ev.text}}))
+                elif isinstance(ev, ContentOut):
                     if not ev.text:
                         continue
                     if open_kind != "text":
@@ -421,7 +459,7 @@ class MessagesServing(EngineServing):
             delta: dict[str, Any] = {
                 "type": "message_delta",
                 "delta": {"stop_reason": stop, "stop_sequence": gen.stop_sequence if stop == "stop_sequence" else None},
-                "usage": {"input_tokens": prep.n_prompt, "output_tokens": gen.n_completion}}
+                "usage": msgspec.to_builtins(message_usage(prep.n_prompt, gen.n_completion, gen.cached_tokens))}
             if (error := gen.tool_call_error) is not None:  # a forced call no attempt wrote whole
                 delta["fak"] = {"tool_call_error": error}
             tail.append(anthropic_event("message_delta", delta))

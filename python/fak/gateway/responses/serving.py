@@ -16,8 +16,14 @@ custom tools), ``response.output_item.done``, then ``response.completed`` (or
 
 Input items read: messages (``user`` / ``system`` / ``developer`` / ``assistant``, text parts;
 image, file and audio parts are refused with a 400 naming the part), the call and result items of
-the served tool types, ``reasoning`` items (dropped: the local model's own reasoning is not sent
-back to it). ``tool_choice``: ``auto`` / ``none`` / ``required`` / ``{"type": "function" |
+the served tool types, ``reasoning`` items (their text becomes the next assistant turn's
+reasoning, which a thinking template shows again after the last user query).
+
+A thinking template's reasoning (``fak.gateway.reasoning``) comes back as a ``reasoning`` output
+item (``content`` of ``reasoning_text``, no summary) before the message or calls, streamed as
+``response.reasoning_text.delta`` / ``.done``; ``usage.output_tokens_details.reasoning_tokens``
+counts its tokens; ``reasoning.effort: "none"`` turns thinking off (the template's
+``enable_thinking``). ``tool_choice``: ``auto`` / ``none`` / ``required`` / ``{"type": "function" |
 "custom", "name"}`` / ``{"type": "shell" | "local_shell" | "apply_patch"}`` /
 ``{"type": "allowed_tools", "mode"}`` (its mode). The conversation key of the policy is
 ``X-Fak-Conversation``, else ``user``, else ``prompt_cache_key`` (Codex sends its session id).
@@ -60,7 +66,7 @@ from fak.gateway.responses.tools import (
     read_call,
 )
 from fak.gateway.schemas import decode_lenient, new_id, now
-from fak.gateway.serving import EngineServing, Generation, Prepared
+from fak.gateway.serving import EngineServing, Generation, Prepared, ReasoningOut
 
 log = logging.getLogger("fak.gateway")
 
@@ -105,6 +111,14 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
     if isinstance(items, str):
         return [ChatMessage(role="user", content=items)]
     out: list[ChatMessage] = []
+    thought: list[str] = []  # reasoning items: the next assistant turn's reasoning
+
+    def assistant(msg: ChatMessage) -> ChatMessage:
+        if thought:
+            msg.reasoning_content = "\n".join(thought)
+            thought.clear()
+        return msg
+
     for i, item in enumerate(items):
         where = f"input[{i}]"
         if not isinstance(item, dict):
@@ -114,23 +128,29 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
             role = item.get("role")
             if role not in ("user", "system", "developer", "assistant"):
                 raise bad_request(f"Unknown message role {role!r}.", param=f"{where}.role")
-            out.append(ChatMessage(role=role, content=_parts_text(item.get("content"), where)))
+            msg = ChatMessage(role=role, content=_parts_text(item.get("content"), where))
+            out.append(assistant(msg) if role == "assistant" else msg)
         elif kind in CALL_ITEMS:
             call_id, name, arguments = read_call(item)
             if not call_id or not name:
                 raise bad_request(f"A {kind} item needs its call_id and name.", param=where)
             call = MessageToolCall(id=call_id, function=MessageFunctionCall(name, arguments))
             last = out[-1] if out else None
-            if last is not None and last.role == "assistant":
+            if last is not None and last.role == "assistant" and not thought:
                 last.tool_calls = [*(last.tool_calls or []), call]
             else:
-                out.append(ChatMessage(role="assistant", content=None, tool_calls=[call]))
+                out.append(assistant(ChatMessage(role="assistant", content=None, tool_calls=[call])))
         elif kind in OUTPUT_ITEMS:
             answered: Any = item.get("call_id") or item.get("id")
             if not isinstance(answered, str) or not answered:
                 raise bad_request(f"A {kind} item needs the call_id it answers.", param=f"{where}.call_id")
             out.append(ChatMessage(role="tool", tool_call_id=answered, content=output_text(item)))
-        elif kind in ("reasoning", "compaction"):
+        elif kind == "reasoning":
+            parts = [p for p in (item.get("content") or item.get("summary") or []) if isinstance(p, dict)]
+            text = "\n".join(str(p.get("text") or "") for p in parts).strip()
+            if text:
+                thought.append(text)
+        elif kind == "compaction":
             continue
         else:
             raise bad_request(f"Input item type {kind!r} is not served (messages, function and custom tool calls, "
@@ -171,10 +191,19 @@ def to_chat(req: ResponsesRequest, history: list[ChatMessage], kinds: ToolKinds)
     tools = [Tool(function=FunctionDefinition(name=t.name, description=t.function.get("description"),
                                               parameters=t.function.get("parameters")))
              for t in kinds.tools] or None
+    effort = (req.reasoning or {}).get("effort")
     return ChatCompletionRequest(
         messages=messages, model=req.model, tools=tools, tool_choice=_tool_choice(req.tool_choice, kinds),
         parallel_tool_calls=req.parallel_tool_calls, max_tokens=req.max_output_tokens, temperature=req.temperature,
-        top_p=req.top_p, top_k=req.top_k, seed=req.seed, user=req.user or req.prompt_cache_key)
+        top_p=req.top_p, top_k=req.top_k, seed=req.seed, user=req.user or req.prompt_cache_key,
+        chat_template_kwargs={"enable_thinking": False} if effort == "none" else None)
+
+
+def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    """A ``reasoning`` output item holding the model's own reasoning text (``reasoning_text``
+    content, as servers of open-weight models return it), no summary."""
+    return {"type": "reasoning", "id": item_id, "summary": [],
+            "content": [{"type": "reasoning_text", "text": text}]}
 
 
 def _message_item(item_id: str, text: str, status: str = "completed") -> dict[str, Any]:
@@ -246,6 +275,8 @@ class ResponsesServing(EngineServing):
         data = json.loads(out)
         msg = data["choices"][0]["message"]
         output: list[dict[str, Any]] = []
+        if msg.get("reasoning_content"):
+            output.append(_reasoning_item(_hex_id("rs"), msg["reasoning_content"]))
         if msg.get("content"):
             output.append(_message_item(_hex_id("msg"), msg["content"]))
         for tc in msg.get("tool_calls") or []:
@@ -289,13 +320,16 @@ class ResponsesServing(EngineServing):
         incomplete = None
         if status is None:
             status = "completed"
-            if gen is not None and gen.finish_reason == "length" and not any(o["type"] != "message" for o in output):
+            if gen is not None and gen.finish_reason == "length" and not any(
+                    o["type"] not in ("message", "reasoning") for o in output):
                 status = "incomplete"
                 incomplete = {"reason": "max_output_tokens"}
         usage = None
         if status in ("completed", "incomplete"):
-            usage = {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": 0}, "output_tokens": n_out,
-                     "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": n_in + n_out}
+            n_reasoning = gen.n_reasoning if gen is not None else 0
+            cached = (gen.cached_tokens if gen is not None else None) or 0
+            usage = {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": n_out,
+                     "output_tokens_details": {"reasoning_tokens": n_reasoning}, "total_tokens": n_in + n_out}
         return {
             "id": rid, "object": "response", "created_at": created, "status": status, "error": None,
             "incomplete_details": incomplete, "instructions": req.instructions,
@@ -313,13 +347,16 @@ class ResponsesServing(EngineServing):
                body: dict[str, Any]) -> None:
         if req.store is False:
             return
-        turn = input_messages([o for o in output if o["type"] != "message"]) if any(
-            o["type"] != "message" for o in output) else []
+        calls = [o for o in output if o["type"] not in ("message", "reasoning")]
+        turn = input_messages(calls) if calls else []
         text = "".join(c["text"] for o in output if o["type"] == "message" for c in o["content"])
+        thought = "".join(c["text"] for o in output if o["type"] == "reasoning" for c in o["content"])
         if turn:
             turn[0].content = text or None
-        elif text:
+        elif text or thought:
             turn = [ChatMessage(role="assistant", content=text)]
+        if turn and thought:
+            turn[0].reasoning_content = thought
         messages = history + turn
         n_bytes = len(_encoder.encode(body)) + sum(len(msgspec.json.encode(m)) for m in messages)
         self.store.put(rid, messages, body, n_bytes)
@@ -341,6 +378,7 @@ class ResponsesServing(EngineServing):
         seq = [0]
         output: list[dict[str, Any]] = []
         msg: dict[str, Any] | None = None  # the open message item: id, index, text
+        thought: dict[str, Any] | None = None  # the open reasoning item: id, index, text
 
         def ev(kind: str, **data: Any) -> bytes:
             data = {"type": kind, **data, "sequence_number": seq[0]}
@@ -360,10 +398,33 @@ class ResponsesServing(EngineServing):
             msg = None
             return chunks
 
-        def out(events: list[ContentOut | ToolCallOut]) -> list[bytes]:
-            nonlocal msg
+        def close_thought() -> list[bytes]:
+            nonlocal thought
+            if thought is None:
+                return []
+            item = _reasoning_item(thought["id"], thought["text"])
+            chunks = [ev("response.reasoning_text.done", item_id=thought["id"], output_index=thought["index"],
+                         content_index=0, text=thought["text"]),
+                      ev("response.output_item.done", output_index=thought["index"], item=item)]
+            output.append(item)
+            thought = None
+            return chunks
+
+        def out(events: list[Any]) -> list[bytes]:
+            nonlocal msg, thought
             chunks: list[bytes] = []
             for e in events:
+                if isinstance(e, ReasoningOut):
+                    if thought is None:
+                        thought = {"id": _hex_id("rs"), "index": len(output), "text": ""}
+                        chunks.append(ev("response.output_item.added", output_index=thought["index"],
+                                         item={"type": "reasoning", "id": thought["id"], "summary": [],
+                                               "content": []}))
+                    thought["text"] += e.text
+                    chunks.append(ev("response.reasoning_text.delta", item_id=thought["id"],
+                                     output_index=thought["index"], content_index=0, delta=e.text))
+                    continue
+                chunks += close_thought()
                 if isinstance(e, ContentOut):
                     if not e.text:
                         continue
@@ -412,7 +473,7 @@ class ResponsesServing(EngineServing):
                     chunks = out(merge_content(events))
                     if chunks:
                         yield b"".join(chunks)
-            tail = close_msg()
+            tail = close_thought() + close_msg()
             final = self._response(req, rid, created, output, gen, prep.n_prompt, gen.n_completion)
             if prep.setup.gate.active:
                 final["fak_policy"] = {"verdicts": [msgspec.to_builtins(v) for v in prep.setup.gate.verdicts]}
