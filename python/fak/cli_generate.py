@@ -23,12 +23,18 @@ MODELS_DIR = Path(os.environ.get("FAK_MODELS", Path.home() / ".cache" / "fak" / 
 
 
 def resolve_model(model: str) -> Path:
-    """A GGUF path from ``model``: an existing file, or the name of a cached model
-    (``~/.cache/fak/models/NAME.gguf``, or ``$FAK_MODELS``).
+    """A GGUF path from ``model``: an existing file, the name of a cached model
+    (``~/.cache/fak/models/NAME.gguf``, or ``$FAK_MODELS``), or a hub model
+    (``hf://ORG/NAME/FILE.gguf``, ``hf://ORG/NAME:QUANT``: pulled into the cache on first use).
 
     Raises:
-        click.BadParameter: neither exists.
+        click.BadParameter: none of these exists, or the pull failed (the message says why).
     """
+    from fak.hub.cli import GGUF_PATH
+    from fak.hub.pull import is_hf_uri
+
+    if is_hf_uri(model):
+        return GGUF_PATH.convert(model, None, None)
     path = Path(model).expanduser()
     if path.is_file():
         return path

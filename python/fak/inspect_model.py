@@ -23,6 +23,7 @@ import numpy as np
 
 from fak.errors import FakError
 from fak.gguf import GGUFFile
+from fak.hub.cli import GGUF_PATH
 
 __all__ = ["ModelSummary", "TensorRow", "inspect_command", "summarize"]
 
@@ -245,11 +246,12 @@ def render(summary: ModelSummary, *, tensors: bool = True) -> None:
 
 
 @click.command("inspect")
-@click.argument("model", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument("model", type=GGUF_PATH)
 @click.option("--tensors/--no-tensors", default=True, show_default=True, help="List every tensor.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON instead of tables.")
 def inspect_command(model: Path, tensors: bool, as_json: bool) -> None:
-    """Show a GGUF model's metadata, tensors, bytes by type and parameter count."""
+    """Show a GGUF model's metadata, tensors, bytes by type and parameter count (MODEL: a path,
+    or hf://ORG/NAME/FILE.gguf pulled into the model cache first)."""
     try:
         summary = summarize(model)
     except (FakError, ValueError, OSError) as exc:

@@ -15,6 +15,7 @@ from typing import Any
 
 import click
 
+from fak.hub.cli import GGUF_PATH
 from fak.rope_options import rope_click_options, rope_kwargs
 
 __all__ = ["serve"]
@@ -66,8 +67,8 @@ def _plan_context(gguf: Path, **kwargs: Any) -> Any:
 
 
 @click.command("serve")
-@click.option("--gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              help="GGUF model to serve (engine mode).")
+@click.option("--gguf", type=GGUF_PATH,
+              help="GGUF model to serve (engine mode): a path, or hf://ORG/NAME/FILE.gguf (pulled first).")
 @click.option("--engine", "engine_kind", type=click.Choice(["inkernel"]), default="inkernel", show_default=True,
               help="Inference engine: fak's own (the only one).")
 @click.option("--backend", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,

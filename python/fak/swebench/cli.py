@@ -12,6 +12,7 @@ from typing import Any
 import click
 
 from fak.agent.protocols import DEFAULT_PROTOCOL, PROTOCOLS
+from fak.hub.cli import GGUF_PATH
 from fak.swebench.pipeline.cli import pipeline_options
 from fak.terminal import printable
 
@@ -44,7 +45,7 @@ def swebench() -> None:
                                       "repair → test → rank pipeline (docs/swebench.md).")
 @click.option("--gateway", default=None,
               help="A running fak serve (or other OpenAI-compatible server): HOST:PORT or a URL.")
-@click.option("--gguf", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+@click.option("--gguf", type=GGUF_PATH, default=None,
               help="Serve this GGUF model with fak serve for the run (started on a free loopback "
                    "port, stopped at the end) instead of --gateway.")
 @click.option("--backend", type=click.Choice(["auto", "cpu", "cuda"]), default="auto",
