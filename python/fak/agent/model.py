@@ -154,8 +154,7 @@ class OpenAIChatModel:
             decode_tokens = max(0, int(timings.get("predicted_n") or 0) - 1)  # the first ends prefill
         return ModelResponse(
             message=message,
-            usage={"prompt_tokens": int(usage.get("prompt_tokens") or 0),
-                   "completion_tokens": int(usage.get("completion_tokens") or 0)},
+            usage=_usage(usage),
             policy=data.get("fak_policy"),
             latency_s=latency,
             attempts=attempts,
@@ -164,3 +163,16 @@ class OpenAIChatModel:
             decode_s=decode_s,
             decode_tokens=decode_tokens,
         )
+
+
+def _usage(usage: Any) -> dict[str, int]:
+    """``prompt_tokens`` and ``completion_tokens`` of a chat completion's usage, plus
+    ``cached_tokens`` (the prompt tokens served from the prefix cache,
+    ``prompt_tokens_details.cached_tokens``) when the server reports them (fak serve does)."""
+    usage = usage if isinstance(usage, dict) else {}
+    out = {"prompt_tokens": int(usage.get("prompt_tokens") or 0),
+           "completion_tokens": int(usage.get("completion_tokens") or 0)}
+    details = usage.get("prompt_tokens_details")
+    if isinstance(details, dict) and isinstance(details.get("cached_tokens"), int):
+        out["cached_tokens"] = int(details["cached_tokens"])
+    return out
