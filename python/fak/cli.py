@@ -20,6 +20,7 @@ from fak.cluster.cli import router_cmd  # noqa: E402
 from fak.doctor import doctor  # noqa: E402
 from fak.gateway.cli import serve  # noqa: E402
 from fak.hub.cli import pull_command  # noqa: E402
+from fak.report.cli import report_command  # noqa: E402
 from fak.sandbox.cli import sandbox  # noqa: E402
 from fak.swebench.cli import swebench  # noqa: E402 - sub-commands register after the group
 
@@ -33,6 +34,7 @@ main.add_command(serve)
 main.add_command(sandbox)
 main.add_command(router_cmd)
 main.add_command(pull_command)
+main.add_command(report_command)
 
 if __name__ == "__main__":  # pragma: no cover
     main()
