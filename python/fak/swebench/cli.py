@@ -205,7 +205,7 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
 
         server = start_managed_gateway(ManagedGateway(
             gguf, output, backend=backend, n_ctx=n_ctx, policy=policy_path,
-            kv_cache_tokens=kv_cache_tokens or n_ctx * max(1, workers), threads=threads))
+            kv_cache_tokens=kv_cache_tokens or n_ctx * max(1, workers), threads=threads), live=live)
         gateway = server.addr
     try:
         _run_fleet(gateway, server, model, rows, labels, output, workers, max_steps, allow_exec,
@@ -234,17 +234,22 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def start_managed_gateway(server: Any) -> Any:
-    """Start ``server`` (a ``fak.swebench.serve.ManagedGateway``), saying so on the console; a
-    SIGTERM from then on stops the run as Ctrl-C does, so that the server is stopped too.
-    Raises ``click.ClickException`` when it does not start (its log's tail in the message)."""
+def start_managed_gateway(server: Any, live: bool | None = None) -> Any:
+    """Start ``server`` (a ``fak.swebench.serve.ManagedGateway``), saying so on the console (a
+    progress bar with the elapsed time while the model loads and the kernels compile, on a
+    terminal unless ``live`` is False); a SIGTERM from then on stops the run as Ctrl-C does, so
+    that the server is stopped too. Raises ``click.ClickException`` when it does not start (its
+    log's tail in the message)."""
+    from fak.progress import progress_bar
     from fak.swebench.serve import GatewayStartError
 
     click.echo(f"starting fak serve {server.gguf.name} (backend {server.backend}, n_ctx "
                f"{server.n_ctx}, policy {server.policy_path.name}; log {server.log_path}) ...",
                err=True)
     try:
-        server.start()
+        with progress_bar(f"fak serve: loading {server.gguf.name} (and compiling kernels)",
+                          live=live, transient=True):
+            server.start()
     except GatewayStartError as e:
         raise click.ClickException(str(e)) from None
     click.echo(f"fak serve ready on {server.addr} (pid {server.pid}, model {server.model})", err=True)
@@ -378,10 +383,12 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
 @click.option("--unsafe-network", is_flag=True, hidden=True,
               help="Deprecated name of --unsafe-no-sandbox.")
 @click.option("--keep-workspaces", is_flag=True, help="Keep each graded clone under OUTPUT/logs/ID.")
+@click.option("--live/--no-live", default=None,
+              help="Progress bar of the local grading (default: when on a terminal).")
 def eval_cmd(predictions: Path, dataset: str | None, run_id: str, workers: int, output: Path,
              local: bool, repos_dir: Path | None, envs: Path | None, specs: Path | None,
              timeout: float, unsafe_no_sandbox: bool, unsafe_network: bool,
-             keep_workspaces: bool) -> None:
+             keep_workspaces: bool, live: bool | None) -> None:
     """Grade predictions: the official harness (Docker), or --local without Docker."""
     from fak.swebench.eval import DEFAULT_DATASET, load_predictions, run_harness
 
@@ -409,7 +416,16 @@ def eval_cmd(predictions: Path, dataset: str | None, run_id: str, workers: int, 
     grader = LocalGrader(rows=rows, output=output, repos_dir=repos_dir, envs=envs, workers=workers,
                          timeout_s=timeout, unsafe_no_sandbox=unsafe_no_sandbox, run_id=run_id,
                          keep_workspaces=keep_workspaces)
-    report = grader.run(load_predictions(predictions))
+    preds = load_predictions(predictions)
+    from fak.progress import progress_bar
+
+    n_known = sum(1 for p in preds if p["instance_id"] in rows)
+    with progress_bar("grading (task envs are built on first use)", total=n_known, live=live) as bar:
+        def graded(iid: str, detail: dict[str, Any]) -> None:
+            bar.advance(1)
+            bar.update(description=f"graded {iid}: {detail.get('status')}")
+
+        report = grader.run(preds, on_done=graded)
     for iid, d in report["instances"].items():
         click.echo(printable(f"{iid}: {d['status']}" + (f" ({d['error']})" if d.get("error") else "")))
     if report["unknown_ids"]:

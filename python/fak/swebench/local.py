@@ -37,6 +37,7 @@ import concurrent.futures as cf
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -265,8 +266,11 @@ class LocalGrader:
 
     # -- all predictions -----------------------------------------------------------------------
 
-    def run(self, predictions: list[dict[str, Any]]) -> dict[str, Any]:
-        """Grade every prediction whose instance is in the dataset; write and return the report."""
+    def run(self, predictions: list[dict[str, Any]],
+            on_done: Callable[[str, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+        """Grade every prediction whose instance is in the dataset; write and return the report.
+        ``on_done(instance_id, detail)`` is called as each instance's grading ends (a progress
+        bar)."""
         self.output.mkdir(parents=True, exist_ok=True)
         preds = {p["instance_id"]: p for p in predictions}
         known = [p for iid, p in preds.items() if iid in self.rows]
@@ -280,6 +284,8 @@ class LocalGrader:
                 except Exception as e:  # noqa: BLE001 - one bad instance must not sink the rest
                     details[iid] = {"instance_id": iid, "status": "error",
                                     "error": f"{type(e).__name__}: {e}"}
+                if on_done is not None:
+                    on_done(iid, details[iid])
         return self._report(preds, details)
 
     def _report(self, preds: dict[str, Any], details: dict[str, dict[str, Any]]) -> dict[str, Any]:

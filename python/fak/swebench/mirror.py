@@ -121,8 +121,10 @@ def compact_mirror(repo: str, base: list[str], setup: list[str], out: Path,
                    "fetched from GitHub.")
 @click.option("--tags/--no-tags", default=True, show_default=True,
               help="Set each base commit's nearest tag on it (setuptools_scm versions).")
+@click.option("--live/--no-live", default=None,
+              help="Progress bar over the repositories (default: when on a terminal).")
 def mirror_cmd(dataset: str, filter_spec: str | None, out_dir: Path, source_dir: Path,
-               tags: bool) -> None:
+               tags: bool, live: bool | None) -> None:
     """Compact mirrors of the repositories of a dataset slice: only the base_commits and
     environment_setup_commits, shallow (docs/gpu-runbook.md)."""
     from fak.agent.trajectory import write_json_atomic
@@ -138,18 +140,25 @@ def mirror_cmd(dataset: str, filter_spec: str | None, out_dir: Path, source_dir:
         manifest = json.loads(manifest_path.read_text())
     except (OSError, ValueError):
         manifest = {"repos": {}}
+    from fak.progress import progress_bar
+
     failed = []
-    for repo, need in needed_commits(rows).items():
-        try:
-            entry = compact_mirror(repo, need["base"], need["setup"], out_dir, source_dir, tags)
-        except (RepoError, OSError) as e:
-            failed.append(repo)
-            click.echo(f"{repo}: FAILED {e}", err=True)
-            continue
-        manifest["repos"][repo] = entry
-        click.echo(f"{repo}: {len(entry['base_commits'])} base + {len(entry['setup_commits'])} "
-                   f"setup commits ({len(entry['fetched'])} fetched from {entry['source']}), "
-                   f"{len(entry['tags'])} tags, {entry['bytes'] / 1e6:.1f} MB → {entry['path']}")
+    needed = needed_commits(rows)
+    with progress_bar("mirror", total=len(needed), live=live) as bar:
+        for repo, need in needed.items():
+            bar.update(description=f"mirror {repo} ({len(need['base']) + len(need['setup'])} commits)")
+            try:
+                entry = compact_mirror(repo, need["base"], need["setup"], out_dir, source_dir, tags)
+            except (RepoError, OSError) as e:
+                failed.append(repo)
+                click.echo(f"{repo}: FAILED {e}", err=True)
+                bar.advance(1)
+                continue
+            bar.advance(1)
+            manifest["repos"][repo] = entry
+            click.echo(f"{repo}: {len(entry['base_commits'])} base + {len(entry['setup_commits'])} "
+                       f"setup commits ({len(entry['fetched'])} fetched from {entry['source']}), "
+                       f"{len(entry['tags'])} tags, {entry['bytes'] / 1e6:.1f} MB → {entry['path']}")
     manifest["total_bytes"] = sum(e["bytes"] for e in manifest["repos"].values())
     write_json_atomic(manifest_path, manifest)
     click.echo(f"{len(manifest['repos'])} repositories, {manifest['total_bytes'] / 1e6:.1f} MB "

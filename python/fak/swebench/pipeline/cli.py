@@ -146,7 +146,7 @@ def run_pipeline(*, gateway: str | None, gguf: Path | None, backend: str, n_ctx:
         server = start_managed_gateway(ManagedGateway(
             gguf, output, backend=backend, n_ctx=n_ctx, policy=policy_path,
             kv_cache_tokens=kv_cache_tokens or n_ctx * max(4, workers), threads=threads,
-            max_concurrency=max(64, workers * opts["pl_concurrency"])))
+            max_concurrency=max(64, workers * opts["pl_concurrency"])), live=live)
         gateway = server.addr
     try:
         if gateway is not None and model is None:
