@@ -249,3 +249,23 @@ def test_a_forced_call_that_fails_is_never_a_fragment(start_gateway: Any, stream
         final = client.responses.create(**kwargs)
     assert final.output == [] and final.status == "completed"
     assert final.model_extra["fak"]["tool_call_error"]["kind"] == "unknown_tool"
+
+
+def test_namespace_tools_are_offered_by_their_functions(start_gateway: Any) -> None:
+    """Codex 0.147 sends its sub-agent functions inside a ``namespace`` tool: each inner function is
+    offered by its own name, and its call comes back as a function_call carrying the namespace."""
+    eng = FakeEngine(script=[("spawn", '<tool_call>\n{"name": "spawn_agent", "arguments": {"message": "go"}}\n'
+                                       "</tool_call>")])
+    srv = start_gateway(engine=eng)
+    space = {"type": "namespace", "name": "multi_agent_v1", "description": "Sub-agents.", "tools": [
+        {"type": "function", "name": "spawn_agent", "description": "Start an agent.",
+         "parameters": {"type": "object", "properties": {"message": {"type": "string"}}, "required": ["message"]}}]}
+    client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+    r = client.responses.create(model=MODEL, input="spawn one", tools=[space])
+    assert [(o.type, o.name) for o in r.output] == [("function_call", "spawn_agent")]
+    assert r.output[0].model_extra.get("namespace") == "multi_agent_v1" or getattr(r.output[0], "namespace", None)
+    assert '"name": "spawn_agent"' in eng.detokenize(eng.requests[-1][0])
+    bad = {"type": "namespace", "name": "x", "tools": [{"type": "web_search"}]}
+    with pytest.raises(openai.BadRequestError, match="function and custom tools only") as err:
+        client.responses.create(model=MODEL, input="spawn one", tools=[bad])
+    assert err.value.body["param"] == "tools[0].tools[0].type"

@@ -313,7 +313,10 @@ class ResponsesServing(EngineServing):
                    status: str = "completed") -> dict[str, Any]:
         kind = kinds.kind_of(name)
         item_id = call_id if kind == "local_shell" else _hex_id(_ITEM_PREFIX.get(kind, "fc"))
-        return call_item(kind, item_id=item_id, call_id=call_id, name=name, arguments=arguments, status=status)
+        item = call_item(kind, item_id=item_id, call_id=call_id, name=name, arguments=arguments, status=status)
+        if (space := kinds.namespace_of(name)) is not None:
+            item["namespace"] = space
+        return item
 
     def _response(self, req: ResponsesRequest, rid: str, created: int, output: list[dict[str, Any]],
                   gen: Generation | None, n_in: int, n_out: int, *, status: str | None = None) -> dict[str, Any]:
@@ -328,7 +331,7 @@ class ResponsesServing(EngineServing):
         if status in ("completed", "incomplete"):
             n_reasoning = gen.n_reasoning if gen is not None else 0
             cached = (gen.cached_tokens if gen is not None else None) or 0
-            usage = {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": cached}, "output_tokens": n_out,
+            usage = {"input_tokens": n_in, "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0}, "output_tokens": n_out,
                      "output_tokens_details": {"reasoning_tokens": n_reasoning}, "total_tokens": n_in + n_out}
         return {
             "id": rid, "object": "response", "created_at": created, "status": status, "error": None,

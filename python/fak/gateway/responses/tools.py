@@ -11,10 +11,11 @@ item, and how the history items of that type are read back into calls and result
 | ``local_shell`` | ``local_shell({"command": [str], "workdir", "timeout_ms"})`` | ``local_shell_call`` (``action.command``) | ``local_shell_call_output`` |
 | ``shell`` | ``shell({"commands": [str], "timeout_ms"})`` | ``shell_call`` (``action.commands``) | ``shell_call_output`` |
 | ``apply_patch`` | ``apply_patch({"type", "path", "diff"})`` | ``apply_patch_call`` (``operation``) | ``apply_patch_call_output`` |
+| ``namespace`` (Codex 0.147's ``multi_agent_v1``: a named group of client tools) | each inner ``function`` / ``custom`` tool by its own name | its own item, with ``namespace`` set | its own |
 
 Hosted tools run by OpenAI's servers (``web_search``, ``web_search_preview``, ``file_search``,
 ``code_interpreter``, ``image_generation``, ``computer_use_preview``, ``computer``, ``mcp``,
-``tool_search``, ``namespace``, ...) have nothing here to run them: a request that offers one is
+``tool_search``, ...) have nothing here to run them: a request that offers one is
 refused with a 400 naming the type (``unsupported_tool_type``), never silently dropped. Codex
 turns its web search off with ``web_search = "disabled"`` in ``config.toml`` (docs/clients.md).
 The policy sees the function call (``shell`` with ``commands``, ``apply_patch`` with ``input``
@@ -34,7 +35,7 @@ __all__ = ["HOSTED_TOOL_TYPES", "ServedTool", "ToolKinds", "call_item", "output_
 #: Tool types run by OpenAI's own servers: refused (see the module doc).
 HOSTED_TOOL_TYPES = frozenset({
     "web_search", "web_search_preview", "web_search_2025_08_26", "web_search_preview_2025_03_11", "file_search",
-    "code_interpreter", "image_generation", "computer_use_preview", "computer", "mcp", "tool_search", "namespace",
+    "code_interpreter", "image_generation", "computer_use_preview", "computer", "mcp", "tool_search",
     "programmatic_tool_calling"})
 
 _LOCAL_SHELL_SCHEMA = {"type": "object", "properties": {
@@ -61,6 +62,8 @@ class ServedTool:
     type: str
     name: str
     function: dict[str, Any]
+    #: the ``namespace`` tool that holds it (its calls carry the namespace's name), else ``None``
+    namespace: str | None = None
 
 
 def _custom_function(tool: dict[str, Any]) -> dict[str, Any]:
@@ -88,14 +91,26 @@ class ToolKinds:
 
     @classmethod
     def from_request(cls, tools: list[dict[str, Any]] | None) -> ToolKinds:
-        """Read ``tools`` of a Responses request."""
+        """Read ``tools`` of a Responses request (a ``namespace`` tool's inner tools are offered
+        by their own names)."""
         served: list[ServedTool] = []
+        flat: list[tuple[str, dict[str, Any], str | None]] = []
         for i, tool in enumerate(tools or []):
+            if isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
+                space = str(tool.get("name") or "")
+                for j, inner in enumerate(tool["tools"]):
+                    if not isinstance(inner, dict) or str(inner.get("type") or "function") not in ("function", "custom"):
+                        raise bad_request("A namespace tool holds function and custom tools only.",
+                                          param=f"tools[{i}].tools[{j}].type", code="unsupported_tool_type")
+                    flat.append((f"tools[{i}].tools[{j}]", inner, space or None))
+            else:
+                flat.append((f"tools[{i}]", tool, None))
+        for where, tool, space in flat:
             kind = str(tool.get("type") or "function")
             if kind in ("function", "custom"):
                 name = tool.get("name")
                 if not isinstance(name, str) or not name:
-                    raise bad_request(f"A {kind} tool needs a name.", param=f"tools[{i}].name")
+                    raise bad_request(f"A {kind} tool needs a name.", param=f"{where}.name")
                 if kind == "function":
                     fn: dict[str, Any] = {"name": name}
                     for key in ("description", "parameters", "strict"):
@@ -103,7 +118,7 @@ class ToolKinds:
                             fn[key] = tool[key]
                 else:
                     fn = _custom_function(tool)
-                served.append(ServedTool(kind, name, fn))
+                served.append(ServedTool(kind, name, fn, space))
             elif kind in ("local_shell", "shell", "apply_patch"):
                 schema = {"local_shell": _LOCAL_SHELL_SCHEMA, "shell": _SHELL_SCHEMA,
                           "apply_patch": _APPLY_PATCH_SCHEMA}[kind]
@@ -113,15 +128,20 @@ class ToolKinds:
                 what = "runs on OpenAI's servers" if kind in HOSTED_TOOL_TYPES else "is not known to this server"
                 raise bad_request(f"Tool type {kind!r} {what}; fak serves tools of type function, custom, "
                                   "local_shell, shell and apply_patch (docs/gateway.md). Turn it off in the client "
-                                  "(Codex: web_search = \"disabled\").", param=f"tools[{i}].type",
+                                  "(Codex: web_search = \"disabled\").", param=f"{where}.type",
                                   code="unsupported_tool_type")
         names = [t.name for t in served]
         for i, name in enumerate(names):
             if name in names[:i]:
                 raise bad_request(f"Two tools are offered under the name {name!r} (a {served[names.index(name)].type} "
                                   f"tool and a {served[i].type} tool); the model calls tools by name.",
-                                  param=f"tools[{i}]")
+                                  param=flat[i][0])
         return cls(served)
+
+    def namespace_of(self, name: str) -> str | None:
+        """The ``namespace`` tool that holds the function ``name`` (``None``: none)."""
+        tool = self.by_name.get(name)
+        return tool.namespace if tool is not None else None
 
     def client_tools(self) -> list[dict[str, Any]]:
         """The tools in OpenAI's chat form, for the template and the argument schemas."""
