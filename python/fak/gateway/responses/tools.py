@@ -97,12 +97,12 @@ class ToolKinds:
         flat: list[tuple[str, dict[str, Any], str | None]] = []
         for i, tool in enumerate(tools or []):
             if isinstance(tool, dict) and tool.get("type") == "namespace" and isinstance(tool.get("tools"), list):
-                space = str(tool.get("name") or "")
+                group = str(tool.get("name") or "")
                 for j, inner in enumerate(tool["tools"]):
                     if not isinstance(inner, dict) or str(inner.get("type") or "function") not in ("function", "custom"):
                         raise bad_request("A namespace tool holds function and custom tools only.",
                                           param=f"tools[{i}].tools[{j}].type", code="unsupported_tool_type")
-                    flat.append((f"tools[{i}].tools[{j}]", inner, space or None))
+                    flat.append((f"tools[{i}].tools[{j}]", inner, group or None))
             else:
                 flat.append((f"tools[{i}]", tool, None))
         for where, tool, space in flat:
