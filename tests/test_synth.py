@@ -930,3 +930,321 @@ def test_inspect_reports_experts(tmp_path: Path) -> None:
     moe = ModelSummary("twin", plan.file_nbytes(), 3, 32, 0, meta, rows).moe
     assert moe is not None and abs(moe["active_params"] / 1e9 - 3.35) < 0.01
     assert 1.8e9 < moe["decode_read_bytes"] < 2.0e9
+
+
+# --- the Qwen3.5/3.6 hybrids qwen35 / qwen35moe (issue 30) ---------------------------------------
+
+HYBRID_KEYS_DENSE = ["block_count", "context_length", "embedding_length", "feed_forward_length", "attention.head_count",
+                     "attention.head_count_kv", "rope.dimension_sections", "rope.freq_base",
+                     "attention.layer_norm_rms_epsilon", "attention.key_length", "attention.value_length",
+                     "ssm.conv_kernel", "ssm.state_size", "ssm.group_count", "ssm.time_step_rank", "ssm.inner_size",
+                     "full_attention_interval", "rope.dimension_count"]
+HYBRID_KEYS_MOE = ["block_count", "context_length", "embedding_length", "attention.head_count", "attention.head_count_kv",
+                   "rope.dimension_sections", "rope.freq_base", "attention.layer_norm_rms_epsilon", "expert_count",
+                   "expert_used_count", "attention.key_length", "attention.value_length", "expert_feed_forward_length",
+                   "expert_shared_feed_forward_length", "ssm.conv_kernel", "ssm.state_size", "ssm.group_count",
+                   "ssm.time_step_rank", "ssm.inner_size", "full_attention_interval", "rope.dimension_count"]
+
+
+def _arch_keys(keys: list[str], arch: str) -> list[str]:
+    return [k.removeprefix(arch + ".") for k in keys if k.startswith(arch + ".")]
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
+def test_tiny_hybrid_has_llama_cpp_layout(tmp_path: Path, arch: str) -> None:
+    moe = arch == "qwen35moe"
+    extra = {"n_expert": 8, "n_expert_used": 2, "n_ff_exp": 48, "n_ff_shexp": 80} if moe else {}
+    path = write_tiny_model(tmp_path / "h.gguf", arch, n_layer=6, n_embd=64, n_head=4, n_head_kv=2, n_ff=96,
+                            ssm_state_size=32, ssm_group_count=2, ssm_time_step_rank=6, **extra)
+    meta, types = fields(path), field_types(path)
+    assert meta["general.architecture"] == arch
+    # the keys llama.cpp's qwen35 / qwen35moe loaders read, in the real files' order, with their types
+    assert _arch_keys(list(meta), arch) == (HYBRID_KEYS_MOE if moe else HYBRID_KEYS_DENSE)
+    hd = 32                                                  # default 2 * n_embd / n_head, as qwen3
+    expect = {"block_count": 6, "embedding_length": 64, "attention.head_count": 4, "attention.head_count_kv": 2,
+              "attention.key_length": hd, "attention.value_length": hd, "ssm.conv_kernel": 4, "ssm.state_size": 32,
+              "ssm.group_count": 2, "ssm.time_step_rank": 6, "ssm.inner_size": 6 * 32, "full_attention_interval": 4,
+              "rope.dimension_count": 8}                     # a quarter of the head rotates, as Qwen3.5's
+    expect.update({"expert_count": 8, "expert_used_count": 2, "expert_feed_forward_length": 48,
+                   "expert_shared_feed_forward_length": 80} if moe else {"feed_forward_length": 96})
+    for key, value in expect.items():
+        assert meta[f"{arch}.{key}"] == value and types[f"{arch}.{key}"] == ["UINT32"], key
+    assert meta[f"{arch}.rope.dimension_sections"] == [2, 1, 1, 0]
+    assert types[f"{arch}.rope.dimension_sections"] == ["ARRAY", "INT32"]
+    assert meta[f"{arch}.rope.freq_base"] == 1e7 and types[f"{arch}.rope.freq_base"] == ["FLOAT32"]
+    assert list(meta)[-3:] == ["general.quantization_version", "general.file_type", "fak.synthetic"]
+    names = {n: (dims, ty) for n, dims, ty, _ in layout(path)}
+    assert {_template_of(n) for n in names} <= _llama_cpp_names(arch)
+    n_vocab = len(meta["tokenizer.ggml.tokens"])
+    assert names["token_embd.weight"][0] == (64, n_vocab) and names["output.weight"][0] == (64, n_vocab)
+    kd, vd = 2 * 32, 6 * 32                                  # key_dim, value_dim (ssm.inner_size)
+    per_layer = set()
+    for i in range(6):
+        b = f"blk.{i}."
+        mine = {n.removeprefix(b) for n in names if n.startswith(b)}
+        assert {"attn_norm.weight", "post_attention_norm.weight"} <= mine
+        if (i + 1) % 4:                                      # Gated DeltaNet
+            assert names[b + "attn_qkv.weight"][0] == (64, 2 * kd + vd)
+            assert names[b + "attn_gate.weight"][0] == (64, vd)
+            assert names[b + "ssm_conv1d.weight"] == ((4, 2 * kd + vd), "F32")
+            assert names[b + "ssm_dt.bias"] == ((6,), "F32") and names[b + "ssm_a"] == ((6,), "F32")
+            assert names[b + "ssm_beta.weight"][0] == names[b + "ssm_alpha.weight"][0] == (64, 6)
+            assert names[b + "ssm_norm.weight"] == ((32,), "F32")
+            assert names[b + "ssm_out.weight"][0] == (vd, 64)
+            assert not mine & {"attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_q_norm.weight"}
+        else:                                                # gated full attention
+            assert names[b + "attn_q.weight"][0] == (64, 2 * 4 * hd)  # query and gate rows, per head
+            assert names[b + "attn_k.weight"][0] == names[b + "attn_v.weight"][0] == (64, 2 * hd)
+            assert names[b + "attn_output.weight"][0] == (4 * hd, 64)
+            assert names[b + "attn_q_norm.weight"] == names[b + "attn_k_norm.weight"] == ((hd,), "F32")
+            assert not any(n.startswith("ssm_") or n.startswith("attn_qkv") for n in mine)
+        if moe:
+            assert names[b + "ffn_gate_inp.weight"] == ((64, 8), "F32")
+            assert names[b + "ffn_gate_exps.weight"][0] == names[b + "ffn_up_exps.weight"][0] == (64, 48, 8)
+            assert names[b + "ffn_down_exps.weight"][0] == (48, 64, 8)
+            assert names[b + "ffn_gate_inp_shexp.weight"] == ((64,), "F32")
+            assert names[b + "ffn_gate_shexp.weight"][0] == names[b + "ffn_up_shexp.weight"][0] == (64, 80)
+            assert names[b + "ffn_down_shexp.weight"][0] == (80, 64)
+        else:
+            assert names[b + "ffn_gate.weight"][0] == names[b + "ffn_up.weight"][0] == (64, 96)
+            assert names[b + "ffn_down.weight"][0] == (96, 64)
+        per_layer.add(len(mine))
+    assert len(per_layer) == 2                               # two kinds of layer
+    order = [n for n, *_ in layout(path)]
+    assert order == sorted(order, key=quantize_order_key)
+    with GGUFFile(path) as f:                                # fak's reader agrees with the gguf package
+        assert [(t.name, t.dims, t.dtype) for t in f.tensors] == [(n, d, ty) for n, d, ty, _ in layout(path)]
+
+
+def test_tiny_hybrid_values_make_a_stable_recurrence(tmp_path: Path) -> None:
+    """ssm_a = -exp(A_log) < 0 (a decay below 1), dt biases spread so that some heads keep their
+    state for hundreds of tokens and others forget at once, conv taps of a trained conv's size,
+    norms about 1, the shared-expert gate a small projection."""
+    path = write_tiny_model(tmp_path / "h.gguf", "qwen35moe", n_layer=8, n_embd=64, ssm_time_step_rank=16,
+                            ssm_group_count=4, weight_type="Q8_0", seed=3)
+    with GGUFFile(path) as f:
+        a = np.concatenate([f.dequantize(f"blk.{i}.ssm_a") for i in (0, 1, 2, 4, 5, 6)])
+        dt = np.concatenate([f.dequantize(f"blk.{i}.ssm_dt.bias") for i in (0, 1, 2, 4, 5, 6)])
+        conv = f.dequantize("blk.0.ssm_conv1d.weight")
+        norm = f.dequantize("blk.0.ssm_norm.weight")
+        shgate = f.dequantize("blk.0.ffn_gate_inp_shexp.weight")
+    assert (a < 0).all() and -8 <= a.min() and a.max() <= -0.5
+    assert -4 <= dt.min() and dt.max() <= 0
+    decay = np.exp(a * np.log1p(np.exp(dt)))                # exp(g) at alpha = 0
+    assert decay.min() < 0.2 and decay.max() > 0.95          # forgetful heads and long memories
+    assert 0.25 < conv.std() < 0.35 and abs(norm.mean() - 1) < 0.05 and shgate.std() < 0.03
+
+
+def test_hybrid_quant_mix_follows_llama_cpp() -> None:
+    """llama.cpp's Q4_K_M on the hybrids: a recurrent layer's attn_qkv is attention-v-like
+    (category_is_attn_v: the attn_v rule and counter), ffn_down_shexp follows ffn_down (layer from
+    the name), ssm_conv1d and every 1-D tensor (ssm_a, ssm_dt.bias, ffn_gate_inp_shexp) stay F32,
+    the router F32, ssm_alpha / ssm_beta the base type."""
+    plan = plan_tiny_model("qwen35moe", n_layer=8, n_embd=256, n_head=4, n_head_kv=2, head_dim=64, n_expert=4,
+                           n_expert_used=2, n_ff_exp=256, n_ff_shexp=256, ssm_state_size=64, weight_type="Q4_K_M")
+    types = {t.name: t.dtype for t in plan.tensors}
+    for i in range(8):
+        want = "Q6_K" if use_more_bits(i, 8) else "Q4_K"
+        v_like = f"blk.{i}.attn_qkv.weight" if (i + 1) % 4 else f"blk.{i}.attn_v.weight"
+        assert types[v_like] == want, v_like
+        assert types[f"blk.{i}.ffn_down_exps.weight"] == types[f"blk.{i}.ffn_down_shexp.weight"] == want
+        assert types[f"blk.{i}.ffn_gate_inp.weight"] == types[f"blk.{i}.ffn_gate_inp_shexp.weight"] == "F32"
+        assert types[f"blk.{i}.ffn_gate_shexp.weight"] == types[f"blk.{i}.ffn_up_shexp.weight"] == "Q4_K"
+        if (i + 1) % 4:
+            assert types[f"blk.{i}.ssm_conv1d.weight"] == types[f"blk.{i}.ssm_a"] == "F32"
+            assert types[f"blk.{i}.ssm_dt.bias"] == types[f"blk.{i}.ssm_norm.weight"] == "F32"
+            for w in ("attn_gate", "ssm_alpha", "ssm_beta", "ssm_out"):
+                assert types[f"blk.{i}.{w}.weight"] == "Q4_K", w
+        else:
+            for w in ("attn_q", "attn_k", "attn_output"):
+                assert types[f"blk.{i}.{w}.weight"] == "Q4_K", w
+    pure = plan_tiny_model("qwen35", weight_type="Q8_0")
+    assert {t.dtype for t in pure.tensors if "ssm_conv1d" in t.name} == {"F32"}
+
+
+def test_tiny_hybrid_arguments_are_checked() -> None:
+    with pytest.raises(ValueError, match="apply to qwen35"):
+        plan_tiny_model("qwen3", ssm_state_size=64)
+    with pytest.raises(ValueError, match="n_ff_shexp"):
+        plan_tiny_model("qwen35", n_ff_shexp=64)
+    with pytest.raises(ValueError, match="multiple of"):
+        plan_tiny_model("qwen35", ssm_group_count=3, ssm_time_step_rank=4)
+    with pytest.raises(ValueError, match="n_rot"):
+        plan_tiny_model("qwen35", n_rot=7)
+    with pytest.raises(ValueError, match="rope_sections"):
+        plan_tiny_model("qwen35", rope_sections=[1, 1, 1])
+    with pytest.raises(ValueError, match="qwen3moe / qwen35moe"):
+        plan_tiny_model("qwen35", n_expert=4)
+    plan = plan_tiny_model("qwen35", full_attention_interval=2, n_layer=4)
+    assert {t.name.split(".")[1] for t in plan.tensors if t.name.endswith("attn_q.weight")} == {"1", "3"}
+    assert plan.meta("qwen35.block_count") == 4 and plan_tiny_model("qwen35moe").meta("qwen35moe.block_count") == 4
+
+
+def test_qwen35_tokenizer(tmp_path: Path) -> None:
+    path = write_tiny_model(tmp_path / "q35.gguf", "qwen35")
+    meta = fields(path)
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    assert len([t for t in types if t in (3, 4)]) == 33     # llama.cpp: "special tokens cache size = 33"
+    assert meta["tokenizer.ggml.pre"] == "qwen35" and meta["tokenizer.ggml.add_bos_token"] is False
+    assert meta["tokenizer.ggml.eos_token_id"] == tokens.index("<|im_end|>")
+    assert meta["tokenizer.ggml.padding_token_id"] == tokens.index("<|vision_pad|>")
+    assert meta["tokenizer.ggml.bos_token_id"] == tokens.index("<|endoftext|>")
+    keys = [k for k in meta if k.startswith("tokenizer.ggml.") and k.endswith("_id")]
+    assert keys == ["tokenizer.ggml.eos_token_id", "tokenizer.ggml.padding_token_id", "tokenizer.ggml.bos_token_id"]
+    for text in ("<think>", "</think>", "<tool_call>", "</tool_call>", "<tool_response>"):
+        assert types[tokens.index(text)] == 4, text
+    spec = build_tokenizer("qwen35", 248320, special_base=248044)   # the real ids (llama.cpp's EOG list)
+    assert [spec.tokens[i] for i in (248044, 248046, 248055, 248063, 248064, 248065, 248068)] == [
+        "<|endoftext|>", "<|im_end|>", "<|vision_pad|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<think>"]
+    assert spec.token_type[248077] == 5 and spec.n_vocab == 248320
+
+
+QWEN35_TOOLS = [{"type": "function", "function": {"name": "edit", "description": "Replace text.",
+                 "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}}]
+
+
+def _chat(template: str, msgs: list[dict], **kw) -> str:
+    from fak.chat import ChatTemplate
+    return ChatTemplate(template, bos_token="", eos_token="<|im_end|>").render(msgs, **kw)
+
+
+def test_qwen35_template_renders_thinking_and_xml_calls() -> None:
+    from fak.toolcalls.formats import ToolCallFormat, detect_tool_call_format
+
+    template = chat_template("qwen35")
+    assert chat_template("qwen35moe") == template
+    assert detect_tool_call_format(template) is ToolCallFormat.QWEN3_XML   # from <function= / <parameter=
+    msgs = [{"role": "system", "content": " You fix bugs. "}, {"role": "user", "content": "Fix a.py"},
+            {"role": "assistant", "content": "Editing.", "reasoning_content": "a.py is wrong",
+             "tool_calls": [{"function": {"name": "edit", "arguments": {"path": "a.py", "n": [1, 2]}}},
+                            {"function": {"name": "edit", "arguments": '{"path": "b.py"}'}}]},
+            {"role": "tool", "content": "ok\n"}, {"role": "tool", "content": "ok too"}]
+    out = _chat(template, msgs, tools=QWEN35_TOOLS, add_generation_prompt=True)
+    assert out.startswith("<|im_start|>system\n# Tools\n\nYou have access to the following functions:\n\n<tools>\n"
+                          + json.dumps(QWEN35_TOOLS[0], ensure_ascii=False) + "\n</tools>\n\nIf you choose to call")
+    assert "</IMPORTANT>\n\nYou fix bugs.<|im_end|>\n<|im_start|>user\nFix a.py<|im_end|>\n" in out
+    assert out.endswith(
+        "<|im_start|>assistant\n<think>\na.py is wrong\n</think>\n\nEditing.\n\n<tool_call>\n<function=edit>\n"
+        "<parameter=path>\na.py\n</parameter>\n<parameter=n>\n[1, 2]\n</parameter>\n</function>\n</tool_call>\n"
+        "<tool_call>\n<function=edit>\n<parameter=path>\nb.py\n</parameter>\n</function>\n</tool_call><|im_end|>\n"
+        "<|im_start|>user\n<tool_response>\nok\n</tool_response>\n<tool_response>\nok too\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n")                  # thinking on by default
+    # a new user query: the earlier turn loses its reasoning unless preserve_thinking; thinking off
+    later = msgs + [{"role": "assistant", "content": "<think>\nchecked\n</think>\n\nDone."},
+                    {"role": "user", "content": "Thanks"}]
+    off = _chat(template, later, tools=None, add_generation_prompt=True, enable_thinking=False)
+    assert off.startswith("<|im_start|>system\nYou fix bugs.<|im_end|>\n")
+    assert "<|im_start|>assistant\nEditing.\n\n<tool_call>" in off and "checked" not in off
+    assert "<|im_start|>assistant\nDone.<|im_end|>\n" in off
+    assert off.endswith("<|im_start|>user\nThanks<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    kept = _chat(template, later, tools=None, add_generation_prompt=False, preserve_thinking=True)
+    assert "<think>\na.py is wrong\n</think>\n\nEditing." in kept and "<think>\nchecked\n</think>\n\nDone." in kept
+    # a tool message first opens a user turn (the official template would not)
+    first = _chat(template, [{"role": "tool", "content": "x"}, {"role": "user", "content": "y"}], tools=None,
+                  add_generation_prompt=False)
+    assert first == "<|im_start|>user\n<tool_response>\nx\n</tool_response><|im_end|>\n<|im_start|>user\ny<|im_end|>\n"
+
+
+def test_tiny_prompts_render_from_their_messages() -> None:
+    """tests/data/tiny_prompts.json holds conversations rendered with the qwen35 template: the text
+    of each is what the template renders today (else its goldens are stale), and the agent turns
+    extend each other as an agent's conversation grows."""
+    data = json.loads((Path(__file__).parent / "data" / "tiny_prompts.json").read_text())
+    template = chat_template("qwen35")
+    previous = None
+    for p in data["prompts"]:
+        tools = data["tools"] if p["tools"] else None
+        assert _chat(template, p["messages"], tools=tools, add_generation_prompt=True,
+                     **p["template_kwargs"]) == p["text"], p["id"]
+        if p["id"].startswith("agent-turn"):
+            if previous is not None:
+                assert p["text"].startswith(previous) and len(p["text"]) > len(previous), p["id"]
+            previous = p["text"]
+
+
+def test_preset_qwen3_6_27b_q4_k_m_layout() -> None:
+    plan = plan_twin(preset="qwen3.6-27b-q4_k_m")
+    a = "qwen35"
+    assert _arch_keys([e.key for e in plan.metadata], a) == HYBRID_KEYS_DENSE
+    expect = {"general.architecture": a, f"{a}.block_count": 64, f"{a}.context_length": 262144,
+              f"{a}.embedding_length": 5120, f"{a}.feed_forward_length": 17408, f"{a}.attention.head_count": 24,
+              f"{a}.attention.head_count_kv": 4, f"{a}.rope.dimension_sections": [11, 11, 10, 0],
+              f"{a}.rope.freq_base": 1e7, f"{a}.attention.key_length": 256, f"{a}.attention.value_length": 256,
+              f"{a}.ssm.conv_kernel": 4, f"{a}.ssm.state_size": 128, f"{a}.ssm.group_count": 16,
+              f"{a}.ssm.time_step_rank": 48, f"{a}.ssm.inner_size": 6144, f"{a}.full_attention_interval": 4,
+              f"{a}.rope.dimension_count": 64, "general.file_type": 15, "tokenizer.ggml.eos_token_id": 248046,
+              "tokenizer.ggml.padding_token_id": 248055, "tokenizer.ggml.bos_token_id": 248044,
+              "tokenizer.ggml.pre": "qwen35", "general.basename": "Qwen3.6", "general.size_label": "27B"}
+    for key, value in expect.items():
+        got = plan.meta(key)
+        assert (np.float32(got) == np.float32(value)) if isinstance(value, float) else got == value, key
+    assert len(plan.meta("tokenizer.ggml.tokens")) == 248320
+    types = {t.name: t.dtype for t in plan.tensors}
+    shapes = {t.name: t.shape for t in plan.tensors}
+    assert len(plan.tensors) == 851 == 3 + 48 * 14 + 16 * 11
+    counts = {ty: list(types.values()).count(ty) for ty in set(types.values())}
+    assert counts == {"F32": 353, "Q4_K": 433, "Q6_K": 65}
+    assert shapes["blk.0.attn_qkv.weight"] == (10240, 5120) and shapes["blk.0.attn_gate.weight"] == (6144, 5120)
+    assert shapes["blk.0.ssm_conv1d.weight"] == (10240, 4) and shapes["blk.0.ssm_out.weight"] == (5120, 6144)
+    assert shapes["blk.0.ssm_a"] == shapes["blk.0.ssm_dt.bias"] == (48,) and shapes["blk.0.ssm_norm.weight"] == (128,)
+    assert shapes["blk.3.attn_q.weight"] == (12288, 5120) and shapes["blk.3.attn_output.weight"] == (5120, 6144)
+    assert shapes["blk.3.attn_k.weight"] == (1024, 5120) and shapes["blk.63.ffn_down.weight"] == (5120, 17408)
+    for i in range(64):
+        want = "Q6_K" if use_more_bits(i, 64) else "Q4_K"
+        v_like = f"blk.{i}.attn_qkv.weight" if (i + 1) % 4 else f"blk.{i}.attn_v.weight"
+        assert types[v_like] == types[f"blk.{i}.ffn_down.weight"] == want, i
+    assert plan.n_params() == 26_895_998_464                    # the text model without the MTP block
+    assert abs(plan.file_nbytes() / 1e9 - 16.54) < 0.01       # published Q4_K_M (with MTP): 16.5 GB
+
+
+def test_preset_qwen3_6_35b_a3b_q4_k_m_layout() -> None:
+    plan = plan_twin(preset="qwen3.6-35b-a3b-q4_k_m")
+    a = "qwen35moe"
+    assert _arch_keys([e.key for e in plan.metadata], a) == HYBRID_KEYS_MOE
+    expect = {f"{a}.block_count": 40, f"{a}.embedding_length": 2048, f"{a}.attention.head_count": 16,
+              f"{a}.attention.head_count_kv": 2, f"{a}.expert_count": 256, f"{a}.expert_used_count": 8,
+              f"{a}.expert_feed_forward_length": 512, f"{a}.expert_shared_feed_forward_length": 512,
+              f"{a}.ssm.group_count": 16, f"{a}.ssm.time_step_rank": 32, f"{a}.ssm.inner_size": 4096,
+              f"{a}.rope.dimension_count": 64, "general.size_label": "35B-A3B"}
+    for key, value in expect.items():
+        assert plan.meta(key) == value, key
+    types = {t.name: t.dtype for t in plan.tensors}
+    shapes = {t.name: t.shape for t in plan.tensors}
+    assert len(plan.tensors) == 733 == 3 + 30 * 19 + 10 * 16  # llama.cpp: "733 tensors" in the real files
+    counts = {ty: list(types.values()).count(ty) for ty in set(types.values())}
+    assert counts == {"F32": 301, "Q4_K": 371, "Q6_K": 61}     # the real files' "type f32: 301 tensors"
+    assert shapes["blk.0.attn_qkv.weight"] == (8192, 2048) and shapes["blk.0.ssm_beta.weight"] == (32, 2048)
+    assert shapes["blk.0.ffn_gate_exps.weight"] == (256, 512, 2048) and shapes["blk.0.ffn_down_exps.weight"] == (256, 2048, 512)
+    assert shapes["blk.0.ffn_gate_inp.weight"] == (256, 2048) and shapes["blk.0.ffn_gate_inp_shexp.weight"] == (2048,)
+    assert shapes["blk.0.ffn_down_shexp.weight"] == (2048, 512) and shapes["blk.3.attn_q.weight"] == (8192, 2048)
+    more = {i for i in range(40) if use_more_bits(i, 40)}
+    assert len(more) == 20
+    for i in range(40):
+        want = "Q6_K" if i in more else "Q4_K"
+        assert types[f"blk.{i}.ffn_down_exps.weight"] == types[f"blk.{i}.ffn_down_shexp.weight"] == want, i
+    assert plan.n_params() == 34_660_610_688                    # text weights (the card's 35B counts vision too)
+    assert abs(plan.file_nbytes() / 1e9 - 21.16) < 0.01
+    experts = sum(plan.tensor_nbytes(t) for t in plan.tensors if "_exps" in t.name)
+    assert 0.85 < experts / plan.data_nbytes() < 0.95          # what a decode step mostly skips
+
+
+def test_synth_cli_writes_hybrids(tmp_path: Path) -> None:
+    from fak.cli import main
+
+    out = tmp_path / "m.gguf"
+    res = CliRunner().invoke(main, ["synth", str(out), "--tiny", "qwen35moe", "--n-expert", "12", "--n-expert-used", "3"])
+    assert res.exit_code == 0, res.output
+    meta = fields(out)
+    assert meta["qwen35moe.expert_count"] == 12 and meta["qwen35moe.block_count"] == 4
+    res = CliRunner().invoke(main, ["synth", str(tmp_path / "d.gguf"), "--tiny", "qwen35", "--n-layer", "8"])
+    assert res.exit_code == 0 and fields(tmp_path / "d.gguf")["qwen35.block_count"] == 8
+
+
+def test_like_twin_of_a_hybrid_keeps_the_recurrence_stable(tmp_path: Path) -> None:
+    """A twin (--like) of a hybrid file gets negative ssm_a and realistic dt biases and conv taps
+    from the tensor names, so a speed run on it does not blow up its recurrent state."""
+    src = write_tiny_model(tmp_path / "src.gguf", "qwen35", seed=5)
+    twin = write_twin(tmp_path / "twin.gguf", like=src, seed=6)
+    with GGUFFile(twin) as f:
+        assert (f.dequantize("blk.0.ssm_a") < 0).all() and (f.dequantize("blk.0.ssm_dt.bias") <= 0).all()
+        assert f.dequantize("blk.0.ssm_conv1d.weight").std() > 0.2

@@ -2,8 +2,9 @@
 
 Two kinds of file, both valid GGUF v3 that llama.cpp and fak load:
 
-- **Tiny models** (``write_tiny_model``): a complete qwen2, llama, qwen3 or qwen3moe model of a
-  few hundred KB to a few MB, with the architecture's real tensor names, shapes and metadata keys,
+- **Tiny models** (``write_tiny_model``): a complete qwen2, llama, qwen3, qwen3moe, or Qwen3.5/3.6
+  hybrid (qwen35, qwen35moe) model of a few hundred KB to a few tens of MB, with the architecture's
+  real tensor names, shapes and metadata keys,
   a real byte-level BPE tokenizer (``vocab.py``) and the family's chat template. For CI: engine,
   tokenizer and gateway tests run end to end on them, and llama.cpp's outputs on them are the
   parity goldens of the new architectures (``scripts/make_goldens.py --tiny``).
@@ -38,7 +39,8 @@ import numpy as np
 from fak.errors import UnsupportedError
 from fak.gguf import GGUFFile
 from fak.synth.blocks import FORMATS
-from fak.synth.layout import FILE_TYPES, MIXES, Arch, ArchConfig, TensorSpec, quant_types, tensor_layout
+from fak.synth.hybrid import default_rope_sections, hybrid_arch_metadata
+from fak.synth.layout import FILE_TYPES, HYBRID_ARCHS, MIXES, Arch, ArchConfig, TensorSpec, quant_types, tensor_layout
 from fak.synth.vocab import FAMILIES, TokenizerSpec, build_tokenizer
 from fak.synth.writer import GGUFPlan, MetaEntry, router_std, write_plan
 
@@ -60,6 +62,7 @@ __all__ = [
 ]
 
 QWEN2_SPECIAL_BASE = 151643  # id of <|endoftext|> in Qwen2.5's (and Qwen3's) vocabulary
+QWEN35_SPECIAL_BASE = 248044  # id of <|endoftext|> in Qwen3.5's / Qwen3.6's vocabulary (248320 rows)
 
 
 @dataclass(frozen=True)
@@ -115,6 +118,36 @@ PRESETS: dict[str, Preset] = {
                    n_embd_head=128, qk_norm=True),
         mix="Q4_K_M", name="Qwen3 8B", basename="Qwen3", finetune="", size_label="8B",
         special_base=QWEN2_SPECIAL_BASE),
+    # Qwen3.6-27B, Q4_K_M (dense hybrid, general.architecture qwen35). Hyper-parameters: the model
+    # card / config.json text_config (hidden 5120, 64 layers = 16 x (3 Gated DeltaNet + 1 gated
+    # attention), attention 24 q heads / 4 kv heads of head_dim 256, partial_rotary_factor 0.25 ->
+    # 64 rotated dims, mrope_section [11, 11, 10], rope_theta 1e7, Gated DeltaNet 48 v heads / 16
+    # q-k heads of 128, conv kernel 4, intermediate 17408, vocab 248320, 262144 positions, untied
+    # lm_head). Metadata keys, values and order: the llama.cpp loader log of a Qwen3.6-27B GGUF
+    # (ssm.time_step_rank 48, ssm.inner_size 6144, ssm.group_count 16, full_attention_interval 4,
+    # rope.dimension_count 64). Without the MTP block (nextn_predict_layers: newer conversions add
+    # it as a 65th block that the main pass never runs). Types: llama.cpp's Q4_K_M rule (layout.py).
+    "qwen3.6-27b-q4_k_m": Preset(
+        ArchConfig("qwen35", n_layer=64, n_embd=5120, n_head=24, n_head_kv=4, n_ff=17408, n_vocab=248320,
+                   n_ctx_train=262144, rope_freq_base=1e7, rms_eps=1e-6, tied_embeddings=False, attn_bias=False,
+                   n_embd_head=256, qk_norm=True, ssm_conv_kernel=4, ssm_state_size=128, ssm_group_count=16,
+                   ssm_time_step_rank=48, full_attention_interval=4, n_rot=64, rope_sections=(11, 11, 10, 0)),
+        mix="Q4_K_M", name="Qwen3.6 27B", basename="Qwen3.6", finetune="", size_label="27B",
+        special_base=QWEN35_SPECIAL_BASE),
+    # Qwen3.6-35B-A3B, Q4_K_M (qwen35moe): the model card (hidden 2048, 40 layers = 10 x (3 Gated
+    # DeltaNet + 1 gated attention), attention 16 q / 2 kv heads of 256, 64 rotated dims, Gated
+    # DeltaNet 32 v heads / 16 q-k heads of 128, 256 experts, 8 routed + 1 shared, expert
+    # intermediate 512, vocab 248320, 262144 positions); the loader logs of its GGUFs for the keys
+    # (expert_shared_feed_forward_length 512, ssm.inner_size 4096, no feed_forward_length) and their
+    # order; 733 tensors, 301 of them F32, as llama.cpp counts in the published files.
+    "qwen3.6-35b-a3b-q4_k_m": Preset(
+        ArchConfig("qwen35moe", n_layer=40, n_embd=2048, n_head=16, n_head_kv=2, n_ff=512, n_vocab=248320,
+                   n_ctx_train=262144, rope_freq_base=1e7, rms_eps=1e-6, tied_embeddings=False, attn_bias=False,
+                   n_embd_head=256, qk_norm=True, n_expert=256, n_expert_used=8, n_ff_exp=512, n_ff_shexp=512,
+                   ssm_conv_kernel=4, ssm_state_size=128, ssm_group_count=16, ssm_time_step_rank=32,
+                   full_attention_interval=4, n_rot=64, rope_sections=(11, 11, 10, 0)),
+        mix="Q4_K_M", name="Qwen3.6 35B A3B", basename="Qwen3.6", finetune="", size_label="35B-A3B",
+        special_base=QWEN35_SPECIAL_BASE),
 }
 
 # Per-family defaults of the tiny models: (rope_freq_base, rms_eps, tied, attn_bias).
@@ -123,6 +156,8 @@ _TINY_DEFAULTS: dict[str, tuple[float, float, bool, bool]] = {
     "llama": (5e5, 1e-5, True, False),
     "qwen3": (1e6, 1e-6, False, False),
     "qwen3moe": (1e7, 1e-6, False, False),
+    "qwen35": (1e7, 1e-6, False, False),
+    "qwen35moe": (1e7, 1e-6, False, False),
 }
 
 
@@ -130,14 +165,21 @@ def _model_metadata(cfg: ArchConfig, *, name: str, file_type: int, tokenizer: li
                     general: list[tuple[str, str]], provenance: str,
                     arch_extra: list[MetaEntry] | None = None) -> list[MetaEntry]:
     """Metadata in the order llama.cpp writes it: the converter's order for qwen2 / llama (as the
-    real Qwen2.5 files show), and for qwen3 / qwen3moe the order of the real Qwen3 GGUFs' loader
+    real Qwen2.5 files show), for qwen3 / qwen3moe the order of the real Qwen3 GGUFs' loader
     logs (``expert_used_count`` between the norm epsilon and ``key_length``, the expert sizes
-    after ``value_length``, ``general.file_type`` last, after ``quantization_version``).
+    after ``value_length``, ``general.file_type`` last, after ``quantization_version``), for the
+    hybrids that of the real Qwen3.6 GGUFs (``fak.synth.hybrid.hybrid_arch_metadata``).
     ``arch_extra`` (e.g. sliding-window keys) follows the architecture's own keys."""
     a = cfg.arch
     meta = [MetaEntry("general.architecture", "STRING", a), MetaEntry("general.type", "STRING", "model"),
             MetaEntry("general.name", "STRING", name)]
     meta += [MetaEntry(f"general.{k}", "STRING", v) for k, v in general if v]
+    if cfg.is_hybrid:
+        meta += hybrid_arch_metadata(cfg) + (arch_extra or []) + tokenizer
+        meta += [MetaEntry("general.quantization_version", "UINT32", 2),
+                 MetaEntry("general.file_type", "UINT32", file_type),
+                 MetaEntry("fak.synthetic", "STRING", provenance)]
+        return meta
     meta += [
         MetaEntry(f"{a}.block_count", "UINT32", cfg.n_layer),
         MetaEntry(f"{a}.context_length", "UINT32", cfg.n_ctx_train),
@@ -176,14 +218,18 @@ def _tokenizer_entries(spec: TokenizerSpec) -> list[MetaEntry]:
     return [MetaEntry(k, t, v) for k, t, v in spec.metadata()]
 
 
-def plan_tiny_model(arch: Arch = "qwen2", *, n_layer: int = 2, n_embd: int = 64,
+def plan_tiny_model(arch: Arch = "qwen2", *, n_layer: int | None = None, n_embd: int = 64,
                     n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128, n_vocab: int | None = None,
                     ctx: int = 2048, weight_type: str = "Q8_0", tied_embeddings: bool | None = None,
                     tensor_types: dict[str, str] | None = None, rope_freq_base: float | None = None,
                     rms_eps: float | None = None, sliding_window: int | None = None,
                     sliding_window_pattern: int | list[bool] | None = None, head_dim: int | None = None,
                     n_expert: int | None = None, n_expert_used: int | None = None, n_ff_exp: int | None = None,
-                    router_ties: int = 0, seed: int = 0) -> GGUFPlan:
+                    router_ties: int = 0, ssm_state_size: int | None = None, ssm_group_count: int | None = None,
+                    ssm_time_step_rank: int | None = None, ssm_conv_kernel: int | None = None,
+                    full_attention_interval: int | None = None, n_rot: int | None = None,
+                    rope_sections: list[int] | None = None, n_ff_shexp: int | None = None,
+                    seed: int = 0) -> GGUFPlan:
     """The plan (metadata and tensor layout) of a tiny model; ``write_tiny_model`` writes it.
 
     Arguments are those of ``write_tiny_model``. Raises ``ValueError`` for inconsistent sizes or an
@@ -191,12 +237,24 @@ def plan_tiny_model(arch: Arch = "qwen2", *, n_layer: int = 2, n_embd: int = 64,
     """
     if arch not in FAMILIES:
         raise ValueError(f"unknown architecture {arch!r}; fak.synth writes: {', '.join(FAMILIES)}")
-    moe = arch == "qwen3moe"
+    moe = arch in ("qwen3moe", "qwen35moe")
+    hybrid = arch in HYBRID_ARCHS
     if not moe and any(v is not None for v in (n_expert, n_expert_used, n_ff_exp)) or (not moe and router_ties):
-        raise ValueError(f"n_expert, n_expert_used, n_ff_exp and router_ties apply to qwen3moe, not {arch}")
-    if head_dim is not None and arch not in ("qwen3", "qwen3moe"):
-        raise ValueError(f"head_dim applies to qwen3 / qwen3moe; {arch}'s head dimension is n_embd / n_head")
-    if arch in ("qwen3", "qwen3moe") and head_dim is None:
+        raise ValueError(f"n_expert, n_expert_used, n_ff_exp and router_ties apply to qwen3moe / qwen35moe, not {arch}")
+    ssm_args = {"ssm_state_size": ssm_state_size, "ssm_group_count": ssm_group_count,
+                "ssm_time_step_rank": ssm_time_step_rank, "ssm_conv_kernel": ssm_conv_kernel,
+                "full_attention_interval": full_attention_interval, "n_rot": n_rot, "rope_sections": rope_sections}
+    if not hybrid and any(v is not None for v in ssm_args.values()):
+        raise ValueError(f"{', '.join(k for k, v in ssm_args.items() if v is not None)} apply to qwen35 / qwen35moe, "
+                         f"not {arch}")
+    if n_ff_shexp is not None and arch != "qwen35moe":
+        raise ValueError(f"n_ff_shexp (the shared expert) applies to qwen35moe, not {arch}")
+    if head_dim is not None and arch not in ("qwen3", "qwen3moe", *HYBRID_ARCHS):
+        raise ValueError(f"head_dim applies to qwen3 / qwen3moe / qwen35 / qwen35moe; {arch}'s head dimension is "
+                         f"n_embd / n_head")
+    if n_layer is None:
+        n_layer = 4 if hybrid else 2  # a hybrid's 4th layer is its first full-attention layer
+    if arch in ("qwen3", "qwen3moe", *HYBRID_ARCHS) and head_dim is None:
         if (2 * n_embd) % n_head:
             raise ValueError(f"2 * n_embd ({2 * n_embd}) is not a multiple of n_head {n_head}: give head_dim")
         head_dim = 2 * n_embd // n_head  # q_dim = 2 * n_embd != n_embd, as in Qwen3-30B-A3B
@@ -206,12 +264,14 @@ def plan_tiny_model(arch: Arch = "qwen2", *, n_layer: int = 2, n_embd: int = 64,
         arch, n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_head_kv=n_head_kv, n_ff=n_ff, n_vocab=tok.n_vocab,
         n_ctx_train=ctx, rope_freq_base=rope_freq_base or rope_default, rms_eps=rms_eps or eps_default,
         tied_embeddings=tied_default if tied_embeddings is None else tied_embeddings, attn_bias=bias,
-        n_embd_head=head_dim, qk_norm=arch in ("qwen3", "qwen3moe"),
+        n_embd_head=head_dim, qk_norm=arch in ("qwen3", "qwen3moe", *HYBRID_ARCHS),
         n_expert=(32 if n_expert is None else n_expert) if moe else 0,
         n_expert_used=(4 if n_expert_used is None else n_expert_used) if moe else 0,
-        n_ff_exp=(n_embd if n_ff_exp is None else n_ff_exp) if moe else 0)
+        n_ff_exp=(n_embd if n_ff_exp is None else n_ff_exp) if moe else 0,
+        **(_tiny_hybrid_args(arch, head_dim, n_embd if n_ff_exp is None else n_ff_exp, ssm_args, n_ff_shexp)
+           if hybrid else {}))
     if moe and cfg.n_expert < 2:
-        raise ValueError(f"a qwen3moe model needs at least 2 experts, got {cfg.n_expert}")
+        raise ValueError(f"a {arch} model needs at least 2 experts, got {cfg.n_expert}")
     tensors = tensor_layout(cfg)
     quant_types(tensors, weight_type, n_layer=n_layer, overrides=tensor_types, n_expert=cfg.n_expert)
     values = {}
@@ -232,6 +292,25 @@ def plan_tiny_model(arch: Arch = "qwen2", *, n_layer: int = 2, n_embd: int = 64,
                            provenance=f"{what}, random weights (seed {seed})",
                            arch_extra=_sliding_window_entries(arch, n_layer, sliding_window, sliding_window_pattern))
     return GGUFPlan(arch, meta, tensors, values=values)
+
+
+def _tiny_hybrid_args(arch: str, head_dim: int, n_ff_exp: int, given: dict[str, object],
+                      n_ff_shexp: int | None) -> dict[str, object]:
+    """ArchConfig's hybrid fields of a tiny model: the given ones, the rest defaulted (4 taps, 64-wide
+    Gated DeltaNet heads, 2 q/k heads, 4 v heads, every 4th layer full attention, a quarter of each
+    attention head rotated as in Qwen3.5, Qwen3.5's section split, shared expert as wide as one)."""
+    n_rot = given["n_rot"] if given["n_rot"] is not None else max(2, head_dim // 4 // 2 * 2)
+    sections = given["rope_sections"]
+    out: dict[str, object] = {
+        "ssm_state_size": 64, "ssm_group_count": 2, "ssm_time_step_rank": 4, "ssm_conv_kernel": 4,
+        "full_attention_interval": 4,
+        **{k: v for k, v in given.items() if v is not None and k not in ("n_rot", "rope_sections")},
+        "n_rot": n_rot,
+        "rope_sections": tuple(sections) if sections is not None else default_rope_sections(n_rot),  # type: ignore[arg-type]
+    }
+    if arch == "qwen35moe":
+        out["n_ff_shexp"] = n_ff_exp if n_ff_shexp is None else n_ff_shexp
+    return out
 
 
 def router_tie_rows(n_expert: int, n_embd: int, group: int, rng: np.random.Generator) -> np.ndarray:
@@ -287,15 +366,19 @@ def _sliding_window_entries(arch: str, n_layer: int, window: int | None,
 
 
 def write_tiny_model(path: str | os.PathLike[str], arch: Arch = "qwen2", *,
-                     n_layer: int = 2, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128,
+                     n_layer: int | None = None, n_embd: int = 64, n_head: int = 4, n_head_kv: int = 2, n_ff: int = 128,
                      n_vocab: int | None = None, ctx: int = 2048, weight_type: str = "Q8_0",
                      tied_embeddings: bool | None = None, tensor_types: dict[str, str] | None = None,
                      rope_freq_base: float | None = None, rms_eps: float | None = None,
                      sliding_window: int | None = None, sliding_window_pattern: int | list[bool] | None = None,
                      head_dim: int | None = None, n_expert: int | None = None, n_expert_used: int | None = None,
-                     n_ff_exp: int | None = None, router_ties: int = 0, seed: int = 0) -> Path:
-    """Write a complete tiny ``qwen2``, ``llama``, ``qwen3`` or ``qwen3moe`` model to ``path`` and
-    return the path.
+                     n_ff_exp: int | None = None, router_ties: int = 0, ssm_state_size: int | None = None,
+                     ssm_group_count: int | None = None, ssm_time_step_rank: int | None = None,
+                     ssm_conv_kernel: int | None = None, full_attention_interval: int | None = None,
+                     n_rot: int | None = None, rope_sections: list[int] | None = None, n_ff_shexp: int | None = None,
+                     seed: int = 0) -> Path:
+    """Write a complete tiny ``qwen2``, ``llama``, ``qwen3``, ``qwen3moe``, ``qwen35`` or
+    ``qwen35moe`` model to ``path`` and return the path.
 
     Args:
         arch: ``"qwen2"`` (Q/K/V biases, untied ``output.weight``, rope base 1e6, eps 1e-6, Qwen2.5
@@ -305,8 +388,16 @@ def write_tiny_model(path: str | os.PathLike[str], arch: Arch = "qwen2", *,
             rope base 1e6, eps 1e-6, Qwen3's 26 special tokens, a Qwen3 template: Hermes JSON tool
             calls and ``<think>``) or ``"qwen3moe"`` (qwen3 attention and an MoE FFN: router
             ``ffn_gate_inp`` and stacked experts ``ffn_{gate,up,down}_exps``, rope base 1e7 as
-            Qwen3-Coder, a Qwen3-Coder template: XML tool calls ``<function=NAME><parameter=P>``).
+            Qwen3-Coder, a Qwen3-Coder template: XML tool calls ``<function=NAME><parameter=P>``),
+            ``"qwen35"`` (the Qwen3.5/3.6 dense hybrid: Gated DeltaNet layers and every
+            ``full_attention_interval``-th layer gated full attention with partial M-RoPE, a dense
+            SwiGLU FFN, rope base 1e7, untied, Qwen3.5's 33 special tokens and ``qwen35``
+            pre-tokenizer, a Qwen3.5 template: thinking on by default, XML tool calls) or
+            ``"qwen35moe"`` (the same layers with qwen3moe's experts plus a sigmoid-gated shared
+            expert).
         n_layer, n_embd, n_head, n_head_kv, n_ff: hyper-parameters; ``n_head % n_head_kv == 0``.
+            ``n_layer`` defaults to 2, and to 4 for the hybrids (three recurrent layers and one
+            full-attention layer).
             For qwen2 / llama the head dimension is ``n_embd // n_head`` (16 by default). For
             qwen3moe ``n_ff`` is only the ``feed_forward_length`` key (llama.cpp reads the experts'
             size from ``expert_feed_forward_length``).
@@ -329,16 +420,28 @@ def write_tiny_model(path: str | os.PathLike[str], arch: Arch = "qwen2", *,
             bool per layer (True: windowed; what llama.cpp's converter writes from Hugging Face's
             ``layer_types``) or an int period ``n`` (llama.cpp's ``set_swa_pattern``: layer ``il``
             windowed iff ``n == 0 or il % n < n - 1``). None: no key (every layer windowed).
-        head_dim: qwen3 / qwen3moe only: ``attention.key_length`` = ``value_length``. Default
+        head_dim: qwen3 / qwen3moe / qwen35 / qwen35moe: ``attention.key_length`` = ``value_length``. Default
             ``2 * n_embd // n_head``, so that ``n_head * head_dim`` (the rows of ``attn_q``) is not
             ``n_embd``, as in Qwen3-30B-A3B (2048 = 32 heads × 64, but its heads are 128 wide).
-        n_expert, n_expert_used, n_ff_exp: qwen3moe only: ``expert_count`` (default 32, more than
+        n_expert, n_expert_used, n_ff_exp: qwen3moe / qwen35moe: ``expert_count`` (default 32, more than
             16 so that llama.cpp's expert sort takes the same introsort path as with the real 128),
             ``expert_used_count`` (default 4) and ``expert_feed_forward_length`` (default
             ``n_embd``). Router weights have std ``fak.synth.writer.router_std(n_embd)``: peaked,
             token-dependent routing.
-        router_ties: qwen3moe only: when >= 2, each layer's router rows tie in groups of this size
-            (``router_tie_rows``: exact ties, and one-ulp near ties for groups of 3 or more).
+        router_ties: qwen3moe / qwen35moe: when >= 2, each layer's router rows tie in groups of this
+            size (``router_tie_rows``: exact ties, and one-ulp near ties for groups of 3 or more).
+        ssm_state_size, ssm_group_count, ssm_time_step_rank, ssm_conv_kernel: qwen35 / qwen35moe:
+            the Gated DeltaNet layers' ``ssm.state_size`` (head dimension of q, k and v, default 64),
+            ``ssm.group_count`` (q/k heads, default 2), ``ssm.time_step_rank`` (v heads, default 4; a
+            multiple of the q/k heads: llama.cpp maps v head ``h`` to q/k head ``h % group_count``)
+            and ``ssm.conv_kernel`` (taps of the causal convolution, default 4, as the real models).
+        full_attention_interval: qwen35 / qwen35moe: layer ``i`` is full attention iff
+            ``(i + 1) % full_attention_interval == 0`` (default 4, as the real models).
+        n_rot, rope_sections: qwen35 / qwen35moe: ``rope.dimension_count`` (rotated dimensions of
+            each attention head, default a quarter of ``head_dim`` as Qwen3.5's
+            ``partial_rotary_factor``) and ``rope.dimension_sections`` (default
+            ``fak.synth.hybrid.default_rope_sections(n_rot)``).
+        n_ff_shexp: qwen35moe only: ``expert_shared_feed_forward_length`` (default ``n_ff_exp``).
         seed: seed of the random weights (same arguments and seed → identical file).
 
     Raises:
@@ -351,14 +454,23 @@ def write_tiny_model(path: str | os.PathLike[str], arch: Arch = "qwen2", *,
                            tensor_types=tensor_types, rope_freq_base=rope_freq_base, rms_eps=rms_eps,
                            sliding_window=sliding_window, sliding_window_pattern=sliding_window_pattern,
                            head_dim=head_dim, n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
-                           router_ties=router_ties, seed=seed)
+                           router_ties=router_ties, ssm_state_size=ssm_state_size, ssm_group_count=ssm_group_count,
+                           ssm_time_step_rank=ssm_time_step_rank, ssm_conv_kernel=ssm_conv_kernel,
+                           full_attention_interval=full_attention_interval, n_rot=n_rot, rope_sections=rope_sections,
+                           n_ff_shexp=n_ff_shexp, seed=seed)
     return write_plan(path, plan, seed=seed)
 
 
 def _size_label(cfg: ArchConfig) -> str:
+    if cfg.is_hybrid:
+        return _count_label(sum(int(np.prod(t.shape, dtype=np.int64)) for t in tensor_layout(cfg)))
     n = cfg.n_vocab * cfg.n_embd * (1 if cfg.tied_embeddings else 2)
     ffn = (3 * cfg.n_ff_exp + 1) * cfg.n_expert * cfg.n_embd if cfg.is_moe else 3 * cfg.n_embd * cfg.n_ff
     n += cfg.n_layer * (2 * cfg.n_embd * cfg.q_dim + 2 * cfg.n_embd * cfg.n_head_kv * cfg.head_dim + ffn)
+    return _count_label(n)
+
+
+def _count_label(n: int) -> str:
     for unit, div in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
         if n >= div:
             return f"{n / div:.1f}".rstrip("0").rstrip(".") + unit
@@ -392,6 +504,13 @@ def _tensor_spec(name: str, shape: tuple[int, ...], dtype: str) -> TensorSpec:
         raise UnsupportedError(f"tensor {name}: type {dtype} cannot be generated by fak.synth "
                                f"(supported: {', '.join(FORMATS)})")
     role = "norm" if name.endswith("norm.weight") else "bias" if name.endswith(".bias") else "weight"
+    # the hybrids' Gated DeltaNet parameters: a twin must run stably (negative ssm_a) for speed runs
+    if name.endswith(".ssm_a"):
+        role = "ssm_a"
+    elif name.endswith(".ssm_dt.bias"):
+        role = "ssm_dt"
+    elif name.endswith(".ssm_conv1d.weight"):
+        role = "conv"
     return TensorSpec(name, shape, dtype, role)  # type: ignore[arg-type]
 
 

@@ -33,13 +33,14 @@ __all__ = ["synth_command"]
 @click.option("--sliding-window-pattern", default=None, metavar="N|B,B,...",
               help="With --tiny: which layers are windowed ({arch}.attention.sliding_window_pattern): an int "
                    "period N (llama.cpp's: layer i windowed iff N == 0 or i % N < N - 1) or one 0/1 per layer.")
-@click.option("--n-layer", type=click.IntRange(min=1), default=None, help="With --tiny: transformer blocks [default: 2].")
+@click.option("--n-layer", type=click.IntRange(min=1), default=None,
+              help="With --tiny: transformer blocks [default: 2; 4 for qwen35 / qwen35moe].")
 @click.option("--tied/--untied", "tied", default=None,
               help="With --tiny: tie output.weight to token_embd.weight, or write both [default: the family's].")
 @click.option("--n-expert", type=click.IntRange(min=2), default=None,
-              help="With --tiny qwen3moe: experts per layer (expert_count) [default: 32].")
+              help="With --tiny qwen3moe / qwen35moe: experts per layer (expert_count) [default: 32].")
 @click.option("--n-expert-used", type=click.IntRange(min=1), default=None,
-              help="With --tiny qwen3moe: experts chosen per token (expert_used_count) [default: 4].")
+              help="With --tiny qwen3moe / qwen35moe: experts chosen per token (expert_used_count) [default: 4].")
 def synth_command(out: Path, tiny: str | None, like: Path | None, preset: str | None, seed: int,
                   tokenizer_from: Path | None, weight_type: str, sliding_window: int | None = None,
                   sliding_window_pattern: str | None = None, n_layer: int | None = None, tied: bool | None = None,
@@ -55,8 +56,8 @@ def synth_command(out: Path, tiny: str | None, like: Path | None, preset: str | 
     if not tiny and any(x is not None for x in (sliding_window, sliding_window_pattern, n_layer, tied)):
         raise click.UsageError("--sliding-window, --sliding-window-pattern, --n-layer and --tied/--untied "
                                "apply to --tiny")
-    if tiny != "qwen3moe" and (n_expert is not None or n_expert_used is not None):
-        raise click.UsageError("--n-expert and --n-expert-used apply to --tiny qwen3moe")
+    if tiny not in ("qwen3moe", "qwen35moe") and (n_expert is not None or n_expert_used is not None):
+        raise click.UsageError("--n-expert and --n-expert-used apply to --tiny qwen3moe / qwen35moe")
     pattern: int | list[bool] | None = None
     if sliding_window_pattern is not None:
         try:
@@ -68,7 +69,7 @@ def synth_command(out: Path, tiny: str | None, like: Path | None, preset: str | 
     try:
         if tiny:
             plan = plan_tiny_model(tiny, weight_type=weight_type.upper(), seed=seed,  # type: ignore[arg-type]
-                                   n_layer=n_layer or 2, sliding_window=sliding_window,
+                                   n_layer=n_layer, sliding_window=sliding_window,
                                    sliding_window_pattern=pattern, tied_embeddings=tied,
                                    n_expert=n_expert, n_expert_used=n_expert_used)
         else:

@@ -1,7 +1,8 @@
 """Tensor layouts of real architectures and llama.cpp's choice of quant type per tensor.
 
 Names and shapes: llama.cpp's tensor names (``gguf-py`` ``MODEL_TENSORS``; ``src/models/<arch>.cpp``
-``load_arch_tensors`` for the shapes) for ``qwen2``, ``llama``, ``qwen3`` and ``qwen3moe``.
+``load_arch_tensors`` for the shapes) for ``qwen2``, ``llama``, ``qwen3``, ``qwen3moe`` and the
+Qwen3.5/3.6 hybrids ``qwen35`` / ``qwen35moe`` (``src/models/qwen35.cpp``, ``qwen35moe.cpp``).
 
 - ``qwen3`` is ``qwen2`` without the Q/K/V biases, plus a per-head RMSNorm of Q and K
   (``blk.N.attn_q_norm.weight`` / ``attn_k_norm.weight``, shape ``[head_dim]``). The head dimension
@@ -12,11 +13,28 @@ Names and shapes: llama.cpp's tensor names (``gguf-py`` ``MODEL_TENSORS``; ``src
   ``ffn_gate_inp`` ``[n_embd, n_expert]`` (F32 in real files: llama.cpp never quantizes it) and the
   stacked experts ``ffn_gate_exps`` / ``ffn_up_exps`` ``[n_embd, n_ff_exp, n_expert]`` and
   ``ffn_down_exps`` ``[n_ff_exp, n_embd, n_expert]`` (numpy order: expert first).
+- ``qwen35`` / ``qwen35moe`` interleave Gated DeltaNet layers with gated full-attention layers:
+  layer ``i`` is recurrent unless ``(i + 1) % full_attention_interval == 0`` (llama.cpp's default
+  when the file has no ``attention.recurrent_layers`` array). Every layer has ``attn_norm`` and
+  ``post_attention_norm`` (the FFN's input norm). A recurrent layer has ``attn_qkv``
+  ``[n_embd, 2 key_dim + value_dim]`` (q, k, v rows in that order, ``key_dim = ssm.state_size *
+  ssm.group_count``, ``value_dim = ssm.inner_size = ssm.state_size * ssm.time_step_rank``),
+  ``attn_gate`` ``[n_embd, value_dim]`` (the output gate z), ``ssm_conv1d`` ``[conv_kernel,
+  2 key_dim + value_dim]`` (F32, never quantized), ``ssm_dt.bias`` and ``ssm_a`` (no ``.weight``
+  suffix; ``-exp(A_log)``) ``[time_step_rank]``, ``ssm_beta`` / ``ssm_alpha``
+  ``[n_embd, time_step_rank]``, ``ssm_norm`` ``[state_size]`` and ``ssm_out`` ``[value_dim, n_embd]``.
+  A full-attention layer has ``attn_q`` ``[n_embd, 2 n_head head_dim]`` (per head: head_dim query
+  rows then head_dim gate rows), ``attn_k`` / ``attn_v``, ``attn_output`` and the per-head
+  ``attn_q_norm`` / ``attn_k_norm``. The FFN is dense SwiGLU (``qwen35``) or, for ``qwen35moe``,
+  the router and stacked experts of ``qwen3moe`` plus a shared expert: ``ffn_gate_inp_shexp``
+  ``[n_embd]`` (its sigmoid gate, F32), ``ffn_gate_shexp`` / ``ffn_up_shexp``
+  ``[n_embd, n_ff_shexp]`` and ``ffn_down_shexp`` ``[n_ff_shexp, n_embd]``.
 
 Order: for ``qwen2`` / ``llama`` the order ``convert_hf_to_gguf.py`` emits them for a single-file
 Hugging Face checkpoint, i.e. sorted by Hugging Face name (``lm_head`` < ``model.embed_tokens`` <
 ``model.layers.0.*`` < ``model.layers.1.*`` < ``model.layers.10.*`` < ... < ``model.norm``), which
-is what the real Qwen2.5 GGUF files show. For ``qwen3`` / ``qwen3moe`` the order of a file written
+is what the real Qwen2.5 GGUF files show. For ``qwen3`` / ``qwen3moe`` / ``qwen35`` / ``qwen35moe``
+the order of a file written
 by today's ``llama-quantize``: its ``weights_map`` is a ``std::map`` ordered by
 ``weight_name_comparer`` (``src/llama-model-loader.h``: the ``blk.N.`` layer number, -1 for the
 other tensors, then the name), and it writes the tensors in that order, so the file starts with
@@ -34,7 +52,11 @@ the layer number, so with the string order above the "more bits" set of a 28-lay
 the layer order of ``qwen3`` files the count is the layer number. For a model with experts
 (``n_expert > 1``) llama.cpp takes ``i`` of ``ffn_down`` / ``ffn_down_exps`` from the tensor's
 name (``layer_info``), and a model of exactly 8 experts (Mixtral's rule) gets ``attn_v`` and
-``attn_k`` in Q8_0 and ``attn_output`` in Q5_K. A row length that is not a multiple of the type's
+``attn_k`` in Q8_0 and ``attn_output`` in Q5_K. In the hybrids a recurrent layer's ``attn_qkv`` is
+"attention-v-like" for llama.cpp (``category_is_attn_v``): it takes the ``attn_v`` rule and counter,
+so ``i`` is the layer number there too; ``ffn_down_shexp`` follows the ``ffn_down`` rule (layer from
+the name); ``ssm_conv1d`` stays F32 and ``ssm_a`` (no ``weight`` suffix) is never quantized; the
+small ``ssm_alpha`` / ``ssm_beta`` take the base type. A row length that is not a multiple of the type's
 block size falls back as llama.cpp's ``tensor_type_fallback`` does (Q2_K/Q3_K → Q4_0, Q4_K → Q5_0,
 Q5_K → Q5_1, Q6_K → Q8_0, then F16).
 """
@@ -46,12 +68,15 @@ from typing import Literal
 
 from fak.synth.blocks import format_of
 
-__all__ = ["FILE_TYPES", "MIXES", "Arch", "ArchConfig", "TensorSpec", "layer_of", "quant_types", "quantize_order_key",
-           "tensor_layout", "use_more_bits"]
+__all__ = ["FILE_TYPES", "HYBRID_ARCHS", "MIXES", "Arch", "ArchConfig", "TensorSpec", "layer_of", "quant_types",
+           "quantize_order_key", "tensor_layout", "use_more_bits"]
 
-Role = Literal["weight", "embedding", "norm", "bias", "router"]
+Role = Literal["weight", "embedding", "norm", "bias", "router", "conv", "ssm_a", "ssm_dt"]
 
-Arch = Literal["qwen2", "llama", "qwen3", "qwen3moe"]
+Arch = Literal["qwen2", "llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe"]
+
+HYBRID_ARCHS = ("qwen35", "qwen35moe")
+"""Architectures with Gated DeltaNet (recurrent) layers between full-attention layers."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +89,15 @@ class ArchConfig:
     ``value_length``) when given, else ``n_embd // n_head``. ``qk_norm``: per-head RMSNorm of Q
     and K (qwen3). ``n_expert`` / ``n_expert_used`` / ``n_ff_exp``: ``expert_count`` /
     ``expert_used_count`` / ``expert_feed_forward_length`` of a MoE model (0: dense).
+
+    Hybrids (``qwen35``, ``qwen35moe``): ``ssm_conv_kernel`` / ``ssm_state_size`` /
+    ``ssm_group_count`` / ``ssm_time_step_rank`` are ``ssm.conv_kernel`` (taps of the causal
+    convolution), ``ssm.state_size`` (head dimension of the linear-attention q, k and v heads),
+    ``ssm.group_count`` (q/k heads) and ``ssm.time_step_rank`` (v heads; a multiple of the q/k
+    heads); ``full_attention_interval`` makes every n-th layer full attention; ``n_rot`` is
+    ``rope.dimension_count`` (partial RoPE: the first ``n_rot`` of ``head_dim`` dimensions rotate)
+    and ``rope_sections`` ``rope.dimension_sections`` (M-RoPE sections, 4 ints); ``n_ff_shexp``
+    is ``expert_shared_feed_forward_length`` (the shared expert of ``qwen35moe``).
     """
 
     arch: Arch
@@ -83,6 +117,14 @@ class ArchConfig:
     n_expert: int = 0
     n_expert_used: int = 0
     n_ff_exp: int = 0
+    ssm_conv_kernel: int = 0
+    ssm_state_size: int = 0
+    ssm_group_count: int = 0
+    ssm_time_step_rank: int = 0
+    full_attention_interval: int = 0
+    n_rot: int | None = None
+    rope_sections: tuple[int, ...] = ()
+    n_ff_shexp: int = 0
 
     def __post_init__(self) -> None:
         if self.n_embd_head is None and self.n_embd % self.n_head:
@@ -101,6 +143,26 @@ class ArchConfig:
                 raise ValueError(f"n_ff_exp {self.n_ff_exp} must be positive for a MoE model")
             if self.n_expert > 512:  # LLAMA_MAX_EXPERTS
                 raise ValueError(f"n_expert {self.n_expert} is more than llama.cpp's LLAMA_MAX_EXPERTS (512)")
+        if self.is_hybrid:
+            self._check_hybrid()
+
+    def _check_hybrid(self) -> None:
+        ssm = (self.ssm_conv_kernel, self.ssm_state_size, self.ssm_group_count, self.ssm_time_step_rank,
+               self.full_attention_interval)
+        if min(ssm) <= 0:
+            raise ValueError(f"{self.arch} needs positive ssm_conv_kernel, ssm_state_size, ssm_group_count, "
+                             f"ssm_time_step_rank and full_attention_interval, got {ssm}")
+        if self.ssm_time_step_rank % self.ssm_group_count:
+            raise ValueError(f"ssm_time_step_rank (v heads) {self.ssm_time_step_rank} is not a multiple of "
+                             f"ssm_group_count (q/k heads) {self.ssm_group_count}")
+        if self.rope_dim <= 0 or self.rope_dim % 2 or self.rope_dim > self.head_dim:
+            raise ValueError(f"n_rot {self.rope_dim} must be even and in 2..head_dim ({self.head_dim})")
+        if len(self.rope_sections) != 4 or min(self.rope_sections) < 0 or not any(self.rope_sections) \
+                or sum(self.rope_sections) > self.head_dim:  # ggml_mrope_cache_init: sect_dims <= ne0
+            raise ValueError(f"rope_sections must be 4 non-negative ints, not all 0, summing to at most head_dim "
+                             f"({self.head_dim}): {self.rope_sections}")
+        if self.arch == "qwen35moe" and self.n_ff_shexp <= 0:
+            raise ValueError(f"qwen35moe needs a positive n_ff_shexp (the shared expert), got {self.n_ff_shexp}")
 
     @property
     def head_dim(self) -> int:
@@ -115,6 +177,36 @@ class ArchConfig:
     @property
     def is_moe(self) -> bool:
         return self.n_expert > 0
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Gated DeltaNet layers between full-attention layers (``qwen35``, ``qwen35moe``)."""
+        return self.arch in HYBRID_ARCHS
+
+    @property
+    def rope_dim(self) -> int:
+        """Rotated dimensions per head (``rope.dimension_count``; default the whole head)."""
+        return self.n_rot if self.n_rot is not None else self.head_dim
+
+    @property
+    def ssm_key_dim(self) -> int:
+        """Rows of q (and of k) in a recurrent layer's ``attn_qkv``: ``state_size * group_count``."""
+        return self.ssm_state_size * self.ssm_group_count
+
+    @property
+    def ssm_inner_size(self) -> int:
+        """``ssm.inner_size``: rows of v and of the gate z, ``state_size * time_step_rank``."""
+        return self.ssm_state_size * self.ssm_time_step_rank
+
+    @property
+    def ssm_conv_channels(self) -> int:
+        """Channels of the causal convolution (rows of ``attn_qkv``): ``2 key_dim + inner_size``."""
+        return 2 * self.ssm_key_dim + self.ssm_inner_size
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether ``layer`` is a Gated DeltaNet layer (llama.cpp's ``hparams.is_recr``, from
+        ``full_attention_interval``: every n-th layer, counting from 1, is full attention)."""
+        return self.is_hybrid and (layer + 1) % self.full_attention_interval != 0
 
 
 @dataclass
@@ -135,7 +227,66 @@ class TensorSpec:
     hf_name: str = field(default="", repr=False)
 
 
+def _hybrid_layer_tensors(cfg: ArchConfig, i: int) -> list[TensorSpec]:
+    """Layer ``i`` of a ``qwen35`` / ``qwen35moe`` model (see the module docstring). Hugging Face
+    names of Qwen3.5's checkpoints (``linear_attn.*``, ``self_attn.*``, ``mlp.*``)."""
+    e, kv, q, d = cfg.n_embd, cfg.n_head_kv * cfg.head_dim, cfg.q_dim, cfg.head_dim
+    hf = f"model.layers.{i}."
+    blk = f"blk.{i}."
+    out = [
+        TensorSpec(blk + "attn_norm.weight", (e,), "F32", "norm", hf + "input_layernorm.weight"),
+        TensorSpec(blk + "post_attention_norm.weight", (e,), "F32", "norm", hf + "post_attention_layernorm.weight"),
+    ]
+    if cfg.is_recurrent(i):
+        la = hf + "linear_attn."
+        ch, inner, heads = cfg.ssm_conv_channels, cfg.ssm_inner_size, cfg.ssm_time_step_rank
+        out += [
+            TensorSpec(blk + "attn_qkv.weight", (ch, e), "F32", "weight", la + "in_proj_qkv.weight"),
+            TensorSpec(blk + "attn_gate.weight", (inner, e), "F32", "weight", la + "in_proj_z.weight"),
+            TensorSpec(blk + "ssm_conv1d.weight", (ch, cfg.ssm_conv_kernel), "F32", "conv", la + "conv1d.weight"),
+            TensorSpec(blk + "ssm_dt.bias", (heads,), "F32", "ssm_dt", la + "dt_bias"),
+            TensorSpec(blk + "ssm_a", (heads,), "F32", "ssm_a", la + "A_log"),
+            TensorSpec(blk + "ssm_beta.weight", (heads, e), "F32", "weight", la + "in_proj_b.weight"),
+            TensorSpec(blk + "ssm_alpha.weight", (heads, e), "F32", "weight", la + "in_proj_a.weight"),
+            TensorSpec(blk + "ssm_norm.weight", (cfg.ssm_state_size,), "F32", "norm", la + "norm.weight"),
+            TensorSpec(blk + "ssm_out.weight", (e, inner), "F32", "weight", la + "out_proj.weight"),
+        ]
+    else:
+        sa = hf + "self_attn."
+        out += [
+            TensorSpec(blk + "attn_q.weight", (2 * q, e), "F32", "weight", sa + "q_proj.weight"),
+            TensorSpec(blk + "attn_k.weight", (kv, e), "F32", "weight", sa + "k_proj.weight"),
+            TensorSpec(blk + "attn_v.weight", (kv, e), "F32", "weight", sa + "v_proj.weight"),
+            TensorSpec(blk + "attn_output.weight", (e, q), "F32", "weight", sa + "o_proj.weight"),
+            TensorSpec(blk + "attn_q_norm.weight", (d,), "F32", "norm", sa + "q_norm.weight"),
+            TensorSpec(blk + "attn_k_norm.weight", (d,), "F32", "norm", sa + "k_norm.weight"),
+        ]
+    mlp = hf + "mlp."
+    if cfg.is_moe:
+        x, fe, fs = cfg.n_expert, cfg.n_ff_exp, cfg.n_ff_shexp
+        out += [
+            TensorSpec(blk + "ffn_gate_inp.weight", (x, e), "F32", "router", mlp + "gate.weight"),
+            TensorSpec(blk + "ffn_gate_exps.weight", (x, fe, e), "F32", "weight", mlp + "experts.gate_proj"),
+            TensorSpec(blk + "ffn_up_exps.weight", (x, fe, e), "F32", "weight", mlp + "experts.up_proj"),
+            TensorSpec(blk + "ffn_down_exps.weight", (x, e, fe), "F32", "weight", mlp + "experts.down_proj"),
+            TensorSpec(blk + "ffn_gate_inp_shexp.weight", (e,), "F32", "weight", mlp + "shared_expert_gate.weight"),
+            TensorSpec(blk + "ffn_gate_shexp.weight", (fs, e), "F32", "weight", mlp + "shared_expert.gate_proj.weight"),
+            TensorSpec(blk + "ffn_up_shexp.weight", (fs, e), "F32", "weight", mlp + "shared_expert.up_proj.weight"),
+            TensorSpec(blk + "ffn_down_shexp.weight", (e, fs), "F32", "weight", mlp + "shared_expert.down_proj.weight"),
+        ]
+    else:
+        f = cfg.n_ff
+        out += [
+            TensorSpec(blk + "ffn_down.weight", (e, f), "F32", "weight", mlp + "down_proj.weight"),
+            TensorSpec(blk + "ffn_gate.weight", (f, e), "F32", "weight", mlp + "gate_proj.weight"),
+            TensorSpec(blk + "ffn_up.weight", (f, e), "F32", "weight", mlp + "up_proj.weight"),
+        ]
+    return out
+
+
 def _layer_tensors(cfg: ArchConfig, i: int) -> list[TensorSpec]:
+    if cfg.is_hybrid:
+        return _hybrid_layer_tensors(cfg, i)
     e, f, kv, q = cfg.n_embd, cfg.n_ff, cfg.n_head_kv * cfg.head_dim, cfg.q_dim
     hf = f"model.layers.{i}."
     blk = f"blk.{i}."
@@ -194,7 +345,8 @@ def tensor_layout(cfg: ArchConfig) -> list[TensorSpec]:
     (``quant_types`` sets the types).
 
     ``qwen2`` / ``llama``: the converter's order (Hugging Face names sorted); ``qwen3`` /
-    ``qwen3moe``: ``llama-quantize``'s output order (``quantize_order_key``).
+    ``qwen3moe`` / ``qwen35`` / ``qwen35moe``: ``llama-quantize``'s output order
+    (``quantize_order_key``).
     """
     specs = [TensorSpec("token_embd.weight", (cfg.n_vocab, cfg.n_embd), "F32", "embedding", "model.embed_tokens.weight"),
              TensorSpec("output_norm.weight", (cfg.n_embd,), "F32", "norm", "model.norm.weight")]
@@ -202,7 +354,7 @@ def tensor_layout(cfg: ArchConfig) -> list[TensorSpec]:
         specs.append(TensorSpec("output.weight", (cfg.n_vocab, cfg.n_embd), "F32", "weight", "lm_head.weight"))
     for i in range(cfg.n_layer):
         specs += _layer_tensors(cfg, i)
-    if cfg.arch in ("qwen3", "qwen3moe"):
+    if cfg.arch in ("qwen3", "qwen3moe") or cfg.is_hybrid:
         specs.sort(key=lambda t: quantize_order_key(t.name))
     else:
         specs.sort(key=lambda t: t.hf_name)
@@ -241,8 +393,10 @@ def quant_types(specs: list[TensorSpec], weight_type: str, *, n_layer: int,
         specs: the layout, in file order (the order matters for the Q4_K_M counters).
         weight_type: a ggml type name (``"Q8_0"``, ``"Q4_K"``, ``"F16"``, ...), applied to every
             2-D/3-D weight like ``llama-quantize --pure``, or a mix name from ``MIXES``
-            (``"Q4_K_M"``). MoE routers (``ffn_gate_inp``) and 1-D tensors stay F32 either way.
-        n_layer: number of blocks (``n_attention_wv`` / ``n_ffn_down`` in llama.cpp).
+            (``"Q4_K_M"``). MoE routers (``ffn_gate_inp``), the hybrids' ``ssm_conv1d`` and 1-D
+            tensors stay F32 either way.
+        n_layer: number of blocks (``n_attention_wv`` / ``n_ffn_down`` in llama.cpp; in the hybrids
+            every layer has one ``attn_v`` or one ``attn_qkv``, so the count is still the layers).
         overrides: tensor name → type, applied after the rule (like ``--tensor-type``); still
             subject to the block-size fallback.
         n_expert: ``{arch}.expert_count`` (0 for a dense model): with more than one expert the
@@ -260,7 +414,7 @@ def quant_types(specs: list[TensorSpec], weight_type: str, *, n_layer: int,
     tied = not any(t.name == "output.weight" for t in specs)
     i_attn_v = i_ffn_down = 0
     for t in specs:
-        if len(t.shape) < 2 or t.role == "router":
+        if len(t.shape) < 2 or t.role == "router" or "ssm_conv1d" in t.name:
             t.dtype = overrides.get(t.name, "F32") if t.role == "router" else "F32"
             continue
         row = t.shape[-1]
@@ -272,7 +426,7 @@ def quant_types(specs: list[TensorSpec], weight_type: str, *, n_layer: int,
             is_output = t.name == "output.weight" or (tied and t.name == "token_embd.weight")
             if is_output:
                 dtype = "Q8_0" if row % format_of(base).block_size else "Q6_K"
-            elif t.name.endswith("attn_v.weight"):
+            elif t.name.endswith(("attn_v.weight", "attn_qkv.weight")):  # llama.cpp's category_is_attn_v
                 if use_more_bits(i_attn_v, n_layer):
                     dtype = "Q6_K"
                 if n_expert == 8:

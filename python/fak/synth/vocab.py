@@ -19,7 +19,8 @@ Special tokens, ids and flags follow the families' real GGUF files: Qwen2.5 (bos
 ``<|endoftext|>``, eos = ``<|im_end|>``, ``add_bos_token = false``, ``<tool_call>`` and
 ``</tool_call>`` user-defined, the rest control), Qwen3 (Qwen2.5's 22 plus ``<tool_response>``,
 ``</tool_response>``, ``<think>``, ``</think>``, user-defined: 26 specials), Qwen3-Coder (the
-same tokens, no bos id) and Llama 3.x Instruct (bos ``<|begin_of_text|>``, eos = eot =
+same tokens, no bos id), Qwen3.5/3.6 (Qwen3's 26 plus seven control tokens, pad ``<|vision_pad|>``,
+pre-tokenizer ``qwen35``) and Llama 3.x Instruct (bos ``<|begin_of_text|>``, eos = eot =
 ``<|eot_id|>``, pad ``<|finetune_right_pad_id|>``, ``add_bos_token = true``).
 """
 
@@ -30,8 +31,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from importlib import resources
 
-__all__ = ["FAMILIES", "QWEN2_SPECIALS", "QWEN3_SPECIALS", "TokenizerSpec", "bpe_merges", "build_tokenizer",
-           "byte_symbols", "chat_template"]
+__all__ = ["FAMILIES", "QWEN2_SPECIALS", "QWEN35_SPECIALS", "QWEN3_SPECIALS", "TokenizerSpec", "bpe_merges",
+           "build_tokenizer", "byte_symbols", "chat_template"]
 
 # llama.cpp llama_token_type
 NORMAL, CONTROL, USER_DEFINED, UNUSED = 1, 3, 4, 5
@@ -53,6 +54,16 @@ QWEN2_SPECIALS: list[tuple[str, int]] = [
 QWEN3_SPECIALS: list[tuple[str, int]] = QWEN2_SPECIALS + [
     ("<tool_response>", USER_DEFINED), ("</tool_response>", USER_DEFINED),
     ("<think>", USER_DEFINED), ("</think>", USER_DEFINED),
+]
+
+# Qwen3.5 / 3.6 (qwen35, qwen35moe): Qwen3's 26 at 248044.. (<|endoftext|> = 248044, <|im_end|> = 248046,
+# <think> = 248068 in the real 248320-token vocabulary) and seven more control tokens: llama.cpp's
+# loader counts "special tokens cache size = 33" in the real files. Their texts are Qwen3-Omni's
+# audio / TTS tokens, in its order (an assumption: the count and ids are what llama.cpp reports; no
+# conversation or template of fak uses them).
+QWEN35_SPECIALS: list[tuple[str, int]] = QWEN3_SPECIALS + [
+    ("<|audio_start|>", CONTROL), ("<|audio_end|>", CONTROL), ("<tts_pad>", CONTROL), ("<tts_text_bos>", CONTROL),
+    ("<tts_text_eod>", CONTROL), ("<tts_text_bos_single>", CONTROL), ("<|audio_pad|>", CONTROL),
 ]
 
 LLAMA3_SPECIALS: list[tuple[str, int]] = [
@@ -93,6 +104,18 @@ FAMILIES: dict[str, Family] = {
         pre="qwen2", specials=QWEN3_SPECIALS,
         ids={"eos_token_id": "<|im_end|>", "padding_token_id": "<|endoftext|>"},
         add_bos=False, template="qwen3-coder.jinja", pad_unused=True),
+    # Qwen3.5 / 3.6 (the loader logs of the real Qwen3.6-27B and -35B-A3B GGUFs): pre-tokenizer
+    # "qwen35" (Qwen2's split with \p{M} joined to letters), eos <|im_end|>, pad <|vision_pad|>
+    # (248055), bos <|endoftext|>, in that key order; no bos added. Template: thinking on by
+    # default, XML tool calls (<function=NAME><parameter=P>), tools listed as JSON.
+    "qwen35": Family(
+        pre="qwen35", specials=QWEN35_SPECIALS,
+        ids={"eos_token_id": "<|im_end|>", "padding_token_id": "<|vision_pad|>", "bos_token_id": "<|endoftext|>"},
+        add_bos=False, template="qwen35.jinja", pad_unused=True),
+    "qwen35moe": Family(
+        pre="qwen35", specials=QWEN35_SPECIALS,
+        ids={"eos_token_id": "<|im_end|>", "padding_token_id": "<|vision_pad|>", "bos_token_id": "<|endoftext|>"},
+        add_bos=False, template="qwen35.jinja", pad_unused=True),
     "llama": Family(
         pre="llama-bpe", specials=LLAMA3_SPECIALS,
         ids={"bos_token_id": "<|begin_of_text|>", "eos_token_id": "<|eot_id|>", "eot_token_id": "<|eot_id|>",
@@ -123,7 +146,7 @@ def bpe_merges() -> list[str]:
 
 def chat_template(family: str) -> str:
     """The chat template (jinja2 source) fak writes for ``family`` (a key of ``FAMILIES``:
-    ``"qwen2"``, ``"qwen3"``, ``"qwen3moe"``, ``"llama"``)."""
+    ``"qwen2"``, ``"qwen3"``, ``"qwen3moe"``, ``"qwen35"``, ``"qwen35moe"``, ``"llama"``)."""
     return resources.files("fak.synth").joinpath("templates", FAMILIES[family].template).read_text(encoding="utf-8")
 
 
@@ -170,7 +193,8 @@ def build_tokenizer(family: str, n_vocab: int | None = None, *, special_base: in
     """The synthetic tokenizer of ``family`` with ``n_vocab`` tokens.
 
     Args:
-        family: a key of ``FAMILIES`` (``"qwen2"``, ``"qwen3"``, ``"qwen3moe"``, ``"llama"``).
+        family: a key of ``FAMILIES`` (``"qwen2"``, ``"qwen3"``, ``"qwen3moe"``, ``"qwen35"``,
+            ``"qwen35moe"``, ``"llama"``).
         n_vocab: total tokens (the model's vocabulary rows). Default: the smallest multiple of 64
             that holds bytes, merges and specials.
         special_base: id of the first special token. Default: right after the merges. Between the

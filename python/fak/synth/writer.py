@@ -21,7 +21,8 @@ from gguf import GGMLQuantizationType, GGUFValueType, GGUFWriter
 from fak.synth.blocks import format_of, n_bytes, new_rng, random_blocks
 from fak.synth.layout import TensorSpec
 
-__all__ = ["CHUNK_BYTES", "ROUTER_LOGIT_STD", "GGUFPlan", "MetaEntry", "router_std", "write_plan"]
+__all__ = ["CHUNK_BYTES", "CONV_STD", "ROUTER_LOGIT_STD", "SSM_A_RANGE", "SSM_DT_BIAS_RANGE", "GGUFPlan", "MetaEntry",
+           "router_std", "write_plan"]
 
 CHUNK_BYTES = 32 << 20
 GGUF_VERSION = 3
@@ -171,13 +172,48 @@ def router_std(n_embd: int) -> float:
     return ROUTER_LOGIT_STD / float(np.sqrt(n_embd))
 
 
+SSM_A_RANGE = (0.5, 8.0)
+"""``-ssm_a`` (``A = exp(A_log)``) of a synthetic Gated DeltaNet head, drawn log-uniformly in this range."""
+
+SSM_DT_BIAS_RANGE = (-4.0, 0.0)
+"""``ssm_dt.bias`` of a synthetic Gated DeltaNet head, drawn uniformly in this range.
+
+The per-token decay of a head's state is ``exp(g)``, ``g = ssm_a * softplus(alpha + dt_bias)``
+(llama.cpp ``qwen35.cpp``); ``alpha`` is small (a 0.02-std projection of the normalized hidden
+state). With these ranges ``g`` spans about -5.5 .. -0.01: some heads forget within a token, others
+keep their state over hundreds of tokens, so a prompt longer than a ubatch depends on state carried
+across ubatches. ``ssm_a`` is always negative (``-exp(A_log)``, as the converter writes it), so the
+decay is below 1 and the recurrence is stable (keys are L2-normalized and ``beta`` is a sigmoid)."""
+
+CONV_STD = 0.3
+"""Standard deviation of a synthetic ``ssm_conv1d`` tap (a depthwise kernel of 4 taps: PyTorch's
+default init of such a Conv1d has std ~0.29)."""
+
+
+def _float_values(dtype: str, values: np.ndarray) -> np.ndarray:
+    """``values`` encoded as the float type ``dtype`` (F32 or F16), as flat ``uint8``."""
+    if dtype == "F32":
+        return values.astype("<f4").view(np.uint8)
+    if dtype == "F16":
+        return values.astype("<f2").view(np.uint8)
+    raise ValueError(f"a {dtype} tensor cannot hold exact per-head values; use F32")
+
+
 def _tensor_data(spec: TensorSpec, rng: np.random.Generator, n_elements: int) -> np.ndarray:
     """Values by role: norms ~ N(1, 0.05²) (quantized norms: spread only), routers std
-    ``router_std(n_embd)``, everything else std 0.02."""
+    ``router_std(n_embd)``, convolution taps std ``CONV_STD``, Gated DeltaNet ``ssm_a`` and
+    ``ssm_dt.bias`` per ``SSM_A_RANGE`` / ``SSM_DT_BIAS_RANGE``, everything else std 0.02."""
     if spec.role == "norm":
         return random_blocks(spec.dtype, n_elements, rng, std=0.05, mean=1.0)
     if spec.role == "router":
         return random_blocks(spec.dtype, n_elements, rng, std=router_std(spec.shape[-1]))
+    if spec.role == "conv":
+        return random_blocks(spec.dtype, n_elements, rng, std=CONV_STD)
+    if spec.role == "ssm_a":
+        lo, hi = np.log(SSM_A_RANGE[0]), np.log(SSM_A_RANGE[1])
+        return _float_values(spec.dtype, -np.exp(rng.uniform(lo, hi, n_elements)))
+    if spec.role == "ssm_dt":
+        return _float_values(spec.dtype, rng.uniform(*SSM_DT_BIAS_RANGE, n_elements))
     return random_blocks(spec.dtype, n_elements, rng, std=0.02)
 
 
