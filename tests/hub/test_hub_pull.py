@@ -231,8 +231,13 @@ def test_cli_pull_list_and_hf_paths(hub: FakeHub, tiny: Path, tmp_path: Path,
     assert r.exit_code == 2 and "no repository" in r.output
 
 
-def test_supported_architectures_match_the_engine() -> None:
+def test_supported_architectures_are_the_engines() -> None:
+    """fak pull never lets through an architecture the engine refuses (rust/src/model/config.rs
+    ``Arch::from_name``). One the engine learns is added to ``SUPPORTED_ARCHITECTURES`` by hand;
+    until then pull refuses it with a clear message, which fails safe."""
     src = (Path(__file__).resolve().parents[2] / "rust/src/model/config.rs").read_text()
     body = src[src.index("pub fn from_name"):]
     body = body[:body.index("other =>")]
-    assert tuple(re.findall(r'"(\w+)" => Ok\(Arch::', body)) == SUPPORTED_ARCHITECTURES
+    engine = re.findall(r'"(\w+)" => Ok\(Arch::', body)
+    assert engine[:4] == ["qwen2", "llama", "qwen3", "qwen3moe"]
+    assert set(SUPPORTED_ARCHITECTURES) <= set(engine)
