@@ -14,7 +14,8 @@ Usage: scripts/make_goldens.py MODEL.gguf [MODEL.gguf ...] [--out tests/data/gol
        scripts/make_goldens.py --tiny [--synth-python PYTHON] [--out tests/data/goldens]
 
 ``--tiny`` makes the goldens of the tiny synthetic models of ``tests/data/tiny_goldens.json``
-(qwen3, qwen3moe: architectures fak adds after qwen2). Each model is written by
+(qwen3, qwen3moe, and the Qwen3.5/3.6 hybrids qwen35, qwen35moe: architectures fak adds after
+qwen2). Each model is written by
 ``fak.synth.write_tiny_model`` from the listed arguments and seed (in this process when ``fak``
 imports here, else by ``--synth-python``, a Python that has fak installed), and the golden records
 the file's sha256: the test rebuilds the file and checks the hash before comparing. The llama.cpp
@@ -26,12 +27,21 @@ build needs only its own venv then, e.g. ``/work/oracle-venv/bin/python scripts/
   GEMM against GEMV, other accumulation orders); the test's logit tolerance is a multiple of it;
 - logits float32 (not float16: the tiny models' logits are small, f16 would round them by more than
   the noise), and with ``all_positions`` the logits of every prompt position (``<id>|all``);
+- the prompts named by ``prompts`` (ids of ``--prompts``, or ``"all"``) and ``extra_prompts``
+  (ids of ``tests/data/tiny_prompts.json``: conversations in the hybrids' own chat template, among
+  them an agent conversation whose turns extend each other, all longer than one 512-token ubatch);
 - with ``router``: llama.cpp's expert choice per layer and token, read from its graph through a
   ``cb_eval`` callback (the tensors ``ffn_moe_topk-<layer>``, and with ``full`` also
   ``ffn_moe_probs-<layer>``, the softmax it sorted), in ``<id>|topk|<layer>`` ([n_tokens,
   n_expert_used] int32, llama.cpp's order) and ``<id>|probs|<layer>`` ([n_tokens, n_expert]
   float32). The trace run asks for the outputs of every position, so the last layer's experts run
-  for every token (llama.cpp otherwise computes the last layer only for the output rows).
+  for every token (llama.cpp otherwise computes the last layer only for the output rows);
+- with ``trace`` (``{"prompt": ID, "tensors": [NAME, ...]}``): llama.cpp's intermediate tensors of
+  that prompt's prefill, read through ``cb_eval`` (graph names ``NAME-<layer>``, e.g. the Gated
+  DeltaNet's ``conv_output_silu``, ``gate``, ``beta_sigmoid``, its core output ``attn_output``,
+  ``linear_attn_out``, each layer's ``l_out``), in ``<id>|trace|<NAME>|<layer>`` as
+  ``[n_tokens, ...]`` float32 (ggml's dims reversed, the token axis first): for finding the first op
+  where a reimplementation departs from llama.cpp.
 
 For each model and each prompt of tests/data/golden_prompts.json it records:
 - ``prompt_tokens``: llama.cpp's tokenization (``add_special=True``, ``parse_special=True``);
@@ -56,12 +66,14 @@ import hashlib
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
 
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 N_GREEDY = 32
 TINY_SPEC = REPO / "tests/data/tiny_goldens.json"
+TINY_PROMPTS = REPO / "tests/data/tiny_prompts.json"
 
 
 def topk(logits: np.ndarray, k: int = 10) -> dict:
@@ -147,6 +159,7 @@ _GgmlTensor._fields_ = [
     ("extra", ctypes.c_void_p), ("padding", ctypes.c_char * 8),
 ]
 _ROUTER_NAME = re.compile(r"^ffn_moe_(topk|probs)-(\d+)$")
+_LAYER_NAME = re.compile(r"^(.+)-(\d+)$")
 
 
 def _read_tensor(t: _GgmlTensor) -> np.ndarray:
@@ -163,6 +176,20 @@ def router_trace(model_path: Path, tokens: list[int], threads: int, want: set[st
     ``{(kind, layer): array}`` with kind ``topk`` ([n_tokens, n_expert_used] int32) and, when
     ``"probs"`` is in ``want``, ``probs`` ([n_tokens, n_expert] float32); and the logits
     [n_tokens, n_vocab]. The context is configured as ``run_model``'s (flash attention off, F16 KV)."""
+    def pick(name: str) -> tuple[str, int] | None:
+        m = _ROUTER_NAME.match(name)
+        return (m.group(1), int(m.group(2))) if m and m.group(1) in want else None
+    seen, logits = graph_trace(model_path, tokens, threads, pick)
+    return {key: a.reshape(len(tokens), -1) for key, a in seen.items()}, logits
+
+
+def graph_trace(model_path: Path, tokens: list[int], threads: int,
+                pick: Callable[[str], tuple[str, int] | None]) -> tuple[dict, np.ndarray]:
+    """llama.cpp's graph tensors for ``tokens`` (one ``llama_decode``, every position an output,
+    512-token ubatches): ``{(name, layer): array}`` for each tensor whose graph name ``pick`` maps to
+    ``(name, layer)``, the ubatches' parts joined along the token axis (ggml's dims reversed, so
+    ``[n_tokens, ...]``; F32 or I32); and the logits [n_tokens, n_vocab]. The context is configured as
+    ``run_model``'s (flash attention off, F16 KV)."""
     import llama_cpp
 
     parts: dict[tuple[str, int], list[np.ndarray]] = {}
@@ -170,12 +197,11 @@ def router_trace(model_path: Path, tokens: list[int], threads: int, want: set[st
     @ctypes.CFUNCTYPE(ctypes.c_bool, ctypes.c_void_p, ctypes.c_bool, ctypes.c_void_p)
     def callback(tp, ask, _user):  # type: ignore[no-untyped-def]
         t = ctypes.cast(tp, ctypes.POINTER(_GgmlTensor)).contents
-        m = _ROUTER_NAME.match(t.name.decode())
+        key = pick(t.name.decode())
         if ask:
-            return bool(m) and m.group(1) in want
-        if m and m.group(1) in want:  # one call per ubatch: [n_ubatch_tokens, n] each
-            a = _read_tensor(t)
-            parts.setdefault((m.group(1), int(m.group(2))), []).append(a.reshape(-1, a.shape[-1]))
+            return key is not None
+        if key is not None:  # one call per ubatch
+            parts.setdefault(key, []).append(_read_tensor(t))
         return True
 
     llama_cpp.llama_backend_init()
@@ -203,9 +229,18 @@ def router_trace(model_path: Path, tokens: list[int], threads: int, want: set[st
         llama_cpp.llama_batch_free(batch)
         llama_cpp.llama_free(ctx)
         llama_cpp.llama_model_free(model)
-    seen = {key: np.concatenate(arrs) for key, arrs in parts.items()}
-    assert all(len(a) == len(tokens) for a in seen.values()), "router trace does not cover every token"
+    seen = {key: np.concatenate([_tokens_first(a) for a in arrs]) for key, arrs in parts.items()}
+    assert all(len(a) == len(tokens) for a in seen.values()), "graph trace does not cover every token"
     return seen, logits
+
+
+def _tokens_first(a: np.ndarray) -> np.ndarray:
+    """A ubatch's part of a traced tensor with its token axis first: ggml's ``[..., n_tokens]``
+    reversed (``[n_tokens, ...]``); a 3-D/4-D ``[..., n_tokens, 1]`` (one sequence) loses its
+    leading 1s."""
+    while a.ndim > 2 and a.shape[0] == 1:
+        a = a[0]
+    return a
 
 
 # --- tiny synthetic models ------------------------------------------------------------------------
@@ -226,6 +261,7 @@ def make_tiny_goldens(prompts: list[dict], out: Path, threads: int, synth_python
     import llama_cpp
 
     specs = json.loads(TINY_SPEC.read_text())["models"]
+    extra = {p["id"]: p for p in json.loads(TINY_PROMPTS.read_text())["prompts"]}
     by_id = {p["id"]: p for p in prompts}
     with tempfile.TemporaryDirectory() as tmp:
         for spec in specs:
@@ -233,6 +269,7 @@ def make_tiny_goldens(prompts: list[dict], out: Path, threads: int, synth_python
                 continue
             path = write_tiny(spec, Path(tmp) / f"{spec['name']}.gguf", synth_python)
             chosen = prompts if spec["prompts"] == "all" else [by_id[i] for i in spec["prompts"]]
+            chosen = chosen + [{k: extra[i][k] for k in ("id", "kind", "text")} for i in spec.get("extra_prompts", [])]
             print(f"{spec['name']} ({path.stat().st_size:,} bytes):", file=sys.stderr)
             data, logits = run_model(path, chosen, threads, tiny=True, all_positions=spec.get("all_positions", False))
             if spec.get("router"):
@@ -250,6 +287,17 @@ def make_tiny_goldens(prompts: list[dict], out: Path, threads: int, synth_python
                     rec["router_layers"] = layers
                     rec["experts_chosen"] = sorted({int(e) for (kind, _), a in seen.items() if kind == "topk"
                                                     for e in a.ravel()})
+            if spec.get("trace"):
+                names = set(spec["trace"]["tensors"])
+                rec = next(r for r in data["records"] if r["id"] == spec["trace"]["prompt"])
+
+                def pick(name: str) -> tuple[str, int] | None:
+                    m = _LAYER_NAME.match(name)
+                    return (m.group(1), int(m.group(2))) if m and m.group(1) in names else None
+                seen, _ = graph_trace(path, rec["prompt_tokens"], threads, pick)
+                for (name, layer), arr in sorted(seen.items()):
+                    logits[f"{rec['id']}|trace|{name}|{layer}"] = arr.astype(np.float32)
+                rec["trace"] = sorted(f"{name}|{layer}" for name, layer in seen)
             data.update({
                 "model": f"{spec['name']}.gguf", "spec": spec, "n_greedy": N_GREEDY,
                 "model_sha256": hashlib.sha256(path.read_bytes()).hexdigest(),
