@@ -157,6 +157,12 @@ pub struct KvLayout {
     pub block_size: usize,
     pub n_head_kv: usize,
     pub head_dim: usize,
+    /// A hybrid model's recurrent state beside the KV blocks: for each of `state_layers` layers
+    /// (the Gated DeltaNet ones, in order) `state_slots` slots of `state_len` f32 values, one slot
+    /// per running sequence ([`SeqRows::state_slot`]). 0 for a model without recurrent layers.
+    pub state_layers: usize,
+    pub state_slots: usize,
+    pub state_len: usize,
 }
 
 impl KvLayout {
@@ -202,6 +208,10 @@ pub struct SeqRows {
     /// llama.cpp's kernel for a row from it (see `backend::cpu::llama_row`). [`BatchPlan::push_seq`]
     /// sets it to `n_past + tokens.len()`; [`BatchPlan::set_prompt_len`] overrides it.
     pub n_prompt: u32,
+    /// The sequence's slot of recurrent state (hybrid models; [`KvLayout::state_slots`]): read
+    /// as its state before row 0 unless `n_past == 0` (a fresh sequence starts from zeros), and
+    /// written with its state after the last row. [`BatchPlan::set_state_slot`] sets it.
+    pub state_slot: u32,
 }
 
 /// Host description of one forward call (all sequences' new tokens concatenated).
@@ -265,6 +275,7 @@ impl BatchPlan {
             table0: table0 as u32,
             n_blocks: blocks.len() as u32,
             n_prompt: (n_past + tokens.len()) as u32,
+            state_slot: 0,
         });
         match logits {
             LogitRows::None => {}
@@ -285,6 +296,13 @@ impl BatchPlan {
     pub fn set_prompt_len(&mut self, n_prompt: usize) {
         if let Some(s) = self.seqs.last_mut() {
             s.n_prompt = n_prompt as u32;
+        }
+    }
+
+    /// Sets the recurrent-state slot of the last sequence pushed (see [`SeqRows::state_slot`]).
+    pub fn set_state_slot(&mut self, slot: usize) {
+        if let Some(s) = self.seqs.last_mut() {
+            s.state_slot = slot as u32;
         }
     }
 }
@@ -339,6 +357,46 @@ pub struct MoeBuffers<'a, Buf> {
     pub gate: &'a mut Buf,
     pub up: &'a mut Buf,
     pub experts: &'a mut Buf,
+}
+
+/// The weights of one Gated DeltaNet layer (llama.cpp `qwen35` `build_layer_attn_linear`):
+/// `qkv` `[n_embd, conv_dim]`, `gate` (z) `[n_embd, value_dim]`, `beta` / `alpha`
+/// `[n_embd, n_v_heads]`, `conv` `[d_conv, conv_dim]` (F32), `dt_bias` / `a` `[n_v_heads]`,
+/// `norm` `[d_state]`, `out` `[value_dim, n_embd]`.
+pub struct DeltaNetWeights<'a, W> {
+    pub qkv: &'a W,
+    pub gate: &'a W,
+    pub beta: &'a W,
+    pub alpha: &'a W,
+    pub conv: &'a W,
+    pub dt_bias: &'a W,
+    pub a: &'a W,
+    pub norm: &'a W,
+    pub out: &'a W,
+}
+
+/// The shape of a Gated DeltaNet layer (see `crate::model::config::HybridConfig`): which of the
+/// cache's state layers it uses (`state_layer`), the RMSNorm epsilon.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DeltaNetParams {
+    pub n_embd: usize,
+    pub d_conv: usize,
+    pub d_state: usize,
+    pub n_k_heads: usize,
+    pub n_v_heads: usize,
+    pub state_layer: usize,
+    pub eps: f32,
+}
+
+impl DeltaNetParams {
+    /// `n_v_heads · d_state`.
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.d_state
+    }
+    /// `2·n_k_heads·d_state + value_dim`.
+    pub fn conv_dim(&self) -> usize {
+        2 * self.n_k_heads * self.d_state + self.value_dim()
+    }
 }
 
 /// The ops of a decoder-only transformer forward pass, on backend-owned buffers.
@@ -620,6 +678,42 @@ pub trait Backend: Send + Sync + Sized + 'static {
         dim: usize,
         res: &mut Self::Buffer,
     ) -> Result<()>;
+
+    /// One Gated DeltaNet layer over the batch: `out[r, :]` (`[n_rows, n_embd]`) = the layer's
+    /// mixer output for rows `h` (`[n_rows, n_embd]`, already RMS-normalized), each sequence's
+    /// rows in order from its recurrent state in `cache` (slot [`SeqRows::state_slot`] of state
+    /// layer `p.state_layer`; zeros when its `n_past == 0`), which is left holding the state after
+    /// its last row. llama.cpp `qwen35` `build_layer_attn_linear` with the fused
+    /// `ggml_gated_delta_net` (see `cpu::deltanet`). The default: unsupported.
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net(
+        &self,
+        w: &DeltaNetWeights<'_, Self::Weight>,
+        p: &DeltaNetParams,
+        h: &Self::Buffer,
+        cache: &mut Self::KvCache,
+        batch: &Self::Batch,
+        n_rows: usize,
+        out: &mut Self::Buffer,
+    ) -> Result<()> {
+        let _ = (w, p, h, cache, batch, n_rows, out);
+        Err(crate::FakError::Unsupported(format!("Gated DeltaNet layers (hybrid models) on the {} backend", self.name())))
+    }
+
+    /// Gated attention's split of the query projection (llama.cpp `qwen35` `build_layer_attn`):
+    /// `qg` is `[n_rows, n_head, 2·head_dim]` (each head's query then its gate); writes the queries
+    /// to `q` and the gates to `gate`, each `[n_rows, n_head·head_dim]`. The default: unsupported.
+    fn split_q_gate(&self, qg: &Self::Buffer, n_rows: usize, n_head: usize, head_dim: usize, q: &mut Self::Buffer, gate: &mut Self::Buffer) -> Result<()> {
+        let _ = (qg, n_rows, n_head, head_dim, q, gate);
+        Err(crate::FakError::Unsupported(format!("gated attention on the {} backend", self.name())))
+    }
+
+    /// `x[i] *= sigmoid(gate[i])` for the first `n` elements (ggml `ggml_mul(x, ggml_sigmoid(g))`).
+    /// The default: unsupported.
+    fn mul_sigmoid(&self, x: &mut Self::Buffer, gate: &Self::Buffer, n: usize) -> Result<()> {
+        let _ = (x, gate, n);
+        Err(crate::FakError::Unsupported(format!("gated attention on the {} backend", self.name())))
+    }
 
     /// A whole mixture-of-experts FFN of `n_rows` rows: `res[r, :] += Σ_s w_s ·
     /// (silu(h_r·Wgate_e) ⊙ h_r·Wup_e)·Wdown_e` over the `k` experts `e = e_s` the router picks

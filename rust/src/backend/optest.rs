@@ -243,7 +243,7 @@ pub fn attention<B: TestIo>(b: &B, case: &AttnCase<'_>, q: &[f32], k: &[f32], v:
     // One more physical block: the poison block of a windowed case.
     let poison = n_perm as u32;
     let n_blocks = n_perm + 1;
-    let layout = KvLayout { n_layer: 1, n_blocks, block_size: BS, n_head_kv: case.n_head_kv, head_dim: case.head_dim };
+    let layout = KvLayout { n_layer: 1, n_blocks, block_size: BS, n_head_kv: case.n_head_kv, head_dim: case.head_dim, state_layers: 0, state_slots: 0, state_len: 0 };
     let mut cache = b.alloc_kv_cache(layout)?;
     let mut tables = Vec::new();
     let mut next = 0;
@@ -352,7 +352,7 @@ pub fn rope_kv_write<B: TestIo>(
     if table.len() * BS < n_past + n || table.iter().any(|&t| t as usize >= table.len()) {
         return Err(FakError::invalid("table", "must be a permutation covering every position"));
     }
-    let layout = KvLayout { n_layer: 1, n_blocks: table.len(), block_size: BS, n_head_kv: attn.n_head_kv, head_dim: attn.head_dim };
+    let layout = KvLayout { n_layer: 1, n_blocks: table.len(), block_size: BS, n_head_kv: attn.n_head_kv, head_dim: attn.head_dim, state_layers: 0, state_slots: 0, state_len: 0 };
     let mut cache = b.alloc_kv_cache(layout)?;
     let mut plan = BatchPlan::default();
     plan.push_seq(&vec![0; n], n_past, table, BS, LogitRows::None);

@@ -309,7 +309,17 @@ impl Sizes {
     }
 
     fn kv_layout(&self, c: &ModelConfig) -> KvLayout {
-        KvLayout { n_layer: c.n_layer, n_blocks: self.n_blocks, block_size: BLOCK_SIZE, n_head_kv: c.n_head_kv, head_dim: c.head_dim }
+        KvLayout {
+            n_layer: c.n_layer,
+            n_blocks: self.n_blocks,
+            block_size: BLOCK_SIZE,
+            n_head_kv: c.n_head_kv,
+            head_dim: c.head_dim,
+            state_layers: c.hybrid.as_ref().map_or(0, |h| h.recurrent.iter().filter(|&&r| r).count()),
+            // one slot per running sequence, and one for `Engine::logits`
+            state_slots: if c.hybrid.is_some() { self.limits.max_seqs + 1 } else { 0 },
+            state_len: c.hybrid.as_ref().map_or(0, |h| h.state_len()),
+        }
     }
 }
 
@@ -475,15 +485,21 @@ impl<B: Backend> Engine<B> {
     }
 
     fn with_core(core: Core<B>, opts: EngineOptions, sizes: Sizes, pool: Arc<rayon::ThreadPool>) -> Result<Engine<B>> {
-        let sched = Scheduler::new(
+        // A hybrid model's recurrent state is not in the KV blocks: a prefix-cache hit would skip
+        // the state's computation, so the cache is off for it (checkpointed states: not built).
+        let hybrid = core.config().hybrid.is_some();
+        let mut sched = Scheduler::new(
             SchedulerConfig {
                 n_ctx: opts.n_ctx,
                 max_batch: opts.max_batch,
                 max_tokens: sizes.limits.max_tokens,
                 kv_window: sizes.kv_window,
             },
-            BlockPool::new(sizes.n_blocks, BLOCK_SIZE, opts.prefix_cache),
+            BlockPool::new(sizes.n_blocks, BLOCK_SIZE, opts.prefix_cache && !hybrid),
         );
+        if hybrid {
+            sched.enable_state_slots(sizes.limits.max_seqs + 1);
+        }
         let device_sampling = match std::env::var("FAK_DEVICE_SAMPLING").as_deref() {
             Ok("0") => false,
             Ok("1") => true,
@@ -771,6 +787,9 @@ impl<B: Backend> Engine<B> {
         }
         let chunk = self.max_logits.min(self.max_tokens);
         let mut result = Ok(());
+        // A hybrid model's recurrent state: a slot of its own (the spare one) for these tokens.
+        const LOGITS_SEQ: u64 = u64::MAX;
+        let state_slot = self.sched.recurrent().then(|| self.sched.state_slot(LOGITS_SEQ));
         for (ci, toks) in tokens.chunks(chunk).enumerate() {
             let n_past = ci * chunk;
             if let Some(w) = window {
@@ -791,6 +810,9 @@ impl<B: Backend> Engine<B> {
             plan.clear();
             plan.push_seq(toks, n_past, &table, BLOCK_SIZE, LogitRows::All);
             plan.set_prompt_len(tokens.len());
+            if let Some(slot) = state_slot {
+                plan.set_state_slot(slot);
+            }
             let r = self.core.forward(&plan);
             self.plan = plan;
             match r {
@@ -811,6 +833,9 @@ impl<B: Backend> Engine<B> {
             }
         }
         self.sched.pool.release(&mut table);
+        if state_slot.is_some() {
+            self.sched.free_state_slot(LOGITS_SEQ);
+        }
         result.map(|_| out)
     }
 

@@ -80,6 +80,9 @@ pub struct Scheduler {
     pub prefix_hit_tokens: u64,
     /// Admissions since the last [`Scheduler::take_admitted_hits`]: `(id, hit tokens)`.
     admitted_hits: Vec<(u64, usize)>,
+    /// A hybrid model's recurrent-state slots (`KvLayout::state_slots`): which sequence holds
+    /// each (empty for models without recurrent layers; [`Scheduler::enable_state_slots`]).
+    state_slots: Vec<Option<u64>>,
 }
 
 /// Most admissions [`Scheduler::take_admitted_hits`] keeps between two calls (a caller that
@@ -97,6 +100,36 @@ impl Scheduler {
             prefix_query_tokens: 0,
             prefix_hit_tokens: 0,
             admitted_hits: Vec::new(),
+            state_slots: Vec::new(),
+        }
+    }
+
+    /// Gives each running sequence one of `n` recurrent-state slots (`n` ≥ `max_batch`): a hybrid
+    /// model's Gated DeltaNet layers keep a sequence's state there between forwards. A sequence
+    /// whose KV is recomputed (preempted, or a quarantined span cut out) starts it again from
+    /// zeros at position 0.
+    pub fn enable_state_slots(&mut self, n: usize) {
+        self.state_slots = vec![None; n];
+    }
+
+    /// Whether sequences carry recurrent state (see [`Self::enable_state_slots`]).
+    pub fn recurrent(&self) -> bool {
+        !self.state_slots.is_empty()
+    }
+
+    /// The slot of sequence `id`, taken now when it has none.
+    pub(crate) fn state_slot(&mut self, id: u64) -> usize {
+        if let Some(i) = self.state_slots.iter().position(|&s| s == Some(id)) {
+            return i;
+        }
+        let i = self.state_slots.iter().position(Option::is_none).expect("a free recurrent-state slot: running sequences are at most max_batch");
+        self.state_slots[i] = Some(id);
+        i
+    }
+
+    pub(crate) fn free_state_slot(&mut self, id: u64) {
+        if let Some(i) = self.state_slots.iter().position(|&s| s == Some(id)) {
+            self.state_slots[i] = None;
         }
     }
 
@@ -134,6 +167,7 @@ impl Scheduler {
     /// Drops the sequence `id` and frees its blocks (the cached blocks of its resident prefix
     /// marked resident first, [`Sequence::resident_tokens`]). Returns whether it existed.
     pub fn remove(&mut self, id: u64) -> bool {
+        self.free_state_slot(id);
         if let Some(i) = self.running.iter().position(|s| s.id == id) {
             let mut s = self.running.remove(i);
             let keep = (s.resident_tokens / self.pool.block_size()).min(s.block_table.len());
@@ -235,6 +269,10 @@ impl Scheduler {
             .find(|s| s.id == id)
             .expect("found above");
         s.remove_span(&mut self.pool, start, end, self.cfg.kv_window);
+        if !self.state_slots.is_empty() {
+            // A recurrent state has seen the span: recompute it from position 0.
+            s.n_cached = 0;
+        }
         Some(n)
     }
 
@@ -313,6 +351,7 @@ impl Scheduler {
         self.pool.release(&mut s.block_table);
         s.reset_cache();
         let id = s.id;
+        self.free_state_slot(id);
         self.waiting.push_front(s);
         self.n_preempted += 1;
         id
@@ -421,6 +460,12 @@ impl Scheduler {
                 },
             );
             plan.set_prompt_len(s.n_prompt);
+        }
+        if self.recurrent() {
+            for (i, e) in entries.iter().enumerate() {
+                let slot = self.state_slot(e.seq_id);
+                plan.seqs[i].state_slot = slot as u32;
+            }
         }
         *out = entries;
     }

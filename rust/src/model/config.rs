@@ -35,6 +35,7 @@ pub enum Arch {
     Llama,
     Qwen3,
     Qwen3Moe,
+    Qwen35,
 }
 
 impl Arch {
@@ -45,6 +46,7 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen3" => Ok(Arch::Qwen3),
             "qwen3moe" => Ok(Arch::Qwen3Moe),
+            "qwen35" => Ok(Arch::Qwen35),
             other => Err(FakError::Unsupported(format!(
                 "model architecture {other:?} (general.architecture); fak runs {}",
                 Arch::SUPPORTED
@@ -53,7 +55,7 @@ impl Arch {
     }
 
     /// The architectures fak runs, as an error message lists them.
-    pub const SUPPORTED: &'static str = "\"qwen2\", \"llama\", \"qwen3\" and \"qwen3moe\"";
+    pub const SUPPORTED: &'static str = "\"qwen2\", \"llama\", \"qwen3\", \"qwen3moe\" and \"qwen35\" (CPU)";
 
     /// The GGUF spelling (`"qwen2"`, `"llama"`, `"qwen3"`, `"qwen3moe"`), also the metadata key
     /// prefix.
@@ -63,13 +65,16 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3moe",
+            Arch::Qwen35 => "qwen35",
         }
     }
 
     /// The RoPE pairing llama.cpp uses for this architecture (`llama_model_rope_type`).
     pub fn rope_style(self) -> RopeStyle {
         match self {
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => RopeStyle::Neox,
+            // qwen35: ggml_rope_multi (IMROPE sections); with the text positions of every section
+            // equal it rotates as NEOX over the first `rope.dimension_count` dimensions.
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 => RopeStyle::Neox,
             Arch::Llama => RopeStyle::Norm,
         }
     }
@@ -83,7 +88,13 @@ impl Arch {
     /// `[head_dim]`) between the projection and RoPE (Qwen3; llama.cpp `build_norm` on the
     /// `[head_dim, n_head, n_tokens]` view).
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe)
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35)
+    }
+
+    /// Whether layers mix Gated DeltaNet (linear attention with a recurrent state per sequence)
+    /// and gated full attention ([`HybridConfig`]; Qwen3.5/3.6, llama.cpp `src/models/qwen35.cpp`).
+    pub fn is_hybrid(self) -> bool {
+        matches!(self, Arch::Qwen35)
     }
 
     /// Whether every layer's FFN is a mixture of experts ([`MoeConfig`]).
@@ -116,6 +127,46 @@ pub struct MoeConfig {
     /// tensor-parallel shard's share when the experts are divided among the shards
     /// (`crate::parallel::plan::MoeSplit::Experts`; its `ffn_*_exps` then stack only those).
     pub held: (usize, usize),
+}
+
+/// The Gated DeltaNet layers of a hybrid model (llama.cpp `qwen35`, `delta-net-base.cpp`): per
+/// token `x·W_qkv` (`conv_dim = 2·n_k_heads·d_state + n_v_heads·d_state` channels) through a causal
+/// depthwise convolution of `d_conv` taps and SiLU, split into q, k (`n_k_heads` heads of
+/// `d_state`, L2-normalized) and v (`n_v_heads` heads of `d_state`); the recurrence per value head
+/// `S ← e^g·S; δ = (v − Sᵀk)·β; S ← S + k·δᵀ; o = Sᵀq/√d_state` with `β = sigmoid(x·W_β)`,
+/// `g = softplus(x·W_α + dt_bias)·a`; then `rmsnorm(o)·w_norm ⊙ silu(x·W_gate)` and `·W_out`.
+/// Every `full_attention_interval`-th layer (or as `attention.recurrent_layers` says) is gated
+/// full attention instead.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HybridConfig {
+    /// Convolution taps (`{arch}.ssm.conv_kernel`).
+    pub d_conv: usize,
+    /// Head size of q, k and v (`{arch}.ssm.state_size`).
+    pub d_state: usize,
+    /// Query/key heads (`{arch}.ssm.group_count`).
+    pub n_k_heads: usize,
+    /// Value heads (`{arch}.ssm.time_step_rank`), a multiple of `n_k_heads`.
+    pub n_v_heads: usize,
+    /// Which layers are Gated DeltaNet (`[n_layer]`; the others gated full attention).
+    pub recurrent: Vec<bool>,
+}
+
+impl HybridConfig {
+    /// Width of v and of the layer's output before `W_out` (`n_v_heads · d_state`).
+    pub fn value_dim(&self) -> usize {
+        self.n_v_heads * self.d_state
+    }
+
+    /// Channels of the convolution (q, k and v side by side).
+    pub fn conv_dim(&self) -> usize {
+        2 * self.n_k_heads * self.d_state + self.value_dim()
+    }
+
+    /// f32 values of one sequence's recurrent state in one layer: the convolution's last
+    /// `d_conv − 1` inputs and the `d_state × d_state` matrix of every value head.
+    pub fn state_len(&self) -> usize {
+        (self.d_conv - 1) * self.conv_dim() + self.n_v_heads * self.d_state * self.d_state
+    }
 }
 
 /// The most experts a layer may have or a token may use (llama.cpp `LLAMA_MAX_EXPERTS` is 512).
@@ -155,6 +206,8 @@ pub struct ModelConfig {
     pub swa_pattern: Vec<bool>,
     /// The mixture-of-experts FFN of every layer (`None`: a dense SwiGLU FFN of `n_ff`).
     pub moe: Option<MoeConfig>,
+    /// The Gated DeltaNet layers of a hybrid model (`None`: every layer is attention).
+    pub hybrid: Option<HybridConfig>,
 }
 
 fn get<'a>(f: &'a GgufFile, key: &str) -> Option<&'a MetaValue> {
@@ -268,6 +321,44 @@ fn moe_config(f: &GgufFile, a: &str, n_ff: usize) -> Result<MoeConfig> {
     Ok(MoeConfig { n_expert, n_expert_used, n_ff_exp, norm_w, w_scale, held: (0, n_expert) })
 }
 
+/// The [`HybridConfig`] of a `qwen35`-style file.
+fn hybrid_config(f: &GgufFile, a: &str) -> Result<HybridConfig> {
+    let k = |s: &str| format!("{a}.{s}");
+    let n_layer = req_usize(f, &k("block_count"))?;
+    let d_conv = req_usize(f, &k("ssm.conv_kernel"))?;
+    let d_state = req_usize(f, &k("ssm.state_size"))?;
+    let n_k_heads = req_usize(f, &k("ssm.group_count"))?;
+    let n_v_heads = req_usize(f, &k("ssm.time_step_rank"))?;
+    if d_conv < 2 || d_state == 0 || n_k_heads == 0 || n_v_heads == 0 || n_v_heads % n_k_heads != 0 {
+        return Err(FakError::model(format!(
+            "ssm.conv_kernel {d_conv}, state_size {d_state}, group_count {n_k_heads}, time_step_rank {n_v_heads}: need d_conv >= 2 and time_step_rank a multiple of group_count"
+        )));
+    }
+    if let Some(inner) = get_usize(f, &k("ssm.inner_size"))? {
+        if inner != n_v_heads * d_state {
+            return Err(FakError::Unsupported(format!("ssm.inner_size {inner} != time_step_rank · state_size {}", n_v_heads * d_state)));
+        }
+    }
+    // ggml_rope_multi with text positions: the first three sections rotate by the token's
+    // position, the fourth by 0 (llama.cpp `llm_graph_input_pos`); with no pairs in the fourth
+    // section that is plain NEOX RoPE, which is what fak runs.
+    if let Some(sec) = get(f, &k("rope.dimension_sections")).and_then(|v| v.as_array()) {
+        if sec.len() >= 4 && sec.get(3).and_then(|v| v.as_integer()).unwrap_or(0) != 0 {
+            return Err(FakError::Unsupported(format!("{} with pairs in the fourth M-RoPE section", k("rope.dimension_sections"))));
+        }
+    }
+    // llama.cpp: `attention.recurrent_layers` (per layer), else every `full_attention_interval`-th
+    // layer (default 4) is full attention.
+    let recurrent = match swa_pattern(f, &k("attention.recurrent_layers"), n_layer)? {
+        Some(v) => v,
+        None => {
+            let every = get_usize(f, &k("full_attention_interval"))?.unwrap_or(4).max(1);
+            (0..n_layer).map(|i| (i + 1) % every != 0).collect()
+        }
+    };
+    Ok(HybridConfig { d_conv, d_state, n_k_heads, n_v_heads, recurrent })
+}
+
 impl ModelConfig {
     /// Reads the hyper-parameters of `f`. `n_vocab` comes from `token_embd.weight`.
     ///
@@ -295,6 +386,7 @@ impl ModelConfig {
             req_usize(f, &k("feed_forward_length"))?
         };
         let moe = if arch.is_moe() { Some(moe_config(f, a, n_ff)?) } else { None };
+        let hybrid = if arch.is_hybrid() { Some(hybrid_config(f, a)?) } else { None };
         // A MoE model has no dense FFN: `n_ff` sizes nothing, so it takes the experts' width.
         let n_ff = match moe {
             Some(m) => m.n_ff_exp,
@@ -395,6 +487,7 @@ impl ModelConfig {
             sliding_window,
             swa_pattern,
             moe,
+            hybrid,
         })
     }
 

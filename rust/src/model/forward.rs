@@ -25,9 +25,9 @@
 //! are partial sums that one all-reduce each completes before the residual add, and the LM head's
 //! slices are gathered on rank 0.
 
-use super::weights::{Ffn, LayerWeights};
+use super::weights::{Ffn, LayerWeights, Mixer};
 use super::{Model, ModelConfig};
-use crate::backend::{Backend, BatchLimits, BatchPlan, GraphKey, MoeBuffers, MoeParams, MoeWeights};
+use crate::backend::{Backend, BatchLimits, BatchPlan, DeltaNetParams, DeltaNetWeights, GraphKey, MoeBuffers, MoeParams, MoeWeights};
 use crate::parallel::Communicator;
 use crate::{FakError, Result};
 
@@ -62,6 +62,15 @@ pub struct Scratch<B: Backend> {
     batch: B::Batch,
     /// The mixture-of-experts FFN's buffers (a MoE model only).
     moe: Option<MoeScratch<B>>,
+    /// Gated attention's buffers (a hybrid model only).
+    hybrid: Option<HybridScratch<B>>,
+}
+
+/// Gated attention's query projection (`[t, n_head, 2·head_dim]`: query then gate per head) and
+/// its gates (`[t, q_dim]`).
+struct HybridScratch<B: Backend> {
+    qg: B::Buffer,
+    gate: B::Buffer,
 }
 
 /// Buffers of a mixture-of-experts FFN for `t` rows choosing `k` experts each (the experts'
@@ -102,8 +111,8 @@ impl<B: Backend> Scratch<B> {
             q: b.alloc_buffer(t * c.q_dim())?,
             k: b.alloc_buffer(t * c.kv_dim())?,
             v: b.alloc_buffer(t * c.kv_dim())?,
-            att: b.alloc_buffer(t * c.q_dim())?,
-            att_l: b.alloc_buffer(max_logits * c.q_dim())?,
+            att: b.alloc_buffer(t * wide)?,
+            att_l: b.alloc_buffer(max_logits * wide)?,
             tmp: b.alloc_buffer(t * c.n_embd)?,
             gate: b.alloc_buffer(t * ffn_rows * c.n_ff)?,
             up: b.alloc_buffer(t * ffn_rows * c.n_ff)?,
@@ -111,6 +120,10 @@ impl<B: Backend> Scratch<B> {
             logits: b.alloc_buffer(max_logits * c.n_vocab)?,
             batch: b.alloc_batch(limits)?,
             moe,
+            hybrid: match c.hybrid {
+                None => None,
+                Some(_) => Some(HybridScratch { qg: b.alloc_buffer(t * 2 * c.q_dim())?, gate: b.alloc_buffer(t * c.q_dim())? }),
+            },
         })
     }
 }
@@ -186,44 +199,62 @@ impl<B: Backend> Model<B> {
                 logits,
                 batch,
                 moe,
+                hybrid,
                 ..
             } = &mut *s;
             let mut moe = moe.as_mut();
+            let mut hybrid = hybrid.as_mut();
             let batch = &*batch;
             be.embed(&w.token_embd, batch, n, x)?;
             let mut pruned = false;
             for (il, lw) in w.layers.iter().enumerate() {
                 be.rmsnorm(x, &lw.attn_norm, c.rms_eps, n, d, h)?;
-                be.matmul_multi(
-                    &[
-                        (&lw.wq, lw.bq.as_ref()),
-                        (&lw.wk, lw.bk.as_ref()),
-                        (&lw.wv, lw.bv.as_ref()),
-                    ],
-                    h,
-                    n,
-                    &mut [&mut *q, &mut *k, &mut *v],
-                )?;
-                be.rope_kv_write(
-                    q,
-                    k,
-                    v,
-                    kv,
-                    il,
-                    batch,
-                    n,
-                    &attn,
-                    &c.rope,
-                    w.rope_freqs.as_ref(),
-                    lw.q_norm.as_ref().zip(lw.k_norm.as_ref()).map(|(qn, kn)| (qn, kn, c.rms_eps)),
-                )?;
-                be.attention(q, kv, il, batch, n, &c.layer_attn(il), att)?;
+                // The mixer: attention (`att` = its output before Wo, `q_dim` wide) or a Gated
+                // DeltaNet (`att` = its projected output, `n_embd` wide).
+                let aw = match &lw.mixer {
+                    Mixer::Attention(a) => {
+                        let qk_norm = a.q_norm.as_ref().zip(a.k_norm.as_ref()).map(|(qn, kn)| (qn, kn, c.rms_eps));
+                        match (a.gated, hybrid.as_deref_mut()) {
+                            (false, _) => {
+                                be.matmul_multi(
+                                    &[(&a.wq, a.bq.as_ref()), (&a.wk, a.bk.as_ref()), (&a.wv, a.bv.as_ref())],
+                                    h,
+                                    n,
+                                    &mut [&mut *q, &mut *k, &mut *v],
+                                )?;
+                            }
+                            (true, Some(hs)) => {
+                                be.matmul_multi(
+                                    &[(&a.wq, a.bq.as_ref()), (&a.wk, a.bk.as_ref()), (&a.wv, a.bv.as_ref())],
+                                    h,
+                                    n,
+                                    &mut [&mut hs.qg, &mut *k, &mut *v],
+                                )?;
+                                be.split_q_gate(&hs.qg, n, c.n_head, c.head_dim, q, &mut hs.gate)?;
+                            }
+                            (true, None) => return Err(FakError::model("gated attention without its scratch buffers")),
+                        }
+                        be.rope_kv_write(q, k, v, kv, il, batch, n, &attn, &c.rope, w.rope_freqs.as_ref(), qk_norm)?;
+                        be.attention(q, kv, il, batch, n, &c.layer_attn(il), att)?;
+                        if let (true, Some(hs)) = (a.gated, hybrid.as_deref()) {
+                            be.mul_sigmoid(att, &hs.gate, n * c.q_dim())?;
+                        }
+                        c.q_dim()
+                    }
+                    Mixer::DeltaNet(dn) => {
+                        let hy = c.hybrid.as_ref().ok_or_else(|| FakError::model("a Gated DeltaNet layer in a model without hybrid hyper-parameters"))?;
+                        let dw = DeltaNetWeights { qkv: &dn.qkv, gate: &dn.gate, beta: &dn.beta, alpha: &dn.alpha, conv: &dn.conv, dt_bias: &dn.dt_bias, a: &dn.a, norm: &dn.norm, out: &dn.out };
+                        let p = DeltaNetParams { n_embd: d, d_conv: hy.d_conv, d_state: hy.d_state, n_k_heads: hy.n_k_heads, n_v_heads: hy.n_v_heads, state_layer: dn.state_layer, eps: c.rms_eps };
+                        be.delta_net(&dw, &p, h, kv, batch, n, att)?;
+                        d
+                    }
+                };
                 if il + 1 == w.layers.len() && n_logits < n {
                     // Last layer: only the rows that need logits go on (llama.cpp `inp_out_ids`);
-                    // every row's K/V is already in the cache.
+                    // every row's K/V (or recurrent state) is already in the cache.
                     pruned = true;
                     if n_logits > 0 {
-                        be.gather_logit_rows(att, batch, c.q_dim(), att_l)?;
+                        be.gather_logit_rows(att, batch, aw, att_l)?;
                         be.gather_logit_rows(x, batch, d, xl)?;
                         block_tail(be, lw, c, n_logits, xl, att_l, h, tmp, gate, up, moe.as_deref_mut(), comm)?;
                     }
@@ -268,7 +299,12 @@ fn block_tail<B: Backend>(
     comm: Option<&dyn Communicator<B>>,
 ) -> Result<()> {
     let d = c.n_embd;
-    residual_proj(be, &lw.wo, lw.bo.as_ref(), att, n, d, tmp, x, comm)?;
+    match &lw.mixer {
+        Mixer::Attention(a) => residual_proj(be, &a.wo, a.bo.as_ref(), att, n, d, tmp, x, comm)?,
+        // The Gated DeltaNet's output is projected already (its `W_out`).
+        Mixer::DeltaNet(_) if comm.is_none() => be.add(x, att, n * d)?,
+        Mixer::DeltaNet(_) => return Err(FakError::Unsupported("tensor parallelism of a Gated DeltaNet layer".into())),
+    }
     be.rmsnorm(x, &lw.ffn_norm, c.rms_eps, n, d, h)?;
     match (&lw.ffn, moe, c.moe) {
         (Ffn::Dense { w_gate, w_up, w_down }, _, _) => {

@@ -28,9 +28,10 @@ pub enum Ffn<B: Backend> {
     Moe { gate_inp: B::Weight, gate_exps: B::Weight, up_exps: B::Weight, down_exps: B::Weight },
 }
 
-/// The weights of one transformer block.
-pub struct LayerWeights<B: Backend> {
-    pub attn_norm: B::Weight,
+/// The attention of one block.
+pub struct AttnWeights<B: Backend> {
+    /// `[n_embd, n_head·head_dim]`, or for gated attention (qwen35) `[n_embd, 2·n_head·head_dim]`:
+    /// each head's query then its output gate.
     pub wq: B::Weight,
     pub wk: B::Weight,
     pub wv: B::Weight,
@@ -42,6 +43,37 @@ pub struct LayerWeights<B: Backend> {
     /// Per-head RMSNorm weights of Q and K (`[head_dim]`, Qwen3), applied before RoPE.
     pub q_norm: Option<B::Weight>,
     pub k_norm: Option<B::Weight>,
+    /// The attention output is multiplied by `sigmoid(gate)` before `Wo` (qwen35).
+    pub gated: bool,
+}
+
+/// The Gated DeltaNet of one block of a hybrid model (see `crate::backend::DeltaNetWeights`).
+pub struct DeltaNetLayer<B: Backend> {
+    pub qkv: B::Weight,
+    pub gate: B::Weight,
+    pub beta: B::Weight,
+    pub alpha: B::Weight,
+    pub conv: B::Weight,
+    pub dt_bias: B::Weight,
+    pub a: B::Weight,
+    pub norm: B::Weight,
+    pub out: B::Weight,
+    /// Which of the cache's recurrent state layers is this layer's.
+    pub state_layer: usize,
+}
+
+/// What mixes the tokens in a block: attention over the KV cache, or a Gated DeltaNet over a
+/// recurrent state.
+pub enum Mixer<B: Backend> {
+    Attention(AttnWeights<B>),
+    DeltaNet(DeltaNetLayer<B>),
+}
+
+/// The weights of one transformer block.
+pub struct LayerWeights<B: Backend> {
+    pub attn_norm: B::Weight,
+    pub mixer: Mixer<B>,
+    /// The norm before the FFN (`ffn_norm`, or qwen35's `post_attention_norm`).
     pub ffn_norm: B::Weight,
     pub ffn: Ffn<B>,
 }
@@ -188,6 +220,9 @@ impl<B: Backend> Weights<B> {
             (None, Some(f)) => (Cut::StackRows(f.clone()), Cut::Cols(f.clone())),
             (None, None) => (Cut::Whole, Cut::Whole),
         };
+        if cfg.hybrid.is_some() && shard.is_some() {
+            return Err(FakError::Unsupported("tensor parallelism of a hybrid (Gated DeltaNet) model".into()));
+        }
         let row_bias = shard.is_none_or(ShardSpec::adds_row_bias);
         let token_embd = l.required("token_embd.weight", &[d, cfg.n_vocab], Cut::Whole)?;
         let mut layers = Vec::with_capacity(cfg.n_layer);
@@ -207,19 +242,45 @@ impl<B: Backend> Weights<B> {
                     l.optional(&n(s), &[len], cut)
                 }
             };
+            let recurrent = cfg.hybrid.as_ref().is_some_and(|h| h.recurrent[i]);
+            let mixer = if recurrent {
+                let hy = cfg.hybrid.as_ref().expect("recurrent implies hybrid");
+                let (cd, vd, nv) = (hy.conv_dim(), hy.value_dim(), hy.n_v_heads);
+                let state_layer = hy.recurrent[..i].iter().filter(|&&r| r).count();
+                Mixer::DeltaNet(DeltaNetLayer {
+                    qkv: l.required(&n("attn_qkv.weight"), &[d, cd], Cut::Whole)?,
+                    gate: l.required(&n("attn_gate.weight"), &[d, vd], Cut::Whole)?,
+                    beta: l.required(&n("ssm_beta.weight"), &[d, nv], Cut::Whole)?,
+                    alpha: l.required(&n("ssm_alpha.weight"), &[d, nv], Cut::Whole)?,
+                    conv: l.required(&n("ssm_conv1d.weight"), &[hy.d_conv, cd], Cut::Whole)?,
+                    dt_bias: l.required(&n("ssm_dt.bias"), &[nv], Cut::Whole)?,
+                    a: l.required(&n("ssm_a"), &[nv], Cut::Whole)?,
+                    norm: l.required(&n("ssm_norm.weight"), &[hy.d_state], Cut::Whole)?,
+                    out: l.required(&n("ssm_out.weight"), &[vd, d], Cut::Whole)?,
+                    state_layer,
+                })
+            } else {
+                let gated = cfg.arch.is_hybrid();
+                let qw = if gated { 2 * q } else { q };
+                Mixer::Attention(AttnWeights {
+                    wq: l.required(&n("attn_q.weight"), &[d, qw], rows(q_cols.clone()))?,
+                    wk: l.required(&n("attn_k.weight"), &[d, kv], rows(kv_cols.clone()))?,
+                    wv: l.required(&n("attn_v.weight"), &[d, kv], rows(kv_cols.clone()))?,
+                    bq: bias("attn_q.bias", qw, rows(q_cols.clone()))?,
+                    bk: bias("attn_k.bias", kv, rows(kv_cols.clone()))?,
+                    bv: bias("attn_v.bias", kv, rows(kv_cols.clone()))?,
+                    wo: l.required(&n("attn_output.weight"), &[q, d], cols(q_cols.clone()))?,
+                    bo: if row_bias { l.optional(&n("attn_output.bias"), &[d], Cut::Whole)? } else { None },
+                    q_norm: qk_norm(&n("attn_q_norm.weight"))?,
+                    k_norm: qk_norm(&n("attn_k_norm.weight"))?,
+                    gated,
+                })
+            };
+            let ffn_norm_name = if cfg.arch.is_hybrid() { "post_attention_norm.weight" } else { "ffn_norm.weight" };
             layers.push(LayerWeights {
                 attn_norm: l.required(&n("attn_norm.weight"), &[d], Cut::Whole)?,
-                wq: l.required(&n("attn_q.weight"), &[d, q], rows(q_cols.clone()))?,
-                wk: l.required(&n("attn_k.weight"), &[d, kv], rows(kv_cols.clone()))?,
-                wv: l.required(&n("attn_v.weight"), &[d, kv], rows(kv_cols.clone()))?,
-                bq: bias("attn_q.bias", q, rows(q_cols.clone()))?,
-                bk: bias("attn_k.bias", kv, rows(kv_cols.clone()))?,
-                bv: bias("attn_v.bias", kv, rows(kv_cols.clone()))?,
-                wo: l.required(&n("attn_output.weight"), &[q, d], cols(q_cols.clone()))?,
-                bo: if row_bias { l.optional(&n("attn_output.bias"), &[d], Cut::Whole)? } else { None },
-                q_norm: qk_norm(&n("attn_q_norm.weight"))?,
-                k_norm: qk_norm(&n("attn_k_norm.weight"))?,
-                ffn_norm: l.required(&n("ffn_norm.weight"), &[d], Cut::Whole)?,
+                mixer,
+                ffn_norm: l.required(&n(ffn_norm_name), &[d], Cut::Whole)?,
                 ffn: match &cfg.moe {
                     None => Ffn::Dense {
                         w_gate: l.required(&n("ffn_gate.weight"), &[d, ff], rows(ffn.clone()))?,

@@ -616,6 +616,7 @@ mod tests {
             sliding_window: 0,
             swa_pattern: vec![false; 2],
             moe: Some(moe),
+            hybrid: None,
         };
         let spec = ShardSpec { rank: 1, q_heads: 16..32, kv_heads: 2..4, ffn: 512..768, vocab: 75968..151936, experts: None };
         let c = spec.config(&full);

@@ -32,6 +32,8 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::kv::CpuKvCache;
+#[cfg(target_arch = "x86_64")]
+use super::matmul;
 use super::vecops::{self, Isa};
 use crate::backend::{AttnParams, BatchPlan};
 
@@ -944,12 +946,14 @@ unsafe fn avx512_chains_fma_any(cp: *mut f32, hd: usize, nc: usize, j0: usize, p
     }
 }
 
-/// Whether the CPU has AVX-512F (for the 512-bit [`VChains::accumulate_group`]; `FAK_CPU_ISA=scalar`
-/// goes below it through [`Isa`]).
+/// Whether the 512-bit paths run (the [`VChains::accumulate_group`] chains, the tinyBLAS scores):
+/// the CPU has AVX-512F and the CPU backend's SIMD level ([`matmul::active_level`], which
+/// `FAK_CPU_SIMD=avx2` lowers, so that an AVX-512 machine measures an AVX2-only one's paths) is
+/// AVX-512. Same results either way; `FAK_CPU_ISA=scalar` goes below both through [`Isa`].
 #[cfg(target_arch = "x86_64")]
 fn avx512f() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *V.get_or_init(|| is_x86_feature_detected!("avx512f"))
+    *V.get_or_init(|| is_x86_feature_detected!("avx512f") && matmul::active_level() == matmul::SimdLevel::Avx512)
 }
 
 #[cfg(test)]
@@ -1042,6 +1046,9 @@ mod tests {
             block_size,
             n_head_kv: p.n_head_kv,
             head_dim: p.head_dim,
+            state_layers: 0,
+            state_slots: 0,
+            state_len: 0,
         };
         let mut cache = CpuKvCache::new(layout).unwrap();
         // Allocate blocks in a scrambled order so that tables are not contiguous.

@@ -17,6 +17,9 @@ pub struct CpuKvCache {
     /// Per layer, `n_blocks · n_head_kv · block_size · head_dim` f16 bit patterns.
     k: Vec<Vec<u16>>,
     v: Vec<Vec<u16>>,
+    /// Per recurrent layer, `state_slots · state_len` f32: each slot one sequence's recurrent
+    /// state (a hybrid model's Gated DeltaNet layers; empty otherwise).
+    state: Vec<Vec<f32>>,
 }
 
 impl CpuKvCache {
@@ -35,11 +38,27 @@ impl CpuKvCache {
                 .map(|_| super::zeroed_vec::<u16>(per_layer, "the KV cache"))
                 .collect()
         };
+        let state_per_layer = layout
+            .state_slots
+            .checked_mul(layout.state_len)
+            .ok_or_else(|| FakError::invalid("max_batch", "recurrent state size overflows"))?;
+        let state = (0..layout.state_layers)
+            .map(|_| super::zeroed_vec::<f32>(state_per_layer, "the recurrent state"))
+            .collect::<Result<Vec<_>>>()?;
         Ok(CpuKvCache {
             layout,
             k: alloc()?,
             v: alloc()?,
+            state,
         })
+    }
+
+    /// The recurrent state of slot `slot` in state layer `layer` (`state_len` f32).
+    ///
+    /// Panics when the slot or layer is outside the layout (a caller bug).
+    pub fn state_mut(&mut self, layer: usize, slot: usize) -> &mut [f32] {
+        let n = self.layout.state_len;
+        &mut self.state[layer][slot * n..(slot + 1) * n]
     }
 
     /// Values per (block, KV head): `block_size · head_dim`.

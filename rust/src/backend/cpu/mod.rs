@@ -4,6 +4,7 @@
 //! family. Everything runs on the rayon pool the caller installs (the model's pool).
 
 pub mod attention;
+pub mod deltanet;
 pub mod kv;
 pub mod matmul;
 pub mod moe;
@@ -434,6 +435,29 @@ impl Backend for CpuBackend {
             .map(<[u32]>::to_vec);
         let m = moe::ExpertMatmul { wtype: w.wtype, w: w.bytes(), k_in, n_out, n_expert };
         m.run(&x.0[..n_x * k_in], x_per_pair, &ids.0[..n_rows * k], k, groups.as_deref(), &mut out.0[..n_rows * k * n_out])
+    }
+
+    fn delta_net(
+        &self,
+        w: &crate::backend::DeltaNetWeights<'_, CpuWeight>,
+        p: &crate::backend::DeltaNetParams,
+        h: &CpuBuffer,
+        cache: &mut CpuKvCache,
+        batch: &CpuBatch,
+        n_rows: usize,
+        out: &mut CpuBuffer,
+    ) -> Result<()> {
+        deltanet::delta_net(self, w, p, h, cache, batch, n_rows, out)
+    }
+
+    fn split_q_gate(&self, qg: &CpuBuffer, n_rows: usize, n_head: usize, head_dim: usize, q: &mut CpuBuffer, gate: &mut CpuBuffer) -> Result<()> {
+        deltanet::split_q_gate(&qg.0, n_rows, n_head, head_dim, &mut q.0, &mut gate.0);
+        Ok(())
+    }
+
+    fn mul_sigmoid(&self, x: &mut CpuBuffer, gate: &CpuBuffer, n: usize) -> Result<()> {
+        deltanet::mul_sigmoid(&mut x.0[..n], &gate.0[..n]);
+        Ok(())
     }
 
     fn moe_combine(&self, experts: &CpuBuffer, weights: &CpuBuffer, n_rows: usize, k: usize, dim: usize, res: &mut CpuBuffer) -> Result<()> {

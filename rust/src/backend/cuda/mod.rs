@@ -526,6 +526,11 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_kv_cache(&self, layout: KvLayout) -> Result<CudaKvCache> {
+        if layout.state_len > 0 {
+            return Err(FakError::Unsupported(
+                "hybrid (Gated DeltaNet) models on the CUDA backend: not built yet; run them with --backend cpu".into(),
+            ));
+        }
         if layout.block_size != 32 {
             return Err(FakError::Unsupported(format!("the CUDA attention kernels need a KV block size of 32 tokens, not {}", layout.block_size)));
         }

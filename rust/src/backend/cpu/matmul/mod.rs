@@ -15,9 +15,10 @@
 //! markedly slower from DRAM). Q4_0/Q5_0/Q8_0 take each row's activations grouped by 8 blocks
 //! (the GEMV sums 8 blocks per vector) and, for full groups of 8 rows, interleaved
 //! ([`BlockQ8_0x8`]); the float formats block over 4 weight rows × 4 activation rows. On the
-//! AVX-512 level a Q4_K or Q6_K matmul of ≥ 8 rows goes to the register-tiled kernels instead
-//! (`tiled`: weights repacked per call into 16-row panels, one output column per vector lane,
-//! 16 × 4 outputs per inner loop; same results; `FAK_CPU_TILED=0` turns them off).
+//! AVX-512 and AVX2 levels a Q4_K matmul of ≥ 8 rows (Q6_K: ≥ 16) goes to the register-tiled
+//! kernels instead (`tiled`: weights repacked per call into 16-row panels, one output column per
+//! vector lane, 16 × 4 (AVX2 Q4_K: 16 × 4, Q6_K: 16 × 2) outputs per inner loop; same results;
+//! `FAK_CPU_TILED=0` turns them off).
 //!
 //! Batch invariance: on every level, a row's result depends only on that row (never on `n_rows`
 //! or on which rows share a kernel call) for all target formats (Q4_1/Q5_1, in no target model,
@@ -40,6 +41,8 @@ mod simd;
 #[cfg(target_arch = "x86_64")]
 mod tiled;
 #[cfg(target_arch = "x86_64")]
+mod tiled_avx2;
+#[cfg(target_arch = "x86_64")]
 mod tiled_q4k;
 #[cfg(target_arch = "x86_64")]
 mod tiled_q6k;
@@ -47,7 +50,8 @@ mod tiled_q6k;
 mod x86;
 
 pub use act::{BlockQ8K, BlockQ8_0, BlockQ8_0x8, BlockQ8_1, LlamaRow};
-pub use simd::{available_levels, detected_level, SimdLevel};
+pub use scalar::dot_f32_ggml;
+pub use simd::{active_level, available_levels, detected_level, SimdLevel};
 
 use crate::quant::GgmlType;
 use crate::{FakError, Result};
@@ -186,17 +190,29 @@ fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usi
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            if tiled && level == SimdLevel::Avx512 && n_rows >= tiled::MIN_ROWS {
-                use tiled::{any_tiled, matmul as tiled_mm};
-                // SAFETY (both): the Avx512 level (checked against the CPU above) includes AVX-512
-                // F/BW/VL/VNNI, and `kern` is that level's; the lengths were checked above.
+            if tiled && level >= SimdLevel::Avx2 {
+                use tiled::{any_tiled, matmul as tiled_mm, MIN_ROWS_Q4K, MIN_ROWS_Q6K};
+                let avx512 = level == SimdLevel::Avx512;
+                // SAFETY (all four): the level (checked against the CPU above) includes the
+                // kernel's instructions (Avx512: AVX-512 F/BW/VL/VNNI; Avx2: AVX2 + FMA), `kern`
+                // is that level's; the lengths were checked above.
                 match wtype {
-                    GgmlType::Q4_K => {
+                    GgmlType::Q4_K if n_rows < MIN_ROWS_Q4K => {}
+                    GgmlType::Q6_K if n_rows < MIN_ROWS_Q6K => {}
+                    GgmlType::Q4_K if avx512 => {
                         unsafe { tiled_mm::<tiled_q4k::Q4K>(w, n_out, nb, &a, n_rows, y, kern) };
                         return Ok(());
                     }
-                    GgmlType::Q6_K if any_tiled::<tiled_q6k::Q6K>(&a, nb) => {
+                    GgmlType::Q4_K => {
+                        unsafe { tiled_mm::<tiled_avx2::Q4KAvx2>(w, n_out, nb, &a, n_rows, y, kern) };
+                        return Ok(());
+                    }
+                    GgmlType::Q6_K if avx512 && any_tiled::<tiled_q6k::Q6K>(&a, nb) => {
                         unsafe { tiled_mm::<tiled_q6k::Q6K>(w, n_out, nb, &a, n_rows, y, kern) };
+                        return Ok(());
+                    }
+                    GgmlType::Q6_K if !avx512 && any_tiled::<tiled_avx2::Q6KAvx2>(&a, nb) => {
+                        unsafe { tiled_mm::<tiled_avx2::Q6KAvx2>(w, n_out, nb, &a, n_rows, y, kern) };
                         return Ok(());
                     }
                     _ => {}
