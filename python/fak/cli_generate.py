@@ -98,8 +98,11 @@ def generate(model: str, prompt: str, as_chat: bool, system: str | None, **kw: A
     """Stream a completion of PROMPT from MODEL (a GGUF path or a cached model name) to stdout."""
     from fak.errors import FakError
 
+    from fak.progress import progress_bar
+
     try:
-        engine = _open_engine(model, kw)
+        with progress_bar(f"loading {model}", transient=True):  # load and kernel compile, on a terminal
+            engine = _open_engine(model, kw)
     except (FakError, OSError) as e:
         raise click.ClickException(str(e)) from e
     with engine:
