@@ -33,6 +33,10 @@ the shared 2-core machine it is depressed and noisy, so the load average is reco
 child's process CPU time (all its threads; llama.cpp's workers busy-wait at every op barrier, which
 this counts). The table gives medians over rounds.
 
+``FAK_CPU_SIMD=avx2`` in the environment (inherited by the children) runs fak's AVX2 paths on an
+AVX-512 machine; pair it with a llama-bench built for AVX2 only (``scripts/build-llama-bench``
+with ``FAK_LLAMA_AVX2_ONLY=1``) to compare the code paths an AVX2-only CPU runs.
+
 Run:  PYTHONPATH=python python -m pytest benches/bench_cpu_decode.py --benchmark-only -s
       PYTHONPATH=python python benches/bench_cpu_decode.py [--rounds N] [--tokens N] [--threads N]
           [--prefill N] [--llama-bench PATH] [--no-llama-cpp-python] [--untiled]
@@ -275,7 +279,8 @@ def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int 
     ``llama_cpp_python``; the ``llama_bench`` binary where given), fak step and fak matmuls on
     model ``name``, each engine in its own process, then (``prefill`` > 0) one prefill of
     ``prefill`` tokens by each peer and fak in the same round; medians over rounds."""
-    path = real_model(name)
+    path = Path(name) if name.endswith(".gguf") else real_model(name)
+    name = path.stem if name.endswith(".gguf") else name
     load = [os.getloadavg()[0]]
     kinds = [k for k in RUNNERS if k != "llama.cpp"
              or (llama_cpp_python and importlib.util.find_spec("llama_cpp") is not None)]
@@ -311,6 +316,7 @@ def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int 
     return {
         "model": name, "cpu": cpu_model(), "threads": threads, "prefill_tokens": prefill,
         "prefill_tok_s": {k: s.tok_s() for k, s in pre.items()} if prefill else {},
+        "prefill_best_tok_s": {k: s.best_tok_s() for k, s in pre.items()} if prefill else {},
         "prefill_tok_cpu_s": {k: s.tok_cpu_s() for k, s in pre.items()} if prefill else {}, "rounds": rounds, "tokens_per_round": tokens,
         "weights_gb_per_token": info["bytes"] / 1e9, "matmul_calls": calls,
         "call_overhead_us": (ov_wall * 1e6, ov_cpu * 1e6),
@@ -341,9 +347,10 @@ def table(results: list[dict]) -> str:
             cells = [_cell(r[m][k], base[m]) for m in ("tok_s", "best_tok_s", "tok_cpu_s")]
             out.append(f"| {r['model']} | {k} | " + " | ".join(cells) + " |")
         if r.get("prefill_tok_s"):
-            pw, pc = r["prefill_tok_s"], r["prefill_tok_cpu_s"]
+            pw, pc, pb = r["prefill_tok_s"], r["prefill_tok_cpu_s"], r.get("prefill_best_tok_s", {})
             for k in pw:
-                out.append(f"| {r['model']} | pp{r['prefill_tokens']} {k} | {_cell(pw[k], pw[p])} | – | – | "
+                best = _cell(pb[k], pb[p]) if k in pb else "– | –"
+                out.append(f"| {r['model']} | pp{r['prefill_tokens']} {k} | {_cell(pw[k], pw[p])} | {best} | "
                            f"{_cell(pc[k], pc[p])} |")
     notes = [f"- {r['model']} on {r['cpu']}: {r['rounds']} rounds × {r['tokens_per_round']} tokens, {r['threads']} threads, "
              f"load average {r['loadavg_1m'][0]:.1f}–{r['loadavg_1m'][1]:.1f}, simd {r['simd']}, "
@@ -372,7 +379,8 @@ if __name__ == "__main__":
     ap.add_argument("--tokens", type=int, default=TOKENS)
     ap.add_argument("--threads", type=int, default=THREADS)
     ap.add_argument("--prefill", type=int, default=PREFILL, help="prompt tokens of the prefill figure (0: none)")
-    ap.add_argument("--models", nargs="*", default=[MODEL_05B, MODEL_15B])
+    ap.add_argument("--models", nargs="*", default=[MODEL_05B, MODEL_15B],
+                    help="real model names (../shared/models), or paths of GGUF files (e.g. a `fak synth` twin)")
     ap.add_argument("--llama-bench", help="path of a llama-bench binary (scripts/build-llama-bench): a peer")
     ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama-cpp-python peer")
     ap.add_argument("--untiled", action="store_true", help=f"add {UNTILED!r} (the kernels before the tiled prefill)")

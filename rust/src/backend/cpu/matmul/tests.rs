@@ -370,8 +370,8 @@ fn q0_levels_bit_identical_and_batch_invariant() {
     }
 }
 
-/// The register-tiled Q4_K / Q6_K prefill (`tiled`, AVX-512) against the one-row kernels it
-/// replaces: bit-identical outputs for row counts around its tile (4 rows) and panel (16 weight
+/// The register-tiled Q4_K / Q6_K prefill (`tiled`: AVX-512 and AVX2) against the one-row kernels
+/// it replaces (and the AVX-512 ones against the AVX2 ones): bit-identical outputs for row counts around its tile (4 rows) and panel (16 weight
 /// rows) sizes, at the real models' Q4_K/Q6_K shapes (Qwen2.5-Coder 1.5B: 1536/256/8960 × 1536,
 /// 1536 × 8960; 0.5B: 896 × 4864) and odd `n_out` (masked panel tails), for plain `matmul` rows
 /// (Q4_K's GEMV order; Q6_K's `ggml_vec_dot` order, which stays on the one-row kernel),
@@ -381,7 +381,8 @@ fn q0_levels_bit_identical_and_batch_invariant() {
 /// against llama.cpp.
 #[test]
 fn tiled_bit_identical() {
-    if !available_levels().contains(&SimdLevel::Avx512) {
+    let levels: Vec<SimdLevel> = available_levels().into_iter().filter(|&l| l >= SimdLevel::Avx2).collect();
+    if levels.is_empty() {
         return;
     }
     let mut rng = Rng(16);
@@ -403,15 +404,20 @@ fn tiled_bit_identical() {
                 let ubatch: Vec<LlamaRow> = (0..n).map(|r| LlamaRow { gemm4: r < n - n % 4, tiled: n >= 8, single: n == 1 }).collect();
                 let mixed: Vec<LlamaRow> = (0..n).map(|_| LlamaRow { gemm4: !rng.next().is_multiple_of(3), tiled: !rng.next().is_multiple_of(3), single: false }).collect();
                 for rows in [None, Some(&ubatch[..]), Some(&mixed[..])] {
-                    let go = |tiled: bool| {
+                    let go = |level: SimdLevel, tiled: bool| {
                         let mut y = vec![f32::NAN; n * n_out];
-                        matmul_impl(SimdLevel::Avx512, t, &w, n_out, k, &x, n, &mut y, rows, tiled).unwrap();
+                        matmul_impl(level, t, &w, n_out, k, &x, n, &mut y, rows, tiled).unwrap();
                         y
                     };
-                    let (want, got) = (go(false), go(true));
+                    let want = go(levels[0], false);
                     assert!(want.iter().all(|v| v.is_finite()), "{t:?} {n_out}x{k} rows {n}: non-finite reference");
-                    let bad = want.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
-                    assert!(bad.is_none(), "{t:?} {n_out}x{k} rows {n} ({:?}): first differing output {bad:?}: {:?} vs {:?}", rows.map(|r| r[0]), bad.map(|i| want[i]), bad.map(|i| got[i]));
+                    for &level in &levels {
+                        for tiled in [false, true] {
+                            let got = go(level, tiled);
+                            let bad = want.iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
+                            assert!(bad.is_none(), "{t:?} {level:?} tiled {tiled} {n_out}x{k} rows {n} ({:?}): first differing output {bad:?}: {:?} vs {:?}", rows.map(|r| r[0]), bad.map(|i| want[i]), bad.map(|i| got[i]));
+                        }
+                    }
                 }
             }
         }

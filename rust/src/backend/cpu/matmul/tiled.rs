@@ -1,11 +1,13 @@
-//! The register-tiled k-quant prefill on AVX-512 VNNI (Q4_K: [`tiled_q4k`](super::tiled_q4k),
-//! Q6_K: [`tiled_q6k`](super::tiled_q6k)): the driver. Weight rows are repacked per call into
-//! panels of [`PANEL`] rows, one per i32 lane of a `zmm` (llama.cpp's repacked-weights layout idea,
-//! ggml-cpu `repack.cpp`, done per call here so the mmapped GGUF stays as it is), and each panel is
-//! dotted with tiles of up to [`TILE_ROWS`] activation rows, 4 activation bytes broadcast into each
-//! `vpdpbusd`. Each format keeps the one-row kernel's exact integers and f32 order (its module says
-//! how), so results are bit-identical to it; rows of an order the tiled kernel does not implement
-//! go to the one-row kernel (`fallback`).
+//! The register-tiled k-quant prefill: the driver of the kernels on AVX-512 VNNI (Q4_K:
+//! [`tiled_q4k`](super::tiled_q4k), Q6_K: [`tiled_q6k`](super::tiled_q6k)) and on AVX2
+//! ([`tiled_avx2`](super::tiled_avx2), both formats). Weight rows are repacked per call into
+//! panels of [`PANEL`] rows, one per i32 lane of a `zmm` (AVX2: of two `ymm`) (llama.cpp's
+//! repacked-weights layout idea, ggml-cpu `repack.cpp`, done per call here so the mmapped GGUF
+//! stays as it is), and each panel is dotted with tiles of up to [`TILE_ROWS`] activation rows, 4
+//! activation bytes broadcast into each `vpdpbusd` (AVX2: `vpmaddubsw`). Each format keeps the
+//! one-row kernel's exact integers and f32 order (its module says how), so results are
+//! bit-identical to it at either level; rows of an order the tiled kernel does not implement go to
+//! the one-row kernel (`fallback`).
 //!
 //! Work: rayon tasks over groups of panels (each task repacks its panels once), and over activation
 //! rows when the panels are few; inside a task the activation rows go in chunks that stay in L2
@@ -17,14 +19,20 @@ use super::act::{BlockQ8K, LlamaRow};
 use super::{Kernel, OutPtr, MAX_ROWS, MAX_W};
 use rayon::prelude::*;
 
-/// Weight rows per panel: one per i32 lane of a 512-bit vector.
+/// Weight rows per panel: one per i32 lane of a 512-bit vector (AVX2: of two 256-bit vectors).
 pub(super) const PANEL: usize = 16;
 /// Activation rows per inner loop (the tile height).
 pub(super) const TILE_ROWS: usize = 4;
-/// Fewest activation rows for which the tiled kernels are used: at 8 rows the tiled Q4_K
-/// 8960 × 1536 matmul (repack included) took 1.10 ms against the one-row kernel's 1.20–1.27 ms, at
-/// 4 rows 0.94–0.98 against 0.54 ms (Intel Xeon, 2 threads, weights in L3; 2026-12-02).
-pub(super) const MIN_ROWS: usize = 8;
+/// Fewest activation rows for which the tiled Q4_K kernels are used (both levels): at 8 rows the
+/// tiled AVX-512 Q4_K 8960 × 1536 matmul (repack included) took 1.10 ms against the one-row
+/// kernel's 1.20–1.27 ms, at 4 rows 0.94–0.98 against 0.54 ms (Intel Xeon, 2 threads, weights in
+/// L3; 2026-12-02); the AVX2 one at 8 rows 75–100 against 64–68 GFLOP per CPU-second (2026-12-07).
+pub(super) const MIN_ROWS_Q4K: usize = 8;
+/// The same for Q6_K (both levels): its repack costs more per weight row (the 6-bit values
+/// assembled), so at 8 rows the tiled kernels lost on the 1.5B's large matrices (61–66 against
+/// 82–100 GFLOP per CPU-second), at 16 they win (AVX2 97–115 against 83–87, AVX-512 114–137
+/// against 89–107; Intel Xeon, 2026-12-07).
+pub(super) const MIN_ROWS_Q6K: usize = 16;
 /// Bytes of activations a task keeps in L2 under its panels.
 const CHUNK_BYTES: usize = 384 << 10;
 /// Most bytes of repacked panels per task.
@@ -43,7 +51,10 @@ pub(super) trait TiledFormat {
     fn aux(a: &[BlockQ8K]) -> Vec<[i32; 4]>;
     /// Repacks `rows` (≤ [`PANEL`]) weight rows, `row_bytes` apart in `w`, into `out[..nb]`; lanes
     /// past `rows` are zero.
-    fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Self::Panel]);
+    ///
+    /// # Safety
+    /// The CPU supports the format's instructions (as for `tile`).
+    unsafe fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Self::Panel]);
     /// `out[r·out_stride + c] = W_row(c) · a_row(r)`, `r < nr` (1..=[`TILE_ROWS`]), `c < cols`.
     ///
     /// # Safety
@@ -93,7 +104,8 @@ pub(super) unsafe fn matmul<F: TiledFormat>(w: &[u8], n_out: usize, nb: usize, a
         let mut buf = vec![F::ZERO; nb * (p1 - p0)];
         for pi in p0..p1 {
             let o = pi * PANEL;
-            F::repack(&w[o * row_bytes..], row_bytes, PANEL.min(n_out - o), nb, &mut buf[(pi - p0) * nb..]);
+            // SAFETY: the caller guarantees the format's CPU features.
+            unsafe { F::repack(&w[o * row_bytes..], row_bytes, PANEL.min(n_out - o), nb, &mut buf[(pi - p0) * nb..]) };
         }
         for c0 in (r0..r1).step_by(chunk) {
             let c1 = (c0 + chunk).min(r1);

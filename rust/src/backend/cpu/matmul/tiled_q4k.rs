@@ -25,6 +25,7 @@
 use super::act::{BlockQ8K, LlamaRow};
 use super::blocks;
 use super::tiled::{TiledFormat, PANEL, TILE_ROWS};
+use super::tiled_avx2::{q4_scales8, transpose8};
 use core::arch::x86_64::*;
 
 /// One super-block of 16 weight rows, repacked (see the module docs).
@@ -44,27 +45,36 @@ pub(super) struct Panel {
 const ZERO_PANEL: Panel = Panel { qs: [[0; 64]; 32], sc: [[0.0; PANEL]; 8], mn: [[0; PANEL]; 4], d: [0.0; PANEL], dmin: [0.0; PANEL] };
 
 /// Repacks weight rows `rows` (≤ 16, each `nb` Q4_K blocks, `row_bytes` apart from `w`) into
-/// `out[..nb]`; lanes past `rows` get zero weights and scales.
-fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Panel]) {
+/// `out[..nb]`; lanes past `rows` get zero weights and scales. The quant bytes go 8 rows at a
+/// time through an AVX2 transpose of 4-byte groups ([`transpose8`]), the scales likewise
+/// ([`q4_scales8`]).
+///
+/// # Safety
+/// AVX2 + F16C.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Panel]) {
     use blocks::q4_k::*;
     for (i, p) in out[..nb].iter_mut().enumerate() {
         if rows < PANEL {
             *p = ZERO_PANEL;
         }
-        for c in 0..rows {
-            let b = &w[c * row_bytes + i * BYTES..][..BYTES];
-            for t in 0..32 {
-                p.qs[t][4 * c..4 * c + 4].copy_from_slice(&b[QS + 4 * t..QS + 4 * t + 4]);
-            }
-            let (sc, mn) = blocks::k4_scales_mins(&b[SCALES..SCALES + 12]);
-            for s in 0..8 {
-                p.sc[s][c] = sc[s] as f32;
-            }
+        for h in 0..rows.div_ceil(8) {
+            let n = (rows - 8 * h).min(8);
             for j in 0..4 {
-                p.mn[j][c] = mn[2 * j] as i32 | (mn[2 * j + 1] as i32) << 16;
+                let v = core::array::from_fn(|c| if c < n { _mm256_loadu_si256(w[(8 * h + c) * row_bytes + i * BYTES + QS + 32 * j..][..32].as_ptr() as *const __m256i) } else { _mm256_setzero_si256() });
+                for (g, t) in transpose8(v).into_iter().enumerate() {
+                    _mm256_store_si256(p.qs[8 * j + g][32 * h..].as_mut_ptr() as *mut __m256i, t);
+                }
             }
-            p.d[c] = blocks::f16_bits_to_f32(u16::from_le_bytes([b[D], b[D + 1]]));
-            p.dmin[c] = blocks::f16_bits_to_f32(u16::from_le_bytes([b[DMIN], b[DMIN + 1]]));
+            let (t, d, dmin) = q4_scales8(|c| w[(8 * h + c) * row_bytes + i * BYTES..][..BYTES].as_ptr(), n);
+            for k in 0..4 {
+                let lo = _mm256_and_si256(t[k], _mm256_set1_epi32(0xFFFF));
+                _mm256_storeu_ps(p.sc[2 * k][8 * h..].as_mut_ptr(), _mm256_cvtepi32_ps(lo));
+                _mm256_storeu_ps(p.sc[2 * k + 1][8 * h..].as_mut_ptr(), _mm256_cvtepi32_ps(_mm256_srli_epi32::<16>(t[k])));
+                _mm256_storeu_si256(p.mn[k][8 * h..].as_mut_ptr() as *mut __m256i, t[4 + k]);
+            }
+            _mm256_storeu_ps(p.d[8 * h..].as_mut_ptr(), d);
+            _mm256_storeu_ps(p.dmin[8 * h..].as_mut_ptr(), dmin);
         }
     }
 }
@@ -72,7 +82,7 @@ fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Panel])
 /// Per activation row and super-block, the Q8_K sums of the 4 sub-block pairs as `vpdpwssd`
 /// operands: word `j` = the sums of sub-blocks `2j` (low i16) and `2j + 1` (high i16), each
 /// ≤ 32·128 in magnitude.
-fn pair_bsums(a: &[BlockQ8K]) -> Vec<[i32; 4]> {
+pub(super) fn pair_bsums(a: &[BlockQ8K]) -> Vec<[i32; 4]> {
     a.iter()
         .map(|y| {
             let s = |k: usize| (y.bsums[2 * k] as i32 + y.bsums[2 * k + 1] as i32) as i16 as u16 as i32;
@@ -179,7 +189,7 @@ impl TiledFormat for Q4K {
     fn aux(a: &[BlockQ8K]) -> Vec<[i32; 4]> {
         pair_bsums(a)
     }
-    fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Panel]) {
+    unsafe fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Panel]) {
         repack(w, row_bytes, rows, nb, out)
     }
     unsafe fn tile(mode: bool, nr: usize, p: *const Panel, nb: usize, a: *const BlockQ8K, aux: *const [i32; 4], out: *mut f32, out_stride: usize, cols: usize) {

@@ -19,6 +19,7 @@
 use super::act::{BlockQ8K, LlamaRow};
 use super::blocks;
 use super::tiled::{TiledFormat, PANEL, TILE_ROWS};
+use super::tiled_avx2::{q6_scales8, transpose8, u6_quarter};
 use core::arch::x86_64::*;
 
 /// One Q6_K super-block of 16 weight rows, repacked (see the module docs).
@@ -36,47 +37,35 @@ pub(super) struct Panel {
 
 const ZERO_PANEL: Panel = Panel { u: [[0; 64]; 64], sc: [[0; PANEL]; 16], scp: [[0; PANEL]; 8], d: [0.0; PANEL] };
 
-/// The 256 unsigned 6-bit values of a Q6_K block in element order (ggml's layout: in half `n`,
-/// quarter `t` takes the low (`t` < 2) or high nibbles of `ql[64n + 32·(t mod 2) + l]` and bits
-/// `2t, 2t + 1` of `qh[32n + l]`); byte loops the compiler vectorizes.
-#[inline(always)]
-fn u6_block(b: &[u8]) -> [u8; 256] {
-    use blocks::q6_k::*;
-    let mut u = [0u8; 256];
-    for n in 0..2 {
-        let (ql, qh) = (&b[QL + 64 * n..QL + 64 * n + 64], &b[QH + 32 * n..QH + 32 * n + 32]);
-        let o = &mut u[128 * n..128 * n + 128];
-        for l in 0..32 {
-            let (lo, hi, h) = (ql[l], ql[32 + l], qh[l]);
-            o[l] = (lo & 0xF) | (h & 3) << 4;
-            o[32 + l] = (hi & 0xF) | ((h >> 2) & 3) << 4;
-            o[64 + l] = (lo >> 4) | ((h >> 4) & 3) << 4;
-            o[96 + l] = (hi >> 4) | ((h >> 6) & 3) << 4;
-        }
-    }
-    u
-}
-
-fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Panel]) {
+/// Repacks weight rows `rows` (≤ 16) into `out[..nb]`: the 6-bit values of 8 rows assembled 32 at
+/// a time ([`u6_quarter`]) and transposed 4 bytes at a time ([`transpose8`]), the scales likewise
+/// ([`q6_scales8`]).
+///
+/// # Safety
+/// AVX2 + F16C.
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Panel]) {
     use blocks::q6_k::*;
     for (i, p) in out[..nb].iter_mut().enumerate() {
         if rows < PANEL {
             *p = ZERO_PANEL;
         }
-        for c in 0..rows {
-            let b = &w[c * row_bytes + i * BYTES..][..BYTES];
-            let u = u6_block(b);
-            for t in 0..64 {
-                p.u[t][4 * c..4 * c + 4].copy_from_slice(&u[4 * t..4 * t + 4]);
-            }
-            let sc = |s: usize| b[SCALES + s] as i8;
-            for s in 0..16 {
-                p.sc[s][c] = sc(s) as i32;
-            }
+        for h in 0..rows.div_ceil(8) {
+            let n = (rows - 8 * h).min(8);
             for k in 0..8 {
-                p.scp[k][c] = (sc(2 * k) as i16 as u16 as i32) | (sc(2 * k + 1) as i32) << 16;
+                let v = core::array::from_fn(|c| if c < n { u6_quarter(w[(8 * h + c) * row_bytes + i * BYTES..][..BYTES].as_ptr(), k) } else { _mm256_setzero_si256() });
+                for (g, t) in transpose8(v).into_iter().enumerate() {
+                    _mm256_store_si256(p.u[8 * k + g][32 * h..].as_mut_ptr() as *mut __m256i, t);
+                }
             }
-            p.d[c] = blocks::f16_bits_to_f32(u16::from_le_bytes([b[D], b[D + 1]]));
+            let (t, d) = q6_scales8(|c| w[(8 * h + c) * row_bytes + i * BYTES..][..BYTES].as_ptr(), n);
+            for k in 0..8 {
+                _mm256_storeu_si256(p.scp[k][8 * h..].as_mut_ptr() as *mut __m256i, t[k]);
+                let lo = _mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(t[k]));
+                _mm256_storeu_si256(p.sc[2 * k][8 * h..].as_mut_ptr() as *mut __m256i, lo);
+                _mm256_storeu_si256(p.sc[2 * k + 1][8 * h..].as_mut_ptr() as *mut __m256i, _mm256_srai_epi32::<16>(t[k]));
+            }
+            _mm256_storeu_ps(p.d[8 * h..].as_mut_ptr(), d);
         }
     }
 }
@@ -142,7 +131,7 @@ impl TiledFormat for Q6K {
     fn aux(_: &[BlockQ8K]) -> Vec<[i32; 4]> {
         Vec::new()
     }
-    fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Panel]) {
+    unsafe fn repack(w: &[u8], row_bytes: usize, rows: usize, nb: usize, out: &mut [Panel]) {
         repack(w, row_bytes, rows, nb, out)
     }
     unsafe fn tile(_: bool, nr: usize, p: *const Panel, nb: usize, a: *const BlockQ8K, _: *const [i32; 4], out: *mut f32, out_stride: usize, cols: usize) {
