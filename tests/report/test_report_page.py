@@ -171,3 +171,19 @@ def test_page_in_chromium(browser, fixture: str, tmp_path: Path) -> None:
     assert page.is_visible("#instances")
     assert errors == []
     page.close()
+
+
+def test_prefix_cache_plot_from_recorded_usage(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(FLEET, run_dir)
+    (run_dir / "health.json").unlink()
+    html = render_report(load_run(run_dir))
+    assert "prefix-cache hits %" not in html and "prefix-cache hits</span>" not in html
+    for traj in (run_dir / "trajectories").glob("*.traj.json"):
+        t = json.loads(traj.read_text())
+        for s in t["steps"]:
+            s["usage"]["cached_tokens"] = s["usage"]["prompt_tokens"] // 2
+        traj.write_text(json.dumps(t))
+    html = render_report(load_run(run_dir))
+    assert "prefix-cache hits %" in html  # the plot's second panel
+    assert re.search(r"<b>(49\.\d|50\.0)%</b><span>prefix-cache hits", html)
