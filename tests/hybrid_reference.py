@@ -116,7 +116,7 @@ class HybridModel:
         # the l2 norm: rms_norm(x, eps / n) / sqrt(n) == x / sqrt(sum x^2 + eps)
         q = q / np.sqrt(np.sum(q * q, axis=-1, keepdims=True) + self.eps)
         k = k / np.sqrt(np.sum(k * k, axis=-1, keepdims=True) + self.eps)
-        state = np.zeros((Hv, S, S))                                      # state[h][i][j] = S[i][j]: k index i, v index j
+        state = np.zeros((Hv, S, S))                      # state[h][i][j] = S[i][j]: k index i, v index j
         out = np.zeros((T, Hv, S))
         for t in range(T):
             for hv in range(Hv):
@@ -155,14 +155,14 @@ class HybridModel:
         k = self._rope(self._norm(k, b + "attn_k_norm.weight"))
         # llama.cpp's F16 KV cache, and its F16 dot products against it (the f32 operand converted)
         k, v, q = _f16(k), _f16(v), _f16(q)
-        out = np.zeros((T, H, d))
+        heads = np.zeros((T, H, d))
         mask = np.triu(np.full((T, T), -np.inf), 1)
         for hq in range(H):
             hk = hq // (H // Hkv)                                         # GQA: consecutive q heads share
             s = q[:, hq] @ k[:, hk].T / np.sqrt(d) + mask
             p = np.exp(s - s.max(axis=1, keepdims=True))
-            out[:, hq] = _f16(p / p.sum(axis=1, keepdims=True)) @ v[:, hk]
-        out = out.reshape(T, H * d)
+            heads[:, hq] = _f16(p / p.sum(axis=1, keepdims=True)) @ v[:, hk]
+        out = heads.reshape(T, H * d)
         trace[("attn_pregate", i)] = out
         res = (out * _sigmoid(gate)) @ w[b + "attn_output.weight"].T
         trace[("attn_output", i)] = res

@@ -32,7 +32,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -241,7 +241,7 @@ def plan_tiny_model(arch: Arch = "qwen2", *, n_layer: int | None = None, n_embd:
     hybrid = arch in HYBRID_ARCHS
     if not moe and any(v is not None for v in (n_expert, n_expert_used, n_ff_exp)) or (not moe and router_ties):
         raise ValueError(f"n_expert, n_expert_used, n_ff_exp and router_ties apply to qwen3moe / qwen35moe, not {arch}")
-    ssm_args = {"ssm_state_size": ssm_state_size, "ssm_group_count": ssm_group_count,
+    ssm_args: dict[str, Any] = {"ssm_state_size": ssm_state_size, "ssm_group_count": ssm_group_count,
                 "ssm_time_step_rank": ssm_time_step_rank, "ssm_conv_kernel": ssm_conv_kernel,
                 "full_attention_interval": full_attention_interval, "n_rot": n_rot, "rope_sections": rope_sections}
     if not hybrid and any(v is not None for v in ssm_args.values()):
@@ -268,7 +268,7 @@ def plan_tiny_model(arch: Arch = "qwen2", *, n_layer: int | None = None, n_embd:
         n_expert=(32 if n_expert is None else n_expert) if moe else 0,
         n_expert_used=(4 if n_expert_used is None else n_expert_used) if moe else 0,
         n_ff_exp=(n_embd if n_ff_exp is None else n_ff_exp) if moe else 0,
-        **(_tiny_hybrid_args(arch, head_dim, n_embd if n_ff_exp is None else n_ff_exp, ssm_args, n_ff_shexp)
+        **(_tiny_hybrid_args(arch, head_dim or 0, n_embd if n_ff_exp is None else n_ff_exp, ssm_args, n_ff_shexp)
            if hybrid else {}))
     if moe and cfg.n_expert < 2:
         raise ValueError(f"a {arch} model needs at least 2 experts, got {cfg.n_expert}")
@@ -294,19 +294,19 @@ def plan_tiny_model(arch: Arch = "qwen2", *, n_layer: int | None = None, n_embd:
     return GGUFPlan(arch, meta, tensors, values=values)
 
 
-def _tiny_hybrid_args(arch: str, head_dim: int, n_ff_exp: int, given: dict[str, object],
-                      n_ff_shexp: int | None) -> dict[str, object]:
+def _tiny_hybrid_args(arch: str, head_dim: int, n_ff_exp: int, given: dict[str, Any],
+                      n_ff_shexp: int | None) -> dict[str, Any]:
     """ArchConfig's hybrid fields of a tiny model: the given ones, the rest defaulted (4 taps, 64-wide
     Gated DeltaNet heads, 2 q/k heads, 4 v heads, every 4th layer full attention, a quarter of each
     attention head rotated as in Qwen3.5, Qwen3.5's section split, shared expert as wide as one)."""
     n_rot = given["n_rot"] if given["n_rot"] is not None else max(2, head_dim // 4 // 2 * 2)
     sections = given["rope_sections"]
-    out: dict[str, object] = {
+    out: dict[str, Any] = {
         "ssm_state_size": 64, "ssm_group_count": 2, "ssm_time_step_rank": 4, "ssm_conv_kernel": 4,
         "full_attention_interval": 4,
         **{k: v for k, v in given.items() if v is not None and k not in ("n_rot", "rope_sections")},
         "n_rot": n_rot,
-        "rope_sections": tuple(sections) if sections is not None else default_rope_sections(n_rot),  # type: ignore[arg-type]
+        "rope_sections": tuple(sections) if sections is not None else default_rope_sections(n_rot),
     }
     if arch == "qwen35moe":
         out["n_ff_shexp"] = n_ff_exp if n_ff_shexp is None else n_ff_shexp
