@@ -8,8 +8,12 @@ template; twins reproduce real layouts (``--like`` on the real 0.5B file, the 1.
 the real 1.5B file, the 7B preset against llama.cpp's Q4_K_M rule); the qwen3 / qwen3moe tiny models
 have llama.cpp's names (``gguf`` ``MODEL_TENSORS``), shapes, metadata keys, Qwen3 / Qwen3-Coder
 tokens and templates, and a router that routes; the Qwen3 presets have the real files' header and
-tensor table (without writing 5-17 GB). That llama.cpp itself loads and runs the tiny qwen3 /
-qwen3moe files is what their goldens show (``scripts/make_goldens.py --tiny``).
+tensor table (without writing 5-17 GB). The Qwen3.5/3.6 hybrids (qwen35 / qwen35moe) likewise: their
+Gated DeltaNet and gated-attention layers' names, shapes and ``ssm.*`` keys in the real files'
+order, llama.cpp's Q4_K_M rule for them, a stable recurrence, their tokenizer and template (thinking,
+XML tool calls), the prompts of their goldens, and the Qwen3.6 27B / 35B-A3B presets. That
+llama.cpp itself loads and runs the tiny files is what their goldens show
+(``scripts/make_goldens.py --tiny``).
 
 To add a format: add it to ``fak.synth.blocks.FORMATS`` and to ``FORMATS_UNDER_TEST`` below.
 """
