@@ -1183,7 +1183,7 @@ mod tests {
     #[test]
     fn wide_window_is_bit_identical_to_none() {
         let kvw = 2 * 64;
-        let layout = KvLayout { n_layer: 1, n_blocks: 16, block_size: 16, n_head_kv: 2, head_dim: 64 };
+        let layout = KvLayout { n_layer: 1, n_blocks: 16, block_size: 16, n_head_kv: 2, head_dim: 64, state_layers: 0, state_slots: 0, state_len: 0 };
         let mut cache = CpuKvCache::new(layout).unwrap();
         let table: Vec<u32> = (0..8).rev().collect();
         let n = 100;
@@ -1210,7 +1210,7 @@ mod tests {
     #[test]
     fn windowed_row_is_independent_of_tiling() {
         let kvw = 2 * 64;
-        let layout = KvLayout { n_layer: 1, n_blocks: 16, block_size: 16, n_head_kv: 2, head_dim: 64 };
+        let layout = KvLayout { n_layer: 1, n_blocks: 16, block_size: 16, n_head_kv: 2, head_dim: 64, state_layers: 0, state_slots: 0, state_len: 0 };
         let mut cache = CpuKvCache::new(layout).unwrap();
         let table: Vec<u32> = (0..12).collect();
         let n = 180;
