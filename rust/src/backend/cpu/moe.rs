@@ -141,23 +141,38 @@ impl ExpertMatmul<'_> {
             by_expert[e].push(p);
         }
         let group = |p: usize| groups.map_or(p / k, |g| g[p / k] as usize);
+        // k-quant weights: every input row quantized to Q8_K once (a token's row is read by each
+        // of its k experts), each expert gathering its rows' blocks (a quarter of the f32 bytes).
+        let k_quant = matches!(self.wtype, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q4_K | GgmlType::Q5_K | GgmlType::Q6_K);
+        let q8k = if k_quant { Some(matmul::quantize_q8k(x, k_in)?) } else { None };
+        let nb = k_in / 256;
         let results: Vec<(usize, Vec<f32>)> = by_expert
             .par_iter()
             .enumerate()
             .filter(|(_, ps)| !ps.is_empty())
             .map(|(e, ps)| -> Result<(usize, Vec<f32>)> {
                 let we = self.expert(e)?;
-                let mut xs = Vec::with_capacity(ps.len() * k_in);
-                let mut kinds = Vec::with_capacity(ps.len());
-                for &p in ps {
-                    let i = if x_per_pair { p } else { p / k };
-                    xs.extend_from_slice(&x[i * k_in..(i + 1) * k_in]);
+                let kinds = ps.iter().map(|&p| {
                     let g = group(p);
                     let routed = ps.iter().filter(|&&q| group(q) == g).count();
-                    kinds.push(LlamaRow { gemm4: false, tiled: routed >= TILED_MIN_ROUTED, single: true });
-                }
+                    LlamaRow { gemm4: false, tiled: routed >= TILED_MIN_ROUTED, single: true }
+                });
+                let src = |p: usize| if x_per_pair { p } else { p / k };
                 let mut y = vec![0f32; ps.len() * n_out];
-                matmul::matmul_rows(self.wtype, we, n_out, k_in, &xs, ps.len(), &mut y, &kinds)?;
+                if let Some(a) = &q8k {
+                    let mut blocks = Vec::with_capacity(ps.len() * nb);
+                    for (&p, kind) in ps.iter().zip(kinds) {
+                        let i = src(p);
+                        blocks.extend(a[i * nb..(i + 1) * nb].iter().map(|b| matmul::BlockQ8K { row: kind, ..*b }));
+                    }
+                    matmul::matmul_q8k(self.wtype, we, n_out, k_in, &blocks, ps.len(), &mut y)?;
+                } else {
+                    let mut xs = Vec::with_capacity(ps.len() * k_in);
+                    for &p in ps {
+                        xs.extend_from_slice(&x[src(p) * k_in..(src(p) + 1) * k_in]);
+                    }
+                    matmul::matmul_rows(self.wtype, we, n_out, k_in, &xs, ps.len(), &mut y, &kinds.collect::<Vec<_>>())?;
+                }
                 Ok((e, y))
             })
             .collect::<Result<_>>()?;

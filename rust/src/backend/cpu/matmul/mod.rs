@@ -189,37 +189,7 @@ fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usi
                     blocks.iter_mut().for_each(|b| b.row = kind);
                 }
             }
-            #[cfg(target_arch = "x86_64")]
-            if tiled && level >= SimdLevel::Avx2 {
-                use tiled::{any_tiled, matmul as tiled_mm, MIN_ROWS_Q4K, MIN_ROWS_Q6K};
-                let avx512 = level == SimdLevel::Avx512;
-                // SAFETY (all four): the level (checked against the CPU above) includes the
-                // kernel's instructions (Avx512: AVX-512 F/BW/VL/VNNI; Avx2: AVX2 + FMA), `kern`
-                // is that level's; the lengths were checked above.
-                match wtype {
-                    GgmlType::Q4_K if n_rows < MIN_ROWS_Q4K => {}
-                    GgmlType::Q6_K if n_rows < MIN_ROWS_Q6K => {}
-                    GgmlType::Q4_K if avx512 => {
-                        unsafe { tiled_mm::<tiled_q4k::Q4K>(w, n_out, nb, &a, n_rows, y, kern) };
-                        return Ok(());
-                    }
-                    GgmlType::Q4_K => {
-                        unsafe { tiled_mm::<tiled_avx2::Q4KAvx2>(w, n_out, nb, &a, n_rows, y, kern) };
-                        return Ok(());
-                    }
-                    GgmlType::Q6_K if avx512 && any_tiled::<tiled_q6k::Q6K>(&a, nb) => {
-                        unsafe { tiled_mm::<tiled_q6k::Q6K>(w, n_out, nb, &a, n_rows, y, kern) };
-                        return Ok(());
-                    }
-                    GgmlType::Q6_K if !avx512 && any_tiled::<tiled_avx2::Q6KAvx2>(&a, nb) => {
-                        unsafe { tiled_mm::<tiled_avx2::Q6KAvx2>(w, n_out, nb, &a, n_rows, y, kern) };
-                        return Ok(());
-                    }
-                    _ => {}
-                }
-            }
-            let _ = tiled;
-            drive(kern, None, w, &a, nb, shape, y)
+            q8k_drive(level, wtype, kern, w, &a, shape, y, tiled)
         }
         Plan::F32(kern) => match rows.filter(|r| r.iter().any(|r| r.single)) {
             None => drive(kern, None, w, x, k, shape, y),
@@ -228,6 +198,74 @@ fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usi
         Plan::F16(kern) => drive(kern, None, w, &quantize_rows(x, k, 1, q.f16), k, shape, y),
         Plan::BF16(kern) => drive(kern, None, w, &quantize_rows(x, k, 1, q.bf16), k, shape, y),
     }
+    Ok(())
+}
+
+/// The k-quant matmul on Q8_K activations `a` (`shape.n_rows` rows of `shape.nb` blocks, each
+/// row's [`LlamaRow`] in its blocks): the register-tiled kernels where `tiled` and the level and
+/// row count take them, else `kern` through [`drive`].
+#[allow(clippy::too_many_arguments)]
+fn q8k_drive(level: SimdLevel, wtype: GgmlType, kern: Kernel<BlockQ8K>, w: &[u8], a: &[BlockQ8K], shape: Shape, y: &mut [f32], tiled: bool) {
+    let Shape { n_out, nb, n_rows, .. } = shape;
+    #[cfg(target_arch = "x86_64")]
+    if tiled && level >= SimdLevel::Avx2 {
+        use tiled::{any_tiled, matmul as tiled_mm, MIN_ROWS_Q4K, MIN_ROWS_Q6K};
+        let avx512 = level == SimdLevel::Avx512;
+        // SAFETY (all four): the level (checked against the CPU by the callers) includes the
+        // kernel's instructions (Avx512: AVX-512 F/BW/VL/VNNI; Avx2: AVX2 + FMA + F16C), `kern`
+        // is that level's; the callers checked the lengths.
+        match wtype {
+            GgmlType::Q4_K if n_rows < MIN_ROWS_Q4K => {}
+            GgmlType::Q6_K if n_rows < MIN_ROWS_Q6K => {}
+            GgmlType::Q4_K if avx512 => return unsafe { tiled_mm::<tiled_q4k::Q4K>(w, n_out, nb, a, n_rows, y, kern) },
+            GgmlType::Q4_K => return unsafe { tiled_mm::<tiled_avx2::Q4KAvx2>(w, n_out, nb, a, n_rows, y, kern) },
+            GgmlType::Q6_K if avx512 && any_tiled::<tiled_q6k::Q6K>(a, nb) => {
+                return unsafe { tiled_mm::<tiled_q6k::Q6K>(w, n_out, nb, a, n_rows, y, kern) };
+            }
+            GgmlType::Q6_K if !avx512 && any_tiled::<tiled_avx2::Q6KAvx2>(a, nb) => {
+                return unsafe { tiled_mm::<tiled_avx2::Q6KAvx2>(w, n_out, nb, a, n_rows, y, kern) };
+            }
+            _ => {}
+        }
+    }
+    let _ = (level, wtype, tiled);
+    drive(kern, None, w, a, nb, shape, y)
+}
+
+/// Q8_K activations of `x` (`[n_rows, k]`, `k` a multiple of 256) exactly as [`matmul`] quantizes
+/// them for a k-quant weight type (`n_rows · k / 256` blocks, row after row; `row` fields
+/// default), for [`matmul_q8k`]: a row that several matmuls read (a token's row in a MoE layer,
+/// read by each of its experts) is quantized once.
+///
+/// Errors: [`FakError::InvalidArgument`] when `k` is not a multiple of 256 or `x.len()` of `k`.
+pub fn quantize_q8k(x: &[f32], k: usize) -> Result<Vec<BlockQ8K>> {
+    if k == 0 || !k.is_multiple_of(act::QK_K) || !x.len().is_multiple_of(k) {
+        return Err(FakError::invalid("k", format!("{k} is not a multiple of 256 dividing {} inputs", x.len())));
+    }
+    Ok(quantize_rows(x, k, act::QK_K, Quantizers::at(simd::active_level()).q8_k))
+}
+
+/// [`matmul_rows`] on activations already quantized by [`quantize_q8k`]: `a` holds `n_rows` rows
+/// of `k / 256` Q8_K blocks, each row's [`LlamaRow`] in its blocks' `row` field; k-quant weights
+/// (Q2_K … Q6_K) only. Same results as [`matmul_rows`] on the rows the blocks came from.
+///
+/// Errors: [`FakError::Unsupported`] for a weight type whose activations are not Q8_K;
+/// [`FakError::InvalidArgument`] for lengths that do not match the shape.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_q8k(wtype: GgmlType, w: &[u8], n_out: usize, k: usize, a: &[BlockQ8K], n_rows: usize, y: &mut [f32]) -> Result<()> {
+    let level = simd::active_level();
+    let Some(Plan::Q8K(kern)) = plan(wtype, level) else {
+        return Err(FakError::Unsupported(format!("Q8_K activations for {} weights", wtype.name())));
+    };
+    let nb = k / act::QK_K;
+    let row_bytes = nb * wtype.block_geometry().1;
+    if !k.is_multiple_of(act::QK_K) || w.len() != n_out * row_bytes || a.len() != n_rows * nb || y.len() != n_rows * n_out {
+        return Err(FakError::invalid("a", format!("{} blocks, {} weight bytes, {} outputs for [{n_rows}, {k}] × {n_out} rows of {}", a.len(), w.len(), y.len(), wtype.name())));
+    }
+    if n_rows == 0 || n_out == 0 {
+        return Ok(());
+    }
+    q8k_drive(level, wtype, kern, w, a, Shape { n_out, nb, row_bytes, n_rows }, y, tiled_on());
     Ok(())
 }
 

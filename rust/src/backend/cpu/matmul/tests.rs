@@ -423,3 +423,31 @@ fn tiled_bit_identical() {
         }
     }
 }
+
+/// [`matmul_q8k`] on [`quantize_q8k`]'s blocks (the MoE experts' path: each row quantized once,
+/// its blocks gathered per expert with the row's [`LlamaRow`]) gives [`matmul_rows`]' bits, for
+/// row counts around the tiled kernels' thresholds, on the level in use.
+#[test]
+fn q8k_activations_match_matmul_rows() {
+    let mut rng = Rng(27);
+    for (t, f16_fields) in [(GgmlType::Q4_K, &[0usize, 2][..]), (GgmlType::Q5_K, &[0, 2][..]), (GgmlType::Q6_K, &[208][..])] {
+        let (n_out, k) = (37, 512);
+        let w = random_weights(t, f16_fields, n_out, k, &mut rng);
+        for n in [1, 5, 8, 17, 40] {
+            let x = random_x(n * k, &mut rng);
+            let rows: Vec<LlamaRow> = (0..n).map(|_| LlamaRow { gemm4: rng.next().is_multiple_of(2), tiled: rng.next().is_multiple_of(2), single: true }).collect();
+            let mut want = vec![f32::NAN; n * n_out];
+            matmul_rows(t, &w, n_out, k, &x, n, &mut want, &rows).unwrap();
+            let mut a = quantize_q8k(&x, k).unwrap();
+            for (blocks, &kind) in a.chunks_mut(k / 256).zip(&rows) {
+                blocks.iter_mut().for_each(|b| b.row = kind);
+            }
+            let mut got = vec![f32::NAN; n * n_out];
+            matmul_q8k(t, &w, n_out, k, &a, n, &mut got).unwrap();
+            assert!(want.iter().zip(&got).all(|(a, b)| a.to_bits() == b.to_bits()), "{t:?} rows {n}");
+        }
+    }
+    let mut y = vec![0f32; 4];
+    assert!(matches!(matmul_q8k(GgmlType::Q8_0, &[0; 34 * 4], 4, 32, &[], 1, &mut y), Err(FakError::Unsupported(_))));
+    assert!(quantize_q8k(&[0.0; 100], 100).is_err());
+}
