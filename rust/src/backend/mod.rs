@@ -700,12 +700,26 @@ pub trait Backend: Send + Sync + Sized + 'static {
         Err(crate::FakError::Unsupported(format!("Gated DeltaNet layers (hybrid models) on the {} backend", self.name())))
     }
 
+    /// Copies a hybrid model's recurrent state from slot `from` to slot `to` (every state layer;
+    /// the prefix cache's checkpoints). The default: unsupported.
+    fn copy_state(&self, cache: &mut Self::KvCache, from: usize, to: usize) -> Result<()> {
+        let _ = (cache, from, to);
+        Err(crate::FakError::Unsupported(format!("recurrent state on the {} backend", self.name())))
+    }
+
     /// Gated attention's split of the query projection (llama.cpp `qwen35` `build_layer_attn`):
     /// `qg` is `[n_rows, n_head, 2·head_dim]` (each head's query then its gate); writes the queries
     /// to `q` and the gates to `gate`, each `[n_rows, n_head·head_dim]`. The default: unsupported.
     fn split_q_gate(&self, qg: &Self::Buffer, n_rows: usize, n_head: usize, head_dim: usize, q: &mut Self::Buffer, gate: &mut Self::Buffer) -> Result<()> {
         let _ = (qg, n_rows, n_head, head_dim, q, gate);
         Err(crate::FakError::Unsupported(format!("gated attention on the {} backend", self.name())))
+    }
+
+    /// `x[r, :] *= sigmoid(g[r])` for `n_rows` rows of `dim` (ggml `mul` of a row by a broadcast
+    /// `sigmoid` of one value: the shared expert's gate). The default: unsupported.
+    fn mul_rows_sigmoid(&self, x: &mut Self::Buffer, g: &Self::Buffer, n_rows: usize, dim: usize) -> Result<()> {
+        let _ = (x, g, n_rows, dim);
+        Err(crate::FakError::Unsupported(format!("a shared expert's gate on the {} backend", self.name())))
     }
 
     /// `x[i] *= sigmoid(gate[i])` for the first `n` elements (ggml `ggml_mul(x, ggml_sigmoid(g))`).

@@ -83,6 +83,44 @@ pub struct Scheduler {
     /// A hybrid model's recurrent-state slots (`KvLayout::state_slots`): which sequence holds
     /// each (empty for models without recurrent layers; [`Scheduler::enable_state_slots`]).
     state_slots: Vec<Option<u64>>,
+    /// A hybrid model's checkpoints of recurrent state at block boundaries, for the prefix cache.
+    ckpt: Checkpoints,
+}
+
+/// Checkpoints of a hybrid model's recurrent state, each in a state slot after the sequences'
+/// (`first + i`): the state after the block whose chained hash keys it, so that a later sequence
+/// whose prefix-cache hit ends at that block resumes from it. Least recently used first out.
+#[derive(Debug, Default)]
+struct Checkpoints {
+    first: usize,
+    /// Per checkpoint slot: the block hash it holds, and when it was last used.
+    slots: Vec<Option<(BlockHash, u64)>>,
+    clock: u64,
+    /// Copies the engine runs before the next forward: `(from slot, to slot)`.
+    copies: Vec<(usize, usize)>,
+}
+
+impl Checkpoints {
+    fn find(&mut self, h: BlockHash) -> Option<usize> {
+        self.clock += 1;
+        let clock = self.clock;
+        let i = self.slots.iter().position(|e| e.is_some_and(|(x, _)| x == h))?;
+        self.slots[i] = Some((h, clock));
+        Some(self.first + i)
+    }
+
+    /// A slot for `h` (a free one, else the least recently used), or `None` when `h` has one.
+    fn take(&mut self, h: BlockHash) -> Option<usize> {
+        if self.slots.is_empty() || self.slots.iter().any(|e| e.is_some_and(|(x, _)| x == h)) {
+            return None;
+        }
+        self.clock += 1;
+        let i = self.slots.iter().position(Option::is_none).unwrap_or_else(|| {
+            (0..self.slots.len()).min_by_key(|&i| self.slots[i].map_or(0, |(_, t)| t)).expect("non-empty")
+        });
+        self.slots[i] = Some((h, self.clock));
+        Some(self.first + i)
+    }
 }
 
 /// Most admissions [`Scheduler::take_admitted_hits`] keeps between two calls (a caller that
@@ -101,7 +139,21 @@ impl Scheduler {
             prefix_hit_tokens: 0,
             admitted_hits: Vec::new(),
             state_slots: Vec::new(),
+            ckpt: Checkpoints::default(),
         }
+    }
+
+    /// Keeps up to `n` checkpoints of recurrent state (state slots `first .. first + n`) for the
+    /// prefix cache of a hybrid model: a sequence admitted with a cache hit resumes from the
+    /// checkpoint of its hit's last block (the hit is cut back to the last block that has one).
+    pub fn enable_checkpoints(&mut self, first: usize, n: usize) {
+        self.ckpt = Checkpoints { first, slots: vec![None; n], ..Default::default() };
+    }
+
+    /// The state copies `(from slot, to slot)` to run before the next forward (checkpoints
+    /// taken after the last forward, checkpoints restored into admitted sequences' slots).
+    pub fn take_state_copies(&mut self) -> Vec<(usize, usize)> {
+        std::mem::take(&mut self.ckpt.copies)
     }
 
     /// Gives each running sequence one of `n` recurrent-state slots (`n` ≥ `max_batch`): a hybrid
@@ -285,6 +337,14 @@ impl Scheduler {
         s.n_cached += n_tokens;
         debug_assert!(s.n_cached <= s.tokens.len());
         s.register_full_blocks(&mut self.pool);
+        let bs = self.pool.block_size();
+        if !self.ckpt.slots.is_empty() && s.n_cached > 0 && s.n_cached % bs == 0 && self.pool.prefix_caching() {
+            let h = s.block_hash(&self.pool, s.n_cached / bs - 1).0;
+            let from = self.state_slots.iter().position(|&x| x == Some(id));
+            if let (Some(from), Some(to)) = (from, self.ckpt.take(h)) {
+                self.ckpt.copies.push((from, to));
+            }
+        }
         if let Some(w) = self.cfg.kv_window {
             s.release_outside_window(&mut self.pool, w);
         }
@@ -334,7 +394,25 @@ impl Scheduler {
             available -= need;
             let mut seq = self.waiting.pop_front().expect("front exists");
             self.prefix_query_tokens += seq.tokens.len() as u64;
+            let mut hits = hits;
+            let mut restore = None;
+            if self.recurrent() {
+                // A hybrid resumes only where a checkpoint of its recurrent state exists: the
+                // longest run of hits whose last block has one.
+                while let Some(k) = hits.len().checked_sub(1) {
+                    let h = seq.block_hash(&self.pool, k).0;
+                    if let Some(slot) = self.ckpt.find(h) {
+                        restore = Some(slot);
+                        break;
+                    }
+                    hits.pop();
+                }
+            }
             let hit = seq.take_cached(&mut self.pool, &hits);
+            if let Some(from) = restore {
+                let to = self.state_slot(seq.id);
+                self.ckpt.copies.push((from, to));
+            }
             self.prefix_hit_tokens += hit as u64;
             if self.admitted_hits.len() < MAX_ADMITTED_HITS {
                 self.admitted_hits.push((seq.id, hit));
@@ -365,7 +443,7 @@ impl Scheduler {
         self.admit();
         // Sequences in prefill at a block boundary: blocks another sequence completed since
         // their last look need not be computed again.
-        if self.pool.prefix_caching() {
+        if self.pool.prefix_caching() && self.state_slots.is_empty() {
             for s in &mut self.running {
                 if s.n_pending() > 1 {
                     let hits = s.find_cached(&self.pool, self.cfg.kv_window);
@@ -401,7 +479,16 @@ impl Scheduler {
                         continue;
                     }
                 }
-                let n = pending.min(budget);
+                let mut n = pending.min(budget);
+                if !self.state_slots.is_empty() && !self.ckpt.slots.is_empty() && n > 1 {
+                    // A hybrid's prefill ends one forward at the last block boundary before its
+                    // last token, where a checkpoint of the recurrent state is taken.
+                    let bs = self.pool.block_size();
+                    let b = (s.tokens.len() - 1) / bs * bs;
+                    if s.n_cached < b && s.n_cached + n > b {
+                        n = b - s.n_cached;
+                    }
+                }
                 budget -= n;
                 if caching && !pass_decode {
                     in_flight.extend(s.blocks_completed_by(&self.pool, n));

@@ -36,6 +36,7 @@ pub enum Arch {
     Qwen3,
     Qwen3Moe,
     Qwen35,
+    Qwen35Moe,
 }
 
 impl Arch {
@@ -47,6 +48,7 @@ impl Arch {
             "qwen3" => Ok(Arch::Qwen3),
             "qwen3moe" => Ok(Arch::Qwen3Moe),
             "qwen35" => Ok(Arch::Qwen35),
+            "qwen35moe" => Ok(Arch::Qwen35Moe),
             other => Err(FakError::Unsupported(format!(
                 "model architecture {other:?} (general.architecture); fak runs {}",
                 Arch::SUPPORTED
@@ -55,7 +57,7 @@ impl Arch {
     }
 
     /// The architectures fak runs, as an error message lists them.
-    pub const SUPPORTED: &'static str = "\"qwen2\", \"llama\", \"qwen3\", \"qwen3moe\" and \"qwen35\" (CPU)";
+    pub const SUPPORTED: &'static str = "\"qwen2\", \"llama\", \"qwen3\", \"qwen3moe\", and on the CPU \"qwen35\" and \"qwen35moe\"";
 
     /// The GGUF spelling (`"qwen2"`, `"llama"`, `"qwen3"`, `"qwen3moe"`), also the metadata key
     /// prefix.
@@ -66,6 +68,7 @@ impl Arch {
             Arch::Qwen3 => "qwen3",
             Arch::Qwen3Moe => "qwen3moe",
             Arch::Qwen35 => "qwen35",
+            Arch::Qwen35Moe => "qwen35moe",
         }
     }
 
@@ -74,7 +77,7 @@ impl Arch {
         match self {
             // qwen35: ggml_rope_multi (IMROPE sections); with the text positions of every section
             // equal it rotates as NEOX over the first `rope.dimension_count` dimensions.
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 => RopeStyle::Neox,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe => RopeStyle::Neox,
             Arch::Llama => RopeStyle::Norm,
         }
     }
@@ -88,18 +91,18 @@ impl Arch {
     /// `[head_dim]`) between the projection and RoPE (Qwen3; llama.cpp `build_norm` on the
     /// `[head_dim, n_head, n_tokens]` view).
     pub fn has_qk_norm(self) -> bool {
-        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35)
+        matches!(self, Arch::Qwen3 | Arch::Qwen3Moe | Arch::Qwen35 | Arch::Qwen35Moe)
     }
 
     /// Whether layers mix Gated DeltaNet (linear attention with a recurrent state per sequence)
     /// and gated full attention ([`HybridConfig`]; Qwen3.5/3.6, llama.cpp `src/models/qwen35.cpp`).
     pub fn is_hybrid(self) -> bool {
-        matches!(self, Arch::Qwen35)
+        matches!(self, Arch::Qwen35 | Arch::Qwen35Moe)
     }
 
     /// Whether every layer's FFN is a mixture of experts ([`MoeConfig`]).
     pub fn is_moe(self) -> bool {
-        matches!(self, Arch::Qwen3Moe)
+        matches!(self, Arch::Qwen3Moe | Arch::Qwen35Moe)
     }
 }
 
@@ -127,6 +130,10 @@ pub struct MoeConfig {
     /// tensor-parallel shard's share when the experts are divided among the shards
     /// (`crate::parallel::plan::MoeSplit::Experts`; its `ffn_*_exps` then stack only those).
     pub held: (usize, usize),
+    /// The shared expert's inner size (Qwen3.5-MoE: `{arch}.expert_shared_feed_forward_length`,
+    /// else `feed_forward_length`), run on every token beside the routed ones and gated by
+    /// `sigmoid(h·ffn_gate_inp_shexp)`; 0: no shared expert.
+    pub n_ff_shexp: usize,
 }
 
 /// The Gated DeltaNet layers of a hybrid model (llama.cpp `qwen35`, `delta-net-base.cpp`): per
@@ -318,7 +325,12 @@ fn moe_config(f: &GgufFile, a: &str, n_ff: usize) -> Result<MoeConfig> {
         Some(v) => v.as_bool().ok_or_else(|| FakError::model(format!("metadata {} must be a bool", k("expert_weights_norm"))))?,
     };
     let w_scale = get_f32(f, &k("expert_weights_scale"))?.unwrap_or(0.0);
-    Ok(MoeConfig { n_expert, n_expert_used, n_ff_exp, norm_w, w_scale, held: (0, n_expert) })
+    let n_ff_shexp = if a == "qwen35moe" {
+        get_usize(f, &k("expert_shared_feed_forward_length"))?.filter(|&v| v > 0).unwrap_or(n_ff)
+    } else {
+        0
+    };
+    Ok(MoeConfig { n_expert, n_expert_used, n_ff_exp, norm_w, w_scale, held: (0, n_expert), n_ff_shexp })
 }
 
 /// The [`HybridConfig`] of a `qwen35`-style file.

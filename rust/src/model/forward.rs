@@ -94,6 +94,8 @@ impl<B: Backend> Scratch<B> {
         let wide = c.n_embd.max(c.q_dim());
         // A MoE FFN runs each row through k experts of n_ff (= n_ff_exp) each.
         let ffn_rows = c.moe.map_or(1, |m| m.n_expert_used);
+        // (a shared expert's SwiGLU runs in the same buffers: n_ff_shexp a row)
+        let ffn_width = (ffn_rows * c.n_ff).max(c.moe.map_or(0, |m| m.n_ff_shexp));
         let moe = match c.moe {
             None => None,
             Some(m) => Some(MoeScratch {
@@ -114,8 +116,8 @@ impl<B: Backend> Scratch<B> {
             att: b.alloc_buffer(t * wide)?,
             att_l: b.alloc_buffer(max_logits * wide)?,
             tmp: b.alloc_buffer(t * c.n_embd)?,
-            gate: b.alloc_buffer(t * ffn_rows * c.n_ff)?,
-            up: b.alloc_buffer(t * ffn_rows * c.n_ff)?,
+            gate: b.alloc_buffer(t * ffn_width)?,
+            up: b.alloc_buffer(t * ffn_width)?,
             xl: b.alloc_buffer(max_logits * c.n_embd)?,
             logits: b.alloc_buffer(max_logits * c.n_vocab)?,
             batch: b.alloc_batch(limits)?,
@@ -249,9 +251,11 @@ impl<B: Backend> Model<B> {
                         d
                     }
                 };
-                if il + 1 == w.layers.len() && n_logits < n {
+                // The hybrids run their last layer on every row and keep only the rows that need
+                // logits after the output norm (llama.cpp qwen35: `embeddings_nextn_masked` off).
+                if il + 1 == w.layers.len() && n_logits < n && !c.arch.is_hybrid() {
                     // Last layer: only the rows that need logits go on (llama.cpp `inp_out_ids`);
-                    // every row's K/V (or recurrent state) is already in the cache.
+                    // every row's K/V is already in the cache.
                     pruned = true;
                     if n_logits > 0 {
                         be.gather_logit_rows(att, batch, aw, att_l)?;
@@ -312,7 +316,26 @@ fn block_tail<B: Backend>(
             be.swiglu(gate, up, n * c.n_ff)?;
             residual_proj(be, w_down, None, gate, n, d, tmp, x, comm)
         }
-        (Ffn::Moe { gate_inp, gate_exps, up_exps, down_exps }, Some(ms), Some(m)) => {
+        (Ffn::Moe { gate_inp, gate_exps, up_exps, down_exps, shared: Some(sh) }, Some(ms), Some(m)) => {
+            if comm.is_some() {
+                return Err(FakError::Unsupported("tensor parallelism of a MoE layer with a shared expert".into()));
+            }
+            // llama.cpp qwen35moe: (moe_out + shexp(h)·sigmoid(h·g)) + residual. moe_out lands in
+            // zeros (exact), the shared expert in the experts buffer, free once moe_ffn is done.
+            let w = MoeWeights { gate_inp, gate_exps, up_exps, down_exps };
+            let p = MoeParams { n_embd: d, n_expert: m.n_expert, k: m.n_expert_used, n_ff_exp: m.n_ff_exp, norm_w: m.norm_w, w_scale: m.w_scale };
+            be.zero(tmp, n * d)?;
+            let bufs = MoeBuffers { router: &mut ms.router, ids: &mut ms.ids, weights: &mut ms.weights, gate, up, experts: &mut ms.experts };
+            be.moe_ffn(h, &w, &p, n, bufs, tmp)?;
+            be.matmul_multi(&[(&sh.gate, None), (&sh.up, None)], h, n, &mut [&mut *gate, &mut *up])?;
+            be.swiglu(gate, up, n * m.n_ff_shexp)?;
+            be.matmul(&sh.down, None, gate, n, &mut ms.experts)?;
+            be.matmul(&sh.gate_inp, None, h, n, &mut ms.router)?;
+            be.mul_rows_sigmoid(&mut ms.experts, &ms.router, n, d)?;
+            be.add(tmp, &ms.experts, n * d)?;
+            be.add(x, tmp, n * d)
+        }
+        (Ffn::Moe { gate_inp, gate_exps, up_exps, down_exps, shared: None }, Some(ms), Some(m)) => {
             let w = MoeWeights { gate_inp, gate_exps, up_exps, down_exps };
             let p = MoeParams { n_embd: d, n_expert: m.n_expert, k: m.n_expert_used, n_ff_exp: m.n_ff_exp, norm_w: m.norm_w, w_scale: m.w_scale };
             let bufs = MoeBuffers { router: &mut ms.router, ids: &mut ms.ids, weights: &mut ms.weights, gate, up, experts: &mut ms.experts };

@@ -18,6 +18,15 @@ use crate::parallel::slice::{self, Cut, Sliced};
 use crate::parallel::ShardSpec;
 use crate::{FakError, Result};
 
+/// A MoE layer's shared expert (Qwen3.5-MoE): a SwiGLU MLP of `n_ff_shexp` on every row, its
+/// output times `sigmoid(h·gate_inp)` (`ffn_gate_inp_shexp`, `[n_embd]`).
+pub struct SharedExpert<B: Backend> {
+    pub gate_inp: B::Weight,
+    pub gate: B::Weight,
+    pub up: B::Weight,
+    pub down: B::Weight,
+}
+
 /// The FFN of one block: a dense SwiGLU MLP, or a mixture of experts.
 pub enum Ffn<B: Backend> {
     /// `(silu(h·Wgate) ⊙ h·Wup)·Wdown`.
@@ -25,7 +34,7 @@ pub enum Ffn<B: Backend> {
     /// `ffn_gate_inp` `[n_embd, n_expert]` (the router), and every expert's SwiGLU MLP stacked
     /// along the last axis: `ffn_gate_exps` / `ffn_up_exps` `[n_embd, n_ff_exp, n_expert]`,
     /// `ffn_down_exps` `[n_ff_exp, n_embd, n_expert]` (ggml order).
-    Moe { gate_inp: B::Weight, gate_exps: B::Weight, up_exps: B::Weight, down_exps: B::Weight },
+    Moe { gate_inp: B::Weight, gate_exps: B::Weight, up_exps: B::Weight, down_exps: B::Weight, shared: Option<SharedExpert<B>> },
 }
 
 /// The attention of one block.
@@ -291,11 +300,26 @@ impl<B: Backend> Weights<B> {
                         let (ne, fe) = (m.n_expert, m.n_ff_exp);
                         let host = i < n_cpu_moe;
                         let exps = |s: &str, shape: &[usize], cut: Cut| if host { l.required_host(&n(s), shape) } else { l.required(&n(s), shape, cut) };
+                        let shared = if m.n_ff_shexp > 0 && l.file.tensor(&n("ffn_up_shexp.weight")).is_some() {
+                            if shard.is_some() {
+                                return Err(FakError::Unsupported("tensor parallelism of a MoE layer with a shared expert".into()));
+                            }
+                            let fs = m.n_ff_shexp;
+                            Some(SharedExpert {
+                                gate_inp: l.required(&n("ffn_gate_inp_shexp.weight"), &[d], Cut::Whole)?,
+                                gate: l.required(&n("ffn_gate_shexp.weight"), &[d, fs], Cut::Whole)?,
+                                up: l.required(&n("ffn_up_shexp.weight"), &[d, fs], Cut::Whole)?,
+                                down: l.required(&n("ffn_down_shexp.weight"), &[fs, d], Cut::Whole)?,
+                            })
+                        } else {
+                            None
+                        };
                         Ffn::Moe {
                             gate_inp: l.required(&n("ffn_gate_inp.weight"), &[d, ne], Cut::Whole)?,
                             gate_exps: exps("ffn_gate_exps.weight", &[d, fe, ne], gate_up_cut.clone())?,
                             up_exps: exps("ffn_up_exps.weight", &[d, fe, ne], gate_up_cut.clone())?,
                             down_exps: exps("ffn_down_exps.weight", &[fe, d, ne], down_cut.clone())?,
+                            shared,
                         }
                     }
                 },

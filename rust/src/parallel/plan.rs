@@ -599,7 +599,7 @@ mod tests {
     fn a_moe_shard_runs_its_experts_or_its_columns_of_every_expert_with_the_whole_routing() {
         use crate::model::config::Arch;
         use crate::model::{RopeScaling, RopeScalingKind};
-        let moe = MoeConfig { n_expert: 128, n_expert_used: 8, n_ff_exp: 768, norm_w: true, w_scale: 0.0, held: (0, 128) };
+        let moe = MoeConfig { n_expert: 128, n_expert_used: 8, n_ff_exp: 768, norm_w: true, w_scale: 0.0, held: (0, 128), n_ff_shexp: 0 };
         let full = ModelConfig {
             arch: Arch::Qwen3Moe,
             n_layer: 2,

@@ -53,6 +53,14 @@ impl CpuKvCache {
         })
     }
 
+    /// Copies slot `from` of every state layer to slot `to`.
+    pub fn copy_state(&mut self, from: usize, to: usize) {
+        let n = self.layout.state_len;
+        for layer in &mut self.state {
+            layer.copy_within(from * n..(from + 1) * n, to * n);
+        }
+    }
+
     /// The recurrent state of slot `slot` in state layer `layer` (`state_len` f32).
     ///
     /// Panics when the slot or layer is outside the layout (a caller bug).

@@ -455,6 +455,19 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
+    fn copy_state(&self, cache: &mut CpuKvCache, from: usize, to: usize) -> Result<()> {
+        cache.copy_state(from, to);
+        Ok(())
+    }
+
+    fn mul_rows_sigmoid(&self, x: &mut CpuBuffer, g: &CpuBuffer, n_rows: usize, dim: usize) -> Result<()> {
+        for (row, &gv) in x.0.chunks_mut(dim).zip(&g.0).take(n_rows) {
+            let s = 1.0 / (1.0 + (-gv).exp());
+            row.iter_mut().for_each(|v| *v *= s);
+        }
+        Ok(())
+    }
+
     fn mul_sigmoid(&self, x: &mut CpuBuffer, gate: &CpuBuffer, n: usize) -> Result<()> {
         deltanet::mul_sigmoid(&mut x.0[..n], &gate.0[..n]);
         Ok(())

@@ -191,6 +191,12 @@ fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usi
             }
             q8k_drive(level, wtype, kern, w, &a, shape, y, tiled)
         }
+        // llamafile's tinyBLAS declines shapes it cannot tile (AVX-512: K not a multiple of 16,
+        // fewer than 4 or a ragged number of weight rows): ggml_vec_dot_f32 computes those.
+        Plan::F32(kern) if !k.is_multiple_of(16) || !n_out.is_multiple_of(4) => {
+            let alone = vec![LlamaRow { single: true, ..Default::default() }; n_rows];
+            f32_split(kern, w, n_out, k, x, n_rows, y, &alone)
+        }
         Plan::F32(kern) => match rows.filter(|r| r.iter().any(|r| r.single)) {
             None => drive(kern, None, w, x, k, shape, y),
             Some(rows) => f32_split(kern, w, n_out, k, x, n_rows, y, rows),
