@@ -15,8 +15,10 @@ adds a fresh ``cch=`` to every request, as the interactive CLI does. Conditions:
   so every request's prompt differs from its first block on);
 - ``after``: the gateway as it is (the block left out);
 - ``after, tight KV``: ``after`` with a KV cache of ``--tight-kv`` tokens (room for about one
-  main-agent prompt and a sub-agent's), without (``resident off``) and with (``resident on``)
-  the system turn sent as the sequence's resident prefix.
+  main-agent prompt and a sub-agent's), ``--sessions`` sessions of the task back to back (each its
+  own conversation, ``as_session``), without (``resident off``) and with (``resident on``) the
+  agents' system turns sent as resident prefixes (the gateway sends one once a second
+  conversation uses it).
 
 Per request: the prompt tokens, the tokens the prefix cache held (``cache_read_input_tokens``),
 and the time to the first content event of the stream (TTFT as the client sees it: the gateway
@@ -113,12 +115,34 @@ def serving(engine: Any, *, normalise: bool, resident: bool) -> Any:
         EngineServing.resident_prefix = saved_resident  # type: ignore[method-assign]
 
 
-def replay(srv: Any, max_tokens: int) -> list[dict[str, Any]]:
-    """Send every fixture (with a fresh ``cch``) and measure each (see the module doc)."""
+def as_session(body: dict[str, Any], session: int) -> dict[str, Any]:
+    """``body`` as the same request of another session of the same task: its own session id in
+    ``metadata.user_id`` (the conversation key) and its first user turn marked with the session,
+    so sessions share their agents' system turns and nothing after them."""
+    if session == 0:
+        return body
+    body = json.loads(json.dumps(body))
+    meta = body.get("metadata") or {}
+    meta["user_id"] = f"{meta.get('user_id', '')}#session-{session}"
+    body["metadata"] = meta
+    first = (body.get("messages") or [{}])[0]
+    content = first.get("content")
+    if isinstance(content, str):
+        first["content"] = f"(session {session}) {content}"
+    elif isinstance(content, list):
+        block = next((b for b in content if isinstance(b, dict) and b.get("type") == "text"), None)
+        if block is not None:
+            block["text"] = f"(session {session}) {block['text']}"
+    return body
+
+
+def replay(srv: Any, max_tokens: int, limit: int | None = None, sessions: int = 1) -> list[dict[str, Any]]:
+    """Send every fixture (the first ``limit``), each with a fresh ``cch``, ``sessions`` times
+    (``as_session``), and measure each (see the module doc)."""
     rows = []
     with httpx.Client(timeout=3600) as http:
-        for fx in fixtures():
-            body = with_cch(fx["body"])
+        for session, fx in ((k, fx) for k in range(sessions) for fx in fixtures()[:limit]):
+            body = with_cch(as_session(fx["body"], session))
             body.update(stream=True, max_tokens=max_tokens, temperature=0)
             headers = {k: v for k, v in fx["headers"].items() if k.startswith("anthropic-")}
             t0 = time.perf_counter()
@@ -135,7 +159,7 @@ def replay(srv: Any, max_tokens: int) -> list[dict[str, Any]]:
                     if ev["type"] == "message_delta":
                         usage = ev.get("usage") or {}
             prompt = int(usage.get("input_tokens", 0)) + int(usage.get("cache_read_input_tokens") or 0)
-            rows.append({"who": who(fx["body"]), "prompt_tokens": prompt,
+            rows.append({"who": who(fx["body"]), "session": session, "prompt_tokens": prompt,
                          "cached_tokens": int(usage.get("cache_read_input_tokens") or 0),
                          "ttft_s": round(ttft or 0.0, 4), "total_s": round(time.perf_counter() - t0, 4)})
     return rows
@@ -152,6 +176,9 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     out = {"all": agg(rows)}
     for name in sorted({r["who"] for r in rows}):
         out[name] = agg([r for r in rows if r["who"] == name])
+    for k in sorted({r["session"] for r in rows}):
+        if k:
+            out[f"session {k}"] = agg([r for r in rows if r["session"] == k])
     return out
 
 
@@ -201,12 +228,18 @@ def main() -> None:
                     help="KV tokens of the tight-cache conditions [default: skip them]")
     ap.add_argument("--overhead-rounds", type=int, default=200)
     ap.add_argument("--skip-replay", action="store_true")
+    ap.add_argument("--limit", type=int, default=None, help="replay the first N requests only")
+    ap.add_argument("--sessions", type=int, default=1,
+                    help="sessions of the task replayed back to back in the tight-KV conditions")
+    ap.add_argument("--conditions", default="before,after,tight",
+                    help="which replays: before, after, tight (the two tight-KV ones, with --tight-kv)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     from fak.engine import Engine
 
     result: dict[str, Any] = {"machine": machine(), "model": args.model, "fixtures": str(FIXTURES.relative_to(REPO)),
-                              "max_tokens": args.max_tokens, "date": time.strftime("%Y-%m-%d %H:%M")}
+                              "max_tokens": args.max_tokens, "limit": args.limit, "n_ctx": args.n_ctx,
+                              "date": time.strftime("%Y-%m-%d %H:%M")}
     model = args.model
     if model == "tiny":
         from fak.synth import write_tiny_model
@@ -214,15 +247,17 @@ def main() -> None:
         model = str(Path(tempfile.mkdtemp()) / "tiny.gguf")
         write_tiny_model(model)
     if not args.skip_replay:
-        conditions = [("before", True, False, True, None), ("after", True, True, True, None)]
-        if args.tight_kv:
+        wanted = set(args.conditions.split(","))
+        conditions = [c for c in [("before", True, False, True, None), ("after", True, True, True, None)]
+                      if c[0] in wanted]
+        if args.tight_kv and "tight" in wanted:
             conditions += [("after, tight KV, resident off", True, True, False, args.tight_kv),
                            ("after, tight KV, resident on", True, True, True, args.tight_kv)]
         result["replay"] = {}
         for name, _, normalise, resident, kv in conditions:
             with Engine(model, backend="cpu", n_ctx=args.n_ctx, kv_cache_tokens=kv, max_batch=4) as eng:
                 with serving(eng, normalise=normalise, resident=resident) as srv:
-                    rows = replay(srv, args.max_tokens)
+                    rows = replay(srv, args.max_tokens, args.limit, args.sessions if kv else 1)
             result["replay"][name] = {"kv_cache_tokens": kv, "rows": rows, "summary": summarize(rows)}
             print(name, json.dumps(result["replay"][name]["summary"]["all"]), flush=True)
     result["overhead"] = overhead(args.overhead_rounds)

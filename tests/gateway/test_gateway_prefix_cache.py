@@ -55,14 +55,21 @@ def test_cached_tokens_in_every_protocol_and_per_conversation(start_gateway: Any
     assert stats["cached_tokens"] == sum(c["cached_tokens"] for c in by.values())
 
 
-def test_the_system_turn_is_the_resident_prefix(start_gateway: Any) -> None:
+def test_the_system_turn_is_the_resident_prefix_once_shared(start_gateway: Any) -> None:
+    """A system turn one conversation uses is left to the LRU; once a second conversation uses
+    it (another session of the same agent), it is sent as the resident prefix."""
     eng = FakeEngine()
     srv = start_gateway(engine=eng)
     client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
     _chat(client, SYSTEM, "hello", "c")
+    _chat(client, SYSTEM, "and more", "c")
+    assert "resident_prefix" not in eng.requests[-1][1]
+    _chat(client, SYSTEM, "hello", "d")
     head = eng.apply_chat_template([{"role": "system", "content": SYSTEM}], add_generation_prompt=False)
     assert eng.requests[-1][1]["resident_prefix"] == len(eng.tokenize(head)) - 1
     assert eng.detokenize(eng.requests[-1][0]).startswith(head)
+    _chat(client, SYSTEM, "again", "c")
+    assert eng.requests[-1][1]["resident_prefix"] == len(eng.tokenize(head)) - 1
     client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "no system"}])
     assert "resident_prefix" not in eng.requests[-1][1]
 

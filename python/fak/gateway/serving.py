@@ -555,8 +555,8 @@ class EngineServing:
         source = template if isinstance(template, str) else getattr(template, "source", None)
         #: the model's chat template has thinking: reasoning is returned apart from the answer
         self.thinks = template_thinks(source if isinstance(source, str) else None)
-        #: system turns rendered lately: key → (their text, tokens) (``resident_prefix``)
-        self._system_heads: OrderedDict[str, tuple[str, int]] = OrderedDict()
+        #: system turns rendered lately: key → (their text, tokens, conversations seen) (``resident_prefix``)
+        self._system_heads: OrderedDict[str, tuple[str, int, set[str]]] = OrderedDict()
 
     # -- preparation
 
@@ -670,10 +670,14 @@ class EngineServing:
 
     def resident_prefix(self, messages: list[dict[str, Any]], setup: Setup, prompt: str) -> int:
         """Tokens of the system turn (system prompt and tools, as the template renders them) at
-        the head of ``prompt``: an agent repeats them in every request, so the engine keeps
-        their prefix-cache blocks resident (``fak.Engine`` ``resident_prefix``; a main agent and
-        its sub-agents each have one). 0 without a system message, or when the template does
-        not render it as the prompt's head. One less than the head's tokens, so a token merged
+        the head of ``prompt``, once that system turn has been seen in two conversations: an
+        agent type (a main agent, each kind of sub-agent) repeats it in every session, so the
+        engine keeps its prefix-cache blocks resident (``fak.Engine`` ``resident_prefix``) over
+        the private tails of conversations. Within one conversation the LRU already keeps what
+        its next turn needs (its whole history is that turn's prefix); protecting its system
+        turn there only costs the tails (measured: ``benches/results/agent-prefix.md``). 0
+        without a system message, when the template does not render it as the prompt's head, or
+        while one conversation has used it. One less than the head's tokens, so a token merged
         across the boundary never counts. Remembers the last ``SYSTEM_HEADS`` heads."""
         if not messages or messages[0].get("role") != "system" or not hasattr(self.engine, "tokenize"):
             return 0
@@ -688,13 +692,16 @@ class EngineServing:
             except Exception:  # noqa: BLE001 - a template that wants more than a system turn: no hint
                 text = ""
             n = len(self.engine.tokenize(text, add_special=False, parse_special=True)) - 1 if text else 0
-            head = (text, max(0, n))
+            head = (text, max(0, n), set())
             self._system_heads[key] = head
             while len(self._system_heads) > self.SYSTEM_HEADS:
                 self._system_heads.popitem(last=False)
         else:
             self._system_heads.move_to_end(key)
-        return head[1] if head[0] and prompt.startswith(head[0]) else 0
+        seen = head[2]
+        if len(seen) < 2:
+            seen.add(setup.gate.ctx.conversation)
+        return head[1] if len(seen) >= 2 and head[0] and prompt.startswith(head[0]) else 0
 
     def _render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, **kwargs: Any) -> str:
         try:
