@@ -45,3 +45,19 @@ def test_cpu_moe_and_n_cpu_moe_are_exclusive() -> None:
     assert rope_kwargs() == {}
     with pytest.raises(click.UsageError, match="not both"):
         rope_kwargs(cpu_moe=True, n_cpu_moe=2)
+
+
+def test_inspect_reports_what_goes_where(tiny_moe: str) -> None:
+    """`fak inspect` of a MoE model: the weights on the GPU and in host memory for several
+    --n-cpu-moe values (the experts of the first N layers move to the host)."""
+    from fak.inspect_model import summarize
+
+    s = summarize(tiny_moe)
+    places = s.placements()
+    n_layer = s.n_layer()
+    assert [p["n_cpu_moe"] for p in places][0] == 0 and places[-1]["n_cpu_moe"] == n_layer
+    assert places[0]["host_bytes"] == 0 and places[0]["device_bytes"] == s.data_bytes
+    experts = sum(t.n_bytes for t in s.tensors if "_exps." in t.name)
+    assert places[-1]["host_bytes"] == experts and places[-1]["device_bytes"] == s.data_bytes - experts
+    assert all(p["device_bytes"] + p["host_bytes"] == s.data_bytes for p in places)
+    assert s.to_json(tensors=False)["placements"] == places

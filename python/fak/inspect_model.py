@@ -95,10 +95,37 @@ class ModelSummary:
                 "active_params": self.n_params - e_params + e_params * n_used // n_expert,
                 "decode_read_bytes": self.data_bytes - embd - e_bytes + e_bytes * n_used // n_expert}
 
+    def placement(self, n_cpu_moe: int) -> dict[str, int]:
+        """Where the weights live with ``--n-cpu-moe n_cpu_moe`` (the stacked experts of layers
+        ``0 .. n_cpu_moe - 1`` in host memory, everything else on the GPU): ``device_bytes`` and
+        ``host_bytes`` of tensor data (the KV cache and activations come on top on the GPU)."""
+        host = 0
+        for t in self.tensors:
+            if "_exps." in t.name and t.name.startswith("blk."):
+                layer = int(t.name.split(".")[1])
+                if layer < n_cpu_moe:
+                    host += t.n_bytes
+        return {"n_cpu_moe": n_cpu_moe, "device_bytes": self.data_bytes - host, "host_bytes": host}
+
+    def n_layer(self) -> int:
+        """Layers (``{arch}.block_count``; 0 when absent)."""
+        arch = self.metadata.get("general.architecture", {}).get("value")
+        n = self.metadata.get(f"{arch}.block_count", {}).get("value")
+        return n if isinstance(n, int) else 0
+
+    def placements(self) -> list[dict[str, int]]:
+        """:meth:`placement` at 0, a quarter, half, three quarters and all of the layers (MoE
+        models; empty otherwise): what a user of a smaller GPU can read off."""
+        if not self.moe:
+            return []
+        n = self.n_layer()
+        return [self.placement(k) for k in sorted({0, n // 4, n // 2, 3 * n // 4, n})]
+
     def to_json(self, *, tensors: bool = True) -> dict[str, Any]:
         out = asdict(self)
         out["n_params"] = self.n_params
         out["moe"] = self.moe
+        out["placements"] = self.placements()
         out["n_tensors"] = len(self.tensors)
         out["data_bytes"] = self.data_bytes
         out["bits_per_weight"] = 8 * self.data_bytes / self.n_params if self.n_params else 0.0
@@ -209,6 +236,9 @@ def render(summary: ModelSummary, *, tensors: bool = True) -> None:
                                 f"{_human_count(moe['expert_params'])} of the parameters; "
                                 f"{_human_count(moe['active_params'])} active per token, "
                                 f"~{_human_bytes(moe['decode_read_bytes'])} of weights read per decode step")
+        places = ", ".join(f"{p['n_cpu_moe']}: {_human_bytes(p['device_bytes'])} GPU + {_human_bytes(p['host_bytes'])} host"
+                           for p in summary.placements())
+        head.add_row("--n-cpu-moe N", f"weights by N ({places}); KV cache and activations on the GPU too")
     if "fak.synthetic" in meta:
         head.add_row("synthetic", _format_meta(meta["fak.synthetic"]))
     console.print(head)
