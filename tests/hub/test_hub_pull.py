@@ -239,5 +239,5 @@ def test_supported_architectures_are_the_engines() -> None:
     body = src[src.index("pub fn from_name"):]
     body = body[:body.index("other =>")]
     engine = re.findall(r'"(\w+)" => Ok\(Arch::', body)
-    assert engine[:4] == ["qwen2", "llama", "qwen3", "qwen3moe"]
+    assert engine[:6] == ["qwen2", "llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe"]
     assert set(SUPPORTED_ARCHITECTURES) <= set(engine)

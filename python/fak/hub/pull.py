@@ -35,7 +35,7 @@ from fak.progress import Bar, hf_tqdm, progress_bar
 
 # The architectures fak's engine runs: rust/src/model/config.rs `Arch::from_name` (a test keeps
 # the two lists equal).
-SUPPORTED_ARCHITECTURES = ("qwen2", "llama", "qwen3", "qwen3moe")
+SUPPORTED_ARCHITECTURES = ("qwen2", "llama", "qwen3", "qwen3moe", "qwen35", "qwen35moe")
 DEFAULT_QUANT = "Q4_K_M"  # llama.cpp's -hf default when a repository holds several quantizations
 SIDECAR = ".fak-pull.json"
 PEEK_BYTES = 1 << 20
