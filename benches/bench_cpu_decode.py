@@ -39,7 +39,7 @@ with ``FAK_LLAMA_AVX2_ONLY=1``) to compare the code paths an AVX2-only CPU runs.
 
 Run:  PYTHONPATH=python python -m pytest benches/bench_cpu_decode.py --benchmark-only -s
       PYTHONPATH=python python benches/bench_cpu_decode.py [--rounds N] [--tokens N] [--threads N]
-          [--prefill N] [--llama-bench PATH] [--no-llama-cpp-python] [--untiled]
+          [--prefill N] [--llama-bench PATH] [--no-llama-cpp-python] [--untiled] [--baseline SO]
           [--neighbours N]   # table only; N busy-loop processes beside both engines
 """
 
@@ -71,7 +71,7 @@ from fak.gguf import GGUFFile  # noqa: E402
 THREADS = 2
 TOKENS = 32  # decoded tokens per round
 ROUNDS = 8
-PROMPT = [int(t) for t in np.random.default_rng(0).integers(1000, 30_000, size=32)]
+PROMPT = [int(t) for t in np.random.default_rng(0).integers(1000, 30_000, size=32)]  # mod n_vocab for small vocabularies
 PREFILL = 512  # prompt tokens of the prefill (pp512) figure
 PREFILL_PROMPT = [int(t) for t in np.random.default_rng(2).integers(1000, 30_000, size=4096)]
 
@@ -149,7 +149,7 @@ class FakStep:
         if self.sid:
             self.model.remove_sequence(self.sid)
         self.sid += 1
-        self.model.add_sequence(self.sid, PROMPT, {"temperature": 0.0})
+        self.model.add_sequence(self.sid, [t % self.model.n_vocab for t in PROMPT], {"temperature": 0.0})
         self.model.step()  # prefill
         self.used = len(PROMPT) + 1
 
@@ -161,7 +161,7 @@ class FakStep:
         self.used += tokens
 
     def prefill(self, tokens: int) -> None:
-        self.pre.add_sequence(1, PREFILL_PROMPT[:tokens], {"temperature": 0.0})
+        self.pre.add_sequence(1, [t % self.pre.n_vocab for t in PREFILL_PROMPT[:tokens]], {"temperature": 0.0})
         self.pre.step()
         self.pre.remove_sequence(1)
 
@@ -197,6 +197,9 @@ RUNNERS = {"llama.cpp": LlamaDecode, "fak step": FakStep, "fak matmuls": FakMatm
 # ``--untiled``: fak's step once more with the register-tiled Q4_K/Q6_K prefill kernels off
 # (``FAK_CPU_TILED=0``: the one-row kernels they replaced, same results), in the same rounds.
 UNTILED = "fak step FAK_CPU_TILED=0"
+# ``--baseline SO``: fak's step once more with another build's extension module (e.g. the commit
+# before a change, built by ``scripts/dev-build`` in another checkout), in the same rounds.
+BASELINE = "fak step baseline"
 
 
 class LlamaBench:
@@ -216,12 +219,27 @@ class LlamaBench:
             series.add(n / e["avg_ts"], math.nan, n)
 
 
-def _serve(kind: str, path: str, threads: int, conn) -> None:
+def _load_native(so: str):
+    """The extension module at ``so`` (another build of ``fak._native``), loaded beside this one."""
+    import importlib.machinery
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fak_baseline._native", so,
+                                                  loader=importlib.machinery.ExtensionFileLoader("fak_baseline._native", so))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _serve(kind: str, path: str, threads: int, conn, baseline: str | None = None) -> None:
     """Child process: builds one runner, then answers ``("round", n)`` with (wall, CPU) seconds,
     ``"info"`` with what the parent reports, ``None`` by exiting."""
+    global _native
     if kind == UNTILED:
         os.environ["FAK_CPU_TILED"] = "0"  # read at the first matmul, after this
-    runner = (FakStep if kind == UNTILED else RUNNERS[kind])(Path(path), threads)
+    if kind == BASELINE:
+        _native = _load_native(baseline)  # FakStep's engine from the other build
+    runner = (FakStep if kind in (UNTILED, BASELINE) else RUNNERS[kind])(Path(path), threads)
     runner.round(2)  # warm-up: page the weights in, start the thread pools
     conn.send("ready")
     while (msg := conn.recv()) is not None:
@@ -240,9 +258,9 @@ def _serve(kind: str, path: str, threads: int, conn) -> None:
 class Child:
     """A runner in its own (spawned) process."""
 
-    def __init__(self, kind: str, path: Path, threads: int) -> None:
+    def __init__(self, kind: str, path: Path, threads: int, baseline: str | None = None) -> None:
         self.conn, theirs = mp.get_context("spawn").Pipe()
-        self.proc = mp.get_context("spawn").Process(target=_serve, args=(kind, str(path), threads, theirs), daemon=True)
+        self.proc = mp.get_context("spawn").Process(target=_serve, args=(kind, str(path), threads, theirs, baseline), daemon=True)
         self.proc.start()
         if self.conn.recv() != "ready":
             raise RuntimeError(f"{kind} did not start")
@@ -274,7 +292,7 @@ def cpu_model() -> str:
 
 def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int = THREADS,
             prefill: int = PREFILL, llama_bench: str | None = None, llama_cpp_python: bool = True,
-            untiled: bool = False) -> dict:
+            untiled: bool = False, baseline: str | None = None) -> dict:
     """Alternating rounds of llama.cpp (llama-cpp-python where it imports and
     ``llama_cpp_python``; the ``llama_bench`` binary where given), fak step and fak matmuls on
     model ``name``, each engine in its own process, then (``prefill`` > 0) one prefill of
@@ -285,13 +303,14 @@ def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int 
     kinds = [k for k in RUNNERS if k != "llama.cpp"
              or (llama_cpp_python and importlib.util.find_spec("llama_cpp") is not None)]
     kinds += [UNTILED] if untiled else []
+    kinds += [BASELINE] if baseline else []
     if not llama_bench and "llama.cpp" not in kinds:
         raise RuntimeError("no llama.cpp peer: llama_cpp does not import and no --llama-bench given")
-    children = {kind: Child(kind, path, threads) for kind in kinds}
+    children = {kind: Child(kind, path, threads, baseline) for kind in kinds}
     bench = LlamaBench(llama_bench, path, threads, prefill or 1, tokens) if llama_bench else None
     peers = ["llama-bench"] if bench else []
     series = {kind: Series() for kind in peers + kinds}
-    pre = {kind: Series() for kind in peers + ["llama.cpp", "fak step", UNTILED] if kind in kinds or kind in peers}
+    pre = {kind: Series() for kind in peers + ["llama.cpp", "fak step", UNTILED, BASELINE] if kind in kinds or kind in peers}
     try:
         if prefill:  # warm-up: the prefill's activation buffers, llama.cpp's compute graph
             for kind in pre:
@@ -343,7 +362,7 @@ def table(results: list[dict]) -> str:
     for r in results:
         p = r.get("peer", "llama.cpp")
         base = {m: r[m][p] for m in ("tok_s", "best_tok_s", "tok_cpu_s")}
-        for k in [k for k in ("llama-bench", "llama.cpp", "fak step", UNTILED, "fak matmuls", "fak matmuls net") if k in r["tok_s"]]:
+        for k in [k for k in ("llama-bench", "llama.cpp", "fak step", UNTILED, BASELINE, "fak matmuls", "fak matmuls net") if k in r["tok_s"]]:
             cells = [_cell(r[m][k], base[m]) for m in ("tok_s", "best_tok_s", "tok_cpu_s")]
             out.append(f"| {r['model']} | {k} | " + " | ".join(cells) + " |")
         if r.get("prefill_tok_s"):
@@ -384,6 +403,7 @@ if __name__ == "__main__":
     ap.add_argument("--llama-bench", help="path of a llama-bench binary (scripts/build-llama-bench): a peer")
     ap.add_argument("--no-llama-cpp-python", action="store_true", help="leave out the llama-cpp-python peer")
     ap.add_argument("--untiled", action="store_true", help=f"add {UNTILED!r} (the kernels before the tiled prefill)")
+    ap.add_argument("--baseline", help=f"path of another build's _native.abi3.so: adds {BASELINE!r} (before / after in the same rounds)")
     ap.add_argument("--neighbours", type=int, default=0,
                     help="busy-loop processes running beside both engines for the whole run (issue 16's busy "
                          "neighbour: more than the cores is the load that collapsed llama.cpp's spinning workers)")
@@ -396,7 +416,7 @@ if __name__ == "__main__":
             print(f"# {len(neighbours)} busy neighbours (pids {[n.pid for n in neighbours]}), "
                   f"load average {os.getloadavg()[0]:.1f} before the rounds")
         print(table([compare(m, args.rounds, args.tokens, args.threads, args.prefill, args.llama_bench,
-                             not args.no_llama_cpp_python, args.untiled) for m in args.models]))
+                             not args.no_llama_cpp_python, args.untiled, args.baseline) for m in args.models]))
         if neighbours:
             print(f"# load average {os.getloadavg()[0]:.1f} after the rounds")
     finally:
