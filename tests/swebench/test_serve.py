@@ -51,7 +51,7 @@ def test_start_failure_quotes_the_log(tmp_path):
     gw = ManagedGateway(bad, tmp_path / "out", start_timeout_s=120)
     with pytest.raises(GatewayStartError, match="exited with status 1") as info:
         gw.start()
-    assert "not a GGUF file" in str(info.value)  # the server's own message, from serve.log
+    assert "wrong magic" in str(info.value)  # the server's own message, from serve.log
     assert gw.returncode == 1 and gw.stop() == 1
     assert free_port() > 0
 
