@@ -154,11 +154,11 @@ def _requests_by_endpoint(metrics: str) -> dict[str, int]:
 
 
 def run_client(client: str, exe: Path, clients_dir: Path, model: Path, *, timeout: float,
-               capture: Path | None = None) -> dict[str, Any]:
+               capture: Path | None = None, task: str = TASK) -> dict[str, Any]:
     """One client's turn in the sandbox (see the module doc); returns what was recorded."""
     root = Path(tempfile.mkdtemp(prefix=f"fak-{client}-"))
     _workspace(root)
-    (root / "task.txt").write_text(TASK)
+    (root / "task.txt").write_text(task)
     if client == "codex":
         _codex_config(root / "home", PORT)
     script = root / "run.sh"
@@ -207,6 +207,7 @@ def main() -> None:
                     help="the clients' virtual environment (created on first use)")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--capture", type=Path, help="capture request bodies with the scripted recorder instead")
+    ap.add_argument("--task", default=TASK, help="the task given to each client (kept in a file, never in a shell line)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     exes = install_clients(args.clients_dir)
@@ -220,7 +221,8 @@ def main() -> None:
     results = []
     for client in args.clients.split(","):
         r = run_client(client, exes[client], args.clients_dir, Path(model).resolve(), timeout=args.timeout,
-                       capture=args.capture)
+                       capture=args.capture, task=args.task)
+        r["task"] = args.task
         print(json.dumps({k: v for k, v in r.items() if k not in ("answer", "stderr_tail", "serve_log_tail")}),
               flush=True)
         results.append(r)

@@ -61,3 +61,15 @@ def test_rejected_requests_are_not_cancellations(start_gateway: Any, http: httpx
     m = scrape(http, srv.url)
     assert m[("fak_requests_rejected_total", (("reason", "kv_cache_full"),))] == 2
     assert m[("fak_requests_cancelled_total", ())] == 0
+
+
+def test_every_protocol_has_its_endpoint_label(start_gateway: Any, http: httpx.Client) -> None:
+    """Anthropic messages, count_tokens and responses are counted under their own paths, not
+    ``other`` (bench_clients reads the requests per endpoint)."""
+    srv = start_gateway(engine=FakeEngine(), model_aliases=("*",))
+    http.post(srv.url + "/v1/messages", json={"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]})
+    http.post(srv.url + "/v1/messages/count_tokens", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    http.post(srv.url + "/v1/responses", json={"model": "m", "input": "hi"})
+    m = scrape(http, srv.url)
+    for path in ("/v1/messages", "/v1/messages/count_tokens", "/v1/responses"):
+        assert m[("fak_requests_total", (("endpoint", path), ("status", "200")))] == 1, path

@@ -28,8 +28,9 @@ __all__ = ["KNOWN_ENDPOINTS", "GatewayMetrics"]
 disable_created_metrics()
 
 KNOWN_ENDPOINTS = frozenset({
-    "/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model_id:path}", "/health", "/metrics",
-    "/schema/openapi.json",
+    "/v1/chat/completions", "/v1/completions", "/v1/messages", "/v1/messages/count_tokens", "/v1/responses",
+    "/v1/responses/{response_id:str}", "/v1/models", "/v1/models/{model_id:path}", "/v1/fak/quarantine", "/health",
+    "/metrics", "/schema/openapi.json",
 })
 
 _TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
