@@ -147,6 +147,7 @@ class Model:
         sliding_window: int | None = None,
         free_window_blocks: bool = True,
         n_cpu_moe: int = 0,
+        speculative: str | None = None,
     ) -> Model: ...
     @property
     def backend(self) -> str: ...
@@ -182,7 +183,8 @@ class Model:
     def step(self) -> list[tuple[int, int, float, list[tuple[int, float]] | None, str | None]]:
         """One engine iteration: ``[(seq_id, token_id, logprob, top_logprobs | None, finish | None)]``;
         ``finish`` ("stop": a ``stop_ids`` token; "length": ``max_tokens`` or a full context) means
-        the engine removed the sequence."""
+        the engine removed the sequence. With speculative decoding a sequence may get several
+        tokens in one step: consecutive tuples in order, only the last with a finish."""
     def logits(self, token_ids: list[int]) -> npt.NDArray[np.float32]:
         """Stateless next-token logits at every position, float32 ``[n_tokens, n_vocab]``."""
     def stats(self) -> dict[str, int | float]:
@@ -190,7 +192,9 @@ class Model:
         prefill_seconds, decode_seconds, sample_seconds, steps, preemptions,
         prefix_cache_query_tokens, prefix_cache_hit_tokens, prefix_cache_blocks,
         device_sampled_rows, device_sampled_host_rows, tp_collective_seconds,
-        tp_collective_wait_seconds, kv_blocks_peak."""
+        tp_collective_wait_seconds, kv_blocks_peak, spec_steps, spec_draft_tokens,
+        spec_accepted_tokens (speculative decoding: verifications, draft tokens computed, of those
+        accepted)."""
     def reset_stats(self) -> None:
         """Zeroes the counters of ``stats()``."""
     def evict_prefix(self, token_ids: list[int], start: int) -> int:

@@ -489,6 +489,12 @@ class Engine:
             in host memory and run on the CPU, the rest of the model on the GPU (llama.cpp's
             ``--n-cpu-moe``; ≥ the layer count: every layer, ``--cpu-moe``; no effect on the CPU
             backend or a dense model; docs/moe.md).
+        speculative: speculative decoding of requests that do not set their own
+            (docs/speculative.md): ``"ngram"`` (prompt lookup over the sequence), ``"suffix"``
+            (suffix index over the sequence), ``"METHOD:K"`` (at most K draft tokens per step,
+            1..32; default 4), ``"none"`` or None (off). Greedy outputs are the same tokens and
+            log-probabilities, sampled ones the same distribution. Off for hybrid models and
+            ``tensor_parallel > 1``.
 
     Raises:
         OSError / fak.GGUFError: unreadable or invalid file.
@@ -516,6 +522,7 @@ class Engine:
         tensor_parallel: int = 1,
         sliding_window: int | None = None,
         n_cpu_moe: int = 0,
+        speculative: str | None = None,
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
@@ -534,7 +541,8 @@ class Engine:
                               kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
                               prefix_cache=prefix_cache, rope_scaling=rope_scaling, rope_scale=rope_scale,
                               yarn_orig_ctx=yarn_orig_ctx, tensor_parallel=tensor_parallel,
-                              sliding_window=sliding_window, n_cpu_moe=n_cpu_moe)
+                              sliding_window=sliding_window, n_cpu_moe=n_cpu_moe,
+                              **({"speculative": speculative} if speculative is not None else {}))
         self._init(model, tokenizer, template, path.stem, resolved, max_batch)
 
     @classmethod

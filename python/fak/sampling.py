@@ -71,6 +71,10 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             on those candidates); after a whole sequence, generation is free. At most
             ``MAX_PREFIX_CHOICES`` sequences of at most ``MAX_PREFIX_CHOICE_TOKENS`` tokens.
             None: no constraint.
+        speculative: this request's speculative decoding over the engine's default
+            (docs/speculative.md): ``"ngram"`` (prompt lookup), ``"suffix"`` (suffix index over
+            the sequence), ``"METHOD:K"`` (at most K draft tokens per step, 1..32) or ``"none"``;
+            None: the engine's. Never changes the output's distribution (greedy: the same tokens).
 
     Raises:
         ValueError: any value out of range, naming the parameter.
@@ -89,6 +93,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
     stop: str | list[str] | None = None
     logprobs: int | None = None
     prefix_choices: list[list[int]] | None = None
+    speculative: str | None = None
 
     def __post_init__(self) -> None:
         # Python's own checks: the kinds of values (a bool is not a number here) and the stop
@@ -115,6 +120,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
                 raise ValueError(f"stop strings must be str, got {s!r}")
             if not 1 <= len(s) <= MAX_STOP_LENGTH:
                 raise ValueError(f"each stop string must have 1..{MAX_STOP_LENGTH} characters, got {len(s)}")
+        if self.speculative is not None and not isinstance(self.speculative, str):
+            raise ValueError(f"speculative must be a string such as \"ngram:4\", got {self.speculative!r}")
         if self.logprobs is not None:
             _check_number("logprobs", self.logprobs, integer=True)
             if self.logprobs < 0:
@@ -197,4 +204,5 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             "n_logprobs": int(self.logprobs or 0),
             # only when set: a native module built before the key existed still takes the rest
             **({"prefix_choices": [list(c) for c in self.prefix_choices]} if self.prefix_choices else {}),
+            **({"speculative": self.speculative} if self.speculative is not None else {}),
         }

@@ -155,6 +155,8 @@ def sampling_kwargs(req: Any, max_tokens: int) -> dict[str, Any]:
         s["seed"] = req.seed % (1 << 64)
     if req.stop:
         s["stop"] = req.stop
+    if getattr(req, "speculative", None) is not None:
+        s["speculative"] = req.speculative
     return s
 
 

@@ -27,6 +27,7 @@ pub mod kv_cache;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
+pub mod speculative;
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -84,6 +85,10 @@ pub struct EngineOptions {
     /// (llama.cpp's `--n-cpu-moe`; `usize::MAX`: every layer, `--cpu-moe`; 0: none). The
     /// attention, router and other weights stay on the backend. No effect on the CPU backend.
     pub n_cpu_moe: usize,
+    /// Speculative decoding of requests that do not set their own
+    /// ([`SamplingParams::speculative`]); default none. Off for hybrid models and tensor
+    /// parallelism whatever is asked ([`speculative`]).
+    pub speculative: speculative::SpecParams,
 }
 
 impl Default for EngineOptions {
@@ -100,6 +105,7 @@ impl Default for EngineOptions {
             sliding_window: None,
             free_window_blocks: true,
             n_cpu_moe: 0,
+            speculative: speculative::SpecParams::NONE,
         }
     }
 }
@@ -179,6 +185,13 @@ pub struct EngineStats {
     /// imbalance rather than data movement); 0 with one shard.
     pub tp_collective_seconds: f64,
     pub tp_collective_wait_seconds: f64,
+    /// Speculative decoding ([`speculative`]): verifications (a sequence's step with a draft),
+    /// draft tokens computed, and of those, accepted (emitted as drafted). Tokens per
+    /// verification: `(spec_accepted_tokens + spec_steps) / spec_steps` (one of the target's own
+    /// each, unless the request ended inside the run).
+    pub spec_steps: u64,
+    pub spec_draft_tokens: u64,
+    pub spec_accepted_tokens: u64,
 }
 
 /// The object-safe face of an engine on any backend (what the Python binding holds).
@@ -360,6 +373,9 @@ pub struct Engine<B: Backend> {
     /// Most rows per forward, and most of them with logits.
     max_tokens: usize,
     max_logits: usize,
+    /// Speculation of requests that do not set theirs; `None` where it is off (hybrid models,
+    /// tensor parallelism).
+    spec_default: Option<speculative::SpecParams>,
 }
 
 impl Engine<CpuBackend> {
@@ -516,6 +532,12 @@ impl<B: Backend> Engine<B> {
                 sched.enable_checkpoints(sizes.limits.max_seqs + 1, STATE_CHECKPOINTS);
             }
         }
+        // Speculative decoding rolls back past rejected draft tokens: not a recurrent state
+        // (hybrids), and not built for shards.
+        let spec_default = (!hybrid && matches!(core, Core::One { .. })).then_some(opts.speculative);
+        if spec_default.is_some() {
+            sched.enable_speculation(sizes.max_logits);
+        }
         let device_sampling = match std::env::var("FAK_DEVICE_SAMPLING").as_deref() {
             Ok("0") => false,
             Ok("1") => true,
@@ -536,6 +558,7 @@ impl<B: Backend> Engine<B> {
             collective_base: (0.0, 0.0),
             max_tokens: sizes.limits.max_tokens,
             max_logits: sizes.max_logits,
+            spec_default,
         })
     }
 
@@ -594,8 +617,13 @@ impl<B: Backend> Engine<B> {
         if !params.stop_ids.is_empty() {
             self.check_tokens(&params.stop_ids, "stop_ids")?;
         }
+        let spec = self.spec_default.map(|d| params.speculative.unwrap_or(d));
         let sampler = Sampler::new(params)?;
-        self.sched.add(Sequence::new(seq_id, prompt, sampler));
+        let mut seq = Sequence::new(seq_id, prompt, sampler);
+        if let Some(spec) = spec {
+            seq.set_speculation(&spec);
+        }
+        self.sched.add(seq);
         Ok(())
     }
 
@@ -626,13 +654,20 @@ impl<B: Backend> Engine<B> {
         }
         let n_logits = self.core.forward(&self.plan)?;
         let n_vocab = self.core.config().n_vocab;
-        // Logit row j belongs to the j-th scheduled entry with logits (row order).
-        let row_of: Vec<u64> = self
-            .scheduled
-            .iter()
-            .filter(|e| e.logits)
-            .map(|e| e.seq_id)
-            .collect();
+        // Logit rows in row order: one per scheduled entry with logits, or for a verification
+        // (a sequence with a draft: speculative decoding) one per row, `1 + draft` of them.
+        let mut row_of: Vec<u64> = Vec::with_capacity(n_logits);
+        // Verifications: (sequence id, its first logit row, its rows).
+        let mut verify: Vec<(u64, usize, usize)> = Vec::new();
+        for e in self.scheduled.iter().filter(|e| e.logits) {
+            let drafted = self.sched.running().iter().any(|s| s.id == e.seq_id && !s.draft.is_empty());
+            if drafted {
+                verify.push((e.seq_id, row_of.len(), e.n_tokens));
+                row_of.extend(std::iter::repeat_n(e.seq_id, e.n_tokens));
+            } else {
+                row_of.push(e.seq_id);
+            }
+        }
         debug_assert_eq!(row_of.len(), n_logits);
         let all_greedy = row_of.iter().all(|id| {
             self.sched
@@ -640,6 +675,8 @@ impl<B: Backend> Engine<B> {
                 .iter()
                 .any(|s| s.id == *id && s.sampler.is_plain_greedy())
         });
+        // Verifications of sampled sequences read whole rows on the host.
+        let device_sampling = self.device_sampling && verify.is_empty();
         let mut greedy = (Vec::new(), Vec::new());
         self.host_rows.clear();
         if all_greedy {
@@ -651,7 +688,7 @@ impl<B: Backend> Engine<B> {
                 &mut greedy.0,
                 &mut greedy.1,
             )?;
-        } else if self.device_sampling {
+        } else if device_sampling {
             // sampled below, on the backend
         } else {
             let need = n_logits * n_vocab;
@@ -677,8 +714,8 @@ impl<B: Backend> Engine<B> {
                 .iter()
                 .find(|s| s.id == e.seq_id)
                 .expect("scheduled sequence runs");
-            if e.n_tokens == 1 && s.n_cached >= s.n_prompt {
-                n_decode += 1;
+            if (e.n_tokens == 1 || !s.draft.is_empty()) && s.n_cached >= s.n_prompt {
+                n_decode += e.n_tokens as u64;
             } else {
                 n_prefill += e.n_tokens as u64;
             }
@@ -691,6 +728,7 @@ impl<B: Backend> Engine<B> {
             .sched
             .running_all_mut()
             .iter_mut()
+            .filter(|s| s.draft.is_empty())
             .filter_map(|s| row_of.iter().position(|&id| id == s.id).map(|j| (j, s)))
             .collect();
         let sample = |(j, s): &mut (usize, &mut Sequence)| -> (usize, StepOutput) {
@@ -721,7 +759,7 @@ impl<B: Backend> Engine<B> {
         };
         // Greedy rows were decided on the device: nothing to spread over the pool (waking its
         // workers for 2 numbers a row cost 1.3–3 ms a step on a busy 16-core host).
-        let mut outputs: Vec<(usize, StepOutput)> = if self.device_sampling && !all_greedy {
+        let mut outputs: Vec<(usize, StepOutput)> = if device_sampling && !all_greedy {
             let (backend, logits) = self.core.backend_logits_mut();
             let (out, on_host) = self.device.sample(backend, logits, n_vocab, &mut work)?;
             self.stats.device_sampled_rows += out.len() as u64;
@@ -733,33 +771,71 @@ impl<B: Backend> Engine<B> {
             work.iter_mut().map(sample).collect()
         };
         drop(work);
-        outputs.sort_by_key(|o| o.0);
 
-        // Commit: cached counts (full blocks enter the prefix cache), new tokens.
+        // Verifications: each sequence keeps the longest run of its draft the target agrees with
+        // and one token of the target's; the tokens are appended and the end of the request
+        // decided token by token, in order (`speculative`).
+        let n_ctx = self.n_ctx;
+        let mut verified: Vec<(usize, Vec<StepOutput>, usize)> = Vec::new();
+        if !verify.is_empty() {
+            let rows = if all_greedy { VerifyRows::Greedy(&greedy.0, &greedy.1) } else { VerifyRows::Host(logits, n_vocab) };
+            let mut vwork: Vec<(usize, &mut Sequence)> = self
+                .sched
+                .running_all_mut()
+                .iter_mut()
+                .filter(|s| !s.draft.is_empty())
+                .map(|s| (verify.iter().find(|v| v.0 == s.id).expect("a drafted sequence is verified").1, s))
+                .collect();
+            let run = |(j, s): &mut (usize, &mut Sequence)| {
+                let (out, accepted) = verify_draft(s, *j, &rows, n_ctx);
+                (*j, out, accepted)
+            };
+            verified = if vwork.len() > 1 && !all_greedy {
+                vwork.par_iter_mut().map(run).collect()
+            } else {
+                vwork.iter_mut().map(run).collect()
+            };
+            for (_, out, accepted) in &verified {
+                self.stats.spec_steps += 1;
+                self.stats.spec_accepted_tokens += *accepted as u64;
+                let rows = verify.iter().find(|v| v.0 == out[0].seq_id).expect("verified").2;
+                self.stats.spec_draft_tokens += (rows - 1) as u64;
+            }
+        }
+
+        // Commit: cached counts (full blocks enter the prefix cache), new tokens. A verified
+        // sequence's tokens are in already; its K/V counts up to its last token kept, and the
+        // blocks that only held rejected draft tokens go back to the pool.
         for e in &self.scheduled {
-            let known = self.sched.advance(e.seq_id, e.n_tokens);
+            let kept = verified.iter().find(|v| v.1[0].seq_id == e.seq_id).map(|v| v.1.len());
+            let known = self.sched.advance(e.seq_id, kept.unwrap_or(e.n_tokens));
             debug_assert!(known, "scheduled sequence runs");
+            if kept.is_some() {
+                self.sched.trim_to_cached(e.seq_id);
+            }
         }
         // The core decides the end of a request: a stop id, `max_tokens`, or a full context
         // window finishes the sequence here (vLLM's `check_stop`), and frees it.
-        let n_ctx = self.n_ctx;
         for (_, o) in outputs.iter_mut() {
             let s = self
                 .sched
                 .running_mut(o.seq_id)
                 .expect("sampled sequence runs");
-            s.tokens.push(o.token);
-            s.sampler.accept(o.token);
-            s.n_sampled += 1;
-            let p = s.sampler.params();
-            o.finish = if p.stop_ids.contains(&o.token) {
-                Some(Finish::Stop)
-            } else if p.max_tokens.is_some_and(|m| s.n_sampled >= m) || s.tokens.len() >= n_ctx {
-                Some(Finish::Length)
-            } else {
-                None
-            };
+            o.finish = commit_token(s, o.token, n_ctx);
         }
+        for (j0, out, _) in verified {
+            if !self.host_rows.is_empty() {
+                // `last_logits`: the row of the last token kept
+                let rows = verify.iter().find(|v| v.1 == j0).expect("verified").2;
+                for r in j0..j0 + rows {
+                    if r + 1 != j0 + out.len() {
+                        self.host_rows[r] = u64::MAX;
+                    }
+                }
+            }
+            outputs.extend(out.into_iter().enumerate().map(|(i, o)| (j0 + i, o)));
+        }
+        outputs.sort_by_key(|o| o.0);
         for (_, o) in &outputs {
             if o.finish.is_some() {
                 self.sched.remove(o.seq_id);
@@ -977,6 +1053,70 @@ impl<B: Backend> Engine<B> {
             Core::Sharded(m) => Some(&m.plan),
         }
     }
+}
+
+/// Where a verification reads its rows: the backend's argmax and log-probability per row (every
+/// sequence plain greedy), or the logits on the host (`[rows · n_vocab]`).
+enum VerifyRows<'a> {
+    Greedy(&'a [u32], &'a [f32]),
+    Host(&'a [f32], usize),
+}
+
+/// Appends sampled `token` to `s` and decides the end of its request: a stop id ("stop"),
+/// its `max_tokens`-th token or a full context of `n_ctx` ("length").
+fn commit_token(s: &mut Sequence, token: u32, n_ctx: usize) -> Option<Finish> {
+    s.tokens.push(token);
+    s.sampler.accept(token);
+    s.n_sampled += 1;
+    let p = s.sampler.params();
+    if p.stop_ids.contains(&token) {
+        Some(Finish::Stop)
+    } else if p.max_tokens.is_some_and(|m| s.n_sampled >= m) || s.tokens.len() >= n_ctx {
+        Some(Finish::Length)
+    } else {
+        None
+    }
+}
+
+/// Verifies the draft of `s` (its logit rows `j0 ..= j0 + draft.len()`: the pending token's, then
+/// each draft token's) and appends what it keeps: row `i`'s token is the target's (greedy) or
+/// [`Sampler::verify`]'s (sampled) given the tokens before it; the draft token `i` is kept while
+/// it equals that, and the first token that differs (or the one after the whole draft) ends the
+/// run. The end of the request is decided after each token ([`commit_token`]): a finish ends the
+/// run there. Returns the tokens appended, in order (each with its finish), and how many of them
+/// were draft tokens. Leaves the draft empty.
+fn verify_draft(s: &mut Sequence, j0: usize, rows: &VerifyRows<'_>, n_ctx: usize) -> (Vec<StepOutput>, usize) {
+    let mut draft = std::mem::take(&mut s.draft);
+    let k = draft.len();
+    let mut out = Vec::with_capacity(k + 1);
+    let mut accepted = 0;
+    for i in 0..=k {
+        let j = j0 + i;
+        let x = match rows {
+            VerifyRows::Greedy(ids, lps) => Sampled { token: ids[j], logprob: lps[j], top_logprobs: None },
+            VerifyRows::Host(logits, n_vocab) => {
+                let row = &logits[j * n_vocab..(j + 1) * n_vocab];
+                if i < k {
+                    s.sampler.verify(row, &s.tokens, draft[i])
+                } else {
+                    s.sampler.sample(row, &s.tokens)
+                }
+            }
+        };
+        let finish = commit_token(s, x.token, n_ctx);
+        let agreed = i < k && x.token == draft[i];
+        accepted += agreed as usize;
+        out.push(StepOutput { seq_id: s.id, token: x.token, logprob: x.logprob, top_logprobs: x.top_logprobs, finish });
+        if finish.is_some() || !agreed {
+            break;
+        }
+    }
+    s.spec.steps += 1;
+    s.spec.drafted += k as u64;
+    s.spec.accepted += accepted as u64;
+    draft.clear();
+    s.draft = draft; // its allocation, for the next draft
+    (out, accepted)
 }
 
 impl<B: Backend> EngineApi for Engine<B> {

@@ -85,6 +85,9 @@ pub struct Scheduler {
     state_slots: Vec<Option<u64>>,
     /// A hybrid model's checkpoints of recurrent state at block boundaries, for the prefix cache.
     ckpt: Checkpoints,
+    /// Speculative decoding: the most logit rows of one forward, `None` when sequences never
+    /// draft ([`Scheduler::enable_speculation`]).
+    spec_max_logits: Option<usize>,
 }
 
 /// Checkpoints of a hybrid model's recurrent state, each in a state slot after the sequences'
@@ -140,6 +143,25 @@ impl Scheduler {
             admitted_hits: Vec::new(),
             state_slots: Vec::new(),
             ckpt: Checkpoints::default(),
+            spec_max_logits: None,
+        }
+    }
+
+    /// Lets decoding sequences with a drafter ([`Sequence::drafter`]) draft: each step a decoding
+    /// sequence proposes up to its `draft_k` tokens, computed after its pending token with logits
+    /// on every row, within the step's token budget and `max_logits` logit rows (one row is kept
+    /// for every running sequence first), its context (`n_ctx`) and its `max_tokens`. Not for
+    /// recurrent (hybrid) models: their state cannot be rolled back.
+    pub fn enable_speculation(&mut self, max_logits: usize) {
+        self.spec_max_logits = Some(max_logits);
+    }
+
+    /// After a verification step, releases the blocks of running sequence `id` past its cached
+    /// positions (those that only held rejected draft tokens' K/V).
+    pub fn trim_to_cached(&mut self, id: u64) {
+        if let Some(s) = self.running.iter_mut().find(|s| s.id == id) {
+            let keep = self.pool.blocks_for(s.n_cached);
+            self.pool.release_tail(&mut s.block_table, keep);
         }
     }
 
@@ -426,6 +448,7 @@ impl Scheduler {
 
     fn preempt_last(&mut self) -> u64 {
         let mut s = self.running.pop().expect("preempt with nothing running");
+        s.draft.clear();
         self.pool.release(&mut s.block_table);
         s.reset_cache();
         let id = s.id;
@@ -457,6 +480,19 @@ impl Scheduler {
         let n_ctx = self.cfg.n_ctx;
         let mut budget = self.cfg.max_tokens;
         let mut entries: Vec<Scheduled> = Vec::with_capacity(self.running.len());
+        // Speculation: draft rows come out of what the decodes leave of the token budget and of
+        // the logit rows (one kept for every running sequence).
+        for s in &mut self.running {
+            s.draft.clear();
+        }
+        let drafting = self.spec_max_logits.filter(|_| !self.recurrent());
+        let (mut spare_rows, mut spare_logits) = match drafting {
+            Some(max_logits) => {
+                let n_dec = self.running.iter().filter(|s| s.n_pending() == 1 && s.tokens.len() < n_ctx).count();
+                (budget.saturating_sub(n_dec), max_logits.saturating_sub(self.running.len()))
+            }
+            None => (0, 0),
+        };
         // Full blocks the prefills scheduled so far complete in this forward: a sequence whose
         // next block is one of them waits a step and takes it from the cache instead.
         let caching = self.pool.prefix_caching();
@@ -480,6 +516,17 @@ impl Scheduler {
                     }
                 }
                 let mut n = pending.min(budget);
+                if pass_decode && s.draft_k > 0 && spare_rows > 0 && spare_logits > 0 {
+                    // Room in the context and in max_tokens for every draft token and one more.
+                    let left = s.sampler.params().max_tokens.map_or(usize::MAX, |m| m.saturating_sub(s.n_sampled));
+                    let k = spare_rows.min(spare_logits).min(n_ctx - s.tokens.len() - 1).min(left.saturating_sub(1));
+                    if k > 0 {
+                        s.propose_draft(k);
+                        spare_rows -= s.draft.len();
+                        spare_logits -= s.draft.len();
+                        n += s.draft.len();
+                    }
+                }
                 if !self.state_slots.is_empty() && !self.ckpt.slots.is_empty() && n > 1 {
                     // A hybrid's prefill ends one forward at the last block boundary before its
                     // last token, where a checkpoint of the recurrent state is taken.
@@ -496,7 +543,7 @@ impl Scheduler {
                 entries.push(Scheduled {
                     seq_id: s.id,
                     n_tokens: n,
-                    logits: n == pending,
+                    logits: n >= pending,
                 });
             }
         }
@@ -512,6 +559,12 @@ impl Scheduler {
             let s = &mut self.running[pos];
             if self.pool.grow(&mut s.block_table, need_tokens).is_ok() {
                 i += 1;
+                continue;
+            }
+            if !s.draft.is_empty() {
+                // A draft never preempts anyone: without blocks for it, the sequence just decodes.
+                s.draft.clear();
+                entries[i].n_tokens = 1;
                 continue;
             }
             let victim = self.preempt_last();
@@ -534,6 +587,16 @@ impl Scheduler {
                 .iter()
                 .find(|s| s.id == e.seq_id)
                 .expect("scheduled sequence is running");
+            if !s.draft.is_empty() {
+                // A verification: the pending token and the draft, logits on every row.
+                debug_assert_eq!(e.n_tokens, 1 + s.draft.len());
+                let mut toks = Vec::with_capacity(e.n_tokens);
+                toks.push(s.tokens[s.n_cached]);
+                toks.extend_from_slice(&s.draft);
+                plan.push_seq(&toks, s.n_cached, &s.block_table, bs, LogitRows::All);
+                plan.set_prompt_len(s.n_prompt);
+                continue;
+            }
             let toks = &s.tokens[s.n_cached..s.n_cached + e.n_tokens];
             plan.push_seq(
                 toks,
@@ -1340,5 +1403,107 @@ mod tests {
         }
         check_pool(&s);
         assert_eq!(s.pool.n_free(), 8);
+    }
+
+    /// Speculation: a decoding sequence with a drafter is scheduled as `1 + draft` rows, every
+    /// one with logits, within the budgets; after a partial acceptance its blocks past the
+    /// accepted positions go back to the pool, and a full pool drops the draft, never preempts.
+    #[test]
+    fn drafts_are_verified_rows_and_roll_back() {
+        use crate::engine::speculative::{SpecMethod, SpecParams};
+        let mut s = cached_scheduler(12, 16);
+        s.enable_speculation(64);
+        // a periodic prompt: the n-gram index proposes its continuation
+        let prompt: Vec<u32> = (0..14).map(|i| 10 + i % 3).collect();
+        let mut q = seq_of(1, prompt.clone());
+        q.set_speculation(&SpecParams { method: SpecMethod::Ngram, k: 6 });
+        s.add(q);
+        let (mut plan, mut out) = plan_out();
+        s.schedule(&mut plan, &mut out); // the prefill: no draft
+        assert_eq!(out, vec![Scheduled { seq_id: 1, n_tokens: 14, logits: true }]);
+        assert!(s.advance(1, 14));
+        s.running_mut(1).unwrap().tokens.push(10 + 14 % 3);
+        s.schedule(&mut plan, &mut out);
+        check_private_writes(&s, &plan);
+        let want: Vec<u32> = (15..21).map(|i| 10 + i % 3).collect();
+        assert_eq!(s.running()[0].draft, want);
+        assert_eq!(out, vec![Scheduled { seq_id: 1, n_tokens: 7, logits: true }]);
+        assert_eq!(plan.positions, (14..21).collect::<Vec<u32>>());
+        assert_eq!(plan.logit_rows, (0..7).collect::<Vec<u32>>());
+        assert_eq!(plan.tokens[1..], want[..]);
+        assert_eq!(s.running()[0].block_table.len(), 6, "21 positions in blocks of 4");
+        // two draft tokens accepted, then the target's own: positions 14..17 hold K/V
+        let q = s.running_mut(1).unwrap();
+        q.tokens.extend([want[0], want[1], 99]);
+        q.draft.clear();
+        assert!(s.advance(1, 3));
+        s.trim_to_cached(1);
+        check_pool(&s);
+        let q = &s.running()[0];
+        assert_eq!((q.n_cached, q.tokens.len(), q.block_table.len()), (17, 18, 5));
+        assert_eq!(s.pool.n_free(), 12 - 5);
+        // Budget: 16 rows; a second decoding sequence keeps its row, the draft takes the rest.
+        s.add(seq_of(2, vec![1, 2, 3]));
+        s.schedule(&mut plan, &mut out); // 1 decodes (no match for 99: no draft), 2 prefills
+        assert_eq!(out.iter().map(|e| e.n_tokens).collect::<Vec<_>>(), vec![1, 3]);
+        complete(&mut s, &out);
+        check_pool(&s);
+        // A pool without room for the draft's blocks: the draft is dropped, nobody preempted.
+        let mut s = cached_scheduler(5, 64);
+        s.enable_speculation(64);
+        let mut q = seq_of(3, prompt.clone());
+        q.set_speculation(&SpecParams { method: SpecMethod::Ngram, k: 8 });
+        s.add(q);
+        step(&mut s);
+        *s.running_mut(3).unwrap().tokens.last_mut().unwrap() = 10 + 14 % 3; // a draft to propose
+        s.schedule(&mut plan, &mut out);
+        assert_eq!(out, vec![Scheduled { seq_id: 3, n_tokens: 1, logits: true }]);
+        assert!(s.running()[0].draft.is_empty());
+        assert_eq!(s.n_preempted, 0);
+        complete(&mut s, &out);
+        check_pool(&s);
+    }
+
+    /// Drafts stop short of the context window and of `max_tokens`, and recurrent models never
+    /// draft.
+    #[test]
+    fn drafts_respect_context_and_max_tokens() {
+        use crate::engine::speculative::{SpecMethod, SpecParams};
+        let cfg = SchedulerConfig { n_ctx: 20, max_batch: 4, max_tokens: 64, kv_window: None };
+        let mut s = Scheduler::new(cfg, BlockPool::new(32, 4, false));
+        s.enable_speculation(64);
+        let prompt: Vec<u32> = vec![5; 16];
+        let mut q = seq_of(1, prompt.clone());
+        q.set_speculation(&SpecParams { method: SpecMethod::Ngram, k: 8 });
+        s.add(q);
+        step(&mut s); // 17 tokens, 16 cached
+        *s.running_mut(1).unwrap().tokens.last_mut().unwrap() = 5;
+        let (mut plan, mut out) = plan_out();
+        s.schedule(&mut plan, &mut out);
+        // 17 tokens held: 3 more fit the window of 20, so 2 draft tokens and one of the target's
+        assert_eq!(s.running()[0].draft.len(), 2);
+        assert_eq!(out[0].n_tokens, 3);
+        let cfg = SchedulerConfig { n_ctx: 64, max_batch: 4, max_tokens: 64, kv_window: None };
+        let mut s = Scheduler::new(cfg, BlockPool::new(32, 4, false));
+        s.enable_speculation(64);
+        let mut q = Sequence::new(2, prompt.clone(), Sampler::new(SamplingParams { seed: Some(1), max_tokens: Some(3), ..Default::default() }).unwrap());
+        q.set_speculation(&SpecParams { method: SpecMethod::Ngram, k: 8 });
+        s.add(q);
+        step(&mut s);
+        *s.running_mut(2).unwrap().tokens.last_mut().unwrap() = 5;
+        s.running_mut(2).unwrap().n_sampled = 1;
+        s.schedule(&mut plan, &mut out);
+        assert_eq!(s.running()[0].draft.len(), 1, "two tokens left: one drafted, one of the target's");
+        // a recurrent model's sequences never draft
+        let mut s = Scheduler::new(cfg, BlockPool::new(32, 4, false));
+        s.enable_speculation(64);
+        s.enable_state_slots(4);
+        let mut q = seq_of(3, prompt);
+        q.set_speculation(&SpecParams { method: SpecMethod::Ngram, k: 8 });
+        s.add(q);
+        step(&mut s);
+        *s.running_mut(3).unwrap().tokens.last_mut().unwrap() = 5;
+        s.schedule(&mut plan, &mut out);
+        assert_eq!(out[0].n_tokens, 1);
     }
 }

@@ -8,6 +8,7 @@
 
 use super::kv_cache::{BlockHash, BlockPool, NO_BLOCK};
 use super::sampler::Sampler;
+use super::speculative::{Drafter, SpecCounts, SpecParams};
 
 /// A sequence (prompt plus generated tokens).
 #[derive(Debug)]
@@ -41,6 +42,14 @@ pub struct Sequence {
     /// and tools): their cached blocks are marked resident when the sequence ends
     /// ([`BlockPool::mark_resident`]). 0: none.
     pub resident_tokens: usize,
+    /// Draft tokens scheduled after the pending token in the current step (speculative decoding,
+    /// [`super::speculative`]); empty outside a step, or when it does not draft.
+    pub draft: Vec<u32>,
+    /// Its draft source (`None`: no speculation), and most draft tokens per step.
+    pub drafter: Option<Drafter>,
+    pub draft_k: usize,
+    /// Its speculation counters.
+    pub spec: SpecCounts,
 }
 
 impl Sequence {
@@ -59,6 +68,26 @@ impl Sequence {
             sampler,
             n_sampled: 0,
             resident_tokens: 0,
+            draft: Vec::new(),
+            drafter: None,
+            draft_k: 0,
+            spec: SpecCounts::default(),
+        }
+    }
+
+    /// Sets its speculative decoding ([`SpecParams::NONE`]: none).
+    pub fn set_speculation(&mut self, p: &SpecParams) {
+        self.drafter = Drafter::new(p);
+        self.draft_k = if self.drafter.is_some() { p.k } else { 0 };
+    }
+
+    /// Proposes up to `k` draft tokens (at most its own `draft_k`) into [`Self::draft`] from its
+    /// drafter; the draft stays empty without one or when nothing matches.
+    pub fn propose_draft(&mut self, k: usize) {
+        self.draft.clear();
+        let k = k.min(self.draft_k);
+        if let (Some(d), true) = (self.drafter.as_mut(), k > 0) {
+            d.propose(&self.tokens, k, &mut self.draft);
         }
     }
 
@@ -240,6 +269,10 @@ impl Sequence {
         pool.release_tail(&mut self.block_table, keep);
         self.n_released = self.n_released.min(keep);
         self.tokens.drain(start..end);
+        self.draft.clear();
+        if let Some(d) = self.drafter.as_mut() {
+            d.reset(); // its index held the span
+        }
         let in_prompt = end.min(self.n_prompt).saturating_sub(start);
         self.n_prompt -= in_prompt;
         self.n_cached = self.n_cached.min(keep * pool.block_size());

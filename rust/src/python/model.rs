@@ -16,6 +16,7 @@ use pyo3::types::PyDict;
 
 use super::detach;
 use crate::backend::RopeStyle;
+use crate::engine::speculative::SpecParams;
 use crate::engine::{Engine, EngineApi, EngineOptions, SamplingParams};
 use crate::model::{RopeOverride, RopeScalingKind};
 use crate::FakError;
@@ -105,16 +106,44 @@ fn parse_sampling(d: Option<&Bound<'_, PyDict>>) -> crate::Result<SamplingParams
             }
             "max_tokens" => p.max_tokens = Some(v.extract::<usize>().map_err(|_| bad("a positive integer"))?),
             "stop_ids" => p.stop_ids = v.extract::<Vec<u32>>().map_err(|_| bad("a list of token ids"))?,
+            "speculative" => p.speculative = Some(parse_speculative(&v, "speculative")?),
             other => {
                 return Err(FakError::invalid(
                     other,
-                    "unknown sampling key; known: temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, n_logprobs, prefix_choices, max_tokens, stop_ids",
+                    "unknown sampling key; known: temperature, top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty, seed, n_logprobs, prefix_choices, max_tokens, stop_ids, speculative",
                 ))
             }
         }
     }
     p.validate()?;
     Ok(p)
+}
+
+/// A speculation setting: `"none"`, `"ngram"`, `"suffix"`, `"METHOD:K"`, or a dict
+/// `{"method": METHOD, "k": K}` (`k` optional). Errors: [`FakError::InvalidArgument`] naming `param`.
+fn parse_speculative(v: &Bound<'_, PyAny>, param: &str) -> crate::Result<SpecParams> {
+    if let Ok(text) = v.extract::<String>() {
+        return SpecParams::parse(&text, param);
+    }
+    let d = v.cast::<PyDict>().map_err(|_| {
+        FakError::invalid(param, format!("{v} is not a string (\"ngram\", \"suffix:8\", \"none\") or a dict {{\"method\": ..., \"k\": ...}}"))
+    })?;
+    let mut method = None;
+    let mut k = None;
+    for (key, val) in d.iter() {
+        let key: String = key.extract().map_err(|_| FakError::invalid(param, "keys must be strings"))?;
+        match key.as_str() {
+            "method" => method = Some(val.extract::<String>().map_err(|_| FakError::invalid(param, format!("method {val} is not a string")))?),
+            "k" => {
+                if !val.is_none() {
+                    k = Some(val.extract::<usize>().map_err(|_| FakError::invalid(param, format!("k {val} is not a positive integer")))?)
+                }
+            }
+            other => return Err(FakError::invalid(param, format!("unknown key {other:?} (known: method, k)"))),
+        }
+    }
+    let method = method.ok_or_else(|| FakError::invalid(param, "a dict needs \"method\" (none, ngram, suffix)"))?;
+    SpecParams::new(&method, k, param)
 }
 
 fn sampling_from_dict(d: Option<&Bound<'_, PyDict>>) -> PyResult<SamplingParams> {
@@ -143,7 +172,8 @@ type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>, Option<&'static str>);
 impl PyModel {
     /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
     ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None,
-    ///       tensor_parallel=1, sliding_window=None, free_window_blocks=True, n_cpu_moe=0)
+    ///       tensor_parallel=1, sliding_window=None, free_window_blocks=True, n_cpu_moe=0,
+    ///       speculative=None)
     ///
     /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
     /// "auto" (cuda when a GPU is usable, else cpu).
@@ -172,6 +202,11 @@ impl PyModel {
     /// memory and run on the CPU while attention, router and the other layers run on the GPU
     /// (llama.cpp's `--n-cpu-moe`; ≥ n_layer: every layer, `--cpu-moe`; no effect on the CPU
     /// backend or a dense model).
+    /// `speculative`: speculative decoding of the requests that do not set their own
+    /// (`sampling["speculative"]`): `"ngram"` (prompt lookup), `"suffix"` (suffix index over the
+    /// sequence), `"METHOD:K"` (at most K draft tokens per step, 1..=32; default 4), `"none"` or
+    /// None (off). Outputs are unchanged (docs/speculative.md). Off for hybrid models and
+    /// `tensor_parallel > 1` whatever is asked.
     ///
     /// Raises: OSError (cannot open), fak.GGUFError (malformed file), fak.UnsupportedError
     /// (architecture / format), fak.ModelError (missing or mis-shaped tensor), fak.ShardError
@@ -179,7 +214,7 @@ impl PyModel {
     /// fak.BackendError (`backend="cuda"` without a usable CUDA backend, or with
     /// `tensor_parallel > 1`: multi-GPU is not built), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0, speculative=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -198,7 +233,13 @@ impl PyModel {
         sliding_window: Option<usize>,
         free_window_blocks: bool,
         n_cpu_moe: usize,
+        speculative: Option<&str>,
     ) -> PyResult<PyModel> {
+        let speculative = speculative
+            .map(|v| SpecParams::parse(v, "speculative"))
+            .transpose()
+            .map_err(super::to_py)?
+            .unwrap_or(SpecParams::NONE);
         if max_tokens_per_step == Some(0) {
             return Err(super::to_py(FakError::invalid("max_tokens_per_step", "0 (must be ≥ 1, or None for 512)")));
         }
@@ -226,6 +267,7 @@ impl PyModel {
             sliding_window,
             free_window_blocks,
             n_cpu_moe,
+            speculative,
         };
         let engine: Box<dyn EngineApi> = match backend {
             "cpu" => Box::new(detach(py, || Engine::open_cpu(&path, opts))?),
@@ -284,6 +326,14 @@ impl PyModel {
             ("max_batch", ConfigValue::Int(max_batch)),
             ("prefix_cache", ConfigValue::Bool(prefix_cache)),
             ("tensor_parallel", ConfigValue::Int(tensor_parallel)),
+            (
+                "speculative",
+                ConfigValue::Str(if c.hybrid.is_some() || tensor_parallel > 1 || !speculative.is_on() {
+                    "none".into()
+                } else {
+                    format!("{}:{}", speculative.method.name(), speculative.k)
+                }),
+            ),
         ];
         let shard_plan = engine
             .shard_plan()
@@ -407,7 +457,9 @@ impl PyModel {
     /// top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
     /// seed, n_logprobs, prefix_choices (a list of token-id lists: the output must begin with one
     /// of them), max_tokens (≥ 1: the sequence finishes after that many tokens), stop_ids (token
-    /// ids that finish it) (None values mean the default; unknown keys are errors).
+    /// ids that finish it), speculative (`"ngram"`, `"suffix"`, `"METHOD:K"`, `"none"` or
+    /// `{"method": ..., "k": ...}`: this request's speculative decoding over the model's default)
+    /// (None values mean the default; unknown keys are errors).
     /// `resident_tokens`: the leading prompt tokens (an agent's system prompt and tools) whose
     /// cached KV blocks get second chances under the prefix cache's LRU when the sequence ends.
     ///
@@ -453,7 +505,8 @@ impl PyModel {
     /// `top_logprobs` is a list of `(token_id, logprob)`, most likely first, when `n_logprobs > 0`.
     /// `finish` is `"stop"` (the token is one of the sequence's `stop_ids`) or `"length"` (its
     /// `max_tokens`-th token, or its context window is full): the engine has then removed the
-    /// sequence and freed its KV blocks.
+    /// sequence and freed its KV blocks. With speculative decoding a sequence may get several
+    /// tokens in one step: consecutive tuples, in order, only the last one with a finish.
     fn step(&self, py: Python<'_>) -> PyResult<Vec<StepTuple>> {
         let out = self.with_engine(py, |e| e.step())?;
         Ok(out
@@ -486,7 +539,9 @@ impl PyModel {
     /// tp_collective_wait_seconds (tensor parallelism: seconds shard 0 spent in the all-reduces
     /// and the logits gather, and of those waiting for the other shards; 0 with one shard),
     /// kv_blocks_peak (the most KV blocks sequences held during one step's forward: a high-water
-    /// mark, reset by `reset_stats`).
+    /// mark, reset by `reset_stats`), spec_steps, spec_draft_tokens, spec_accepted_tokens
+    /// (speculative decoding: sequence-steps that verified a draft, draft tokens computed, and
+    /// of those the ones accepted).
     /// Seconds are wall time of `step()` calls, split between prefill and decode by token count.
     /// `prefix_cache_query_tokens` counts the tokens of every admitted sequence (again after a
     /// preemption), `prefix_cache_hit_tokens` those of them whose K/V came from the prefix cache
@@ -518,6 +573,9 @@ impl PyModel {
         d.set_item("tp_collective_seconds", s.tp_collective_seconds)?;
         d.set_item("tp_collective_wait_seconds", s.tp_collective_wait_seconds)?;
         d.set_item("kv_blocks_peak", s.kv_blocks_peak)?;
+        d.set_item("spec_steps", s.spec_steps)?;
+        d.set_item("spec_draft_tokens", s.spec_draft_tokens)?;
+        d.set_item("spec_accepted_tokens", s.spec_accepted_tokens)?;
         Ok(d)
     }
 

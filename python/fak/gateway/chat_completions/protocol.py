@@ -170,6 +170,9 @@ class ChatCompletionRequest(msgspec.Struct):
     top_k: Annotated[int, Meta(ge=-1)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
+    #: speculative decoding of this request over the server's ``--speculative`` (fak's extension:
+    #: ``"ngram"``, ``"suffix:8"``, ``"none"``; docs/speculative.md)
+    speculative: Annotated[str, Meta(max_length=32)] | None = None
     #: extra chat-template variables (vLLM's name; ``{"enable_thinking": false}`` turns Qwen3's
     #: thinking off)
     chat_template_kwargs: dict[str, Any] | None = None

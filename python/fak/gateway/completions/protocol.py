@@ -45,6 +45,9 @@ class CompletionRequest(msgspec.Struct, forbid_unknown_fields=True):
     top_k: Annotated[int, Meta(ge=-1)] | None = None
     min_p: Annotated[float, Meta(ge=0.0, le=1.0)] | None = None
     repetition_penalty: Annotated[float, Meta(gt=0.0, le=10.0)] | None = None
+    #: speculative decoding of this request over the server's ``--speculative`` (fak's extension:
+    #: ``"ngram"``, ``"suffix:8"``, ``"none"``; docs/speculative.md)
+    speculative: Annotated[str, Meta(max_length=32)] | None = None
 
 
 class CompletionLogprobs(msgspec.Struct):

@@ -77,6 +77,13 @@ class _StateCollector(Collector):
                                   value=num("native_prefix_cache_hit_tokens"))
         yield GaugeMetricFamily("fak_prefix_cache_blocks", "KV cache blocks holding cached prefixes (in use or evictable).",
                                 value=num("native_prefix_cache_blocks"))
+        # Speculative decoding (vLLM's spec_decode_num_draft_tokens / _accepted_tokens / _drafts).
+        yield CounterMetricFamily("fak_spec_decode_drafts", "Verification steps: a sequence's step with a draft.",
+                                  value=num("native_spec_steps"))
+        yield CounterMetricFamily("fak_spec_decode_draft_tokens", "Draft tokens verified by the target model.",
+                                  value=num("native_spec_draft_tokens"))
+        yield CounterMetricFamily("fak_spec_decode_accepted_tokens", "Draft tokens accepted (emitted as drafted).",
+                                  value=num("native_spec_accepted_tokens"))
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())

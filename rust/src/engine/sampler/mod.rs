@@ -85,6 +85,9 @@ pub struct SamplingParams {
     ///
     /// [`Finish::Stop`]: super::Finish::Stop
     pub stop_ids: Vec<u32>,
+    /// Speculative decoding of this sequence (draft source and length; docs/speculative.md).
+    /// `None`: the engine's default.
+    pub speculative: Option<crate::engine::speculative::SpecParams>,
 }
 
 impl Default for SamplingParams {
@@ -103,6 +106,7 @@ impl Default for SamplingParams {
             prefix_choices: Vec::new(),
             max_tokens: None,
             stop_ids: Vec::new(),
+            speculative: None,
         }
     }
 }
@@ -261,6 +265,17 @@ impl Rng {
     }
 }
 
+/// The distribution a draw picks from ([`Sampler::distribution`]).
+#[derive(Debug, Clone, Copy)]
+enum Dist {
+    /// Decided (greedy).
+    Token(u32),
+    /// `weights[t]` for every token `t`, with their sum.
+    Whole(f64),
+    /// `weights[i]` for candidate `idx[i]`, with their sum.
+    Ids(f64),
+}
+
 /// One sampled token.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Sampled {
@@ -360,6 +375,11 @@ impl Sampler {
     /// the sequence so far (prompt and generated tokens), for the repetition penalty.
     pub fn sample(&mut self, logits: &[f32], history: &[u32]) -> Sampled {
         let token = self.choose(logits, history);
+        self.report(logits, token)
+    }
+
+    /// `token` with its log-probability (and the top ones) under the unmodified `logits`.
+    fn report(&self, logits: &[f32], token: u32) -> Sampled {
         let (max, ln_z) = log_normalizer(logits);
         let logprob = (logits[token as usize] - max) - ln_z;
         let top_logprobs = (self.params.n_logprobs > 0).then(|| {
@@ -383,6 +403,14 @@ impl Sampler {
     }
 
     fn choose(&mut self, logits: &[f32], history: &[u32]) -> u32 {
+        let d = self.distribution(logits, history);
+        self.draw_dist(d)
+    }
+
+    /// The distribution of the next token (see the module doc for the chain): a token (greedy),
+    /// or weights in `self.weights` over the whole vocabulary or over the candidates
+    /// `self.idx[..weights.len()]`, with their sum.
+    fn distribution(&mut self, logits: &[f32], history: &[u32]) -> Dist {
         let allowed = self.allowed_tokens().and_then(|mut a| {
             a.retain(|&t| (t as usize) < logits.len()); // ids are checked by the engine
             (!a.is_empty()).then_some(a)
@@ -400,14 +428,14 @@ impl Sampler {
         if let Some(allowed) = &allowed {
             if p.temperature <= 0.0 {
                 // argmax over the allowed tokens (lowest id on ties, as `argmax`)
-                return *allowed
+                return Dist::Token(*allowed
                     .iter()
                     .min_by(|a, b| by_logit(a, b))
-                    .expect("a walk has a next token");
+                    .expect("a walk has a next token"));
             }
         }
         if p.temperature <= 0.0 {
-            return crate::backend::cpu::argmax(l) as u32;
+            return Dist::Token(crate::backend::cpu::argmax(l) as u32);
         }
         let n = l.len();
         let top_k = if p.top_k > 0 && (p.top_k as usize) < n {
@@ -422,7 +450,7 @@ impl Sampler {
             self.weights.resize(n, 0.0);
             let total =
                 vecops::exp_scaled_sum(l, max, 1.0 / p.temperature, Some(&mut self.weights));
-            return draw(&mut self.rng, &self.weights, total, |i| i as u32);
+            return Dist::Whole(total);
         }
 
         // Candidates sorted by logit, descending (ties: lower id first).
@@ -462,11 +490,60 @@ impl Sampler {
             idx.sort_unstable_by(by_logit);
         }
         let renorm = (top_k > 0 || self.choices.is_some()) && p.top_p < 1.0;
-        let idx = std::mem::take(&mut self.idx);
-        let vals: Vec<f32> = idx.iter().map(|&t| l[t as usize]).collect();
-        let token = self.finish_sorted(&idx, &vals, renorm);
-        self.idx = idx;
-        token
+        let vals: Vec<f32> = self.idx.iter().map(|&t| l[t as usize]).collect();
+        Dist::Ids(self.sorted_weights(&vals, renorm))
+    }
+
+    /// Draws from a [`Dist`] (`self.weights`, and `self.idx` for [`Dist::Ids`]).
+    fn draw_dist(&mut self, d: Dist) -> u32 {
+        match d {
+            Dist::Token(t) => t,
+            Dist::Whole(total) => draw(&mut self.rng, &self.weights, total, |i| i as u32),
+            Dist::Ids(total) => {
+                let idx = &self.idx;
+                draw(&mut self.rng, &self.weights, total, |i| idx[i])
+            }
+        }
+    }
+
+    /// Verifies draft token `draft` against the distribution of the next token given `logits`
+    /// and `history` (as [`Self::sample`]): greedy (temperature 0), the target's choice (the
+    /// caller accepts `draft` when it is that); sampled, the rejection rule of speculative
+    /// sampling for a deterministic draft (Leviathan et al. 2023, Chen et al. 2023 with
+    /// `q = one-hot(draft)`): `draft` with probability `p(draft)` (one uniform of the sequence's
+    /// generator), else a draw from the residual `max(0, p − q)` normalized, `p` without `draft`
+    /// (a second uniform). The token returned is distributed as `p` whatever the draft.
+    pub fn verify(&mut self, logits: &[f32], history: &[u32], draft: u32) -> Sampled {
+        let token = if self.params.temperature <= 0.0 {
+            self.choose(logits, history)
+        } else {
+            let d = self.distribution(logits, history);
+            let (pos, total) = match d {
+                Dist::Token(_) => (None, 0.0), // not produced at temperature > 0
+                Dist::Whole(total) => (((draft as usize) < self.weights.len()).then_some(draft as usize), total),
+                Dist::Ids(total) => (self.idx[..self.weights.len()].iter().position(|&t| t == draft), total),
+            };
+            if let Dist::Token(t) = d {
+                t
+            } else {
+                let w = pos.map_or(0.0, |i| self.weights[i] as f64);
+                let u = self.rng.next_f64();
+                if w > 0.0 && u * total < w {
+                    draft
+                } else if total - w <= 0.0 {
+                    draft // every candidate is the draft's (p(draft) = 1 up to rounding)
+                } else {
+                    if let Some(i) = pos {
+                        self.weights[i] = 0.0;
+                    }
+                    self.draw_dist(match d {
+                        Dist::Whole(_) => Dist::Whole(total - w),
+                        _ => Dist::Ids(total - w),
+                    })
+                }
+            }
+        };
+        self.report(logits, token)
     }
 
     /// The end of every filtered draw, over candidates `ids` sorted by logit (descending, ties
@@ -474,8 +551,15 @@ impl Sampler {
     /// after top-k or prefix choices), min-p relative to the first, then the temperature softmax
     /// and the draw.
     fn finish_sorted(&mut self, ids: &[u32], vals: &[f32], renorm_top_p: bool) -> u32 {
+        let total = self.sorted_weights(vals, renorm_top_p);
+        draw(&mut self.rng, &self.weights, total, |i| ids[i])
+    }
+
+    /// [`Self::finish_sorted`] short of the draw: fills `self.weights` with the weights of the
+    /// first candidates kept (of `vals`, sorted descending) and returns their sum.
+    fn sorted_weights(&mut self, vals: &[f32], renorm_top_p: bool) -> f64 {
         let p = &self.params;
-        let mut keep = ids.len();
+        let mut keep = vals.len();
         if renorm_top_p {
             // top-p over the top-k (or allowed) candidates (renormalized over them).
             let max = vals[0];
@@ -491,8 +575,7 @@ impl Sampler {
         let inv_t = 1.0 / p.temperature;
         self.weights.clear();
         self.weights.extend(vals[..keep].iter().map(|&v| ((v - max) * inv_t).exp()));
-        let total: f64 = self.weights.iter().map(|&w| w as f64).sum();
-        draw(&mut self.rng, &self.weights, total, |i| ids[i])
+        self.weights.iter().map(|&w| w as f64).sum()
     }
 }
 
@@ -918,5 +1001,61 @@ mod tests {
     fn top_n_order_and_ties() {
         assert_eq!(top_n(&[1.0, 3.0, 3.0, 2.0, 5.0], 3), vec![4, 1, 2]);
         assert_eq!(top_n(&[1.0, 2.0], 5), vec![1, 0]);
+    }
+
+    /// Speculative sampling's rejection rule leaves the distribution of the token unchanged: over
+    /// many draws with a fixed draft (in, or outside, the candidates), token frequencies match
+    /// the target distribution (chi-square, 7 degrees of freedom, p = 1e-4: 29.88), and greedy
+    /// verification is the target's argmax.
+    #[test]
+    fn verify_keeps_the_target_distribution() {
+        let l: Vec<f32> = vec![1.0, 2.2, 0.3, 1.9, -0.5, 0.8, 1.5, 0.0];
+        let softmax = |l: &[f32], t: f32, keep: &[usize]| -> Vec<f64> {
+            let w: Vec<f64> = (0..l.len()).map(|i| if keep.contains(&i) { ((l[i] / t) as f64).exp() } else { 0.0 }).collect();
+            let z: f64 = w.iter().sum();
+            w.iter().map(|x| x / z).collect()
+        };
+        let all: Vec<usize> = (0..8).collect();
+        let cases: Vec<(SamplingParams, u32, Vec<f64>)> = vec![
+            (params(|p| p.temperature = 0.7), 3, softmax(&l, 0.7, &all)),
+            (params(|p| p.temperature = 1.3), 4, softmax(&l, 1.3, &all)),
+            (params(|p| { p.temperature = 1.0; p.top_k = 3 }), 6, softmax(&l, 1.0, &[1, 3, 6])),
+            (params(|p| { p.temperature = 1.0; p.top_k = 3 }), 0, softmax(&l, 1.0, &[1, 3, 6])),
+        ];
+        for (p, draft, want) in cases {
+            let mut s = Sampler::new(p.clone()).unwrap();
+            let n = 100_000;
+            let mut counts = [0usize; 8];
+            let mut kept = 0;
+            for _ in 0..n {
+                let t = s.verify(&l, &[], draft).token;
+                counts[t as usize] += 1;
+                kept += (t == draft) as usize;
+            }
+            let chi2: f64 = (0..8)
+                .filter(|&i| want[i] > 0.0)
+                .map(|i| {
+                    let e = want[i] * n as f64;
+                    (counts[i] as f64 - e).powi(2) / e
+                })
+                .sum();
+            assert!(chi2 < 29.88, "{p:?} draft {draft}: chi2 {chi2}, counts {counts:?}, want {want:?}");
+            for i in 0..8 {
+                if want[i] == 0.0 {
+                    assert_eq!(counts[i], 0, "token {i} outside the candidates");
+                }
+            }
+            assert_eq!(kept, counts[draft as usize]);
+        }
+        // greedy: the argmax, whatever the draft
+        let mut s = Sampler::new(params(|p| p.temperature = 0.0)).unwrap();
+        assert_eq!(s.verify(&l, &[], 3).token, 1);
+        assert_eq!(s.verify(&l, &[], 1).token, 1);
+        // the same seed and draft give the same tokens
+        let mut a = Sampler::new(params(|p| p.temperature = 0.9)).unwrap();
+        let mut b = Sampler::new(params(|p| p.temperature = 0.9)).unwrap();
+        for _ in 0..100 {
+            assert_eq!(a.verify(&l, &[], 3), b.verify(&l, &[], 3));
+        }
     }
 }

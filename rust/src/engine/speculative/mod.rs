@@ -1,0 +1,197 @@
+//! Speculative decoding (Leviathan, Kalman and Matias 2023, arXiv:2211.17192; Chen et al. 2023,
+//! arXiv:2302.01318) with model-free drafts: a decoding sequence proposes `k` tokens from its own
+//! text, the engine computes them in one forward as `k + 1` rows `[last token, d1 … dk]` with
+//! logits on every row, and keeps the longest run the target model agrees with plus one token of
+//! its own (docs/speculative.md).
+//!
+//! Draft sources ([`SpecMethod`]):
+//! - `ngram` ([`ngram`]): prompt lookup, the longest suffix of 3..1 tokens seen earlier in the
+//!   sequence proposes what followed it;
+//! - `suffix` ([`suffix`]): a suffix automaton over the sequence, the longest suffix of any length
+//!   seen earlier proposes what followed it, as far as the match is long.
+//!
+//! Verification (the engine's step): greedy sequences accept a draft token while it equals the
+//! target's choice at its position (so the output is token for token and log-probability for
+//! log-probability that of decoding without speculation, on a backend whose rows do not depend
+//! on the batch); sampled sequences use the rejection rule for a deterministic draft (q one-hot):
+//! accept `d` with probability `p(d)`, else sample from `p` without `d`, renormalized
+//! ([`crate::engine::Sampler::verify`]); the output distribution is the target's.
+//!
+//! Not for hybrid models (their recurrent state cannot be rolled back past rejected tokens) nor
+//! tensor parallelism: the engine turns it off there.
+
+pub mod ngram;
+pub mod suffix;
+
+use crate::{FakError, Result};
+
+pub use ngram::NgramIndex;
+pub use suffix::SuffixIndex;
+
+/// Most draft tokens per sequence per step.
+pub const MAX_DRAFT: usize = 32;
+/// Draft tokens per step when a request names a method without `k`.
+pub const DEFAULT_DRAFT: usize = 4;
+
+/// Where draft tokens come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpecMethod {
+    /// No speculation.
+    None,
+    /// Prompt lookup ([`ngram`]).
+    Ngram,
+    /// Suffix automaton over the sequence ([`suffix`]).
+    Suffix,
+}
+
+impl SpecMethod {
+    /// `"none"`, `"ngram"` or `"suffix"`.
+    pub fn name(self) -> &'static str {
+        match self {
+            SpecMethod::None => "none",
+            SpecMethod::Ngram => "ngram",
+            SpecMethod::Suffix => "suffix",
+        }
+    }
+}
+
+/// A request's (or the engine's default) speculation: the draft source and most draft tokens per
+/// step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpecParams {
+    pub method: SpecMethod,
+    /// Most draft tokens per step, 1..=[`MAX_DRAFT`] (ignored for `None`).
+    pub k: usize,
+}
+
+impl SpecParams {
+    /// No speculation.
+    pub const NONE: SpecParams = SpecParams { method: SpecMethod::None, k: 0 };
+
+    /// Parses `"none"`, `"ngram"`, `"suffix"`, or `"METHOD:K"` (`K` in 1..=[`MAX_DRAFT`]).
+    /// Errors: [`FakError::InvalidArgument`] naming `param`.
+    pub fn parse(spec: &str, param: &str) -> Result<SpecParams> {
+        let (name, k) = match spec.split_once(':') {
+            Some((n, k)) => {
+                let k: usize = k.trim().parse().map_err(|_| {
+                    FakError::invalid(param, format!("{spec:?}: the draft length after ':' must be an integer"))
+                })?;
+                (n.trim(), Some(k))
+            }
+            None => (spec.trim(), None),
+        };
+        Self::new(name, k, param)
+    }
+
+    /// The method named `name` (`"none"`, `"ngram"`, `"suffix"`) with `k` draft tokens (default
+    /// [`DEFAULT_DRAFT`]). Errors: [`FakError::InvalidArgument`] naming `param`.
+    pub fn new(name: &str, k: Option<usize>, param: &str) -> Result<SpecParams> {
+        let method = match name {
+            "none" | "off" | "" => SpecMethod::None,
+            "ngram" => SpecMethod::Ngram,
+            "suffix" => SpecMethod::Suffix,
+            other => {
+                return Err(FakError::invalid(param, format!("{other:?} is not a draft source (known: none, ngram, suffix)")))
+            }
+        };
+        let k = k.unwrap_or(DEFAULT_DRAFT);
+        if method != SpecMethod::None && !(1..=MAX_DRAFT).contains(&k) {
+            return Err(FakError::invalid(param, format!("k = {k} (draft tokens per step must be in 1..={MAX_DRAFT})")));
+        }
+        Ok(SpecParams { method, k: if method == SpecMethod::None { 0 } else { k } })
+    }
+
+    /// Whether it drafts at all.
+    pub fn is_on(&self) -> bool {
+        self.method != SpecMethod::None && self.k > 0
+    }
+}
+
+/// The draft source of one sequence, with its index over the sequence's tokens.
+#[derive(Debug, Clone)]
+pub enum Drafter {
+    Ngram(NgramIndex),
+    Suffix(Box<SuffixIndex>),
+}
+
+impl Drafter {
+    /// The drafter of `p`, `None` when it does not draft.
+    pub fn new(p: &SpecParams) -> Option<Drafter> {
+        if !p.is_on() {
+            return None;
+        }
+        Some(match p.method {
+            SpecMethod::Ngram => Drafter::Ngram(NgramIndex::default()),
+            SpecMethod::Suffix => Drafter::Suffix(Box::default()),
+            SpecMethod::None => return None,
+        })
+    }
+
+    /// Up to `k` tokens proposed to follow `tokens` into `out` (cleared first; possibly empty).
+    pub fn propose(&mut self, tokens: &[u32], k: usize, out: &mut Vec<u32>) {
+        match self {
+            Drafter::Ngram(ix) => {
+                ix.propose(tokens, k, out);
+            }
+            Drafter::Suffix(ix) => {
+                ix.propose(tokens, k, out);
+            }
+        }
+    }
+
+    /// Forgets the index (the sequence's tokens changed other than by appending).
+    pub fn reset(&mut self) {
+        match self {
+            Drafter::Ngram(ix) => ix.reset(),
+            Drafter::Suffix(ix) => ix.reset(),
+        }
+    }
+}
+
+/// Appends to `out` the `k` tokens that follow position `start` of `tokens` followed by `out`
+/// itself (an LZ77 copy: when the continuation reaches the end of `tokens` it repeats what it
+/// copied, the period `tokens.len() − start`). `start < tokens.len()`.
+pub fn copy_continuation(tokens: &[u32], start: usize, k: usize, out: &mut Vec<u32>) {
+    debug_assert!(start < tokens.len());
+    let l = tokens.len();
+    for j in 0..k {
+        let src = start + j;
+        let t = if src < l { tokens[src] } else { out[src - l] };
+        out.push(t);
+    }
+}
+
+/// Draft counters of a sequence (or summed over the engine).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SpecCounts {
+    /// Verification steps: steps in which the sequence had a draft.
+    pub steps: u64,
+    /// Draft tokens proposed (and computed).
+    pub drafted: u64,
+    /// Draft tokens accepted (emitted as drafted).
+    pub accepted: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_methods() {
+        assert_eq!(SpecParams::parse("ngram", "s").unwrap(), SpecParams { method: SpecMethod::Ngram, k: DEFAULT_DRAFT });
+        assert_eq!(SpecParams::parse("suffix:8", "s").unwrap(), SpecParams { method: SpecMethod::Suffix, k: 8 });
+        assert_eq!(SpecParams::parse("none", "s").unwrap(), SpecParams::NONE);
+        assert!(!SpecParams::parse("none:3", "s").unwrap().is_on());
+        for bad in ["ngram:0", "ngram:x", "eagle", "suffix:33"] {
+            let e = SpecParams::parse(bad, "speculative").unwrap_err();
+            assert!(matches!(e, FakError::InvalidArgument { ref param, .. } if param == "speculative"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn continuation_repeats_past_the_end() {
+        let mut out = Vec::new();
+        copy_continuation(&[1, 2, 3, 4], 2, 5, &mut out);
+        assert_eq!(out, vec![3, 4, 3, 4, 3]);
+    }
+}
