@@ -234,3 +234,33 @@ def test_engine_streams_several_tokens_per_step(tiny: str) -> None:
                 g = fast.generate(prompt, max_tokens=40, temperature=0, stop=stop)
                 assert (g.text, g.finish_reason, g.token_ids) == (w.text, w.finish_reason, w.token_ids)
         assert fast.stats()["native_spec_accepted_tokens"] > 0
+
+
+def test_conversation_outputs_feed_later_drafts(tiny: str) -> None:
+    """With ``suffix``, a sequence of a conversation also drafts from the outputs of the
+    conversation's earlier requests: a second request whose prompt does not hold the first one's
+    output but which writes much the same accepts more draft tokens with the conversation than
+    without it, and its tokens are the same."""
+    jobs = [(PROMPTS[2], {"temperature": 0.0, "max_tokens": 40}),
+            ([1, 2] + PROMPTS[2], {"temperature": 0.0, "max_tokens": 40})]
+
+    def run(conversation: str | None) -> tuple[list[int], int]:
+        m = _native.Model(tiny, n_ctx=256, threads=1, speculative="suffix:8")
+        second: list[int] = []
+        gained = 0
+        for i, (prompt, sampling) in enumerate(jobs):  # one after the other
+            m.add_sequence(i, prompt, sampling, conversation=conversation)
+            before = m.stats()["spec_accepted_tokens"]
+            finished = False
+            while not finished:
+                for _sid, t, _lp, _top, fin in m.step():
+                    if i == 1:
+                        second.append(t)
+                    finished = finished or fin is not None
+            gained = m.stats()["spec_accepted_tokens"] - before
+        return second, gained
+
+    alone, gained_alone = run(None)
+    shared, gained_shared = run("conv-1")
+    assert alone == shared and len(alone) == 40
+    assert gained_shared > gained_alone, (gained_shared, gained_alone)

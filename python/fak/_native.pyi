@@ -171,10 +171,11 @@ class Model:
         (``q_heads``, ``kv_heads``, ``ffn``, ``vocab``; ``experts``: the MoE experts it holds whole,
         or None when it holds every expert); empty with one shard."""
     def add_sequence(self, seq_id: int, prompt_ids: list[int], sampling: dict[str, Any] | None = None,
-                     resident_tokens: int = 0) -> None:
+                     resident_tokens: int = 0, conversation: str | None = None) -> None:
         """Queues a sequence for prefill; its first ``resident_tokens`` prompt tokens' cached blocks
-        stay resident under the prefix cache's LRU when it ends. Raises ContextLengthError,
-        KVCacheFullError, ValueError."""
+        stay resident under the prefix cache's LRU when it ends; with ``conversation``, the
+        ``suffix`` draft source also drafts from that conversation's earlier outputs. Raises
+        ContextLengthError, KVCacheFullError, ValueError."""
     def take_prefix_hits(self) -> list[tuple[int, int]]:
         """``(seq_id, hit_tokens)`` of each sequence admitted since the last call: prompt tokens
         found in the prefix cache."""

@@ -67,7 +67,7 @@ class NativeModel(Protocol):
     @property
     def kv_blocks_free(self) -> int: ...
     def add_sequence(self, seq_id: int, prompt_ids: list[int], sampling: dict[str, Any],
-                     resident_tokens: int = 0) -> None: ...
+                     resident_tokens: int = 0, conversation: str | None = None) -> None: ...
     def remove_sequence(self, seq_id: int) -> None: ...
     def step(self) -> list[tuple[int, int, float, list[tuple[int, float]] | None, str | None]]: ...
     def logits(self, token_ids: list[int]) -> Any: ...
@@ -318,6 +318,7 @@ class _Request:
         self.t_first: float | None = None
         self.t_last = 0.0
         self.resident = 0  # leading prompt tokens to keep resident in the prefix cache
+        self.conversation: str | None = None  # its conversation (drafts from earlier outputs)
         self.cached_tokens: int | None = None  # prompt tokens the prefix cache held
 
 
@@ -573,6 +574,10 @@ class Engine:
         self.max_batch = max_batch
         # per-sequence prefix-cache hits and resident prefixes (native cores that have them)
         self._prefix_hits = callable(getattr(model, "take_prefix_hits", None))
+        # conversations (drafts from a conversation's earlier outputs): fak's own native core
+        from fak import _native
+
+        self._conversations = isinstance(model, _native.Model)
         # The tokens that end a generation (EOS, EOT, ...), decided by the engine core per step.
         self._stop_ids: list[int] = sorted(tokenizer.eog_ids)
         self._ids = itertools.count(1)
@@ -642,6 +647,9 @@ class Engine:
         resident = int(sampling.pop("resident_prefix", 0) or 0)
         if resident < 0:
             raise ValueError(f"resident_prefix must be >= 0, got {resident}")
+        conversation = sampling.pop("conversation", None)
+        if conversation is not None and not isinstance(conversation, str):
+            raise ValueError(f"conversation must be a string, got {conversation!r}")
         params = SamplingParams.from_kwargs(**sampling)
         if isinstance(prompt, str):
             ids = self.tokenize(prompt, add_special=add_special, parse_special=True)
@@ -668,6 +676,7 @@ class Engine:
         max_new = self.n_ctx - n if params.max_tokens is None else params.max_tokens
         req = _Request(next(self._ids), ids, params, max_new, self.tokenizer, self._stop_ids)
         req.resident = min(resident, n)
+        req.conversation = conversation
         return req
 
     def stream(self, prompt: str | Sequence[int], **sampling: Any) -> TokenStream:
@@ -677,10 +686,13 @@ class Engine:
             prompt: text or token ids.
             **sampling: :class:`fak.sampling.SamplingParams` fields (max_tokens, temperature,
                 top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty,
-                frequency_penalty, seed, stop, logprobs, prefix_choices), and
+                frequency_penalty, seed, stop, logprobs, prefix_choices, speculative), and
                 ``resident_prefix``: the leading prompt tokens (an agent's system prompt and
                 tools, repeated by its every request) whose prefix-cache blocks get second chances
-                under the LRU when this sequence ends (0: none; needs a native core that has it).
+                under the LRU when this sequence ends (0: none; needs a native core that has it);
+                ``conversation``: the conversation it belongs to (the gateway's
+                ``X-Fak-Conversation``): the ``suffix`` draft source also drafts from the
+                conversation's earlier outputs (docs/speculative.md).
 
         Returns:
             an iterator of :class:`Delta`; the last one has ``finish_reason``, ``usage``, ``timings``.
@@ -925,10 +937,12 @@ class Engine:
                 # The native scheduler queues a sequence past max_batch or until KV blocks free
                 # up (preempting by recompute when needed); KVCacheFullError means the prompt can
                 # never fit.
+                extra: dict[str, Any] = {}
                 if req.resident and self._prefix_hits:
-                    self._model.add_sequence(req.seq_id, req.prompt_ids, req.native, resident_tokens=req.resident)
-                else:
-                    self._model.add_sequence(req.seq_id, req.prompt_ids, req.native)
+                    extra["resident_tokens"] = req.resident
+                if req.conversation is not None and self._conversations:
+                    extra["conversation"] = req.conversation
+                self._model.add_sequence(req.seq_id, req.prompt_ids, req.native, **extra)
             except Exception as e:
                 self._remove(req)
                 self._waiting.popleft()

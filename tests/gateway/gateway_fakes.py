@@ -306,7 +306,8 @@ class FakeEngine:
 
     def _check_sampling(self, sampling: dict[str, Any]) -> None:
         allowed = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-                   "frequency_penalty", "seed", "stop", "logprobs", "prefix_choices", "resident_prefix"}
+                   "frequency_penalty", "seed", "stop", "logprobs", "prefix_choices", "resident_prefix",
+                   "conversation", "speculative"}
         unknown = set(sampling) - allowed
         if unknown:
             raise TypeError(f"unknown sampling keys {sorted(unknown)}")

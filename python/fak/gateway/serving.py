@@ -651,6 +651,8 @@ class EngineServing:
             sampling["prefix_choices"] = choices
         if resident:
             sampling["resident_prefix"] = resident
+        if setup.gate.ctx.conversation:
+            sampling["conversation"] = setup.gate.ctx.conversation  # drafts from its earlier outputs
 
         def make_filter() -> AssistantOutputFilter:
             return AssistantOutputFilter(setup.gate, parse_tools=setup.use_tools, prefix=setup.prefix,

@@ -209,6 +209,9 @@ pub trait EngineApi: Send {
     /// Sets the leading prompt tokens of `seq_id` whose cached blocks stay resident
     /// ([`BlockPool::mark_resident`]); false for an unknown id.
     fn set_resident_prefix(&mut self, seq_id: u64, n_tokens: usize) -> bool;
+    /// Sets the conversation of `seq_id` (its drafts also come from the conversation's earlier
+    /// outputs, and its output joins them); false for an unknown id.
+    fn set_conversation(&mut self, seq_id: u64, conversation: u64) -> bool;
     /// `(seq_id, prompt tokens found in the prefix cache)` of each sequence admitted since the
     /// last call.
     fn take_prefix_hits(&mut self) -> Vec<(u64, usize)>;
@@ -1154,6 +1157,9 @@ impl<B: Backend> EngineApi for Engine<B> {
     }
     fn set_resident_prefix(&mut self, seq_id: u64, n_tokens: usize) -> bool {
         self.sched.set_resident(seq_id, n_tokens)
+    }
+    fn set_conversation(&mut self, seq_id: u64, conversation: u64) -> bool {
+        self.sched.set_conversation(seq_id, conversation)
     }
     fn take_prefix_hits(&mut self) -> Vec<(u64, usize)> {
         self.sched.take_admitted_hits()

@@ -39,6 +39,7 @@ use std::collections::{HashSet, VecDeque};
 
 use super::kv_cache::{BlockHash, BlockPool};
 use super::sequence::Sequence;
+use super::speculative::ConversationStore;
 use crate::backend::{BatchPlan, LogitRows};
 
 /// Limits of the scheduler.
@@ -88,6 +89,8 @@ pub struct Scheduler {
     /// Speculative decoding: the most logit rows of one forward, `None` when sequences never
     /// draft ([`Scheduler::enable_speculation`]).
     spec_max_logits: Option<usize>,
+    /// The outputs of each conversation's finished requests, indexed for drafts.
+    conversations: ConversationStore,
 }
 
 /// Checkpoints of a hybrid model's recurrent state, each in a state slot after the sequences'
@@ -144,6 +147,7 @@ impl Scheduler {
             state_slots: Vec::new(),
             ckpt: Checkpoints::default(),
             spec_max_logits: None,
+            conversations: ConversationStore::default(),
         }
     }
 
@@ -220,6 +224,18 @@ impl Scheduler {
         self.waiting.push_back(seq);
     }
 
+    /// Sets the conversation of sequence `id` ([`Sequence::conversation`]). Returns whether it
+    /// exists.
+    pub fn set_conversation(&mut self, id: u64, conversation: u64) -> bool {
+        match self.running.iter_mut().chain(self.waiting.iter_mut()).find(|s| s.id == id) {
+            Some(s) => {
+                s.conversation = Some(conversation);
+                true
+            }
+            None => false,
+        }
+    }
+
     /// Sets the resident prefix of sequence `id` ([`Sequence::resident_tokens`]). Returns whether
     /// it exists.
     pub fn set_resident(&mut self, id: u64, n_tokens: usize) -> bool {
@@ -244,6 +260,9 @@ impl Scheduler {
         self.free_state_slot(id);
         if let Some(i) = self.running.iter().position(|s| s.id == id) {
             let mut s = self.running.remove(i);
+            if let (Some(c), true) = (s.conversation, s.drafter.is_some()) {
+                self.conversations.add(c, &s.tokens[s.n_prompt.min(s.tokens.len())..]);
+            }
             let keep = (s.resident_tokens / self.pool.block_size()).min(s.block_table.len());
             if keep > 0 {
                 self.pool.mark_resident(&s.block_table[..keep]);
@@ -521,7 +540,8 @@ impl Scheduler {
                     let left = s.sampler.params().max_tokens.map_or(usize::MAX, |m| m.saturating_sub(s.n_sampled));
                     let k = spare_rows.min(spare_logits).min(n_ctx - s.tokens.len() - 1).min(left.saturating_sub(1));
                     if k > 0 {
-                        s.propose_draft(k);
+                        let conv = s.conversation.and_then(|c| self.conversations.get(c));
+                        s.propose_draft(k, conv);
                         spare_rows -= s.draft.len();
                         spare_logits -= s.draft.len();
                         n += s.draft.len();

@@ -8,7 +8,7 @@
 
 use super::kv_cache::{BlockHash, BlockPool, NO_BLOCK};
 use super::sampler::Sampler;
-use super::speculative::{Drafter, SpecCounts, SpecParams};
+use super::speculative::{ConversationIndex, Drafter, SpecCounts, SpecParams};
 
 /// A sequence (prompt plus generated tokens).
 #[derive(Debug)]
@@ -50,6 +50,9 @@ pub struct Sequence {
     pub draft_k: usize,
     /// Its speculation counters.
     pub spec: SpecCounts,
+    /// The conversation it belongs to (the gateway's `X-Fak-Conversation`, hashed): its output
+    /// joins the conversation's draft index when it ends, and it drafts from that index.
+    pub conversation: Option<u64>,
 }
 
 impl Sequence {
@@ -72,6 +75,7 @@ impl Sequence {
             drafter: None,
             draft_k: 0,
             spec: SpecCounts::default(),
+            conversation: None,
         }
     }
 
@@ -83,11 +87,11 @@ impl Sequence {
 
     /// Proposes up to `k` draft tokens (at most its own `draft_k`) into [`Self::draft`] from its
     /// drafter; the draft stays empty without one or when nothing matches.
-    pub fn propose_draft(&mut self, k: usize) {
+    pub fn propose_draft(&mut self, k: usize, conversation: Option<&ConversationIndex>) {
         self.draft.clear();
         let k = k.min(self.draft_k);
         if let (Some(d), true) = (self.drafter.as_mut(), k > 0) {
-            d.propose(&self.tokens, k, &mut self.draft);
+            d.propose(&self.tokens, k, conversation, &mut self.draft);
         }
     }
 

@@ -451,7 +451,7 @@ impl PyModel {
         self.waiting.load(Ordering::Relaxed)
     }
 
-    /// add_sequence(seq_id, prompt_ids, sampling=None, resident_tokens=0)
+    /// add_sequence(seq_id, prompt_ids, sampling=None, resident_tokens=0, conversation=None)
     ///
     /// Queues a sequence; the next `step()` with room prefills it. `sampling` keys: temperature,
     /// top_k, top_p, min_p, repeat_penalty, repeat_last_n, presence_penalty, frequency_penalty,
@@ -462,11 +462,14 @@ impl PyModel {
     /// (None values mean the default; unknown keys are errors).
     /// `resident_tokens`: the leading prompt tokens (an agent's system prompt and tools) whose
     /// cached KV blocks get second chances under the prefix cache's LRU when the sequence ends.
+    /// `conversation`: the conversation it belongs to (the gateway's `X-Fak-Conversation`): with
+    /// the `suffix` draft source it also drafts from the outputs of the conversation's earlier
+    /// requests, and its own output joins them when it ends (docs/speculative.md).
     ///
     /// Raises: ValueError (duplicate id, empty prompt, token id ≥ n_vocab, bad or unknown sampling
     /// value, naming it), fak.ContextLengthError (`len(prompt_ids) + 1 > n_ctx`),
     /// fak.KVCacheFullError (the prompt needs more blocks than the whole cache).
-    #[pyo3(signature = (seq_id, prompt_ids, sampling=None, resident_tokens=0))]
+    #[pyo3(signature = (seq_id, prompt_ids, sampling=None, resident_tokens=0, conversation=None))]
     fn add_sequence(
         &self,
         py: Python<'_>,
@@ -474,12 +477,22 @@ impl PyModel {
         prompt_ids: Vec<u32>,
         sampling: Option<&Bound<'_, PyDict>>,
         resident_tokens: usize,
+        conversation: Option<&str>,
     ) -> PyResult<()> {
         let params = sampling_from_dict(sampling)?;
+        let conversation = conversation.map(|c| {
+            use std::hash::{Hash, Hasher};
+            let mut h = std::collections::hash_map::DefaultHasher::new();
+            c.hash(&mut h);
+            h.finish()
+        });
         self.with_engine(py, move |e| {
             e.add_sequence(seq_id, prompt_ids, params)?;
             if resident_tokens > 0 {
                 e.set_resident_prefix(seq_id, resident_tokens);
+            }
+            if let Some(c) = conversation {
+                e.set_conversation(seq_id, c);
             }
             Ok(())
         })

@@ -260,7 +260,7 @@ def test_stop_and_sampling_reach_the_engine(client: openai.OpenAI, fake_engine: 
         model=MODEL, messages=messages, stop=[stop], temperature=0.7, top_p=0.9, seed=-1, presence_penalty=0.5,
         frequency_penalty=-0.5, extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1})
     assert r.choices[0].message.content == text[: text.find(stop)]
-    sampling = {k: v for k, v in fake_engine.requests[-1][1].items() if k != "resident_prefix"}  # the system turn
+    sampling = {k: v for k, v in fake_engine.requests[-1][1].items() if k not in ("resident_prefix", "conversation")}  # the system turn, its conversation
     assert sampling == {"max_tokens": sampling["max_tokens"], "temperature": 0.7, "top_p": 0.9, "seed": 2**64 - 1,
                         "presence_penalty": 0.5, "frequency_penalty": -0.5, "top_k": 40, "min_p": 0.05,
                         "repeat_penalty": 1.1, "stop": [stop]}

@@ -8,7 +8,9 @@
 //! - `ngram` ([`ngram`]): prompt lookup, the longest suffix of 3..1 tokens seen earlier in the
 //!   sequence proposes what followed it;
 //! - `suffix` ([`suffix`]): a suffix automaton over the sequence, the longest suffix of any length
-//!   seen earlier proposes what followed it, as far as the match is long.
+//!   seen earlier proposes what followed it, as far as the match is long; a sequence of a
+//!   conversation also matches the outputs of the conversation's earlier requests
+//!   ([`ConversationStore`]).
 //!
 //! Verification (the engine's step): greedy sequences accept a draft token while it equals the
 //! target's choice at its position (so the output is token for token and log-probability for
@@ -26,7 +28,7 @@ pub mod suffix;
 use crate::{FakError, Result};
 
 pub use ngram::NgramIndex;
-pub use suffix::SuffixIndex;
+pub use suffix::{ConversationIndex, ConversationStore, SuffixIndex};
 
 /// Most draft tokens per sequence per step.
 pub const MAX_DRAFT: usize = 32;
@@ -128,13 +130,21 @@ impl Drafter {
     }
 
     /// Up to `k` tokens proposed to follow `tokens` into `out` (cleared first; possibly empty).
-    pub fn propose(&mut self, tokens: &[u32], k: usize, out: &mut Vec<u32>) {
+    /// The suffix source also looks in `conversation` (the outputs of earlier requests of the
+    /// sequence's conversation) and takes the longer match (the sequence's own on a tie).
+    pub fn propose(&mut self, tokens: &[u32], k: usize, conversation: Option<&ConversationIndex>, out: &mut Vec<u32>) {
         match self {
             Drafter::Ngram(ix) => {
                 ix.propose(tokens, k, out);
             }
             Drafter::Suffix(ix) => {
-                ix.propose(tokens, k, out);
+                let own = ix.propose(tokens, k, out);
+                if let Some(c) = conversation.filter(|c| !c.is_empty()) {
+                    let mut other = Vec::new();
+                    if c.propose(tokens, k, &mut other) > own && !other.is_empty() {
+                        *out = other;
+                    }
+                }
             }
         }
     }

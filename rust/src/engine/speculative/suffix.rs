@@ -155,6 +155,29 @@ impl SuffixIndex {
         }
     }
 
+    /// The longest suffix of `tail` that occurs in the indexed text: `(its length, the latest end
+    /// (inclusive) of an occurrence)`, or `None` when not even its last token occurs. Walks `tail`
+    /// through the automaton (O(len(tail)) amortized: the matching statistics of Blumer et al.).
+    pub fn longest_match(&self, tail: &[u32]) -> Option<(usize, usize)> {
+        let (mut v, mut l) = (0u32, 0usize);
+        for &t in tail {
+            loop {
+                if let Some(n) = self.st[v as usize].edges.get(t) {
+                    v = n;
+                    l += 1;
+                    break;
+                }
+                if v == 0 {
+                    l = 0;
+                    break;
+                }
+                v = self.st[v as usize].link;
+                l = self.st[v as usize].len as usize;
+            }
+        }
+        (l > 0).then(|| (l, self.st[v as usize].last as usize))
+    }
+
     /// Up to `min(k, match length)` tokens proposed to follow `tokens` (which extends what was
     /// indexed) into `out` (cleared first). Returns the length of the suffix matched (0: none).
     pub fn propose(&mut self, tokens: &[u32], k: usize, out: &mut Vec<u32>) -> usize {
@@ -166,9 +189,122 @@ impl SuffixIndex {
     }
 }
 
+/// Separates the texts of a [`ConversationIndex`] (not a token id: nothing matches across it).
+const SEPARATOR: u32 = u32::MAX;
+/// Tokens of a sequence's end matched against a conversation's earlier outputs.
+const MATCH_TAIL: usize = 64;
+
+/// The outputs of a conversation's earlier requests (`X-Fak-Conversation`), indexed: a sequence of
+/// the same conversation also drafts from them ([`ConversationIndex::propose`]). Agent traffic
+/// regenerates what earlier turns generated (a resampled tool call, reasoning the chat template
+/// left out of later prompts) without it being in the prompt.
+#[derive(Debug, Default, Clone)]
+pub struct ConversationIndex {
+    index: SuffixIndex,
+    tokens: Vec<u32>,
+}
+
+impl ConversationIndex {
+    /// Appends one request's output (a document of its own).
+    pub fn add(&mut self, output: &[u32]) {
+        if output.is_empty() {
+            return;
+        }
+        for &t in output.iter().chain(std::iter::once(&SEPARATOR)) {
+            self.tokens.push(t);
+            self.index.push(t);
+        }
+    }
+
+    /// Tokens held (outputs and separators).
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether nothing is held.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// The longest suffix (up to 64 tokens) of `tokens` that an earlier output holds proposes
+    /// what followed it there, as many tokens as the match is long, up to `k` (never past the end
+    /// of that output), into `out` (cleared first). Returns the match length (0: none).
+    pub fn propose(&self, tokens: &[u32], k: usize, out: &mut Vec<u32>) -> usize {
+        out.clear();
+        let tail = &tokens[tokens.len().saturating_sub(MATCH_TAIL)..];
+        let Some((len, end)) = self.index.longest_match(tail) else { return 0 };
+        out.extend(self.tokens[end + 1..].iter().take(k.min(len)).take_while(|&&t| t != SEPARATOR));
+        len
+    }
+}
+
+/// The [`ConversationIndex`] of each conversation, the most recently used [`MAX_CONVERSATIONS`],
+/// each at most [`MAX_CONVERSATION_TOKENS`] (past it, it starts again from the latest output).
+#[derive(Debug, Default)]
+pub struct ConversationStore {
+    convs: std::collections::HashMap<u64, (ConversationIndex, u64)>,
+    clock: u64,
+}
+
+/// Conversations a [`ConversationStore`] keeps.
+pub const MAX_CONVERSATIONS: usize = 256;
+/// Tokens one conversation's index holds.
+pub const MAX_CONVERSATION_TOKENS: usize = 1 << 17;
+
+impl ConversationStore {
+    /// The index of conversation `id`, if it has one.
+    pub fn get(&self, id: u64) -> Option<&ConversationIndex> {
+        self.convs.get(&id).map(|e| &e.0)
+    }
+
+    /// Adds a finished request's `output` to conversation `id`.
+    pub fn add(&mut self, id: u64, output: &[u32]) {
+        if output.is_empty() {
+            return;
+        }
+        self.clock += 1;
+        let clock = self.clock;
+        if !self.convs.contains_key(&id) && self.convs.len() >= MAX_CONVERSATIONS {
+            if let Some(old) = self.convs.iter().min_by_key(|e| e.1 .1).map(|e| *e.0) {
+                self.convs.remove(&old);
+            }
+        }
+        let e = self.convs.entry(id).or_default();
+        e.1 = clock;
+        if e.0.len() + output.len() + 1 > MAX_CONVERSATION_TOKENS {
+            e.0 = ConversationIndex::default();
+        }
+        let keep = output.len().min(MAX_CONVERSATION_TOKENS - 1);
+        e.0.add(&output[output.len() - keep..]);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn conversation_outputs_draft_for_a_later_request() {
+        let mut store = ConversationStore::default();
+        let call: Vec<u32> = (500..530).collect(); // an earlier reply: a tool call
+        store.add(7, &[1, 2, 3]);
+        store.add(7, &call);
+        let c = store.get(7).unwrap();
+        assert!(store.get(8).is_none());
+        let mut out = Vec::new();
+        // a later request of the conversation starts writing the same call
+        let seq: Vec<u32> = vec![9, 9, 9, 500, 501, 502, 503];
+        assert_eq!(c.propose(&seq, 8, &mut out), 4);
+        assert_eq!(out, vec![504, 505, 506, 507]);
+        // never past the end of the output it matched
+        assert_eq!(c.propose(&[526, 527, 528], 8, &mut out), 3);
+        assert_eq!(out, vec![529]);
+        // nothing matches across two outputs
+        assert_eq!(c.propose(&[3, 500], 8, &mut out), 1);
+        assert_eq!(out, vec![501]);
+        assert_eq!(c.propose(&[77], 8, &mut out), 0);
+        assert!(out.is_empty());
+    }
 
     /// The longest suffix of `t` that also ends earlier, and its latest earlier end, by brute force.
     fn brute(t: &[u32]) -> Option<(usize, usize)> {
