@@ -264,3 +264,22 @@ def test_conversation_outputs_feed_later_drafts(tiny: str) -> None:
     shared, gained_shared = run("conv-1")
     assert alone == shared and len(alone) == 40
     assert gained_shared > gained_alone, (gained_shared, gained_alone)
+
+
+def test_cancelled_stream_returns_every_block(tiny: str) -> None:
+    """Closing a stream mid-run (its sequence verified drafts) frees its KV blocks; the next
+    request's output is unchanged."""
+    with fak.Engine(tiny, n_ctx=256, threads=1, speculative="ngram:8") as engine:
+        want = engine.generate(PROMPTS[0], max_tokens=40, temperature=0)
+        it = engine.stream(PROMPTS[0], max_tokens=200, temperature=0)
+        got: list[int] = []
+        for d in it:
+            got += d.token_ids
+            if len(got) >= 12:
+                break
+        it.close()
+        assert got[:12] == want.token_ids[:12]
+        again = engine.generate(PROMPTS[0], max_tokens=40, temperature=0)
+        assert again.token_ids == want.token_ids
+        stats = engine.stats()
+        assert stats["kv_blocks_used"] == 0 and stats["running"] == 0
