@@ -281,6 +281,67 @@ def test_real_tensors(model: str, request: pytest.FixtureRequest) -> None:
         check(type_name, data, n_out, k, x)
 
 
+def _q4k_scales_mins(sc: np.ndarray) -> tuple[list[int], list[int]]:
+    """ggml ``get_scale_min_k4`` over a block's 12 scale bytes: the 8 sub-blocks' 6-bit scales and mins."""
+    s, m = [0] * 8, [0] * 8
+    for j in range(8):
+        if j < 4:
+            s[j], m[j] = int(sc[j]) & 63, int(sc[j + 4]) & 63
+        else:
+            s[j] = (int(sc[j + 4]) & 0xF) | ((int(sc[j - 4]) >> 6) << 4)
+            m[j] = (int(sc[j + 4]) >> 4) | ((int(sc[j]) >> 6) << 4)
+    return s, m
+
+
+def _vec_dot_q4_k_x86(w_row: np.ndarray, x: np.ndarray) -> np.float32:
+    """llama.cpp's ``ggml_vec_dot_q4_K_q8_K`` (ggml-cpu ``arch/x86/quants.c``, AVX2 path) in its
+    f32 order: per super-block 8 integer lanes (lane t: bytes 4t..4t+3 of each 32-byte chunk,
+    weighted by the sub-block scales) into ``acc = fma(d_x·d, float(lane), acc)``, 4 mins lanes into
+    ``acc_m = fma(−d_x·dmin, float(lane), acc_m)``; then ``hsum8(acc) + hsum4(acc_m)``."""
+    f32 = np.float32
+    d_x, q, bsums = quantize_q8_k(x)
+    acc, acc_m = np.zeros(8, f32), np.zeros(4, f32)
+    for i, blk in enumerate(w_row.reshape(-1, 144)):
+        d, dmin = (f32(v) for v in blk[:4].view(np.float16))
+        s, m = _q4k_scales_mins(blk[4:16])
+        qs, q8 = blk[16:].astype(np.int64), q[256 * i:256 * (i + 1)].astype(np.int64)
+        lanes = np.zeros(8, np.int64)
+        for j in range(4):
+            lo, hi = qs[32 * j:32 * j + 32] & 0xF, qs[32 * j:32 * j + 32] >> 4
+            lanes += s[2 * j] * (lo * q8[64 * j:64 * j + 32]).reshape(8, 4).sum(1)
+            lanes += s[2 * j + 1] * (hi * q8[64 * j + 32:64 * j + 64]).reshape(8, 4).sum(1)
+        bs = bsums[16 * i:16 * (i + 1)].astype(np.int64)
+        pair = bs[0::2] + bs[1::2]
+        prod = np.array([m[2 * t] * pair[2 * t] + m[2 * t + 1] * pair[2 * t + 1] for t in range(4)])
+        # fma(a, b, c) in f32: the f64 product of two f32 is exact, one rounding after the add
+        # (values here are far from the f64 double-rounding cases).
+        acc = (np.float64(f32(d_x[i] * d)) * lanes.astype(f32).astype(np.float64) + acc).astype(f32)
+        acc_m = (np.float64(f32(-d_x[i] * dmin)) * prod.astype(f32).astype(np.float64) + acc_m).astype(f32)
+    h = (acc[:4] + acc[4:]).astype(f32)
+    h = f32((h[:2] + h[2:])[0] + (h[:2] + h[2:])[1])
+    mm = (acc_m[:2] + acc_m[2:]).astype(f32)
+    return f32(h + f32(mm[0] + mm[1]))
+
+
+@pytest.mark.parametrize("n_out", [4, 12])
+def test_unrepacked_q4_k_follows_llama_vec_dot(n_out: int) -> None:
+    """llama.cpp's x86 build repacks a Q4_K matrix only when its rows are a multiple of 8; any other
+    (a Gated DeltaNet's ``ssm_alpha``/``ssm_beta`` with 4 value heads) runs ``ggml_vec_dot_q4_K_q8_K``
+    for a single row: fak's result is bit-identical to that arithmetic on the SIMD levels (the
+    repacked order differs from it in the last bits, which the tiny qwen35 goldens showed)."""
+    levels = [lv for lv in _native.simd_levels() if lv != "scalar"]
+    if not levels:
+        pytest.fail("no SIMD level on this CPU: the x86 kernels are what this test checks")
+    rng = np.random.default_rng(7)
+    k = 512
+    w = random_weights("Q4_K", n_out, k, rng)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    want = np.array([[_vec_dot_q4_k_x86(row, xr) for row in w.reshape(n_out, -1)] for xr in x], dtype=np.float32)
+    for level in levels:
+        got = _native.matmul("Q4_K", w, n_out, k, x, level=level)
+        assert np.array_equal(got, want), (level, float(np.abs(got - want).max()))
+
+
 @pytest.mark.parametrize("forced", ["scalar", "avx2", "avx512", "bogus"])
 def test_env_var_lowers_the_simd_level(forced: str) -> None:
     import os

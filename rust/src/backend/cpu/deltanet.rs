@@ -76,7 +76,7 @@ pub fn delta_net(be: &CpuBackend, w: &DeltaNetWeights<'_, CpuWeight>, p: &DeltaN
     if cache.layout.state_len != state_len || p.state_layer >= cache.layout.state_layers {
         return Err(FakError::invalid("delta_net", format!("state layer {} of {} ({} values) for a layer of {state_len}", p.state_layer, cache.layout.state_layers, cache.layout.state_len)));
     }
-    let mut buf = |len: usize| -> Result<CpuBuffer> { Ok(CpuBuffer(super::zeroed_vec(len, "delta net scratch")?)) };
+    let buf = |len: usize| -> Result<CpuBuffer> { Ok(CpuBuffer(super::zeroed_vec(len, "delta net scratch")?)) };
     let (mut qkv, mut z, mut beta, mut alpha) = (buf(n * cd)?, buf(n * vd)?, buf(n * nv)?, buf(n * nv)?);
     be.matmul(w.qkv, None, h, n, &mut qkv)?;
     be.matmul(w.gate, None, h, n, &mut z)?;

@@ -189,7 +189,10 @@ fn matmul_impl(level: SimdLevel, wtype: GgmlType, w: &[u8], n_out: usize, k: usi
                     blocks.iter_mut().for_each(|b| b.row = kind);
                 }
             }
-            q8k_drive(level, wtype, kern, w, &a, shape, y, tiled)
+            match q4k_unrepacked(level, wtype, n_out) {
+                Some(kern) => drive(kern, None, w, &a, nb, shape, y),
+                None => q8k_drive(level, wtype, kern, w, &a, shape, y, tiled),
+            }
         }
         // llamafile's tinyBLAS declines shapes it cannot tile (AVX-512: K not a multiple of 16,
         // fewer than 4 or a ragged number of weight rows): ggml_vec_dot_f32 computes those.
@@ -271,8 +274,25 @@ pub fn matmul_q8k(wtype: GgmlType, w: &[u8], n_out: usize, k: usize, a: &[BlockQ
     if n_rows == 0 || n_out == 0 {
         return Ok(());
     }
-    q8k_drive(level, wtype, kern, w, a, Shape { n_out, nb, row_bytes, n_rows }, y, tiled_on());
+    let shape = Shape { n_out, nb, row_bytes, n_rows };
+    match q4k_unrepacked(level, wtype, n_out) {
+        Some(kern) => drive(kern, None, w, a, nb, shape, y),
+        None => q8k_drive(level, wtype, kern, w, a, shape, y, tiled_on()),
+    }
     Ok(())
+}
+
+/// llama.cpp's x86 build repacks a Q4_K matrix (and runs its repacked GEMM/GEMV, whose arithmetic
+/// `k_q4_k` follows) only when its rows are a multiple of 8 (ggml-cpu `repack.cpp`,
+/// `ggml_repack_get_optimal_repack_type`); any other Q4_K matrix takes `ggml_vec_dot_q4_K_q8_K`,
+/// whose f32 order this kernel follows (a tiny Gated DeltaNet's 4-row `ssm_alpha`/`ssm_beta`).
+fn q4k_unrepacked(level: SimdLevel, wtype: GgmlType, n_out: usize) -> Option<Kernel<BlockQ8K>> {
+    #[cfg(target_arch = "x86_64")]
+    if wtype == GgmlType::Q4_K && !n_out.is_multiple_of(8) && level >= SimdLevel::Avx2 {
+        return Some(x86::q4k_unrepacked(level == SimdLevel::Avx512));
+    }
+    let _ = (level, wtype, n_out);
+    None
 }
 
 /// F32 weights where some rows are computed alone ([`LlamaRow::single`]): those rows take

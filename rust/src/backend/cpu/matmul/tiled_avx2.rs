@@ -19,6 +19,26 @@
 //!   `sc·Σ u·q8` exactly; a pair of sub-blocks gives `isum` (< 2²⁴) in i32.
 //! - Q6_K: `u` ≤ 63 (the −32 offset through `bsums`, as on AVX-512), so two `vpmaddubsw` add in
 //!   i16 (2·2·63·128 = 32256) before `vpmaddwd` by the 16-element sub-block's signed scale.
+//!
+//! The sub-block loops of the full tiles are written in assembly ([`q4_sub_4x2`], [`q4_sub_2x2`],
+//! [`q6_sub_2x2`]): from the intrinsics LLVM hoisted every weight load of a sub-block ahead of the
+//! products and spilled them (Q4_K 2 × 16 tile: 131 → 165 GFLOP per CPU-second with the assembly).
+//! The shapes fill the 16 `ymm` registers: Q4_K 4 rows × 16 columns is 8 i16 accumulators, 2
+//! weight vectors, a broadcast and a product (0.75 loads per `vpmaddubsw`; 2 × 16 measured
+//! 150–165 against 157–186 GFLOP per CPU-second), Q6_K 2 × 16 is 4 i32 accumulators, 4 weight
+//! vectors, 2 scale vectors, 2 broadcasts and 2 products. Tiles with fewer rows (a tail, or a
+//! row-order change) take the intrinsics.
+//!
+//! Against llama.cpp's AVX2 Q4_K GEMM: the same number of `vpmaddubsw` (32 products each, the
+//! floor on AVX2), fewer than half the other vector instructions per `vpmaddubsw` (≈ 1.4 against
+//! ≈ 3.2 counted in its source, half of those shuffles). Where one pipe executes `vpmaddubsw` the
+//! two meet at that floor; on the Intel Xeon measured (two pipes) the Q4_K tile runs 160–186
+//! GFLOP per CPU-second against the one-row kernel's 57–68 (2026-12-07).
+//!
+//! The repack (per call, as on AVX-512) goes 8 rows at a time through 8 × 8 dword transposes
+//! ([`transpose8`]) of the quant bytes and of the unpacked scales ([`q4_scales8`],
+//! [`q6_scales8`]); the AVX-512 panels use the same helpers (their byte layout is the two halves
+//! side by side).
 
 #![allow(clippy::missing_safety_doc, clippy::needless_range_loop, clippy::too_many_arguments)]
 
@@ -35,7 +55,7 @@ pub(super) const Q4_SHAPE: (usize, usize) = (4, 2);
 /// Q6_K tile shape `(R, V)`.
 pub(super) const Q6_SHAPE: (usize, usize) = (2, 2);
 
-/// `v`'s 4-byte group at `p` broadcast to every dword lane.
+/// The 4 bytes at `p` broadcast to every dword lane.
 #[inline(always)]
 unsafe fn bcast(p: *const i8) -> __m256i {
     _mm256_set1_epi32((p as *const i32).read_unaligned())

@@ -657,6 +657,73 @@ macro_rules! kernels {
             }
         }
 
+        /// Q4_K weights · Q8_K, `R` activation rows, in the f32 arithmetic of
+        /// `ggml_vec_dot_q4_K_q8_K` (ggml-cpu `arch/x86/quants.c`, AVX2 path, which the AVX-512
+        /// build runs too): what llama.cpp's x86 build computes for a Q4_K matrix it does not
+        /// repack (rows not a multiple of 8, e.g. the Gated DeltaNet `ssm_alpha`/`ssm_beta` of a
+        /// model with 4 value heads). Per super-block the exact integer lanes `sumi` (8 lanes: lane
+        /// `t` holds `Σ_j sc·Σ_{4 bytes} u·q8` of bytes `4t..4t+3` of each 32-byte chunk) take
+        /// `acc = fma(d_x·d, float(sumi), acc)`, the mins' 4 lanes `Σ m·(bsum pair)` take
+        /// `acc_m = fma(−d_x·dmin, float(prod), acc_m)`; the result is `hsum(acc) + hsum4(acc_m)`.
+        /// A row of a ubatch of ≥ 8 rows ([`LlamaRow::tiled`](super::act::LlamaRow)) takes
+        /// llama.cpp's tiled K-quant kernel instead (it serves unrepacked Q4_K too), as `q6k` does.
+        #[target_feature(enable = $feat)]
+        unsafe fn q4k_vecdot<const R: usize>(w: *const u8, a: *const BlockQ8K, st: usize, nb: usize, out: *mut f32) {
+            let m4 = _mm256_set1_epi8(0xF);
+            let zero = _mm256_setzero_si256();
+            let mut acc = [_mm256_setzero_ps(); R];
+            let mut acc_m = [_mm_setzero_ps(); R];
+            let mut tiled = [0f32; R];
+            for i in 0..nb {
+                let b = w.add(i * blocks::q4_k::BYTES);
+                let sm = k4_scales_vec(b.add(4));
+                let mut sc = [0u8; 16];
+                _mm_storeu_si128(sc.as_mut_ptr() as *mut __m128i, sm);
+                let mins = _mm_cvtepu8_epi16(_mm_srli_si128::<8>(sm));
+                let (dw, dminw) = (f16(b), f16(b.add(2)));
+                for r in 0..R {
+                    let y = &*a.add(r * st + i);
+                    let qy = y.qs.as_ptr() as *const u8;
+                    let mut sumi = zero;
+                    for j in 0..4 {
+                        let q = load(b.add(blocks::q4_k::QS + 32 * j));
+                        let lo = _mm256_and_si256(q, m4);
+                        let hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+                        let pl = dot_us(zero, lo, load(qy.add(64 * j)));
+                        let ph = dot_us(zero, hi, load(qy.add(64 * j + 32)));
+                        let sl = _mm256_mullo_epi32(pl, _mm256_set1_epi32(sc[2 * j] as i32));
+                        let sh = _mm256_mullo_epi32(ph, _mm256_set1_epi32(sc[2 * j + 1] as i32));
+                        sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(sl, sh));
+                    }
+                    let bs = _mm256_loadu_si256(y.bsums.as_ptr() as *const __m256i);
+                    let q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256::<1>(bs));
+                    let prod = _mm_madd_epi16(mins, q8s);
+                    if y.row.tiled {
+                        // ggml-cpu tiled/tiled-kernel.cpp: res = fnmadd(dmin, float(imin), d·float(isum)),
+                        // out = fma(res, d_x, out), with the exact super-block totals.
+                        let (mut si, mut pi) = ([0i32; 8], [0i32; 4]);
+                        _mm256_storeu_si256(si.as_mut_ptr() as *mut __m256i, sumi);
+                        _mm_storeu_si128(pi.as_mut_ptr() as *mut __m128i, prod);
+                        let (isum, imin) = (si.iter().sum::<i32>(), pi.iter().sum::<i32>());
+                        let res = (-dminw).mul_add(imin as f32, dw * isum as f32);
+                        tiled[r] = res.mul_add(y.d, tiled[r]);
+                        continue;
+                    }
+                    acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(-y.d * dminw), _mm_cvtepi32_ps(prod), acc_m[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(y.d * dw), _mm256_cvtepi32_ps(sumi), acc[r]);
+                }
+            }
+            for r in 0..R {
+                if (*a.add(r * st)).row.tiled {
+                    *out.add(r) = tiled[r];
+                    continue;
+                }
+                let m = _mm_add_ps(acc_m[r], _mm_movehl_ps(acc_m[r], acc_m[r]));
+                let m = _mm_add_ss(m, _mm_movehdup_ps(m));
+                *out.add(r) = hsum(acc[r]) + _mm_cvtss_f32(m);
+            }
+        }
+
         /// Q6_K weights · Q8_K, `R` activation rows: the 6-bit values `u` assembled with one
         /// bit-select each (`vpternlogd` on AVX-512); per super-block ggml's integer lanes
         /// (`ggml_vec_dot_q6_K_q8_K`, x86 AVX2): each 32-element chunk's pair sums weighted by its
@@ -917,6 +984,7 @@ macro_rules! kernels {
         entry!($wide, k_q5_1, BlockQ8_1, q4_1_q5_1, true);
         q0_entry!(k_q8_0, 2);
         entry!($wide, k_q4_k, BlockQ8K, q4k_q5k, false);
+        entry!($wide, k_q4_k_vecdot, BlockQ8K, q4k_vecdot);
         entry!($wide, k_q5_k, BlockQ8K, q4k_q5k, true);
         entry!($wide, k_q6_k, BlockQ8K, q6k);
         entry!($wide, k_q2_k, BlockQ8K, q2k);
@@ -996,6 +1064,12 @@ pub(super) mod avx512z {
 fn q0_prefill_256() -> bool {
     static V: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *V.get_or_init(|| std::env::var("FAK_CPU_Q0_PREFILL").is_ok_and(|v| v == "256"))
+}
+
+/// The Q4_K kernel of one x86 level for a matrix llama.cpp's x86 build does not repack (rows not
+/// a multiple of 8): `ggml_vec_dot_q4_K_q8_K`'s arithmetic ([`avx2`]'s `q4k_vecdot`).
+pub(super) fn q4k_unrepacked(avx512: bool) -> super::Kernel<super::act::BlockQ8K> {
+    if avx512 { avx512::k_q4_k_vecdot } else { avx2::k_q4_k_vecdot }
 }
 
 /// The kernels of one x86 level for type `t`, or `None` where that level has none (the caller
