@@ -375,7 +375,7 @@ def test_close_fails_running_streams_and_later_calls() -> None:
             pass
     with pytest.raises(fak.FakError, match="closed"):
         engine.generate("x")
-    assert not engine._thread.is_alive()
+    assert not engine._loop.thread.is_alive()
     assert model.seqs == {}
     engine.close()  # idempotent
 
@@ -464,7 +464,7 @@ def test_logits_and_single_owner_thread() -> None:
         assert out[0, 2] == 1.0
         with pytest.raises(ValueError):
             engine.logits([])
-        assert model.thread_ids == {engine._thread.ident}
+        assert model.thread_ids == {engine._loop.thread.ident}
 
 
 def test_stats() -> None:
