@@ -1,5 +1,5 @@
-"""The engine loop: the one thread per ``fak.Engine`` that calls the native model (vLLM's EngineCore
-on the consumer's machine; text stays on the consumer side, ``request.py``).
+"""The engine loop: the one thread per ``fak.Engine`` that calls the native model (vLLM's EngineCore,
+in-process; text stays on the consumer side, ``request.py``).
 
 Requests reach the loop through a locked inbox, each carrying its own reply channel
 (``channels.py``). Between two ``step()`` calls the loop admits waiting requests
