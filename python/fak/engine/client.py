@@ -375,7 +375,8 @@ class Engine:
     def stats(self) -> dict[str, int | float]:
         """Engine counters as of the last engine step: ``running`` and ``waiting`` sequences,
         ``kv_blocks_used`` / ``kv_blocks_total`` of the paged KV cache, ``steps``,
-        ``requests_finished``, ``tokens_generated``, plus the native model's own counters when it
+        ``requests_finished``, ``tokens_generated`` (the core's: with the few a stop string's late
+        abort drops), plus the native model's own counters when it
         has them (``prefill_tokens``, ``decode_tokens``, ``prefill_seconds``, ``decode_seconds``,
         ``preemptions``, ``prefix_cache_hit_tokens``, ``prefix_cache_query_tokens``, ...; prefixed
         ``native_``)."""
