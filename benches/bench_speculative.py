@@ -152,7 +152,8 @@ def main() -> None:
 
     from fak import _native
     from fak.agent.tools import tool_schemas
-    from fak.engine import Tokenizer, _template_or_none, read_gguf_metadata
+    from fak.engine.client import _template_or_none
+    from fak.tokenizer import Tokenizer, read_gguf_metadata
 
     if args.model == "tiny":
         from fak import synth

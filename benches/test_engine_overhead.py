@@ -1,8 +1,8 @@
 """Python-side cost of fak.Engine per generated token, measured over a zero-cost fake model.
 
-What it measures: the engine loop (per-token detokenization, stop matching, delta delivery across
-threads) plus the consumer side (sync iterator, or asyncio streams), with a native ``step()`` that
-costs nothing. This is the ceiling the engine loop puts on tok/s and the share of a GIL the
+What it measures: the engine loop (token outputs delivered across threads) plus the consumer side
+(per-token detokenization and stop matching in the sync iterator or the asyncio streams), with a
+native ``step()`` that costs nothing. This is the ceiling the engine loop puts on tok/s and the share of a GIL the
 gateway competes with; compare it with the model's own decode tok/s.
 
 Run: PYTHONPATH=python:tests python -m pytest benches/test_engine_overhead.py --benchmark-only

@@ -40,7 +40,7 @@ def test_generate_streams_text_and_prints_speed(fake_engine: list[Engine]) -> No
     expected = Engine.from_model(FakeModel(TOK, eos_after=6), TOK).generate("Hi", temperature=0, max_tokens=4)
     assert result.stdout == expected.text + "\n"
     assert "prefill" in result.stderr and "decode" in result.stderr and result.stderr.strip().endswith("length")
-    assert not fake_engine[0]._thread.is_alive()  # closed
+    assert not fake_engine[0]._loop.thread.is_alive()  # closed
 
 
 def test_generate_chat_and_eos(fake_engine: list[Engine]) -> None:
@@ -64,7 +64,7 @@ def test_chat_turns_reset_and_exit(fake_engine: list[Engine]) -> None:
     assert result.exit_code == 0, result.output
     assert result.output.count("decode") == 2
     assert "conversation cleared" in result.output
-    assert not fake_engine[0]._thread.is_alive()
+    assert not fake_engine[0]._loop.thread.is_alive()
 
 
 def test_chat_ends_on_eof(fake_engine: list[Engine]) -> None:

@@ -110,6 +110,26 @@ def test_stop_string_across_tokens_is_not_emitted() -> None:
             assert streamed == c.text
 
 
+def test_stop_string_ends_the_core_sequence_after_the_consumer() -> None:
+    """Stop strings are matched where the tokens are consumed: the core sequence is removed a step
+    or more later, the tokens it sampled meanwhile are in neither ``token_ids`` nor ``usage``, and
+    the request counts once as finished."""
+    engine, model = make(step_delay=0.002)
+    with engine:
+        prompt = TOK.encode("Q")
+        full = expected_bytes(prompt, 60).decode("utf-8", "replace")
+        stop = "wör"
+        through_stop = full[: full.index(stop) + len(stop)].encode()  # one byte token each
+        finished = engine.stats()["requests_finished"]
+        c = engine.generate("Q", temperature=0, max_tokens=60, stop=stop)
+        assert c.text == full[: full.index(stop)] and c.stop_reason == stop
+        assert c.token_ids == list(through_stop) and c.usage.completion_tokens == len(through_stop)
+        seq = model.added[-1]
+        wait_until(lambda: seq in model.removed and engine.stats()["running"] == 0)
+        assert engine.stats()["requests_finished"] == finished + 1
+        assert model.kv_blocks_free == model.kv_blocks_total
+
+
 def test_held_stop_prefix_released_at_the_end() -> None:
     engine, _ = make(eos_after=3)
     with engine:
@@ -375,7 +395,7 @@ def test_close_fails_running_streams_and_later_calls() -> None:
             pass
     with pytest.raises(fak.FakError, match="closed"):
         engine.generate("x")
-    assert not engine._thread.is_alive()
+    assert not engine._loop.thread.is_alive()
     assert model.seqs == {}
     engine.close()  # idempotent
 
@@ -464,7 +484,7 @@ def test_logits_and_single_owner_thread() -> None:
         assert out[0, 2] == 1.0
         with pytest.raises(ValueError):
             engine.logits([])
-        assert model.thread_ids == {engine._thread.ident}
+        assert model.thread_ids == {engine._loop.thread.ident}
 
 
 def test_stats() -> None:

@@ -99,8 +99,8 @@ class _Spy:
 
 def test_engine_passes_the_tokenizer_end_of_generation_ids(tiny: str) -> None:
     with fak.Engine(tiny, n_ctx=128, threads=1) as engine:
-        spy = _Spy(engine._model)
-        engine._model = spy  # type: ignore[assignment]
+        spy = _Spy(engine._loop.model)
+        engine._loop.model = spy  # type: ignore[assignment]
         engine.generate(PROMPT, max_tokens=3, temperature=0)
     assert engine.tokenizer.eog_ids, "the tiny model's tokenizer declares an end of generation"
     assert spy.sent and sorted(spy.sent[0]["stop_ids"]) == sorted(engine.tokenizer.eog_ids)
@@ -115,8 +115,8 @@ def test_the_core_owns_the_queue(tiny: str) -> None:
     with fak.Engine(tiny, n_ctx=256, threads=1, max_batch=64) as wide:
         want = [wide.generate(p, max_tokens=24, temperature=0).token_ids for p in prompts]
     with fak.Engine(tiny, n_ctx=256, threads=1, max_batch=2) as engine:
-        spy = _Spy(engine._model)
-        engine._model = spy  # type: ignore[assignment]
+        spy = _Spy(engine._loop.model)
+        engine._loop.model = spy  # type: ignore[assignment]
         seen: list[tuple[int, int, int]] = []
 
         async def main() -> list:

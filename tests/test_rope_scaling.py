@@ -202,12 +202,12 @@ def test_engine_and_cli_pass_settings(tiny_llama3) -> None:
 
     plain, _ = tiny_llama3
     with Engine(plain, backend="cpu", n_ctx=256, rope_scaling="yarn", rope_scale=4.0, yarn_orig_ctx=1024) as e:
-        cfg = e._model.config
+        cfg = e._loop.model.config
         assert (cfg["rope_scaling"], cfg["rope_scale"], cfg["rope_orig_ctx"], cfg["rope_ext_factor"]) == ("yarn", 4.0, 1024, 1.0)
         assert e.generate("hello", max_tokens=3, temperature=0.0).usage.completion_tokens >= 1
     e = _load_engine(plain, "cpu", 256, None, 1, None, rope_scaling="linear", rope_scale=2.0)
     try:
-        assert e._model.config["rope_freq_scale"] == 0.5
+        assert e._loop.model.config["rope_freq_scale"] == 0.5
     finally:
         e.close()
     for cmd in (serve, generate):

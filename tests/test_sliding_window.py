@@ -166,11 +166,11 @@ def test_override_flows_from_engine_and_cli(tmp_path) -> None:
     m = _native.Model(str(plain), n_ctx=256, threads=1, sliding_window=16, free_window_blocks=False)
     assert m.config["kv_window"] == 0
     with Engine(plain, backend="cpu", n_ctx=256, sliding_window=24) as e:
-        assert e._model.config["sliding_window"] == 24
+        assert e._loop.model.config["sliding_window"] == 24
         assert e.generate("hello", max_tokens=3, temperature=0.0).usage.completion_tokens >= 1
     e = _load_engine(plain, "cpu", 256, None, 1, None, sliding_window=12)
     try:
-        assert e._model.config["sliding_window"] == 12
+        assert e._loop.model.config["sliding_window"] == 12
     finally:
         e.close()
     for cmd in (serve, generate, chat):

@@ -173,7 +173,7 @@ def test_batched_equals_alone_with_two_shards(model_05b) -> None:  # type: ignor
 def test_engine_tensor_parallel_generates_one_shards_text(model_05b) -> None:  # type: ignore[no-untyped-def]
     with Engine(model_05b, backend="cpu", n_ctx=256, threads=2, max_batch=2, tensor_parallel=2) as e2, \
             Engine(model_05b, backend="cpu", n_ctx=256, threads=2, max_batch=2) as e1:
-        assert e2._model.config["tensor_parallel"] == 2 and len(e2._model.shard_plan) == 2
+        assert e2._loop.model.config["tensor_parallel"] == 2 and len(e2._loop.model.shard_plan) == 2
         a = e1.generate("def fibonacci(n):", temperature=0, max_tokens=12, logprobs=2)
         b = e2.generate("def fibonacci(n):", temperature=0, max_tokens=12, logprobs=2)
         assert a.logprobs is not None and b.logprobs is not None
@@ -426,7 +426,7 @@ def test_serve_loads_the_sharded_engine(tmp_path) -> None:  # type: ignore[no-un
     p = write_tiny_model(tmp_path / "t.gguf", "qwen2", n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128)
     engine = _load_engine(p, "cpu", 128, 2, max_batch=2, kv_cache_tokens=None, tensor_parallel=2)
     try:
-        assert engine._model.config["tensor_parallel"] == 2
+        assert engine._loop.model.config["tensor_parallel"] == 2
         assert engine.generate("hello", temperature=0, max_tokens=3).usage.completion_tokens >= 1
     finally:
         engine.close()

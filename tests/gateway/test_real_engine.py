@@ -135,7 +135,8 @@ def test_logprob_bytes_of_byte_fallback_tokens(tiny_server: BackgroundServer, ti
     ids = tiny_engine.tokenize("🚀", add_special=False)
     assert len(ids) > 1  # the tiny vocabulary has no token for it
     chat = tiny_server.app.state.gateway.chat
-    entries = chat._chat_logprobs([TokenLogprobs(t, -0.5, [(t, -0.5, None)], tiny_engine._piece(t)) for t in ids])
+    pieces = [tiny_engine.token_bytes(t).decode("utf-8", errors="replace") for t in ids]
+    entries = chat._chat_logprobs([TokenLogprobs(t, -0.5, [(t, -0.5, None)], p) for t, p in zip(ids, pieces)])
     assert b"".join(bytes(e.bytes) for e in entries) == "🚀".encode() == bytes([240, 159, 154, 128])
     assert all(e.top_logprobs[0].bytes == e.bytes for e in entries)
     assert any(e.token == "\ufffd" for e in entries)

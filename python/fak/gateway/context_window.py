@@ -241,7 +241,7 @@ def plan_context(gguf: str | Path, *, backend: str, max_concurrency: int, n_ctx:
             found: tuple[int, str] | None = (kv_memory, "--kv-memory")
         else:
             if backend == "auto":
-                from fak.engine import _resolve_backend
+                from fak.engine.client import _resolve_backend
 
                 backend = _resolve_backend(backend)
             weights = Path(gguf).stat().st_size
