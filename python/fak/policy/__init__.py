@@ -16,6 +16,7 @@ Modules, one job each: :mod:`~fak.policy.schema` (the file format and its valida
 :mod:`~fak.policy.writes` (the files a command writes), :mod:`~fak.policy.gitcmd` (what git
 sub-commands run and write), :mod:`~fak.policy.programs` (what sed and awk programs run and
 write), :mod:`~fak.policy.binaries` (what program a workspace file really is),
+:mod:`~fak.policy.readonly` (which tool calls and command lines only read),
 :mod:`~fak.policy.checks` (named semantic checks), :mod:`~fak.policy.paths` (path containment),
 :mod:`~fak.policy.decide` (the decision path, its input bounds and budgets),
 :mod:`~fak.policy.audit` (the JSONL audit log), :mod:`~fak.policy.check` (the ``--policy-check``
