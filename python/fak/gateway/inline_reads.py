@@ -62,8 +62,8 @@ import msgspec
 
 from fak.gateway.errors import APIError
 from fak.policy.readonly import ReadTools
-from fak.policy.audit import arguments_digest
 from fak.quarantine.screen import content_digest
+from fak.toolcalls.wire import arguments_digest
 
 __all__ = ["InlineReads"]
 

@@ -23,7 +23,7 @@ write), :mod:`~fak.policy.binaries` (what program a workspace file really is),
 command). The format is documented in ``docs/policy.md``.
 """
 
-from fak.policy.audit import AuditLog, arguments_digest
+from fak.policy.audit import AuditLog
 from fak.policy.check import check_file, check_main
 from fak.policy.compile import Verdict
 from fak.policy.decide import Policy, PolicyError
@@ -35,7 +35,6 @@ __all__ = [
     "PolicyError",
     "Verdict",
     "AuditLog",
-    "arguments_digest",
     "check_file",
     "check_main",
     "analyze",
