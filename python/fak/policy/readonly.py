@@ -132,7 +132,7 @@ _READ_WORDS = frozenset({"read", "list", "ls", "search", "grep", "glob", "find",
 #: words of a tool name that say it does more than read the workspace's files
 _OTHER_WORDS = frozenset({
     "write", "edit", "create", "delete", "remove", "replace", "patch", "apply", "insert", "update", "move",
-    "rename", "copy", "run", "exec", "execute", "kill", "bash", "shell", "command", "web", "url", "http",
+    "rename", "copy", "run", "execute", "kill", "command", "web", "url", "http",
     "fetch", "browser", "output", "todo", "memory", "task", "submit", "save", "set", "put", "post", "send",
 })
 _SHELL_WORDS = frozenset({"bash", "shell", "sh", "zsh", "exec", "terminal"})
