@@ -16,8 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from fak.policy import AuditLog, Policy, Verdict, arguments_digest
+from fak.policy import AuditLog, Policy, Verdict
 from fak.policy.decide import MAX_ARGUMENTS_CHARS, MAX_ARGUMENTS_DEPTH
+from fak.toolcalls.wire import arguments_digest
 
 POLICY = Path(__file__).resolve().parents[1] / "examples" / "swebench-coding-agent-policy.json"
 _POLICY = Policy.load(POLICY)

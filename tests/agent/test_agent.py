@@ -13,9 +13,9 @@ import pytest
 
 from fak.agent import Agent, AgentConfig, OpenAIChatModel, ToolBox, Trajectory, get_protocol
 from fak.agent.exceptions import FormatError
-from fak.agent.protocols import canonical_digest
 from fak.agent.protocols.text import TextProtocol
 from fak.agent.protocols.tools import ToolCallProtocol
+from fak.toolcalls.wire import arguments_digest
 
 
 def _agent(server, ws, tmp_path, protocol="tools", allow_exec=False, max_steps=10, **model_kw):
@@ -127,7 +127,7 @@ def test_denied_call_removed_by_gateway_is_reported(repo, scripted, tmp_path):
     ws, base = repo
     verdict = {"tool": "write", "allowed": False, "reason": "writes outside src/ are denied",
                "rule": "deny-write-root", "call_ref": "call_removed",
-               "arguments_digest": canonical_digest({"path": "evil.py", "content": "x = 1\n"})}
+               "arguments_digest": arguments_digest({"path": "evil.py", "content": "x = 1\n"})}
     server = scripted({"inst1": [
         {"content": "[fak policy] denied write: writes outside src/ are denied",
          "fak_policy": {"verdicts": [verdict]}},
@@ -152,9 +152,9 @@ def test_denied_call_left_in_reply_never_executes(repo, scripted, tmp_path, max_
         {"tool_calls": [_call("write", "call_w", **evil), _call("list", "call_l")],
          "fak_policy": {"verdicts": [
              {"tool": "write", "allowed": False, "reason": "denied by test", "rule": "r1",
-              "call_ref": "call_w", "arguments_digest": canonical_digest(evil)},
+              "call_ref": "call_w", "arguments_digest": arguments_digest(evil)},
              {"tool": "list", "allowed": True, "reason": "", "rule": "r0", "call_ref": "call_l",
-              "arguments_digest": canonical_digest({})}]}},
+              "arguments_digest": arguments_digest({})}]}},
         {"tool_calls": [_call("submit")]},
     ]})
     agent = _agent(server, ws, tmp_path)
@@ -383,7 +383,7 @@ def test_same_denied_call_is_resampled(repo, scripted, tmp_path):
     next step is a repeat: that turn is resampled."""
     ws, _ = repo
     verdict = {"tool": "PolyElement.as_expr()", "allowed": False, "reason": "unknown tool",
-               "rule": "default", "arguments_digest": "sha256:" + canonical_digest({"x": 1})}
+               "rule": "default", "arguments_digest": arguments_digest({"x": 1})}
     denied = {"content": "[fak policy] Tool call `PolyElement.as_expr()` was denied",
               "fak_policy": {"verdicts": [verdict]}}
     server = scripted({"inst1": [
@@ -495,14 +495,14 @@ def test_with_a_policy_only_adjudicated_calls_run(repo, scripted, tmp_path):
     ws, _ = repo
     edit = {"path": "calc.py", "old": "return a - b", "new": "return a + b"}
     ok = {"tool": "read", "allowed": True, "reason": "", "rule": "r", "call_ref": "call_r",
-          "arguments_digest": "sha256:" + canonical_digest({"path": "calc.py"})}
+          "arguments_digest": arguments_digest({"path": "calc.py"})}
     server = scripted({"inst1": [
         {"content": '{"name": "edit", "arguments": ' + json.dumps(edit) + "} junk",
          "fak_policy": {"verdicts": []}},
         {"tool_calls": [_call("read", "call_r", path="calc.py")], "fak_policy": {"verdicts": [ok]}},
         {"tool_calls": [_call("submit", "call_s")], "fak_policy": {"verdicts": [
             {"tool": "submit", "allowed": True, "reason": "", "rule": "s", "call_ref": "call_s",
-             "arguments_digest": "sha256:" + canonical_digest({})}]}},
+             "arguments_digest": arguments_digest({})}]}},
     ]})
     data = _agent(server, ws, tmp_path).run(**_task(ws))
     assert "return a - b" in (ws.root / "calc.py").read_text()  # the unchecked edit did not run
@@ -515,7 +515,7 @@ def test_text_protocol_submit_matches_its_bash_verdict(repo, scripted, tmp_path)
     ws, _ = repo
     allow = {"tool": "bash", "allowed": True, "reason": "", "rule": "b", "call_ref": "block:0",
              "span": [6, len("Done.\n```bash\nsubmit\n```")],
-             "arguments_digest": "sha256:" + canonical_digest({"command": "submit"})}
+             "arguments_digest": arguments_digest({"command": "submit"})}
     server = scripted({"inst1": [{"content": "Done.\n```bash\nsubmit\n```",
                                   "fak_policy": {"verdicts": [allow]}}]})
     data = _agent(server, ws, tmp_path, protocol="text", allow_exec=True).run(**_task(ws))

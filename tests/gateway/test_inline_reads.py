@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from fak.gateway.inline_reads import InlineReads, is_read_only
+from fak.gateway.inline_reads import InlineReads
 from fak.policy import Policy
 from gateway_fakes import FakeEngine
 
@@ -173,26 +173,6 @@ def test_streams_are_not_inlined(start_gateway: Any, engine: FakeEngine, http: h
     assert r.status_code == 200 and '"inline_reads"' not in r.text
 
 
-@pytest.mark.parametrize("name,args,ro", [
-    ("read", {"path": "x"}, True), ("list", {}, True), ("search", {"pattern": "x"}, True),
-    ("edit", {"path": "x"}, False), ("write", {"path": "x"}, False), ("submit", {}, False), ("weird", {}, False),
-    ("bash", {"command": "cat a.py"}, True), ("bash", {"command": "grep -rn foo src | head -20"}, True),
-    ("bash", {"command": "git diff HEAD~1 -- a.py"}, True), ("bash", {"command": "sed -n '1,20p' a.py"}, True),
-    ("bash", {"command": "ls -la && find . -name '*.py'"}, True), ("bash", {"command": "cd src && cat x"}, True),
-    ("bash", {"command": "git status"}, True), ("bash", {"command": "git branch"}, True),
-    ("bash", {"command": "sed -i 's/a/b/' a.py"}, False), ("bash", {"command": "cat a > b"}, False),
-    ("bash", {"command": "find . -delete"}, False), ("bash", {"command": "find . -exec rm {} ;"}, False),
-    ("bash", {"command": "git checkout main"}, False), ("bash", {"command": "git branch new"}, False),
-    ("bash", {"command": "python -m pytest"}, False), ("bash", {"command": "$CMD a"}, False),
-    ("bash", {"command": "sort -o out in"}, False), ("bash", {"command": "sed -n 'w out' a"}, False),
-    ("bash", {"command": "awk '{system(\"rm x\")}' a"}, False), ("bash", {"command": "cat <(rm x)"}, False),
-    ("bash", {"command": "echo $(touch x)"}, False), ("bash", {"command": "unbalanced '"}, False),
-    ("bash", {"command": "git diff --output=x"}, False), ("bash", {}, False),
-])
-def test_read_only_classification(name: str, args: dict[str, Any], ro: bool) -> None:
-    assert is_read_only(name, json.dumps(args)) is ro
-
-
 def test_store_keeps_the_first_full_result() -> None:
     from fak.agent.tools import truncate_middle
 
@@ -233,24 +213,3 @@ def test_a_changed_result_replaces_the_kept_one(start_gateway: Any, engine: Fake
     cut_history = HISTORY[:3] + [result("c1", cut)] + HISTORY[4:]
     served = post(http, srv, cut_history, conversation="conv-cut")["fak"]["inline_reads"][0]["tool"]["content"]
     assert served == full, "the cut copy is served in full"
-
-
-@pytest.mark.parametrize("name,args,read_only", [
-    ("Read", {"file_path": "a.py"}, True),
-    ("Grep", {"pattern": "x"}, True),
-    ("read_file", {"absolute_path": "/ws/a.py"}, True),
-    ("Bash", {"command": "cat a.py | head -3"}, True),
-    ("Bash", {"command": "sed -i s/a/b/ a.py"}, False),
-    ("run_shell_command", {"command": "git diff"}, True),
-    ("exec_command", {"cmd": "ls -la"}, True),
-    ("exec_command", {"cmd": "touch x"}, False),
-    ("shell", {"command": ["bash", "-lc", "git status"]}, True),
-    ("shell", {"command": ["bash", "-lc", "rm x"]}, False),
-    ("shell", {"commands": ["ls", "cat a.py"]}, True),
-    ("Edit", {"file_path": "a.py", "old_string": "a", "new_string": "b"}, False),
-    ("apply_patch", {"input": "*** Begin Patch\n*** End Patch"}, False),
-])
-def test_other_agents_tools_are_classified(name: str, args: dict, read_only: bool) -> None:
-    """Claude Code's, Codex's and Qwen Code's read and shell tools (``fak.policy.agent_tools``)."""
-    assert is_read_only(name, args) is read_only
-    assert is_read_only(name, json.dumps(args)) is read_only

@@ -26,7 +26,7 @@ from gateway_fakes import (
     audit_lines,
 )
 
-from fak.agent.protocols import canonical_digest
+from fak.toolcalls.wire import arguments_digest
 
 MODEL = "fake-qwen"
 DENIED_ARGS = {"command": "rm -rf /"}
@@ -71,8 +71,8 @@ def test_denied_call_removed_non_stream(policed: Any, http: httpx.Client) -> Non
     assert verdicts[0]["tool_call_id"] is None and verdicts[1]["tool_call_id"] == msg["tool_calls"][0]["id"]
     # the agent's side of the contract: "sha256:" + SHA-256 of the canonical JSON of the arguments
     kept_args = json.loads(msg["tool_calls"][0]["function"]["arguments"])
-    assert verdicts[1]["arguments_digest"] == "sha256:" + canonical_digest(kept_args)
-    assert verdicts[0]["arguments_digest"] == "sha256:" + canonical_digest(DENIED_ARGS)
+    assert verdicts[1]["arguments_digest"] == arguments_digest(kept_args)
+    assert verdicts[0]["arguments_digest"] == arguments_digest(DENIED_ARGS)
     assert [c[2:] for c in policy.calls] == [("conv-1", "/work/repo")] * 2
     lines = audit_lines(audit)
     assert [(x["conversation"], x["tool"], x["allowed"]) for x in lines] == [
@@ -238,7 +238,7 @@ def test_text_tools_header_validation(gateway: Any, http: httpx.Client) -> None:
 
 
 def test_merge_content_keeps_notes_and_calls_apart() -> None:
-    from fak.gateway.chat_completions.protocol import PolicyVerdictInfo
+    from fak.toolcalls.wire import PolicyVerdictInfo
     from fak.gateway.policy_filter import ContentOut, ToolCallOut, merge_content
     from fak.toolcalls import ParsedToolCall
 

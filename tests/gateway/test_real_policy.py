@@ -14,9 +14,9 @@ from typing import Any
 
 import openai
 import pytest
-from fak.agent.protocols import canonical_digest
 from fak.gateway import BackgroundServer, Upstream
 from fak.policy import AuditLog, Policy
+from fak.toolcalls.wire import arguments_digest
 from gateway_fakes import (
     BASH_TOOL,
     FakeEngine,
@@ -104,7 +104,7 @@ def test_path_scope_uses_workspace_header(real: Any) -> None:
     verdicts = r.model_extra["fak_policy"]["verdicts"]
     assert [v["allowed"] for v in verdicts] == [False, True]
     # the verdict's digest is the audit log's, and the one the agent computes from the kept call
-    assert verdicts[1]["arguments_digest"] == "sha256:" + canonical_digest(
+    assert verdicts[1]["arguments_digest"] == arguments_digest(
         json.loads(kept[0].function.arguments))
     assert [v["arguments_digest"] for v in verdicts] == [
         x["arguments_digest"] for x in audit_lines(audit_path)]

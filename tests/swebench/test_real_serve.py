@@ -19,6 +19,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fak.toolcalls.wire import arguments_digest
 from tiny import run_fak
 
 POLICY = {
@@ -94,7 +95,7 @@ def test_fleet_through_real_fak_serve(model_05b: Path, tiny: dict, tmp_path: Pat
                 assert action["name"] in ("list", "read", "submit")
                 v = action["verdict"]
                 assert v is not None and v["allowed"] is True
-                assert v["arguments_digest"].removeprefix("sha256:") == _digest(action["arguments"])
+                assert v["arguments_digest"] == arguments_digest(action["arguments"])
         denied = [v for v in step["verdicts"] if not v["allowed"]]
         if denied:
             assert not any(a["executed"] and a["name"] in ("search", "edit", "write")
@@ -114,9 +115,3 @@ def test_fleet_through_real_fak_serve(model_05b: Path, tiny: dict, tmp_path: Pat
     assert not (out / "workspaces" / iid).exists()
     subprocess.run(["git", "-C", str(tiny["repos"] / "fak-test" / "calc"), "cat-file", "-e",
                     tiny["base_commit"]], check=True)
-
-
-def _digest(arguments: dict) -> str:
-    from fak.agent.protocols import canonical_digest
-
-    return canonical_digest(arguments)

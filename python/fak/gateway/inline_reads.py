@@ -18,15 +18,14 @@ What counts:
   the fleet agent's middle cut of the kept text (``fak.agent.tools.truncate_middle``) is served
   in full. Any other change of a result replaces the kept text, so the model is never served
   something the client no longer sends (a quarantine's replacement included).
-- *read-only*: the read tools of the agents fak serves (``fak.policy.agent_tools.READ_TOOLS``: the
-  coding agent's ``read``, ``list``, ``search``; Claude Code's ``Read``, ``Grep``, ``Glob``, ``LS``;
-  Qwen Code's ``read_file``, ``list_directory``, ...), and their shell tools (``bash``, ``Bash``,
-  ``run_shell_command``, Codex's ``shell``/``exec_command``: ``agent_tools.shell_command``) whose
-  command, as ``fak.policy.shell.analyze`` reads it, runs only read-only commands
-  (``cat``, ``head``, ``grep``, ``ls``, ``find`` without actions, ``sed -n`` with print
-  scripts, ``git diff``/``status``/``log``/``show``/``blame``/``grep``/``ls-files``, ...) with no
-  redirection that writes and no command known only at run time. The policy file has no notion
-  of read-only-ness; this classification is the gateway's (:func:`is_read_only`).
+- *read-only*: as the policy judges a call of the request's tools
+  (:class:`fak.policy.readonly.ReadTools`, from the offered tools' names and schemas): a tool that
+  only reads (``read``, ``list``, ``search``; ``Read``, ``Grep``, ``Glob``, ``LS``; ``read_file``,
+  ``list_directory``, ...), or a shell tool (``bash``, ``Bash``, ``run_shell_command``, Codex's
+  ``shell``/``exec_command``) whose command only reads (:func:`fak.policy.readonly.command_reads_only`:
+  ``cat``, ``grep``, ``ls``, ``find`` without ``-delete``, ``sed``/``awk`` programs that write
+  and run nothing, ``git diff``/``status``/``log``/``show``/..., no redirection that writes, no
+  command known only at run time).
 - *nothing since could have changed it*: every call after the earlier one (answered or not) is
   read-only; any other call (``edit``, ``write``, ``submit``, a non-read-only ``bash``, an unknown
   tool) means the read is run again by the client.
@@ -62,97 +61,11 @@ from typing import Any
 import msgspec
 
 from fak.gateway.errors import APIError
-from fak.policy.agent_tools import READ_TOOLS, SHELL_TOOLS, shell_command
-from fak.policy.audit import arguments_digest
+from fak.policy.readonly import ReadTools
 from fak.quarantine.screen import content_digest
+from fak.toolcalls.wire import arguments_digest
 
-__all__ = ["READ_TOOLS", "InlineReads", "is_read_only"]
-
-# Commands that only read (with their flags that write or run something else refused below).
-_READ_COMMANDS = frozenset({
-    "cat", "head", "tail", "grep", "egrep", "fgrep", "rg", "ag", "ls", "ll", "tree", "wc", "nl", "cut", "tr",
-    "sort", "uniq", "diff", "cmp", "comm", "file", "stat", "du", "pwd", "echo", "printf", "true", "basename",
-    "dirname", "realpath", "readlink", "which", "type", "find", "sed", "git", "cd", "column", "fold", "expand",
-    "od", "hexdump", "xxd", "md5sum", "sha1sum", "sha256sum", "less", "more", "strings", "awk",
-})
-_GIT_READ = frozenset({"diff", "status", "log", "show", "blame", "grep", "ls-files", "rev-parse", "describe",
-                       "shortlog", "cat-file", "ls-tree", "branch", "tag"})
-_FIND_ACTIONS = frozenset({"-exec", "-execdir", "-ok", "-okdir", "-delete", "-fprint", "-fprint0", "-fprintf",
-                           "-fls"})
-_SED_PRINT = ("p", "=", "l")
-
-
-def _sed_read_only(argv: list[str]) -> bool:
-    if not any(a == "-n" or (a.startswith("-") and not a.startswith("--") and "n" in a[1:]) for a in argv[1:]):
-        return False
-    for a in argv[1:]:
-        if a.startswith(("-i", "--in-place")) or a in ("-f", "--file"):
-            return False
-    scripts = [a for a in argv[1:] if not a.startswith("-")][:1]
-    for sc in scripts:
-        for part in sc.split(";"):
-            part = part.strip()
-            if not part:
-                continue
-            if part[-1] not in _SED_PRINT or any(c in part for c in "wWeErR"):
-                return False
-    return True
-
-
-def _command_read_only(cmd: Any) -> bool:
-    argv: list[str] = cmd.argv
-    if not argv:
-        return not any(r.writes for r in cmd.redirects)
-    if any(cmd.dyn) or cmd.via not in ("", "$(...)"):
-        return False
-    if any(r.writes and r.target not in ("/dev/null", "/dev/stdout", "/dev/stderr") for r in cmd.redirects):
-        return False
-    name = cmd.name
-    if name not in _READ_COMMANDS:
-        return False
-    rest = argv[1:]
-    if name == "find":
-        return not any(a in _FIND_ACTIONS for a in rest)
-    if name == "sed":
-        return _sed_read_only(argv)
-    if name == "awk":
-        return not any(k in " ".join(rest) for k in ("system", ">", "|", "getline"))
-    if name == "sort":
-        return not any(a.startswith(("-o", "--output")) for a in rest)
-    if name == "uniq":
-        return len([a for a in rest if not a.startswith("-")]) <= 1
-    if name == "git":
-        sub = [a for a in rest if not a.startswith("-")]
-        if any(a.startswith(("--output", "-o")) for a in rest) or not sub or sub[0] not in _GIT_READ:
-            return False
-        if sub[0] in ("branch", "tag"):
-            return len(sub) == 1  # listing only: `git branch NAME` creates one
-        return True
-    return True
-
-
-def is_read_only(name: str, arguments: str | dict[str, Any]) -> bool:
-    """Whether a call only reads the workspace, so that its result cannot change until a call
-    that is not read-only runs (see the module doc). ``arguments``: a JSON string or a dict."""
-    if name in READ_TOOLS:
-        return True
-    if name not in SHELL_TOOLS:
-        return False
-    try:
-        args = json.loads(arguments) if isinstance(arguments, str) else arguments
-        command = shell_command(name, args) if isinstance(args, dict) else None
-        if not isinstance(command, str) or not command.strip():
-            return False
-        from fak.policy.shell import ShellSyntaxError, analyze
-
-        try:
-            analysis = analyze(command)
-        except ShellSyntaxError:
-            return False
-        return bool(analysis.commands) and all(_command_read_only(c) for c in analysis.commands)
-    except Exception:  # noqa: BLE001 - anything odd is "not read-only"
-        return False
-
+__all__ = ["InlineReads"]
 
 def _tool_calls(messages: Iterable[dict[str, Any]]) -> Iterable[tuple[Any, str, str]]:
     """``(id, name, arguments as JSON text)`` of every assistant tool call in ``messages``, in
@@ -235,16 +148,18 @@ class InlineReads:
                     conv.n_bytes += len(content)
 
     def find(self, conversation: str, messages: list[dict[str, Any]], name: str,
-             arguments: str) -> tuple[str, str] | None:
+             arguments: str, tools: ReadTools | None = None) -> tuple[str, str] | None:
         """``(earlier tool_call_id, its result)`` when the call ``name(arguments)`` can be served
-        from ``messages`` (the conversation so far, template dicts), else ``None``."""
-        if not is_read_only(name, arguments):
+        from ``messages`` (the conversation so far, template dicts), else ``None``. ``tools``:
+        the request's tools (``None``: calls are judged by their names and arguments alone)."""
+        reads = tools or ReadTools()
+        if not reads.reads_only(name, arguments):
             return None
         want = arguments_digest(arguments)
         answers = {m.get("tool_call_id"): m.get("content") for m in messages if m.get("role") == "tool"}
         found: str | None = None
         for cid, cname, cargs in _tool_calls(messages):
-            if not is_read_only(cname, cargs):
+            if not reads.reads_only(cname, cargs):
                 found = None  # a call that may have changed the workspace: earlier reads are stale
             elif cname == name and arguments_digest(cargs) == want and cid in answers:
                 found = cid
@@ -257,16 +172,17 @@ class InlineReads:
         return (found, content) if isinstance(content, str) else None
 
     @staticmethod
-    def is_loop(messages: list[dict[str, Any]], name: str, arguments: str) -> bool:
+    def is_loop(messages: list[dict[str, Any]], name: str, arguments: str, tools: ReadTools | None = None) -> bool:
         """Whether the call ``name(arguments)`` repeats the conversation's last call, or a read
         answered at least twice since the last call that may have changed the workspace: serving
-        it would feed a loop rather than save a round trip."""
+        it would feed a loop rather than save a round trip. ``tools`` as in :meth:`find`."""
+        reads = tools or ReadTools()
         want = (name, arguments_digest(arguments))
         last: tuple[str, str] | None = None
         same = 0
         for _, cname, cargs in _tool_calls(messages):
             last = (cname, arguments_digest(cargs))
-            if not is_read_only(cname, cargs):
+            if not reads.reads_only(cname, cargs):
                 same = 0
             elif last == want:
                 same += 1
@@ -284,6 +200,7 @@ class InlineReads:
         if not conversation:
             return body
         self.remember(conversation, messages)
+        reads = ReadTools.from_openai(tools)
         pairs: list[dict[str, Any]] = []
         convo = list(messages)
         usage = [0, 0]
@@ -298,7 +215,7 @@ class InlineReads:
                 break
             call = calls[0]
             fn = call["function"]
-            hit = self.find(conversation, convo, fn["name"], fn["arguments"])
+            hit = self.find(conversation, convo, fn["name"], fn["arguments"], reads)
             if hit is None:
                 break
             earlier, content = hit
@@ -306,7 +223,7 @@ class InlineReads:
                             if v.tool_call_id == call["id"]), None) if gate.active else None
             if gate.active and (verdict is None or not verdict.allowed):
                 break
-            if self.is_loop(convo, fn["name"], fn["arguments"]):
+            if self.is_loop(convo, fn["name"], fn["arguments"], reads):
                 with self._lock:
                     self.refused_repeat += 1
                 stopped = "repeat"

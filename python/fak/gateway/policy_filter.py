@@ -27,9 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from fak.gateway.chat_completions.protocol import PolicyVerdictInfo
 from fak.gateway.errors import bad_request
-from fak.policy.audit import arguments_digest
 from fak.toolcalls import (
     Qwen3XmlParser,
     BashBlockParser,
@@ -44,6 +42,7 @@ from fak.toolcalls import (
     bash_command,
     block_ref,
 )
+from fak.toolcalls.wire import PolicyVerdictInfo, arguments_digest
 
 log = logging.getLogger("fak.gateway.policy")
 

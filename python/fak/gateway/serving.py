@@ -76,11 +76,8 @@ from fak.gateway.chat_completions.protocol import (
     ChatCompletionRequest,
     ChatMessage,
     ChatResponseMessage,
-    ChatToolCall,
     ChoiceLogprobs,
-    FakPolicyInfo,
     TokenLogprob,
-    ToolCallFunction,
     TopLogprob,
 )
 from fak.gateway.disconnect import ClientDisconnected, run_until_disconnect
@@ -99,6 +96,7 @@ from fak.gateway.reasoning import ReasoningSplitter, prompt_opens_reasoning, tem
 from fak.gateway.schemas import Usage, new_id, now
 from fak.gateway.sse import SSE_HEADERS
 from fak.toolcalls import SchemaError, ToolCallFormat, ToolSet
+from fak.toolcalls.wire import FakPolicyInfo, FunctionCall, ToolCall
 
 log = logging.getLogger("fak.gateway")
 
@@ -789,7 +787,7 @@ class EngineServing:
     async def _complete(self, gen: Generation, gate: PolicyGate, req: ChatCompletionRequest, n_prompt: int) -> bytes:
         content: list[str] = []
         reasoning: list[str] = []
-        calls: list[ChatToolCall] = []
+        calls: list[ToolCall] = []
         logprobs: list[TokenLogprobs] = []
         async with aclosing(gen.groups()) as groups:
             async for events, lps in groups:
@@ -800,8 +798,7 @@ class EngineServing:
                     elif isinstance(ev, ContentOut):
                         content.append(ev.text)
                     else:
-                        calls.append(ChatToolCall(id=ev.call.id,
-                                                  function=ToolCallFunction(ev.call.name, ev.call.arguments)))
+                        calls.append(ToolCall(id=ev.call.id, function=FunctionCall(ev.call.name, ev.call.arguments)))
         text = "".join(content)
         if calls:
             stripped = text.strip()

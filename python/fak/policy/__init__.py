@@ -16,13 +16,14 @@ Modules, one job each: :mod:`~fak.policy.schema` (the file format and its valida
 :mod:`~fak.policy.writes` (the files a command writes), :mod:`~fak.policy.gitcmd` (what git
 sub-commands run and write), :mod:`~fak.policy.programs` (what sed and awk programs run and
 write), :mod:`~fak.policy.binaries` (what program a workspace file really is),
+:mod:`~fak.policy.readonly` (which tool calls and command lines only read),
 :mod:`~fak.policy.checks` (named semantic checks), :mod:`~fak.policy.paths` (path containment),
 :mod:`~fak.policy.decide` (the decision path, its input bounds and budgets),
 :mod:`~fak.policy.audit` (the JSONL audit log), :mod:`~fak.policy.check` (the ``--policy-check``
 command). The format is documented in ``docs/policy.md``.
 """
 
-from fak.policy.audit import AuditLog, arguments_digest
+from fak.policy.audit import AuditLog
 from fak.policy.check import check_file, check_main
 from fak.policy.compile import Verdict
 from fak.policy.decide import Policy, PolicyError
@@ -34,7 +35,6 @@ __all__ = [
     "PolicyError",
     "Verdict",
     "AuditLog",
-    "arguments_digest",
     "check_file",
     "check_main",
     "analyze",

@@ -4,15 +4,14 @@ Each line is an object with, in this order: ``time`` (ISO-8601 UTC with microsec
 ``Z``), ``conversation``, ``tool``, ``arguments_digest`` (``sha256:`` and the hex SHA-256 of the
 arguments' canonical JSON: ``json.dumps(obj, sort_keys=True, separators=(",", ":"),
 ensure_ascii=False)`` encoded as UTF-8; arguments that are not valid JSON are hashed as their raw
-UTF-8 text), ``verdict`` (``"allow"``/``"deny"``), ``reason`` and ``rule``. The arguments
-themselves are not stored: they may hold file contents or secrets; the digest lets an auditor
-match a line to a trajectory that has them. A denial's reason quotes the part that matched (the
+UTF-8 text: :func:`fak.toolcalls.wire.arguments_digest`), ``verdict`` (``"allow"``/``"deny"``),
+``reason`` and ``rule``. The arguments themselves are not stored: they may hold file contents or
+secrets; the digest lets an auditor match a line to a trajectory that has them. A denial's reason quotes the part that matched (the
 offending command line, at most 160 characters), since that is what the client is told.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -20,27 +19,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from fak.policy.compile import Verdict
-
-
-def arguments_digest(arguments: str | bytes | dict[str, Any] | Any) -> str:
-    """``"sha256:<hex>"`` of the canonical JSON of ``arguments`` (a JSON string, bytes or a
-    decoded value); text that does not decode (invalid, or nested too deeply for Python's
-    ``json``) is hashed as its raw UTF-8 bytes, and a value that cannot be encoded as JSON as
-    the text ``<unencodable: TYPE>``. Never raises."""
-    obj: Any = arguments
-    if isinstance(arguments, (str, bytes, bytearray)):
-        try:
-            obj = json.loads(arguments)
-        except (ValueError, UnicodeDecodeError, RecursionError):
-            raw = arguments.encode("utf-8", "surrogatepass") if isinstance(arguments, str) \
-                else bytes(arguments)
-            return "sha256:" + hashlib.sha256(raw).hexdigest()
-    try:
-        canonical = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                               default=str)
-    except (ValueError, TypeError, RecursionError):
-        canonical = f"<unencodable: {type(obj).__name__}>"
-    return "sha256:" + hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()
+from fak.toolcalls.wire import arguments_digest
 
 
 class AuditLog:

@@ -12,7 +12,10 @@ agent's protocols (``fak.agent.protocols``), so both read a reply the same way.
   template) and each form's parser and forced-call pre-fill (``ToolCallFormat``);
 - ``shell``: fenced shell blocks of text-protocol agents (``BashBlockParser``, ``shell_blocks``);
 - ``schema``: the offered tools and their argument schemas (``ToolSet.check``);
-- ``segmenter``: the streaming marker splitter under both parsers.
+- ``segmenter``: the streaming marker splitter under both parsers;
+- ``wire``: the wire form of offered tools, tool calls and the policy's verdicts (``Tool``,
+  ``ToolCall``, ``PolicyVerdictInfo``, ``FakPolicyInfo``) and the one digest of a call's
+  arguments (``arguments_digest``), shared by every endpoint, the audit log and the agent.
 
 Every verdict the gateway returns (``fak_policy.verdicts[i]``) carries a ``call_ref``: the
 ``tool_call_id`` of a structured call (``call_...``; for a denied call, the id it would have had,

@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from fak.agent.protocols.base import Action, AgentProtocol, canonical_digest
+from fak.agent.protocols.base import Action, AgentProtocol
 from fak.agent.protocols.text import TextProtocol
 from fak.agent.protocols.tools import ToolCallProtocol
 
@@ -31,5 +31,5 @@ def get_protocol(name: str, *, allow_exec: bool, tool_choice: str | None = None)
     return cls(allow_exec=allow_exec)
 
 
-__all__ = ["Action", "AgentProtocol", "canonical_digest", "get_protocol", "PROTOCOLS",
+__all__ = ["Action", "AgentProtocol", "get_protocol", "PROTOCOLS",
            "DEFAULT_PROTOCOL", "TextProtocol", "ToolCallProtocol"]

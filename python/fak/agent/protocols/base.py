@@ -2,20 +2,11 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
 from fak.agent.prompts import render
-
-
-def canonical_digest(arguments: dict[str, Any]) -> str:
-    """SHA-256 (hex) of the canonical JSON of ``arguments`` (keys sorted, no spaces, UTF-8), the
-    same digest as a verdict's ``arguments_digest`` and the audit log's."""
-    text = json.dumps(arguments, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass
@@ -40,10 +31,6 @@ class Action:
     call_ref: str | None = None
     #: ``(start, end)`` of a shell block in the content (the text protocol)
     span: tuple[int, int] | None = None
-
-    @property
-    def digest(self) -> str:
-        return canonical_digest(self.arguments)
 
     @property
     def policy_tool(self) -> str:

@@ -16,6 +16,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from fak.gateway.schemas import StreamOptions, Timings, Usage
+from fak.toolcalls.wire import FakPolicyInfo, Tool, ToolCall
 
 __all__ = [
     "ChatChoice",
@@ -26,21 +27,13 @@ __all__ = [
     "ChatDelta",
     "ChatMessage",
     "ChatResponseMessage",
-    "ChatToolCall",
     "ChoiceLogprobs",
     "ChunkFunction",
     "ChunkToolCall",
     "ContentPart",
-    "FakPolicyInfo",
-    "FunctionDefinition",
-    "MessageFunctionCall",
-    "MessageToolCall",
     "NamedToolChoice",
-    "PolicyVerdictInfo",
     "ResponseFormat",
     "TokenLogprob",
-    "Tool",
-    "ToolCallFunction",
     "TopLogprob",
 ]
 
@@ -59,21 +52,6 @@ class ContentPart(msgspec.Struct):
     refusal: str | None = None
 
 
-class MessageFunctionCall(msgspec.Struct):
-    """``function`` of an assistant tool call: the name and the arguments as a JSON string."""
-
-    name: str
-    arguments: str
-
-
-class MessageToolCall(msgspec.Struct):
-    """A tool call of an earlier assistant turn, as the client sends it back."""
-
-    id: str
-    function: MessageFunctionCall
-    type: Literal["function"] = "function"
-
-
 class ChatMessage(msgspec.Struct):
     """One conversation message.
 
@@ -85,28 +63,12 @@ class ChatMessage(msgspec.Struct):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
-    tool_calls: list[MessageToolCall] | None = None
+    tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = None
     refusal: str | None = None
     #: an assistant turn's reasoning, as the gateway returned it (a thinking template shows it
     #: again in the turns after the last user query)
     reasoning_content: str | None = None
-
-
-class FunctionDefinition(msgspec.Struct):
-    """A callable function: name (``[a-zA-Z0-9_-]{1,64}``), description, JSON Schema of its parameters."""
-
-    name: Annotated[str, Meta(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-
-class Tool(msgspec.Struct):
-    """A tool the model may call (only ``type: "function"`` exists)."""
-
-    function: FunctionDefinition
-    type: Literal["function"] = "function"
 
 
 class NamedFunction(msgspec.Struct):
@@ -181,28 +143,13 @@ class ChatCompletionRequest(msgspec.Struct):
 # --------------------------------------------------------------------------------------- response
 
 
-class ToolCallFunction(msgspec.Struct):
-    """``function`` of a returned tool call; ``arguments`` is a JSON string (as OpenAI returns it)."""
-
-    name: str
-    arguments: str
-
-
-class ChatToolCall(msgspec.Struct):
-    """A tool call in a response message."""
-
-    id: str
-    function: ToolCallFunction
-    type: str = "function"
-
-
 class ChatResponseMessage(msgspec.Struct):
     """The assistant message of a choice. ``content`` is ``None`` when only tool calls remain."""
 
     content: str | None
     role: str = "assistant"
     refusal: str | None = None
-    tool_calls: list[ChatToolCall] | UnsetType = UNSET
+    tool_calls: list[ToolCall] | UnsetType = UNSET
     #: the model's reasoning (``<think>`` text of a thinking template; vLLM's name)
     reasoning_content: str | UnsetType = UNSET
 
@@ -238,36 +185,6 @@ class ChatChoice(msgspec.Struct):
     message: ChatResponseMessage
     finish_reason: str | None
     logprobs: ChoiceLogprobs | None = None
-
-
-class PolicyVerdictInfo(msgspec.Struct):
-    """One policy decision on a proposed tool call (fak extension).
-
-    ``call_ref`` names the call the verdict is about (the contract of ``fak.toolcalls``): the
-    call's ``tool_call_id`` (for a denied call, removed from the response, the id it would have
-    had), or ``block:N`` for the ``N``-th shell block of the reply (``X-Fak-Text-Tools``), with
-    ``span`` = ``[start, end)``, the block's place in the message content as sent (or the place
-    of the note that replaced a denied block), in characters (Unicode code points).
-    ``tool_call_id`` is the id of the call when it was kept (``None`` for denied calls and for
-    shell blocks). ``arguments_digest`` is ``"sha256:"`` and the hex SHA-256 of the call's
-    arguments in canonical JSON (``json.dumps(args, sort_keys=True, separators=(",", ":"),
-    ensure_ascii=False)``, UTF-8; ``fak.policy.arguments_digest``, the audit log's digest).
-    """
-
-    tool: str
-    allowed: bool
-    reason: str
-    rule: str | None = None
-    tool_call_id: str | None = None
-    arguments_digest: str | None = None
-    call_ref: str | None = None
-    span: list[int] | None = None
-
-
-class FakPolicyInfo(msgspec.Struct):
-    """The ``fak_policy`` extension object: the verdicts of this response's tool calls."""
-
-    verdicts: list[PolicyVerdictInfo]
 
 
 class ChatCompletion(msgspec.Struct):

@@ -26,7 +26,6 @@ from fak.gateway.chat_completions.protocol import (
     ChoiceLogprobs,
     ChunkFunction,
     ChunkToolCall,
-    FakPolicyInfo,
 )
 from fak.gateway.disconnect import ClientDisconnected
 from fak.gateway.engine_api import TokenLogprobs, check_stop
@@ -49,6 +48,7 @@ from fak.gateway.serving import (
     usage_of,
 )
 from fak.gateway.sse import DONE, sse_error, sse_event
+from fak.toolcalls.wire import FakPolicyInfo
 
 log = logging.getLogger("fak.gateway")
 

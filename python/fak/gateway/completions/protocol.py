@@ -12,8 +12,8 @@ from typing import Annotated
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from fak.gateway.chat_completions.protocol import FakPolicyInfo
 from fak.gateway.schemas import StreamOptions, Usage
+from fak.toolcalls.wire import FakPolicyInfo
 
 __all__ = ["Completion", "CompletionChoice", "CompletionLogprobs", "CompletionRequest"]
 

@@ -19,7 +19,6 @@ from litestar import Request, Response
 from litestar.background_tasks import BackgroundTask
 from litestar.response import Stream
 
-from fak.gateway.chat_completions.protocol import FakPolicyInfo
 from fak.gateway.completions.protocol import (
     Completion,
     CompletionChoice,
@@ -46,6 +45,7 @@ from fak.gateway.policy_filter import (
 )
 from fak.gateway.schemas import Usage, decode_body, new_id, now
 from fak.gateway.sse import DONE, SSE_HEADERS, sse_error, sse_event
+from fak.toolcalls.wire import FakPolicyInfo
 
 __all__ = ["CompletionServing", "prompt_of", "validate_completion_request"]
 

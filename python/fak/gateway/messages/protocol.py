@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
-from fak.gateway.chat_completions.protocol import FakPolicyInfo
+from fak.toolcalls.wire import FakPolicyInfo
 
 __all__ = [
     "AnthropicError",

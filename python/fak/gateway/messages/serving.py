@@ -57,13 +57,8 @@ from litestar import Request, Response
 from fak.gateway.chat_completions.protocol import (
     ChatCompletionRequest,
     ChatMessage,
-    FakPolicyInfo,
-    FunctionDefinition,
-    MessageFunctionCall,
-    MessageToolCall,
     NamedFunction,
     NamedToolChoice,
-    Tool,
 )
 from fak.gateway.disconnect import ClientDisconnected
 from fak.gateway.errors import APIError, anthropic_body, bad_request
@@ -79,6 +74,7 @@ from fak.gateway.messages.protocol import (
 from fak.gateway.policy_filter import ContentOut, ToolCallOut, merge_content
 from fak.gateway.schemas import decode_lenient, new_id
 from fak.gateway.serving import EngineServing, Generation, Prepared, ReasoningOut
+from fak.toolcalls.wire import FakPolicyInfo, FunctionCall, FunctionDefinition, Tool, ToolCall
 
 log = logging.getLogger("fak.gateway")
 
@@ -176,7 +172,7 @@ def _turns(messages: list[InputMessage], system: list[str]) -> list[ChatMessage]
             continue
         texts: list[str] = []
         thoughts: list[str] = []
-        calls: list[MessageToolCall] = []
+        calls: list[ToolCall] = []
         for j, b in enumerate(m.content):
             at = f"{where}.content[{j}]"
             if b.type == "text":
@@ -198,7 +194,7 @@ def _turns(messages: list[InputMessage], system: list[str]) -> list[ChatMessage]
                 if not b.id or not b.name:
                     raise bad_request("A tool_use block needs its id and name.", param=at)
                 arguments = json.dumps(b.input if isinstance(b.input, dict) else {}, ensure_ascii=False)
-                calls.append(MessageToolCall(id=b.id, function=MessageFunctionCall(b.name, arguments)))
+                calls.append(ToolCall(id=b.id, function=FunctionCall(b.name, arguments)))
             elif b.type in _MEDIA:
                 raise bad_request(f"Content block type {b.type!r} is not supported by this model (text only).",
                                   param=f"{at}.type", code="unsupported_content")

@@ -44,12 +44,8 @@ from litestar import Request, Response
 from fak.gateway.chat_completions.protocol import (
     ChatCompletionRequest,
     ChatMessage,
-    FunctionDefinition,
-    MessageFunctionCall,
-    MessageToolCall,
     NamedFunction,
     NamedToolChoice,
-    Tool,
 )
 from fak.gateway.disconnect import ClientDisconnected
 from fak.gateway.errors import APIError, bad_request
@@ -67,6 +63,7 @@ from fak.gateway.responses.tools import (
 )
 from fak.gateway.schemas import decode_lenient, new_id, now
 from fak.gateway.serving import EngineServing, Generation, Prepared, ReasoningOut
+from fak.toolcalls.wire import FunctionCall, FunctionDefinition, Tool, ToolCall
 
 log = logging.getLogger("fak.gateway")
 
@@ -134,7 +131,7 @@ def input_messages(items: str | list[dict[str, Any]]) -> list[ChatMessage]:
             call_id, name, arguments = read_call(item)
             if not call_id or not name:
                 raise bad_request(f"A {kind} item needs its call_id and name.", param=where)
-            call = MessageToolCall(id=call_id, function=MessageFunctionCall(name, arguments))
+            call = ToolCall(id=call_id, function=FunctionCall(name, arguments))
             last = out[-1] if out else None
             if last is not None and last.role == "assistant" and not thought:
                 last.tool_calls = [*(last.tool_calls or []), call]
