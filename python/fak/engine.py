@@ -37,7 +37,7 @@ from typing import Any, Protocol
 import msgspec
 
 from fak.chat import ChatTemplate, NoChatTemplateError
-from fak.errors import ContextLengthError, FakError
+from fak.errors import FakError, context_length_error, invalid_argument
 from fak.sampling import SamplingParams
 from fak.tokenizer import IncrementalDetokenizer, StopMatcher, Tokenizer, read_gguf_metadata
 
@@ -657,22 +657,22 @@ class Engine:
             ids = [int(t) for t in prompt]
             bad = [t for t in ids if not 0 <= t < self.tokenizer.n_vocab]
             if bad:
-                raise ValueError(f"prompt token ids outside the vocabulary [0, {self.tokenizer.n_vocab}): {bad[:8]}")
+                raise invalid_argument("prompt_ids", f"prompt token ids outside the vocabulary [0, {self.tokenizer.n_vocab}): {bad[:8]}")
         if not ids:
-            raise ValueError("the prompt is empty (no tokens); give at least one token")
+            raise invalid_argument("prompt_ids", "the prompt is empty (no tokens); give at least one token")
         for choice in params.prefix_choices or ():
             if any(t >= self.tokenizer.n_vocab for t in choice):
-                raise ValueError(f"prefix_choices hold token ids outside the vocabulary [0, {self.tokenizer.n_vocab})")
+                raise invalid_argument("prefix_choices", f"prefix_choices hold token ids outside the vocabulary [0, {self.tokenizer.n_vocab})")
         n = len(ids)
         if n >= self.n_ctx:
-            raise _context_error(
+            raise context_length_error(
                 f"the prompt has {n} tokens but the context holds {self.n_ctx} tokens (one must be left "
-                "to generate); shorten the prompt or raise n_ctx", n, self.n_ctx)
+                "to generate); shorten the prompt or raise n_ctx", n_prompt=n, n_ctx=self.n_ctx)
         if params.max_tokens is not None and n + params.max_tokens > self.n_ctx:
-            raise _context_error(
+            raise context_length_error(
                 f"the prompt has {n} tokens and max_tokens asks for {params.max_tokens} more: "
                 f"{n + params.max_tokens} tokens, but the context holds {self.n_ctx}; shorten the prompt, "
-                "lower max_tokens or raise n_ctx", n + params.max_tokens, self.n_ctx)
+                "lower max_tokens or raise n_ctx", n_prompt=n, n_ctx=self.n_ctx, max_tokens=params.max_tokens)
         max_new = self.n_ctx - n if params.max_tokens is None else params.max_tokens
         req = _Request(next(self._ids), ids, params, max_new, self.tokenizer, self._stop_ids)
         req.resident = min(resident, n)
@@ -1111,13 +1111,6 @@ class Engine:
             if req.sink is not None:
                 req.sink.put(error)
         self._update_stats()
-
-
-def _context_error(message: str, n_tokens: int, n_ctx: int) -> ContextLengthError:
-    err = ContextLengthError(message)
-    err.n_tokens = n_tokens  # type: ignore[attr-defined]
-    err.n_ctx = n_ctx  # type: ignore[attr-defined]
-    return err
 
 
 def _template_or_none(metadata: Mapping[str, Any], override: str | None) -> ChatTemplate | None:
