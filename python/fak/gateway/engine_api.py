@@ -82,11 +82,10 @@ def engine_tool_call_format(engine: Any, override: str | None = None) -> ToolCal
     return detect_tool_call_format(source if isinstance(source, str) else None)
 
 
-def sampling_kwargs(req: Any, max_tokens: int | None) -> dict[str, Any]:
+def sampling_kwargs(req: Any, max_tokens: int) -> dict[str, Any]:
     """``Engine.astream`` sampling keywords from a chat or completion request.
 
-    Only what the client set is passed (the engine's defaults apply otherwise; ``max_tokens``
-    None: the rest of the context window). ``top_p == 0``
+    Only what the client set is passed (the engine's defaults apply otherwise). ``top_p == 0``
     means greedy; ``top_k`` -1 or 0 means off; ``repetition_penalty`` maps to the engine's
     ``repeat_penalty``; a negative ``seed`` is taken modulo 2**64.
     """

@@ -199,7 +199,7 @@ def forced_choices(req: ChatCompletionRequest, tokenize: Any,
     return [ids for ids in (tokenize(t) for t in fmt.forced_openings(names)) if ids]
 
 
-def chat_sampling(req: ChatCompletionRequest, max_tokens: int | None) -> dict[str, Any]:
+def chat_sampling(req: ChatCompletionRequest, max_tokens: int) -> dict[str, Any]:
     """``Engine.astream`` keyword arguments from the request (only what the client set)."""
     s = sampling_kwargs(req, max_tokens)
     if req.logprobs:
@@ -642,11 +642,15 @@ class EngineServing:
         # the other streams keep flowing meanwhile.
         prompt, prompt_ids, choices, resident = await anyio.to_thread.run_sync(prompt_tokens)
         requested, budget_param = self.max_tokens_of(req)
-        max_tokens = requested  # None: the rest of the context window
-        if self.clamp_budget and requested is not None:
-            # the budget is a ceiling: cut to the room the prompt leaves (the engine refuses a
-            # prompt that leaves none)
-            max_tokens = min(requested, max(1, self.engine.n_ctx - len(prompt_ids)))
+        # the room the prompt leaves in the context window (at least 1: the engine refuses a prompt
+        # that leaves none, naming it): the budget without one, and the ceiling of a clamped one
+        room = max(1, self.engine.n_ctx - len(prompt_ids))
+        if requested is None:
+            max_tokens = room
+        elif self.clamp_budget:
+            max_tokens = min(requested, room)
+        else:
+            max_tokens = requested
         sampling = chat_sampling(req, max_tokens)
         if choices and setup.use_tools:
             sampling["prefix_choices"] = choices
@@ -665,7 +669,7 @@ class EngineServing:
                          t_arrival=t_arrival, reasoning=setup.reasoning,
                          in_reasoning=setup.reasoning and prompt_opens_reasoning(prompt),
                          max_tokens_param=budget_param if requested is not None and not self.clamp_budget else None)
-        gen.window_cut = requested is not None and max_tokens is not None and max_tokens < requested
+        gen.window_cut = requested is not None and max_tokens < requested
         gen.conversation = setup.gate.ctx.conversation
         return gen, prompt_ids, prompt
 
