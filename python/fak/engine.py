@@ -766,8 +766,8 @@ class Engine:
         if any(not 0 <= t < self.tokenizer.n_vocab for t in ids):
             raise ValueError(f"token ids outside the vocabulary [0, {self.tokenizer.n_vocab})")
         if len(ids) > self.n_ctx:
-            raise _context_error(f"{len(ids)} tokens but the context holds {self.n_ctx} tokens",
-                                 len(ids), self.n_ctx)
+            raise context_length_error(f"{len(ids)} tokens but the context holds {self.n_ctx} tokens",
+                                       n_prompt=len(ids), n_ctx=self.n_ctx, param="token_ids")
         reply: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._post("call", (lambda m: m.logits(ids), reply))
         result = reply.get()

@@ -58,11 +58,14 @@ def invalid_argument(param: str, message: str) -> InvalidArgumentError:
     return err
 
 
-def context_length_error(message: str, *, n_prompt: int, n_ctx: int, max_tokens: int | None = None) -> ContextLengthError:
+def context_length_error(message: str, *, n_prompt: int, n_ctx: int, max_tokens: int | None = None,
+                         param: str | None = None) -> ContextLengthError:
     """A ``ContextLengthError(message)`` with the core's attributes: a prompt of ``n_prompt``
-    tokens (and ``max_tokens`` more, when the prompt alone fits) in a window of ``n_ctx``."""
+    tokens (and ``max_tokens`` more, when the prompt alone fits) in a window of ``n_ctx``;
+    ``param`` (default ``"prompt_ids"``, or ``"max_tokens"`` with ``max_tokens``) the argument
+    at fault (``"token_ids"`` for a ``logits`` call)."""
     err = ContextLengthError(message)
-    err.param = "prompt_ids" if max_tokens is None else "max_tokens"
+    err.param = param if param is not None else "prompt_ids" if max_tokens is None else "max_tokens"
     err.n_prompt = n_prompt
     err.max_tokens = max_tokens
     err.n_tokens = n_prompt + (max_tokens or 0)
