@@ -2,7 +2,7 @@
 
 The gateway keeps no queue of its own. ``fak.Engine`` hands every request to the engine core at
 once; the core runs up to ``max_batch`` sequences (``--max-concurrency``) and queues the rest until
-they fit (ARCHITECTURE.md, "The engine core owns"). The gateway only counts requests in flight —
+they fit (ARCHITECTURE.md, "Native engine"). The gateway only counts requests in flight —
 from submission until the response is complete (a stream until its last chunk or the client's
 disconnect) — and refuses one that would make more than ``max_concurrency + max_queue`` with 429.
 A client gone while its request waits in the core's queue cancels its sequence there. In proxy

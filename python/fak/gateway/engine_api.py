@@ -41,9 +41,9 @@ __all__ = [
 
 
 class EngineLike(Protocol):
-    """The part of ``fak.Engine`` the gateway uses. Read when present: ``n_vocab`` (token-id
-    prompts are checked against it) and ``token_bytes(id)`` (logprobs ``bytes``); ``astream``
-    takes ``prefix_choices`` (forced tool calls)."""
+    """The part of ``fak.Engine`` the gateway uses. Read when present: ``token_bytes(id)``
+    (logprobs ``bytes``); ``astream`` takes ``prefix_choices`` (forced tool calls), checks the
+    request and raises ``fak.errors``' typed errors (``engine_error`` maps them)."""
 
     model_name: str
     n_ctx: int
