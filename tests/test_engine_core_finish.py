@@ -70,6 +70,29 @@ def test_stop_ids_outside_the_vocabulary_are_refused(tiny: str) -> None:
         m.add_sequence(1, PROMPT, {"max_tokens": 0})
 
 
+def test_core_errors_are_typed(tiny: str) -> None:
+    """The core checks the request once and says what was wrong in attributes (issue 28): the
+    gateway reads ``.param`` and the numbers, never the message."""
+    m = _native.Model(tiny, n_ctx=16, threads=1)
+    with pytest.raises(fak.ContextLengthError) as e:
+        m.add_sequence(1, list(range(1, 17)), {})
+    assert (e.value.param, e.value.n_prompt, e.value.max_tokens, e.value.n_tokens, e.value.n_ctx) == \
+        ("prompt_ids", 16, None, 16, 16)
+    with pytest.raises(fak.ContextLengthError) as e:
+        m.add_sequence(1, PROMPT, {"max_tokens": 11})  # 6 + 11 > 16
+    assert (e.value.param, e.value.n_prompt, e.value.max_tokens, e.value.n_tokens, e.value.n_ctx) == \
+        ("max_tokens", 6, 11, 17, 16)
+    m.add_sequence(1, PROMPT, {"max_tokens": 10})  # 6 + 10 fills the window exactly
+    for sampling, prompt, param in [({"temperature": -1.0}, PROMPT, "temperature"), ({}, [m.n_vocab], "prompt_ids"),
+                                    ({}, [], "prompt_ids"), ({"stop_ids": [m.n_vocab]}, PROMPT, "stop_ids")]:
+        with pytest.raises(fak.InvalidArgumentError) as err:
+            m.add_sequence(2, prompt, sampling)
+        assert err.value.param == param and isinstance(err.value, ValueError) and isinstance(err.value, fak.FakError)
+    with pytest.raises(fak.InvalidArgumentError) as err:
+        m.add_sequence(1, PROMPT, {})
+    assert err.value.param == "seq_id"
+
+
 def test_engine_takes_the_core_decision(tiny: str) -> None:
     """``fak.Engine`` reports the core's finish: "length" at max_tokens (the sequence already gone
     from the native model), and frees nothing twice."""

@@ -12,6 +12,7 @@ from fak.errors import (
     ContextLengthError,
     FakError,
     GGUFError,
+    InvalidArgumentError,
     KVCacheFullError,
     ModelError,
     ShardError,
@@ -27,6 +28,7 @@ __all__ = [
     "ModelError",
     "ContextLengthError",
     "KVCacheFullError",
+    "InvalidArgumentError",
     "BackendError",
     "ShardError",
 ]

@@ -16,6 +16,7 @@ __all__ = [
     "ModelError",
     "ContextLengthError",
     "KVCacheFullError",
+    "InvalidArgumentError",
     "BackendError",
     "ShardError",
     "GgufFile",
@@ -51,10 +52,25 @@ class ModelError(FakError):
     """A model file is readable but inconsistent (missing tensor, wrong shape, bad hyper-parameter)."""
 
 class ContextLengthError(FakError):
-    """A prompt (plus requested tokens) does not fit in the context window."""
+    """A request does not fit in the context window; its numbers (None when raised without them)."""
+
+    param: str | None
+    n_prompt: int | None
+    max_tokens: int | None
+    n_tokens: int | None
+    n_ctx: int | None
 
 class KVCacheFullError(FakError):
-    """The KV cache has no room for another sequence or token."""
+    """The KV cache has no room for another sequence or token; the KV blocks it needed and had."""
+
+    needed: int | None
+    free: int | None
+
+class InvalidArgumentError(FakError, ValueError):
+    """An argument is out of range or of the wrong kind; ``param`` names it (None when raised
+    without it)."""
+
+    param: str | None
 
 class BackendError(FakError):
     """A compute backend failed (no usable GPU, CUDA driver error, kernel load)."""
@@ -175,7 +191,8 @@ class Model:
         """Queues a sequence for prefill; its first ``resident_tokens`` prompt tokens' cached blocks
         stay resident under the prefix cache's LRU when it ends; with ``conversation``, the
         ``suffix`` draft source also drafts from that conversation's earlier outputs. Raises
-        ContextLengthError, KVCacheFullError, ValueError."""
+        ContextLengthError (prompt, or prompt + ``max_tokens``, past ``n_ctx``), KVCacheFullError,
+        InvalidArgumentError (a ValueError naming ``param``)."""
     def take_prefix_hits(self) -> list[tuple[int, int]]:
         """``(seq_id, hit_tokens)`` of each sequence admitted since the last call: prompt tokens
         found in the prefix cache."""

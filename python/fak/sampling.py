@@ -18,6 +18,7 @@ from typing import Any
 import msgspec
 
 from fak import _native
+from fak.errors import invalid_argument
 
 __all__ = ["SamplingParams", "MAX_STOP_STRINGS", "MAX_STOP_LENGTH", "MAX_LOGPROBS", "MAX_PREFIX_CHOICES",
            "MAX_PREFIX_CHOICE_TOKENS"]
@@ -40,9 +41,9 @@ _PYTHON_NAMES = {"n_logprobs": "logprobs"}
 def _check_number(name: str, value: Any, *, integer: bool = False) -> None:
     kinds: tuple[type, ...] = (int,) if integer else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
-        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
+        raise invalid_argument(name, f"{name} must be {'an integer' if integer else 'a number'}, got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
+        raise invalid_argument(name, f"{name} must be finite, got {value!r}")
 
 
 class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -77,7 +78,8 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
             None: the engine's. Never changes the output's distribution (greedy: the same tokens).
 
     Raises:
-        ValueError: any value out of range, naming the parameter.
+        fak.InvalidArgumentError (a ValueError): any value out of range; ``.param`` names the
+            parameter (``stop[i]`` for the i-th of a list of stop strings).
     """
 
     max_tokens: int | None = None
@@ -109,38 +111,39 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         if self.seed is not None:
             _check_number("seed", self.seed, integer=True)
             if not -(2**63) <= self.seed < 2**64:
-                raise ValueError(f"seed must fit in 64 bits, got {self.seed}")
+                raise invalid_argument("seed", f"seed must fit in 64 bits, got {self.seed}")
         if self.stop is not None and not isinstance(self.stop, (str, list, tuple)):
-            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+            raise invalid_argument("stop", f"stop must be a string or a list of strings, got {self.stop!r}")
         stops = self.stop_strings
         if len(stops) > MAX_STOP_STRINGS:
-            raise ValueError(f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS} are allowed")
-        for s in stops:
+            raise invalid_argument("stop", f"stop has {len(stops)} strings; at most {MAX_STOP_STRINGS} are allowed")
+        for i, s in enumerate(stops):
+            where = "stop" if isinstance(self.stop, str) else f"stop[{i}]"
             if not isinstance(s, str):
-                raise ValueError(f"stop strings must be str, got {s!r}")
+                raise invalid_argument(where, f"stop strings must be str, got {s!r}")
             if not 1 <= len(s) <= MAX_STOP_LENGTH:
-                raise ValueError(f"each stop string must have 1..{MAX_STOP_LENGTH} characters, got {len(s)}")
+                raise invalid_argument(where, f"each stop string must have 1..{MAX_STOP_LENGTH} characters, got {len(s)}")
         if self.speculative is not None and not isinstance(self.speculative, str):
-            raise ValueError(f"speculative must be a string such as \"ngram:4\", got {self.speculative!r}")
+            raise invalid_argument("speculative", f"speculative must be a string such as \"ngram:4\", got {self.speculative!r}")
         if self.logprobs is not None:
             _check_number("logprobs", self.logprobs, integer=True)
             if self.logprobs < 0:
-                raise ValueError(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+                raise invalid_argument("logprobs", f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
         if self.prefix_choices is not None:
             choices = self.prefix_choices
             # Checked here against the core's limits rather than sent to check_sampling: the gateway
             # sends tens of thousands of them, and add_sequence converts (and checks) them again.
             if not isinstance(choices, (list, tuple)) or not 1 <= len(choices) <= MAX_PREFIX_CHOICES:
-                raise ValueError(f"prefix_choices must be a list of 1..{MAX_PREFIX_CHOICES} token-id lists")
+                raise invalid_argument("prefix_choices", f"prefix_choices must be a list of 1..{MAX_PREFIX_CHOICES} token-id lists")
             for choice in choices:
                 if (not isinstance(choice, (list, tuple)) or not 1 <= len(choice) <= MAX_PREFIX_CHOICE_TOKENS
                         or any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for t in choice)):
-                    raise ValueError("each of prefix_choices must be a list of 1.."
-                                     f"{MAX_PREFIX_CHOICE_TOKENS} non-negative token ids, got {choice!r:.80}")
+                    raise invalid_argument("prefix_choices", "each of prefix_choices must be a list of 1.."
+                                           f"{MAX_PREFIX_CHOICE_TOKENS} non-negative token ids, got {choice!r:.80}")
         for name in ("top_k", "repeat_last_n", "max_tokens", "logprobs"):  # the core's integers are 32/64-bit
             v = getattr(self, name)
             if v is not None and not -(2**31) <= v < 2**31:
-                raise ValueError(f"{name} must be in the 32-bit range, got {v}")
+                raise invalid_argument(name, f"{name} must be in the 32-bit range, got {v}")
         values = self._native_values(seed=0)
         values.pop("prefix_choices", None)
         if self.max_tokens is not None:
@@ -148,14 +151,16 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         problem = _native.check_sampling(values)
         if problem is not None:
             param, reason = problem
-            raise ValueError(f"{_PYTHON_NAMES.get(param, param)}: {reason}")
+            name = _PYTHON_NAMES.get(param, param)
+            raise invalid_argument(name, f"{name}: {reason}")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> SamplingParams:
         """Builds and validates parameters from keyword arguments (``None`` values mean default).
 
         Raises:
-            ValueError: a value out of range or of the wrong type, naming the parameter.
+            fak.InvalidArgumentError (a ValueError): a value out of range or of the wrong type,
+                naming the parameter in ``.param``.
             TypeError: a keyword that is not a sampling parameter.
         """
         unknown = set(kwargs) - set(cls.__struct_fields__)

@@ -23,9 +23,12 @@ pub enum FakError {
     #[error("model error: {0}")]
     Model(String),
 
-    /// A prompt (plus requested tokens) that does not fit in the context window.
-    #[error("context length exceeded: {n_tokens} tokens requested but the context holds {n_ctx} tokens; shorten the prompt or raise n_ctx")]
-    ContextLength { n_tokens: usize, n_ctx: usize },
+    /// A request that does not fit in the context window of `n_ctx` tokens: `param` is the
+    /// argument at fault — `"prompt_ids"` (a prompt of `n_prompt` tokens leaves none to
+    /// generate), `"max_tokens"` (the prompt fits, but not with `max_tokens` more) or
+    /// `"token_ids"` (a `logits` call longer than the window).
+    #[error("{}", context_length_message(param, *n_prompt, *max_tokens, *n_ctx))]
+    ContextLength { param: String, n_prompt: usize, max_tokens: Option<usize>, n_ctx: usize },
 
     /// The paged KV cache has no free block for a sequence.
     #[error("KV cache full: {needed} more blocks needed, {free} free; lower concurrency or raise the KV cache size")]
@@ -59,9 +62,40 @@ impl FakError {
     pub fn shard(tensor: impl Into<String>, format: impl Into<String>, n_shards: usize, msg: impl Into<String>) -> Self {
         FakError::Shard { tensor: tensor.into(), format: format.into(), n_shards, msg: msg.into() }
     }
+    /// Shorthand for a [`FakError::ContextLength`] of a prompt (with `max_tokens` when the prompt
+    /// alone fits) in a window of `n_ctx` tokens.
+    pub fn context_length(n_prompt: usize, max_tokens: Option<usize>, n_ctx: usize) -> Self {
+        let param = if max_tokens.is_some() { "max_tokens" } else { "prompt_ids" };
+        FakError::ContextLength { param: param.into(), n_prompt, max_tokens, n_ctx }
+    }
+    /// The tokens a [`FakError::ContextLength`] asked the window to hold (prompt plus
+    /// `max_tokens`); `None` for another variant.
+    pub fn n_tokens(&self) -> Option<usize> {
+        match self {
+            FakError::ContextLength { n_prompt, max_tokens, .. } => Some(n_prompt + max_tokens.unwrap_or(0)),
+            _ => None,
+        }
+    }
     /// Shorthand for a [`FakError::Model`].
     pub fn model(msg: impl Into<String>) -> Self {
         FakError::Model(msg.into())
+    }
+}
+
+fn context_length_message(param: &str, n_prompt: usize, max_tokens: Option<usize>, n_ctx: usize) -> String {
+    match (param, max_tokens) {
+        (_, Some(m)) => format!(
+            "the prompt has {n_prompt} tokens and max_tokens asks for {m} more: {} tokens, but the context holds \
+             {n_ctx}; shorten the prompt, lower max_tokens or raise n_ctx",
+            n_prompt + m
+        ),
+        ("token_ids", None) => {
+            format!("{n_prompt} token ids but the context holds {n_ctx} tokens; pass fewer or raise n_ctx")
+        }
+        _ => format!(
+            "the prompt has {n_prompt} tokens but the context holds {n_ctx} tokens (one must be left to generate); \
+             shorten the prompt or raise n_ctx"
+        ),
     }
 }
 

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fak.errors import ContextLengthError, KVCacheFullError
+from fak.errors import KVCacheFullError, context_length_error, invalid_argument
+from fak.sampling import SamplingParams
 from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
 
@@ -304,17 +305,22 @@ class FakeEngine:
         n = 6 + digest[0] % 10
         return " ".join(WORDS[b % len(WORDS)] for b in digest[1:1 + n]).capitalize() + "."
 
-    def _check_sampling(self, sampling: dict[str, Any]) -> None:
-        allowed = {"max_tokens", "temperature", "top_k", "top_p", "min_p", "repeat_penalty", "presence_penalty",
-                   "frequency_penalty", "seed", "stop", "logprobs", "prefix_choices", "resident_prefix",
-                   "conversation", "speculative"}
-        unknown = set(sampling) - allowed
-        if unknown:
-            raise TypeError(f"unknown sampling keys {sorted(unknown)}")
-        if sampling.get("temperature", 0.0) < 0:
-            raise ValueError("temperature must be >= 0")
-        if not 0 <= sampling.get("seed", 0) < 2**64:
-            raise ValueError("seed out of range")
+    def _check(self, ids: list[int], sampling: dict[str, Any]) -> None:
+        """``fak.Engine``'s checks, with its typed errors: the sampling keywords
+        (``SamplingParams``: kinds, ranges, stop strings), the token ids and the context window."""
+        SamplingParams.from_kwargs(**{k: v for k, v in sampling.items() if k not in ("resident_prefix", "conversation")})
+        if not ids:
+            raise invalid_argument("prompt_ids", "the prompt is empty (no tokens); give at least one token")
+        bad = [t for t in ids if not 0 <= t < self.n_vocab]
+        if bad:
+            raise invalid_argument("prompt_ids", f"prompt token ids outside the vocabulary [0, {self.n_vocab}): {bad[:8]}")
+        if len(ids) >= self.n_ctx:
+            raise context_length_error(f"prompt of {len(ids)} tokens does not fit the context of {self.n_ctx}",
+                                       n_prompt=len(ids), n_ctx=self.n_ctx)
+        max_tokens = sampling.get("max_tokens")
+        if max_tokens is not None and len(ids) + max_tokens > self.n_ctx:
+            raise context_length_error(f"prompt of {len(ids)} tokens and {max_tokens} more do not fit the context "
+                                       f"of {self.n_ctx}", n_prompt=len(ids), n_ctx=self.n_ctx, max_tokens=max_tokens)
 
     @staticmethod
     def _constrained(text: str, choices: list[str]) -> str:
@@ -330,10 +336,8 @@ class FakeEngine:
 
     async def astream(self, prompt: str | list[int], **sampling: Any) -> AsyncIterator[Delta]:
         """Stream the reply; ``aclose()`` before the end cancels (frees KV blocks)."""
-        self._check_sampling(sampling)
         ids = self.tokenize(prompt) if isinstance(prompt, str) else list(prompt)
-        if len(ids) >= self.n_ctx:
-            raise ContextLengthError(f"prompt of {len(ids)} tokens does not fit the context of {self.n_ctx}")
+        self._check(ids, sampling)
         cached = self._cached(ids)
         self.requests.append((ids, dict(sampling)))
         max_tokens = int(sampling.get("max_tokens") or (self.n_ctx - len(ids)))

@@ -100,7 +100,7 @@ def check_batching(engine: Any, model: str, n_clients: int, max_tokens: int,
             else:
                 assert (text, finish) == alone[i], i
         gw = app.state.gateway
-        assert wait_until(lambda: engine.stats()["running"] == 0 and gw.admission.running == 0)
+        assert wait_until(lambda: engine.stats()["running"] == 0 and gw.admission.in_flight == 0)
         assert wait_until(lambda: engine.stats()["kv_blocks_used"] <= baseline_kv)
         metrics = http.get(srv.url + "/metrics").text
         assert f"fak_kv_cache_blocks_used {float(engine.stats()['kv_blocks_used'])}" in metrics
@@ -129,7 +129,7 @@ def test_non_stream_disconnect_cancels_sequence(start_gateway: Any) -> None:
         httpx.post(srv.base_url + "/chat/completions", timeout=0.3, json={
             "model": "fake-qwen", "messages": [{"role": "user", "content": "slow"}], "max_tokens": 500})
     assert wait_until(lambda: eng.cancelled == 1 and eng.running == 0 and eng.kv_blocks_used == 0)
-    assert wait_until(lambda: srv.app.state.gateway.admission.running == 0)
+    assert wait_until(lambda: srv.app.state.gateway.admission.in_flight == 0)
 
 
 def test_queue_then_429(start_gateway: Any) -> None:
@@ -171,6 +171,8 @@ def test_64_streams_real_engine_05b(engine_05b: Any) -> None:
 
 
 def test_client_gone_while_queued_leaves_the_queue(start_gateway: Any) -> None:
+    """The waiting happens in the engine's queue: a client gone while its request waits there
+    cancels its sequence, and the request no longer counts in flight."""
     eng = FakeEngine(delay=0.02)
     srv = start_gateway(engine=eng, max_concurrency=1, max_queue=4)
     gw = srv.app.state.gateway
@@ -178,10 +180,10 @@ def test_client_gone_while_queued_leaves_the_queue(start_gateway: Any) -> None:
     with httpx.Client(timeout=60) as c, c.stream("POST", srv.base_url + "/chat/completions",
                                                   json={**body, "stream": True}) as running:
         it = running.iter_raw()
-        next(it)  # the first request holds the only slot
+        next(it)  # the first request runs
         with pytest.raises(httpx.ReadTimeout):
             httpx.post(srv.base_url + "/chat/completions", json=body, timeout=0.3)
-        assert wait_until(lambda: gw.admission.waiting == 0)  # the queued request left the line
-        assert gw.admission.running == 1
-    assert wait_until(lambda: gw.admission.running == 0 and eng.running == 0)
-    assert len(eng.requests) == 1  # the queued request never reached the engine
+        assert wait_until(lambda: eng.cancelled == 1)  # the engine dropped the second request's sequence
+        assert wait_until(lambda: gw.admission.in_flight == 1)
+    assert wait_until(lambda: gw.admission.in_flight == 0 and eng.running == 0)
+    assert len(eng.requests) == 2  # both reached the engine, which queues and cancels

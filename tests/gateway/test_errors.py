@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from fak.errors import ContextLengthError, KVCacheFullError
+from fak.errors import ContextLengthError, KVCacheFullError, invalid_argument
 from gateway_fakes import WEATHER_TOOL, FakeEngine
 
 MODEL = "fake-qwen"
@@ -145,9 +145,9 @@ def test_engine_side_errors_name_the_field(http: httpx.Client, start_gateway: An
     body = {"model": MODEL, "prompt": "hello"}
     err = assert_error(http.post(srv.base_url + "/completions", json=body), 400, code="context_length_exceeded")
     assert err["param"] == "prompt"
-    eng.error = ValueError("prompt token ids outside the vocabulary [0, 8): [9]")
+    eng.error = invalid_argument("prompt_ids", "prompt token ids outside the vocabulary [0, 8): [9]")
     assert assert_error(http.post(srv.base_url + "/completions", json=body), 400)["param"] == "prompt"
-    eng.error = ValueError("repeat_penalty must be in (0, 10] (1 disables it), got 11")
+    eng.error = invalid_argument("repeat_penalty", "repeat_penalty must be in (0, 10] (1 disables it), got 11")
     assert assert_error(http.post(srv.base_url + "/chat/completions", json=chat()), 400)["param"] == "repetition_penalty"
 
 
@@ -214,7 +214,7 @@ def test_engine_errors_before_first_token(http: httpx.Client, start_gateway: Any
     for stream in (False, True):
         err = assert_error(http.post(srv.base_url + "/chat/completions", json=chat(stream=stream)), status, code=code)
         assert "Traceback" not in err["message"]
-    assert srv.app.state.gateway.admission.running == 0
+    assert srv.app.state.gateway.admission.in_flight == 0
 
 
 def test_engine_error_mid_stream_is_an_error_event(http: httpx.Client, start_gateway: Any) -> None:

@@ -176,7 +176,7 @@ def test_upstream_errors(start_gateway: Any, upstream: Any, http: httpx.Client) 
         r = http.post(dead.base_url + "/chat/completions", json={"model": "m", "stream": stream, "messages": [
             {"role": "user", "content": "x"}]})
         assert r.status_code == 502 and r.json()["error"]["code"] == "upstream_unavailable"
-    assert dead.app.state.gateway.admission.running == 0
+    assert dead.app.state.gateway.admission.in_flight == 0
 
 
 def test_client_disconnect_closes_upstream(start_gateway: Any, upstream: Any) -> None:
@@ -189,9 +189,9 @@ def test_client_disconnect_closes_upstream(start_gateway: Any, upstream: Any) ->
         next(it)
         next(it)
     deadline = time.monotonic() + 10
-    while (upstream.disconnects == 0 or srv.app.state.gateway.admission.running) and time.monotonic() < deadline:
+    while (upstream.disconnects == 0 or srv.app.state.gateway.admission.in_flight) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert upstream.disconnects == 1 and srv.app.state.gateway.admission.running == 0
+    assert upstream.disconnects == 1 and srv.app.state.gateway.admission.in_flight == 0
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -209,7 +209,7 @@ def test_malformed_upstream_never_crashes_or_leaks(start_gateway: Any, upstream:
                 assert '"arguments":"{\\"command\\": \\"ls\\"}"' in event
     else:
         assert r.json().get("error", {}).get("code", "upstream_error") == "upstream_error"
-    assert srv.app.state.gateway.admission.running == 0
+    assert srv.app.state.gateway.admission.in_flight == 0
     assert http.get(srv.url + "/health").status_code == 200
 
 

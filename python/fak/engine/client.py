@@ -17,7 +17,7 @@ from fak.engine.loop import CoreRequest, EngineLoop, NativeModel
 from fak.engine.request import RequestState
 from fak.engine.results import Completion, collect
 from fak.engine.streams import AsyncTokenStream, TokenStream, _Stream
-from fak.errors import ContextLengthError, FakError
+from fak.errors import FakError, context_length_error, invalid_argument
 from fak.sampling import SamplingParams
 from fak.tokenizer import Tokenizer, read_gguf_metadata
 
@@ -223,22 +223,22 @@ class Engine:
             ids = [int(t) for t in prompt]
             bad = [t for t in ids if not 0 <= t < self.tokenizer.n_vocab]
             if bad:
-                raise ValueError(f"prompt token ids outside the vocabulary [0, {self.tokenizer.n_vocab}): {bad[:8]}")
+                raise invalid_argument("prompt_ids", f"prompt token ids outside the vocabulary [0, {self.tokenizer.n_vocab}): {bad[:8]}")
         if not ids:
-            raise ValueError("the prompt is empty (no tokens); give at least one token")
+            raise invalid_argument("prompt_ids", "the prompt is empty (no tokens); give at least one token")
         for choice in params.prefix_choices or ():
             if any(t >= self.tokenizer.n_vocab for t in choice):
-                raise ValueError(f"prefix_choices hold token ids outside the vocabulary [0, {self.tokenizer.n_vocab})")
+                raise invalid_argument("prefix_choices", f"prefix_choices hold token ids outside the vocabulary [0, {self.tokenizer.n_vocab})")
         n = len(ids)
         if n >= self.n_ctx:
-            raise _context_error(
+            raise context_length_error(
                 f"the prompt has {n} tokens but the context holds {self.n_ctx} tokens (one must be left "
-                "to generate); shorten the prompt or raise n_ctx", n, self.n_ctx)
+                "to generate); shorten the prompt or raise n_ctx", n_prompt=n, n_ctx=self.n_ctx)
         if params.max_tokens is not None and n + params.max_tokens > self.n_ctx:
-            raise _context_error(
+            raise context_length_error(
                 f"the prompt has {n} tokens and max_tokens asks for {params.max_tokens} more: "
                 f"{n + params.max_tokens} tokens, but the context holds {self.n_ctx}; shorten the prompt, "
-                "lower max_tokens or raise n_ctx", n + params.max_tokens, self.n_ctx)
+                "lower max_tokens or raise n_ctx", n_prompt=n, n_ctx=self.n_ctx, max_tokens=params.max_tokens)
         max_new = self.n_ctx - n if params.max_tokens is None else params.max_tokens
         # The core ends the request: at an end-of-generation token or after max_new tokens.
         core = CoreRequest(next(self._ids), ids, {**params.to_native(), "max_tokens": max_new, "stop_ids": self._stop_ids})
@@ -333,8 +333,8 @@ class Engine:
         if any(not 0 <= t < self.tokenizer.n_vocab for t in ids):
             raise ValueError(f"token ids outside the vocabulary [0, {self.tokenizer.n_vocab})")
         if len(ids) > self.n_ctx:
-            raise _context_error(f"{len(ids)} tokens but the context holds {self.n_ctx} tokens",
-                                 len(ids), self.n_ctx)
+            raise context_length_error(f"{len(ids)} tokens but the context holds {self.n_ctx} tokens",
+                                       n_prompt=len(ids), n_ctx=self.n_ctx, param="token_ids")
         return self._loop.call(lambda m: m.logits(ids))
 
     # --- KV quarantine ------------------------------------------------------------------------
@@ -397,13 +397,6 @@ class Engine:
 
     def __repr__(self) -> str:
         return f"Engine({self.model_name!r}, backend={self.backend!r}, n_ctx={self.n_ctx})"
-
-
-def _context_error(message: str, n_tokens: int, n_ctx: int) -> ContextLengthError:
-    err = ContextLengthError(message)
-    err.n_tokens = n_tokens  # type: ignore[attr-defined]
-    err.n_ctx = n_ctx  # type: ignore[attr-defined]
-    return err
 
 
 def _template_or_none(metadata: Mapping[str, Any], override: str | None) -> ChatTemplate | None:

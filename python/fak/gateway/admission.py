@@ -1,17 +1,15 @@
-"""Admission control: at most N requests running, at most Q waiting, the rest refused (429).
+"""Admission control: a bound on the requests in flight, the rest refused (429).
 
-``fak.Engine`` batches whatever it is given (continuous batching); this bound keeps the gateway
-from accepting unbounded work. A running request holds a slot until its response is complete (a
-stream holds it until the last chunk or the client's disconnect); waiting requests get slots in
-arrival order. A waiter that is cancelled (client gone) leaves the queue without taking a slot.
+The gateway keeps no queue of its own. ``fak.Engine`` hands every request to the engine core at
+once; the core runs up to ``max_batch`` sequences (``--max-concurrency``) and queues the rest until
+they fit (ARCHITECTURE.md, "Native engine"). The gateway only counts requests in flight —
+from submission until the response is complete (a stream until its last chunk or the client's
+disconnect) — and refuses one that would make more than ``max_concurrency + max_queue`` with 429.
+A client gone while its request waits in the core's queue cancels its sequence there. In proxy
+mode the bound is the same and the upstream server queues.
 """
 
 from __future__ import annotations
-
-import asyncio
-from collections import deque
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 from fak.gateway.errors import APIError
 
@@ -19,22 +17,22 @@ __all__ = ["Admission", "QueueFullError"]
 
 
 class QueueFullError(APIError):
-    """429: every slot is busy and the wait queue is full."""
+    """429: as many requests are in flight as the engine runs and queues."""
 
     def __init__(self, max_concurrency: int, max_queue: int) -> None:
         super().__init__(
             429,
-            f"The server is busy: {max_concurrency} requests are running and {max_queue} are queued "
-            "(--max-concurrency / --max-queue). Retry after a short wait.",
+            f"The server is busy: {max_concurrency + max_queue} requests are in flight, {max_concurrency} running "
+            f"and {max_queue} queued (--max-concurrency / --max-queue). Retry after a short wait.",
             type="rate_limit_error", code="rate_limit_exceeded", headers={"Retry-After": "1"})
 
 
 class Admission:
-    """A FIFO counting semaphore with a bounded wait queue.
+    """A counter of requests in flight, at most ``max_concurrency + max_queue``.
 
     Args:
-        max_concurrency: requests allowed to run at once (>= 1).
-        max_queue: requests allowed to wait for a slot (>= 0).
+        max_concurrency: requests the engine runs at once (>= 1; its ``max_batch``).
+        max_queue: requests it may queue beyond those (>= 0).
 
     Raises:
         ValueError: for bounds out of range.
@@ -45,53 +43,19 @@ class Admission:
             raise ValueError(f"need max_concurrency >= 1 and max_queue >= 0, got {max_concurrency}, {max_queue}")
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
-        self.running = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        #: requests admitted and not finished (running or queued in the engine core)
+        self.in_flight = 0
 
-    @property
-    def waiting(self) -> int:
-        """Requests waiting for a slot."""
-        return len(self._waiters)
-
-    async def acquire(self) -> None:
-        """Take a slot, waiting in line if needed.
+    def acquire(self) -> None:
+        """Count one more request in flight.
 
         Raises:
-            QueueFullError: the queue is full.
+            QueueFullError: ``max_concurrency + max_queue`` are in flight already.
         """
-        if self.running < self.max_concurrency and not self._waiters:
-            self.running += 1
-            return
-        if len(self._waiters) >= self.max_queue:
+        if self.in_flight >= self.max_concurrency + self.max_queue:
             raise QueueFullError(self.max_concurrency, self.max_queue)
-        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(fut)
-        try:
-            await fut
-        except BaseException:
-            if fut.done() and not fut.cancelled():
-                self.release()  # granted and cancelled in the same instant: pass the slot on
-            else:
-                try:
-                    self._waiters.remove(fut)
-                except ValueError:
-                    pass
-            raise
+        self.in_flight += 1
 
     def release(self) -> None:
-        """Give a slot back (to the first live waiter, if any)."""
-        while self._waiters:
-            fut = self._waiters.popleft()
-            if not fut.done():
-                fut.set_result(None)  # the slot passes on; running stays the same
-                return
-        self.running -= 1
-
-    @asynccontextmanager
-    async def slot(self) -> AsyncIterator[None]:
-        """``async with admission.slot():`` acquire and always release."""
-        await self.acquire()
-        try:
-            yield
-        finally:
-            self.release()
+        """A request in flight finished (or was refused by the engine, or its client left)."""
+        self.in_flight -= 1

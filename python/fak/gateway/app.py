@@ -65,8 +65,9 @@ class GatewayConfig:
     Attributes:
         model_name: the model id clients must send (engine mode); default the engine's name.
         api_key: when set, ``/v1/*`` requires ``Authorization: Bearer <api_key>`` (else 401).
-        max_concurrency: requests generating at once (admission slots).
-        max_queue: requests waiting for a slot before new ones get 429.
+        max_concurrency: requests generating at once (the engine's ``max_batch``).
+        max_queue: requests queued in the engine core beyond those; a request past
+            ``max_concurrency + max_queue`` in flight gets 429 (``fak.gateway.admission``).
         tool_call_retries: extra samples of a forced tool call (``tool_choice`` ``"required"`` or
             named) whose first call does not fit the offered tools, before its text is returned
             as content.
@@ -129,8 +130,7 @@ class Gateway:
         self.created = int(time.time())
         self.admission = Admission(config.max_concurrency, config.max_queue)
         adm = self.admission
-        self.metrics = GatewayMetrics(engine.stats if engine is not None else None,
-                                      admission=lambda: (adm.running, adm.waiting))
+        self.metrics = GatewayMetrics(engine.stats if engine is not None else None, in_flight=lambda: adm.in_flight)
         self.quarantine = QuarantineGate.from_policy(policy, audit=audit, registry=self.metrics.registry,
                                                      engine=engine)
         self.inline_reads = InlineReads() if config.serve_inline_reads and engine is not None else None

@@ -83,7 +83,7 @@ def _plan_context(gguf: Path, **kwargs: Any) -> Any:
 @click.option("--max-concurrency", type=click.IntRange(min=1), default=64, show_default=True,
               help="Requests generating at once.")
 @click.option("--max-queue", type=click.IntRange(min=0), default=256, show_default=True,
-              help="Requests waiting for a slot; beyond this, 429.")
+              help="Requests queued in the engine beyond --max-concurrency; past both, 429.")
 @click.option("--n-ctx", type=click.IntRange(min=16), default=None,
               help="Context window in tokens [default: the model's trained context, capped by what the "
                    "KV-memory budget holds; printed at start, /v1/models max_model_len].")

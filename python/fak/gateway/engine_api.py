@@ -1,10 +1,12 @@
 """The gateway's view of ``fak.Engine`` and one generation run through it.
 
 The gateway is a thin client of ``fak.Engine`` (contract in ARCHITECTURE.md): it renders the
-chat template, tokenizes, checks the context window, and streams ``Delta`` objects from
-``Engine.astream``; the engine batches concurrent sequences itself (continuous batching).
-``EngineRun`` holds one request's admission slot and async iterator; closing it (end of stream,
-client disconnect, error) closes the iterator, which cancels the sequence and frees its KV cache.
+chat template, tokenizes, and streams ``Delta`` objects from ``Engine.astream``; the engine checks
+the request (context window, token ids, sampling ranges, stop strings), queues and batches
+concurrent sequences itself (continuous batching) and ends each one. Its typed errors
+(``fak.errors``) become the client's 4xx here (``engine_error``). ``EngineRun`` holds one
+request's place among those in flight and its async iterator; closing it (end of stream, client
+disconnect, error) closes the iterator, which cancels the sequence and frees its KV cache.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Any, Protocol
 
 import anyio
 
-from fak.errors import ContextLengthError, FakError, KVCacheFullError
+from fak.errors import ContextLengthError, FakError, InvalidArgumentError, KVCacheFullError
 from fak.gateway.admission import Admission
 from fak.gateway.errors import APIError, bad_request
 from fak.gateway.schemas import Timings
@@ -31,8 +33,6 @@ __all__ = [
     "EngineLike",
     "EngineRun",
     "TokenLogprobs",
-    "check_context",
-    "check_stop",
     "engine_error",
     "engine_tool_call_format",
     "sampling_kwargs",
@@ -41,9 +41,9 @@ __all__ = [
 
 
 class EngineLike(Protocol):
-    """The part of ``fak.Engine`` the gateway uses. Read when present: ``n_vocab`` (token-id
-    prompts are checked against it) and ``token_bytes(id)`` (logprobs ``bytes``); ``astream``
-    takes ``prefix_choices`` (forced tool calls)."""
+    """The part of ``fak.Engine`` the gateway uses. Read when present: ``token_bytes(id)``
+    (logprobs ``bytes``); ``astream`` takes ``prefix_choices`` (forced tool calls), checks the
+    request and raises ``fak.errors``' typed errors (``engine_error`` maps them)."""
 
     model_name: str
     n_ctx: int
@@ -82,50 +82,6 @@ def engine_tool_call_format(engine: Any, override: str | None = None) -> ToolCal
     return detect_tool_call_format(source if isinstance(source, str) else None)
 
 
-def check_context(n_prompt: int, max_tokens: int | None, n_ctx: int, *, param: str,
-                  max_tokens_param: str | None = None) -> int:
-    """Validate prompt + completion against the context window; return the completion budget.
-
-    Without ``max_tokens`` the completion may use the rest of the window (as vLLM does).
-    ``param`` names the prompt's field (``messages``, ``prompt``): the error names it when the
-    prompt alone leaves no room; ``max_tokens_param`` (the completion budget's field, when the
-    client set it) is named when the prompt fits but prompt + ``max_tokens`` does not.
-
-    Raises:
-        APIError: 400 ``context_length_exceeded`` (OpenAI's wording and code).
-    """
-    if max_tokens is None:
-        if n_prompt >= n_ctx:
-            raise APIError(
-                400, f"This model's maximum context length is {n_ctx} tokens. However, your messages "
-                f"resulted in {n_prompt} tokens. Please reduce the length of the messages.",
-                param=param, code="context_length_exceeded")
-        return n_ctx - n_prompt
-    if n_prompt + max_tokens > n_ctx:
-        where = "messages" if param == "messages" else param
-        raise APIError(
-            400, f"This model's maximum context length is {n_ctx} tokens. However, you requested "
-            f"{n_prompt + max_tokens} tokens ({n_prompt} in the {where}, {max_tokens} in the completion). "
-            f"Please reduce the length of the {where} or completion.",
-            param=max_tokens_param if max_tokens_param is not None and n_prompt < n_ctx else param,
-            code="context_length_exceeded")
-    return max_tokens
-
-
-def check_stop(stop: str | list[str] | None) -> None:
-    """Stop sequences must be non-empty (an empty one would match at once).
-
-    Raises:
-        APIError: 400 naming ``stop`` (``stop[i]`` for a list).
-    """
-    if stop is None:
-        return
-    for i, s in enumerate([stop] if isinstance(stop, str) else stop):
-        if not s:
-            raise bad_request("A stop sequence must not be empty.",
-                              param="stop" if isinstance(stop, str) else f"stop[{i}]")
-
-
 def sampling_kwargs(req: Any, max_tokens: int) -> dict[str, Any]:
     """``Engine.astream`` sampling keywords from a chat or completion request.
 
@@ -153,48 +109,81 @@ def sampling_kwargs(req: Any, max_tokens: int) -> dict[str, Any]:
         s["repeat_penalty"] = req.repetition_penalty
     if req.seed is not None:
         s["seed"] = req.seed % (1 << 64)
-    if req.stop:
-        s["stop"] = req.stop
+    if req.stop is not None:
+        s["stop"] = req.stop  # checked by the engine (an empty stop string is refused there)
     if getattr(req, "speculative", None) is not None:
         s["speculative"] = req.speculative
     return s
 
 
-# The engine's sampling names (the first word of its ValueError messages) -> the request field.
-_ENGINE_PARAMS = {
-    "max_tokens": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
-    "min_p": "min_p", "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
-    "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop", "each": "stop",
-    "logprobs": "logprobs",
+# The engine's names of sampling arguments (``InvalidArgumentError.param``) -> the request field.
+_REQUEST_FIELDS = {
+    "temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+    "repeat_penalty": "repetition_penalty", "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty", "seed": "seed", "stop": "stop", "logprobs": "logprobs",
+    "n_logprobs": "logprobs", "speculative": "speculative",
 }
+# The engine's names of the prompt's token ids.
+_PROMPT_ARGS = ("prompt_ids", "token_ids")
 
 
-def engine_error(exc: BaseException, *, prompt_param: str = "messages") -> APIError:
+def engine_error(exc: BaseException, *, prompt_param: str = "messages",
+                 max_tokens_param: str | None = None) -> APIError:
     """Map an exception raised by the engine for one request to the client's error.
 
+    The engine's errors are typed (``fak.errors``): a ``ContextLengthError`` carries ``param``,
+    ``n_prompt``, ``max_tokens`` and ``n_ctx``, an ``InvalidArgumentError`` the ``param`` at fault.
     ``prompt_param``: the request field holding the prompt (``messages`` or ``prompt``), named by
-    context-length errors and by errors about the prompt's token ids.
+    context-length errors about the prompt and by errors about its token ids;
+    ``max_tokens_param``: the completion budget's field when the client set it (``max_tokens``,
+    ``max_completion_tokens``, ...), named when the prompt fits but not with the budget (else the
+    prompt's field is).
     """
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, ContextLengthError):
-        return APIError(400, str(exc), param=prompt_param, code="context_length_exceeded")
+        return _context_error(exc, prompt_param, max_tokens_param)
     if isinstance(exc, KVCacheFullError):
         return APIError(503, f"The KV cache is full ({exc}); retry when running requests finish.",
                         type="server_error", code="kv_cache_full", headers={"Retry-After": "1"})
+    if isinstance(exc, InvalidArgumentError):
+        param = exc.param
+        if param in _PROMPT_ARGS:
+            return bad_request(f"Invalid prompt: {exc}", param=prompt_param, code="invalid_value")
+        if param == "max_tokens":
+            field: str | None = max_tokens_param or "max_tokens"
+        elif param is not None and param.startswith("stop["):
+            field = param
+        else:
+            field = _REQUEST_FIELDS.get(param or "")
+        return bad_request(f"Invalid sampling parameters: {exc}", param=field, code="invalid_value")
     if isinstance(exc, (ValueError, TypeError, OverflowError)):
-        text = str(exc)
-        if text.startswith(("prompt", "the prompt")) or "token id" in text:
-            return bad_request(f"Invalid prompt: {text}", param=prompt_param, code="invalid_value")
-        first = text.split(" ", 1)[0].rstrip(":,")
-        return bad_request(f"Invalid sampling parameters: {text}", param=_ENGINE_PARAMS.get(first),
-                           code="invalid_value")
+        return bad_request(f"Invalid sampling parameters: {exc}", code="invalid_value")
     if isinstance(exc, FakError):
         log.error("engine error: %s", exc)
         return APIError(500, f"The engine failed: {exc}", type="server_error", code="engine_error")
     log.error("unexpected engine failure", exc_info=exc)
     return APIError(500, f"The engine failed ({type(exc).__name__}); see the gateway log.",
                      type="server_error", code="engine_error")
+
+
+def _context_error(exc: ContextLengthError, prompt_param: str, max_tokens_param: str | None) -> APIError:
+    """400 ``context_length_exceeded`` in OpenAI's wording, from the numbers the engine's error
+    carries (its own message when it carries none)."""
+    n_ctx, n_prompt, max_tokens = exc.n_ctx, exc.n_prompt, exc.max_tokens
+    if n_ctx is None or n_prompt is None:
+        return APIError(400, str(exc), param=prompt_param, code="context_length_exceeded")
+    if max_tokens is None:
+        return APIError(
+            400, f"This model's maximum context length is {n_ctx} tokens. However, your messages "
+            f"resulted in {n_prompt} tokens. Please reduce the length of the messages.",
+            param=prompt_param, code="context_length_exceeded")
+    return APIError(
+        400, f"This model's maximum context length is {n_ctx} tokens. However, you requested "
+        f"{n_prompt + max_tokens} tokens ({n_prompt} in the {prompt_param}, {max_tokens} in the completion). "
+        f"Please reduce the length of the {prompt_param} or completion.",
+        param=max_tokens_param if max_tokens_param is not None else prompt_param,
+        code="context_length_exceeded")
 
 
 @dataclass(slots=True)
@@ -252,19 +241,21 @@ def token_logprobs(delta: Any) -> list[TokenLogprobs]:
 
 @dataclass
 class EngineRun:
-    """One request's generation: admission slot, engine iterator, timing and token counts.
+    """One request's generation: its place in flight, engine iterator, timing and token counts.
 
     Args:
         engine: the engine.
         prompt_ids: prompt token ids.
         sampling: keyword arguments for ``Engine.astream``.
-        admission: the gateway's admission control.
+        admission: the gateway's count of requests in flight.
         metrics: ``GatewayMetrics`` (or ``None``).
         t_arrival: ``time.perf_counter()`` at request arrival (for time to first token).
         prompt_param: the request field of the prompt, for errors (``messages`` / ``prompt``).
+        max_tokens_param: the request field of the completion budget when the client set it, for
+            context-length errors (``engine_error``).
 
-    ``start()`` takes a slot and waits for the first delta (so errors before the first token
-    still get a proper HTTP status); ``deltas()`` yields every delta; ``aclose()`` is idempotent
+    ``start()`` counts the run in flight, submits it (the engine queues it until it runs) and
+    waits for the first delta (so errors before the first token still get a proper HTTP status); ``deltas()`` yields every delta; ``aclose()`` is idempotent
     and shielded from cancellation, so a disconnect cannot skip freeing the sequence.
 
     Metrics: a run refused before its first token (queue full, context, KV cache, bad values)
@@ -280,6 +271,7 @@ class EngineRun:
     metrics: Any = None
     t_arrival: float = field(default_factory=time.perf_counter)
     prompt_param: str = "messages"
+    max_tokens_param: str | None = None
     n_completion: int = 0
     finish_reason: str | None = None
     stop_reason: str | int | None = None
@@ -296,13 +288,14 @@ class EngineRun:
     _discarded: bool = False
 
     async def start(self) -> None:
-        """Acquire a slot, submit the sequence, wait for its first delta.
+        """Count the run in flight, submit the sequence, wait for its first delta.
 
         Raises:
-            APIError: 429 (queue full), 400/503/500 mapped from the engine's error.
+            APIError: 429 (as many in flight as the engine runs and queues), 400/503/500 mapped
+                from the engine's error.
         """
         try:
-            await self.admission.acquire()
+            self.admission.acquire()
         except APIError as err:
             if self.metrics is not None:
                 self.metrics.count_rejected(err.code or "rate_limit_exceeded")
@@ -318,13 +311,16 @@ class EngineRun:
             except StopAsyncIteration:
                 self._has_first = False
         except BaseException as exc:
-            mapped = engine_error(exc, prompt_param=self.prompt_param) if isinstance(exc, Exception) else None
+            mapped = self._error(exc) if isinstance(exc, Exception) else None
             if mapped is not None:
                 self._rejected = mapped.code or "engine_error"
             await self.aclose()
             if mapped is not None:
                 raise mapped from None
             raise
+
+    def _error(self, exc: Exception) -> APIError:
+        return engine_error(exc, prompt_param=self.prompt_param, max_tokens_param=self.max_tokens_param)
 
     def timings(self) -> Timings | None:
         """This run's ``Timings`` (``None`` before its first token)."""
@@ -376,7 +372,7 @@ class EngineRun:
                 self._account(delta)
                 yield delta
         except Exception as exc:  # noqa: BLE001 - mapped for the client
-            raise engine_error(exc, prompt_param=self.prompt_param) from None
+            raise self._error(exc) from None
 
     async def batches(self) -> AsyncGenerator[list[Any], None]:
         """Every delta, grouped: each group is what arrived while the previous one was handled.

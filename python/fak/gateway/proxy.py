@@ -468,7 +468,7 @@ class _ProxyServing:
         extra = self._upstream_headers(request)
 
         async def start() -> httpx.Response:
-            await admission.acquire()
+            admission.acquire()
             try:
                 return await self.upstream.send("POST", self.path, body, stream=bool(req.stream), headers=extra)
             except BaseException:

@@ -81,7 +81,7 @@ from fak.gateway.chat_completions.protocol import (
     TopLogprob,
 )
 from fak.gateway.disconnect import ClientDisconnected, run_until_disconnect
-from fak.gateway.engine_api import EngineRun, TokenLogprobs, sampling_kwargs, token_logprobs, check_context
+from fak.gateway.engine_api import EngineRun, TokenLogprobs, sampling_kwargs, token_logprobs
 from fak.gateway.errors import APIError, bad_request
 from fak.gateway.policy_filter import (
     CONVERSATION_HEADER,
@@ -245,8 +245,10 @@ class Generation:
 
     def __init__(self, serving: EngineServing, req: ChatCompletionRequest, prompt_ids: list[int],
                  sampling: dict[str, Any], make_filter: Any, forced: bool, t_arrival: float, *,
-                 reasoning: bool = False, in_reasoning: bool = False) -> None:
+                 reasoning: bool = False, in_reasoning: bool = False, max_tokens_param: str | None = None) -> None:
         self.serving = serving
+        #: the completion budget's request field when the client set one that must fit (errors)
+        self.max_tokens_param = max_tokens_param
         #: split reasoning from the answer (a thinking template), starting inside it (``in_reasoning``)
         self.reasoning = reasoning
         self.in_reasoning = in_reasoning
@@ -284,7 +286,8 @@ class Generation:
                     digest = hashlib.sha256(array("I", self.prompt_ids).tobytes()).digest()
                     sampling["seed"] = (int.from_bytes(digest[:8], "little") + self.attempt) % (1 << 64)
         return EngineRun(self.serving.engine, self.prompt_ids, sampling, self.gw.admission, self.gw.metrics,
-                         self.t_arrival)
+                         self.t_arrival, prompt_param=self.serving.prompt_param,
+                         max_tokens_param=self.max_tokens_param)
 
     async def start(self) -> None:
         """The first attempt up to its first delta. Raises APIError (mapped engine errors)."""
@@ -538,7 +541,7 @@ class EngineServing:
     ``Generation.groups``.
     """
 
-    #: the request field that holds the prompt, named by context-length errors
+    #: the request field that holds the prompt, named by the engine's context-length and prompt errors
     prompt_param = "messages"
     #: whether the client's completion budget is a ceiling cut to the room the prompt leaves
     #: (Anthropic's ``max_tokens``, Responses' ``max_output_tokens``: clients send their model's
@@ -620,9 +623,10 @@ class EngineServing:
     async def _generation(self, setup: Setup, messages: list[dict[str, Any]],
                           t_arrival: float) -> tuple[Generation, list[int], str]:
         """The generation of one conversation (``messages``, already screened): the prompt
-        rendered and tokenized off the event loop, its context checked, the forced tool call's
-        choices and the output filter set. Returns (generation, prompt ids, prompt text).
-        Raises ``APIError`` (400: the template rejects the messages, or they do not fit)."""
+        rendered and tokenized off the event loop, the completion budget, the forced tool call's
+        choices and the output filter set (the engine checks the context window when the
+        generation starts). Returns (generation, prompt ids, prompt text).
+        Raises ``APIError`` (400: the template rejects the messages)."""
         req = setup.req
 
         def prompt_tokens() -> tuple[str, list[int], list[list[int]] | None, int]:
@@ -636,14 +640,15 @@ class EngineServing:
         # the other streams keep flowing meanwhile.
         prompt, prompt_ids, choices, resident = await anyio.to_thread.run_sync(prompt_tokens)
         requested, budget_param = self.max_tokens_of(req)
-        if self.clamp_budget and requested is not None:
-            # the budget is a ceiling: cut to the room the prompt leaves (an error only when the
-            # prompt alone does not fit)
-            room = check_context(len(prompt_ids), None, self.engine.n_ctx, param=self.prompt_param)
+        # the room the prompt leaves in the context window (at least 1: the engine refuses a prompt
+        # that leaves none, naming it): the budget without one, and the ceiling of a clamped one
+        room = max(1, self.engine.n_ctx - len(prompt_ids))
+        if requested is None:
+            max_tokens = room
+        elif self.clamp_budget:
             max_tokens = min(requested, room)
         else:
-            max_tokens = check_context(len(prompt_ids), requested, self.engine.n_ctx, param=self.prompt_param,
-                                       max_tokens_param=budget_param)
+            max_tokens = requested
         sampling = chat_sampling(req, max_tokens)
         if choices and setup.use_tools:
             sampling["prefix_choices"] = choices
@@ -660,7 +665,8 @@ class EngineServing:
 
         gen = Generation(self, req, prompt_ids, sampling, make_filter, forced=bool(setup.prefix),
                          t_arrival=t_arrival, reasoning=setup.reasoning,
-                         in_reasoning=setup.reasoning and prompt_opens_reasoning(prompt))
+                         in_reasoning=setup.reasoning and prompt_opens_reasoning(prompt),
+                         max_tokens_param=budget_param if requested is not None and not self.clamp_budget else None)
         gen.window_cut = requested is not None and max_tokens < requested
         gen.conversation = setup.gate.ctx.conversation
         return gen, prompt_ids, prompt

@@ -583,7 +583,8 @@ impl<B: Backend> Engine<B> {
     ///
     /// Errors: [`FakError::InvalidArgument`] for a duplicate id, an empty prompt, a token outside
     /// the vocabulary or a bad sampling value; [`FakError::ContextLength`] when
-    /// `len(prompt) + 1 > n_ctx`; [`FakError::KvCacheFull`] when the prompt needs more blocks than
+    /// `len(prompt) + 1 > n_ctx` (`param` `"prompt_ids"`) or `len(prompt) + max_tokens > n_ctx`
+    /// (`param` `"max_tokens"`); [`FakError::KvCacheFull`] when the prompt needs more blocks than
     /// the whole cache has (it could never run).
     pub fn add_sequence(
         &mut self,
@@ -599,10 +600,10 @@ impl<B: Backend> Engine<B> {
         }
         self.check_tokens(&prompt, "prompt_ids")?;
         if prompt.len() + 1 > self.n_ctx {
-            return Err(FakError::ContextLength {
-                n_tokens: prompt.len() + 1,
-                n_ctx: self.n_ctx,
-            });
+            return Err(FakError::context_length(prompt.len(), None, self.n_ctx));
+        }
+        if let Some(m) = params.max_tokens.filter(|&m| prompt.len() + m > self.n_ctx) {
+            return Err(FakError::context_length(prompt.len(), Some(m), self.n_ctx));
         }
         let mut need = self.sched.pool.blocks_for(prompt.len() + 1);
         if let Some(w) = self.sched.cfg.kv_window {
@@ -873,7 +874,9 @@ impl<B: Backend> Engine<B> {
         self.check_tokens(tokens, "token_ids")?;
         if tokens.len() > self.n_ctx {
             return Err(FakError::ContextLength {
-                n_tokens: tokens.len(),
+                param: "token_ids".into(),
+                n_prompt: tokens.len(),
+                max_tokens: None,
                 n_ctx: self.n_ctx,
             });
         }

@@ -466,9 +466,12 @@ impl PyModel {
     /// the `suffix` draft source it also drafts from the outputs of the conversation's earlier
     /// requests, and its own output joins them when it ends (docs/speculative.md).
     ///
-    /// Raises: ValueError (duplicate id, empty prompt, token id ≥ n_vocab, bad or unknown sampling
-    /// value, naming it), fak.ContextLengthError (`len(prompt_ids) + 1 > n_ctx`),
-    /// fak.KVCacheFullError (the prompt needs more blocks than the whole cache).
+    /// Raises: fak.InvalidArgumentError, a ValueError (duplicate id, empty prompt, token id ≥
+    /// n_vocab, bad or unknown sampling value; `.param` names it: `"seq_id"`, `"prompt_ids"`,
+    /// `"temperature"`, ...), fak.ContextLengthError (`len(prompt_ids) + 1 > n_ctx`: `.param`
+    /// `"prompt_ids"`; `len(prompt_ids) + max_tokens > n_ctx`: `.param` `"max_tokens"`; with
+    /// `.n_prompt`, `.max_tokens`, `.n_tokens`, `.n_ctx`), fak.KVCacheFullError (the prompt needs
+    /// more blocks than the whole cache; `.needed`, `.free`).
     #[pyo3(signature = (seq_id, prompt_ids, sampling=None, resident_tokens=0, conversation=None))]
     fn add_sequence(
         &self,
@@ -532,8 +535,9 @@ impl PyModel {
     ///
     /// Logits at every position of `token_ids`, computed from scratch (stateless; GIL released).
     ///
-    /// Raises: ValueError (empty list, token id ≥ n_vocab), fak.ContextLengthError
-    /// (`len(token_ids) > n_ctx`), fak.KVCacheFullError (no room in the cache right now).
+    /// Raises: fak.InvalidArgumentError (empty list, token id ≥ n_vocab; `.param` `"token_ids"`),
+    /// fak.ContextLengthError (`len(token_ids) > n_ctx`; `.param` `"token_ids"`),
+    /// fak.KVCacheFullError (no room in the cache right now).
     fn logits<'py>(
         &self,
         py: Python<'py>,

@@ -28,7 +28,7 @@ from fak.gateway.chat_completions.protocol import (
     ChunkToolCall,
 )
 from fak.gateway.disconnect import ClientDisconnected
-from fak.gateway.engine_api import TokenLogprobs, check_stop
+from fak.gateway.engine_api import TokenLogprobs
 from fak.gateway.errors import APIError, bad_request, error_response
 from fak.gateway.policy_filter import ContentOut, ToolCallOut, merge_content
 from fak.gateway.schemas import Usage, decode_lenient, new_id, now
@@ -86,7 +86,6 @@ def validate_chat_request(req: ChatCompletionRequest) -> None:
         raise bad_request("stream_options is only allowed when stream is true.", param="stream_options")
     if req.top_logprobs is not None and req.top_logprobs > 0 and not req.logprobs:
         raise bad_request("top_logprobs requires logprobs to be true.", param="top_logprobs")
-    check_stop(req.stop)
     if req.tool_choice is not None and req.tool_choice not in ("none", "auto") and not req.tools:
         raise bad_request("tool_choice requires tools to be given.", param="tool_choice")
     if req.tools:

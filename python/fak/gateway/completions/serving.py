@@ -29,8 +29,6 @@ from fak.gateway.disconnect import ClientDisconnected, run_until_disconnect
 from fak.gateway.engine_api import (
     EngineRun,
     TokenLogprobs,
-    check_context,
-    check_stop,
     sampling_kwargs,
     token_logprobs,
 )
@@ -75,7 +73,6 @@ def validate_completion_request(req: CompletionRequest) -> None:
             raise bad_request("prompt must be a string or a list of token ids, not a mix.", param="prompt")
         if kinds == {int} and any(t < 0 for t in req.prompt):  # type: ignore[operator]
             raise bad_request("Token ids must be non-negative.", param="prompt")
-    check_stop(req.stop)
 
 
 def prompt_of(req: CompletionRequest) -> str | list[int]:
@@ -112,32 +109,21 @@ class CompletionServing:
             text = prompt
             prompt_ids = await anyio.to_thread.run_sync(
                 lambda: self.engine.tokenize(text, add_special=True, parse_special=True))
-            prompt_text = prompt
         else:
-            n_vocab = getattr(self.engine, "n_vocab", None)
-            bad = [t for t in prompt if n_vocab is not None and t >= n_vocab]
-            if bad:
-                raise bad_request(f"Token ids must be below the vocabulary size {n_vocab}; got {bad[:8]}.",
-                                  param="prompt", code="invalid_value")
-            prompt_ids = prompt
-            prompt_text = self.engine.detokenize(prompt) if req.echo else ""
-        if not prompt_ids:
-            raise bad_request("The prompt is empty.", param="prompt")
-        requested = req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS
-        max_tokens = check_context(len(prompt_ids), requested, self.engine.n_ctx, param="prompt",
-                                   max_tokens_param="max_tokens" if req.max_tokens is not None else None)
-        sampling = sampling_kwargs(req, max_tokens)
+            prompt_ids = prompt  # the engine checks the ids against its vocabulary
+        sampling = sampling_kwargs(req, req.max_tokens if req.max_tokens is not None else DEFAULT_MAX_TOKENS)
         if req.logprobs is not None:
             sampling["logprobs"] = req.logprobs
         run = EngineRun(self.engine, prompt_ids, sampling, self.gw.admission, self.gw.metrics, t_arrival,
-                        prompt_param="prompt")
-        echo = prompt_text if req.echo else ""
-        filt = AssistantOutputFilter(gate, content_offset=len(echo))
+                        prompt_param="prompt", max_tokens_param="max_tokens" if req.max_tokens is not None else None)
         try:
             await run_until_disconnect(request, run.start())
         except ClientDisconnected:
             await run.aclose()
             return Response(b"", status_code=499)
+        # echoed token ids are detokenized once the engine has taken them (it checks their range)
+        echo = "" if not req.echo else prompt if isinstance(prompt, str) else self.engine.detokenize(prompt)
+        filt = AssistantOutputFilter(gate, content_offset=len(echo))
         if req.stream:
             include_usage = bool(req.stream_options and req.stream_options.include_usage)
             return Stream(self._stream(run, filt, gate, req, len(prompt_ids), echo, include_usage),

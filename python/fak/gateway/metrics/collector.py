@@ -1,7 +1,7 @@
 """The gateway's Prometheus metrics, one registry per app.
 
 Counters and histograms are updated by the serving code; gauges of the engine (batch size, KV
-cache use) and of admission control (running, waiting) are read at scrape time by a collector, so
+cache use) and the requests in flight are read at scrape time by a collector, so
 they are exact at the moment of the scrape. Names follow Prometheus conventions (``_total`` on
 counters, ``_seconds`` on durations) and vLLM's choice of metrics (time to first token, time per
 output token, KV cache usage).
@@ -41,18 +41,18 @@ _E2E_BUCKETS = (0.01, 0.05, 0.1, 0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0
 
 
 class _StateCollector(Collector):
-    """Scrape-time gauges from ``engine.stats()`` and the admission counters."""
+    """Scrape-time gauges from ``engine.stats()`` and the requests in flight."""
 
     def __init__(self, engine_stats: Callable[[], dict[str, Any]] | None,
-                 admission: Callable[[], tuple[int, int]] | None) -> None:
+                 in_flight: Callable[[], int] | None) -> None:
         self.engine_stats = engine_stats
-        self.admission = admission
+        self.in_flight = in_flight
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
-        if self.admission is not None:
-            running, waiting = self.admission()
-            yield GaugeMetricFamily("fak_requests_running", "Requests holding an admission slot.", value=running)
-            yield GaugeMetricFamily("fak_requests_waiting", "Requests queued for an admission slot.", value=waiting)
+        if self.in_flight is not None:
+            yield GaugeMetricFamily("fak_requests_running", "Requests in flight: admitted, running or queued in the "
+                                    "engine core (fak_engine_batch_size / fak_engine_waiting split them).",
+                                    value=self.in_flight())
         if self.engine_stats is None:
             return
         try:
@@ -94,11 +94,11 @@ class GatewayMetrics:
 
     Args:
         engine_stats: ``engine.stats`` (engine mode) or ``None`` (proxy mode).
-        admission: callable returning ``(running, waiting)`` of admission control.
+        in_flight: callable returning the requests in flight (``Admission.in_flight``).
     """
 
     def __init__(self, engine_stats: Callable[[], dict[str, Any]] | None = None,
-                 admission: Callable[[], tuple[int, int]] | None = None) -> None:
+                 in_flight: Callable[[], int] | None = None) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         r = self.registry
         self.requests = Counter("fak_requests", "HTTP requests by endpoint and status code.",
@@ -124,7 +124,7 @@ class GatewayMetrics:
                                          "Forced tool calls sampled again because the first did not fit.", registry=r)
         self.policy_verdicts = Counter("fak_policy_verdicts", "Tool-call policy decisions by tool and verdict.",
                                        ["tool", "verdict"], registry=r)
-        r.register(_StateCollector(engine_stats, admission))
+        r.register(_StateCollector(engine_stats, in_flight))
 
     def count_request(self, path: str, status: int) -> None:
         """Count one finished HTTP response (unknown paths are counted as ``other``)."""
