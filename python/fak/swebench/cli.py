@@ -6,7 +6,7 @@ import json
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -14,6 +14,9 @@ from fak.agent.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 from fak.hub.cli import GGUF_PATH
 from fak.swebench.pipeline.cli import pipeline_options, run_pipeline
 from fak.terminal import printable
+
+if TYPE_CHECKING:
+    from fak.swebench.fleet import RaySettings
 
 UNSAFE_HELP = ("Run model-written commands / task tests on this host with your privileges, "
                "without fak's sandbox (never for untrusted models; recorded in the output).")
@@ -229,9 +232,9 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
                observation_window: int, keep_workspaces: bool, live: bool | None, dataset: str,
                task_env: bool, envs_dir: Path | None, specs: Path | None,
                on_repeat: str = "resample", repeat_resamples: int = 2, attempts: int = 1,
-               ray: Any = None) -> None:
-    """The fleet over ``rows`` (``ray``: a ``fleet.RaySettings``, on the cluster at its address,
-    or a local one of ``workers x num_cpus`` CPUs), then its summary on the console."""
+               ray: RaySettings | None = None) -> None:
+    """The fleet over ``rows`` (with ``ray``: as Ray tasks on the cluster at ``ray.address``, or
+    on a local one of ``workers x ray.num_cpus`` CPUs), then its summary on the console."""
     from fak.agent.exceptions import SandboxError
     from fak.cluster.raycluster import RayMissing, connect
     from fak.swebench.fleet import Fleet

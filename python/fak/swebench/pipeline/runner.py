@@ -151,7 +151,7 @@ class PipelineRun(Job):
         clean stop (finished artifacts kept, summary written)."""
         return Driver(self, ThreadPool("fak-pipeline"), workers=self.config.workers,
                       console=self.console, live=self.config.live,
-                      stopping="running instances end at their next model request").run()
+                      stopping="running instances stop at their next model request").run()
 
     def line(self, key: str) -> str:
         st = self.states[key]
