@@ -37,7 +37,8 @@ from tiny import make_instances, tools_script_fix_add  # noqa: E402
 
 from fak.agent.scripted import ScriptedServer  # noqa: E402
 from fak.swebench.dataset import select  # noqa: E402
-from fak.swebench.run import Fleet, FleetConfig  # noqa: E402
+from fak.swebench.fleet import Fleet  # noqa: E402
+from fak.swebench.instance import FleetConfig  # noqa: E402
 
 N_INSTANCES = int(os.environ.get("FAK_BENCH_INSTANCES", "8"))
 

@@ -16,8 +16,8 @@ stdout (MEASURED on the machine that ran them; ``benches/results/router.md`` rec
   added latency at p50/p99 (through the router minus straight, same N).
 - ``test_ray_scheduler_overhead[N]``: N no-op Ray tasks of 1 CPU on a local cluster of 2 CPUs
   (1, 100, 1000, 5000): tasks/s and the scheduler's cost per task; plus the fleet itself
-  (``test_ray_fleet_overhead``): 8 tiny instances on the scripted model, ``RayFleet`` against the
-  threaded ``Fleet``, 2 at once each.
+  (``test_ray_fleet_overhead``): 8 tiny instances on the scripted model, ``Fleet`` on Ray tasks against
+  the threaded ``Fleet``, 2 at once each.
 
 Run: ``PYTHONPATH=python python -m pytest benches/bench_router.py --benchmark-only -s``
 (``FAK_BENCH_GGUF`` overrides the 0.5B; the routing part fetches it like the tests do).
@@ -303,7 +303,8 @@ def test_ray_fleet_overhead(benchmark, kind, tmp_path):
     from tiny import make_instances, tools_script_fix_add
 
     from fak.agent.scripted import ScriptedServer
-    from fak.swebench.run import Fleet, FleetConfig
+    from fak.swebench.fleet import Fleet, RaySettings
+    from fak.swebench.instance import FleetConfig
 
     tiny = make_instances(tmp_path / "tiny")
     rows = [dict(tiny["rows"][0], instance_id=f"fak-test__calc-{i}") for i in range(8)]
@@ -313,11 +314,10 @@ def test_ray_fleet_overhead(benchmark, kind, tmp_path):
         cfg = FleetConfig(gateway=server.url, model="scripted", output=tmp_path / "out", workers=2,
                           repos_dir=tiny["repos"], live=False)
         if kind == "ray":
-            from fak.cluster.fleet_ray import RayFleet
             from fak.cluster.raycluster import connect
 
             ray = connect(None, num_cpus=2)
-            fleet: Fleet = RayFleet(cfg, rows)
+            fleet = Fleet(cfg, rows, ray=RaySettings())
         else:
             fleet = Fleet(cfg, rows)
         t0 = time.perf_counter()

@@ -1,7 +1,7 @@
 """One table of fleet runs (``fak swebench run --agent fleet`` output folders), for
 ``benches/results/`` and the issues' fleet measurements.
 
-Per run, from its ``summary.json`` (written by ``fak.swebench.run``) and its trajectories:
+Per run, from its ``summary.json`` (written by ``fak.swebench.fleet``) and its trajectories:
 agents (workers) and attempts, wall time, instances per hour, completion tokens per wall second
 (all agents together) and per sequence (the server's decode timings), model turns, tool calls
 the model made, repeated read-only calls the gateway served inline (``--serve-inline-reads``:

@@ -74,7 +74,8 @@ def test_a_package_that_imports_nowhere_is_reported(tmp_path):
 
 @needs_netns
 def test_fleet_gives_seed_locations_and_python_note_to_the_agent(tiny, scripted, tmp_path):
-    from fak.swebench.run import HIDDEN_FIELDS, Fleet, FleetConfig
+    from fak.swebench.fleet import Fleet
+    from fak.swebench.instance import HIDDEN_FIELDS, FleetConfig
     from tiny import tools_script_fix_add
 
     seen: list[dict] = []

@@ -208,7 +208,8 @@ def test_live_table_renders_instances_and_totals(tiny, scripted, tmp_path):
     from rich.console import Console
 
     from fak.swebench.dataset import load_rows
-    from fak.swebench.run import Fleet, FleetConfig
+    from fak.swebench.fleet import Fleet
+    from fak.swebench.instance import FleetConfig
 
     server = scripted({"fak-test__calc-1": tools_script_fix_add(),
                        "fak-test__calc-2": tools_script_fix_shout()})

@@ -21,14 +21,10 @@ import re
 from pathlib import Path
 
 import pytest
+from fak.swebench.attempts import attempt_seed, select_attempt, unit_key
 from fak.swebench.dataset import load_rows
-from fak.swebench.run import (
-    Fleet,
-    FleetConfig,
-    attempt_seed,
-    select_attempt,
-    unit_key,
-)
+from fak.swebench.fleet import Fleet
+from fak.swebench.instance import FleetConfig
 from tiny import run_fak, tools_script_fix_add, tools_script_fix_shout
 
 C1, C2 = "fak-test__calc-1", "fak-test__calc-2"

@@ -2,7 +2,7 @@
 instance): the names and seeds of attempts, the record of finished attempts an output folder keeps
 (``attempts.json``), and the choice of the one patch per instance that ``predictions.json``
 holds. Nothing here reads a row's grading fields. The fleet that runs the attempts is
-``fak.swebench.run``.
+``fak.swebench.fleet``.
 """
 
 from __future__ import annotations

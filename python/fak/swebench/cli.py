@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import json
 import math
-import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from fak.agent.protocols import DEFAULT_PROTOCOL, PROTOCOLS
 from fak.hub.cli import GGUF_PATH
-from fak.swebench.pipeline.cli import pipeline_options
+from fak.swebench.pipeline.cli import pipeline_options, run_pipeline
 from fak.terminal import printable
+
+if TYPE_CHECKING:
+    from fak.swebench.fleet import RaySettings
 
 UNSAFE_HELP = ("Run model-written commands / task tests on this host with your privileges, "
                "without fak's sandbox (never for untrusted models; recorded in the output).")
@@ -173,8 +175,6 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
     if agent_name == "pipeline":
         if ray_address is not None:
             raise click.UsageError("--ray runs the fleet agent (--agent fleet) for now.")
-        from fak.swebench.pipeline.cli import run_pipeline
-
         return run_pipeline(gateway=gateway, gguf=gguf, backend=backend, n_ctx=n_ctx,
                             kv_cache_tokens=kv_cache_tokens, threads=threads, policy_path=policy_path,
                             model=model, rows=rows, workers=workers, repos_dir=repos_dir,
@@ -199,25 +199,20 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
         raise click.UsageError("--tool-choice applies to --protocol tools only.")
     if task_env or specs:
         require_swebench("--task-env" if task_env else "--specs")
-    server = None
-    if gguf is not None:
-        from fak.swebench.serve import ManagedGateway
+    from fak.swebench.fleet import RaySettings
+    from fak.swebench.serve import ManagedGateway, managed_gateway
 
-        server = start_managed_gateway(ManagedGateway(
-            gguf, output, backend=backend, n_ctx=n_ctx, policy=policy_path,
-            kv_cache_tokens=kv_cache_tokens or n_ctx * max(1, workers), threads=threads), live=live)
-        gateway = server.addr
-    try:
-        _run_fleet(gateway, server, model, rows, labels, output, workers, max_steps, allow_exec,
-                   unsafe_no_sandbox, protocol, tool_choice, repos_dir, run_id, exec_timeout,
-                   temperature, max_tokens, observation_window, keep_workspaces, live, dataset,
-                   task_env, envs_dir, specs, on_repeat, repeat_resamples, attempts=attempts,
-                   ray={"address": ray_address, "num_cpus": ray_cpus,
-                        "memory_bytes": ray_memory_mb * 2**20 or None,
-                        "max_attempts": ray_attempts} if ray_address is not None else None)
-    finally:
-        if server is not None:
-            stop_managed_gateway(server, output)
+    server = ManagedGateway(gguf, output, backend=backend, n_ctx=n_ctx, policy=policy_path,
+                            kv_cache_tokens=kv_cache_tokens or n_ctx * max(1, workers),
+                            threads=threads) if gguf is not None else None
+    with managed_gateway(server, output, live=live):
+        _run_fleet(server.addr if server is not None else gateway, server, model, rows, labels,
+                   output, workers, max_steps, allow_exec, unsafe_no_sandbox, protocol,
+                   tool_choice, repos_dir, run_id, exec_timeout, temperature, max_tokens,
+                   observation_window, keep_workspaces, live, dataset, task_env, envs_dir, specs,
+                   on_repeat, repeat_resamples, attempts=attempts,
+                   ray=RaySettings(ray_address, ray_cpus, ray_memory_mb * 2**20 or None,
+                                   ray_attempts) if ray_address is not None else None)
 
 
 def require_swebench(what: str) -> None:
@@ -230,83 +225,6 @@ def require_swebench(what: str) -> None:
                                    "parsers): pip install 'fak[swebench]'") from None
 
 
-def _terminate(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
-def start_managed_gateway(server: Any, live: bool | None = None) -> Any:
-    """Start ``server`` (a ``fak.swebench.serve.ManagedGateway``), saying so on the console (a
-    progress bar with the elapsed time while the model loads and the kernels compile, on a
-    terminal unless ``live`` is False); a SIGTERM from then on stops the run as Ctrl-C does, so
-    that the server is stopped too. Raises ``click.ClickException`` when it does not start (its
-    log's tail in the message)."""
-    from fak.progress import progress_bar
-    from fak.swebench.serve import GatewayStartError
-
-    click.echo(f"starting fak serve {server.gguf.name} (backend {server.backend}, n_ctx "
-               f"{server.n_ctx}, policy {server.policy_path.name}; log {server.log_path}) ...",
-               err=True)
-    try:
-        with progress_bar(f"fak serve: loading {server.gguf.name} (and compiling kernels)",
-                          live=live, transient=True):
-            server.start()
-    except GatewayStartError as e:
-        raise click.ClickException(str(e)) from None
-    click.echo(f"fak serve ready on {server.addr} (pid {server.pid}, model {server.model})", err=True)
-    signal.signal(signal.SIGTERM, _terminate)
-    return server
-
-
-def stop_managed_gateway(server: Any, output: Path) -> None:
-    """Stop ``server``, record how it ended in ``output/summary.json`` and say so."""
-    server.stop()
-    _record_server_exit(output, server.info())
-    click.echo(f"fak serve {server.exit_description()}; policy audit log {server.audit_path}",
-               err=True)
-
-
-def _record_server_exit(output: Path, info: dict) -> None:
-    """Put the stopped server's details (exit status included) into ``summary.json``."""
-    from fak.agent.trajectory import write_json_atomic
-
-    path = output / "summary.json"
-    try:
-        summary = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return
-    summary["server"] = info
-    write_json_atomic(path, summary)
-
-
-def _gateway_model(gateway: str) -> str:
-    """The first model id the gateway lists (``GET /v1/models``)."""
-    import httpx
-
-    from fak.agent.model import normalize_base_url
-
-    try:
-        data = httpx.get(normalize_base_url(gateway) + "/models", timeout=10.0).json()
-        return str(data["data"][0]["id"])
-    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
-        raise click.ClickException(f"could not read the model name from {gateway}/v1/models "
-                                   f"({type(e).__name__}: {e}); pass --model") from None
-
-
-def _ray_fleet(cfg: Any, rows: list, workers: int, address: str, num_cpus: float,
-               memory_bytes: int | None, max_attempts: int) -> Any:
-    """The fleet as Ray tasks (``fak.cluster.fleet_ray``), on the cluster at ``address`` or a
-    local one of ``workers x num_cpus`` CPUs."""
-    from fak.cluster.raycluster import RayMissing, connect
-
-    try:
-        connect(address, num_cpus=max(1, int(workers * max(num_cpus, 1))))
-        from fak.cluster.fleet_ray import RayFleet
-    except RayMissing as e:
-        raise click.ClickException(str(e)) from None
-    return RayFleet(cfg, rows, num_cpus=num_cpus, memory_bytes=memory_bytes,
-                    max_attempts=max_attempts, address=address)
-
-
 def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict, output: Path,
                workers: int, max_steps: int, allow_exec: bool, unsafe_no_sandbox: bool,
                protocol: str, tool_choice: str | None, repos_dir: Path | None,
@@ -314,12 +232,17 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
                observation_window: int, keep_workspaces: bool, live: bool | None, dataset: str,
                task_env: bool, envs_dir: Path | None, specs: Path | None,
                on_repeat: str = "resample", repeat_resamples: int = 2, attempts: int = 1,
-               ray: dict | None = None) -> None:
+               ray: RaySettings | None = None) -> None:
+    """The fleet over ``rows`` (with ``ray``: as Ray tasks on the cluster at ``ray.address``, or
+    on a local one of ``workers x ray.num_cpus`` CPUs), then its summary on the console."""
     from fak.agent.exceptions import SandboxError
-    from fak.swebench.run import Fleet, FleetConfig
+    from fak.cluster.raycluster import RayMissing, connect
+    from fak.swebench.fleet import Fleet
+    from fak.swebench.instance import FleetConfig
+    from fak.swebench.serve import gateway_model
 
     if model is None:
-        model = server.model if server is not None else _gateway_model(gateway)
+        model = server.model if server is not None else gateway_model(gateway)
     cfg = FleetConfig(gateway=gateway, model=model, output=output, workers=workers,
                       max_steps=max_steps, allow_exec=allow_exec,
                       unsafe_no_sandbox=unsafe_no_sandbox,
@@ -337,8 +260,10 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
 
         register_specs(json.loads(specs.read_text()))
     try:
-        fleet = Fleet(cfg, rows) if ray is None else _ray_fleet(cfg, rows, workers, **ray)
-    except (SandboxError, ValueError) as e:
+        if ray is not None:
+            connect(ray.address, num_cpus=max(1, int(workers * max(ray.num_cpus, 1))))
+        fleet = Fleet(cfg, rows, ray=ray)
+    except (SandboxError, ValueError, RayMissing) as e:
         raise click.ClickException(str(e)) from None
     try:
         summary = fleet.run()

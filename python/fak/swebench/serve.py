@@ -10,24 +10,34 @@ the fleet (which stops cleanly) and not the server, which the fleet then stops.
 
 The port is picked by binding port 0 and releasing it; if another process takes it in between,
 ``fak serve`` fails to bind and the start is retried on a new port (``port_attempts``).
+
+For the commands that run with it (``fak swebench run``, the fleet's and the pipeline's):
+``managed_gateway`` starts one for the length of a ``with`` block, saying so on the console, and
+records how it ended in the run's ``summary.json``; ``gateway_model`` asks a running server for
+its model's name.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+import click
 import httpx
 
-__all__ = ["DEFAULT_POLICY", "GatewayStartError", "ManagedGateway", "default_policy_path", "free_port"]
+__all__ = ["DEFAULT_POLICY", "GatewayStartError", "ManagedGateway", "default_policy_path",
+           "free_port", "gateway_model", "managed_gateway"]
 
 _HERE = Path(__file__).resolve().parent
 #: The coding-agent policy shipped with the package (a copy of the repository's example).
@@ -228,3 +238,74 @@ class ManagedGateway:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+@contextmanager
+def managed_gateway(server: ManagedGateway | None, output: Path,
+                    live: bool | None = None) -> Iterator[ManagedGateway | None]:
+    """``server`` running for the ``with`` block (``None``: nothing to start; yields ``server``).
+
+    Its start is said on the console (a progress bar with the elapsed time while the model loads
+    and the kernels compile, on a terminal unless ``live`` is False); a SIGTERM from then on stops
+    the run as Ctrl-C does, so that the server is stopped too. At the end it is stopped, how it
+    ended goes into ``output/summary.json`` (``server``) and on the console.
+
+    Raises:
+        click.ClickException: it did not start (its log's tail in the message).
+    """
+    if server is None:
+        yield None
+        return
+    from fak.progress import progress_bar
+
+    click.echo(f"starting fak serve {server.gguf.name} (backend {server.backend}, n_ctx "
+               f"{server.n_ctx}, policy {server.policy_path.name}; log {server.log_path}) ...",
+               err=True)
+    try:
+        with progress_bar(f"fak serve: loading {server.gguf.name} (and compiling kernels)",
+                          live=live, transient=True):
+            server.start()
+    except GatewayStartError as e:
+        raise click.ClickException(str(e)) from None
+    click.echo(f"fak serve ready on {server.addr} (pid {server.pid}, model {server.model})", err=True)
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        yield server
+    finally:
+        server.stop()
+        _record_server_exit(Path(output), server.info())
+        click.echo(f"fak serve {server.exit_description()}; policy audit log {server.audit_path}",
+                   err=True)
+
+
+def _record_server_exit(output: Path, info: dict) -> None:
+    """Put the stopped server's details (exit status included) into ``summary.json``."""
+    from fak.agent.trajectory import write_json_atomic
+
+    path = output / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return
+    summary["server"] = info
+    write_json_atomic(path, summary)
+
+
+def gateway_model(gateway: str) -> str:
+    """The first model id the gateway lists (``GET /v1/models``).
+
+    Raises:
+        click.ClickException: it did not answer with a model (the message says to pass --model).
+    """
+    from fak.agent.model import normalize_base_url
+
+    try:
+        data = httpx.get(normalize_base_url(gateway) + "/models", timeout=10.0).json()
+        return str(data["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as e:
+        raise click.ClickException(f"could not read the model name from {gateway}/v1/models "
+                                   f"({type(e).__name__}: {e}); pass --model") from None

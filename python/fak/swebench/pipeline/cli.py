@@ -138,19 +138,19 @@ def run_pipeline(*, gateway: str | None, gguf: Path | None, backend: str, n_ctx:
 
         register_specs(json.loads(specs.read_text()))
     template, template_source = _template(gguf, opts["pl_chat_template"], opts["pl_prompt_mode"])
+    from fak.swebench.serve import ManagedGateway, gateway_model, managed_gateway
+
     server = None
     if gguf is not None and needs_model:
-        from fak.swebench.cli import start_managed_gateway
-        from fak.swebench.serve import ManagedGateway
-
-        server = start_managed_gateway(ManagedGateway(
-            gguf, output, backend=backend, n_ctx=n_ctx, policy=policy_path,
-            kv_cache_tokens=kv_cache_tokens or n_ctx * max(4, workers), threads=threads,
-            max_concurrency=max(64, workers * opts["pl_concurrency"])), live=live)
-        gateway = server.addr
-    try:
+        server = ManagedGateway(gguf, output, backend=backend, n_ctx=n_ctx, policy=policy_path,
+                                kv_cache_tokens=kv_cache_tokens or n_ctx * max(4, workers),
+                                threads=threads,
+                                max_concurrency=max(64, workers * opts["pl_concurrency"]))
+    with managed_gateway(server, output, live=live):
+        if server is not None:
+            gateway = server.addr
         if gateway is not None and model is None:
-            model = server.model if server is not None else _gateway_model(gateway)
+            model = server.model if server is not None else gateway_model(gateway)
         cfg = _config(PipelineConfig, opts, output=output, stages=stages, gateway=gateway,
                       model=model, template=template, template_source=template_source,
                       repos_dir=repos_dir, workers=workers, task_env=task_env, envs_dir=envs_dir,
@@ -159,17 +159,6 @@ def run_pipeline(*, gateway: str | None, gguf: Path | None, backend: str, n_ctx:
                       server=server.info() if server is not None else
                       ({"managed": False, "addr": gateway} if gateway else None))
         _run(cfg, rows, output)
-    finally:
-        if server is not None:
-            from fak.swebench.cli import stop_managed_gateway
-
-            stop_managed_gateway(server, output)
-
-
-def _gateway_model(gateway: str) -> str:
-    from fak.swebench.cli import _gateway_model as first_model
-
-    return first_model(gateway)
 
 
 def _config(cls: type, opts: dict[str, Any], **kw: Any) -> Any:

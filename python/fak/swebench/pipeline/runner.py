@@ -1,6 +1,7 @@
 """The pipeline over many instances: ``workers`` at once, a live table, ``predictions.json`` and
 ``summary.json`` in ``--output`` (the fleet's formats: ``fak swebench eval`` grades the
-predictions as it grades the fleet's).
+predictions as it grades the fleet's). ``PipelineRun`` is a job of ``fak.swebench.driver``
+(threads, live table, Ctrl-C, the two files); each instance is ``instance.process_instance``.
 
 ``predictions.json`` gets one entry per instance whose ``rank`` stage ran (or was reused) in
 this run: the chosen patch (``""`` when there was no candidate); entries of other instances
@@ -12,17 +13,15 @@ script counts, the chosen candidate; and totals per stage.
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.live import Live
 from rich.table import Table
 
-from fak.agent.trajectory import write_json_atomic
+from fak.swebench.driver import Driver, Job, Results, ThreadPool, Unit, new_table, status_markup
 from fak.swebench.pipeline.artifacts import Store
 from fak.swebench.pipeline.config import MODEL_STAGES, STAGES, PipelineConfig
 from fak.swebench.pipeline.instance import InstanceState, process_instance
@@ -31,16 +30,11 @@ from fak.swebench.pipeline.task import task_view
 from fak.terminal import markup_safe
 
 
-def _load_json(path: Path, default: Any) -> Any:
-    import json
-
-    try:
-        return json.loads(path.read_text())
-    except (FileNotFoundError, ValueError):
-        return default
+#: colours of the live table's status column (other statuses with "error" or "missing" in red)
+STATUS_STYLES = {"done": "green", "interrupted": "magenta"}
 
 
-class PipelineRun:
+class PipelineRun(Job):
     """Runs ``rows`` (dataset rows; only ``task_view`` of each is used) with ``config``."""
 
     def __init__(self, config: PipelineConfig, rows: list[dict[str, Any]],
@@ -54,8 +48,8 @@ class PipelineRun:
         self.run_id = config.run_id or self.out.resolve().name
         self.states = {t["instance_id"]: InstanceState(t["instance_id"]) for t in self.tasks}
         self.stop = threading.Event()
-        self._lock = threading.Lock()
-        self.predictions: list[dict[str, Any]] = _load_json(self.out / "predictions.json", [])
+        # predictions in dataset order: the same bytes for the same results
+        self.results = Results(self.out, self.summary, order=[t["instance_id"] for t in self.tasks])
         self.started_at = time.time()
         self._env_builder = None
         if "test" in config.stages and config.task_env:
@@ -71,12 +65,12 @@ class PipelineRun:
                        headers={"X-Fak-Conversation": f"{self.run_id}/{iid}"},
                        concurrency=cfg.concurrency, cancel=self.stop)
 
-    def _one(self, task: dict[str, Any]) -> None:
+    def _one(self, task: dict[str, Any]) -> InstanceState:
         iid = task["instance_id"]
         state = self.states[iid]
         if self.stop.is_set():
             state.result = state.status = "interrupted"
-            return
+            return state
         sampler = self._sampler(iid)
         try:
             process_instance(task, self.config, self.store, sampler, state, self._env_builder)
@@ -85,19 +79,20 @@ class PipelineRun:
                 sampler.close()
         if self.stop.is_set() and state.result != "done":
             state.result = state.status = "interrupted"
-        if state.patch is not None:
-            self._record(iid, state.patch, state.model or self.config.model or "fak-pipeline")
+        return state
 
-    def _record(self, iid: str, patch: str, model: str) -> None:
-        with self._lock:
-            self.predictions = [p for p in self.predictions if p["instance_id"] != iid]
-            self.predictions.append({"instance_id": iid, "model_name_or_path": model,
-                                     "model_patch": patch})
-            order = {t["instance_id"]: i for i, t in enumerate(self.tasks)}
-            self.predictions.sort(key=lambda p: (order.get(p["instance_id"], len(order)),
-                                                 p["instance_id"]))
-            write_json_atomic(self.out / "predictions.json", self.predictions)
-            self._write_summary(final=False)
+    # -- the driver's job ----------------------------------------------------------------------
+
+    def units(self) -> list[Unit]:
+        return [Unit(t["instance_id"], self._one, (t,)) for t in self.tasks]
+
+    def done(self, key: str, state: InstanceState) -> None:
+        if state.patch is not None:
+            self.results.record(key, state.model or self.config.model or "fak-pipeline", state.patch)
+
+    def failed(self, key: str, exc: BaseException) -> None:
+        st = self.states[key]
+        st.result, st.message = "error", f"{type(exc).__name__}: {exc}"
 
     # -- reporting -----------------------------------------------------------------------------
 
@@ -125,29 +120,20 @@ class PipelineRun:
         wall = time.time() - self.started_at
         return {"agent": "pipeline", "run_id": self.run_id, "final": final,
                 "interrupted": self.stop.is_set(), "config": self.config.to_json(),
-                "n_selected": len(self.tasks), "n_predictions": len(self.predictions),
+                "n_selected": len(self.tasks), "n_predictions": len(self.results.predictions),
                 "results": dict(sorted(by_result.items())), "stage_totals": totals,
                 "wall_s": round(wall, 3), "instances": per}
 
-    def _write_summary(self, final: bool) -> dict[str, Any]:
-        summary = self.summary(final=final)
-        write_json_atomic(self.out / "summary.json", summary)
-        return summary
-
     def table(self) -> Table:
-        t = Table(title=f"fak swebench run --agent pipeline · {self.run_id} · "
-                        f"{self.config.model or '-'} · stages {','.join(self.config.stages)}")
-        for col in ("instance", "status", "requests", "tokens", "candidates", "scripts kept",
-                    "chosen"):
-            t.add_column(col, justify="right" if col not in ("instance", "status", "chosen") else "left")
+        t = new_table(f"fak swebench run --agent pipeline · {self.run_id} · "
+                      f"{self.config.model or '-'} · stages {','.join(self.config.stages)}",
+                      ("instance", "status", "requests", "tokens", "candidates", "scripts kept",
+                       "chosen"), right=("requests", "tokens", "candidates", "scripts kept"))
         for iid, st in self.states.items():
             if st.status == "waiting":
                 continue
             c = st.counts
-            style = {"done": "green", "interrupted": "magenta"}.get(st.status,
-                                                                   "red" if "error" in st.status
-                                                                   or "missing" in st.status else "")
-            status = f"[{style}]{st.status}[/]" if style else st.status
+            status = status_markup(st.status, STATUS_STYLES, red=("error", "missing"))
             t.add_row(markup_safe(iid, newlines=False), status, str(st.usage.requests),
                       str(st.usage.prompt_tokens + st.usage.completion_tokens),
                       str(c.get("candidates", "")), str(c.get("scripts_kept", "")),
@@ -163,51 +149,16 @@ class PipelineRun:
     def run(self) -> dict[str, Any]:
         """Run every instance; returns the final summary. Raises ``KeyboardInterrupt`` after a
         clean stop (finished artifacts kept, summary written)."""
-        live_on = self.config.live if self.config.live is not None else self.console.is_terminal
-        ex = cf.ThreadPoolExecutor(max_workers=max(1, self.config.workers),
-                                   thread_name_prefix="fak-pipeline")
-        futs = {ex.submit(self._one, t): t["instance_id"] for t in self.tasks}
-        live = Live(self.table(), console=self.console, refresh_per_second=2) if live_on else None
-        interrupted = False
-        reported: set[str] = set()
-        try:
-            if live:
-                live.start()
-            pending = set(futs)
-            while pending:
-                done, pending = cf.wait(pending, timeout=0.5)
-                for fut in done:
-                    iid = futs[fut]
-                    exc = fut.exception()
-                    if exc is not None:
-                        st = self.states[iid]
-                        st.result, st.message = "error", f"{type(exc).__name__}: {exc}"
-                    if not live and iid not in reported:
-                        reported.add(iid)
-                        self._print_line(iid)
-                if live:
-                    live.update(self.table())
-        except KeyboardInterrupt:
-            interrupted = True
-            self.stop.set()
-            for f in futs:
-                f.cancel()
-        finally:
-            ex.shutdown(wait=True, cancel_futures=True)
-            if live:
-                live.update(self.table())
-                live.stop()
-        summary = self._write_summary(final=True)
-        if interrupted:
-            raise KeyboardInterrupt
-        return summary
+        return Driver(self, ThreadPool("fak-pipeline"), workers=self.config.workers,
+                      console=self.console, live=self.config.live,
+                      stopping="running instances stop at their next model request").run()
 
-    def _print_line(self, iid: str) -> None:
-        st = self.states[iid]
+    def line(self, key: str) -> str:
+        st = self.states[key]
         c = st.counts
         stages = " ".join(s + ("(reused)" if d.get("reused") else f"={d.get('seconds', 0):.1f}s")
                           for s, d in st.stages.items())
-        self.console.print(f"{markup_safe(iid)}: {st.result} {stages} candidates={c.get('candidates', '-')} "
-                           f"kept-scripts={c.get('scripts_kept', '-')} chosen={c.get('chosen', '-')}"
-                           + (f" ({markup_safe(st.message.splitlines()[0][:300])})" if st.result != "done"
-                              and st.message else ""))
+        return (f"{markup_safe(key)}: {st.result} {stages} candidates={c.get('candidates', '-')} "
+                f"kept-scripts={c.get('scripts_kept', '-')} chosen={c.get('chosen', '-')}"
+                + (f" ({markup_safe(st.message.splitlines()[0][:300])})" if st.result != "done"
+                   and st.message else ""))
