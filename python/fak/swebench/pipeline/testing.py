@@ -4,8 +4,14 @@ original code, then with each candidate applied; everything through ``execute.ru
 The task's environment (``prepare``): a clone of the mirror at ``base_commit`` and, with
 ``task_env``, the (repo, version) venv of the harness spec with a per-instance overlay in which
 the repository is installed (``fak.swebench.envs``, as ``fak swebench run --task-env`` does);
-without it, the host's Python (``sys.executable``'s folder first on ``PATH``), for repositories
-that need nothing installed.
+without it, the host's Python (``sys.executable``'s folder first on ``PATH``; its venv and base
+interpreter bound read-only into the sandbox, which hides ``$HOME`` and ``/tmp``), for
+repositories that need nothing installed.
+
+Evidence only from runs that started: a run that could not start (exit 126/127, ``execvp``
+errors, the harness's interpreter without pytest: ``could_not_start``) is an environment error —
+a script is then never kept as a reproduction, a regression base has no passing tests, and a
+candidate's regression run gives no ``regression_failures`` (``regression_env_error`` instead).
 
 - Reproduction scripts (``reproduce``) run on the original code as ``python .fak/repro_ID.py``
   with the repository on ``PYTHONPATH``; a script is *kept* when it fails there (non-zero exit,
@@ -44,6 +50,8 @@ UNFIXABLE = ("SyntaxError", "IndentationError", "TabError", "ModuleNotFoundError
 #: traceback is the script file): no change to the repository can fix them
 SCRIPT_BUGS = ("NameError", "UnboundLocalError")
 _FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
+#: the test runner itself missing from the interpreter (``python -m pytest`` with no pytest)
+_HARNESS_MISSING = re.compile(r"^(?:/\S+: )?No module named (pytest)\b", re.M)
 _EXC = re.compile(r"^(?:[\w.]+\.)?([A-Z]\w*(?:Error|Exception|Exit|Failure|Warning))\b")
 HOST_TEST_CMD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -p no:cacheprovider"
 
@@ -141,8 +149,48 @@ def prepare(task: dict[str, Any], mirror: Path, work_dir: Path, *, task_env: boo
     else:
         env["PATH"] = f"{Path(sys.executable).parent}:{SYSTEM_PATH}"
         cmd, exports = HOST_TEST_CMD, []
+        # the sandbox hides $HOME and /tmp: it must see the interpreter it is asked to run, its
+        # venv and the base interpreter, wherever they live (/tmp, $HOME, pyenv, uv, conda)
+        readable = host_interpreter_paths()
         info.update(python=sys.version.split()[0])
     return TaskEnv(root, env, cmd, exports, pre, unsafe_no_sandbox, info, readable)
+
+
+def host_interpreter_paths() -> list[Path]:
+    """The paths the host's interpreter needs inside the sandbox, bound read-only: its venv
+    (``sys.prefix``) and what that venv was made from (``fak.sandbox.venv.venv_paths``), the base
+    prefix, and the folder of the executable itself once links are resolved."""
+    from fak.sandbox.venv import venv_paths
+
+    paths = venv_paths(Path(sys.prefix))
+    for extra in (Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent):
+        if extra.exists() and extra not in paths:
+            paths.append(extra)
+    return paths
+
+
+def could_not_start(res: RunResult) -> str | None:
+    """Why a run is no evidence about the code, or None: the command could not start (exit 126 or
+    127: not executable, not found — the sandbox's ``bwrap: execvp`` among them) or the harness's
+    own interpreter lacks a module it needs. Such a run is an environment error, never a
+    reproduction or a regression result."""
+    if res.killed:
+        return None
+    if res.returncode in (126, 127):
+        return f"could not start (exit {res.returncode}): {_first_line(res.output)}"
+    if res.returncode not in (0, None) and "execvp" in res.output:
+        return f"could not start: {_first_line(res.output)}"
+    m = _HARNESS_MISSING.search(res.output)
+    if m and res.returncode not in (0, None):
+        return f"the harness's interpreter has no module {m.group(1)!r}"
+    return None
+
+
+def _first_line(text: str) -> str:
+    for ln in text.splitlines():
+        if ln.strip():
+            return ln.strip()[:200]
+    return "no output"
 
 
 def find_test_files(repo: Repo, path: str, limit: int = 2) -> list[str]:
@@ -235,7 +283,10 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
         (fak_dir / f"repro_{s['id']}.py").write_text(s["code"])
         res = tenv.run(["python", f".fak/repro_{s['id']}.py"], cfg.script_timeout_s, script_env)
         kind = failure_kind(res.output) if res.returncode not in (0, None) else None
-        if res.killed:
+        env_error = could_not_start(res)
+        if env_error is not None:
+            why, keep = f"environment error: {env_error}", False
+        elif res.killed:
             why, keep = "timeout", False
         elif res.returncode == 0:
             why, keep = "passes on the original code", False
@@ -248,7 +299,7 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
         if keep:
             kept.append(s["id"])
         records.append({"kind": "script_base", "script": s["id"], "returncode": res.returncode,
-                        "killed": res.killed, "kept": keep, "why": why,
+                        "killed": res.killed, "kept": keep, "why": why, "env_error": env_error is not None,
                         "seconds": round(res.duration_s, 3), "output_tail": _tail(res.output)})
     order = sorted(candidates, key=lambda c: (-c["votes"], c["diff_lines"], int(c["id"][1:])))
     # 1. the kept scripts on many candidates (cheap: one interpreter start each)
@@ -283,9 +334,10 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
             continue
         tenv.reset()
         statuses, res, command = run_tests(tenv, list(files), cfg.timeout_s)
-        base[files] = sorted(t for t, st in statuses.items() if st in PASS)
+        env_error = could_not_start(res)
+        base[files] = sorted(t for t, st in statuses.items() if st in PASS) if env_error is None else []
         records.append({"kind": "regression_base", "files": list(files), "command": command,
-                        "returncode": res.returncode, "killed": res.killed,
+                        "returncode": res.returncode, "killed": res.killed, "env_error": env_error,
                         "passing": base[files], "failing": sorted(t for t, st in statuses.items()
                                                                   if st not in PASS),
                         "seconds": round(res.duration_s, 3), "output_tail": _tail(res.output)})
@@ -297,7 +349,11 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
             tenv.reset()
             tenv.apply(c["diff"])
             statuses, res, _ = run_tests(tenv, list(files), cfg.timeout_s)
-            rec["regression_failures"] = [t for t in base[files] if statuses.get(t) not in PASS]
+            env_error = could_not_start(res)
+            if env_error is None:
+                rec["regression_failures"] = [t for t in base[files] if statuses.get(t) not in PASS]
+            else:  # no evidence either way: ranked as a candidate whose tests did not run
+                rec["regression_env_error"] = env_error
             rec["regression_killed"] = res.killed
         else:
             rec["regression_failures"] = []
