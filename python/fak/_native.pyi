@@ -164,6 +164,7 @@ class Model:
         free_window_blocks: bool = True,
         n_cpu_moe: int = 0,
         speculative: str | None = None,
+        draft_model: str | None = None,
     ) -> Model: ...
     @property
     def backend(self) -> str: ...
@@ -212,7 +213,9 @@ class Model:
         device_sampled_rows, device_sampled_host_rows, tp_collective_seconds,
         tp_collective_wait_seconds, kv_blocks_peak, spec_steps, spec_draft_tokens,
         spec_accepted_tokens (speculative decoding: verifications, draft tokens computed, of those
-        accepted)."""
+        accepted), spec_draft_forwards, spec_draft_model_tokens, spec_draft_seconds (the draft
+        model's forwards, tokens it computed and seconds of its proposals), draft_kv_blocks_total,
+        draft_kv_blocks_free (its KV cache; 0 without a draft model)."""
     def reset_stats(self) -> None:
         """Zeroes the counters of ``stats()``."""
     def evict_prefix(self, token_ids: list[int], start: int) -> int:

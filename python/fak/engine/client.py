@@ -82,6 +82,12 @@ class Engine:
             (suffix index over the sequence), ``"METHOD:K"`` (at most K draft tokens per step,
             1..32; default 4), ``"none"`` or None (off). Greedy outputs are the same tokens and
             log-probabilities, sampled ones the same distribution. Off for hybrid models and
+            ``tensor_parallel > 1``. ``"draft"`` drafts with ``draft_model`` (its default when
+            that is given).
+        draft_model: a GGUF path of a smaller model with the same tokenizer (Qwen2.5-Coder-0.5B
+            for the 1.5B), loaded on the same backend with its own KV cache: the ``draft`` source
+            proposes its greedy tokens (docs/speculative.md). ``fak.InvalidArgumentError``
+            (``param`` "draft_model") for a different vocabulary, a hybrid model or
             ``tensor_parallel > 1``.
 
     Raises:
@@ -111,6 +117,7 @@ class Engine:
         sliding_window: int | None = None,
         n_cpu_moe: int = 0,
         speculative: str | None = None,
+        draft_model: str | Path | None = None,
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
@@ -130,7 +137,8 @@ class Engine:
                               prefix_cache=prefix_cache, rope_scaling=rope_scaling, rope_scale=rope_scale,
                               yarn_orig_ctx=yarn_orig_ctx, tensor_parallel=tensor_parallel,
                               sliding_window=sliding_window, n_cpu_moe=n_cpu_moe,
-                              **({"speculative": speculative} if speculative is not None else {}))
+                              **({"speculative": speculative} if speculative is not None else {}),
+                              **({"draft_model": str(draft_model)} if draft_model is not None else {}))
         self._init(model, tokenizer, template, path.stem, resolved, max_batch)
 
     @classmethod

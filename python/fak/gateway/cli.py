@@ -99,10 +99,15 @@ def _plan_context(gguf: Path, **kwargs: Any) -> Any:
               help="Split the model into N tensor-parallel shards (attention heads, FFN columns, vocabulary; "
                    "docs/tensor-parallel.md). CPU backend: N shards on threads sharing --threads. Multi-GPU "
                    "(NCCL) is not built: with --backend cuda, N > 1 fails.")
-@click.option("--speculative", default=None, metavar="none|ngram[:K]|suffix[:K]",
+@click.option("--speculative", default=None, metavar="none|ngram[:K]|suffix[:K]|draft[:K]",
               help="Speculative decoding of requests that do not ask otherwise (docs/speculative.md): drafts "
                    "of at most K tokens (default 4) from each sequence's own prompt and output, verified in "
                    "one forward; the same output. A request's 'speculative' field overrides it.")
+@click.option("--draft-model", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None,
+              metavar="FILE",
+              help="A smaller GGUF model with the same tokenizer (Qwen2.5-Coder-0.5B for the 1.5B) that drafts "
+                   "tokens for speculative decoding in the same engine (docs/speculative.md); --speculative "
+                   "defaults to draft with it.")
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="Automatic prefix caching: reuse the KV cache of a shared prompt prefix (system prompt, earlier turns).")
 @click.option("--tool-call-retries", type=click.IntRange(min=0), default=2, show_default=True,
@@ -145,7 +150,8 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
           ray_address: str | None = None, replica_cpus: float = 1.0,
           replica_gpus: float = 0.0, tensor_parallel: int = 1, tool_call_format: str = "auto",
           cpu_moe: bool = False, n_cpu_moe: int | None = None, model_aliases: tuple[str, ...] = (),
-          kv_memory: str | None = None, speculative: str | None = None) -> None:
+          kv_memory: str | None = None, speculative: str | None = None,
+          draft_model: Path | None = None) -> None:
     """Serve OpenAI's API (chat, completions, responses, models) and Anthropic's messages, with a tool-call policy."""
     if policy_check:
         if policy_path is None:
@@ -163,6 +169,11 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
         problem = _native.check_sampling({"speculative": speculative})
         if problem is not None:
             raise click.BadParameter(problem[1], param_hint="--speculative")
+    if draft_model is not None and base_url is not None:
+        raise click.UsageError("--draft-model drafts for the engine's model: it needs --gguf.")
+    if draft_model is not None and tensor_parallel > 1:
+        raise click.UsageError("--draft-model does not run with --tensor-parallel (speculative decoding is off "
+                               "for tensor parallelism).")
     if tensor_parallel > 1 and backend == "cuda":
         raise click.UsageError(f"--tensor-parallel {tensor_parallel} with --backend cuda: multi-GPU tensor "
                                "parallelism (NCCL) is not built in this fak; it runs on --backend cpu only "
@@ -207,7 +218,8 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
                               model_name=model_name, replica_cpus=replica_cpus,
                               replica_gpus=replica_gpus, log_level=log_level,
                               rope={**rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx, sliding_window, cpu_moe, n_cpu_moe),
-                                    **({"speculative": speculative} if speculative else {})})
+                                    **({"speculative": speculative} if speculative else {}),
+                                    **({"draft_model": str(draft_model)} if draft_model else {})})
 
     from fak.gateway.app import GatewayConfig, create_app
     from fak.gateway.proxy import Upstream
@@ -234,6 +246,8 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
         rope = rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx, sliding_window, cpu_moe, n_cpu_moe)
         if speculative:
             rope["speculative"] = speculative
+        if draft_model is not None:
+            rope["draft_model"] = str(draft_model)
         context = plan()
         click.echo(f"fak serve: {context.describe()}", err=True)
         engine = _load_engine(gguf, backend, context.n_ctx, threads, max_batch=max_concurrency,

@@ -89,6 +89,10 @@ pub struct EngineOptions {
     /// ([`SamplingParams::speculative`]); default none. Off for hybrid models and tensor
     /// parallelism whatever is asked ([`speculative`]).
     pub speculative: speculative::SpecParams,
+    /// A draft model (GGUF path) for the `draft` source ([`speculative::draft_model`]): loaded
+    /// on the target's backend by [`Engine::open_cpu`] / the CUDA backend's `open_engine`, which
+    /// refuse it for hybrid targets, tensor parallelism and a different vocabulary.
+    pub draft_model: Option<std::path::PathBuf>,
 }
 
 impl Default for EngineOptions {
@@ -106,6 +110,7 @@ impl Default for EngineOptions {
             free_window_blocks: true,
             n_cpu_moe: 0,
             speculative: speculative::SpecParams::NONE,
+            draft_model: None,
         }
     }
 }
@@ -192,6 +197,14 @@ pub struct EngineStats {
     pub spec_steps: u64,
     pub spec_draft_tokens: u64,
     pub spec_accepted_tokens: u64,
+    /// The draft model's forwards, the tokens it computed in them, and the seconds its
+    /// proposals took (inside `step`); its KV cache blocks in total and free now (0 without a
+    /// draft model).
+    pub spec_draft_forwards: u64,
+    pub spec_draft_model_tokens: u64,
+    pub spec_draft_seconds: f64,
+    pub draft_kv_blocks_total: u64,
+    pub draft_kv_blocks_free: u64,
 }
 
 /// The object-safe face of an engine on any backend (what the Python binding holds).
@@ -379,6 +392,8 @@ pub struct Engine<B: Backend> {
     /// Speculation of requests that do not set theirs; `None` where it is off (hybrid models,
     /// tensor parallelism).
     spec_default: Option<speculative::SpecParams>,
+    /// The `draft` source's model ([`Engine::attach_draft`]).
+    draft: Option<speculative::DraftModel<B>>,
 }
 
 impl Engine<CpuBackend> {
@@ -391,6 +406,7 @@ impl Engine<CpuBackend> {
         path: impl AsRef<std::path::Path>,
         opts: EngineOptions,
     ) -> Result<Engine<CpuBackend>> {
+        check_draft_options(&opts)?;
         let pool = build_pool(opts.threads)?;
         let path = path.as_ref().to_path_buf();
         if opts.tensor_parallel > 1 {
@@ -406,7 +422,13 @@ impl Engine<CpuBackend> {
             return Engine::with_core(Core::Sharded(sharded), opts, sizes, pool);
         }
         let model = pool.install(|| Model::open_placed(&path, CpuBackend::default(), &opts.rope, opts.n_cpu_moe))?;
-        Engine::with_pool(model, opts, pool)
+        let (draft_path, rope) = (opts.draft_model.clone(), opts.rope.clone());
+        let mut engine = Engine::with_pool(model, opts, pool.clone())?;
+        if let Some(p) = draft_path {
+            let draft = pool.install(|| Model::open_with(&p, CpuBackend::default(), &rope))?;
+            engine.attach_draft(draft)?;
+        }
+        Ok(engine)
     }
 
     /// Threads of each tensor-parallel shard's pool (empty with one shard).
@@ -457,6 +479,23 @@ fn physical_cores() -> usize {
     logical
 }
 
+/// Checks the draft-model options before anything loads: `speculative = "draft"` needs a draft
+/// model, and a draft model does not run with tensor parallelism.
+///
+/// Errors: [`FakError::InvalidArgument`] naming `speculative` or `draft_model`.
+pub fn check_draft_options(opts: &EngineOptions) -> Result<()> {
+    if opts.draft_model.is_some() && opts.tensor_parallel > 1 {
+        return Err(FakError::invalid(
+            "draft_model",
+            format!("a draft model does not run with tensor_parallel={} (speculative decoding is off for tensor parallelism)", opts.tensor_parallel),
+        ));
+    }
+    if opts.speculative.method == speculative::SpecMethod::Draft && opts.draft_model.is_none() {
+        return Err(FakError::invalid("speculative", "\"draft\" needs a draft model (draft_model=PATH, --draft-model FILE)"));
+    }
+    Ok(())
+}
+
 /// The error of `tensor_parallel > 1` where it is not built: every backend but the CPU (whose
 /// shards [`Engine::open_cpu`] loads from the file).
 pub fn tensor_parallel_unavailable(backend: &str, n: usize) -> FakError {
@@ -494,7 +533,13 @@ fn build_pool(threads: Option<usize>) -> Result<Arc<rayon::ThreadPool>> {
 
 impl<B: Backend> Engine<B> {
     /// An engine for `model` with a new pool of `opts.threads` workers.
+    ///
+    /// Errors: as [`Engine::with_core`]'s checks; [`FakError::InvalidArgument`] for
+    /// `opts.draft_model` (a path: open the draft [`Model`] and [`Engine::attach_draft`] it).
     pub fn new(model: Model<B>, opts: EngineOptions) -> Result<Engine<B>> {
+        if opts.draft_model.is_some() {
+            return Err(FakError::invalid("draft_model", "Engine::new takes the draft as a Model: open it on the backend and call attach_draft"));
+        }
         let pool = build_pool(opts.threads)?;
         Self::with_pool(model, opts, pool)
     }
@@ -562,7 +607,40 @@ impl<B: Backend> Engine<B> {
             max_tokens: sizes.limits.max_tokens,
             max_logits: sizes.max_logits,
             spec_default,
+            draft: None,
         })
+    }
+
+    /// Attaches `draft` (on the same backend) as the engine's draft model: the `draft` source of
+    /// speculative decoding ([`speculative::draft_model`]). Its KV cache holds as many blocks as
+    /// the target's plus one per sequence of `max_batch` (the draft tokens past a sequence's
+    /// blocks).
+    ///
+    /// Errors: [`FakError::InvalidArgument`] naming `draft_model` when speculation is off for
+    /// this engine (a hybrid target, tensor parallelism), when the draft is a hybrid, or when
+    /// its vocabulary differs from the target's (`n_vocab` or `tokenizer.ggml.tokens`); the
+    /// backend's errors (allocation).
+    pub fn attach_draft(&mut self, draft: Model<B>) -> Result<()> {
+        let Core::One { model, .. } = &self.core else {
+            return Err(FakError::invalid("draft_model", "a draft model does not run with tensor parallelism"));
+        };
+        if self.spec_default.is_none() {
+            return Err(FakError::invalid(
+                "draft_model",
+                format!("speculative decoding is off for a hybrid target ({}): its recurrent state cannot be rolled back past rejected draft tokens", model.config.arch.name()),
+            ));
+        }
+        if let Some(why) = speculative::draft_model::mismatch(&model.config, &model.file, &draft.config, &draft.file) {
+            return Err(FakError::invalid("draft_model", why));
+        }
+        let n_blocks = self.sched.pool.n_total() + self.sched.cfg.max_batch;
+        self.draft = Some(speculative::DraftModel::new(draft, n_blocks, self.max_tokens, self.sched.cfg.max_batch, self.n_ctx)?);
+        Ok(())
+    }
+
+    /// Whether a draft model is attached ([`Engine::attach_draft`]).
+    pub fn has_draft_model(&self) -> bool {
+        self.draft.is_some()
     }
 
     fn check_tokens(&self, tokens: &[u32], param: &str) -> Result<()> {
@@ -622,6 +700,9 @@ impl<B: Backend> Engine<B> {
             self.check_tokens(&params.stop_ids, "stop_ids")?;
         }
         let spec = self.spec_default.map(|d| params.speculative.unwrap_or(d));
+        if spec.is_some_and(|p| p.method == speculative::SpecMethod::Draft && p.is_on()) && self.draft.is_none() {
+            return Err(FakError::invalid("speculative", "\"draft\" needs a draft model: this engine has none (draft_model=PATH, --draft-model FILE)"));
+        }
         let sampler = Sampler::new(params)?;
         let mut seq = Sequence::new(seq_id, prompt, sampler);
         if let Some(spec) = spec {
@@ -633,6 +714,9 @@ impl<B: Backend> Engine<B> {
 
     /// Drops a sequence and frees its KV blocks. Unknown ids are ignored; returns whether it existed.
     pub fn remove_sequence(&mut self, seq_id: u64) -> bool {
+        if let Some(d) = self.draft.as_mut() {
+            d.remove(seq_id);
+        }
         self.sched.remove(seq_id)
     }
 
@@ -645,6 +729,14 @@ impl<B: Backend> Engine<B> {
 
     fn step_inner(&mut self) -> Result<Vec<StepOutput>> {
         let t0 = Instant::now();
+        if let Some(d) = self.draft.as_mut() {
+            // The draft model's proposals, which the scheduler takes as drafts.
+            let (f0, n0) = (d.forwards, d.tokens);
+            d.propose(self.sched.running_all_mut(), self.n_ctx)?;
+            self.stats.spec_draft_forwards += d.forwards - f0;
+            self.stats.spec_draft_model_tokens += d.tokens - n0;
+            self.stats.spec_draft_seconds += t0.elapsed().as_secs_f64();
+        }
         self.sched.schedule(&mut self.plan, &mut self.scheduled);
         self.sync_sched_stats();
         if self.scheduled.is_empty() {
@@ -843,6 +935,9 @@ impl<B: Backend> Engine<B> {
         for (_, o) in &outputs {
             if o.finish.is_some() {
                 self.sched.remove(o.seq_id);
+                if let Some(d) = self.draft.as_mut() {
+                    d.remove(o.seq_id);
+                }
             }
         }
         let t1 = Instant::now();
@@ -1006,6 +1101,10 @@ impl<B: Backend> Engine<B> {
     pub fn stats(&self) -> EngineStats {
         let mut s = self.stats.clone();
         s.prefix_cache_blocks = self.sched.pool.n_cached() as u64;
+        if let Some(d) = &self.draft {
+            s.draft_kv_blocks_total = d.kv_blocks_total() as u64;
+            s.draft_kv_blocks_free = d.kv_blocks_free() as u64;
+        }
         let (total, wait) = self.rank0_collective_seconds();
         s.tp_collective_seconds = total - self.collective_base.0;
         s.tp_collective_wait_seconds = wait - self.collective_base.1;

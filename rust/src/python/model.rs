@@ -16,7 +16,7 @@ use pyo3::types::PyDict;
 
 use super::detach;
 use crate::backend::RopeStyle;
-use crate::engine::speculative::SpecParams;
+use crate::engine::speculative::{SpecMethod, SpecParams};
 use crate::engine::{Engine, EngineApi, EngineOptions, SamplingParams};
 use crate::model::{RopeOverride, RopeScalingKind};
 use crate::FakError;
@@ -173,7 +173,7 @@ impl PyModel {
     /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
     ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None,
     ///       tensor_parallel=1, sliding_window=None, free_window_blocks=True, n_cpu_moe=0,
-    ///       speculative=None)
+    ///       speculative=None, draft_model=None)
     ///
     /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
     /// "auto" (cuda when a GPU is usable, else cpu).
@@ -204,9 +204,14 @@ impl PyModel {
     /// backend or a dense model).
     /// `speculative`: speculative decoding of the requests that do not set their own
     /// (`sampling["speculative"]`): `"ngram"` (prompt lookup), `"suffix"` (suffix index over the
-    /// sequence), `"METHOD:K"` (at most K draft tokens per step, 1..=32; default 4), `"none"` or
-    /// None (off). Outputs are unchanged (docs/speculative.md). Off for hybrid models and
-    /// `tensor_parallel > 1` whatever is asked.
+    /// sequence), `"draft"` (the draft model), `"METHOD:K"` (at most K draft tokens per step,
+    /// 1..=32; default 4), `"none"` or None (off; `"draft"` when `draft_model` is given). Outputs
+    /// are unchanged (docs/speculative.md). Off for hybrid models and `tensor_parallel > 1`
+    /// whatever is asked.
+    /// `draft_model`: a GGUF path of a smaller model with the same tokenizer (Qwen2.5-Coder-0.5B
+    /// for the 1.5B), loaded on the same backend with its own KV cache, for the `draft` source;
+    /// fak.InvalidArgumentError (`param` "draft_model") for a different vocabulary, a hybrid
+    /// (target or draft) or `tensor_parallel > 1`.
     ///
     /// Raises: OSError (cannot open), fak.GGUFError (malformed file), fak.UnsupportedError
     /// (architecture / format), fak.ModelError (missing or mis-shaped tensor), fak.ShardError
@@ -214,7 +219,7 @@ impl PyModel {
     /// fak.BackendError (`backend="cuda"` without a usable CUDA backend, or with
     /// `tensor_parallel > 1`: multi-GPU is not built), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0, speculative=None))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0, speculative=None, draft_model=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -234,12 +239,18 @@ impl PyModel {
         free_window_blocks: bool,
         n_cpu_moe: usize,
         speculative: Option<&str>,
+        draft_model: Option<PathBuf>,
     ) -> PyResult<PyModel> {
         let speculative = speculative
             .map(|v| SpecParams::parse(v, "speculative"))
             .transpose()
             .map_err(super::to_py)?
-            .unwrap_or(SpecParams::NONE);
+            .unwrap_or(if draft_model.is_some() {
+                // a draft model drafts by default
+                SpecParams { method: SpecMethod::Draft, k: crate::engine::speculative::DEFAULT_DRAFT }
+            } else {
+                SpecParams::NONE
+            });
         if max_tokens_per_step == Some(0) {
             return Err(super::to_py(FakError::invalid("max_tokens_per_step", "0 (must be ≥ 1, or None for 512)")));
         }
@@ -268,6 +279,7 @@ impl PyModel {
             free_window_blocks,
             n_cpu_moe,
             speculative,
+            draft_model: draft_model.clone(),
         };
         let engine: Box<dyn EngineApi> = match backend {
             "cpu" => Box::new(detach(py, || Engine::open_cpu(&path, opts))?),
@@ -334,6 +346,7 @@ impl PyModel {
                     format!("{}:{}", speculative.method.name(), speculative.k)
                 }),
             ),
+            ("draft_model", ConfigValue::Str(draft_model.as_ref().map_or(String::new(), |p| p.display().to_string()))),
         ];
         let shard_plan = engine
             .shard_plan()
@@ -593,6 +606,11 @@ impl PyModel {
         d.set_item("spec_steps", s.spec_steps)?;
         d.set_item("spec_draft_tokens", s.spec_draft_tokens)?;
         d.set_item("spec_accepted_tokens", s.spec_accepted_tokens)?;
+        d.set_item("spec_draft_forwards", s.spec_draft_forwards)?;
+        d.set_item("spec_draft_model_tokens", s.spec_draft_model_tokens)?;
+        d.set_item("spec_draft_seconds", s.spec_draft_seconds)?;
+        d.set_item("draft_kv_blocks_total", s.draft_kv_blocks_total)?;
+        d.set_item("draft_kv_blocks_free", s.draft_kv_blocks_free)?;
         Ok(d)
     }
 

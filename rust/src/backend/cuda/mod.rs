@@ -411,9 +411,17 @@ pub fn open_engine(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine
         // checked before the model is loaded onto GPU 0
         return Err(crate::engine::tensor_parallel_unavailable("cuda", opts.tensor_parallel));
     }
+    crate::engine::check_draft_options(&opts)?;
     let backend = CudaBackend::new(0)?;
     let model = Model::open_placed(path, backend, &opts.rope, opts.n_cpu_moe)?;
-    Engine::new(model, opts)
+    let (draft_path, rope) = (opts.draft_model.clone(), opts.rope.clone());
+    let mut engine = Engine::new(model, EngineOptions { draft_model: None, ..opts })?;
+    if let Some(p) = draft_path {
+        // the draft on the same GPU, in a backend of its own (its kernels, streams and scratch)
+        let draft = Model::open_with(p, CudaBackend::new(0)?, &rope)?;
+        engine.attach_draft(draft)?;
+    }
+    Ok(engine)
 }
 
 /// `FAK_CUDA_SAFE=1` selects the first, simpler kernel variants where a faster one exists

@@ -10,23 +10,30 @@
 //! - `suffix` ([`suffix`]): a suffix automaton over the sequence, the longest suffix of any length
 //!   seen earlier proposes what followed it, as far as the match is long; a sequence of a
 //!   conversation also matches the outputs of the conversation's earlier requests
-//!   ([`ConversationStore`]).
+//!   ([`ConversationStore`]);
+//! - `draft` ([`draft_model`]): a second, smaller model of the same vocabulary running in the
+//!   same engine (its own paged KV cache) proposes `k` tokens greedily from its own forward over
+//!   the sequence's tokens.
 //!
 //! Verification (the engine's step): greedy sequences accept a draft token while it equals the
 //! target's choice at its position (so the output is token for token and log-probability for
 //! log-probability that of decoding without speculation, on a backend whose rows do not depend
 //! on the batch); sampled sequences use the rejection rule for a deterministic draft (q one-hot):
 //! accept `d` with probability `p(d)`, else sample from `p` without `d`, renormalized
-//! ([`crate::engine::Sampler::verify`]); the output distribution is the target's.
+//! ([`crate::engine::Sampler::verify`]); the output distribution is the target's. A draft
+//! model drafts greedily (argmax), so its proposal distribution is one-hot too and the same rule
+//! is exact.
 //!
 //! Not for hybrid models (their recurrent state cannot be rolled back past rejected tokens) nor
 //! tensor parallelism: the engine turns it off there.
 
+pub mod draft_model;
 pub mod ngram;
 pub mod suffix;
 
 use crate::{FakError, Result};
 
+pub use draft_model::DraftModel;
 pub use ngram::NgramIndex;
 pub use suffix::{ConversationIndex, ConversationStore, SuffixIndex};
 
@@ -44,15 +51,18 @@ pub enum SpecMethod {
     Ngram,
     /// Suffix automaton over the sequence ([`suffix`]).
     Suffix,
+    /// The engine's draft model ([`draft_model`]); only with one attached.
+    Draft,
 }
 
 impl SpecMethod {
-    /// `"none"`, `"ngram"` or `"suffix"`.
+    /// `"none"`, `"ngram"`, `"suffix"` or `"draft"`.
     pub fn name(self) -> &'static str {
         match self {
             SpecMethod::None => "none",
             SpecMethod::Ngram => "ngram",
             SpecMethod::Suffix => "suffix",
+            SpecMethod::Draft => "draft",
         }
     }
 }
@@ -70,7 +80,7 @@ impl SpecParams {
     /// No speculation.
     pub const NONE: SpecParams = SpecParams { method: SpecMethod::None, k: 0 };
 
-    /// Parses `"none"`, `"ngram"`, `"suffix"`, or `"METHOD:K"` (`K` in 1..=[`MAX_DRAFT`]).
+    /// Parses `"none"`, `"ngram"`, `"suffix"`, `"draft"`, or `"METHOD:K"` (`K` in 1..=[`MAX_DRAFT`]).
     /// Errors: [`FakError::InvalidArgument`] naming `param`.
     pub fn parse(spec: &str, param: &str) -> Result<SpecParams> {
         let (name, k) = match spec.split_once(':') {
@@ -85,15 +95,16 @@ impl SpecParams {
         Self::new(name, k, param)
     }
 
-    /// The method named `name` (`"none"`, `"ngram"`, `"suffix"`) with `k` draft tokens (default
+    /// The method named `name` (`"none"`, `"ngram"`, `"suffix"`, `"draft"`) with `k` draft tokens (default
     /// [`DEFAULT_DRAFT`]). Errors: [`FakError::InvalidArgument`] naming `param`.
     pub fn new(name: &str, k: Option<usize>, param: &str) -> Result<SpecParams> {
         let method = match name {
             "none" | "off" | "" => SpecMethod::None,
             "ngram" => SpecMethod::Ngram,
             "suffix" => SpecMethod::Suffix,
+            "draft" => SpecMethod::Draft,
             other => {
-                return Err(FakError::invalid(param, format!("{other:?} is not a draft source (known: none, ngram, suffix)")))
+                return Err(FakError::invalid(param, format!("{other:?} is not a draft source (known: none, ngram, suffix, draft)")))
             }
         };
         let k = k.unwrap_or(DEFAULT_DRAFT);
@@ -114,6 +125,9 @@ impl SpecParams {
 pub enum Drafter {
     Ngram(NgramIndex),
     Suffix(Box<SuffixIndex>),
+    /// The draft model's proposal for the current step, set by the engine before it schedules
+    /// ([`DraftModel::propose`]) and taken by the first [`Drafter::propose`] after that.
+    Model(Vec<u32>),
 }
 
 impl Drafter {
@@ -125,13 +139,15 @@ impl Drafter {
         Some(match p.method {
             SpecMethod::Ngram => Drafter::Ngram(NgramIndex::default()),
             SpecMethod::Suffix => Drafter::Suffix(Box::default()),
+            SpecMethod::Draft => Drafter::Model(Vec::new()),
             SpecMethod::None => return None,
         })
     }
 
     /// Up to `k` tokens proposed to follow `tokens` into `out` (cleared first; possibly empty).
     /// The suffix source also looks in `conversation` (the outputs of earlier requests of the
-    /// sequence's conversation) and takes the longer match (the sequence's own on a tie).
+    /// sequence's conversation) and takes the longer match (the sequence's own on a tie). The
+    /// draft model's proposal is taken (a proposal serves one step), its first `k` tokens kept.
     pub fn propose(&mut self, tokens: &[u32], k: usize, conversation: Option<&ConversationIndex>, out: &mut Vec<u32>) {
         match self {
             Drafter::Ngram(ix) => {
@@ -146,6 +162,14 @@ impl Drafter {
                     }
                 }
             }
+            Drafter::Model(proposal) => {
+                let mut p = std::mem::take(proposal);
+                p.truncate(k);
+                out.clear();
+                out.extend_from_slice(&p);
+                p.clear();
+                *proposal = p; // its allocation, for the next proposal
+            }
         }
     }
 
@@ -154,6 +178,7 @@ impl Drafter {
         match self {
             Drafter::Ngram(ix) => ix.reset(),
             Drafter::Suffix(ix) => ix.reset(),
+            Drafter::Model(proposal) => proposal.clear(),
         }
     }
 }
@@ -192,7 +217,8 @@ mod tests {
         assert_eq!(SpecParams::parse("suffix:8", "s").unwrap(), SpecParams { method: SpecMethod::Suffix, k: 8 });
         assert_eq!(SpecParams::parse("none", "s").unwrap(), SpecParams::NONE);
         assert!(!SpecParams::parse("none:3", "s").unwrap().is_on());
-        for bad in ["ngram:0", "ngram:x", "eagle", "suffix:33"] {
+        assert_eq!(SpecParams::parse("draft:6", "s").unwrap(), SpecParams { method: SpecMethod::Draft, k: 6 });
+        for bad in ["ngram:0", "ngram:x", "eagle", "suffix:33", "draft:0"] {
             let e = SpecParams::parse(bad, "speculative").unwrap_err();
             assert!(matches!(e, FakError::InvalidArgument { ref param, .. } if param == "speculative"), "{bad}: {e}");
         }
