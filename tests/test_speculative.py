@@ -103,16 +103,23 @@ def test_logprobs_and_penalties_identical(tiny: str, method: str) -> None:
     assert stats["spec_draft_tokens"] > 0
 
 
-def test_end_of_request_inside_an_accepted_run(tiny: str) -> None:
-    """max_tokens, a stop id and the context window cut a verified run at the same token as
-    decoding one token a step does."""
-    free, _ = run_all(tiny, [(PROMPTS[0], {"temperature": 0.0, "max_tokens": 60})])
+def end_of_request_jobs(path: str) -> list[tuple[list[int], dict[str, Any]]]:
+    """Greedy jobs on ``PROMPTS[0]`` that end at each ``max_tokens`` 1..11 and at each of six
+    stop ids the model of ``path`` writes (its tokens 3..30)."""
+    free, _ = run_all(path, [(PROMPTS[0], {"temperature": 0.0, "max_tokens": 60})])
     toks = [t for t, *_ in free[0]]
     jobs: list[tuple[list[int], dict[str, Any]]] = []
     for m in range(1, 12):
         jobs.append((PROMPTS[0], {"temperature": 0.0, "max_tokens": m}))
     for stop in sorted(set(toks[3:30]))[:6]:
         jobs.append((PROMPTS[0], {"temperature": 0.0, "max_tokens": 60, "stop_ids": [stop]}))
+    return jobs
+
+
+def test_end_of_request_inside_an_accepted_run(tiny: str) -> None:
+    """max_tokens, a stop id and the context window cut a verified run at the same token as
+    decoding one token a step does."""
+    jobs = end_of_request_jobs(tiny)
     base, _ = run_all(tiny, jobs)
     for method in ["ngram:8", "suffix:16"]:
         spec, stats = run_all(tiny, jobs, speculative=method)
@@ -155,6 +162,32 @@ def chi2_critical(df: int) -> float:
     return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
 
 
+def sample_seeds(path: str, prompt: list[int], sampling: dict[str, Any], n_seeds: int = 1024,
+                 **kw: Any) -> tuple[list[list[int]], dict[str, Any]]:
+    """``prompt`` sampled with ``sampling`` under ``n_seeds`` seeds, 64 sequences at a time
+    (``run_all`` with ``kw``); returns each seed's tokens and the ``spec_*`` counters summed."""
+    rows: list[list[int]] = []
+    stats: dict[str, Any] = {}
+    for batch in range(0, n_seeds, 64):
+        jobs = [(prompt, {**sampling, "seed": 1_000_003 * (s + 1)}) for s in range(batch, batch + 64)]
+        out, st = run_all(path, jobs, max_batch=64, **kw)
+        rows += [[t for t, *_ in out[i]] for i in range(len(jobs))]
+        for k, v in st.items():
+            if k.startswith("spec_"):
+                stats[k] = stats.get(k, 0) + v
+    return rows, stats
+
+
+def assert_same_distribution(base: list[list[int]], spec: list[list[int]], n_gen: int) -> None:
+    """The tokens at each position 1..n_gen-1 of ``spec`` and ``base`` pass the two-sample
+    chi-square test at 1e-4."""
+    for pos in range(1, n_gen):
+        a = Counter(r[pos] for r in base)
+        b = Counter(r[pos] for r in spec)
+        stat, df = chi2_two_sample(a, b)
+        assert df >= 1 and stat < chi2_critical(df), f"position {pos}: chi2 {stat:.1f} on {df} df"
+
+
 @pytest.mark.parametrize("sampling", [{"temperature": 0.04}, {"temperature": 0.05, "top_k": 8}])
 def test_sampled_distribution_unchanged(tiny: str, sampling: dict[str, Any]) -> None:
     """Over 1024 seeds, the token at each generated position 1..11 of speculative sampling has the
@@ -162,29 +195,12 @@ def test_sampled_distribution_unchanged(tiny: str, sampling: dict[str, Any]) -> 
     gives the same tokens twice. (The tiny model's logits are flat: low temperatures make its
     output loop, so drafts are proposed and some accepted.)"""
     prompt = PROMPTS[0]
-    n_seeds, n_gen = 1024, 12
+    n_gen = 12
     sampling = {**sampling, "max_tokens": n_gen}
-
-    def sample(spec: str | None) -> tuple[list[list[int]], dict[str, Any]]:
-        rows: list[list[int]] = []
-        stats: dict[str, Any] = {}
-        for batch in range(0, n_seeds, 64):
-            jobs = [(prompt, {**sampling, "seed": 1_000_003 * (s + 1)}) for s in range(batch, batch + 64)]
-            out, st = run_all(tiny, jobs, speculative=spec, max_batch=64)
-            rows += [[t for t, *_ in out[i]] for i in range(len(jobs))]
-            for k, v in st.items():
-                if k.startswith("spec_"):
-                    stats[k] = stats.get(k, 0) + v
-        return rows, stats
-
-    base, _ = sample(None)
-    spec, stats = sample("ngram:4")
+    base, _ = sample_seeds(tiny, prompt, sampling)
+    spec, stats = sample_seeds(tiny, prompt, sampling, speculative="ngram:4")
     assert stats["spec_accepted_tokens"] > 500 and stats["spec_draft_tokens"] > stats["spec_accepted_tokens"], stats
-    for pos in range(1, n_gen):
-        a = Counter(r[pos] for r in base)
-        b = Counter(r[pos] for r in spec)
-        stat, df = chi2_two_sample(a, b)
-        assert df >= 1 and stat < chi2_critical(df), f"position {pos}: chi2 {stat:.1f} on {df} df"
+    assert_same_distribution(base, spec, n_gen)
     again, _ = run_all(tiny, [(prompt, {**sampling, "seed": 77})], speculative="ngram:4")
     twice, _ = run_all(tiny, [(prompt, {**sampling, "seed": 77})], speculative="ngram:4")
     assert again == twice
@@ -213,11 +229,14 @@ def test_hybrid_models_do_not_speculate(tmp_path: Any) -> None:
     assert _native.Model(path, n_ctx=64, threads=1, speculative="ngram").config["speculative"] == "none"
 
 
-def test_engine_streams_several_tokens_per_step(tiny: str) -> None:
-    """``fak.Engine(speculative=...)``: generate and stream give the text, tokens, finish and
-    stop-string cut of the engine without speculation, though one step yields several tokens."""
+@pytest.mark.parametrize("source", ["suffix:8", "draft"])
+def test_engine_streams_several_tokens_per_step(tiny: str, source: str) -> None:
+    """``fak.Engine(speculative=...)`` (``draft``: ``draft_model=``, the model itself as its
+    draft): generate and stream give the text, tokens, finish and stop-string cut of the engine
+    without speculation, though one step yields several tokens."""
+    kw = {"draft_model": tiny} if source == "draft" else {"speculative": source}
     with fak.Engine(tiny, n_ctx=256, threads=1) as plain, \
-            fak.Engine(tiny, n_ctx=256, threads=1, speculative="suffix:8") as fast:
+            fak.Engine(tiny, n_ctx=256, threads=1, **kw) as fast:
         for prompt in PROMPTS[:2]:
             want = plain.generate(prompt, max_tokens=40, temperature=0, logprobs=2)
             got = fast.generate(prompt, max_tokens=40, temperature=0, logprobs=2)
@@ -266,10 +285,12 @@ def test_conversation_outputs_feed_later_drafts(tiny: str) -> None:
     assert gained_shared > gained_alone, (gained_shared, gained_alone)
 
 
-def test_cancelled_stream_returns_every_block(tiny: str) -> None:
-    """Closing a stream mid-run (its sequence verified drafts) frees its KV blocks; the next
-    request's output is unchanged."""
-    with fak.Engine(tiny, n_ctx=256, threads=1, speculative="ngram:8") as engine:
+@pytest.mark.parametrize("source", ["ngram:8", "draft"])
+def test_cancelled_stream_returns_every_block(tiny: str, source: str) -> None:
+    """Closing a stream mid-run (its sequence verified drafts) frees its KV blocks (and its draft
+    model's, with ``draft_model=``); the next request's output is unchanged."""
+    kw = {"draft_model": tiny} if source == "draft" else {"speculative": source}
+    with fak.Engine(tiny, n_ctx=256, threads=1, **kw) as engine:
         want = engine.generate(PROMPTS[0], max_tokens=40, temperature=0)
         it = engine.stream(PROMPTS[0], max_tokens=200, temperature=0)
         got: list[int] = []
@@ -283,3 +304,6 @@ def test_cancelled_stream_returns_every_block(tiny: str) -> None:
         assert again.token_ids == want.token_ids
         stats = engine.stats()
         assert stats["kv_blocks_used"] == 0 and stats["running"] == 0
+    stats = engine.stats()  # the native counters as the loop ended: none was running
+    assert stats["native_draft_kv_blocks_free"] == stats["native_draft_kv_blocks_total"]
+    assert (stats["native_draft_kv_blocks_total"] > 0) == (source == "draft")

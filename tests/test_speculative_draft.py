@@ -14,8 +14,6 @@ Add a case: a job to ``JOBS`` or a draft to the ``draft`` fixture's params.
 
 from __future__ import annotations
 
-from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +21,7 @@ import pytest
 import fak
 from fak import _native, synth
 
-from test_speculative import PROMPTS, chi2_critical, chi2_two_sample, run_all
+from test_speculative import PROMPTS, assert_same_distribution, end_of_request_jobs, run_all, sample_seeds
 
 
 @pytest.fixture(scope="module")
@@ -71,9 +69,11 @@ def test_self_draft_is_identical_and_accepts_everything(models: dict[str, str], 
 
 
 @pytest.mark.parametrize("draft", ["layer0", "other"])
-def test_poor_drafts_change_nothing(models: dict[str, str], draft: str) -> None:
+@pytest.mark.parametrize("spec_k", ["draft:1", "draft:6"])
+def test_poor_drafts_change_nothing(models: dict[str, str], draft: str, spec_k: str) -> None:
+    """Rejections anywhere (with ``draft:1`` every rejection is of the draft's last token)."""
     base, _ = run(models, GREEDY, None)
-    spec, stats = run(models, GREEDY, draft, speculative="draft:6")
+    spec, stats = run(models, GREEDY, draft, speculative=spec_k)
     assert spec == base
     assert stats["spec_draft_tokens"] > 0
     assert stats["spec_accepted_tokens"] < stats["spec_draft_tokens"], "rejections happen"
@@ -86,13 +86,7 @@ def test_end_of_request_inside_a_draft(models: dict[str, str], draft: str) -> No
     """max_tokens, a stop id and the context window cut a verified run at the same token as
     decoding one token a step does, with drafts accepted or rejected at any position (the last
     included)."""
-    free, _ = run(models, [(PROMPTS[0], {"temperature": 0.0, "max_tokens": 60})], None)
-    toks = [t for t, *_ in free[0]]
-    jobs: list[tuple[list[int], dict[str, Any]]] = []
-    for m in range(1, 12):
-        jobs.append((PROMPTS[0], {"temperature": 0.0, "max_tokens": m}))
-    for stop in sorted(set(toks[3:30]))[:6]:
-        jobs.append((PROMPTS[0], {"temperature": 0.0, "max_tokens": 60, "stop_ids": [stop]}))
+    jobs = end_of_request_jobs(models["target"])
     base, _ = run(models, jobs, None)
     for spec_k in ["draft:2", "draft:8"]:
         spec, stats = run(models, jobs, draft, speculative=spec_k)
@@ -178,29 +172,12 @@ def test_sampled_distribution_unchanged(models: dict[str, str]) -> None:
     rejection rule with the draft model's one-hot proposal); the same seed twice gives the same
     tokens."""
     prompt = PROMPTS[0]
-    n_seeds, n_gen = 1024, 12
+    n_gen = 12
     sampling = {"temperature": 0.04, "max_tokens": n_gen}
-
-    def sample(draft: str | None) -> tuple[list[list[int]], dict[str, Any]]:
-        rows: list[list[int]] = []
-        stats: dict[str, Any] = {}
-        for batch in range(0, n_seeds, 64):
-            jobs = [(prompt, {**sampling, "seed": 1_000_003 * (s + 1)}) for s in range(batch, batch + 64)]
-            out, st = run(models, jobs, draft, max_batch=64)
-            rows += [[t for t, *_ in out[i]] for i in range(len(jobs))]
-            for k, v in st.items():
-                if k.startswith("spec_"):
-                    stats[k] = stats.get(k, 0) + v
-        return rows, stats
-
-    base, _ = sample(None)
-    spec, stats = sample("target")
+    base, _ = sample_seeds(models["target"], prompt, sampling)
+    spec, stats = sample_seeds(models["target"], prompt, sampling, draft_model=models["target"])
     assert stats["spec_accepted_tokens"] > 500 and stats["spec_draft_tokens"] > stats["spec_accepted_tokens"], stats
-    for pos in range(1, n_gen):
-        a = Counter(r[pos] for r in base)
-        b = Counter(r[pos] for r in spec)
-        stat, df = chi2_two_sample(a, b)
-        assert df >= 1 and stat < chi2_critical(df), f"position {pos}: chi2 {stat:.1f} on {df} df"
+    assert_same_distribution(base, spec, n_gen)
     once, _ = run(models, [(prompt, {**sampling, "seed": 77})], "layer0")
     twice, _ = run(models, [(prompt, {**sampling, "seed": 77})], "layer0")
     assert once == twice
@@ -210,7 +187,7 @@ def test_mismatched_drafts_are_refused(models: dict[str, str]) -> None:
     """A draft of another vocabulary (another size, or the same size with other tokens), a hybrid
     (target or draft), tensor parallelism, and ``speculative="draft"`` without a draft model:
     fak.InvalidArgumentError naming the parameter."""
-    cases = [
+    cases: list[tuple[str, str, dict[str, Any], str]] = [
         (models["target"], "wide", {}, "vocabulary has 768 tokens"),
         (models["target"], "llama", {}, "tokenizer differs"),
         (models["target"], "hybrid", {}, "hybrid"),
@@ -226,30 +203,3 @@ def test_mismatched_drafts_are_refused(models: dict[str, str]) -> None:
     assert e.value.param == "speculative"
     ok = _native.Model(models["target"], n_ctx=64, threads=1, draft_model=models["layer0"])
     assert ok.config["speculative"] == "draft:4" and ok.config["draft_model"] == models["layer0"]
-
-
-def test_engine_streams_with_a_draft_model(models: dict[str, str], tmp_path: Path) -> None:
-    """``fak.Engine(draft_model=...)``: generate and stream give the output of the engine
-    without speculation; closing a stream mid-run returns the blocks of both models."""
-    with fak.Engine(models["target"], n_ctx=256, threads=1) as plain, \
-            fak.Engine(models["target"], n_ctx=256, threads=1, draft_model=models["layer0"]) as fast:
-        for prompt in PROMPTS[:2]:
-            want = plain.generate(prompt, max_tokens=40, temperature=0, logprobs=2)
-            got = fast.generate(prompt, max_tokens=40, temperature=0, logprobs=2)
-            assert (got.token_ids, got.text, got.finish_reason) == (want.token_ids, want.text, want.finish_reason)
-            assert [lp.logprob for lp in got.logprobs or []] == [lp.logprob for lp in want.logprobs or []]
-            deltas = list(fast.stream(prompt, max_tokens=40, temperature=0))
-            assert [t for d in deltas for t in d.token_ids] == want.token_ids
-        it = fast.stream(PROMPTS[0], max_tokens=200, temperature=0)
-        n = 0
-        for d in it:
-            n += len(d.token_ids)
-            if n >= 12:
-                break
-        it.close()
-        again = fast.generate(PROMPTS[0], max_tokens=40, temperature=0)
-        assert again.token_ids == plain.generate(PROMPTS[0], max_tokens=40, temperature=0).token_ids
-        stats = fast.stats()
-        assert stats["native_spec_draft_tokens"] > 0
-        assert stats["kv_blocks_used"] == 0 and stats["running"] == 0
-        assert stats["native_draft_kv_blocks_free"] == stats["native_draft_kv_blocks_total"]

@@ -137,8 +137,8 @@ class Engine:
                               prefix_cache=prefix_cache, rope_scaling=rope_scaling, rope_scale=rope_scale,
                               yarn_orig_ctx=yarn_orig_ctx, tensor_parallel=tensor_parallel,
                               sliding_window=sliding_window, n_cpu_moe=n_cpu_moe,
-                              **({"speculative": speculative} if speculative is not None else {}),
-                              **({"draft_model": str(draft_model)} if draft_model is not None else {}))
+                              speculative=speculative,
+                              draft_model=str(draft_model) if draft_model is not None else None)
         self._init(model, tokenizer, template, path.stem, resolved, max_batch)
 
     @classmethod

@@ -84,6 +84,9 @@ class _StateCollector(Collector):
                                   value=num("native_spec_draft_tokens"))
         yield CounterMetricFamily("fak_spec_decode_accepted_tokens", "Draft tokens accepted (emitted as drafted).",
                                   value=num("native_spec_accepted_tokens"))
+        yield CounterMetricFamily("fak_spec_decode_draft_model_forwards",
+                                  "Forwards of the draft model (--draft-model) proposing draft tokens.",
+                                  value=num("native_spec_draft_forwards"))
 
     def describe(self) -> Iterator[GaugeMetricFamily]:
         return iter(())

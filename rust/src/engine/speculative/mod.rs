@@ -224,6 +224,23 @@ mod tests {
         }
     }
 
+    /// The draft model's proposal serves one step: the scheduler's `k` cuts it, and a second
+    /// look finds nothing until the engine proposes again.
+    #[test]
+    fn a_model_proposal_is_taken_once() {
+        let mut d = Drafter::new(&SpecParams::parse("draft:4", "s").unwrap()).unwrap();
+        let mut out = vec![99];
+        d.propose(&[1, 2, 3], 4, None, &mut out);
+        assert!(out.is_empty(), "nothing proposed yet");
+        if let Drafter::Model(p) = &mut d {
+            p.extend([5, 6, 7, 8]);
+        }
+        d.propose(&[1, 2, 3], 2, None, &mut out);
+        assert_eq!(out, vec![5, 6]);
+        d.propose(&[1, 2, 3], 4, None, &mut out);
+        assert!(out.is_empty(), "taken");
+    }
+
     #[test]
     fn continuation_repeats_past_the_end() {
         let mut out = Vec::new();
