@@ -165,8 +165,8 @@ impl<B: Backend> DraftModel<B> {
     /// draft model (into its [`Drafter::Model`], cleared first for every one of them; see the
     /// module doc): up to its `draft_k` tokens, fewer where the context window of `n_ctx` tokens
     /// or its `max_tokens` leave room for fewer draft tokens and one of the target's. A sequence
-    /// whose blocks the draft's cache cannot hold now drafts nothing this step (its draft state
-    /// is dropped and recomputed later).
+    /// whose blocks the draft's cache cannot hold now drafts nothing this step (what it fed so
+    /// far is kept).
     ///
     /// Errors: the draft forward's (backend); the state stays consistent (what a failed forward
     /// fed is not counted as held).
@@ -215,11 +215,10 @@ impl<B: Backend> DraftModel<B> {
                 let n = w.feed.len().min(budget);
                 let pos = st.tokens.len();
                 if self.pool.grow(&mut st.table, pos + n).is_err() {
-                    // The draft's cache is full: no draft for this sequence this step.
+                    // The draft's cache is full (`grow` took nothing): no draft for this sequence
+                    // this step. What it holds stays valid; a later step goes on from there.
                     w.done = true;
                     w.proposal.clear();
-                    st.tokens.clear();
-                    self.pool.release(&mut st.table);
                     continue;
                 }
                 let logits = n == w.feed.len();
