@@ -14,6 +14,7 @@ Add a case: a job to ``JOBS`` or a draft to the ``draft`` fixture's params.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -203,3 +204,22 @@ def test_mismatched_drafts_are_refused(models: dict[str, str]) -> None:
     assert e.value.param == "speculative"
     ok = _native.Model(models["target"], n_ctx=64, threads=1, draft_model=models["layer0"])
     assert ok.config["speculative"] == "draft:4" and ok.config["draft_model"] == models["layer0"]
+
+
+def test_real_half_billion_drafts_for_the_one_and_a_half(model_05b: Path, model_15b: Path) -> None:
+    """The pair the source is for: Qwen2.5-Coder-0.5B (mixed quants) drafting for the 1.5B
+    (Q4_K_M), the same tokenizer: a chat reply of 48 greedy tokens is the one without
+    speculation, token for token and log-probability for log-probability, and most draft tokens
+    are accepted (about nine in ten when written; the bound leaves room)."""
+    messages = [{"role": "user", "content": "Here is a function:\n\ndef add(a, b):\n    return a + b\n\n"
+                                            "Rewrite it with type hints and a docstring, and show the full function."}]
+    runs = []
+    for kw in [{}, {"draft_model": str(model_05b)}]:
+        with fak.Engine(model_15b, backend="cpu", n_ctx=512, threads=2, **kw) as engine:
+            c = engine.generate(engine.apply_chat_template(messages), max_tokens=48, temperature=0, logprobs=1)
+        runs.append((c, engine.stats()))
+    (want, _), (got, stats) = runs
+    assert got.token_ids == want.token_ids and got.text == want.text
+    assert [lp.logprob for lp in got.logprobs or []] == [lp.logprob for lp in want.logprobs or []]
+    assert stats["native_spec_accepted_tokens"] > 0.6 * stats["native_spec_draft_tokens"] > 0, stats
+    assert stats["native_steps"] < 30, "several tokens a step"
