@@ -168,6 +168,37 @@ def test_quarantined_span_rolls_the_draft_back(models: dict[str, str]) -> None:
         assert got[n:] == [t for t, *_ in want[0]], draft
 
 
+def test_a_full_draft_cache_stops_drafting(models: dict[str, str]) -> None:
+    """A windowed target's KV cache holds windows (4 blocks here), the draft model's as many plus
+    one per sequence, and the draft keeps whole sequences: past 5 blocks of tokens the draft
+    cannot grow, the sequence decodes without drafts, and the output and the returned blocks are
+    unchanged."""
+    kw: dict[str, Any] = dict(n_ctx=512, threads=1, max_batch=1, max_tokens_per_step=64, sliding_window=16)
+
+    def go(draft: str | None) -> tuple[list[int], list[tuple[int, int]]]:
+        m = _native.Model(models["target"], **kw, **({"draft_model": models[draft]} if draft else {}))
+        m.add_sequence(1, PROMPTS[0], {"temperature": 0.0, "max_tokens": 300})
+        toks: list[int] = []
+        drafted: list[tuple[int, int]] = []  # (tokens held, draft tokens so far) after each step
+        done = False
+        while not done:
+            out = m.step()
+            toks += [t for _, t, *_ in out]
+            done = any(f is not None for *_, f in out)
+            drafted.append((len(PROMPTS[0]) + len(toks), m.stats()["spec_draft_tokens"]))
+        st = m.stats()
+        assert m.kv_blocks_free == m.kv_blocks_total
+        assert st["draft_kv_blocks_free"] == st["draft_kv_blocks_total"] == (5 if draft else 0)
+        return toks, drafted
+
+    base, _ = go(None)
+    spec, drafted = go("target")
+    assert spec == base and len(base) == 300
+    assert drafted[3][1] > 0, "drafts while the draft's cache has room"
+    late = [n for held, n in drafted if held > 5 * 32 + 8]
+    assert late and len(set(late)) == 1, "none once it is full"
+
+
 def test_sampled_distribution_unchanged(models: dict[str, str]) -> None:
     """Over 1024 seeds, each generated position has the distribution of plain sampling (the
     rejection rule with the draft model's one-hot proposal); the same seed twice gives the same
