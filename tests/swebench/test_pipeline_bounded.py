@@ -166,6 +166,58 @@ def test_a_slow_suite_is_cut_by_the_budget_and_a_hanging_candidate_by_its_limit(
     assert ranked == ["c0", "c1", "c2"]  # c1 broke one quick test, c2 both
 
 
+def test_a_copy_of_the_work_tree_is_its_own_workspace(tmp_path):
+    """``TaskEnv.copy``: the objects hard-linked, files copied, a link kept as a link (never
+    followed), a FIFO left out (reading it would block), the environment's paths moved; a
+    candidate applied in the copy is not in the original, and resetting the copy clears it."""
+    import os
+
+    calc = make_calc(tmp_path / "calc", slow_s=0, pad="slow")
+    tenv = testing.prepare(calc["task"], calc["mirror"], tmp_path / "w", task_env=False)
+    os.mkfifo(tenv.root / "calc" / "pipe")
+    os.symlink("/etc/hostname", tenv.root / "calc" / "host")
+    copy = tenv.copy(tmp_path / "w" / "slots" / "1")
+    assert copy.root == tmp_path / "w" / "slots" / "1"
+    assert copy.env["HOME"] == str(copy.root / ".fak" / "home") != tenv.env["HOME"]
+    assert copy.env["PATH"] == tenv.env["PATH"] and copy.readable == tenv.readable
+    assert not (copy.root / "calc" / "pipe").exists()
+    assert os.readlink(copy.root / "calc" / "host") == "/etc/hostname"
+    objs = [p for p in (tenv.root / ".git" / "objects").rglob("*") if p.is_file()]
+    assert objs and all(os.stat(p).st_ino == os.stat(copy.root / p.relative_to(tenv.root)).st_ino
+                        for p in objs)
+    assert copy.apply(calc["cands"]["right"]["diff"])
+    assert (copy.root / "calc/core.py").read_text() != (tenv.root / "calc/core.py").read_text() == CORE
+    copy.reset()
+    assert (copy.root / "calc/core.py").read_text() == CORE
+
+
+def test_the_pool_runs_lowest_priority_first_adds_jobs_and_raises_what_a_job_raised():
+    from fak.swebench.pipeline.schedule import Pool, Slot
+
+    pool = Pool([Slot(None, 0)])
+    seen = []
+
+    def job(name, slot, then=None):
+        seen.append(name)
+        if then:
+            pool.submit((0,), then, partial_job(then))
+        return name.upper()
+
+    def partial_job(name):
+        return lambda slot: job(name, slot)
+
+    out = pool.run([((2,), "b", lambda s: job("b", s)), ((1,), "a", lambda s: job("a", s, "z")),
+                    ((3,), "c", lambda s: job("c", s))])
+    # one worker: a (1), then z, which a added with priority 0, then b (2), then c (3)
+    assert seen == ["a", "z", "b", "c"] and out == {"a": "A", "z": "Z", "b": "B", "c": "C"}
+
+    def boom(slot):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        Pool([Slot(None, 0), Slot(None, 1)]).run([((0,), "x", boom), ((1,), "y", lambda s: 1)])
+
+
 def test_cli_budget_cuts_are_in_the_summary(tmp_path):
     """``--test-budget`` and ``--test-workers`` reach the stage; what was cut is in
     ``test.jsonl``'s schedule record, ``summary.json`` and the instance's line."""

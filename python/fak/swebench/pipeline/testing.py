@@ -27,6 +27,15 @@ candidate's regression run gives no ``regression_failures`` (``regression_env_er
   original code and with the candidate; the tests that passed on the original code and no longer
   pass are its ``regression_failures``. Scripts are cheap (one interpreter start) and test files
   are not (a sympy module's tests take up to minutes), hence the two budgets.
+
+Bounded and scheduled (issue 31; ``schedule.py``): the runs go to ``workers`` workers, each in its
+own copy of the work tree (``TaskEnv.copy``), cheapest and most discriminating first — the
+scripts before the test files, each test file on its own, the candidates' runs of a file ordered
+by how long its base run took. A per-instance ``budget_s`` (wall seconds from the stage's start;
+the clone and the environment's set-up before it are not counted) cuts what cannot start in it
+and what it interrupts; a per-candidate limit bounds a candidate that makes the scripts or the
+tests hang. What was cut, and why, is in the records (``cut``, ``regression_partial``, the
+``schedule`` record); rank then works with less evidence for that instance.
 """
 
 from __future__ import annotations
@@ -61,9 +70,9 @@ _EXC = re.compile(r"^(?:[\w.]+\.)?([A-Z]\w*(?:Error|Exception|Exit|Failure|Warni
 HOST_TEST_CMD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -p no:cacheprovider"
 
 
-#: at most this many test workers by default: phase by phase there are rarely more runs ready
+#: at most this many test workers by default: round by round there are rarely more runs ready
 #: (``max_scripts`` scripts; ``candidates`` x a module's ``regression_files``), and each worker
-#: holds its own copy of the work tree and a test process (a sympy test module: ~0.3 GB)
+#: holds its own copy of the work tree and a test process
 MAX_WORKERS = 8
 #: a candidate's run of a test file may take this many times the file's base run (or the
 #: candidate limit, whichever is larger) before it is killed as a timeout
@@ -91,8 +100,8 @@ class TestConfig:
     Bounds (issue 31): ``budget_s``, the instance's test budget (wall seconds from the stage's
     start; runs that cannot start in it are cut and recorded, one that it interrupts is cut
     too); ``candidate_limit_s``, what one candidate's kept scripts may take together (seconds),
-    and the least a candidate's run of one test file may take before it is killed as a timeout
-    (``SLOW_FACTOR`` times the file's base run when that is more, never over ``timeout_s``);
+    and the timeout of a candidate's run of one test file unless ``SLOW_FACTOR`` times the
+    file's base run is longer (never over ``timeout_s``);
     ``workers``, runs at once, each in its own copy of the work tree (0: ``default_workers()``).
     The default budget, 600 s: the test stages of the 14 smoke instances recorded in
     ``benches/results/swebench-gpu-2026-12-02`` took 67-462 s each on one worker, and
@@ -366,12 +375,16 @@ def _script_record(sid: str, res: RunResult) -> dict[str, Any]:
             "seconds": round(res.duration_s, 3), "output_tail": _tail(res.output)}
 
 
+def _slots_dir(tenv: TaskEnv) -> Path:
+    return tenv.root.parent / "slots"
+
+
 def _slots(tenv: TaskEnv, n: int) -> tuple[list[Slot], list[str]]:
     """``n`` slots: ``tenv`` itself and ``n - 1`` copies of it (``TaskEnv.copy``, made at once,
     under ``root/../slots/K``); a copy that fails is left out (its error in the second list)."""
     slots, errors = [Slot(tenv, 0)], []
     if n > 1:
-        where = tenv.root.parent / "slots"
+        where = _slots_dir(tenv)
         with ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="fak-test-copy") as ex:
             futs = [ex.submit(tenv.copy, where / str(k)) for k in range(1, n)]
         for f in futs:
@@ -420,6 +433,14 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
     scripts were all cut gets no ``candidate_test`` record (as one past ``repro_candidates``);
     a candidate with a test file cut gets no ``regression_failures`` (ranked as one whose
     regression tests did not run)."""
+    try:
+        return _scheduled(repo, task, candidates, scripts, tenv, cfg)
+    finally:
+        shutil.rmtree(_slots_dir(tenv), ignore_errors=True)
+
+
+def _scheduled(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]],
+               scripts: list[dict[str, Any]], tenv: TaskEnv, cfg: TestConfig) -> list[dict[str, Any]]:
     tenv.info["repo"] = task["repo"]
     budget = Budget(cfg.budget_s)
     records: list[dict[str, Any]] = [{"kind": "env", **{k: v for k, v in tenv.info.items()
@@ -571,12 +592,12 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
             rec["regression_failures"] = []
             continue
         failures: list[str] = []
-        cut = []
+        cut: list[dict[str, Any]] = []
         ran_any = killed = False
         env_error = None
         seconds = 0.0
         for f in own[c["id"]]:
-            r = done.get(("regression", c["id"], f)) if f in base else \
+            r = done[("regression", c["id"], f)] if f in base else \
                 Cut("no_base", "the file's run on the original code was cut")
             if isinstance(r, Cut):
                 cut.append(r.to_json(file=f))
@@ -604,7 +625,6 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
                     "wall_s": round(budget.elapsed(), 3),
                     "timeline": sorted(budget.timeline, key=lambda t: t["start_s"])})
     tenv.reset()
-    shutil.rmtree(tenv.root.parent / "slots", ignore_errors=True)
     return records
 
 
