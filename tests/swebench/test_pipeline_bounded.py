@@ -191,6 +191,16 @@ def test_a_copy_of_the_work_tree_is_its_own_workspace(tmp_path):
     assert (copy.root / "calc/core.py").read_text() == CORE
 
 
+def test_the_host_mode_reads_the_pytest_log_whatever_the_repository(tmp_path):
+    """The host mode runs pytest: its log is read with pytest's parser, not the repository's
+    harness parser (sympy's reads bin/test's log and found no test in pytest's)."""
+    calc = make_calc(tmp_path / "calc", slow_s=0, pad="slow")
+    tenv = testing.prepare(calc["task"], calc["mirror"], tmp_path / "w", task_env=False)
+    tenv.info["repo"] = "sympy/sympy"
+    statuses, res, _ = testing.run_tests(tenv, [QUICK], 60)
+    assert statuses == {f"{QUICK}::test_zero": "PASSED", f"{QUICK}::test_int": "PASSED"}, res.output
+
+
 def test_the_pool_runs_lowest_priority_first_adds_jobs_and_raises_what_a_job_raised():
     from fak.swebench.pipeline.schedule import Pool, Slot
 

@@ -314,14 +314,18 @@ def find_test_files(repo: Repo, path: str, limit: int = 2) -> list[str]:
 
 
 def run_tests(tenv: TaskEnv, files: list[str], timeout_s: float) -> tuple[dict[str, str], RunResult, str]:
-    """Run ``files`` with the test command; (test → status, the run, the command line)."""
+    """Run ``files`` with the test command; (test → status, the run, the command line). The log
+    is read with the repository's harness parser in the task env, with pytest's on the host."""
     from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
     from swebench.harness.log_parsers.python import parse_log_pytest
 
     command = " ".join([tenv.test_cmd, *files])
     script = "\n".join([*tenv.exports, command])
     res = tenv.run(["bash", "-c", script], timeout_s)
-    parser = MAP_REPO_TO_PARSER.get(tenv.info.get("repo", ""), parse_log_pytest)
+    # the repository's own log parser reads its harness command's log; the host mode runs
+    # pytest whatever the harness runs (sympy's is bin/test): its log is pytest's
+    parser = (MAP_REPO_TO_PARSER.get(tenv.info.get("repo", ""), parse_log_pytest)
+              if tenv.info.get("mode") == "task-env" else parse_log_pytest)
     try:
         statuses = parser(res.output, None)
     except Exception:  # noqa: BLE001 - a parser that needs more than the log: pytest's
