@@ -165,7 +165,13 @@ class TaskEnv:
         socket) left out. Its environment is this one with the paths under ``root`` moved to
         ``dest``. fak's git treats the copy as any workspace (``fak.gitsafe``, which never reads
         its configuration). Make it before anything ran in ``root`` since the set-up. Raises
-        ``OSError`` (``shutil.Error``) when the copy fails."""
+        ``OSError`` (``shutil.Error``) when the copy fails.
+
+        With ``--task-env`` the overlay's editable install of the repository points at ``root``
+        (a ``.pth`` path, appended to ``sys.path``); a run in the copy still imports the copy's
+        code: test commands run in the copy, whose folder comes first on ``sys.path``
+        (``python -m pytest``, sympy's ``bin/test``), and scripts get ``PYTHONPATH`` = the copy,
+        which comes before ``site-packages``."""
         src = str(self.root)
         objects = os.path.join(src, ".git", "objects") + os.sep
         if dest.exists():
