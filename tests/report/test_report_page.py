@@ -75,6 +75,22 @@ def test_pipeline_page_says_why(tmp_path: Path) -> None:
     assert "36 clusters of identical diffs" in html
 
 
+def test_pipeline_page_lists_the_test_runs_cut(tmp_path: Path) -> None:
+    """A test stage bounded by its budget (issue 31): the page says what was cut and why."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(PIPELINE, run_dir)
+    test = run_dir / "pipeline" / "sympy__sympy-14711" / "test.jsonl"
+    cut = {"run": "regression", "candidate": "c27", "file": "sympy/physics/vector/tests/test_vector.py",
+           "why": "budget", "detail": "the test budget (600 s) was spent before it started"}
+    sched = {"kind": "schedule", "workers": 4, "budget_s": 600.0, "candidate_limit_s": 60.0,
+             "runs": 31, "cut": [cut], "wall_s": 600.4, "timeline": []}
+    test.write_text(test.read_text() + json.dumps(sched) + "\n")
+    html = render_report(load_run(run_dir))
+    assert "31 run(s) on 4 worker(s)" in html and "1 cut:" in html
+    assert "regression c27 <code>sympy/physics/vector/tests/test_vector.py</code> — budget: the test budget (600 s) was spent" in html
+    assert "nothing cut." not in html
+
+
 def test_cli(tmp_path: Path) -> None:
     out = tmp_path / "r.html"
     r = CliRunner().invoke(main, ["report", str(PIPELINE), "-o", str(out)])

@@ -140,6 +140,7 @@ def _pipeline(inst: Instance) -> dict[str, Any]:
         "scripts": [r for r in recs.get("test", []) if r.get("kind") == "script_base"],
         "regression": [r for r in recs.get("test", []) if r.get("kind") == "regression_base"],
         "env": next((r for r in recs.get("test", []) if r.get("kind") == "env"), None),
+        "schedule": next((r for r in recs.get("test", []) if r.get("kind") == "schedule"), None),
         "ranked": ranked,
         "chosen": chosen,
         "chosen_rank": chosen_rank,

@@ -11,7 +11,8 @@ temporary file and a rename, when its stage has finished: a file that exists is 
 
 ``input_digest`` is the SHA-256 of the stage's configuration and of the ``content_digest`` of the
 artifacts it reads; ``content_digest`` that of its own records (the header, with its timings, is
-not part of it, nor are the records' timings and output excerpts, ``VOLATILE``). A re-run reuses a finished stage whose ``input_digest`` is still the same, and
+not part of it, nor are the records' timings, the test stage's timeline and output excerpts,
+``VOLATILE``). A re-run reuses a finished stage whose ``input_digest`` is still the same, and
 redoes it otherwise (the stage's budget changed, or an earlier stage was redone with a different
 result), so a change runs down the chain and nothing else is recomputed.
 """
@@ -27,7 +28,8 @@ from pathlib import Path
 from typing import Any
 
 #: record keys that say how a result was obtained, not what it is: left out of ``content_digest``
-VOLATILE = frozenset({"seconds", "output_tail", "latency_s", "model_s"})
+VOLATILE = frozenset({"seconds", "output_tail", "latency_s", "model_s", "wall_s", "timeline",
+                      "workers"})
 
 
 def _stable(obj: Any) -> Any:

@@ -80,6 +80,22 @@ def pipeline_options(fn: Callable) -> Callable:
         click.option("--test-timeout", "pl_test_timeout", type=click.FloatRange(min=1.0),
                      default=te.timeout_s, show_default=True,
                      help="pipeline: seconds per regression test run."),
+        click.option("--test-budget", "pl_test_budget", type=click.FloatRange(min=1.0),
+                     default=te.budget_s, show_default=True,
+                     help="pipeline: wall seconds of the test stage per instance; the runs that "
+                          "do not fit are cut (recorded in test.jsonl and the summary) and rank "
+                          "goes on with the evidence gathered."),
+        click.option("--test-candidate-limit", "pl_test_candidate_limit",
+                     type=click.FloatRange(min=1.0), default=te.candidate_limit_s,
+                     show_default=True,
+                     help="pipeline: seconds one candidate's kept scripts may take together; "
+                          "also the least a candidate's run of a test file may take (else "
+                          "4x the file's run on the original code) before it is a timeout."),
+        click.option("--test-workers", "pl_test_workers", type=click.IntRange(min=1),
+                     default=None,
+                     help="pipeline: test runs at once per instance, each in its own copy of "
+                          "the work tree [default: the cores shared by --workers instances, "
+                          "at most 8]."),
     ]
     for opt in reversed(opts):
         fn = opt(fn)
@@ -182,6 +198,11 @@ def _config(cls: type, opts: dict[str, Any], **kw: Any) -> Any:
     cfg.test.candidates = opts["pl_test_candidates"]
     cfg.test.repro_candidates = opts["pl_test_repro_candidates"]
     cfg.test.timeout_s = opts["pl_test_timeout"]
+    cfg.test.budget_s = opts["pl_test_budget"]
+    cfg.test.candidate_limit_s = opts["pl_test_candidate_limit"]
+    from fak.swebench.pipeline.testing import default_workers
+
+    cfg.test.workers = opts["pl_test_workers"] or default_workers(cfg.workers)
     return cfg
 
 

@@ -87,8 +87,9 @@ class PipelineConfig:
         issue = {"hints": self.hints, "issue_chars": self.issue_chars}
         if stage == "locate":
             return {**asdict(self.locate), **issue}
-        if stage == "test":
-            return {**asdict(self.test), "task_env": self.task_env}
+        if stage == "test":  # not the workers: the same runs, verdicts and cuts aside
+            return {**{k: v for k, v in asdict(self.test).items() if k != "workers"},
+                    "task_env": self.task_env}
         if stage == "rank":
             return {}
         sub = {"choose": self.choose, "repair": self.repair, "reproduce": self.reproduce}[stage]

@@ -82,6 +82,12 @@ def _counts(current: dict[str, Artifact]) -> dict[str, Any]:
     if "test" in current:
         c["scripts_kept"] = sum(1 for r in current["test"].of_kind("script_base") if r["kept"])
         c["tested"] = len(current["test"].of_kind("candidate_test"))
+        for sched in current["test"].of_kind("schedule")[:1]:  # the bounds (issue 31)
+            why: dict[str, int] = {}
+            for cut in sched.get("cut", []):
+                why[cut["why"]] = why.get(cut["why"], 0) + 1
+            c.update(test_runs=sched.get("runs", 0), test_cut=len(sched.get("cut", [])),
+                     test_cut_why=why, test_wall_s=sched.get("wall_s"))
     if "rank" in current:
         chosen = current["rank"].of_kind("chosen")[0]
         ranked = {r["id"]: r for r in current["rank"].of_kind("ranked")}

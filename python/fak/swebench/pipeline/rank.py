@@ -2,11 +2,12 @@
 
 The order (best first), after Agentless's selection: candidates the ``test`` stage ran before
 those it did not (or that did not apply); then more reproduction scripts fixed (a kept script
-that now exits 0); then those whose regression tests ran before those whose did not; then fewer
-regression tests broken (a lower rank, never an exclusion: a right fix sometimes changes asserted
-behaviour); then more votes (answers that gave the same normalized
-patch); then the smaller diff; then the earlier candidate. Without a ``test`` artifact the order
-is votes, then diff size. No candidate at all gives the empty patch.
+that now exits 0); then those whose regression tests ran before those whose did not (or not all
+of them: the test stage's budget cut a file); then fewer regression tests broken (a lower rank,
+never an exclusion: a right fix sometimes changes asserted behaviour); then more votes (answers
+that gave the same normalized patch); then the smaller diff; then the earlier candidate. Without
+a ``test`` artifact the order is votes, then diff size. No candidate at all gives the empty
+patch.
 """
 
 from __future__ import annotations
@@ -19,7 +20,10 @@ def rank_key(c: dict[str, Any], result: dict[str, Any] | None) -> tuple:
     tested = result is not None and bool(result.get("applied"))
     fixed = int(result.get("repro_fixed", 0)) if tested else 0
     ran = tested and "regression_failures" in result
-    broken = len(result.get("regression_failures", [])) if tested else 0
+    # tests broken: those its regression runs showed, or, where some of its test files were cut
+    # (ranked as not run), those the files that ran showed
+    broken = len(result.get("regression_failures", result.get("regression_partial", []))) \
+        if tested else 0
     return (0 if tested else 1, -fixed, 0 if ran else 1, broken, -int(c["votes"]), int(c["diff_lines"]),
             int(str(c["id"]).lstrip("c") or 0))
 

@@ -8,7 +8,8 @@ this run: the chosen patch (``""`` when there was no candidate); entries of othe
 already in the file are kept; the list is in dataset order (the same bytes for the same
 results, whatever order the workers finish in). ``summary.json``: the run's settings, per instance its result,
 per-stage seconds/requests/tokens (``reused`` when the artifact was current), candidate and
-script counts, the chosen candidate; and totals per stage.
+script counts, the test stage's runs, cuts (``test_cut``, ``test_cut_why``: count per reason)
+and wall seconds, the chosen candidate; and totals per stage.
 """
 
 from __future__ import annotations
@@ -158,7 +159,11 @@ class PipelineRun(Job):
         c = st.counts
         stages = " ".join(s + ("(reused)" if d.get("reused") else f"={d.get('seconds', 0):.1f}s")
                           for s, d in st.stages.items())
+        cut = ""
+        if "test_cut" in c:  # the test stage's runs, and those its bounds cut (and why)
+            why = ", ".join(f"{k} {n}" for k, n in sorted(c["test_cut_why"].items()))
+            cut = f" test-runs={c['test_runs']} cut={c['test_cut']}" + (f" ({why})" if why else "")
         return (f"{markup_safe(key)}: {st.result} {stages} candidates={c.get('candidates', '-')} "
-                f"kept-scripts={c.get('scripts_kept', '-')} chosen={c.get('chosen', '-')}"
+                f"kept-scripts={c.get('scripts_kept', '-')}{cut} chosen={c.get('chosen', '-')}"
                 + (f" ({markup_safe(st.message.splitlines()[0][:300])})" if st.result != "done"
                    and st.message else ""))

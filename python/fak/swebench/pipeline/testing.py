@@ -27,21 +27,35 @@ candidate's regression run gives no ``regression_failures`` (``regression_env_er
   original code and with the candidate; the tests that passed on the original code and no longer
   pass are its ``regression_failures``. Scripts are cheap (one interpreter start) and test files
   are not (a sympy module's tests take up to minutes), hence the two budgets.
+
+Bounded and scheduled (issue 31; ``schedule.py``): the runs go to ``workers`` workers, each in its
+own copy of the work tree (``TaskEnv.copy``), cheapest and most discriminating first — the
+scripts before the test files, each test file on its own, the candidates' runs of a file ordered
+by how long its base run took. A per-instance ``budget_s`` (wall seconds from the stage's start;
+the clone and the environment's set-up before it are not counted) cuts what cannot start in it
+and what it interrupts; a per-candidate limit bounds a candidate that makes the scripts or the
+tests hang. What was cut, and why, is in the records (``cut``, ``regression_partial``, the
+``schedule`` record); rank then works with less evidence for that instance.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
+import stat
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from fak.gitsafe import git, patch_git_metadata
 from fak.swebench.envs import SYSTEM_PATH, overlay_test_command
 from fak.swebench.pipeline.execute import RunResult, run_in_sandbox, sandbox_kind
+from fak.swebench.pipeline.schedule import Budget, Cut, Pool, Slot, budget_killed, limit
 from fak.swebench.pipeline.source import Repo, is_test_path, module_name
 
 PASS = ("PASSED", "XFAIL")
@@ -56,12 +70,46 @@ _EXC = re.compile(r"^(?:[\w.]+\.)?([A-Z]\w*(?:Error|Exception|Exit|Failure|Warni
 HOST_TEST_CMD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -p no:cacheprovider"
 
 
+#: at most this many test workers by default: round by round there are rarely more runs ready
+#: (``max_scripts`` scripts; ``candidates`` x a module's ``regression_files``), and each worker
+#: holds its own copy of the work tree and a test process
+MAX_WORKERS = 8
+#: a candidate's run of a test file may take this many times the file's base run (or the
+#: candidate limit, whichever is larger) before it is killed as a timeout
+SLOW_FACTOR = 4.0
+
+
+def default_workers(instances: int = 1) -> int:
+    """Test workers per instance when none are asked for: the cores this process may use
+    (``os.sched_getaffinity``) shared by the ``instances`` run at once, at least 1, at most
+    ``MAX_WORKERS``."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    return max(1, min(MAX_WORKERS, cores // max(1, instances)))
+
+
 @dataclass
 class TestConfig:
     """``timeout_s`` per test-file run, ``script_timeout_s`` per script run (seconds);
     ``repro_candidates``: candidates the kept reproduction scripts run on (most votes first);
     ``candidates``: of those, the best by scripts fixed then votes, the ones whose regression
-    tests run; ``regression_files`` test files per touched module."""
+    tests run; ``regression_files`` test files per touched module.
+
+    Bounds (issue 31): ``budget_s``, the instance's test budget (wall seconds from the stage's
+    start; runs that cannot start in it are cut and recorded, one that it interrupts is cut
+    too); ``candidate_limit_s``, what one candidate's kept scripts may take together (seconds),
+    and the timeout of a candidate's run of one test file unless ``SLOW_FACTOR`` times the
+    file's base run is longer (never over ``timeout_s``);
+    ``workers``, runs at once, each in its own copy of the work tree (0: ``default_workers()``).
+    The default budget, 600 s: the test stages of the 14 smoke instances recorded in
+    ``benches/results/swebench-gpu-2026-12-02`` took 67-462 s each on one worker, and
+    sympy-23534 1,463 s (a two-file module whose base run took 240 s and each candidate's ~250 s);
+    600 s is 1.3x the slowest of the 13 others, so it cuts only such a suite. The candidate
+    limit, 60 s: the kept scripts took at most 13.4 s on one candidate (of 332), and a hanging
+    candidate cost 302 s (sympy-13372 c6, killed by the 300 s timeout) where its file's base run
+    took 19 s."""
 
     timeout_s: float = 300.0
     script_timeout_s: float = 60.0
@@ -69,6 +117,9 @@ class TestConfig:
     repro_candidates: int = 32
     regression_files: int = 2
     max_scripts: int = 8
+    budget_s: float = 600.0
+    candidate_limit_s: float = 60.0
+    workers: int = 0
 
 
 @dataclass
@@ -104,6 +155,48 @@ class TaskEnv:
         proc = git(self.root, "apply", "--whitespace=nowarn", "-", check=False, text=False,
                    input=patch.encode("utf-8", "surrogateescape"))
         return proc.returncode == 0
+
+    def copy(self, dest: Path) -> TaskEnv:
+        """A second work tree for runs in parallel: ``dest`` (replaced if it exists) a file copy
+        of ``root`` — its setup commit, build outputs and ignored files (``.fak/`` with the
+        scripts) included; ``.git/objects`` hard-linked where the file system allows (git never
+        rewrites an object file, and the sandbox mounts ``.git`` read-only), everything else
+        copied; symlinks copied as links, never followed; what is not a regular file (a FIFO, a
+        socket) left out. Its environment is this one with the paths under ``root`` moved to
+        ``dest``. fak's git treats the copy as any workspace (``fak.gitsafe``, which never reads
+        its configuration). Make it before anything ran in ``root`` since the set-up. Raises
+        ``OSError`` (``shutil.Error``) when the copy fails.
+
+        With ``--task-env`` the overlay's editable install of the repository points at ``root``
+        (a ``.pth`` path, appended to ``sys.path``); a run in the copy still imports the copy's
+        code: test commands run in the copy, whose folder comes first on ``sys.path``
+        (``python -m pytest``, sympy's ``bin/test``), and scripts get ``PYTHONPATH`` = the copy,
+        which comes before ``site-packages``."""
+        src = str(self.root)
+        objects = os.path.join(src, ".git", "objects") + os.sep
+        if dest.exists():
+            shutil.rmtree(dest)
+
+        def copy_file(a: str, b: str) -> str:
+            st = os.lstat(a)
+            if not stat.S_ISREG(st.st_mode):
+                return b
+            if a.startswith(objects):
+                try:
+                    os.link(a, b)
+                    return b
+                except OSError:
+                    pass
+            return shutil.copy2(a, b)
+
+        shutil.copytree(self.root, dest, symlinks=True, copy_function=copy_file)
+
+        def moved(value: str) -> str:  # whole path components only (PATH lists too)
+            return re.sub(re.escape(src) + r"(?=/|:|$)", lambda _: str(dest), value)
+
+        return TaskEnv(dest, {k: moved(v) for k, v in self.env.items()}, self.test_cmd,
+                       list(self.exports), list(self.pre), self.unsafe_no_sandbox, dict(self.info),
+                       list(self.readable))
 
 
 def prepare(task: dict[str, Any], mirror: Path, work_dir: Path, *, task_env: bool,
@@ -227,14 +320,18 @@ def find_test_files(repo: Repo, path: str, limit: int = 2) -> list[str]:
 
 
 def run_tests(tenv: TaskEnv, files: list[str], timeout_s: float) -> tuple[dict[str, str], RunResult, str]:
-    """Run ``files`` with the test command; (test → status, the run, the command line)."""
+    """Run ``files`` with the test command; (test → status, the run, the command line). The log
+    is read with the repository's harness parser in the task env, with pytest's on the host."""
     from swebench.harness.log_parsers import MAP_REPO_TO_PARSER
     from swebench.harness.log_parsers.python import parse_log_pytest
 
     command = " ".join([tenv.test_cmd, *files])
     script = "\n".join([*tenv.exports, command])
     res = tenv.run(["bash", "-c", script], timeout_s)
-    parser = MAP_REPO_TO_PARSER.get(tenv.info.get("repo", ""), parse_log_pytest)
+    # the repository's own log parser reads its harness command's log; the host mode runs
+    # pytest whatever the harness runs (sympy's is bin/test): its log is pytest's
+    parser = (MAP_REPO_TO_PARSER.get(tenv.info.get("repo", ""), parse_log_pytest)
+              if tenv.info.get("mode") == "task-env" else parse_log_pytest)
     try:
         statuses = parser(res.output, None)
     except Exception:  # noqa: BLE001 - a parser that needs more than the log: pytest's
@@ -266,99 +363,277 @@ def _tail(text: str, n: int = 1500) -> str:
     return text[-n:]
 
 
+def _script_record(sid: str, res: RunResult) -> dict[str, Any]:
+    """The ``script_base`` record of script ``sid``'s run on the original code: kept or not, and
+    why (see the module's docstring)."""
+    kind = failure_kind(res.output) if res.returncode not in (0, None) else None
+    env_error = could_not_start(res)
+    if env_error is not None:
+        why, keep = f"environment error: {env_error}", False
+    elif res.killed:
+        why, keep = "timeout", False
+    elif res.returncode == 0:
+        why, keep = "passes on the original code", False
+    elif kind in UNFIXABLE:
+        why, keep = f"fails with {kind}", False
+    elif kind in SCRIPT_BUGS and (raised_in(res.output) or "").endswith(f"repro_{sid}.py"):
+        why, keep = f"fails with {kind} in its own code", False
+    else:
+        why, keep = f"fails with {kind or f'exit status {res.returncode}'}", True
+    return {"kind": "script_base", "script": sid, "returncode": res.returncode,
+            "killed": res.killed, "kept": keep, "why": why, "env_error": env_error is not None,
+            "seconds": round(res.duration_s, 3), "output_tail": _tail(res.output)}
+
+
+def _slots_dir(tenv: TaskEnv) -> Path:
+    return tenv.root.parent / "slots"
+
+
+def _slots(tenv: TaskEnv, n: int) -> tuple[list[Slot], list[str]]:
+    """``n`` slots: ``tenv`` itself and ``n - 1`` copies of it (``TaskEnv.copy``, made at once,
+    under ``root/../slots/K``); a copy that fails is left out (its error in the second list)."""
+    slots, errors = [Slot(tenv, 0)], []
+    if n > 1:
+        where = _slots_dir(tenv)
+        with ThreadPoolExecutor(max_workers=n - 1, thread_name_prefix="fak-test-copy") as ex:
+            futs = [ex.submit(tenv.copy, where / str(k)) for k in range(1, n)]
+        for f in futs:
+            try:
+                slots.append(Slot(f.result(), len(slots)))
+            except OSError as e:
+                errors.append(f"{type(e).__name__}: {str(e)[:300]}")
+    return slots, errors
+
+
+def _run(slot: Slot, budget: Budget, what: dict[str, Any], argv: list[str], timeout: float,
+         extra_env: dict[str, str]) -> RunResult:
+    t0 = time.monotonic()
+    res = slot.tenv.run(argv, timeout, extra_env)
+    budget.log(what, slot.index, t0, res.duration_s)
+    return res
+
+
+def _run_tests(slot: Slot, budget: Budget, what: dict[str, Any], files: list[str],
+               timeout: float) -> tuple[dict[str, str], RunResult, str]:
+    t0 = time.monotonic()
+    statuses, res, command = run_tests(slot.tenv, files, timeout)
+    budget.log(what, slot.index, t0, res.duration_s)
+    return statuses, res, command
+
+
 def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]],
                scripts: list[dict[str, Any]], tenv: TaskEnv, cfg: TestConfig) -> list[dict[str, Any]]:
-    """The test stage's records: ``env``; ``script_base`` per script (``kept``, ``why``);
-    ``regression_base`` per distinct set of test files (``files``, ``passing``, ``failing``);
-    ``candidate_test`` per tested candidate (``applied``, ``repro`` {script: exit status},
-    ``repro_fixed``; and ``regression_failures`` for those whose regression tests ran)."""
+    """The test stage's records: ``env``; ``script_base`` per script that ran on the original
+    code (``kept``, ``why``); ``regression_base`` per test file that ran on it (``files``,
+    ``passing``, ``failing``); ``candidate_test`` per candidate the kept scripts ran on
+    (``applied``, ``repro`` {script: exit status}, ``repro_fixed``; ``regression_failures`` for
+    those whose regression tests ran, ``regression_partial`` where some of their test files
+    were cut; ``cut``: its runs that were cut); last ``schedule``: ``workers``, ``budget_s``,
+    ``candidate_limit_s``, ``runs`` (started), ``cut`` (every run that was cut: ``run``, the
+    script/candidate/file, ``why`` one of ``schedule.CUT_REASONS``, ``detail``), ``wall_s`` and
+    ``timeline`` (each run started: what, worker, ``start_s``, ``seconds``).
+
+    The runs go to ``cfg.workers`` workers, each with its own copy of the work tree, in three
+    rounds, each cheapest and most discriminating first: the scripts on the original code; the
+    kept scripts on the candidates (one job per candidate, most votes first), as long as the
+    candidate's limit lasts; the test files of the best candidates on the original code (the
+    smallest file first) and, as each of these ends, the candidates' runs of that file (the
+    file whose base run was quickest first, then the candidates' order). Whatever cannot start
+    within ``cfg.budget_s`` is cut, as is a run the budget interrupts. A candidate whose kept
+    scripts were all cut gets no ``candidate_test`` record (as one past ``repro_candidates``);
+    a candidate with a test file cut gets no ``regression_failures`` (ranked as one whose
+    regression tests did not run)."""
+    try:
+        return _scheduled(repo, task, candidates, scripts, tenv, cfg)
+    finally:
+        shutil.rmtree(_slots_dir(tenv), ignore_errors=True)
+
+
+def _scheduled(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]],
+               scripts: list[dict[str, Any]], tenv: TaskEnv, cfg: TestConfig) -> list[dict[str, Any]]:
     tenv.info["repo"] = task["repo"]
+    budget = Budget(cfg.budget_s)
     records: list[dict[str, Any]] = [{"kind": "env", **{k: v for k, v in tenv.info.items()
                                                         if k != "repo"}}]
     fak_dir = tenv.root / ".fak"
     fak_dir.mkdir(exist_ok=True)
-    script_env = {"PYTHONPATH": str(tenv.root)}
-    kept: list[str] = []
-    for s in scripts[: cfg.max_scripts]:
+    to_run = scripts[: cfg.max_scripts]
+    for s in to_run:
         (fak_dir / f"repro_{s['id']}.py").write_text(s["code"])
-        res = tenv.run(["python", f".fak/repro_{s['id']}.py"], cfg.script_timeout_s, script_env)
-        kind = failure_kind(res.output) if res.returncode not in (0, None) else None
-        env_error = could_not_start(res)
-        if env_error is not None:
-            why, keep = f"environment error: {env_error}", False
-        elif res.killed:
-            why, keep = "timeout", False
-        elif res.returncode == 0:
-            why, keep = "passes on the original code", False
-        elif kind in UNFIXABLE:
-            why, keep = f"fails with {kind}", False
-        elif kind in SCRIPT_BUGS and (raised_in(res.output) or "").endswith(f"repro_{s['id']}.py"):
-            why, keep = f"fails with {kind} in its own code", False
-        else:
-            why, keep = f"fails with {kind or f'exit status {res.returncode}'}", True
-        if keep:
-            kept.append(s["id"])
-        records.append({"kind": "script_base", "script": s["id"], "returncode": res.returncode,
-                        "killed": res.killed, "kept": keep, "why": why, "env_error": env_error is not None,
-                        "seconds": round(res.duration_s, 3), "output_tail": _tail(res.output)})
     order = sorted(candidates, key=lambda c: (-c["votes"], c["diff_lines"], int(c["id"][1:])))
-    # 1. the kept scripts on many candidates (cheap: one interpreter start each)
-    results: dict[str, dict[str, Any]] = {}
-    for c in order[: max(cfg.repro_candidates, cfg.candidates)]:
+    to_try = order[: max(cfg.repro_candidates, cfg.candidates)]
+    workers = cfg.workers or default_workers()
+    slots, slot_errors = _slots(tenv, min(workers, max(1, len(to_run), len(to_try))))
+    pool = Pool(slots)
+    cuts: list[dict[str, Any]] = []
+
+    def script_env(slot: Slot) -> dict[str, str]:
+        return {"PYTHONPATH": str(slot.tenv.root)}
+
+    # 1. each script on the original code: kept when it fails there
+    def script_base(s: dict[str, Any], slot: Slot) -> RunResult | Cut:
+        lim = limit(budget, cfg.script_timeout_s)
+        if isinstance(lim, Cut):
+            return lim
+        slot.checkout("", None, fresh=False)
+        res = _run(slot, budget, {"run": "script_base", "script": s["id"]},
+                   ["python", f".fak/repro_{s['id']}.py"], lim[0], script_env(slot))
+        return budget_killed(res.killed, res.duration_s, *lim) or res
+
+    ran = pool.run(((i,), s["id"], partial(script_base, s)) for i, s in enumerate(to_run))
+    kept: list[str] = []
+    for s in to_run:
+        r = ran[s["id"]]
+        if isinstance(r, Cut):
+            cuts.append(r.to_json(run="script_base", script=s["id"]))
+            continue
+        records.append(_script_record(s["id"], r))
+        if records[-1]["kept"]:
+            kept.append(s["id"])
+
+    # 2. the kept scripts on many candidates (cheap: one interpreter start each)
+    def scripts_on(c: dict[str, Any], slot: Slot) -> dict[str, Any] | Cut:
         t0 = time.perf_counter()
-        tenv.reset()
-        rec: dict[str, Any] = {"kind": "candidate_test", "id": c["id"], "applied": tenv.apply(c["diff"])}
+        lim = limit(budget, cfg.script_timeout_s)
+        if isinstance(lim, Cut):
+            return lim
+        rec: dict[str, Any] = {"kind": "candidate_test", "id": c["id"],
+                               "applied": slot.checkout(c["id"], c["diff"], fresh=True)}
         if rec["applied"]:
-            repro = {}
+            repro: dict[str, int | None] = {}
+            cut: list[dict[str, Any]] = []
+            spent = 0.0
             for sid in kept:
-                res = tenv.run(["python", f".fak/repro_{sid}.py"], cfg.script_timeout_s, script_env)
+                lim = limit(budget, cfg.script_timeout_s, cfg.candidate_limit_s - spent)
+                if isinstance(lim, Cut):
+                    cut.append(lim.to_json(script=sid))
+                    continue
+                res = _run(slot, budget, {"run": "script", "candidate": c["id"], "script": sid},
+                           ["python", f".fak/repro_{sid}.py"], lim[0], script_env(slot))
+                spent += res.duration_s
+                interrupted = budget_killed(res.killed, res.duration_s, *lim)
+                if interrupted is not None:
+                    cut.append(interrupted.to_json(script=sid))
+                    continue
                 repro[sid] = res.returncode
+            if kept and not repro:  # nothing ran: no evidence about this candidate
+                return Cut(cut[0]["why"], cut[0]["detail"])
             rec["repro"] = repro
             rec["repro_fixed"] = sum(1 for rc in repro.values() if rc == 0)
+            if cut:
+                rec["cut"] = cut
         rec["seconds"] = round(time.perf_counter() - t0, 3)
-        results[c["id"]] = rec
-    # 2. the regression tests of the best of them: most scripts fixed, then most votes
-    applied = [c for c in order if results.get(c["id"], {}).get("applied")]
-    best = sorted(applied, key=lambda c: -results[c["id"]]["repro_fixed"])[: cfg.candidates]
-    # each candidate against its own modules' test files, with the original code's results of
-    # the same files (one base run per distinct set: most candidates touch the same file)
-    own: dict[str, tuple[str, ...]] = {}
-    for c in best:
+        return rec
+
+    tried = pool.run(((i,), c["id"], partial(scripts_on, c)) for i, c in enumerate(to_try))
+    results: dict[str, dict[str, Any]] = {}
+    for c in to_try:
+        r = tried[c["id"]]
+        if isinstance(r, Cut):
+            cuts.append(r.to_json(run="candidate", candidate=c["id"]))
+            continue
+        results[c["id"]] = r
+        cuts += [{"run": "script", "candidate": c["id"], **x} for x in r.get("cut", [])]
+
+    # 3. the regression tests of the best of them: most scripts fixed, then most votes; each
+    # candidate against its own modules' test files, with the original code's results of the
+    # same file (one base run per file: most candidates touch the same one)
+    tested = [c for c in order if "repro" in results.get(c["id"], {})]
+    best = sorted(tested, key=lambda c: -results[c["id"]]["repro_fixed"])[: cfg.candidates]
+    own: dict[str, list[str]] = {}
+    users: dict[str, list[tuple[int, dict[str, Any]]]] = {}
+    for i, c in enumerate(best):
         files: list[str] = []
         for f in c["files"]:
             files += [t for t in find_test_files(repo, f, cfg.regression_files) if t not in files]
-        own[c["id"]] = tuple(files)
-    base: dict[tuple[str, ...], list[str]] = {}
-    for files in dict.fromkeys(own.values()):
-        if not files:
+        own[c["id"]] = files
+        for f in files:
+            users.setdefault(f, []).append((i, c))
+    test_files = list(users)
+
+    def candidate_run(c: dict[str, Any], f: str, base_s: float, slot: Slot) -> Any:
+        left = budget.left()
+        if base_s > left:
+            return Cut("budget", f"would not end within the test budget: the file's base run "
+                                 f"took {base_s:.0f} s, {max(left, 0.0):.0f} s were left")
+        lim = limit(budget, min(cfg.timeout_s, max(cfg.candidate_limit_s, SLOW_FACTOR * base_s)))
+        if isinstance(lim, Cut):
+            return lim
+        slot.checkout(c["id"], c["diff"], fresh=True)
+        statuses, res, _ = _run_tests(slot, budget, {"run": "regression", "candidate": c["id"],
+                                                     "file": f}, [f], lim[0])
+        return budget_killed(res.killed, res.duration_s, *lim) or (statuses, res)
+
+    def base_run(f: str, slot: Slot) -> Any:
+        lim = limit(budget, cfg.timeout_s)
+        if isinstance(lim, Cut):
+            return lim
+        slot.checkout("", None, fresh=True)
+        statuses, res, command = _run_tests(slot, budget, {"run": "regression_base", "file": f},
+                                            [f], lim[0])
+        interrupted = budget_killed(res.killed, res.duration_s, *lim)
+        if interrupted is not None:
+            return interrupted
+        for i, c in users[f]:  # quickest file first, then the candidates' order
+            pool.submit((1, res.duration_s, i, test_files.index(f)), ("regression", c["id"], f),
+                        partial(candidate_run, c, f, res.duration_s))
+        return statuses, res, command
+
+    size = {f: len(repo.text(f) or "") for f in test_files}
+    done = pool.run(((0, size[f], j), ("base", f), partial(base_run, f))
+                    for j, f in enumerate(test_files))
+    base: dict[str, list[str]] = {}
+    for f in test_files:
+        r = done[("base", f)]
+        if isinstance(r, Cut):
+            cuts.append(r.to_json(run="regression_base", file=f))
             continue
-        tenv.reset()
-        statuses, res, command = run_tests(tenv, list(files), cfg.timeout_s)
+        statuses, res, command = r
         env_error = could_not_start(res)
-        base[files] = sorted(t for t, st in statuses.items() if st in PASS) if env_error is None else []
-        records.append({"kind": "regression_base", "files": list(files), "command": command,
+        base[f] = sorted(t for t, st in statuses.items() if st in PASS) if env_error is None else []
+        records.append({"kind": "regression_base", "files": [f], "command": command,
                         "returncode": res.returncode, "killed": res.killed, "env_error": env_error,
-                        "passing": base[files], "failing": sorted(t for t, st in statuses.items()
-                                                                  if st not in PASS),
+                        "passing": base[f], "failing": sorted(t for t, st in statuses.items()
+                                                              if st not in PASS),
                         "seconds": round(res.duration_s, 3), "output_tail": _tail(res.output)})
     for c in best:
         rec = results[c["id"]]
-        t0 = time.perf_counter()
-        files = own[c["id"]]
-        if files:
-            tenv.reset()
-            tenv.apply(c["diff"])
-            statuses, res, _ = run_tests(tenv, list(files), cfg.timeout_s)
-            env_error = could_not_start(res)
-            if env_error is None:
-                rec["regression_failures"] = [t for t in base[files] if statuses.get(t) not in PASS]
-            else:  # no evidence either way: ranked as a candidate whose tests did not run
-                rec["regression_env_error"] = env_error
-            rec["regression_killed"] = res.killed
-        else:
+        if not own[c["id"]]:
             rec["regression_failures"] = []
-        rec["seconds"] = round(rec["seconds"] + time.perf_counter() - t0, 3)
+            continue
+        failures: list[str] = []
+        cut: list[dict[str, Any]] = []
+        ran_any = killed = False
+        env_error = None
+        seconds = 0.0
+        for f in own[c["id"]]:
+            r = done[("regression", c["id"], f)] if f in base else \
+                Cut("no_base", "the file's run on the original code was cut")
+            if isinstance(r, Cut):
+                cut.append(r.to_json(file=f))
+                continue
+            statuses, res = r
+            ran_any, killed, seconds = True, killed or res.killed, seconds + res.duration_s
+            env_error = env_error or could_not_start(res)
+            failures += [t for t in base[f] if statuses.get(t) not in PASS]
+        if env_error is not None:  # no evidence either way: ranked as if its tests did not run
+            rec["regression_env_error"] = env_error
+        elif not cut:
+            rec["regression_failures"] = failures
+        elif ran_any:  # some of its files were cut: what the others showed, not ranked as a run
+            rec["regression_partial"] = failures
+        if ran_any:
+            rec["regression_killed"] = killed
+        if cut:
+            rec["cut"] = rec.get("cut", []) + cut
+            cuts += [{"run": "regression", "candidate": c["id"], **x} for x in cut]
+        rec["seconds"] = round(rec["seconds"] + seconds, 3)
     records += [results[c["id"]] for c in order if c["id"] in results]
+    records.append({"kind": "schedule", "workers": len(slots), "budget_s": cfg.budget_s,
+                    "candidate_limit_s": cfg.candidate_limit_s, "runs": len(budget.timeline),
+                    "cut": cuts, **({"slot_errors": slot_errors} if slot_errors else {}),
+                    "wall_s": round(budget.elapsed(), 3),
+                    "timeline": sorted(budget.timeline, key=lambda t: t["start_s"])})
     tenv.reset()
     return records
 

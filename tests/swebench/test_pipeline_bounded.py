@@ -1,0 +1,266 @@
+"""The test stage's bounds and schedule (issue 31): a per-instance budget that cuts the runs that
+do not fit and records them, a per-candidate limit, parallel workers on copies of the work tree
+giving the same records as one, and the order (scripts before test files, test files by their
+measured base run, candidates in their order).
+
+The repository is ``fak-test/calc`` (``make_calc``): ``calc.core.double`` returns ``x + x + 1``
+(the bug); a quick test file next to it and one whose test sleeps (the slow suite); three
+candidates: the right fix, a wrong one that breaks a quick test, and one that hangs. Each test
+calls ``testing.test_stage`` on a real clone in fak's sandbox.
+
+To add a case: give ``make_calc`` the files, ``_cand`` the change, and read the records.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from pipeline_fixtures import RuleServer, ShapesModel, make_shapes, shapes_index
+from tiny import run_fak
+
+from fak.swebench.pipeline.artifacts import _stable, digest
+from fak.swebench.pipeline.rank import rank
+from fak.swebench.pipeline.source import Repo
+from fak.swebench.pipeline import testing
+
+CORE = "def double(x):\n    return x + x + 1\n"
+QUICK = "calc/tests/test_core.py"  # nearest to calc/core.py: found first
+SLOW = "tests/test_core.py"
+SCRIPTS = [{"id": "r0", "code": "from calc import double\nassert double(1) == 2, double(1)\n"},
+           {"id": "r1", "code": "from calc import double\nassert double(0) == 0, double(0)\n"},
+           {"id": "r2", "code": "from calc import double\nassert double(1) > 0\n"}]  # passes
+
+
+def _git(cwd: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
+                          text=True).stdout
+
+
+def make_calc(root: Path, *, slow_s: float, pad: str) -> dict:
+    """The repo (``src``), its bare mirror and the three candidates; ``slow_s``: how long the slow
+    test sleeps; ``pad``: which test file is made the larger (``"quick"`` or ``"slow"``)."""
+    src = root / "src"
+    files = {
+        "calc/__init__.py": "from calc.core import double\n",
+        "calc/core.py": CORE,
+        "calc/tests/__init__.py": "",
+        QUICK: ("from calc.core import double\n\n\n"
+                "def test_zero():\n    assert double(0) in (0, 1)\n\n\n"
+                "def test_int():\n    assert isinstance(double(2), int)\n"),
+        SLOW: (f"import time\n\nfrom calc.core import double\n\n\n"
+               f"def test_big():\n    time.sleep({slow_s})\n    assert double(5) > 9\n"),
+    }
+    big = QUICK if pad == "quick" else SLOW
+    files[big] += "\n" + "# padding\n" * 200
+    for rel, text in files.items():
+        (src / rel).parent.mkdir(parents=True, exist_ok=True)
+        (src / rel).write_text(text)
+    _git(src, "init", "-q", "-b", "main")
+    _git(src, "-c", "user.email=t@example.invalid", "-c", "user.name=t", "add", "-A")
+    _git(src, "-c", "user.email=t@example.invalid", "-c", "user.name=t", "commit", "-qm", "calc")
+    base = _git(src, "rev-parse", "HEAD").strip()
+    mirror = root / "repos" / "fak-test" / "calc"
+    mirror.parent.mkdir(parents=True)
+    _git(root, "clone", "-q", "--bare", str(src), str(mirror))
+
+    def cand(cid: str, votes: int, body: str) -> dict:
+        (src / "calc/core.py").write_text(f"def double(x):\n{body}")
+        diff = _git(src, "diff")
+        (src / "calc/core.py").write_text(CORE)
+        return {"id": cid, "votes": votes, "diff_lines": diff.count("\n"),
+                "files": ["calc/core.py"], "diff": diff}
+
+    cands = {"right": cand("c0", 3, "    return x + x\n"),
+             "hang": cand("c2", 2, "    import time\n    time.sleep(30)\n    return x + x\n"),
+             "wrong": cand("c1", 1, "    return x + x + 2\n")}
+    task = {"instance_id": "fak-test__calc-1", "repo": "fak-test/calc", "base_commit": base,
+            "version": "0.1"}
+    return {"src": src, "mirror": mirror, "task": task, "cands": cands}
+
+
+def _stage(calc: dict, work: Path, cands: list[dict], **cfg) -> list[dict]:
+    task = calc["task"]
+    tenv = testing.prepare(task, calc["mirror"], work, task_env=False)
+    repo = Repo(calc["mirror"], task["base_commit"])
+    return testing.test_stage(repo, task, cands, SCRIPTS, tenv, testing.TestConfig(**cfg))
+
+
+def _of(records: list[dict], kind: str) -> list[dict]:
+    return [r for r in records if r["kind"] == kind]
+
+
+def test_parallel_workers_give_the_records_of_one_and_runs_go_cheapest_first(tmp_path):
+    calc = make_calc(tmp_path / "calc", slow_s=1.5, pad="quick")  # the slow file is the smaller
+    cands = [calc["cands"]["right"], calc["cands"]["wrong"]]
+    one = _stage(calc, tmp_path / "w1", cands, workers=1)
+    three = _stage(calc, tmp_path / "w3", cands, workers=3)
+
+    # the same records, verdicts and all (timings, output excerpts and the timeline aside)
+    assert digest(_stable(one)) == digest(_stable(three))
+    sched1, sched3 = _of(one, "schedule")[0], _of(three, "schedule")[0]
+    assert (sched1["workers"], sched3["workers"]) == (1, 3)
+    assert sched1["cut"] == sched3["cut"] == []
+    assert len({t["worker"] for t in sched3["timeline"]}) > 1  # the copies did run
+    assert not (tmp_path / "w3" / "slots").exists()  # the copies are gone
+    base = {r["script"]: r["kept"] for r in _of(one, "script_base")}
+    assert base == {"r0": True, "r1": True, "r2": False}
+    by_id = {r["id"]: r for r in _of(one, "candidate_test")}
+    assert by_id["c0"]["repro"] == {"r0": 0, "r1": 0} and by_id["c0"]["regression_failures"] == []
+    assert by_id["c1"]["repro_fixed"] == 0
+    assert by_id["c1"]["regression_failures"] == [f"{QUICK}::test_zero"]
+    assert [r["files"] for r in _of(one, "regression_base")] == [[QUICK], [SLOW]]
+
+    # one worker: the order is the schedule's: scripts on the original code, scripts on the
+    # candidates (their order), base runs (the smaller file first: nothing measured yet), then the
+    # candidates' runs of the file whose base run was quicker first
+    runs = [(t["run"], t.get("candidate"), t.get("script") or t.get("file"))
+            for t in sched1["timeline"]]
+    assert runs == [
+        ("script_base", None, "r0"), ("script_base", None, "r1"), ("script_base", None, "r2"),
+        ("script", "c0", "r0"), ("script", "c0", "r1"), ("script", "c1", "r0"), ("script", "c1", "r1"),
+        ("regression_base", None, SLOW), ("regression_base", None, QUICK),
+        ("regression", "c0", QUICK), ("regression", "c1", QUICK),
+        ("regression", "c0", SLOW), ("regression", "c1", SLOW)]
+    secs = {r["files"][0]: r["seconds"] for r in _of(one, "regression_base")}
+    assert secs[QUICK] < secs[SLOW]
+
+
+def test_a_slow_suite_is_cut_by_the_budget_and_a_hanging_candidate_by_its_limit(tmp_path):
+    calc = make_calc(tmp_path / "calc", slow_s=120, pad="slow")  # the quick file runs first
+    c = calc["cands"]
+    records = _stage(calc, tmp_path / "w", [c["right"], c["hang"], c["wrong"]], workers=2,
+                     budget_s=30.0, candidate_limit_s=3.0)
+    sched = _of(records, "schedule")[0]
+    # the stage ended at its budget, not after the slow test's 120 s
+    assert sched["wall_s"] < 45
+    cuts = {(x["run"], x.get("candidate"), x.get("script") or x.get("file")): x for x in sched["cut"]}
+    slow_base = cuts.pop(("regression_base", None, SLOW))
+    assert slow_base["why"] == "budget" and "during the run" in slow_base["detail"]
+    limit_cut = cuts.pop(("script", "c2", "r1"))  # the hanging candidate's second script
+    assert limit_cut["why"] == "candidate_limit"
+    assert {k: v["why"] for k, v in cuts.items()} == {
+        ("regression", cid, SLOW): "no_base" for cid in ("c0", "c1", "c2")}
+
+    assert [r["files"] for r in _of(records, "regression_base")] == [[QUICK]]
+    by_id = {r["id"]: r for r in _of(records, "candidate_test")}
+    # the hanging candidate's first script was killed at its limit: a timeout, not a fix
+    assert by_id["c2"]["repro"] == {"r0": None} and by_id["c2"]["repro_fixed"] == 0
+    assert by_id["c0"]["repro_fixed"] == 2 and by_id["c1"]["repro_fixed"] == 0
+    # a test file cut: no regression_failures (not ranked as run), what the quick file showed
+    for r in by_id.values():
+        assert "regression_failures" not in r
+        assert {(x["file"], x["why"]) for x in r["cut"] if "file" in x} == {(SLOW, "no_base")}
+    assert by_id["c0"]["regression_partial"] == []
+    assert by_id["c1"]["regression_partial"] == [f"{QUICK}::test_zero"]
+    # the hanging candidate's quick run was killed at its limit (4x the base run, at least 3 s)
+    assert by_id["c2"]["regression_killed"] is True
+    assert sorted(by_id["c2"]["regression_partial"]) == [f"{QUICK}::test_int", f"{QUICK}::test_zero"]
+    hang_run = next(t for t in sched["timeline"] if t["run"] == "regression" and t["candidate"] == "c2")
+    assert hang_run["seconds"] < 20
+
+    ranked = [r["id"] for r in rank([c["right"], c["hang"], c["wrong"]], records) if r["kind"] == "ranked"]
+    assert ranked == ["c0", "c1", "c2"]  # c1 broke one quick test, c2 both
+
+
+def test_a_copy_of_the_work_tree_is_its_own_workspace(tmp_path):
+    """``TaskEnv.copy``: the objects hard-linked, files copied, a link kept as a link (never
+    followed), a FIFO left out (reading it would block), the environment's paths moved; a
+    candidate applied in the copy is not in the original, and resetting the copy clears it."""
+    import os
+
+    calc = make_calc(tmp_path / "calc", slow_s=0, pad="slow")
+    tenv = testing.prepare(calc["task"], calc["mirror"], tmp_path / "w", task_env=False)
+    os.mkfifo(tenv.root / "calc" / "pipe")
+    os.symlink("/etc/hostname", tenv.root / "calc" / "host")
+    copy = tenv.copy(tmp_path / "w" / "slots" / "1")
+    assert copy.root == tmp_path / "w" / "slots" / "1"
+    assert copy.env["HOME"] == str(copy.root / ".fak" / "home") != tenv.env["HOME"]
+    assert copy.env["PATH"] == tenv.env["PATH"] and copy.readable == tenv.readable
+    assert not (copy.root / "calc" / "pipe").exists()
+    assert os.readlink(copy.root / "calc" / "host") == "/etc/hostname"
+    objs = [p for p in (tenv.root / ".git" / "objects").rglob("*") if p.is_file()]
+    assert objs and all(os.stat(p).st_ino == os.stat(copy.root / p.relative_to(tenv.root)).st_ino
+                        for p in objs)
+    assert copy.apply(calc["cands"]["right"]["diff"])
+    assert (copy.root / "calc/core.py").read_text() != (tenv.root / "calc/core.py").read_text() == CORE
+    copy.reset()
+    assert (copy.root / "calc/core.py").read_text() == CORE
+
+
+def test_the_host_mode_reads_the_pytest_log_whatever_the_repository(tmp_path):
+    """The host mode runs pytest: its log is read with pytest's parser, not the repository's
+    harness parser (sympy's reads bin/test's log and found no test in pytest's)."""
+    calc = make_calc(tmp_path / "calc", slow_s=0, pad="slow")
+    tenv = testing.prepare(calc["task"], calc["mirror"], tmp_path / "w", task_env=False)
+    tenv.info["repo"] = "sympy/sympy"
+    statuses, res, _ = testing.run_tests(tenv, [QUICK], 60)
+    assert statuses == {f"{QUICK}::test_zero": "PASSED", f"{QUICK}::test_int": "PASSED"}, res.output
+
+
+def test_the_pool_runs_lowest_priority_first_adds_jobs_and_raises_what_a_job_raised():
+    from fak.swebench.pipeline.schedule import Pool, Slot
+
+    pool = Pool([Slot(None, 0)])
+    seen = []
+
+    def job(name, slot, then=None):
+        seen.append(name)
+        if then:
+            pool.submit((0,), then, partial_job(then))
+        return name.upper()
+
+    def partial_job(name):
+        return lambda slot: job(name, slot)
+
+    out = pool.run([((2,), "b", lambda s: job("b", s)), ((1,), "a", lambda s: job("a", s, "z")),
+                    ((3,), "c", lambda s: job("c", s))])
+    # one worker: a (1), then z, which a added with priority 0, then b (2), then c (3)
+    assert seen == ["a", "z", "b", "c"] and out == {"a": "A", "z": "Z", "b": "B", "c": "C"}
+
+    def boom(slot):
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        Pool([Slot(None, 0), Slot(None, 1)]).run([((0,), "x", boom), ((1,), "y", lambda s: 1)])
+
+
+def test_cli_budget_cuts_are_in_the_summary(tmp_path):
+    """``--test-budget`` and ``--test-workers`` reach the stage; what was cut is in
+    ``test.jsonl``'s schedule record, ``summary.json`` and the instance's line."""
+    sh = make_shapes(tmp_path / "shapes")
+    server = RuleServer(ShapesModel(shapes_index())).start()
+    out = tmp_path / "out"
+    common = ["swebench", "run", "--agent", "pipeline", "--dataset", str(sh["dataset"]),
+              "--repos", str(sh["repos"]), "--output", str(out), "--no-live", "--workers", "1",
+              "--filter", "fak-test__shapes-1"]
+    try:
+        proc = run_fak(*common, "--stages", "gen", "--gateway", server.addr, "--chat-template",
+                       str(sh["template"]), "--repair-samples", "10", "--max-locations", "1",
+                       "--repair-forms", "search_replace", timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    finally:
+        server.stop()
+    proc = run_fak(*common, "--stages", "test,rank", "--test-budget", "1", "--test-workers", "2",
+                   timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    iid = "fak-test__shapes-1"
+    rows = [json.loads(ln) for ln in (out / "pipeline" / iid / "test.jsonl").read_text().splitlines()]
+    assert rows[0]["config"]["budget_s"] == 1.0 and "workers" not in rows[0]["config"]
+    sched = next(r for r in rows if r["kind"] == "schedule")
+    assert sched["workers"] == 2 and sched["budget_s"] == 1.0
+    assert sched["cut"] and {x["why"] for x in sched["cut"]} == {"budget"}
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["config"]["test"]["workers"] == 2
+    line = next(i for i in summary["instances"] if i["instance_id"] == iid)
+    assert line["test_cut"] == len(sched["cut"]) and line["test_cut_why"] == {"budget": len(sched["cut"])}
+    assert f"cut={len(sched['cut'])} (budget {len(sched['cut'])})" in " ".join((proc.stdout + proc.stderr).split())
+    # nothing tested: rank falls back to votes, and a prediction is still written
+    assert json.loads((out / "predictions.json").read_text())[0]["instance_id"] == iid
+
+
+if __name__ == "__main__":
+    sys.exit(pytest.main([__file__, "-q"]))
