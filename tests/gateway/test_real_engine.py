@@ -130,7 +130,7 @@ def test_engine_side_errors(tiny_server: BackgroundServer, tiny_engine: Any) -> 
 def test_logprob_bytes_of_byte_fallback_tokens(tiny_server: BackgroundServer, tiny_engine: Any) -> None:
     """🚀 is split across byte-level tokens whose text alone is U+FFFD: each entry's ``bytes`` are
     the token's own, so they join to the character's UTF-8 (not to U+FFFD's [239, 191, 189])."""
-    from fak.gateway.engine_api import TokenLogprobs
+    from fak.gateway.engine_client import TokenLogprobs
 
     ids = tiny_engine.tokenize("🚀", add_special=False)
     assert len(ids) > 1  # the tiny vocabulary has no token for it

@@ -31,7 +31,7 @@ from fak.gateway.chat_completions.protocol import (
 from fak.gateway.chat_completions.routes import create_chat_completion
 from fak.gateway.completions.protocol import Completion, CompletionRequest
 from fak.gateway.completions.routes import create_completion
-from fak.gateway.engine_api import EngineLike, engine_tool_call_format
+from fak.gateway.engine_client import EngineLike, engine_tool_call_format
 from fak.gateway.errors import APIError, ErrorResponse, exception_handlers
 from fak.gateway.health.routes import Health, health
 from fak.gateway.metrics import GatewayMetrics

@@ -81,7 +81,7 @@ from fak.gateway.chat_completions.protocol import (
     TopLogprob,
 )
 from fak.gateway.disconnect import ClientDisconnected, run_until_disconnect
-from fak.gateway.engine_api import EngineRun, TokenLogprobs, sampling_kwargs, token_logprobs
+from fak.gateway.engine_client import EngineRun, TokenLogprobs, sampling_kwargs, token_logprobs
 from fak.gateway.errors import APIError, bad_request
 from fak.gateway.policy_filter import (
     CONVERSATION_HEADER,

@@ -19,7 +19,7 @@ import httpx
 import openai
 import pytest
 from fak.gateway import GatewayConfig, create_app
-from fak.gateway.engine_api import engine_tool_call_format
+from fak.gateway.engine_client import engine_tool_call_format
 from fak.toolcalls import ToolCallFormat
 from gateway_fakes import (
     BASH_TOOL,

@@ -28,7 +28,7 @@ from fak.gateway.chat_completions.protocol import (
     ChunkToolCall,
 )
 from fak.gateway.disconnect import ClientDisconnected
-from fak.gateway.engine_api import TokenLogprobs
+from fak.gateway.engine_client import TokenLogprobs
 from fak.gateway.errors import APIError, bad_request, error_response
 from fak.gateway.policy_filter import ContentOut, ToolCallOut, merge_content
 from fak.gateway.schemas import Usage, decode_lenient, new_id, now

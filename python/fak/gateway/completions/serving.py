@@ -26,7 +26,7 @@ from fak.gateway.completions.protocol import (
     CompletionRequest,
 )
 from fak.gateway.disconnect import ClientDisconnected, run_until_disconnect
-from fak.gateway.engine_api import (
+from fak.gateway.engine_client import (
     EngineRun,
     TokenLogprobs,
     sampling_kwargs,
