@@ -642,8 +642,10 @@ def test_kv_cache_pressure_preempts_and_recovers(tiny):
                           "prefix_cache_query_tokens", "prefix_cache_hit_tokens", "prefix_cache_blocks",
                           "device_sampled_rows", "device_sampled_host_rows", "tp_collective_seconds",
                           "tp_collective_wait_seconds", "kv_blocks_peak", "spec_steps", "spec_draft_tokens",
-                          "spec_accepted_tokens"}
+                          "spec_accepted_tokens", "spec_draft_forwards", "spec_draft_model_tokens",
+                          "spec_draft_seconds", "draft_kv_blocks_total", "draft_kv_blocks_free"}
     assert stats["spec_steps"] == 0  # speculation is off unless asked for
+    assert stats["draft_kv_blocks_total"] == 0 and stats["spec_draft_forwards"] == 0  # no draft model
     assert stats["tp_collective_seconds"] == 0.0  # one shard: no collectives
     assert stats["decode_tokens"] > 0 and stats["prefill_tokens"] > 0 and stats["steps"] > 0
     assert (stats["running"], stats["waiting"], stats["kv_blocks_used"]) == (0, 0, 0)
