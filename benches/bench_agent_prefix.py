@@ -37,8 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import secrets
 import statistics
 import sys
@@ -51,24 +49,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
 sys.path.insert(0, str(REPO / "tests" / "gateway"))
+from machine import machine  # noqa: E402  (benches/machine.py, beside this script)
 
 import httpx
 
 FIXTURES = REPO / "tests" / "data" / "clients" / "claude-code-2.1.337"
 
 
-def machine() -> dict[str, Any]:
-    """CPU, cores and Python of this run."""
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
 def fixtures() -> list[dict[str, Any]]:

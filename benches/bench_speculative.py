@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -44,23 +42,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "python"))
+from machine import machine  # noqa: E402  (benches/machine.py, beside this script)
 
 TRAJ_DIR = REPO / "benches" / "results" / "swebench-cpu-1.5b" / "trajectories"
 FLEET_TAR = REPO / "benches" / "results" / "fleet-gpu-2026-12-06" / "j1-fleet-w14.tar.xz"
 MODEL_05B = "qwen2.5-coder-0.5b-instruct-mixed"
 
 
-def machine() -> dict[str, Any]:
-    cpu = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "python": platform.python_version(),
-            "load_avg_at_start": os.getloadavg()}
 
 
 def load_trajectories(sources: list[str]) -> list[tuple[str, dict[str, Any]]]:
