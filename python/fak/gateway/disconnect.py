@@ -13,9 +13,10 @@ import asyncio
 from collections.abc import Awaitable
 from typing import Any, TypeVar
 
+import anyio
 from litestar import Request
 
-__all__ = ["ClientDisconnected", "run_until_disconnect"]
+__all__ = ["ClientDisconnected", "cancel_and_wait", "run_until_disconnect"]
 
 T = TypeVar("T")
 
@@ -53,3 +54,17 @@ async def run_until_disconnect(request: Request[Any, Any, Any], work: Awaitable[
     except (asyncio.CancelledError, Exception):  # noqa: BLE001 - the client is gone either way
         pass
     raise ClientDisconnected()
+
+
+async def cancel_and_wait(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` unless it has finished and wait for it to end, shielded from the caller's
+    own cancellation (a disconnect or a closed stream must not leave the work running); what it
+    raised or returned is dropped: the caller has given up on it."""
+    if task.done():
+        return
+    task.cancel()
+    with anyio.CancelScope(shield=True):
+        try:
+            await task
+        except (asyncio.CancelledError, Exception):  # noqa: BLE001
+            pass

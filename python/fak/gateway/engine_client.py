@@ -23,6 +23,7 @@ import anyio
 
 from fak.errors import ContextLengthError, FakError, InvalidArgumentError, KVCacheFullError
 from fak.gateway.admission import Admission
+from fak.gateway.disconnect import cancel_and_wait
 from fak.gateway.errors import APIError, bad_request
 from fak.gateway.schemas import Timings
 from fak.toolcalls import ToolCallFormat, detect_tool_call_format
@@ -415,13 +416,7 @@ class EngineRun:
                 if done:
                     return
         finally:
-            if not task.done():
-                task.cancel()
-                with anyio.CancelScope(shield=True):
-                    try:
-                        await task
-                    except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                        pass
+            await cancel_and_wait(task)
 
     async def aclose(self) -> None:
         """Close the engine iterator (cancels an unfinished sequence) and release the slot."""

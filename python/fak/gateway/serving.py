@@ -80,7 +80,7 @@ from fak.gateway.chat_completions.protocol import (
     TokenLogprob,
     TopLogprob,
 )
-from fak.gateway.disconnect import ClientDisconnected, run_until_disconnect
+from fak.gateway.disconnect import ClientDisconnected, cancel_and_wait, run_until_disconnect
 from fak.gateway.engine_client import EngineRun, TokenLogprobs, sampling_kwargs, token_logprobs
 from fak.gateway.errors import APIError, bad_request
 from fak.gateway.policy_filter import (
@@ -512,13 +512,8 @@ async def keepalive(source: AsyncIterator[bytes], interval: float, ping: bytes) 
                 return
             yield chunk
     finally:
-        if pending is not None and not pending.done():
-            pending.cancel()
-            with anyio.CancelScope(shield=True):
-                try:
-                    await pending
-                except (asyncio.CancelledError, StopAsyncIteration, Exception):  # noqa: BLE001
-                    pass
+        if pending is not None:
+            await cancel_and_wait(pending)
         close = getattr(it, "aclose", None)
         if close is not None:
             with anyio.CancelScope(shield=True):
@@ -871,12 +866,8 @@ class EngineServing:
         try:
             await run_until_disconnect(request, asyncio.wait({task}, timeout=wait))
         except ClientDisconnected:
-            task.cancel()
+            await cancel_and_wait(task)
             with anyio.CancelScope(shield=True):
-                try:
-                    await task
-                except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                    pass
                 await gen.aclose()
             raise
         if task.done() and task.exception() is not None:
@@ -893,13 +884,7 @@ class EngineServing:
             except APIError as err:
                 yield error_event(err)
             finally:
-                if not task.done():
-                    task.cancel()
-                    with anyio.CancelScope(shield=True):
-                        try:
-                            await task
-                        except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                            pass
+                await cancel_and_wait(task)
                 await gen.aclose()
 
         interval = float(getattr(self.gw.config, "stream_keepalive_s", 5.0))
