@@ -782,13 +782,18 @@ __device__ void mmq_q8(const u8* __restrict__ W, size_t row_bytes, const i8* __r
     MMQ_Q8(NAME, FMT, 64, 1) MMQ_Q8(NAME, FMT, 64, 2)                                                                     \
     MMQ_Q8S(NAME, FMT, 16, 2) MMQ_Q8S(NAME, FMT, 16, 3) MMQ_Q8S(NAME, FMT, 32, 2) MMQ_Q8S(NAME, FMT, 32, 3)             \
     MMQ_Q8S(NAME, FMT, 64, 2) MMQ_Q8S(NAME, FMT, 64, 3)
-// mmq_id_<fmt>_q8_n64: the grouped GEMM of a mixture-of-experts FFN over (row, expert) pairs in
-// expert-sorted order (moe.cu `moe_sort`, `moe_gather_q8`): tile t = blockIdx.y of the tile table
-// `tiles` (count, then (expert, first row, rows) per tile) multiplies expert e's matrix
-// (W + e·estride) with rows first .. first + rows of the sorted activations into the same rows of
-// Y. grid (⌈n_out/128⌉, an upper bound on the tiles), 256 threads, dynamic shared memory as
-// mmq_<fmt>_q8_n64_p2; blocks past the table's count return at once. No split-K, no bias.
-template <int FMT>
+// mmq_id_<fmt>_q8_n<BN>_<p2|f2>: the grouped GEMM of a mixture-of-experts FFN over (row, expert)
+// pairs in expert-sorted order (moe.cu `moe_sort`, `moe_gather_q8`): tile t = blockIdx.y of the
+// tile table `tiles` (count, then (expert, first row, rows ≤ BN) per tile) multiplies expert e's
+// matrix (W + e·estride) with rows first .. first + rows of the sorted activations into the same
+// rows of Y. BN (16, 32, 64) is the host's choice by the pairs per expert (a 64-row tile holding
+// the ≈ 4 pairs per expert of a 64-sequence decode step wasted 15/16 of its work); `p2` is the
+// direct mode (two k-steps per barrier), `f2` the fragment mode over two staged super-blocks
+// (Q4_K, Q6_K; K % 256 == 0), as the dense GEMM of prefill. Same bits in every variant: the f32
+// additions' order depends on neither BN nor the mode. grid (⌈n_out/128⌉, an upper bound on the
+// tiles), 256 threads, dynamic shared memory as mmq_<fmt>_q8_n<BN>_<mode>; blocks past the
+// table's count return at once. No split-K, no bias.
+template <int FMT, int BN, int S, bool FR>
 __device__ void mmq_id(const u8* __restrict__ W, size_t row_bytes, size_t estride, const i8* __restrict__ yq, const void* __restrict__ ya,
                        const int* __restrict__ ys, float* __restrict__ Y, int K, int n_out, const u32* __restrict__ tiles) {
     pdl_enter();
@@ -798,23 +803,33 @@ __device__ void mmq_id(const u8* __restrict__ W, size_t row_bytes, size_t estrid
     constexpr bool KF = FMT == T_Q4_K || FMT == T_Q5_K || FMT == T_Q6_K;
     const void* a = KF ? (const void*)((const float*)ya + (size_t)first * (K / 256)) : (const void*)((const float2*)ya + (size_t)first * (K / 32));
     const int* sm = ys ? ys + (size_t)first * (K / 32) : nullptr;
-    mmq_q8<FMT, 64, 2, 0>(W + (size_t)e * estride, row_bytes, yq + (size_t)first * K, a, sm, nullptr, Y + (size_t)first * n_out, K, n_out,
-                          (int)rows, false, K / 32, nullptr, nullptr, 0);
+    mmq_q8<FMT, BN, 2, S, FR>(W + (size_t)e * estride, row_bytes, yq + (size_t)first * K, a, sm, nullptr, Y + (size_t)first * n_out, K, n_out,
+                              (int)rows, false, K / 32, nullptr, nullptr, 0);
 }
-#define MMQ_ID(NAME, FMT)                                                                                                  \
-    extern "C" __global__ void __launch_bounds__(256, 2) mmq_id_##NAME##_q8_n64(                                          \
+#define MMQ_ID(NAME, FMT, BN)                                                                                              \
+    extern "C" __global__ void __launch_bounds__(256, 2) mmq_id_##NAME##_q8_n##BN##_p2(                                   \
         const u8* __restrict__ W, size_t row_bytes, size_t estride, const i8* __restrict__ yq, const void* __restrict__ ya, \
         const int* __restrict__ ys, float* __restrict__ Y, int K, int n_out, const u32* __restrict__ tiles) {              \
-        mmq_id<FMT>(W, row_bytes, estride, yq, ya, ys, Y, K, n_out, tiles);                                                \
+        mmq_id<FMT, BN, 0, false>(W, row_bytes, estride, yq, ya, ys, Y, K, n_out, tiles);                                  \
     }
-MMQ_ID(q4_0, T_Q4_0)
-MMQ_ID(q4_1, T_Q4_1)
-MMQ_ID(q5_0, T_Q5_0)
-MMQ_ID(q5_1, T_Q5_1)
-MMQ_ID(q8_0, T_Q8_0)
-MMQ_ID(q4_K, T_Q4_K)
-MMQ_ID(q5_K, T_Q5_K)
-MMQ_ID(q6_K, T_Q6_K)
+#define MMQ_IDF(NAME, FMT, BN)                                                                                             \
+    extern "C" __global__ void __launch_bounds__(256, 2) mmq_id_##NAME##_q8_n##BN##_f2(                                   \
+        const u8* __restrict__ W, size_t row_bytes, size_t estride, const i8* __restrict__ yq, const void* __restrict__ ya, \
+        const int* __restrict__ ys, float* __restrict__ Y, int K, int n_out, const u32* __restrict__ tiles) {              \
+        mmq_id<FMT, BN, 2, true>(W, row_bytes, estride, yq, ya, ys, Y, K, n_out, tiles);                                   \
+    }
+#define MMQ_ID_ALL(NAME, FMT) MMQ_ID(NAME, FMT, 16) MMQ_ID(NAME, FMT, 32) MMQ_ID(NAME, FMT, 64)
+#define MMQ_IDF_ALL(NAME, FMT) MMQ_IDF(NAME, FMT, 16) MMQ_IDF(NAME, FMT, 32) MMQ_IDF(NAME, FMT, 64)
+MMQ_ID_ALL(q4_0, T_Q4_0)
+MMQ_ID_ALL(q4_1, T_Q4_1)
+MMQ_ID_ALL(q5_0, T_Q5_0)
+MMQ_ID_ALL(q5_1, T_Q5_1)
+MMQ_ID_ALL(q8_0, T_Q8_0)
+MMQ_ID_ALL(q4_K, T_Q4_K)
+MMQ_ID_ALL(q5_K, T_Q5_K)
+MMQ_ID_ALL(q6_K, T_Q6_K)
+MMQ_IDF_ALL(q4_K, T_Q4_K)
+MMQ_IDF_ALL(q6_K, T_Q6_K)
 
 MMQ_Q8_ALL(q4_0, T_Q4_0)
 MMQ_Q8_ALL(q4_1, T_Q4_1)

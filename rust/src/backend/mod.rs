@@ -453,14 +453,6 @@ pub trait Backend: Send + Sync + Sized + 'static {
         f()
     }
 
-    /// Whether a decode forward of `n_tokens` rows may be captured once and replayed
-    /// ([`Backend::run_forward`] with a key); `moe`: the model has mixture-of-experts layers.
-    /// The default: always.
-    fn graphable(&self, n_tokens: usize, moe: bool) -> bool {
-        let _ = (n_tokens, moe);
-        true
-    }
-
     /// Waits until every queued op has finished.
     fn synchronize(&self) -> Result<()> {
         Ok(())

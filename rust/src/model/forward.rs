@@ -175,9 +175,7 @@ impl<B: Backend> Model<B> {
         let w = &self.weights;
         be.set_batch(&mut s.batch, plan)?;
         // A layer whose experts run on the host breaks the step into host and device work: no graph.
-        let decode_only = plan.seqs.iter().all(|q| q.n_rows == 1)
-            && self.weights.host_expert_layers == 0
-            && self.backend.graphable(n, self.config.moe.is_some());
+        let decode_only = plan.seqs.iter().all(|q| q.n_rows == 1) && self.weights.host_expert_layers == 0;
         let key = decode_only.then_some(GraphKey {
             n_tokens: n,
             n_logits,

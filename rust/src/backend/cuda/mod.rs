@@ -619,14 +619,6 @@ impl Backend for CudaBackend {
         self.dev.synchronize()
     }
 
-    /// Not a MoE step past the expert GEMV's rows: its expert-sorted grouped path faulted under
-    /// graph replay in a 64- and 128-sequence decode on the Qwen3-Coder-30B-A3B twin (H100,
-    /// 2026-12-07; the same steps ran correct without a graph, and compute-sanitizer found
-    /// nothing there), so those steps run launch by launch until the cause is found.
-    fn graphable(&self, n_tokens: usize, moe: bool) -> bool {
-        !moe || n_tokens <= ops::MOE_GEMV_MAX_ROWS
-    }
-
     fn embed(&self, table: &CudaWeight, batch: &CudaBatch, n_tokens: usize, out: &mut CudaBuffer) -> Result<()> {
         self.op_embed(table, batch, n_tokens, out)
     }

@@ -33,7 +33,7 @@ pub(crate) const MM_COUNTERS: usize = 1 << 16;
 /// Dynamic shared memory of `mmq_<fmt>_q8_n<BN>_p<G>`: the double-buffered int8 weight tiles of G
 /// k-steps (128 rows × 48 bytes each); of `mmq_<fmt>_q8_n<BN>_s<S>` (G = 2), also its S stages;
 /// of `mmq_<fmt>_q8_n<BN>_f<S>` (`frag`: no int8 tiles), the stages alone. Bytes.
-fn mmq_q8_smem(g: usize, stages: usize, wtype: GgmlType, bn: usize, frag: bool) -> u32 {
+pub(crate) fn mmq_q8_smem(g: usize, stages: usize, wtype: GgmlType, bn: usize, frag: bool) -> u32 {
     let tiles = if frag { 0 } else { 2 * g * 128 * 48 };
     (tiles + stages * stage_bytes(wtype, bn)) as u32
 }
@@ -58,7 +58,7 @@ fn stage_bytes(wtype: GgmlType, bn: usize) -> usize {
 /// Static shared memory the GEMM kernels may use besides the dynamic part (ptxas reports ≤ 21 KB
 /// for the staged ones; a launch whose total would pass the device's opt-in limit takes fewer
 /// stages).
-const MMQ_STATIC_SMEM: usize = 24 << 10;
+pub(crate) const MMQ_STATIC_SMEM: usize = 24 << 10;
 
 /// Largest split-K workspace (partial sums) a product may use; beyond it the split count drops.
 const MM_WS_MAX: usize = 256 << 20;

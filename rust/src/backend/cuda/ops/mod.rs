@@ -14,4 +14,4 @@ mod rope;
 mod sampling;
 
 pub(crate) use matmul::MM_COUNTERS;
-pub(crate) use moe::{MoeScratch, MOE_GEMV_MAX_ROWS};
+pub(crate) use moe::MoeScratch;

@@ -7,8 +7,9 @@
 //!   launch), then SwiGLU and the down GEMV the same way;
 //! - prefill and large batches: `moe_sort` groups the pairs by expert (a compact index and a
 //!   tile table built on the device), `moe_gather_q8` lays the pairs' 8-bit activations out in
-//!   that order, and `mmq_id_*` runs one grouped int8 tensor-core GEMM tile per (expert, 64
-//!   pairs) — the gate/up outputs, the SwiGLU and the down outputs stay in sorted order;
+//!   that order, and `mmq_id_*` runs one grouped int8 tensor-core GEMM tile per (expert, up to
+//!   16/32/64 pairs: [`tile_rows`]) — in the fragment mode for Q4_K/Q6_K, as the dense prefill
+//!   GEMM — the gate/up outputs, the SwiGLU and the down outputs staying in sorted order;
 //! - `moe_combine_f32`: the weighted sum in slot order added to the residual (through the sorted
 //!   positions in the grouped path).
 
@@ -22,12 +23,23 @@ use crate::{FakError, Result};
 /// this many sequences); above it, the expert-sorted grouped GEMM.
 pub const MOE_GEMV_MAX_ROWS: usize = 16;
 
-/// Pairs per tile of the grouped GEMM (`mmq_id_*_q8_n64`).
-const TILE_ROWS: usize = 64;
+/// Pairs per tile of the grouped GEMM (`mmq_id_*_q8_n<BN>`): the smallest of 16, 32, 64 that holds
+/// the pairs an expert gets on average (`n_pairs / n_expert`, known on the host without looking
+/// at the router's choice). A 64-sequence decode step of a 128-expert, 8-used model gives ≈ 4
+/// pairs per expert: a 64-row tile did 16× the tensor work it needed. The choice depends only on
+/// the step's row count, so a captured graph replays the same kernels.
+pub fn tile_rows(n_pairs: usize, n_expert: usize) -> usize {
+    super::matmul_plan::tile_n(n_pairs.div_ceil(n_expert.max(1)))
+}
 
 /// The grouped GEMM's index and gathered activations, grown on first use and never shrunk.
+/// Superseded allocations stay alive (`old`): a CUDA graph captured with them replays their
+/// pointers (a 64-sequence decode graph captured before a 512-token prefill grew the index
+/// read freed memory on replay: `CUDA_ERROR_ILLEGAL_ADDRESS` on the 30B-A3B twin, H100,
+/// 2026-12-07; graph capture of the grouped path was off until this was found).
 #[derive(Default)]
 pub(crate) struct MoeScratch {
+    old: Vec<Tracked>,
     /// `sorted` (u32 × pairs) | `pos` (u32 × pairs) | `tiles` (u32 × (1 + 3·max tiles)).
     index: Option<Tracked>,
     index_pairs: usize,
@@ -193,20 +205,26 @@ impl CudaBackend {
     }
 
     /// The index `(sorted, pos, tiles)` and gathered-activation pointers for `n_pairs` pairs of
-    /// `k_in` values over `n_expert` experts, grown when needed.
-    fn moe_scratch(&self, n_pairs: usize, n_expert: usize, k_in: usize) -> Result<((u64, u64, u64), [u64; 5])> {
+    /// `k_in` values in at most `max_tiles` GEMM tiles, grown when needed.
+    fn moe_scratch(&self, n_pairs: usize, max_tiles: usize, k_in: usize) -> Result<((u64, u64, u64), [u64; 5])> {
         let mut g = self.moe.lock().unwrap_or_else(|e| e.into_inner());
-        let tiles = n_pairs.div_ceil(TILE_ROWS) + n_expert;
-        if g.index_pairs < n_pairs || g.index_tiles < tiles {
-            let (p, t) = (n_pairs.max(g.index_pairs), tiles.max(g.index_tiles));
-            g.index = Some(self.alloc_tracked(4 * (2 * p + 1 + 3 * t), &MEMORY.activations)?);
+        let g: &mut MoeScratch = &mut g;
+        if g.index_pairs < n_pairs || g.index_tiles < max_tiles {
+            let (p, t) = (n_pairs.max(g.index_pairs), max_tiles.max(g.index_tiles));
+            let fresh = self.alloc_tracked(4 * (2 * p + 1 + 3 * t), &MEMORY.activations)?;
+            if let Some(old) = g.index.replace(fresh) {
+                g.old.push(old);
+            }
             g.index_pairs = p;
             g.index_tiles = t;
         }
         let elems = n_pairs * k_in;
         let (off, bytes) = CudaBuffer::q8_layout(elems.max(g.xs_elems));
         if g.xs_elems < elems {
-            g.xs = Some(self.alloc_tracked(bytes, &MEMORY.activations)?);
+            let fresh = self.alloc_tracked(bytes, &MEMORY.activations)?;
+            if let Some(old) = g.xs.replace(fresh) {
+                g.old.push(old);
+            }
             g.xs_elems = elems;
         }
         let base = g.index.as_ref().expect("allocated above").ptr();
@@ -219,14 +237,22 @@ impl CudaBackend {
     }
 
     /// The grouped GEMM of one stacked tensor over the sorted pairs: `out[j, :] = W_e(j) ·
-    /// a[j, :]` for sorted position `j`, activations `(yq, ya, ys)` in sorted order.
+    /// a[j, :]` for sorted position `j`, activations `(yq, ya, ys)` in sorted order, tiles of
+    /// `bn` pairs: the fragment mode (two staged super-blocks) for Q4_K/Q6_K with K % 256 == 0 where
+    /// its shared memory fits, else the direct mode, two k-steps per barrier.
     #[allow(clippy::too_many_arguments)]
-    fn mmq_id(&self, w: &CudaWeight, (yq, ya, ys): (u64, u64, u64), tiles: u64, max_tiles: usize, out: &mut CudaBuffer) -> Result<()> {
+    fn mmq_id(&self, w: &CudaWeight, (yq, ya, ys): (u64, u64, u64), tiles: u64, max_tiles: usize, bn: usize, out: &mut CudaBuffer) -> Result<()> {
         let (k_in, n_out, _, estride) = experts(w)?;
         let fmt = kernel_fmt(w.wtype).expect("checked by experts()");
         out.written();
-        let name = super::super::intern(format!("mmq_id_{fmt}_q8_n64"));
-        let smem = (2 * 2 * 128 * 48) as u32;
+        let frag = matches!(w.wtype, GgmlType::Q4_K | GgmlType::Q6_K)
+            && k_in.is_multiple_of(256)
+            && super::matmul::mmq_q8_smem(2, 2, w.wtype, bn, true) as usize + super::matmul::MMQ_STATIC_SMEM <= self.dev.info.max_smem_optin as usize;
+        let (name, smem) = if frag {
+            (super::super::intern(format!("mmq_id_{fmt}_q8_n{bn}_f2")), super::matmul::mmq_q8_smem(2, 2, w.wtype, bn, true))
+        } else {
+            (super::super::intern(format!("mmq_id_{fmt}_q8_n{bn}_p2")), super::matmul::mmq_q8_smem(2, 0, w.wtype, bn, false))
+        };
         self.launch(
             "mmq",
             name,
@@ -299,15 +325,16 @@ impl CudaBackend {
             return Err(FakError::Unsupported(format!("gate and up experts of different formats ({} / {})", w.gate_exps.wtype.name(), w.up_exps.wtype.name())));
         }
         let kform = is_kquant(w.gate_exps.wtype);
-        let ((sorted, pos, tiles), xs) = self.moe_scratch(n_pairs, n_expert, k_in)?;
-        let max_tiles = n_pairs.div_ceil(TILE_ROWS) + n_expert;
+        let bn = tile_rows(n_pairs, n_expert);
+        let max_tiles = n_pairs.div_ceil(bn) + n_expert;
+        let ((sorted, pos, tiles), xs) = self.moe_scratch(n_pairs, max_tiles, k_in)?;
         self.launch(
             "moe",
             "moe_sort",
             (1, 1, 1),
             1024,
-            0,
-            Args::new().ptr(s.ids.ptr()).ptr(sorted).ptr(pos).ptr(tiles).i32(n_pairs as i32).i32(n_expert as i32).i32(TILE_ROWS as i32),
+            (32 * n_expert * 4) as u32,
+            Args::new().ptr(s.ids.ptr()).ptr(sorted).ptr(pos).ptr(tiles).i32(n_pairs as i32).i32(n_expert as i32).i32(bn as i32),
         )?;
         // The rows' 8-bit forms, gathered into the pairs' sorted order.
         self.ensure_q8(h, n_rows * k_in, kform)?;
@@ -323,12 +350,12 @@ impl CudaBackend {
             Args::new().ptr(sorted).i32(k as i32).i32(k_in as i32).i32(kform as i32).ptr(src_q).ptr(dk).ptr(sk).ptr(ds0).ptr(dst_q).ptr(odk).ptr(osk).ptr(ods0),
         )?;
         let a = if kform { (oqsk, odk, osk) } else { (oqs0, ods0, 0) };
-        self.mmq_id(w.gate_exps, a, tiles, max_tiles, s.gate)?;
-        self.mmq_id(w.up_exps, a, tiles, max_tiles, s.up)?;
+        self.mmq_id(w.gate_exps, a, tiles, max_tiles, bn, s.gate)?;
+        self.mmq_id(w.up_exps, a, tiles, max_tiles, bn, s.up)?;
         self.op_swiglu(s.gate, s.up, n_pairs * p.n_ff_exp)?;
         // The down projection reads the SwiGLU's 8-bit forms, already in sorted order.
         let (yq, ya, ys) = self.q8_operands(s.gate, n_pairs * p.n_ff_exp, is_kquant(w.down_exps.wtype))?;
-        self.mmq_id(w.down_exps, (yq, ya, ys), tiles, max_tiles, s.experts)?;
+        self.mmq_id(w.down_exps, (yq, ya, ys), tiles, max_tiles, bn, s.experts)?;
         self.op_moe_combine(s.experts, s.weights, pos, n_rows, k, p.n_embd, res)
     }
 }
