@@ -23,6 +23,13 @@ use crate::{FakError, Result};
 /// this many sequences); above it, the expert-sorted grouped GEMM.
 pub const MOE_GEMV_MAX_ROWS: usize = 16;
 
+/// [`MOE_GEMV_MAX_ROWS`], or `FAK_MOE_GEMV_MAX_ROWS` when set (a bench's A/B of the crossover;
+/// read once).
+fn gemv_max_rows() -> usize {
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| std::env::var("FAK_MOE_GEMV_MAX_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(MOE_GEMV_MAX_ROWS))
+}
+
 /// Pairs per tile of the grouped GEMM (`mmq_id_*_q8_n<BN>`): the smallest of 16, 32, 64 that holds
 /// the pairs an expert gets on average (`n_pairs / n_expert`, known on the host without looking
 /// at the router's choice). A 64-sequence decode step of a 128-expert, 8-used model gives ≈ 4
@@ -313,7 +320,7 @@ impl CudaBackend {
         if w.gate_exps.host.is_some() {
             return self.moe_experts_on_host(h, w, p, n_rows, s, res);
         }
-        if n_rows <= MOE_GEMV_MAX_ROWS {
+        if n_rows <= gemv_max_rows() {
             self.op_matmul_id(&[w.gate_exps, w.up_exps], h, s.ids, n_rows, k, false, &mut [&mut *s.gate, &mut *s.up])?;
             self.op_swiglu(s.gate, s.up, n_rows * k * p.n_ff_exp)?;
             self.op_matmul_id(&[w.down_exps], s.gate, s.ids, n_rows, k, true, &mut [&mut *s.experts])?;
