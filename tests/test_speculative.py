@@ -77,6 +77,31 @@ def test_greedy_identical_to_no_speculation(tiny: str, method: str) -> None:
     assert stats["steps"] < base_stats["steps"], "fewer forwards"
 
 
+def test_off_switch_past_max_batch(tiny: str) -> None:
+    """``speculative_max_batch``: a step with more decoding sequences than it drafts nothing (the
+    same outputs, no verification); at or under it the same jobs draft."""
+    jobs = [(p, {"temperature": 0.0, "max_tokens": 40}) for p in PROMPTS]
+    base, _ = run_all(tiny, jobs)
+    off, stats = run_all(tiny, jobs, speculative="ngram:8", speculative_max_batch=len(jobs) - 1)
+    assert off == base
+    # the prompts finish prefill in the same step, so every decode step has all four decoding
+    assert stats["spec_steps"] == 0, stats
+    on, stats = run_all(tiny, jobs, speculative="ngram:8", speculative_max_batch=len(jobs))
+    assert on == base and stats["spec_steps"] > 0
+
+
+def test_adaptive_length_drafts_less_where_drafts_fail(tiny: str) -> None:
+    """Each sequence's draft length follows its acceptance: on a prompt whose repeats the model
+    does not continue, drafts shrink and pause, so fewer draft tokens are computed than a fixed
+    K would, with the same output."""
+    jobs = [(p, {"temperature": 0.0, "max_tokens": 48}) for p in PROMPTS]
+    base, _ = run_all(tiny, jobs)
+    spec, stats = run_all(tiny, jobs, speculative="ngram:16")
+    assert spec == base
+    assert stats["spec_draft_tokens"] < 16 * stats["spec_steps"], stats
+    assert stats["spec_accepted_tokens"] > 0
+
+
 def test_per_request_setting_overrides_the_default(tiny: str) -> None:
     jobs = [(p, {"temperature": 0.0, "max_tokens": 32, "speculative": s})
             for p, s in zip(PROMPTS, ["suffix:6", {"method": "ngram", "k": 3}, "none", {"method": "suffix"}])]
@@ -198,7 +223,8 @@ def test_sampled_distribution_unchanged(tiny: str, sampling: dict[str, Any]) -> 
     n_gen = 12
     sampling = {**sampling, "max_tokens": n_gen}
     base, _ = sample_seeds(tiny, prompt, sampling)
-    spec, stats = sample_seeds(tiny, prompt, sampling, speculative="ngram:4")
+    # 64 sequences a step: past the default off-switch (16), so it is raised
+    spec, stats = sample_seeds(tiny, prompt, sampling, speculative="ngram:4", speculative_max_batch=64)
     assert stats["spec_accepted_tokens"] > 500 and stats["spec_draft_tokens"] > stats["spec_accepted_tokens"], stats
     assert_same_distribution(base, spec, n_gen)
     again, _ = run_all(tiny, [(prompt, {**sampling, "seed": 77})], speculative="ngram:4")

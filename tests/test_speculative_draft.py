@@ -207,7 +207,7 @@ def test_sampled_distribution_unchanged(models: dict[str, str]) -> None:
     n_gen = 12
     sampling = {"temperature": 0.04, "max_tokens": n_gen}
     base, _ = sample_seeds(models["target"], prompt, sampling)
-    spec, stats = sample_seeds(models["target"], prompt, sampling, draft_model=models["target"])
+    spec, stats = sample_seeds(models["target"], prompt, sampling, draft_model=models["target"], speculative_max_batch=64)
     assert stats["spec_accepted_tokens"] > 500 and stats["spec_draft_tokens"] > stats["spec_accepted_tokens"], stats
     assert_same_distribution(base, spec, n_gen)
     once, _ = run(models, [(prompt, {**sampling, "seed": 77})], "layer0")

@@ -134,6 +134,13 @@ BARE_CASES = [
     ('{"name": "bash", "arguments": {"command": "ls"}}\n{"name": "bash", "arguments": {"command": "pwd"}}',
      [("bash", {"command": "ls"}), ("bash", {"command": "pwd"})], None),
     ('[{"name": "bash", "arguments": {"command": "ls"}}]', [("bash", {"command": "ls"})], None),
+    # the template's <tools> tags echoed around the call (Qwen2.5-Coder-1.5B answering Codex)
+    ('<tools>\n{"name": "bash", "arguments": {"command": "ls", "tty": false}}\n</tools>',
+     [("bash", {"command": "ls", "tty": False})], None),
+    ('<tools>\n{"name": "rm_everything", "arguments": {}}\n</tools>', [],
+     '<tools>\n{"name": "rm_everything", "arguments": {}}\n</tools>'),
+    ('<tools>{"name": "bash", "arguments": {"command": "ls"}}', [], '<tools>{"name": "bash", "arguments": {"command": "ls"}}'),
+    ('<tool_call>\n{"name": "bash", "arguments": {"command": "ls"}}\n</tool_call>', [("bash", {"command": "ls"})], ""),
     # not calls: unknown tool, extra text, other JSON, code fences of other languages
     ('{"name": "rm_everything", "arguments": {}}', [], '{"name": "rm_everything", "arguments": {}}'),
     ('{"name": "bash", "arguments": {"command": "ls"}} and more', [],

@@ -118,6 +118,7 @@ class Engine:
         n_cpu_moe: int = 0,
         speculative: str | None = None,
         draft_model: str | Path | None = None,
+        speculative_max_batch: int = 16,
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
@@ -138,7 +139,8 @@ class Engine:
                               yarn_orig_ctx=yarn_orig_ctx, tensor_parallel=tensor_parallel,
                               sliding_window=sliding_window, n_cpu_moe=n_cpu_moe,
                               speculative=speculative,
-                              draft_model=str(draft_model) if draft_model is not None else None)
+                              draft_model=str(draft_model) if draft_model is not None else None,
+                              speculative_max_batch=speculative_max_batch)
         self._init(model, tokenizer, template, path.stem, resolved, max_batch)
 
     @classmethod

@@ -51,6 +51,10 @@ __all__ = [
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
+# The tags the Hermes template (Qwen2.5) lists the offered tools in; an answer wrapped in them is
+# read as bare calls (``parse_bare_calls``).
+TOOLS_OPEN = "<tools>"
+TOOLS_CLOSE = "</tools>"
 
 _ID_ALPHABET = string.ascii_letters + string.digits
 
@@ -151,13 +155,21 @@ def _call_of(obj: Any, tool_names: frozenset[str] | None) -> tuple[str, str] | N
 def parse_bare_calls(text: str, tool_names: frozenset[str], *, leading: bool = False) -> list[ParsedToolCall] | None:
     """Calls written without ``<tool_call>`` markers: the whole ``text`` is one or more JSON
     objects ``{"name": <an offered tool>, "arguments": {...}}`` (or a JSON list of them),
-    optionally inside one ```json fence. ``None`` if anything else is in the text.
+    optionally inside one ```json fence, or inside the ``<tools>…</tools>`` tags in which the
+    template listed the tools (small models echo them in place of ``<tool_call>``). ``None`` if
+    anything else is in the text.
 
     ``leading=True`` (the agent's reading of a reply it must act on): the calls that open the
     text count even when something else follows them (a reply cut by ``max_tokens`` in its
     second call); the text must still start with a call.
     """
     body = text.strip()
+    if body.startswith(TOOLS_OPEN):
+        # The tag the Hermes template lists the tools in, echoed around the call (Qwen2.5-Coder
+        # 1.5B did so for Codex's exec_command: `<tools>\n{"name": ...}\n</tools>`).
+        if not (body.endswith(TOOLS_CLOSE) or leading):
+            return None
+        body = body[len(TOOLS_OPEN):-len(TOOLS_CLOSE) if body.endswith(TOOLS_CLOSE) else None].strip()
     if body.startswith("```"):
         newline = body.find("\n")
         if newline < 0 or not (body.endswith("```") or leading):
@@ -317,10 +329,10 @@ class ToolCallParser:
         head = self._held.lstrip()
         if not head:
             return []
-        if head[0] in "{[" or head.startswith(_JSON_FENCE):
+        if head[0] in "{[" or head.startswith((_JSON_FENCE, TOOLS_OPEN)):
             self._mode = "bare"
             return []
-        if len(head) < len(_JSON_FENCE) and _JSON_FENCE.startswith(head):
+        if any(len(head) < len(m) and m.startswith(head) for m in (_JSON_FENCE, TOOLS_OPEN)):
             return []
         self._mode = "marked"
         text, self._held = self._held, ""

@@ -93,6 +93,9 @@ pub struct EngineOptions {
     /// on the target's backend by [`Engine::open_cpu`] / the CUDA backend's `open_engine`, which
     /// refuse it for hybrid targets, tensor parallelism and a different vocabulary.
     pub draft_model: Option<std::path::PathBuf>,
+    /// Speculation's off-switch: a step with more decoding sequences than this drafts nothing
+    /// ([`speculative::DEFAULT_MAX_BATCH`]).
+    pub speculative_max_batch: usize,
 }
 
 impl Default for EngineOptions {
@@ -111,6 +114,7 @@ impl Default for EngineOptions {
             n_cpu_moe: 0,
             speculative: speculative::SpecParams::NONE,
             draft_model: None,
+            speculative_max_batch: speculative::DEFAULT_MAX_BATCH,
         }
     }
 }
@@ -585,6 +589,7 @@ impl<B: Backend> Engine<B> {
         let spec_default = (!hybrid && matches!(core, Core::One { .. })).then_some(opts.speculative);
         if spec_default.is_some() {
             sched.enable_speculation(sizes.max_logits);
+            sched.set_speculation_max_batch(opts.speculative_max_batch);
         }
         let device_sampling = match std::env::var("FAK_DEVICE_SAMPLING").as_deref() {
             Ok("0") => false,
@@ -1219,6 +1224,8 @@ fn verify_draft(s: &mut Sequence, j0: usize, rows: &VerifyRows<'_>, n_ctx: usize
     s.spec.steps += 1;
     s.spec.drafted += k as u64;
     s.spec.accepted += accepted as u64;
+    let max_k = s.draft_k;
+    s.draft_ctl.update(k, accepted, max_k);
     draft.clear();
     s.draft = draft; // its allocation, for the next draft
     (out, accepted)

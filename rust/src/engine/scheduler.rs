@@ -89,6 +89,8 @@ pub struct Scheduler {
     /// Speculative decoding: the most logit rows of one forward, `None` when sequences never
     /// draft ([`Scheduler::enable_speculation`]).
     spec_max_logits: Option<usize>,
+    /// Most decoding sequences in a step that still draft ([`Scheduler::set_speculation_max_batch`]).
+    spec_max_batch: usize,
     /// The outputs of each conversation's finished requests, indexed for drafts.
     conversations: ConversationStore,
 }
@@ -147,6 +149,7 @@ impl Scheduler {
             state_slots: Vec::new(),
             ckpt: Checkpoints::default(),
             spec_max_logits: None,
+            spec_max_batch: super::speculative::DEFAULT_MAX_BATCH,
             conversations: ConversationStore::default(),
         }
     }
@@ -158,6 +161,13 @@ impl Scheduler {
     /// recurrent (hybrid) models: their state cannot be rolled back.
     pub fn enable_speculation(&mut self, max_logits: usize) {
         self.spec_max_logits = Some(max_logits);
+    }
+
+    /// The off-switch of speculation: a step with more than `n` decoding sequences schedules no
+    /// drafts (their verification rows would cost more than the forwards they save);
+    /// default [`super::speculative::DEFAULT_MAX_BATCH`].
+    pub fn set_speculation_max_batch(&mut self, n: usize) {
+        self.spec_max_batch = n;
     }
 
     /// After a verification step, releases the blocks of running sequence `id` past its cached
@@ -508,7 +518,11 @@ impl Scheduler {
         let (mut spare_rows, mut spare_logits) = match drafting {
             Some(max_logits) => {
                 let n_dec = self.running.iter().filter(|s| s.n_pending() == 1 && s.tokens.len() < n_ctx).count();
-                (budget.saturating_sub(n_dec), max_logits.saturating_sub(self.running.len()))
+                if n_dec > self.spec_max_batch {
+                    (0, 0)
+                } else {
+                    (budget.saturating_sub(n_dec), max_logits.saturating_sub(self.running.len()))
+                }
             }
             None => (0, 0),
         };

@@ -8,7 +8,7 @@
 
 use super::kv_cache::{BlockHash, BlockPool, NO_BLOCK};
 use super::sampler::Sampler;
-use super::speculative::{ConversationIndex, Drafter, SpecCounts, SpecParams};
+use super::speculative::{ConversationIndex, DraftControl, Drafter, SpecCounts, SpecParams};
 
 /// A sequence (prompt plus generated tokens).
 #[derive(Debug)]
@@ -48,6 +48,8 @@ pub struct Sequence {
     /// Its draft source (`None`: no speculation), and most draft tokens per step.
     pub drafter: Option<Drafter>,
     pub draft_k: usize,
+    /// Its adaptive draft length within `draft_k` ([`DraftControl`]).
+    pub draft_ctl: DraftControl,
     /// Its speculation counters.
     pub spec: SpecCounts,
     /// The conversation it belongs to (the gateway's `X-Fak-Conversation`, hashed): its output
@@ -74,6 +76,7 @@ impl Sequence {
             draft: Vec::new(),
             drafter: None,
             draft_k: 0,
+            draft_ctl: DraftControl::new(1),
             spec: SpecCounts::default(),
             conversation: None,
         }
@@ -83,13 +86,28 @@ impl Sequence {
     pub fn set_speculation(&mut self, p: &SpecParams) {
         self.drafter = Drafter::new(p);
         self.draft_k = if self.drafter.is_some() { p.k } else { 0 };
+        self.draft_ctl = DraftControl::new(self.draft_k);
     }
 
-    /// Proposes up to `k` draft tokens (at most its own `draft_k`) into [`Self::draft`] from its
-    /// drafter; the draft stays empty without one or when nothing matches.
+    /// The draft length it would ask for now: 0 without a drafter or while its
+    /// [`DraftControl`] pauses, else the adaptive length (≤ `draft_k`).
+    pub fn draft_len(&self) -> usize {
+        if self.drafter.is_none() {
+            0
+        } else {
+            self.draft_ctl.len().min(self.draft_k)
+        }
+    }
+
+    /// Proposes up to `k` draft tokens (at most its adaptive length, [`Self::draft_len`]) into
+    /// [`Self::draft`] from its drafter; the draft stays empty without one, while paused, or when
+    /// nothing matches. One call per decode step (a paused step counts towards the pause).
     pub fn propose_draft(&mut self, k: usize, conversation: Option<&ConversationIndex>) {
         self.draft.clear();
-        let k = k.min(self.draft_k);
+        if self.drafter.is_none() {
+            return;
+        }
+        let k = k.min(self.draft_ctl.take()).min(self.draft_k);
         if let (Some(d), true) = (self.drafter.as_mut(), k > 0) {
             d.propose(&self.tokens, k, conversation, &mut self.draft);
         }

@@ -173,7 +173,7 @@ impl PyModel {
     /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
     ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None,
     ///       tensor_parallel=1, sliding_window=None, free_window_blocks=True, n_cpu_moe=0,
-    ///       speculative=None, draft_model=None)
+    ///       speculative=None, draft_model=None, speculative_max_batch=16)
     ///
     /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
     /// "auto" (cuda when a GPU is usable, else cpu).
@@ -207,7 +207,9 @@ impl PyModel {
     /// sequence), `"draft"` (the draft model), `"METHOD:K"` (at most K draft tokens per step,
     /// 1..=32; default 4), `"none"` or None (off; `"draft"` when `draft_model` is given). Outputs
     /// are unchanged (docs/speculative.md). Off for hybrid models and `tensor_parallel > 1`
-    /// whatever is asked.
+    /// whatever is asked. Each sequence's draft length adapts to its recent acceptance within K.
+    /// `speculative_max_batch`: a step with more decoding sequences than this drafts nothing
+    /// (speculation's off-switch for large batches).
     /// `draft_model`: a GGUF path of a smaller model with the same tokenizer (Qwen2.5-Coder-0.5B
     /// for the 1.5B), loaded on the same backend with its own KV cache, for the `draft` source;
     /// fak.InvalidArgumentError (`param` "draft_model") for a different vocabulary, a hybrid
@@ -219,7 +221,7 @@ impl PyModel {
     /// fak.BackendError (`backend="cuda"` without a usable CUDA backend, or with
     /// `tensor_parallel > 1`: multi-GPU is not built), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0, speculative=None, draft_model=None))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0, speculative=None, draft_model=None, speculative_max_batch=crate::engine::speculative::DEFAULT_MAX_BATCH))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -240,6 +242,7 @@ impl PyModel {
         n_cpu_moe: usize,
         speculative: Option<&str>,
         draft_model: Option<PathBuf>,
+        speculative_max_batch: usize,
     ) -> PyResult<PyModel> {
         let speculative = speculative
             .map(|v| SpecParams::parse(v, "speculative"))
@@ -280,6 +283,7 @@ impl PyModel {
             n_cpu_moe,
             speculative,
             draft_model: draft_model.clone(),
+            speculative_max_batch,
         };
         let engine: Box<dyn EngineApi> = match backend {
             "cpu" => Box::new(detach(py, || Engine::open_cpu(&path, opts))?),

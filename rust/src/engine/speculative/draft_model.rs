@@ -187,7 +187,7 @@ impl<B: Backend> DraftModel<B> {
                 continue; // prefill (or recompute): no draft this step
             }
             let left = s.sampler.params().max_tokens.map_or(usize::MAX, |m| m.saturating_sub(s.n_sampled));
-            let k = s.draft_k.min(n_ctx - len - 1).min(left.saturating_sub(1));
+            let k = s.draft_len().min(n_ctx - len - 1).min(left.saturating_sub(1));
             if k == 0 {
                 continue;
             }

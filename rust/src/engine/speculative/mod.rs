@@ -196,6 +196,82 @@ pub fn copy_continuation(tokens: &[u32], start: usize, k: usize, out: &mut Vec<u
     }
 }
 
+/// Most decoding sequences in a step for which drafts are still scheduled, unless the engine is
+/// told otherwise (`speculative_max_batch`): past it a step's extra verification rows cost more
+/// than the forwards they save (issue 32's off-switch; the figure behind it in
+/// docs/speculative.md).
+pub const DEFAULT_MAX_BATCH: usize = 16;
+
+/// A sequence's adaptive draft length (issue 32): the length it drafts this step, between 1 and
+/// its request's `k`, from how its recent drafts fared — doubled after a draft accepted whole,
+/// cut to one more than the accepted run after a rejection (what the target agreed with, plus
+/// the token it would try next); after three verifications in a row that accepted nothing the
+/// sequence stops drafting for a pause (1, 2, 4 … 64 of its decode steps, doubling while
+/// drafting keeps failing, back to 1 after an accepted token). Greedy outputs do not depend on
+/// the length (any draft verifies to the same tokens), so this only moves the cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DraftControl {
+    cur: usize,
+    pause: u32,
+    misses: u32,
+    next_pause: u32,
+}
+
+impl DraftControl {
+    /// Most consecutive verifications with nothing accepted before a pause.
+    pub const MISSES: u32 = 3;
+    /// The longest pause, in decode steps.
+    pub const MAX_PAUSE: u32 = 64;
+
+    /// Starts at the full length `k`.
+    pub fn new(k: usize) -> DraftControl {
+        DraftControl { cur: k.max(1), pause: 0, misses: 0, next_pause: 1 }
+    }
+
+    /// The length it would draft now (0 while paused), without counting a step.
+    pub fn len(&self) -> usize {
+        if self.pause > 0 {
+            0
+        } else {
+            self.cur
+        }
+    }
+
+    /// The length for this decode step (0 while paused; a paused step counts towards the pause).
+    pub fn take(&mut self) -> usize {
+        if self.pause > 0 {
+            self.pause -= 1;
+            return 0;
+        }
+        self.cur
+    }
+
+    /// After a verification of `drafted` tokens (> 0) of which the first `accepted` were kept;
+    /// `k` is the request's most draft tokens.
+    pub fn update(&mut self, drafted: usize, accepted: usize, k: usize) {
+        if drafted == 0 {
+            return;
+        }
+        let k = k.max(1);
+        if accepted >= drafted {
+            self.cur = (self.cur.max(drafted) * 2).min(k);
+        } else {
+            self.cur = (accepted + 1).min(k);
+        }
+        if accepted == 0 {
+            self.misses += 1;
+            if self.misses >= Self::MISSES {
+                self.pause = self.next_pause;
+                self.next_pause = (self.next_pause * 2).min(Self::MAX_PAUSE);
+                self.misses = 0;
+            }
+        } else {
+            self.misses = 0;
+            self.next_pause = 1;
+        }
+    }
+}
+
 /// Draft counters of a sequence (or summed over the engine).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SpecCounts {
@@ -239,6 +315,46 @@ mod tests {
         assert_eq!(out, vec![5, 6]);
         d.propose(&[1, 2, 3], 4, None, &mut out);
         assert!(out.is_empty(), "taken");
+    }
+
+    /// Lengths follow acceptance: doubled after a whole draft, one past the accepted run after a
+    /// rejection; three empty verifications pause it (1, then 2, 4 … steps), an accepted token
+    /// resets the pause.
+    #[test]
+    fn draft_length_adapts() {
+        let mut c = DraftControl::new(8);
+        assert_eq!(c.take(), 8);
+        c.update(8, 2, 8);
+        assert_eq!(c.take(), 3);
+        c.update(3, 3, 8);
+        assert_eq!(c.take(), 6);
+        c.update(2, 2, 8); // the source had only 2: whole, so doubled from the current length
+        assert_eq!(c.len(), 8);
+        for _ in 0..2 {
+            c.update(1, 0, 8);
+            assert_eq!(c.take(), 1, "no pause before three misses");
+        }
+        c.update(1, 0, 8);
+        assert_eq!(c.take(), 0, "paused for one step");
+        assert_eq!(c.take(), 1);
+        for _ in 0..3 {
+            c.update(1, 0, 8);
+        }
+        assert_eq!((c.take(), c.take(), c.take()), (0, 0, 1), "then for two");
+        c.update(1, 1, 8);
+        for _ in 0..3 {
+            c.update(1, 0, 8);
+        }
+        assert_eq!((c.take(), c.take()), (0, 1), "an accepted token reset the pause to one step");
+        let mut long = DraftControl::new(4);
+        for _ in 0..40 {
+            long.update(1, 0, 4);
+            while long.take() == 0 {}
+        }
+        long.update(1, 0, 4);
+        long.update(1, 0, 4);
+        long.update(1, 0, 4);
+        assert_eq!(long.pause, DraftControl::MAX_PAUSE, "the pause is capped");
     }
 
     #[test]
