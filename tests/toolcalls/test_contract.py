@@ -137,6 +137,29 @@ def test_bare_calls_must_fit_too() -> None:
     assert pieces == [Text('{"name": "get_weather", "arguments": {}}')]
 
 
+EXEC = ToolSet.from_openai([{"type": "function", "function": {"name": "exec_command", "parameters": {
+    "type": "object", "additionalProperties": False, "required": ["cmd"], "properties": {
+        "cmd": {"type": "string"},
+        "sandbox_permissions": {"type": "string", "enum": ["use_default", "require_escalated"]},
+        "prefix_rule": {"type": "array", "items": {"type": "string"}},
+        "note": {"type": ["string", "null"]}}}}}])
+
+
+def test_null_for_an_optional_parameter_means_omitted() -> None:
+    """Codex's ``exec_command`` as Qwen2.5-Coder-1.5B wrote it (``null`` for an optional enum):
+    the null is dropped, the call fits; a null the schema allows stays; a null for a required
+    parameter still fails."""
+    reply = '```json\n{"name": "exec_command", "arguments": {"cmd": "ls", "sandbox_permissions": null, "prefix_rule": [], "note": null}}\n```'
+    calls = [p for p in _pieces(reply, tools=EXEC) if isinstance(p, ParsedToolCall)]
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("exec_command", {"cmd": "ls", "prefix_rule": [], "note": None})]
+    marked = '<tool_call>{"name": "exec_command", "arguments": {"cmd": "pwd", "sandbox_permissions": null}}</tool_call>'
+    calls = [p for p in _pieces(marked, tools=EXEC) if isinstance(p, ParsedToolCall)]
+    assert [json.loads(c.arguments) for c in calls] == [{"cmd": "pwd"}]
+    assert EXEC.fit("exec_command", '{"cmd": null}') == '{"cmd": null}'
+    assert EXEC.check("exec_command", EXEC.fit("exec_command", '{"cmd": null}')) is not None
+    assert EXEC.fit("other", '{"x": null}') == '{"x": null}'
+
+
 def test_toolset_schemas() -> None:
     with pytest.raises(SchemaError, match=r"tools\[1\]"):
         ToolSet.from_openai([TIME, {"function": {"name": "f", "parameters": {"type": "nope"}}}])

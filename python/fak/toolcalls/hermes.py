@@ -225,6 +225,8 @@ def leading_calls(inner: str, tools: ToolSet | None = None, *, early: bool = Fal
         except (ValueError, RecursionError):
             break
         parsed = _call_of(obj, None) if isinstance(obj, dict) else None
+        if parsed is not None and tools is not None:
+            parsed = (parsed[0], tools.fit(*parsed))
         if parsed is None or (tools is not None and tools.check(*parsed) is not None):
             break
         calls.append(parsed)
@@ -356,6 +358,7 @@ class ToolCallParser:
             parsed = parse_tool_call_objects(piece.inner)
             problem = explain_block(piece.inner) if parsed is None else None
             if parsed is not None and self._tools is not None:
+                parsed = [(n, self._tools.fit(n, a)) for n, a in parsed]
                 problem = next((p for p in (self._tools.check(n, a) for n, a in parsed) if p is not None), None)
             if problem is not None and forced:
                 salvaged = leading_calls(piece.inner, self._tools)
@@ -401,6 +404,8 @@ class ToolCallParser:
             bare = None
             if held.strip() and self._tools is not None:
                 bare = parse_bare_calls(held, self._tools.names)
+                if bare is not None:
+                    bare = [ParsedToolCall(c.name, self._tools.fit(c.name, c.arguments), c.raw) for c in bare]
                 if bare is not None and any(self._tools.check(c.name, c.arguments) for c in bare):
                     bare = None
             if bare is not None:

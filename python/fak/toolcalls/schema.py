@@ -66,6 +66,24 @@ def _compile(schema: Mapping[str, Any]) -> Any:
     return jsonschema_rs.validator_for(dict(schema), **kwargs)
 
 
+def _allows_null(schema: Mapping[str, Any] | None) -> bool:
+    """Whether a parameter's schema admits ``null`` (``type`` null or a list with it, an ``enum``
+    or ``const`` of it, or an ``anyOf``/``oneOf`` branch that does); unknown shapes count as yes."""
+    if not isinstance(schema, Mapping):
+        return True
+    t = schema.get("type")
+    if t == "null" or (isinstance(t, list) and "null" in t):
+        return True
+    if "enum" in schema and None in (schema.get("enum") or ()):
+        return True
+    if "const" in schema and schema.get("const") is None:
+        return True
+    for key in ("anyOf", "oneOf"):
+        if any(_allows_null(b) for b in schema.get(key) or () if isinstance(b, Mapping)):
+            return True
+    return t is None and not any(k in schema for k in ("enum", "const", "anyOf", "oneOf", "properties", "items"))
+
+
 @dataclass
 class ToolSet:
     """The offered tools by name, each with its compiled argument validator (``None``: any object).
@@ -132,6 +150,29 @@ class ToolSet:
                 target = target.get(part) if isinstance(target, Mapping) else None
             schema = target
         return schema if isinstance(schema, Mapping) else None
+
+    def fit(self, name: str, arguments: str) -> str:
+        """``arguments`` (JSON text) without the top-level ``null`` values of optional parameters
+        whose schema does not allow ``null``: a model's way of saying "omitted" (Qwen2.5-Coder-1.5B
+        answered Codex's ``exec_command`` with ``"sandbox_permissions": null`` for an optional
+        enum). Anything else (unknown tool, not an object, a required or nullable parameter) comes
+        back unchanged, for ``check`` to judge."""
+        schema = self.schemas.get(name)
+        props = schema.get("properties") if isinstance(schema, Mapping) else None
+        if not isinstance(props, Mapping) or "null" not in arguments:
+            return arguments
+        try:
+            value = json.loads(arguments)
+        except (ValueError, RecursionError):
+            return arguments
+        if not isinstance(value, dict):
+            return arguments
+        required = set(schema.get("required") or ())
+        drop = [k for k, v in value.items()
+                if v is None and k in props and k not in required and not _allows_null(self.parameter_schema(name, k))]
+        if not drop:
+            return arguments
+        return json.dumps({k: v for k, v in value.items() if k not in drop}, ensure_ascii=False)
 
     def check(self, name: str, arguments: str | Mapping[str, Any]) -> CallProblem | None:
         """``None`` when ``name`` was offered and ``arguments`` (a JSON object, or its text) fits
