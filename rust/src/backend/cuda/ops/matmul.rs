@@ -209,6 +209,9 @@ impl CudaBackend {
             return Err(FakError::model(format!("tensor {} is a vector, not a matrix", w.name)));
         }
         let fmt = kernel_fmt(w.wtype).ok_or_else(|| FakError::Unsupported(format!("matmul with {} weights", w.wtype.name())))?;
+        if k % 32 != 0 {
+            return Err(FakError::Unsupported(format!("CUDA matmul of {} with rows of {k} (a multiple of 32 is needed)", w.name)));
+        }
         let bias_ptr = Self::bias_ptr(w, bias)?;
         if n_rows * k > x.len || n_rows * n_out > out.len {
             return Err(FakError::invalid("matmul", format!("{n_rows} rows of {k} → {n_out} exceed the buffers ({} / {})", x.len, out.len)));
