@@ -205,7 +205,9 @@ impl CudaBackend {
     /// `out = x·Wᵀ (+ bias)`, or `out += x·Wᵀ (+ bias)` when `accumulate`.
     pub(crate) fn op_matmul(&self, w: &CudaWeight, bias: Option<&CudaWeight>, x: &CudaBuffer, n_rows: usize, out: &mut CudaBuffer, accumulate: bool) -> Result<()> {
         let (k, n_out) = (w.k(), w.n_out());
-        if w.is_vector() {
+        // An f32 vector `[k]` is one output row (a shared expert's gate `ffn_gate_inp_shexp`, 1-D
+        // in the hybrids' files, as on the CPU).
+        if w.is_vector() && w.wtype != GgmlType::F32 {
             return Err(FakError::model(format!("tensor {} is a vector, not a matrix", w.name)));
         }
         let fmt = kernel_fmt(w.wtype).ok_or_else(|| FakError::Unsupported(format!("matmul with {} weights", w.wtype.name())))?;
