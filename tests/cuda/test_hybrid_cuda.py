@@ -14,11 +14,19 @@ captured graph), graphs on and off give the same tokens, the prefix cache resume
 checkpoint (``copy_state``) as a cold prefill, and ``logits()`` on the side leaves running
 sequences alone.
 
+The layer itself is also tested op by op (``OpRunner.delta_net``, f32 weights so that only the
+summation order differs): CUDA against the CPU on random inputs and random initial states, a batch
+of sequences decoding from a state slot beside a fresh one (n_past == 0: its slot's old contents
+must be ignored) and prefills of several rows; and on each backend, one prefill split in two at
+any row (the second part from the state the first left) equals the whole.
+
 The models cover both compiled state sizes of interest: 64 (the synth default) and 128 (the
 real models' ``ssm.state_size``, two threads per state row). To add a case, extend ``MODELS``:
 Q4_K_M needs ``n_embd=256, n_ff=512`` to get real k-quant tensors.
 
-All tests are marked ``cuda``; they skip without a GPU (a failure under FAK_REQUIRE_CUDA=1).
+The op test runs for ``cpu`` (CI) and ``cuda``; the rest is marked ``cuda`` and skips without a GPU
+(a failure under FAK_REQUIRE_CUDA=1). To add an op case, extend ``GDN_CASES`` (``d`` and
+``n_v·d_state`` multiples of 32; ``d_state`` one of 16, 32, 64, 128).
 """
 
 from __future__ import annotations
@@ -29,7 +37,74 @@ import numpy as np
 import pytest
 from fak import _native
 
-pytestmark = pytest.mark.cuda
+from cuda_util import BACKENDS, rel_err, runner
+
+# ---------------------------------------------------------------- the layer, op by op
+
+# (d, d_conv, d_state, n_k, n_v, seqs: (n_rows, n_past, state slot) each)
+GDN_CASES = [
+    (64, 4, 16, 2, 4, [(1, 0, 0)]),                      # decode from zeros, the smallest state
+    (64, 4, 64, 2, 4, [(1, 5, 1), (1, 9, 0), (1, 3, 2)]),  # a decode batch from stored states
+    (128, 4, 128, 2, 4, [(37, 0, 0), (5, 12, 2), (1, 7, 1)]),  # prefill beside decode, D = 128
+    (64, 4, 32, 1, 2, [(70, 0, 1)]),                     # one long prefill, one q/k head
+    (96, 3, 64, 2, 2, [(3, 0, 2), (2, 4, 0)]),           # three taps
+]
+N_SLOTS = 3
+
+
+def _gdn_inputs(case: tuple, seed: int = 0) -> tuple[dict, np.ndarray, np.ndarray]:
+    d, dc, ds, nk, nv, seqs = case
+    rng = np.random.default_rng([seed, d, dc, ds, nk, nv, len(seqs)])
+    cd, vd = (2 * nk + nv) * ds, nv * ds
+    n = sum(s[0] for s in seqs)
+
+    def r(*shape: int, scale: float = 1.0) -> np.ndarray:
+        return (rng.standard_normal(shape) * scale).astype(np.float32).reshape(-1)
+
+    w = dict(qkv=r(cd, d, scale=d ** -0.5), gate=r(vd, d, scale=d ** -0.5), beta=r(nv, d, scale=d ** -0.5),
+             alpha=r(nv, d, scale=d ** -0.5), conv=r(cd, dc, scale=0.5), dt_bias=r(nv),
+             a=(-np.exp(rng.standard_normal(nv) * 0.5)).astype(np.float32), norm=(1 + r(ds, scale=0.1)).astype(np.float32),
+             out=r(d, vd, scale=vd ** -0.5))
+    state_len = (dc - 1) * cd + nv * ds * ds
+    return w, r(n, d), r(N_SLOTS, state_len, scale=0.1)
+
+
+def _gdn(backend: str, case: tuple, w: dict, h: np.ndarray, state0: np.ndarray, seqs: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    d, dc, ds, nk, nv, case_seqs = case
+    return runner(backend).delta_net(h, d, dc, ds, nk, nv, 1e-6, w["qkv"], w["gate"], w["beta"], w["alpha"], w["conv"],
+                                     w["dt_bias"], w["a"], w["norm"], w["out"], seqs or case_seqs, N_SLOTS, state0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", GDN_CASES, ids=lambda c: f"d{c[0]}-conv{c[1]}-D{c[2]}-k{c[3]}v{c[4]}-{len(c[5])}seq")
+def test_delta_net_op(backend: str, case: tuple) -> None:
+    w, h, state0 = _gdn_inputs(case)
+    y, st = _gdn(backend, case, w, h, state0)
+    assert np.isfinite(y).all() and np.isfinite(st).all()
+    seqs = case[5]
+    used = {slot for _, _, slot in seqs}
+    state_len = st.size // N_SLOTS
+    for slot in range(N_SLOTS):
+        if slot not in used:  # untouched
+            assert np.array_equal(st[slot * state_len:(slot + 1) * state_len], state0[slot * state_len:(slot + 1) * state_len])
+    if backend == "cuda":
+        yc, stc = _gdn("cpu", case, w, h, state0)
+        print(f"delta_net {case[:5]}: rel err out {rel_err(y, yc.astype(np.float64)):.2e}, state {rel_err(st, stc.astype(np.float64)):.2e}")
+        assert rel_err(y, yc.astype(np.float64)) <= 1e-4
+        assert rel_err(st, stc.astype(np.float64)) <= 1e-4
+    # A prefill split in two (the second part from the state the first left) equals the whole.
+    rows, n_past, slot = seqs[0]
+    if rows >= 2:
+        cut = rows // 3 + 1
+        d = case[0]
+        y1, s1 = _gdn(backend, case, w, h[:cut * d], state0, [(cut, n_past, slot)])
+        y2, s2 = _gdn(backend, case, w, h[cut * d:rows * d], s1, [(rows - cut, n_past + cut, slot)])
+        whole, sw = _gdn(backend, case, w, h[:rows * d], state0, [(rows, n_past, slot)])
+        assert rel_err(np.concatenate([y1, y2]), whole.astype(np.float64)) <= 1e-5
+        assert rel_err(s2, sw.astype(np.float64)) <= 1e-5
+
+
+# ---------------------------------------------------------------- whole tiny models
 
 # name → (arch, write_tiny_model keyword arguments)
 MODELS: dict[str, tuple[str, dict]] = {
@@ -83,6 +158,7 @@ def _cuda_model(path: str, graphs: str | None = None, **kw) -> _native.Model:
             os.environ["FAK_CUDA_GRAPHS"] = old
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", list(MODELS))
 @pytest.mark.parametrize("n_prompt", [5, 200])
 def test_tiny_hybrid_cuda_matches_cpu(require_cuda: None, tiny_hybrids: dict[str, str], name: str, n_prompt: int) -> None:
@@ -106,6 +182,7 @@ def test_tiny_hybrid_cuda_matches_cpu(require_cuda: None, tiny_hybrids: dict[str
     assert same >= 8, f"{name}: greedy diverges at token {same}: {got} vs {want}"
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", ["qwen35-Q8_0", "qwen35moe-Q8_0"])
 def test_batch_equals_each_alone(require_cuda: None, tiny_hybrids: dict[str, str], name: str) -> None:
     """Three sequences prefilled and decoded together (one graph per decode step, three state
@@ -122,6 +199,7 @@ def test_batch_equals_each_alone(require_cuda: None, tiny_hybrids: dict[str, str
         assert same >= 6, f"{name} sequence {i}: alone {alone} vs batched {together[i]}"
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", ["qwen35-Q4_K_M", "qwen35moe-Q8_0"])
 def test_graphs_on_and_off_give_the_same_tokens(require_cuda: None, tiny_hybrids: dict[str, str], name: str) -> None:
     """Replayed decode graphs read each sequence's rows, n_past and state slot from the batch
@@ -132,6 +210,7 @@ def test_graphs_on_and_off_give_the_same_tokens(require_cuda: None, tiny_hybrids
     assert on == off
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("name", ["qwen35-Q8_0", "qwen35moe-Q4_K_M"])
 def test_prefix_cache_resumes_from_a_state_checkpoint(require_cuda: None, tiny_hybrids: dict[str, str], name: str) -> None:
     """A second turn that extends the first resumes from a checkpoint of the recurrent state
@@ -172,6 +251,7 @@ def test_prefix_cache_resumes_from_a_state_checkpoint(require_cuda: None, tiny_h
         assert abs(lc.get(tw, -1e9) - lc[tc]) <= 2e-2, f"first token {tw} (warm) vs {tc} (cold)"
 
 
+@pytest.mark.cuda
 def test_logits_on_the_side_leave_running_sequences_alone(require_cuda: None, tiny_hybrids: dict[str, str]) -> None:
     path = tiny_hybrids["qwen35moe-Q8_0"]
     m = _cuda_model(path, n_ctx=512, max_batch=2)

@@ -201,6 +201,14 @@ impl CudaKvCache {
         self.state.as_ref().map_or(0, |t| t.ptr() + (layer * l.state_slots * l.state_len * 4) as u64)
     }
 
+    /// Overwrites the recurrent state of slot `slot` in state layer `layer` (`state_len` f32;
+    /// tests).
+    pub fn write_state(&mut self, layer: usize, slot: usize, data: &[f32]) -> Result<()> {
+        let l = &self.layout;
+        let t = self.state.as_ref().filter(|_| layer < l.state_layers && slot < l.state_slots && data.len() == l.state_len).ok_or_else(|| FakError::invalid("state", format!("no state slot {slot} of layer {layer} of {} values", data.len())))?;
+        t.mem.write((layer * l.state_slots + slot) * l.state_len * 4, data)
+    }
+
     /// The recurrent state of slot `slot` in state layer `layer` (`state_len` f32; tests).
     pub fn read_state(&self, layer: usize, slot: usize) -> Result<Vec<f32>> {
         let l = &self.layout;
