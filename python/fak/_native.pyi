@@ -327,6 +327,13 @@ class OpRunner:
         gate_inp: npt.NDArray[np.float32], gate_type: str, gate: npt.NDArray[np.uint8], up_type: str,
         up: npt.NDArray[np.uint8], down_type: str, down: npt.NDArray[np.uint8],
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+    def delta_net(
+        self, h: npt.NDArray[np.float32], d: int, d_conv: int, d_state: int, n_k: int, n_v: int, eps: float,
+        qkv: npt.NDArray[np.float32], gate: npt.NDArray[np.float32], beta: npt.NDArray[np.float32],
+        alpha: npt.NDArray[np.float32], conv: npt.NDArray[np.float32], dt_bias: npt.NDArray[np.float32],
+        a: npt.NDArray[np.float32], norm: npt.NDArray[np.float32], out: npt.NDArray[np.float32],
+        seqs: list[tuple[int, int, int]], n_slots: int, state0: npt.NDArray[np.float32],
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
     def rope_kv_write(
         self, q: npt.NDArray[np.float32], k: npt.NDArray[np.float32], v: npt.NDArray[np.float32], n_past: int,
         table: npt.NDArray[np.uint32], n_head: int, n_head_kv: int, head_dim: int, style: str, n_rot: int,

@@ -68,3 +68,34 @@ extern "C" __global__ void fill_f32(float* __restrict__ x, float v, size_t n) {
     const size_t stride = (size_t)gridDim.x * blockDim.x;
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] = v;
 }
+
+// ---- the hybrids' gates (llama.cpp qwen35 / qwen35moe) ------------------------------------------
+
+FAK_DEVICE float sigmoid_f32(float g) { return 1.0f / (1.0f + expf(-g)); }
+
+// Gated attention's split of the query projection: qg `[rows·n_head, 2·head_dim]` (each head's
+// query then its gate) → q, gate `[rows·n_head, head_dim]`; n = rows·n_head·head_dim.
+extern "C" __global__ void split_q_gate_f32(const float* __restrict__ qg, float* __restrict__ q, float* __restrict__ gate, int head_dim, int n) {
+    pdl_enter();
+    const int stride = gridDim.x * blockDim.x;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) {
+        const int rh = i / head_dim, d = i - rh * head_dim;
+        const size_t src = (size_t)rh * 2 * head_dim + d;
+        q[i] = qg[src];
+        gate[i] = qg[src + head_dim];
+    }
+}
+
+// x[i] *= sigmoid(gate[i]), i < n (ggml sigmoid then mul).
+extern "C" __global__ void mul_sigmoid_f32(float* __restrict__ x, const float* __restrict__ gate, int n) {
+    pdl_enter();
+    const int stride = gridDim.x * blockDim.x;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= sigmoid_f32(gate[i]);
+}
+
+// x[r, :] *= sigmoid(g[r]) for rows of dim, n = rows·dim (the shared expert's gate).
+extern "C" __global__ void mul_rows_sigmoid_f32(float* __restrict__ x, const float* __restrict__ g, int dim, int n) {
+    pdl_enter();
+    const int stride = gridDim.x * blockDim.x;
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += stride) x[i] *= sigmoid_f32(g[i / dim]);
+}

@@ -7,7 +7,7 @@ use std::any::Any;
 use std::sync::Arc;
 
 use super::cpu::{CpuBackend, CpuBuffer, CpuKvCache};
-use super::{AttnParams, Backend, BatchLimits, BatchPlan, HostTensor, KvLayout, LogitRows, MoeBuffers, MoeParams, MoeWeights, RopeParams};
+use super::{AttnParams, Backend, BatchLimits, BatchPlan, DeltaNetParams, DeltaNetWeights, HostTensor, KvLayout, LogitRows, MoeBuffers, MoeParams, MoeWeights, RopeParams};
 use crate::quant::GgmlType;
 use crate::{FakError, Result};
 
@@ -19,6 +19,10 @@ pub trait TestIo: Backend {
     fn poison(&self, buf: &mut Self::Buffer, n: usize) -> Result<()>;
     /// `layer`'s K (or V) at `positions` of a sequence with `table`, `[n, n_head_kv, head_dim]`.
     fn read_kv(&self, cache: &Self::KvCache, layer: usize, values: bool, table: &[u32], positions: std::ops::Range<usize>) -> Result<Vec<f32>>;
+    /// Writes the recurrent state of `slot` in state layer `layer` (`state_len` f32).
+    fn write_state(&self, cache: &mut Self::KvCache, layer: usize, slot: usize, data: &[f32]) -> Result<()>;
+    /// The recurrent state of `slot` in state layer `layer`.
+    fn read_state(&self, cache: &Self::KvCache, layer: usize, slot: usize) -> Result<Vec<f32>>;
 }
 
 impl TestIo for CpuBackend {
@@ -33,6 +37,13 @@ impl TestIo for CpuBackend {
     fn read_kv(&self, cache: &CpuKvCache, layer: usize, values: bool, table: &[u32], positions: std::ops::Range<usize>) -> Result<Vec<f32>> {
         Ok(cache.read_positions(layer, values, table, positions))
     }
+    fn write_state(&self, cache: &mut CpuKvCache, layer: usize, slot: usize, data: &[f32]) -> Result<()> {
+        cache.state_mut(layer, slot).copy_from_slice(data);
+        Ok(())
+    }
+    fn read_state(&self, cache: &CpuKvCache, layer: usize, slot: usize) -> Result<Vec<f32>> {
+        Ok(cache.state(layer, slot).to_vec())
+    }
 }
 
 #[cfg(feature = "cuda")]
@@ -45,6 +56,12 @@ impl TestIo for super::cuda::CudaBackend {
     }
     fn read_kv(&self, cache: &super::cuda::CudaKvCache, layer: usize, values: bool, table: &[u32], positions: std::ops::Range<usize>) -> Result<Vec<f32>> {
         super::cuda::CudaBackend::read_kv(self, cache, layer, values, table, positions)
+    }
+    fn write_state(&self, cache: &mut super::cuda::CudaKvCache, layer: usize, slot: usize, data: &[f32]) -> Result<()> {
+        cache.write_state(layer, slot, data)
+    }
+    fn read_state(&self, cache: &super::cuda::CudaKvCache, layer: usize, slot: usize) -> Result<Vec<f32>> {
+        cache.read_state(layer, slot)
     }
 }
 
@@ -442,4 +459,86 @@ pub fn moe_ffn<B: TestIo>(b: &B, h: &[f32], res: &[f32], d: usize, n_ff: usize, 
     let bufs = MoeBuffers { router: &mut router, ids: &mut ids, weights: &mut ws, gate: &mut g, up: &mut u, experts: &mut e };
     b.moe_ffn(&hb, &w, &p, n_rows, bufs, &mut rb)?;
     Ok((read(b, &rb, n_rows * d)?, read(b, &ids, n_rows * k)?, read(b, &ws, n_rows * k)?))
+}
+
+/// One Gated DeltaNet layer's shape and f32 weights for [`delta_net`] (row-major as the GGUF
+/// rows: `qkv` `[conv_dim][d]`, `gate` `[value_dim][d]`, `beta` / `alpha` `[n_v][d]`, `conv`
+/// `[conv_dim][d_conv]`, `out` `[d][value_dim]`).
+pub struct DeltaNetCase<'a> {
+    pub d: usize,
+    pub d_conv: usize,
+    pub d_state: usize,
+    pub n_k: usize,
+    pub n_v: usize,
+    pub eps: f32,
+    pub qkv: &'a [f32],
+    pub gate: &'a [f32],
+    pub beta: &'a [f32],
+    pub alpha: &'a [f32],
+    pub conv: &'a [f32],
+    pub dt_bias: &'a [f32],
+    pub a: &'a [f32],
+    pub norm: &'a [f32],
+    pub out: &'a [f32],
+}
+
+/// [`Backend::delta_net`] on `h` (`[n_rows, d]`) for the sequences `seqs` (`(n_rows, n_past,
+/// state slot)` each, rows in order) from the recurrent states `state0` (`[n_slots, state_len]`).
+/// Returns the layer's output `[n_rows, d]` and the states after it `[n_slots, state_len]`.
+pub fn delta_net<B: TestIo>(b: &B, c: &DeltaNetCase<'_>, h: &[f32], seqs: &[(usize, usize, usize)], n_slots: usize, state0: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+    let p = DeltaNetParams { n_embd: c.d, d_conv: c.d_conv, d_state: c.d_state, n_k_heads: c.n_k, n_v_heads: c.n_v, state_layer: 0, eps: c.eps };
+    let (d, cd, vd, nv) = (c.d, p.conv_dim(), p.value_dim(), c.n_v);
+    if c.d_conv == 0 || seqs.iter().any(|&(_, _, slot)| slot >= n_slots) {
+        return Err(FakError::invalid("seqs", "d_conv ≥ 1 and state slots below n_slots"));
+    }
+    let state_len = (c.d_conv - 1) * cd + nv * c.d_state * c.d_state;
+    for (what, got, want) in [
+        ("qkv", c.qkv.len(), d * cd),
+        ("gate", c.gate.len(), d * vd),
+        ("beta", c.beta.len(), d * nv),
+        ("alpha", c.alpha.len(), d * nv),
+        ("conv", c.conv.len(), c.d_conv * cd),
+        ("dt_bias", c.dt_bias.len(), nv),
+        ("a", c.a.len(), nv),
+        ("norm", c.norm.len(), c.d_state),
+        ("out", c.out.len(), vd * d),
+        ("state0", state0.len(), n_slots * state_len),
+    ] {
+        check_len(what, got, want)?;
+    }
+    let n_rows: usize = seqs.iter().map(|s| s.0).sum();
+    check_len("h", h.len(), n_rows * d)?;
+    let mat = |name: &str, v: &[f32], k: usize, n: usize| weight(b, name, GgmlType::F32, &[k, n], v.iter().flat_map(|x| x.to_le_bytes()).collect());
+    let (wqkv, wgate, wbeta, walpha) = (mat("qkv", c.qkv, d, cd)?, mat("gate", c.gate, d, vd)?, mat("beta", c.beta, d, nv)?, mat("alpha", c.alpha, d, nv)?);
+    let (wconv, wout) = (mat("conv", c.conv, c.d_conv, cd)?, mat("out", c.out, vd, d)?);
+    let (wdt, wa, wnorm) = (f32_weight(b, "dt_bias", c.dt_bias)?, f32_weight(b, "a", c.a)?, f32_weight(b, "norm", c.norm)?);
+    const BS: usize = 32;
+    let mut plan = BatchPlan::default();
+    let mut next_block = 0u32;
+    let mut max_blocks = 1;
+    for &(rows, n_past, slot) in seqs {
+        let nb = (n_past + rows).div_ceil(BS).max(1);
+        let blocks: Vec<u32> = (next_block..next_block + nb as u32).collect();
+        next_block += nb as u32;
+        max_blocks = max_blocks.max(nb);
+        plan.push_seq(&vec![0u32; rows], n_past, &blocks, BS, LogitRows::None);
+        plan.set_state_slot(slot);
+    }
+    let layout = KvLayout { n_layer: 1, n_blocks: next_block as usize, block_size: BS, n_head_kv: 1, head_dim: 16, state_layers: 1, state_slots: n_slots, state_len };
+    let mut cache = b.alloc_kv_cache(layout)?;
+    for slot in 0..n_slots {
+        b.write_state(&mut cache, 0, slot, &state0[slot * state_len..(slot + 1) * state_len])?;
+    }
+    let mut batch = b.alloc_batch(BatchLimits { max_tokens: n_rows.max(1), max_seqs: seqs.len().max(1), max_blocks_per_seq: max_blocks })?;
+    b.set_batch(&mut batch, &plan)?;
+    let hb = b.upload(h)?;
+    let mut out = out_buf(b, n_rows * d)?;
+    let w = DeltaNetWeights { qkv: &wqkv, gate: &wgate, beta: &wbeta, alpha: &walpha, conv: &wconv, dt_bias: &wdt, a: &wa, norm: &wnorm, out: &wout };
+    b.delta_net(&w, &p, &hb, &mut cache, &batch, n_rows, &mut out)?;
+    let y = read(b, &out, n_rows * d)?;
+    let mut states = Vec::with_capacity(n_slots * state_len);
+    for slot in 0..n_slots {
+        states.extend(b.read_state(&cache, 0, slot)?);
+    }
+    Ok((y, states))
 }

@@ -265,6 +265,7 @@ trait RunAny: Sync {
     fn head_norm(&self, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>>;
     #[allow(clippy::too_many_arguments)]
     fn moe_ffn(&self, h: &[f32], res: &[f32], d: usize, n_ff: usize, n_expert: usize, k: usize, gi: &[f32], g: optest::Experts<'_>, u: optest::Experts<'_>, dn: optest::Experts<'_>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
+    fn delta_net(&self, c: &optest::DeltaNetCase<'_>, h: &[f32], seqs: &[(usize, usize, usize)], n_slots: usize, state0: &[f32]) -> Result<(Vec<f32>, Vec<f32>)>;
 }
 
 impl<B: TestIo> RunAny for B {
@@ -327,6 +328,9 @@ impl<B: TestIo> RunAny for B {
     }
     fn moe_ffn(&self, h: &[f32], res: &[f32], d: usize, n_ff: usize, n_expert: usize, k: usize, gi: &[f32], g: optest::Experts<'_>, u: optest::Experts<'_>, dn: optest::Experts<'_>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
         optest::moe_ffn(self, h, res, d, n_ff, n_expert, k, gi, g, u, dn)
+    }
+    fn delta_net(&self, c: &optest::DeltaNetCase<'_>, h: &[f32], seqs: &[(usize, usize, usize)], n_slots: usize, state0: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
+        optest::delta_net(self, c, h, seqs, n_slots, state0)
     }
 }
 
@@ -453,6 +457,59 @@ impl PyOpRunner {
     fn head_norm<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, w: PyReadonlyArray1<'py, f32>, eps: f32) -> PyResult<F32Out<'py>> {
         let (x, w) = (slice(&x, "x")?, slice(&w, "w")?);
         Ok(self.run(py, |r| r.head_norm(x, w, eps))?.into_pyarray(py))
+    }
+
+    /// delta_net(h, d, d_conv, d_state, n_k, n_v, eps, qkv, gate, beta, alpha, conv, dt_bias, a,
+    /// norm, out, seqs, n_slots, state0) -> (y, states): one Gated DeltaNet layer
+    /// (`Backend::delta_net`) with f32 weights (row-major GGUF rows: `qkv` `[conv_dim·d]`, `gate`
+    /// `[value_dim·d]`, `beta` / `alpha` `[n_v·d]`, `conv` `[conv_dim·d_conv]`, `out`
+    /// `[d·value_dim]`) on `h` `[n_rows·d]` for `seqs` (`(n_rows, n_past, state slot)` each, rows
+    /// in order) from the recurrent states `state0` `[n_slots·state_len]`; returns the output
+    /// `[n_rows·d]` and the states after it.
+    #[allow(clippy::too_many_arguments)]
+    fn delta_net<'py>(
+        &self,
+        py: Python<'py>,
+        h: PyReadonlyArray1<'py, f32>,
+        d: usize,
+        d_conv: usize,
+        d_state: usize,
+        n_k: usize,
+        n_v: usize,
+        eps: f32,
+        qkv: PyReadonlyArray1<'py, f32>,
+        gate: PyReadonlyArray1<'py, f32>,
+        beta: PyReadonlyArray1<'py, f32>,
+        alpha: PyReadonlyArray1<'py, f32>,
+        conv: PyReadonlyArray1<'py, f32>,
+        dt_bias: PyReadonlyArray1<'py, f32>,
+        a: PyReadonlyArray1<'py, f32>,
+        norm: PyReadonlyArray1<'py, f32>,
+        out: PyReadonlyArray1<'py, f32>,
+        seqs: Vec<(usize, usize, usize)>,
+        n_slots: usize,
+        state0: PyReadonlyArray1<'py, f32>,
+    ) -> PyResult<(F32Out<'py>, F32Out<'py>)> {
+        let c = optest::DeltaNetCase {
+            d,
+            d_conv,
+            d_state,
+            n_k,
+            n_v,
+            eps,
+            qkv: slice(&qkv, "qkv")?,
+            gate: slice(&gate, "gate")?,
+            beta: slice(&beta, "beta")?,
+            alpha: slice(&alpha, "alpha")?,
+            conv: slice(&conv, "conv")?,
+            dt_bias: slice(&dt_bias, "dt_bias")?,
+            a: slice(&a, "a")?,
+            norm: slice(&norm, "norm")?,
+            out: slice(&out, "out")?,
+        };
+        let (h, s0) = (slice(&h, "h")?, slice(&state0, "state0")?);
+        let (y, st) = self.run(py, |r| r.delta_net(&c, h, &seqs, n_slots, s0))?;
+        Ok((y.into_pyarray(py), st.into_pyarray(py)))
     }
 
     /// moe_ffn(h, res, d, n_ff, n_expert, k, gate_inp, gate_type, gate, up_type, up, down_type,

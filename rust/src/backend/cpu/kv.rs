@@ -69,6 +69,14 @@ impl CpuKvCache {
         &mut self.state[layer][slot * n..(slot + 1) * n]
     }
 
+    /// The recurrent state of slot `slot` in state layer `layer` (`state_len` f32).
+    ///
+    /// Panics when the slot or layer is outside the layout (a caller bug).
+    pub fn state(&self, layer: usize, slot: usize) -> &[f32] {
+        let n = self.layout.state_len;
+        &self.state[layer][slot * n..(slot + 1) * n]
+    }
+
     /// Values per (block, KV head): `block_size · head_dim`.
     #[inline]
     pub fn head_block_len(&self) -> usize {

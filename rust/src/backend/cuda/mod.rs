@@ -183,15 +183,41 @@ impl CudaBuffer {
 }
 
 /// The paged KV cache: all layers' K (then V) in one allocation each, f16,
-/// `[layer][block][kv_head][slot][head_dim]`.
+/// `[layer][block][kv_head][slot][head_dim]`; and a hybrid model's recurrent state, f32
+/// `[state_layer][state_slot][state_len]` (the CPU backend's slot layout, see `ops::deltanet`).
 pub struct CudaKvCache {
     pub layout: KvLayout,
     pub(crate) k: Tracked,
     pub(crate) v: Tracked,
     pub(crate) layer_elems: usize,
+    /// The recurrent state (`None` without recurrent layers), counted as KV cache memory.
+    pub(crate) state: Option<Tracked>,
 }
 
 impl CudaKvCache {
+    /// Device address of slot 0 of state layer `layer` (0 without recurrent state).
+    pub(crate) fn state_layer(&self, layer: usize) -> u64 {
+        let l = &self.layout;
+        self.state.as_ref().map_or(0, |t| t.ptr() + (layer * l.state_slots * l.state_len * 4) as u64)
+    }
+
+    /// Overwrites the recurrent state of slot `slot` in state layer `layer` (`state_len` f32;
+    /// tests).
+    pub fn write_state(&mut self, layer: usize, slot: usize, data: &[f32]) -> Result<()> {
+        let l = &self.layout;
+        let t = self.state.as_ref().filter(|_| layer < l.state_layers && slot < l.state_slots && data.len() == l.state_len).ok_or_else(|| FakError::invalid("state", format!("no state slot {slot} of layer {layer} of {} values", data.len())))?;
+        t.mem.write((layer * l.state_slots + slot) * l.state_len * 4, data)
+    }
+
+    /// The recurrent state of slot `slot` in state layer `layer` (`state_len` f32; tests).
+    pub fn read_state(&self, layer: usize, slot: usize) -> Result<Vec<f32>> {
+        let l = &self.layout;
+        let t = self.state.as_ref().filter(|_| layer < l.state_layers && slot < l.state_slots).ok_or_else(|| FakError::invalid("state", format!("no state slot {slot} of layer {layer}")))?;
+        let mut out = vec![0f32; l.state_len];
+        t.mem.read((layer * l.state_slots + slot) * l.state_len * 4, &mut out)?;
+        Ok(out)
+    }
+
     pub(crate) fn k_layer(&self, layer: usize) -> u64 {
         self.k.ptr() + (layer * self.layer_elems * 2) as u64
     }
@@ -207,6 +233,8 @@ struct BatchLayout {
     positions: usize,
     slots: usize,
     seqs: usize,
+    /// The recurrent-state slot of each sequence ([`crate::backend::SeqRows::state_slot`]).
+    states: usize,
     logit_rows: usize,
     tables: usize,
     total: usize,
@@ -220,9 +248,10 @@ impl BatchLayout {
         let slots = positions + t;
         let logit_rows = slots + t;
         let seqs = logit_rows + t;
-        let tables = seqs + 5 * l.max_seqs;
+        let states = seqs + 5 * l.max_seqs;
+        let tables = states + l.max_seqs;
         let total = tables + l.max_seqs.max(1) * l.max_blocks_per_seq.max(1);
-        BatchLayout { tokens, positions, slots, seqs, logit_rows, tables, total }
+        BatchLayout { tokens, positions, slots, seqs, states, logit_rows, tables, total }
     }
 }
 
@@ -260,6 +289,9 @@ impl CudaBatch {
     pub(crate) fn tables(&self) -> u64 {
         self.at(self.layout.tables)
     }
+    pub(crate) fn states(&self) -> u64 {
+        self.at(self.layout.states)
+    }
 }
 
 /// Scratch of the split-KV attention and of the split-K GEMM (partial results), sized on first
@@ -283,6 +315,8 @@ pub struct CudaBackend {
     pub(crate) mm: Mutex<AttnScratch>,
     /// The MoE grouped GEMM's expert index and gathered activations (`ops::moe`).
     pub(crate) moe: Mutex<ops::MoeScratch>,
+    /// The Gated DeltaNet layers' intermediate rows (`ops::deltanet`).
+    pub(crate) gdn: Mutex<ops::GdnScratch>,
     /// Arrival counters of the split-K GEMM, one per output tile, zero between launches.
     pub(crate) mm_counters: Tracked,
     /// Whether the current forward is a decode step (every sequence one row: the forward has a
@@ -314,6 +348,7 @@ impl CudaBackend {
             small: Mutex::new(None),
             mm: Mutex::new(AttnScratch::default()),
             moe: Mutex::new(ops::MoeScratch::default()),
+            gdn: Mutex::new(ops::GdnScratch::default()),
             mm_counters,
             decode_step: std::sync::atomic::AtomicBool::new(false),
             pdl,
@@ -396,6 +431,9 @@ pub fn op_paths() -> Vec<(&'static str, &'static str)> {
         ("swiglu", "swiglu_f32_q8: SwiGLU fused with the 8-bit quantization for the down projection"),
         ("add", "add_f32: residual add (the forward's adds are fused into the o/down projections)"),
         ("gather_logit_rows", "gather_rows_f32"),
+        ("delta_net (hybrids)", "the projections on the matmul kernels; gdn_conv_silu_f32: causal conv + SiLU per channel and the conv state; gdn_recurrence_d<D>: per (sequence, value head) the L2 norms, gates, delta rule on the f32 state in registers, token by token, and the gated RMSNorm"),
+        ("split_q_gate / mul_sigmoid / mul_rows_sigmoid (hybrids)", "split_q_gate_f32, mul_sigmoid_f32, mul_rows_sigmoid_f32: gated attention and the shared expert's gate"),
+        ("copy_state (hybrids)", "gdn_copy_state_f32: a recurrent-state slot of every state layer"),
         ("argmax", "argmax_f32: on-device argmax (+ log-sum-exp)"),
         ("greedy step", "greedy_partial_f32 + greedy_final_f32: argmax and its log-softmax on the device, the row split over up to 128 blocks; 2 numbers per row come back"),
         ("decode step", "CUDA graph per (batch size, logit rows), replayed (FAK_CUDA_GRAPHS=0: off)"),
@@ -494,6 +532,13 @@ impl Backend for CudaBackend {
             let mem = Tracked::new(self.dev.upload(&v)?, &MEMORY.weights);
             return Ok(CudaWeight { name: t.name.to_string(), wtype: GgmlType::F32, dims: t.dims.to_vec(), row_bytes: 4 * k, mem, host: None });
         }
+        if t.wtype == GgmlType::F32 && k % 32 != 0 {
+            // f32 rows of any length (a Gated DeltaNet's conv taps `[d_conv, conv_dim]`): read by
+            // their own kernels, never by a matmul (`op_matmul` refuses rows that are not whole
+            // multiples of 32)
+            let mem = Tracked::new(self.dev.upload(t.data)?, &MEMORY.weights);
+            return Ok(CudaWeight { name: t.name.to_string(), wtype: t.wtype, dims: t.dims.to_vec(), row_bytes, mem, host: None });
+        }
         if kernel_fmt(t.wtype).is_none() {
             return Err(FakError::Unsupported(format!(
                 "the CUDA backend has no kernel for tensor {} of type {} (supported: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F16, BF16, F32)",
@@ -534,11 +579,6 @@ impl Backend for CudaBackend {
     }
 
     fn alloc_kv_cache(&self, layout: KvLayout) -> Result<CudaKvCache> {
-        if layout.state_len > 0 {
-            return Err(FakError::Unsupported(
-                "hybrid (Gated DeltaNet) models on the CUDA backend: not built yet; run them with --backend cpu".into(),
-            ));
-        }
         if layout.block_size != 32 {
             return Err(FakError::Unsupported(format!("the CUDA attention kernels need a KV block size of 32 tokens, not {}", layout.block_size)));
         }
@@ -551,7 +591,19 @@ impl Backend for CudaBackend {
         let v = self.alloc_tracked(bytes, &MEMORY.kv_cache)?;
         k.mem.memset(0)?;
         v.mem.memset(0)?;
-        Ok(CudaKvCache { layout, k, v, layer_elems })
+        let state_elems = layout
+            .state_layers
+            .checked_mul(layout.state_slots)
+            .and_then(|x| x.checked_mul(layout.state_len))
+            .ok_or_else(|| FakError::invalid("max_batch", "recurrent state size overflows"))?;
+        let state = if state_elems > 0 {
+            let t = self.alloc_tracked(state_elems * 4, &MEMORY.kv_cache)?;
+            t.mem.memset(0)?;
+            Some(t)
+        } else {
+            None
+        };
+        Ok(CudaKvCache { layout, k, v, layer_elems, state })
     }
 
     fn alloc_batch(&self, limits: BatchLimits) -> Result<CudaBatch> {
@@ -586,6 +638,8 @@ impl Backend for CudaBackend {
         put(st, l.logit_rows, &plan.logit_rows);
         let seqs: Vec<u32> = plan.seqs.iter().flat_map(|s| [s.row0, s.n_rows, s.n_past, s.table0, s.n_blocks]).collect();
         put(st, l.seqs, &seqs);
+        let states: Vec<u32> = plan.seqs.iter().map(|s| s.state_slot).collect();
+        put(st, l.states, &states);
         put(st, l.tables, &plan.block_tables);
         let bytes = (l.tables + plan.block_tables.len()) * 4;
         self.dev.bind()?;
@@ -703,6 +757,35 @@ impl Backend for CudaBackend {
 
     fn moe_combine(&self, experts: &CudaBuffer, weights: &CudaBuffer, n_rows: usize, k: usize, dim: usize, res: &mut CudaBuffer) -> Result<()> {
         self.op_moe_combine(experts, weights, 0, n_rows, k, dim, res)
+    }
+
+    fn delta_net(
+        &self,
+        w: &crate::backend::DeltaNetWeights<'_, CudaWeight>,
+        p: &crate::backend::DeltaNetParams,
+        h: &CudaBuffer,
+        cache: &mut CudaKvCache,
+        batch: &CudaBatch,
+        n_rows: usize,
+        out: &mut CudaBuffer,
+    ) -> Result<()> {
+        self.op_delta_net(w, p, h, cache, batch, n_rows, out)
+    }
+
+    fn copy_state(&self, cache: &mut CudaKvCache, from: usize, to: usize) -> Result<()> {
+        self.op_copy_state(cache, from, to)
+    }
+
+    fn split_q_gate(&self, qg: &CudaBuffer, n_rows: usize, n_head: usize, head_dim: usize, q: &mut CudaBuffer, gate: &mut CudaBuffer) -> Result<()> {
+        self.op_split_q_gate(qg, n_rows, n_head, head_dim, q, gate)
+    }
+
+    fn mul_rows_sigmoid(&self, x: &mut CudaBuffer, g: &CudaBuffer, n_rows: usize, dim: usize) -> Result<()> {
+        self.op_mul_rows_sigmoid(x, g, n_rows, dim)
+    }
+
+    fn mul_sigmoid(&self, x: &mut CudaBuffer, gate: &CudaBuffer, n: usize) -> Result<()> {
+        self.op_mul_sigmoid(x, gate, n)
     }
 
     fn moe_ffn(&self, h: &CudaBuffer, w: &crate::backend::MoeWeights<'_, CudaWeight>, p: &crate::backend::MoeParams, n_rows: usize, s: crate::backend::MoeBuffers<'_, CudaBuffer>, res: &mut CudaBuffer) -> Result<()> {

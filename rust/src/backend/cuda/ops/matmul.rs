@@ -205,10 +205,15 @@ impl CudaBackend {
     /// `out = x·Wᵀ (+ bias)`, or `out += x·Wᵀ (+ bias)` when `accumulate`.
     pub(crate) fn op_matmul(&self, w: &CudaWeight, bias: Option<&CudaWeight>, x: &CudaBuffer, n_rows: usize, out: &mut CudaBuffer, accumulate: bool) -> Result<()> {
         let (k, n_out) = (w.k(), w.n_out());
-        if w.is_vector() {
+        // An f32 vector `[k]` is one output row (a shared expert's gate `ffn_gate_inp_shexp`, 1-D
+        // in the hybrids' files, as on the CPU).
+        if w.is_vector() && w.wtype != GgmlType::F32 {
             return Err(FakError::model(format!("tensor {} is a vector, not a matrix", w.name)));
         }
         let fmt = kernel_fmt(w.wtype).ok_or_else(|| FakError::Unsupported(format!("matmul with {} weights", w.wtype.name())))?;
+        if k % 32 != 0 {
+            return Err(FakError::Unsupported(format!("CUDA matmul of {} with rows of {k} (a multiple of 32 is needed)", w.name)));
+        }
         let bias_ptr = Self::bias_ptr(w, bias)?;
         if n_rows * k > x.len || n_rows * n_out > out.len {
             return Err(FakError::invalid("matmul", format!("{n_rows} rows of {k} → {n_out} exceed the buffers ({} / {})", x.len, out.len)));

@@ -2,6 +2,7 @@
 //! `rust/kernels/` (launch geometry, kernel choice, the q8_1 bookkeeping of activation buffers).
 
 mod attention;
+mod deltanet;
 mod elementwise;
 mod embed;
 mod kv;
@@ -13,5 +14,6 @@ mod norm;
 mod rope;
 mod sampling;
 
+pub(crate) use deltanet::GdnScratch;
 pub(crate) use matmul::MM_COUNTERS;
 pub(crate) use moe::MoeScratch;
