@@ -165,6 +165,7 @@ class Model:
         n_cpu_moe: int = 0,
         speculative: str | None = None,
         draft_model: str | None = None,
+        speculative_max_batch: int = 16,
     ) -> Model: ...
     @property
     def backend(self) -> str: ...

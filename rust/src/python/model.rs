@@ -168,6 +168,9 @@ pub(crate) fn check_sampling(sampling: &Bound<'_, PyDict>) -> PyResult<Option<(S
 /// `(seq_id, token, logprob, top_logprobs, finish)`; `finish` is `"stop"`, `"length"` or None.
 type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>, Option<&'static str>);
 
+// The signature's literal default (a text signature shows a path as `...`).
+const _: () = assert!(crate::engine::speculative::DEFAULT_MAX_BATCH == 16);
+
 #[pymethods]
 impl PyModel {
     /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
@@ -221,7 +224,7 @@ impl PyModel {
     /// fak.BackendError (`backend="cuda"` without a usable CUDA backend, or with
     /// `tensor_parallel > 1`: multi-GPU is not built), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0, speculative=None, draft_model=None, speculative_max_batch=crate::engine::speculative::DEFAULT_MAX_BATCH))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0, speculative=None, draft_model=None, speculative_max_batch=16))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
