@@ -2,6 +2,11 @@
 //! backend with the CPU reference (`tests/cuda/test_ops.py`) through the same trait calls the
 //! forward pass makes. Every output buffer is poisoned (NaN) before the op runs, so an element the
 //! op fails to write shows up as NaN.
+//!
+//! Adding an op: a generic `pub fn op<B: TestIo>(b: &B, …)` here, one `OpRunner` method in
+//! `rust/src/python/cuda.rs` that converts the arrays and calls it through `run!` (the one dispatch over
+//! backends), its stub in `python/fak/_native.pyi`, and its cases under `tests/cuda/` (`test_ops.py`,
+//! or the family's file: `test_sampling_ops.py`, `test_moe_cuda.py`, `test_hybrid_cuda.py`).
 
 use std::any::Any;
 use std::sync::Arc;
@@ -311,9 +316,12 @@ pub fn attention<B: TestIo>(b: &B, case: &AttnCase<'_>, q: &[f32], k: &[f32], v:
     Ok((o, kr, vr))
 }
 
+/// One matrix of [`matmul_multi`]: `(wtype, blocks, n_out, bias)`.
+pub type MatrixCase<'a> = (GgmlType, &'a [u8], usize, Option<&'a [f32]>);
+
 /// Several matrices of the same input through [`Backend::matmul_multi`] (Q/K/V, gate/up):
 /// `ws[i] = (wtype, blocks, n_out, bias)`, all rows of `k`; returns each output.
-pub fn matmul_multi<B: TestIo>(b: &B, ws: &[(GgmlType, &[u8], usize, Option<&[f32]>)], k: usize, x: &[f32]) -> Result<Vec<Vec<f32>>> {
+pub fn matmul_multi<B: TestIo>(b: &B, ws: &[MatrixCase<'_>], k: usize, x: &[f32]) -> Result<Vec<Vec<f32>>> {
     let n_rows = x.len() / k.max(1);
     check_len("x", x.len(), n_rows * k)?;
     let mut wts = Vec::new();

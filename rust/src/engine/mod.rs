@@ -24,6 +24,7 @@
 
 mod device_sample;
 pub mod kv_cache;
+mod open;
 pub mod sampler;
 pub mod scheduler;
 pub mod sequence;
@@ -36,7 +37,6 @@ use rayon::prelude::*;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BatchLimits, BatchPlan, KvLayout, LogitRows, NO_BLOCK};
-use crate::gguf::GgufFile;
 use crate::model::{Model, ModelConfig, Scratch};
 use crate::parallel::{ShardPlan, ShardedModel};
 use crate::{FakError, Result};
@@ -90,7 +90,7 @@ pub struct EngineOptions {
     /// parallelism whatever is asked ([`speculative`]).
     pub speculative: speculative::SpecParams,
     /// A draft model (GGUF path) for the `draft` source ([`speculative::draft_model`]): loaded
-    /// on the target's backend by [`Engine::open_cpu`] / the CUDA backend's `open_engine`, which
+    /// on the target's backend by [`Engine::open_cpu`] / `Engine::open_cuda`, which
     /// refuse it for hybrid targets, tensor parallelism and a different vocabulary.
     pub draft_model: Option<std::path::PathBuf>,
     /// Speculation's off-switch: a step with more decoding sequences than this drafts nothing
@@ -401,40 +401,6 @@ pub struct Engine<B: Backend> {
 }
 
 impl Engine<CpuBackend> {
-    /// Opens `path` on the CPU backend; with `opts.tensor_parallel = N > 1`, as `N` shards
-    /// ([`ShardedModel::open_cpu`]) whose pools share `opts.threads`.
-    ///
-    /// Errors: as [`Model::open`] and [`Engine::new`]; [`FakError::Shard`] when the model cannot
-    /// be split `N` ways.
-    pub fn open_cpu(
-        path: impl AsRef<std::path::Path>,
-        opts: EngineOptions,
-    ) -> Result<Engine<CpuBackend>> {
-        check_draft_options(&opts)?;
-        let pool = build_pool(opts.threads)?;
-        let path = path.as_ref().to_path_buf();
-        if opts.tensor_parallel > 1 {
-            let file = Arc::new(GgufFile::open(&path)?);
-            let mut cfg = ModelConfig::from_gguf_with(&file, &opts.rope)?;
-            if let Some(w) = opts.sliding_window {
-                cfg.set_sliding_window(w)?;
-            }
-            let sizes = Sizes::of(&opts, &cfg)?;
-            let threads = pool.current_num_threads();
-            let kv = sizes.kv_layout(&cfg);
-            let sharded = ShardedModel::open_cpu(file, cfg, opts.tensor_parallel, threads, kv, sizes.limits, sizes.max_logits)?;
-            return Engine::with_core(Core::Sharded(sharded), opts, sizes, pool);
-        }
-        let model = pool.install(|| Model::open_placed(&path, CpuBackend::default(), &opts.rope, opts.n_cpu_moe))?;
-        let (draft_path, rope) = (opts.draft_model.clone(), opts.rope.clone());
-        let mut engine = Engine::with_pool(model, opts, pool.clone())?;
-        if let Some(p) = draft_path {
-            let draft = pool.install(|| Model::open_with(&p, CpuBackend::default(), &rope))?;
-            engine.attach_draft(draft)?;
-        }
-        Ok(engine)
-    }
-
     /// Threads of each tensor-parallel shard's pool (empty with one shard).
     pub fn shard_threads(&self) -> Vec<usize> {
         match &self.core {

@@ -9,10 +9,10 @@ use pyo3::types::{PyBytes, PyDict, PyList};
 
 use super::{detach, to_py};
 use crate::backend::cpu::CpuBackend;
-use crate::backend::optest::{self, AttnCase, TestIo};
-use crate::backend::{AttnParams, DrawRequest, DrawnRows, LogitPenalty, RopeParams, RopeStyle, TopRows};
+use crate::backend::optest::{self, AttnCase};
+use crate::backend::{AttnParams, DrawRequest, LogitPenalty, RopeParams, RopeStyle};
 use crate::quant::GgmlType;
-use crate::{FakError, Result};
+use crate::FakError;
 
 /// cuda_available() -> bool: whether `backend="cuda"` can run here (driver, a device of compute
 /// capability ≥ 8.0). Never raises.
@@ -229,109 +229,29 @@ fn gtype(name: &str) -> PyResult<GgmlType> {
     GgmlType::from_name(name).ok_or_else(|| to_py(FakError::invalid("wtype", format!("unknown ggml type {name:?}"))))
 }
 
-impl PyOpRunner {
-    fn run<T: Send>(&self, py: Python<'_>, f: impl Send + Sync + Fn(&dyn RunAny) -> Result<T>) -> PyResult<T> {
-        detach(py, || match &self.runner {
-            Runner::Cpu(b) => f(b),
+/// GGUF blocks (uint8, any shape) as bytes.
+fn blocks<'a>(a: &'a PyReadonlyArrayDyn<'_, u8>, what: &str) -> PyResult<&'a [u8]> {
+    a.as_slice().map_err(|e| to_py(FakError::invalid(what, format!("must be contiguous: {e}"))))
+}
+
+fn rope_style(style: &str) -> PyResult<RopeStyle> {
+    match style {
+        "neox" => Ok(RopeStyle::Neox),
+        "norm" => Ok(RopeStyle::Norm),
+        o => Err(to_py(FakError::invalid("style", format!("{o:?} (neox or norm)")))),
+    }
+}
+
+/// `optest::op(backend, args…)` on the runner's backend, the GIL released: the one dispatch over
+/// backends, so an op added to `optest` needs only its method below (and its `.pyi` stub).
+macro_rules! run {
+    ($runner:expr, $py:expr, $op:ident($($arg:expr),* $(,)?)) => {
+        detach($py, || match &$runner.runner {
+            Runner::Cpu(b) => optest::$op(b, $($arg),*),
             #[cfg(feature = "cuda")]
-            Runner::Cuda(b) => f(b.as_ref()),
+            Runner::Cuda(b) => optest::$op(b.as_ref(), $($arg),*),
         })
-    }
-}
-
-/// Object-safe face of the generic op functions.
-trait RunAny: Sync {
-    fn matmul(&self, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>>;
-    #[allow(clippy::too_many_arguments)]
-    fn norm_matmul(&self, x: &[f32], wn: &[f32], eps: f32, t: GgmlType, w: &[u8], n_out: usize, bias: Option<&[f32]>) -> Result<Vec<f32>>;
-    fn swiglu_matmul(&self, g: &[f32], u: &[f32], k: usize, t: GgmlType, w: &[u8], n_out: usize) -> Result<Vec<f32>>;
-    fn rmsnorm(&self, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>>;
-    fn rope(&self, x: &[f32], pos: &[u32], n_heads: usize, head_dim: usize, p: &RopeParams, ff: Option<&[f32]>) -> Result<Vec<f32>>;
-    fn swiglu(&self, g: &[f32], u: &[f32]) -> Result<Vec<f32>>;
-    fn add(&self, x: &[f32], y: &[f32]) -> Result<Vec<f32>>;
-    fn embed(&self, t: GgmlType, table: &[u8], n_vocab: usize, dim: usize, tokens: &[u32]) -> Result<Vec<f32>>;
-    fn gather_rows(&self, x: &[f32], dim: usize, rows: &[u32]) -> Result<Vec<f32>>;
-    fn argmax(&self, x: &[f32], n_cols: usize) -> Result<Vec<u32>>;
-    fn attention(&self, case: &AttnCase<'_>, q: &[f32], k: &[f32], v: &[f32]) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
-    fn matmul_multi(&self, ws: &[(GgmlType, &[u8], usize, Option<&[f32]>)], k: usize, x: &[f32]) -> Result<Vec<Vec<f32>>>;
-    #[allow(clippy::too_many_arguments)]
-    fn matmul_add(&self, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], res: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>>;
-    #[allow(clippy::too_many_arguments)]
-    fn rope_kv_write(&self, q: &[f32], k: &[f32], v: &[f32], n_past: usize, table: &[u32], a: &AttnParams, p: &RopeParams, ff: Option<&[f32]>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
-    fn greedy(&self, x: &[f32], n_cols: usize) -> Result<(Vec<u32>, Vec<f32>)>;
-    fn top_rows(&self, x: &[f32], n_cols: usize, rows: &[u32], m: usize) -> Result<TopRows>;
-    fn penalize(&self, x: &[f32], n_cols: usize, pens: &[LogitPenalty]) -> Result<(Vec<f32>, Vec<f32>)>;
-    fn draw(&self, x: &[f32], n_cols: usize, draws: &[DrawRequest]) -> Result<DrawnRows>;
-    fn head_norm(&self, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>>;
-    #[allow(clippy::too_many_arguments)]
-    fn moe_ffn(&self, h: &[f32], res: &[f32], d: usize, n_ff: usize, n_expert: usize, k: usize, gi: &[f32], g: optest::Experts<'_>, u: optest::Experts<'_>, dn: optest::Experts<'_>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)>;
-    fn delta_net(&self, c: &optest::DeltaNetCase<'_>, h: &[f32], seqs: &[(usize, usize, usize)], n_slots: usize, state0: &[f32]) -> Result<(Vec<f32>, Vec<f32>)>;
-}
-
-impl<B: TestIo> RunAny for B {
-    fn matmul(&self, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>> {
-        optest::matmul(self, t, w, n_out, k, x, bias)
-    }
-    fn norm_matmul(&self, x: &[f32], wn: &[f32], eps: f32, t: GgmlType, w: &[u8], n_out: usize, bias: Option<&[f32]>) -> Result<Vec<f32>> {
-        optest::norm_matmul(self, x, wn, eps, t, w, n_out, bias)
-    }
-    fn swiglu_matmul(&self, g: &[f32], u: &[f32], k: usize, t: GgmlType, w: &[u8], n_out: usize) -> Result<Vec<f32>> {
-        optest::swiglu_matmul(self, g, u, k, t, w, n_out)
-    }
-    fn rmsnorm(&self, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>> {
-        optest::rmsnorm(self, x, w, eps)
-    }
-    fn rope(&self, x: &[f32], pos: &[u32], n_heads: usize, head_dim: usize, p: &RopeParams, ff: Option<&[f32]>) -> Result<Vec<f32>> {
-        optest::rope(self, x, pos, n_heads, head_dim, p, ff)
-    }
-    fn swiglu(&self, g: &[f32], u: &[f32]) -> Result<Vec<f32>> {
-        optest::swiglu(self, g, u)
-    }
-    fn add(&self, x: &[f32], y: &[f32]) -> Result<Vec<f32>> {
-        optest::add(self, x, y)
-    }
-    fn embed(&self, t: GgmlType, table: &[u8], n_vocab: usize, dim: usize, tokens: &[u32]) -> Result<Vec<f32>> {
-        optest::embed(self, t, table, n_vocab, dim, tokens)
-    }
-    fn gather_rows(&self, x: &[f32], dim: usize, rows: &[u32]) -> Result<Vec<f32>> {
-        optest::gather_rows(self, x, dim, rows)
-    }
-    fn argmax(&self, x: &[f32], n_cols: usize) -> Result<Vec<u32>> {
-        optest::argmax(self, x, n_cols)
-    }
-    fn attention(&self, case: &AttnCase<'_>, q: &[f32], k: &[f32], v: &[f32]) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        optest::attention(self, case, q, k, v)
-    }
-    fn matmul_multi(&self, ws: &[(GgmlType, &[u8], usize, Option<&[f32]>)], k: usize, x: &[f32]) -> Result<Vec<Vec<f32>>> {
-        optest::matmul_multi(self, ws, k, x)
-    }
-    fn matmul_add(&self, t: GgmlType, w: &[u8], n_out: usize, k: usize, x: &[f32], res: &[f32], bias: Option<&[f32]>) -> Result<Vec<f32>> {
-        optest::matmul_add(self, t, w, n_out, k, x, res, bias)
-    }
-    fn rope_kv_write(&self, q: &[f32], k: &[f32], v: &[f32], n_past: usize, table: &[u32], a: &AttnParams, p: &RopeParams, ff: Option<&[f32]>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        optest::rope_kv_write(self, q, k, v, n_past, table, a, p, ff)
-    }
-    fn greedy(&self, x: &[f32], n_cols: usize) -> Result<(Vec<u32>, Vec<f32>)> {
-        optest::greedy(self, x, n_cols)
-    }
-    fn top_rows(&self, x: &[f32], n_cols: usize, rows: &[u32], m: usize) -> Result<TopRows> {
-        optest::top_rows(self, x, n_cols, rows, m)
-    }
-    fn penalize(&self, x: &[f32], n_cols: usize, pens: &[LogitPenalty]) -> Result<(Vec<f32>, Vec<f32>)> {
-        optest::penalize(self, x, n_cols, pens)
-    }
-    fn draw(&self, x: &[f32], n_cols: usize, draws: &[DrawRequest]) -> Result<DrawnRows> {
-        optest::draw(self, x, n_cols, draws)
-    }
-    fn head_norm(&self, x: &[f32], w: &[f32], eps: f32) -> Result<Vec<f32>> {
-        optest::head_norm(self, x, w, eps)
-    }
-    fn moe_ffn(&self, h: &[f32], res: &[f32], d: usize, n_ff: usize, n_expert: usize, k: usize, gi: &[f32], g: optest::Experts<'_>, u: optest::Experts<'_>, dn: optest::Experts<'_>) -> Result<(Vec<f32>, Vec<f32>, Vec<f32>)> {
-        optest::moe_ffn(self, h, res, d, n_ff, n_expert, k, gi, g, u, dn)
-    }
-    fn delta_net(&self, c: &optest::DeltaNetCase<'_>, h: &[f32], seqs: &[(usize, usize, usize)], n_slots: usize, state0: &[f32]) -> Result<(Vec<f32>, Vec<f32>)> {
-        optest::delta_net(self, c, h, seqs, n_slots, state0)
-    }
+    };
 }
 
 type F32Out<'py> = Bound<'py, PyArray1<f32>>;
@@ -360,10 +280,10 @@ impl PyOpRunner {
     #[allow(clippy::too_many_arguments)]
     fn matmul<'py>(&self, py: Python<'py>, wtype: &str, w: PyReadonlyArrayDyn<'py, u8>, n_out: usize, k: usize, x: PyReadonlyArray1<'py, f32>, bias: Option<PyReadonlyArray1<'py, f32>>) -> PyResult<F32Out<'py>> {
         let t = gtype(wtype)?;
-        let w = w.as_slice().map_err(|e| to_py(FakError::invalid("w", format!("must be contiguous: {e}"))))?;
+        let w = blocks(&w, "w")?;
         let x = slice(&x, "x")?;
         let bias = bias.as_ref().map(|b| slice(b, "bias")).transpose()?;
-        Ok(self.run(py, |r| r.matmul(t, w, n_out, k, x, bias))?.into_pyarray(py))
+        Ok(run!(self, py, matmul(t, w, n_out, k, x, bias))?.into_pyarray(py))
     }
 
     /// norm_matmul(x, w_norm, eps, wtype, w, n_out, bias=None) -> y: RMSNorm then matmul (the
@@ -372,25 +292,25 @@ impl PyOpRunner {
     #[allow(clippy::too_many_arguments)]
     fn norm_matmul<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, w_norm: PyReadonlyArray1<'py, f32>, eps: f32, wtype: &str, w: PyReadonlyArrayDyn<'py, u8>, n_out: usize, bias: Option<PyReadonlyArray1<'py, f32>>) -> PyResult<F32Out<'py>> {
         let t = gtype(wtype)?;
-        let w = w.as_slice().map_err(|e| to_py(FakError::invalid("w", format!("must be contiguous: {e}"))))?;
+        let w = blocks(&w, "w")?;
         let (x, wn) = (slice(&x, "x")?, slice(&w_norm, "w_norm")?);
         let bias = bias.as_ref().map(|b| slice(b, "bias")).transpose()?;
-        Ok(self.run(py, |r| r.norm_matmul(x, wn, eps, t, w, n_out, bias))?.into_pyarray(py))
+        Ok(run!(self, py, norm_matmul(x, wn, eps, t, w, n_out, bias))?.into_pyarray(py))
     }
 
     /// swiglu_matmul(gate, up, k, wtype, w, n_out) -> y: SwiGLU then matmul (fused q8_1 on CUDA).
     #[allow(clippy::too_many_arguments)]
     fn swiglu_matmul<'py>(&self, py: Python<'py>, gate: PyReadonlyArray1<'py, f32>, up: PyReadonlyArray1<'py, f32>, k: usize, wtype: &str, w: PyReadonlyArrayDyn<'py, u8>, n_out: usize) -> PyResult<F32Out<'py>> {
         let t = gtype(wtype)?;
-        let w = w.as_slice().map_err(|e| to_py(FakError::invalid("w", format!("must be contiguous: {e}"))))?;
+        let w = blocks(&w, "w")?;
         let (g, u) = (slice(&gate, "gate")?, slice(&up, "up")?);
-        Ok(self.run(py, |r| r.swiglu_matmul(g, u, k, t, w, n_out))?.into_pyarray(py))
+        Ok(run!(self, py, swiglu_matmul(g, u, k, t, w, n_out))?.into_pyarray(py))
     }
 
     /// rmsnorm(x, w, eps) -> y (rows of len(w)).
     fn rmsnorm<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, w: PyReadonlyArray1<'py, f32>, eps: f32) -> PyResult<F32Out<'py>> {
         let (x, w) = (slice(&x, "x")?, slice(&w, "w")?);
-        Ok(self.run(py, |r| r.rmsnorm(x, w, eps))?.into_pyarray(py))
+        Ok(run!(self, py, rmsnorm(x, w, eps))?.into_pyarray(py))
     }
 
     /// rope(x, positions, n_heads, head_dim, style, n_rot, freq_base, freq_scale, freq_factors=None,
@@ -399,41 +319,36 @@ impl PyOpRunner {
     #[pyo3(signature = (x, positions, n_heads, head_dim, style, n_rot, freq_base, freq_scale, freq_factors=None, ext_factor=0.0, attn_factor=1.0, yarn_orig_ctx=0))]
     #[allow(clippy::too_many_arguments)]
     fn rope<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, positions: PyReadonlyArray1<'py, u32>, n_heads: usize, head_dim: usize, style: &str, n_rot: usize, freq_base: f32, freq_scale: f32, freq_factors: Option<PyReadonlyArray1<'py, f32>>, ext_factor: f32, attn_factor: f32, yarn_orig_ctx: usize) -> PyResult<F32Out<'py>> {
-        let style = match style {
-            "neox" => RopeStyle::Neox,
-            "norm" => RopeStyle::Norm,
-            o => return Err(to_py(FakError::invalid("style", format!("{o:?} (neox or norm)")))),
-        };
-        let p = rope_params(style, n_rot, freq_base, freq_scale, ext_factor, attn_factor, yarn_orig_ctx);
+        let p = rope_params(rope_style(style)?, n_rot, freq_base, freq_scale, ext_factor, attn_factor, yarn_orig_ctx);
         let (x, pos) = (slice(&x, "x")?, slice(&positions, "positions")?);
         let ff = freq_factors.as_ref().map(|f| slice(f, "freq_factors")).transpose()?;
-        Ok(self.run(py, |r| r.rope(x, pos, n_heads, head_dim, &p, ff))?.into_pyarray(py))
+        Ok(run!(self, py, rope(x, pos, n_heads, head_dim, &p, ff))?.into_pyarray(py))
     }
 
     /// swiglu(gate, up) -> silu(gate)·up.
     fn swiglu<'py>(&self, py: Python<'py>, gate: PyReadonlyArray1<'py, f32>, up: PyReadonlyArray1<'py, f32>) -> PyResult<F32Out<'py>> {
         let (g, u) = (slice(&gate, "gate")?, slice(&up, "up")?);
-        Ok(self.run(py, |r| r.swiglu(g, u))?.into_pyarray(py))
+        Ok(run!(self, py, swiglu(g, u))?.into_pyarray(py))
     }
 
     /// add(x, y) -> x + y.
     fn add<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, y: PyReadonlyArray1<'py, f32>) -> PyResult<F32Out<'py>> {
         let (x, y) = (slice(&x, "x")?, slice(&y, "y")?);
-        Ok(self.run(py, |r| r.add(x, y))?.into_pyarray(py))
+        Ok(run!(self, py, add(x, y))?.into_pyarray(py))
     }
 
     /// embed(wtype, table, n_vocab, dim, tokens) -> rows [len(tokens)·dim].
     fn embed<'py>(&self, py: Python<'py>, wtype: &str, table: PyReadonlyArrayDyn<'py, u8>, n_vocab: usize, dim: usize, tokens: PyReadonlyArray1<'py, u32>) -> PyResult<F32Out<'py>> {
         let t = gtype(wtype)?;
-        let table = table.as_slice().map_err(|e| to_py(FakError::invalid("table", format!("must be contiguous: {e}"))))?;
+        let table = blocks(&table, "table")?;
         let tokens = slice(&tokens, "tokens")?;
-        Ok(self.run(py, |r| r.embed(t, table, n_vocab, dim, tokens))?.into_pyarray(py))
+        Ok(run!(self, py, embed(t, table, n_vocab, dim, tokens))?.into_pyarray(py))
     }
 
     /// gather_rows(x, dim, rows) -> x[rows] (rows of dim).
     fn gather_rows<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, dim: usize, rows: PyReadonlyArray1<'py, u32>) -> PyResult<F32Out<'py>> {
         let (x, rows) = (slice(&x, "x")?, slice(&rows, "rows")?);
-        Ok(self.run(py, |r| r.gather_rows(x, dim, rows))?.into_pyarray(py))
+        Ok(run!(self, py, gather_rows(x, dim, rows))?.into_pyarray(py))
     }
 
     /// matmul_multi(wtypes, ws, n_outs, k, x, biases) -> list of y: several matrices of one input
@@ -444,11 +359,11 @@ impl PyOpRunner {
             return Err(to_py(FakError::invalid("ws", "wtypes, ws, n_outs and biases must have one entry per matrix")));
         }
         let ts = wtypes.iter().map(|t| gtype(t)).collect::<PyResult<Vec<_>>>()?;
-        let wsl = ws.iter().map(|w| w.as_slice().map_err(|e| to_py(FakError::invalid("w", format!("must be contiguous: {e}"))))).collect::<PyResult<Vec<_>>>()?;
+        let wsl = ws.iter().map(|w| blocks(w, "w")).collect::<PyResult<Vec<_>>>()?;
         let bsl = biases.iter().map(|b| b.as_ref().map(|b| slice(b, "bias")).transpose()).collect::<PyResult<Vec<_>>>()?;
         let x = slice(&x, "x")?;
-        let spec: Vec<(GgmlType, &[u8], usize, Option<&[f32]>)> = (0..ts.len()).map(|i| (ts[i], wsl[i], n_outs[i], bsl[i])).collect();
-        let outs = self.run(py, |r| r.matmul_multi(&spec, k, x))?;
+        let spec: Vec<optest::MatrixCase<'_>> = (0..ts.len()).map(|i| (ts[i], wsl[i], n_outs[i], bsl[i])).collect();
+        let outs = run!(self, py, matmul_multi(&spec, k, x))?;
         Ok(outs.into_iter().map(|o| o.into_pyarray(py)).collect())
     }
 
@@ -456,7 +371,7 @@ impl PyOpRunner {
     /// (`Backend::rmsnorm_inplace`, Qwen3's per-head Q/K norm).
     fn head_norm<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, w: PyReadonlyArray1<'py, f32>, eps: f32) -> PyResult<F32Out<'py>> {
         let (x, w) = (slice(&x, "x")?, slice(&w, "w")?);
-        Ok(self.run(py, |r| r.head_norm(x, w, eps))?.into_pyarray(py))
+        Ok(run!(self, py, head_norm(x, w, eps))?.into_pyarray(py))
     }
 
     /// delta_net(h, d, d_conv, d_state, n_k, n_v, eps, qkv, gate, beta, alpha, conv, dt_bias, a,
@@ -508,7 +423,7 @@ impl PyOpRunner {
             out: slice(&out, "out")?,
         };
         let (h, s0) = (slice(&h, "h")?, slice(&state0, "state0")?);
-        let (y, st) = self.run(py, |r| r.delta_net(&c, h, &seqs, n_slots, s0))?;
+        let (y, st) = run!(self, py, delta_net(&c, h, &seqs, n_slots, s0))?;
         Ok((y.into_pyarray(py), st.into_pyarray(py)))
     }
 
@@ -519,11 +434,8 @@ impl PyOpRunner {
     #[allow(clippy::too_many_arguments)]
     fn moe_ffn<'py>(&self, py: Python<'py>, h: PyReadonlyArray1<'py, f32>, res: PyReadonlyArray1<'py, f32>, d: usize, n_ff: usize, n_expert: usize, k: usize, gate_inp: PyReadonlyArray1<'py, f32>, gate_type: &str, gate: PyReadonlyArrayDyn<'py, u8>, up_type: &str, up: PyReadonlyArrayDyn<'py, u8>, down_type: &str, down: PyReadonlyArrayDyn<'py, u8>) -> PyResult<(F32Out<'py>, F32Out<'py>, F32Out<'py>)> {
         let (h, res, gi) = (slice(&h, "h")?, slice(&res, "res")?, slice(&gate_inp, "gate_inp")?);
-        fn bytes<'a>(a: &'a PyReadonlyArrayDyn<'_, u8>) -> PyResult<&'a [u8]> {
-            a.as_slice().map_err(|e| to_py(FakError::invalid("experts", format!("must be contiguous: {e}"))))
-        }
-        let (g, u, dn) = ((gtype(gate_type)?, bytes(&gate)?), (gtype(up_type)?, bytes(&up)?), (gtype(down_type)?, bytes(&down)?));
-        let (o, ids, w) = self.run(py, |r| r.moe_ffn(h, res, d, n_ff, n_expert, k, gi, g, u, dn))?;
+        let (g, u, dn) = ((gtype(gate_type)?, blocks(&gate, "experts")?), (gtype(up_type)?, blocks(&up, "experts")?), (gtype(down_type)?, blocks(&down, "experts")?));
+        let (o, ids, w) = run!(self, py, moe_ffn(h, res, d, n_ff, n_expert, k, gi, g, u, dn))?;
         Ok((o.into_pyarray(py), ids.into_pyarray(py), w.into_pyarray(py)))
     }
 
@@ -533,10 +445,10 @@ impl PyOpRunner {
     #[allow(clippy::too_many_arguments)]
     fn matmul_add<'py>(&self, py: Python<'py>, wtype: &str, w: PyReadonlyArrayDyn<'py, u8>, n_out: usize, k: usize, x: PyReadonlyArray1<'py, f32>, res: PyReadonlyArray1<'py, f32>, bias: Option<PyReadonlyArray1<'py, f32>>) -> PyResult<F32Out<'py>> {
         let t = gtype(wtype)?;
-        let w = w.as_slice().map_err(|e| to_py(FakError::invalid("w", format!("must be contiguous: {e}"))))?;
+        let w = blocks(&w, "w")?;
         let (x, res) = (slice(&x, "x")?, slice(&res, "res")?);
         let bias = bias.as_ref().map(|b| slice(b, "bias")).transpose()?;
-        Ok(self.run(py, |r| r.matmul_add(t, w, n_out, k, x, res, bias))?.into_pyarray(py))
+        Ok(run!(self, py, matmul_add(t, w, n_out, k, x, res, bias))?.into_pyarray(py))
     }
 
     /// rope_kv_write(q, k, v, n_past, table, n_head, n_head_kv, head_dim, style, n_rot, freq_base,
@@ -546,16 +458,11 @@ impl PyOpRunner {
     #[pyo3(signature = (q, k, v, n_past, table, n_head, n_head_kv, head_dim, style, n_rot, freq_base, freq_scale, freq_factors=None, ext_factor=0.0, attn_factor=1.0, yarn_orig_ctx=0))]
     #[allow(clippy::too_many_arguments)]
     fn rope_kv_write<'py>(&self, py: Python<'py>, q: PyReadonlyArray1<'py, f32>, k: PyReadonlyArray1<'py, f32>, v: PyReadonlyArray1<'py, f32>, n_past: usize, table: PyReadonlyArray1<'py, u32>, n_head: usize, n_head_kv: usize, head_dim: usize, style: &str, n_rot: usize, freq_base: f32, freq_scale: f32, freq_factors: Option<PyReadonlyArray1<'py, f32>>, ext_factor: f32, attn_factor: f32, yarn_orig_ctx: usize) -> PyResult<(F32Out<'py>, F32Out<'py>, F32Out<'py>)> {
-        let style = match style {
-            "neox" => RopeStyle::Neox,
-            "norm" => RopeStyle::Norm,
-            o => return Err(to_py(FakError::invalid("style", format!("{o:?} (neox or norm)")))),
-        };
-        let p = rope_params(style, n_rot, freq_base, freq_scale, ext_factor, attn_factor, yarn_orig_ctx);
+        let p = rope_params(rope_style(style)?, n_rot, freq_base, freq_scale, ext_factor, attn_factor, yarn_orig_ctx);
         let a = AttnParams { n_head, n_head_kv, head_dim, scale: 1.0 / (head_dim as f32).sqrt(), window: None };
         let (q, k, v, table) = (slice(&q, "q")?, slice(&k, "k")?, slice(&v, "v")?, slice(&table, "table")?);
         let ff = freq_factors.as_ref().map(|f| slice(f, "freq_factors")).transpose()?;
-        let (qo, kr, vr) = self.run(py, |r| r.rope_kv_write(q, k, v, n_past, table, &a, &p, ff))?;
+        let (qo, kr, vr) = run!(self, py, rope_kv_write(q, k, v, n_past, table, &a, &p, ff))?;
         Ok((qo.into_pyarray(py), kr.into_pyarray(py), vr.into_pyarray(py)))
     }
 
@@ -563,7 +470,7 @@ impl PyOpRunner {
     /// the trait's `greedy_rows` (on the device for CUDA).
     fn greedy(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f32>, n_cols: usize) -> PyResult<(Vec<u32>, Vec<f32>)> {
         let x = slice(&x, "x")?;
-        self.run(py, |r| r.greedy(x, n_cols))
+        run!(self, py, greedy(x, n_cols))
     }
 
     /// top_rows(x, n_cols, rows, m) -> (ids, vals, max, z, exact): the trait's `top_rows` (the
@@ -572,7 +479,7 @@ impl PyOpRunner {
     #[allow(clippy::type_complexity)]
     fn top_rows(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f32>, n_cols: usize, rows: Vec<u32>, m: usize) -> PyResult<(Vec<u32>, Vec<f32>, Vec<f32>, Vec<f64>, Vec<bool>)> {
         let x = slice(&x, "x")?;
-        let t = self.run(py, |r| r.top_rows(x, n_cols, &rows, m))?;
+        let t = run!(self, py, top_rows(x, n_cols, &rows, m))?;
         Ok((t.ids, t.vals, t.max, t.z, t.exact))
     }
 
@@ -581,7 +488,7 @@ impl PyOpRunner {
     fn penalize<'py>(&self, py: Python<'py>, x: PyReadonlyArray1<'py, f32>, n_cols: usize, entries: Vec<(u32, u32, f32, f32)>) -> PyResult<(F32Out<'py>, Vec<f32>)> {
         let x = slice(&x, "x")?;
         let pens: Vec<LogitPenalty> = entries.into_iter().map(|(row, token, repeat, delta)| LogitPenalty { row, token, repeat, delta }).collect();
-        let (out, raw) = self.run(py, |r| r.penalize(x, n_cols, &pens))?;
+        let (out, raw) = run!(self, py, penalize(x, n_cols, &pens))?;
         Ok((out.into_pyarray(py), raw))
     }
 
@@ -592,7 +499,7 @@ impl PyOpRunner {
     fn draw(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f32>, n_cols: usize, draws: Vec<(u32, f32, f64)>) -> PyResult<(Vec<u32>, Vec<f32>, Vec<f32>, Vec<f64>)> {
         let x = slice(&x, "x")?;
         let d: Vec<DrawRequest> = draws.into_iter().map(|(row, inv_temp, u)| DrawRequest { row, inv_temp, u }).collect();
-        let o = self.run(py, |r| r.draw(x, n_cols, &d))?;
+        let o = run!(self, py, draw(x, n_cols, &d))?;
         Ok((o.tokens, o.vals, o.max, o.z))
     }
 
@@ -627,7 +534,7 @@ impl PyOpRunner {
     #[allow(clippy::too_many_arguments)]
     fn time_matmul<'py>(&self, py: Python<'py>, wtype: &str, w: PyReadonlyArrayDyn<'py, u8>, n_out: usize, k: usize, x: PyReadonlyArray1<'py, f32>, cases: Vec<(usize, Option<String>)>, iters: usize, reps: usize) -> PyResult<Vec<f64>> {
         let t = gtype(wtype)?;
-        let w = w.as_slice().map_err(|e| to_py(FakError::invalid("w", format!("must be contiguous: {e}"))))?;
+        let w = blocks(&w, "w")?;
         let x = slice(&x, "x")?;
         match &self.runner {
             #[cfg(feature = "cuda")]
@@ -653,7 +560,7 @@ impl PyOpRunner {
     /// argmax(x, n_cols) -> list[int] per row.
     fn argmax(&self, py: Python<'_>, x: PyReadonlyArray1<'_, f32>, n_cols: usize) -> PyResult<Vec<u32>> {
         let x = slice(&x, "x")?;
-        self.run(py, |r| r.argmax(x, n_cols))
+        run!(self, py, argmax(x, n_cols))
     }
 
     /// attention(seqs, n_head, n_head_kv, head_dim, block_perm, q, k, v, window=0) -> (out, k_read,
@@ -667,7 +574,7 @@ impl PyOpRunner {
         let perm = slice(&block_perm, "block_perm")?;
         let (q, k, v) = (slice(&q, "q")?, slice(&k, "k")?, slice(&v, "v")?);
         let case = AttnCase { seqs: &seqs, n_head, n_head_kv, head_dim, block_perm: perm, window: (window > 0).then_some(window) };
-        let (o, kr, vr) = self.run(py, |r| r.attention(&case, q, k, v))?;
+        let (o, kr, vr) = run!(self, py, attention(&case, q, k, v))?;
         PyList::new(py, [o.into_pyarray(py), kr.into_pyarray(py), vr.into_pyarray(py)])
     }
 }

@@ -693,7 +693,7 @@ impl PyModel {
 /// The CUDA engine (`backend="cuda"`): fak.BackendError when this build or machine cannot run it.
 #[cfg(feature = "cuda")]
 fn open_cuda(py: Python<'_>, path: &std::path::Path, opts: EngineOptions) -> PyResult<Box<dyn EngineApi>> {
-    Ok(Box::new(detach(py, || crate::backend::cuda::open_engine(path, opts))?))
+    Ok(Box::new(detach(py, || Engine::open_cuda(path, opts))?))
 }
 
 #[cfg(not(feature = "cuda"))]

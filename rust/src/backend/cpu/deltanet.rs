@@ -22,7 +22,7 @@
 use rayon::prelude::*;
 
 use super::matmul::dot_f32_ggml;
-use super::vecops::expf_ggml;
+use super::vecops::{expf_ggml, sigmoid, silu};
 use super::{CpuBackend, CpuBatch, CpuBuffer, CpuKvCache, CpuWeight};
 use crate::backend::{Backend, DeltaNetParams, DeltaNetWeights};
 use crate::quant::GgmlType;
@@ -36,7 +36,7 @@ pub fn silu_row(x: &mut [f32]) {
         *v /= 1.0 + expf_ggml(-*v);
     }
     for v in &mut x[full..] {
-        *v /= 1.0 + (-*v).exp();
+        *v = silu(*v);
     }
 }
 
@@ -89,7 +89,7 @@ pub fn delta_net(be: &CpuBackend, w: &DeltaNetWeights<'_, CpuWeight>, p: &DeltaN
         return Err(FakError::model("Gated DeltaNet tensors do not match the layer's shape".to_string()));
     }
     for b in beta.0.iter_mut() {
-        *b = 1.0 / (1.0 + (-*b).exp());
+        *b = sigmoid(*b);
     }
     // g = softplus(alpha + dt_bias) · a
     for row in alpha.0.chunks_mut(nv).take(n) {
@@ -206,6 +206,6 @@ pub fn split_q_gate(qg: &[f32], n: usize, n_head: usize, head_dim: usize, q: &mu
 /// `x[i] *= sigmoid(gate[i])` (ggml `sigmoid`: `1/(1 + expf(−g))`, then `mul`).
 pub fn mul_sigmoid(x: &mut [f32], gate: &[f32]) {
     for (v, &g) in x.iter_mut().zip(gate) {
-        *v *= 1.0 / (1.0 + (-g).exp());
+        *v *= sigmoid(g);
     }
 }

@@ -462,7 +462,7 @@ impl Backend for CpuBackend {
 
     fn mul_rows_sigmoid(&self, x: &mut CpuBuffer, g: &CpuBuffer, n_rows: usize, dim: usize) -> Result<()> {
         for (row, &gv) in x.0.chunks_mut(dim).zip(&g.0).take(n_rows) {
-            let s = 1.0 / (1.0 + (-gv).exp());
+            let s = vecops::sigmoid(gv);
             row.iter_mut().for_each(|v| *v *= s);
         }
         Ok(())

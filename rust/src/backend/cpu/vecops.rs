@@ -35,6 +35,18 @@ pub fn isa() -> Isa {
     })
 }
 
+/// `1 / (1 + e^(−x))` (ggml's scalar `sigmoid`, `expf` as Rust's `exp`).
+#[inline(always)]
+pub fn sigmoid(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// `x / (1 + e^(−x))` (ggml's scalar `ggml_silu_f32`).
+#[inline(always)]
+pub fn silu(x: f32) -> f32 {
+    x / (1.0 + (-x).exp())
+}
+
 /// `dst[i] = f16(src[i])` (bits), round to nearest even.
 pub fn f32_to_f16(src: &[f32], dst: &mut [u16]) {
     debug_assert_eq!(src.len(), dst.len());
@@ -471,7 +483,7 @@ pub(crate) mod avx2 {
             i += 8;
         }
         for j in i..n {
-            gate[j] = gate[j] / (1.0 + (-gate[j]).exp()) * up[j];
+            gate[j] = super::silu(gate[j]) * up[j];
         }
     }
 }

@@ -21,7 +21,6 @@ mod ops;
 pub use ops::matmul_plan;
 
 use std::cell::Cell;
-use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -29,8 +28,6 @@ pub use device::{Device, DeviceInfo};
 pub use module::{ImageOrigin, Kernels};
 
 use crate::backend::{AttnParams, Backend, BatchLimits, BatchPlan, GraphKey, HostTensor, KvLayout, RopeParams};
-use crate::engine::{Engine, EngineOptions};
-use crate::model::Model;
 use crate::quant::GgmlType;
 use crate::{FakError, Result};
 use device::{backend_err, DevMem, PinnedMem};
@@ -438,28 +435,6 @@ pub fn op_paths() -> Vec<(&'static str, &'static str)> {
         ("greedy step", "greedy_partial_f32 + greedy_final_f32: argmax and its log-softmax on the device, the row split over up to 128 blocks; 2 numbers per row come back"),
         ("decode step", "CUDA graph per (batch size, logit rows), replayed (FAK_CUDA_GRAPHS=0: off)"),
     ]
-}
-
-/// Opens `path` as an engine on GPU 0.
-///
-/// Errors: as [`CudaBackend::new`] and [`Model::open`]; [`crate::FakError::Backend`] for
-/// `opts.tensor_parallel > 1` (multi-GPU tensor parallelism is not built).
-pub fn open_engine(path: impl AsRef<Path>, opts: EngineOptions) -> Result<Engine<CudaBackend>> {
-    if opts.tensor_parallel > 1 {
-        // checked before the model is loaded onto GPU 0
-        return Err(crate::engine::tensor_parallel_unavailable("cuda", opts.tensor_parallel));
-    }
-    crate::engine::check_draft_options(&opts)?;
-    let backend = CudaBackend::new(0)?;
-    let model = Model::open_placed(path, backend, &opts.rope, opts.n_cpu_moe)?;
-    let (draft_path, rope) = (opts.draft_model.clone(), opts.rope.clone());
-    let mut engine = Engine::new(model, EngineOptions { draft_model: None, ..opts })?;
-    if let Some(p) = draft_path {
-        // the draft on the same GPU, in a backend of its own (its kernels, streams and scratch)
-        let draft = Model::open_with(p, CudaBackend::new(0)?, &rope)?;
-        engine.attach_draft(draft)?;
-    }
-    Ok(engine)
 }
 
 /// `FAK_CUDA_SAFE=1` selects the first, simpler kernel variants where a faster one exists
