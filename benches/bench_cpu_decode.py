@@ -6,7 +6,7 @@ Three figures per model, each per decoded token:
 - ``llama.cpp``: llama-cpp-python ``Llama(path, n_threads=2)``, a 32-token prompt evaluated once,
   then ``eval([token])`` one token at a time (the whole llama.cpp decode step: every matmul with its
   repacked Q4_K, attention, norms; no sampling).
-- ``fak step``: ``fak._native.Model.step()`` decoding one greedy sequence (the whole fak step:
+- ``fak step``: ``fak._native.EngineCore.step()`` decoding one greedy sequence (the whole fak step:
   forward, LM head, argmax sampling).
 - ``fak matmuls``: every weight matrix of the model once as a GEMV (``fak._native.matmul``,
   ``n_rows = 1``; ``token_embd`` excluded, a row gather): the quantized-matmul share of a step,
@@ -136,10 +136,10 @@ class FakStep:
     """fak's engine: one greedy sequence, ``step()`` per token (prefill outside the timing)."""
 
     def __init__(self, path: Path, threads: int) -> None:
-        self.model = _native.Model(str(path), n_ctx=2048, threads=threads)
+        self.model = _native.EngineCore(str(path), n_ctx=2048, threads=threads)
         # The prefill figure on a second engine (same mapped weights), so that no decode rides
         # along in its step; prefix cache off so every round computes the whole prompt.
-        self.pre = _native.Model(str(path), n_ctx=2048, threads=threads, prefix_cache=False,
+        self.pre = _native.EngineCore(str(path), n_ctx=2048, threads=threads, prefix_cache=False,
                                  max_tokens_per_step=512)
         self.sid = 0
         self.used = 0

@@ -4,7 +4,7 @@ context, where attention, not the weights, is most of a token).
 
 Per depth D (tokens already in the KV cache) and per round:
 
-- ``fak``: ``_native.Model`` (2 threads, prefix cache on) holds a D-token context (prefilled once,
+- ``fak``: ``_native.EngineCore`` (2 threads, prefix cache on) holds a D-token context (prefilled once,
   outside the timing); the round adds a sequence that shares those D tokens and brings
   ``--pp`` new ones (a prefix-cache hit: only the new tokens are computed, at depth D), steps
   until its first token (``pp@dD``), then decodes ``--tg`` tokens (``tg@dD``), then removes it.
@@ -57,7 +57,7 @@ class FakDepth:
 
     def __init__(self, path: Path, depth: int, pp: int, tg: int, threads: int) -> None:
         n_ctx = depth + pp + tg + 64
-        self.m = _native.Model(str(path), n_ctx=n_ctx, threads=threads, kv_cache_tokens=2 * n_ctx,
+        self.m = _native.EngineCore(str(path), n_ctx=n_ctx, threads=threads, kv_cache_tokens=2 * n_ctx,
                                max_batch=2, max_tokens_per_step=512)
         self.base = tokens(depth, 1)
         self.pp, self.tg, self.sid = pp, tg, 0

@@ -1,4 +1,4 @@
-"""CPU engine speed on the real models through ``fak._native.Model`` directly (no Python engine
+"""CPU engine speed on the real models through ``fak._native.EngineCore`` directly (no Python engine
 loop): prefill of a 512-token prompt and decode of 128 tokens, 2 threads, greedy; and the
 resident set while holding the 1.1 GB model (weights memory-mapped, not copied).
 
@@ -72,7 +72,7 @@ def prompt_ids(n: int) -> list[int]:
 
 @pytest.fixture(scope="module", params=MODELS)
 def model(request):
-    return request.param, _native.Model(str(real_model(request.param)), n_ctx=2048, threads=THREADS,
+    return request.param, _native.EngineCore(str(real_model(request.param)), n_ctx=2048, threads=THREADS,
                                         prefix_cache=False)
 
 
@@ -141,7 +141,7 @@ def test_rss_holding_15b(benchmark):
         return (full.rss - full.shared) / 2**20
 
     before_rss, before_anon = proc.memory_info().rss / 2**20, anon_mb()
-    m = _native.Model(str(path), n_ctx=2048, threads=THREADS)
+    m = _native.EngineCore(str(path), n_ctx=2048, threads=THREADS)
     loaded_rss, loaded_anon = proc.memory_info().rss / 2**20, anon_mb()
     benchmark.pedantic(lambda: m.logits(prompt_ids(64)), rounds=1, iterations=1)
     after_rss, after_anon = proc.memory_info().rss / 2**20, anon_mb()

@@ -1,9 +1,9 @@
 """fak's CUDA backend speed on the GPU machine, beside llama.cpp (CUDA build) in the same run.
 
-Measured through the engine a user drives (``fak._native.Model``, backend ``cuda``):
+Measured through the engine a user drives (``fak._native.EngineCore``, backend ``cuda``):
 
 - decode: one sequence, 128 greedy tokens after a context of 0, 8192 or 32768 tokens; reported as
-  ``step`` (wall time of ``Model.step()``, sampling on the CPU included) and ``forward`` (the
+  ``step`` (wall time of ``EngineCore.step()``, sampling on the CPU included) and ``forward`` (the
   same minus the sampler's time: the forward pass, the CUDA graph replay and the copy of the
   logits to the host — what llama-bench's ``tg`` measures);
 - prefill: a prompt of 512 or 8192 tokens (the engine's 512-token chunks), time to the first
@@ -100,7 +100,7 @@ def nvidia_smi_used() -> int | None:
         return None
 
 
-def decode(model: _native.Model, n_vocab: int, depth: int, rng: np.random.Generator) -> dict:
+def decode(model: _native.EngineCore, n_vocab: int, depth: int, rng: np.random.Generator) -> dict:
     """128 greedy decode steps of one sequence after a prompt of max(depth, 1) tokens."""
     prompt = rng.integers(0, n_vocab, max(depth, 1)).tolist()
     model.add_sequence(1, prompt, {"temperature": 0.0})
@@ -119,7 +119,7 @@ def decode(model: _native.Model, n_vocab: int, depth: int, rng: np.random.Genera
             "sample_ms": 1e3 * s["sample_seconds"] / max(s["decode_tokens"], 1)}
 
 
-def prefill(model: _native.Model, n_vocab: int, n: int, rng: np.random.Generator, reps: int = 3) -> dict:
+def prefill(model: _native.EngineCore, n_vocab: int, n: int, rng: np.random.Generator, reps: int = 3) -> dict:
     best = float("inf")
     for r in range(reps):
         prompt = rng.integers(0, n_vocab, n).tolist()
@@ -137,7 +137,7 @@ def run_fak(path: str, depths: list[int], prefills: list[int]) -> dict:
     n_ctx = max(depths + prefills) + N_DECODE + 64
     out: dict = {"decode": [], "prefill": []}
     mem0 = _native.cuda_memory()
-    m = _native.Model(path, backend="cuda", n_ctx=n_ctx, kv_cache_tokens=n_ctx, max_batch=1)
+    m = _native.EngineCore(path, backend="cuda", n_ctx=n_ctx, kv_cache_tokens=n_ctx, max_batch=1)
     mem = _native.cuda_memory()
     out["vram"] = {k: mem[k] - mem0.get(k, 0) for k in mem}
     out["vram"]["nvidia_smi_used"] = nvidia_smi_used()
@@ -152,7 +152,7 @@ def run_fak(path: str, depths: list[int], prefills: list[int]) -> dict:
     del m
     os.environ["FAK_CUDA_GRAPHS"] = "0"
     try:
-        m = _native.Model(path, backend="cuda", n_ctx=4096, kv_cache_tokens=4096, max_batch=1)
+        m = _native.EngineCore(path, backend="cuda", n_ctx=4096, kv_cache_tokens=4096, max_batch=1)
         decode(m, n_vocab, 64, rng)
         out["decode_no_graphs"] = decode(m, n_vocab, 0, rng)
         del m
@@ -254,7 +254,7 @@ def test_decode_step(benchmark) -> None:  # type: ignore[no-untyped-def]
     path = os.environ.get("FAK_BENCH_MODEL")
     if not path or not _native.cuda_available():
         pytest.skip("set FAK_BENCH_MODEL and run on a GPU machine")
-    m = _native.Model(path, backend="cuda", n_ctx=2048, max_batch=1)
+    m = _native.EngineCore(path, backend="cuda", n_ctx=2048, max_batch=1)
     m.add_sequence(1, [1, 2, 3, 4], {"temperature": 0.0})
     m.step()
     benchmark(m.step)

@@ -1,4 +1,4 @@
-"""Batched decode on the GPU: fak (``_native.Model``, backend ``cuda``) beside llama.cpp's
+"""Batched decode on the GPU: fak (``_native.EngineCore``, backend ``cuda``) beside llama.cpp's
 ``llama-batched-bench`` (CUDA build) on the same GGUF file, in the same run.
 
 For each number of sequences N (default 1, 8, 16, 32, 64, 128, 256): N random 512-token prompts
@@ -54,7 +54,7 @@ def run_fak(path: str, n: int, rng: np.random.Generator, temperature: float = 0.
     rows = max(512, min(4096, n * PROMPT))
     prefill_steps = int(np.ceil(n * PROMPT / max(rows - n, 256))) + 8
     n_ctx = PROMPT + STEPS + prefill_steps + 64
-    m = _native.Model(path, backend="cuda", n_ctx=n_ctx, kv_cache_tokens=n * n_ctx, max_batch=n, max_tokens_per_step=rows)
+    m = _native.EngineCore(path, backend="cuda", n_ctx=n_ctx, kv_cache_tokens=n * n_ctx, max_batch=n, max_tokens_per_step=rows)
     n_vocab = m.n_vocab
     # Warm-up: kernels loaded, the decode graph of N rows captured (N short sequences).
     for i in range(n):

@@ -40,7 +40,7 @@ def run_fak(path: str, n_cpu_moe: int, n_decode: int, n_prefill: int) -> dict:
     rng = np.random.default_rng(0)
     n_ctx = n_prefill + n_decode + 64
     mem0 = _native.cuda_memory()
-    m = _native.Model(path, backend="cuda", n_ctx=n_ctx, kv_cache_tokens=n_ctx, max_batch=1, n_cpu_moe=n_cpu_moe)
+    m = _native.EngineCore(path, backend="cuda", n_ctx=n_ctx, kv_cache_tokens=n_ctx, max_batch=1, n_cpu_moe=n_cpu_moe)
     mem = _native.cuda_memory()
     out: dict = {"n_cpu_moe": n_cpu_moe, "host_expert_layers": m.config.get("host_expert_layers"),
                  "vram": {k: mem[k] - mem0.get(k, 0) for k in mem}, "nvidia_smi_used": nvidia_smi_used()}

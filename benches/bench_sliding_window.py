@@ -33,7 +33,7 @@ def test_window_speed_and_kv(benchmark, window: int | None) -> None:
     path = real_model(MODEL_05B)
     prompt = [int(t) for t in np.random.default_rng(1).integers(3, 151000, size=N_PROMPT)]
     kw = {} if window is None else {"sliding_window": window}
-    model = _native.Model(str(path), n_ctx=4096, threads=THREADS, max_batch=1, prefix_cache=False, **kw)
+    model = _native.EngineCore(str(path), n_ctx=4096, threads=THREADS, max_batch=1, prefix_cache=False, **kw)
 
     def run() -> None:
         model.reset_stats()

@@ -10,7 +10,7 @@ run: the first, the last, and between), the conversation before that turn is ren
 served model's chat template (the tools protocol with the agent's tool schemas,
 ``fak.agent.tools.tool_schemas``), and the model's own reply is generated greedily (``max_tokens``
 ``--max-tokens``, its end-of-generation ids) under each condition of ``--conditions``, one
-request at a time (concurrency 1), on one ``fak._native.Model`` with the prefix cache on (a
+request at a time (concurrency 1), on one ``fak._native.EngineCore`` with the prefix cache on (a
 step's prompt extends the previous step's, so only its new part is prefilled, once; the
 conditions then hit it whole). The recorded replies were the 1.5B's; the model here writes its
 own, so acceptance is measured on the replayed model's outputs given real agent prompts.
@@ -159,7 +159,7 @@ def main() -> None:
     stop_ids = sorted(tok.eog_ids)
     conditions = args.conditions.split(",")
     n_ctx = args.max_prompt + args.max_tokens + 64
-    model = _native.Model(str(path), n_ctx=n_ctx, threads=args.threads, max_batch=4,
+    model = _native.EngineCore(str(path), n_ctx=n_ctx, threads=args.threads, max_batch=4,
                           kv_cache_tokens=4 * n_ctx)
     trajs = load_trajectories(args.sources)[:: args.every][: args.limit]
     tools = tool_schemas(True)

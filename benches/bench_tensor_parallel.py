@@ -10,7 +10,7 @@ Run from the checkout root (after ``scripts/dev-build``)::
     PYTHONPATH=python python benches/bench_tensor_parallel.py --moe --moe-layers 1 --threads 1 --tp 1 2 3   # qwen3moe
     PYTHONPATH=python python benches/bench_tensor_parallel.py --moe --moe-layers 1 --threads 1 --moe-ff 1024 --tp 1 2 4
 
-Speed: through ``fak._native.Model`` directly, greedy, prefix cache off, ``--threads`` threads in
+Speed: through ``fak._native.EngineCore`` directly, greedy, prefix cache off, ``--threads`` threads in
 all (divided among the shards' pools): prefill of one ``--prompt``-token prompt, decode of
 ``--decode`` tokens for 1 sequence and for 8 at once; tok/s on the wall clock and per process
 CPU-second, and from the engine's counters the seconds shard 0 spent in the collectives (two
@@ -74,7 +74,7 @@ def prompt_ids(n: int) -> list[int]:
 
 
 def run_once(path: Path, tp: int, threads: int, n_prompt: int, n_decode: int, batch: int) -> dict:
-    m = _native.Model(str(path), backend="cpu", n_ctx=n_prompt + n_decode + 8, threads=threads, max_batch=8,
+    m = _native.EngineCore(str(path), backend="cpu", n_ctx=n_prompt + n_decode + 8, threads=threads, max_batch=8,
                       prefix_cache=False, tensor_parallel=tp, kv_cache_tokens=8 * (n_prompt + n_decode + 8))
     out = {}
     # prefill alone
@@ -168,7 +168,7 @@ def write_moe_model(folder: Path, n_ff_exp: int, n_layer: int) -> Path:
 
 
 def run_moe_once(path: Path, tp: int, threads: int, n_prompt: int, n_decode: int) -> dict:
-    m = _native.Model(str(path), backend="cpu", n_ctx=n_prompt + n_decode + 32, threads=threads, max_batch=8,
+    m = _native.EngineCore(str(path), backend="cpu", n_ctx=n_prompt + n_decode + 32, threads=threads, max_batch=8,
                       prefix_cache=False, tensor_parallel=tp, kv_cache_tokens=8 * (n_prompt + n_decode + 32))
     vocab = m.n_vocab
     ids = lambda n, seed: [int(t) for t in np.random.default_rng(seed).integers(10, vocab, size=n)]  # noqa: E731
@@ -243,7 +243,7 @@ def moe_speed(args: argparse.Namespace) -> None:
 
 def dump_logits(path: Path, tp: int, out: str) -> None:
     tok = Tokenizer.from_gguf_metadata(read_gguf_metadata(path))
-    m = _native.Model(str(path), backend="cpu", n_ctx=512, max_batch=4, tensor_parallel=tp)
+    m = _native.EngineCore(str(path), backend="cpu", n_ctx=512, max_batch=4, tensor_parallel=tp)
     np.savez(out, *[m.logits(tok.encode(t)) for t in TEXTS])
 
 

@@ -16,7 +16,7 @@ from fak import _native
 def main() -> None:
     path, n = sys.argv[1], int(sys.argv[2])
     steps = int(sys.argv[3]) if len(sys.argv) > 3 else 4
-    m = _native.Model(path, backend="cuda", n_ctx=256, max_batch=max(n, 1), kv_cache_tokens=256 * max(n, 1))
+    m = _native.EngineCore(path, backend="cuda", n_ctx=256, max_batch=max(n, 1), kv_cache_tokens=256 * max(n, 1))
     rng = np.random.default_rng(0)
     for i in range(n):
         m.add_sequence(i, rng.integers(10, m.n_vocab - 10, 8).tolist(), {"temperature": 0.0, "max_tokens": steps + 1})

@@ -28,7 +28,7 @@ def start(path: str, ctx: int, steps: int, seqs: int):
 
     n_ctx = ctx + steps + 64
     rows = max(512, min(4096, seqs * (ctx + 4)))
-    m = _native.Model(path, backend="cuda", n_ctx=n_ctx, kv_cache_tokens=seqs * n_ctx, max_batch=seqs, max_tokens_per_step=rows)
+    m = _native.EngineCore(path, backend="cuda", n_ctx=n_ctx, kv_cache_tokens=seqs * n_ctx, max_batch=seqs, max_tokens_per_step=rows)
     rng = np.random.default_rng(0)
     for s in range(seqs):
         m.add_sequence(s, [int(t) for t in rng.integers(100, 1000, ctx + 4)], {"temperature": 0.0})
@@ -50,7 +50,7 @@ def profile_prefill(path: str, n: int, reps: int) -> None:
     """Per-kernel GPU time of `reps` forwards of an `n`-token prompt (one step each)."""
     from fak import _native
 
-    m = _native.Model(path, backend="cuda", n_ctx=n + 64, kv_cache_tokens=n + 64, max_batch=1, max_tokens_per_step=n)
+    m = _native.EngineCore(path, backend="cuda", n_ctx=n + 64, kv_cache_tokens=n + 64, max_batch=1, max_tokens_per_step=n)
     rng = np.random.default_rng(0)
 
     def one(i: int) -> None:

@@ -63,7 +63,7 @@ def main() -> None:
     name = path.name.removesuffix(".gguf")
     items = prompts(name)
     t0 = time.time()
-    m = _native.Model(str(path), backend="cpu", n_ctx=N_CTX, max_batch=len(items))
+    m = _native.EngineCore(str(path), backend="cpu", n_ctx=N_CTX, max_batch=len(items))
     toks = greedy(m, items)
     arrays = {f"tokens/{k}": np.asarray(v, dtype=np.int32) for k, v in toks.items()}
     for pname, ids in items:

@@ -214,7 +214,7 @@ def main() -> None:
     name = a.model.name.removesuffix(".gguf")
     items = [(n, ids) for n, ids in e2e_prompts(name) if len(ids) <= a.max_tokens]
     t0 = time.time()
-    m = _native.Model(str(a.model), backend="cpu", n_ctx=4096, max_batch=1)
+    m = _native.EngineCore(str(a.model), backend="cpu", n_ctx=4096, max_batch=1)
     cpu = np.stack([np.asarray(m.logits(ids)[-1], dtype=np.float64) for _, ids in items])
     del m
     t1 = time.time()

@@ -63,7 +63,7 @@ def digests(cs: dict[str, tuple[Path, list[int]]], threads: int = 2) -> dict[str
 
     out = {}
     for name, (path, toks) in cs.items():
-        m = _native.Model(str(path), n_ctx=1024, threads=threads)
+        m = _native.EngineCore(str(path), n_ctx=1024, threads=threads)
         lg = np.ascontiguousarray(m.logits(toks), dtype=np.float32)
         m.add_sequence(1, toks[:100], {"temperature": 0.0, "n_logprobs": 2})
         steps = []

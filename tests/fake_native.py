@@ -1,4 +1,4 @@
-"""A deterministic stand-in for ``fak._native.Model`` (tests only), and a tiny byte-level tokenizer.
+"""A deterministic stand-in for ``fak._native.EngineCore`` (tests only), and a tiny byte-level tokenizer.
 
 The fake follows the native contract of ARCHITECTURE.md (``add_sequence`` / ``remove_sequence`` /
 ``step`` / ``logits``, paged-KV accounting with ``kv_blocks_total`` / ``kv_blocks_free``) and

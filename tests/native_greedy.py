@@ -1,4 +1,4 @@
-"""Greedy continuations through ``fak._native.Model``'s batched ``step()`` (shared by the parity and
+"""Greedy continuations through ``fak._native.EngineCore``'s batched ``step()`` (shared by the parity and
 CUDA engine tests)."""
 
 from __future__ import annotations

@@ -360,7 +360,7 @@ _TILED_CHILD = """
 import hashlib, sys
 import numpy as np
 from fak import _native
-m = _native.Model(sys.argv[1], backend="cpu", n_ctx=1024, threads=2, prefix_cache=False)
+m = _native.EngineCore(sys.argv[1], backend="cpu", n_ctx=1024, threads=2, prefix_cache=False)
 tokens = [int(t) for t in np.random.default_rng(16).integers(1000, 30000, size=301)]
 print(hashlib.sha256(np.ascontiguousarray(m.logits(tokens), dtype=np.float32).tobytes()).hexdigest())
 """

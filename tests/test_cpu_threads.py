@@ -21,7 +21,7 @@ from fak.synth import write_tiny_model
 path = write_tiny_model(sys.argv[1], arch="qwen2", n_layer=2, n_embd=512, n_head=8, n_head_kv=2, n_ff=2048,
                         weight_type="Q4_K_M")
 for threads in (1, 16):
-    m = _native.Model(str(path), backend="cpu", n_ctx=256, max_batch=4, threads=threads)
+    m = _native.EngineCore(str(path), backend="cpu", n_ctx=256, max_batch=4, threads=threads)
     first = m.logits(list(range(1, 40)))[-1]
     for i in range(4):
         m.add_sequence(i, list(range(1 + i, 30 + i)), {"temperature": 0.0})

@@ -46,7 +46,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> str:
 def run(path: str, device: str, monkeypatch: pytest.MonkeyPatch, backend: str = "cpu",
         steps: int = 24) -> tuple[dict[int, list[tuple[int, float, Any]]], dict[str, Any]]:
     monkeypatch.setenv("FAK_DEVICE_SAMPLING", device)
-    m = _native.Model(path, backend=backend, n_ctx=256, threads=1, max_batch=32)
+    m = _native.EngineCore(path, backend=backend, n_ctx=256, threads=1, max_batch=32)
     for i, s in enumerate(SETTINGS):
         m.add_sequence(i, PROMPT + [i], {**s, "seed": 1000 + i})
     out: dict[int, list[tuple[int, float, Any]]] = {}

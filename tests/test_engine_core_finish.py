@@ -1,7 +1,7 @@
 """The engine core ends a request itself (issue 13: "stop ids and max_tokens decided in the core"):
 a sequence that samples one of its ``stop_ids``, its ``max_tokens``-th token, or fills its context
 is finished in that step (``finish`` in the step's tuple) and removed, its KV blocks freed — on a
-real (tiny, generated) model through ``fak._native.Model`` and through ``fak.Engine``."""
+real (tiny, generated) model through ``fak._native.EngineCore`` and through ``fak.Engine``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(synth.write_tiny_model(tmp_path_factory.mktemp("finish") / "qwen2.gguf", "qwen2"))
 
 
-def run(model: _native.Model, steps: int) -> dict[int, list[tuple[int, str | None]]]:
+def run(model: _native.EngineCore, steps: int) -> dict[int, list[tuple[int, str | None]]]:
     out: dict[int, list[tuple[int, str | None]]] = {}
     for _ in range(steps):
         for sid, tok, _lp, _top, fin in model.step():
@@ -30,7 +30,7 @@ PROMPT = [5, 9, 2, 7, 11, 3]
 
 
 def test_max_tokens_finishes_and_frees(tiny: str) -> None:
-    m = _native.Model(tiny, n_ctx=128, threads=1)
+    m = _native.EngineCore(tiny, n_ctx=128, threads=1)
     m.add_sequence(1, PROMPT, {"temperature": 0.0, "max_tokens": 5})
     m.add_sequence(2, PROMPT, {"temperature": 0.0})
     got = run(m, 8)
@@ -42,7 +42,7 @@ def test_max_tokens_finishes_and_frees(tiny: str) -> None:
 
 
 def test_stop_id_finishes_with_the_stop_token(tiny: str) -> None:
-    m = _native.Model(tiny, n_ctx=128, threads=1)
+    m = _native.EngineCore(tiny, n_ctx=128, threads=1)
     m.add_sequence(1, PROMPT, {"temperature": 0.0})
     free = [t for t, _ in run(m, 6)[1]]
     m.remove_sequence(1)
@@ -56,14 +56,14 @@ def test_stop_id_finishes_with_the_stop_token(tiny: str) -> None:
 
 
 def test_full_context_finishes_with_length(tiny: str) -> None:
-    m = _native.Model(tiny, n_ctx=16, threads=1)
+    m = _native.EngineCore(tiny, n_ctx=16, threads=1)
     m.add_sequence(1, list(range(1, 13)), {"temperature": 0.0})
     got = run(m, 10)[1]
     assert [f for _, f in got] == [None, None, None, "length"], "tokens 13..16 fill the window"
 
 
 def test_stop_ids_outside_the_vocabulary_are_refused(tiny: str) -> None:
-    m = _native.Model(tiny, n_ctx=64, threads=1)
+    m = _native.EngineCore(tiny, n_ctx=64, threads=1)
     with pytest.raises(ValueError, match="stop_ids"):
         m.add_sequence(1, PROMPT, {"stop_ids": [m.n_vocab]})
     with pytest.raises(ValueError, match="max_tokens"):
@@ -73,7 +73,7 @@ def test_stop_ids_outside_the_vocabulary_are_refused(tiny: str) -> None:
 def test_core_errors_are_typed(tiny: str) -> None:
     """The core checks the request once and says what was wrong in attributes (issue 28): the
     gateway reads ``.param`` and the numbers, never the message."""
-    m = _native.Model(tiny, n_ctx=16, threads=1)
+    m = _native.EngineCore(tiny, n_ctx=16, threads=1)
     with pytest.raises(fak.ContextLengthError) as e:
         m.add_sequence(1, list(range(1, 17)), {})
     assert (e.value.param, e.value.n_prompt, e.value.max_tokens, e.value.n_tokens, e.value.n_ctx) == \
@@ -108,7 +108,7 @@ def test_engine_takes_the_core_decision(tiny: str) -> None:
 class _Spy:
     """The native model, recording the sampling dicts ``add_sequence`` receives."""
 
-    def __init__(self, model: _native.Model) -> None:
+    def __init__(self, model: _native.EngineCore) -> None:
         self._m = model
         self.sent: list[dict] = []
 

@@ -1,4 +1,4 @@
-"""fak.Engine over the real native model (``fak._native.Model``): tiny synthetic models of both
+"""fak.Engine over the real native model (``fak._native.EngineCore``): tiny synthetic models of both
 architectures and the real Qwen2.5-Coder-0.5B.
 
 Checked: generation end to end, stream == generate, same seed same output, stop strings not
@@ -20,7 +20,7 @@ from fak import _native
 from fak.engine import Engine
 
 pytestmark = pytest.mark.skipif(not hasattr(_native, "Model"),
-                                reason="fak._native.Model is not built in this checkout")
+                                reason="fak._native.EngineCore is not built in this checkout")
 
 PROMPTS = [
     "def fibonacci(n):",
@@ -194,7 +194,7 @@ def test_prefix_choices_hold_the_output(tmp_path) -> None:  # type: ignore[no-un
         assert any(greedy[:len(c)] == c for c in choices)
         with pytest.raises(ValueError, match="prefix_choices"):
             e.generate("hello", max_tokens=2, prefix_choices=[[e.n_vocab]])
-    model = _native.Model(str(path), backend="cpu", n_ctx=64)
+    model = _native.EngineCore(str(path), backend="cpu", n_ctx=64)
     with pytest.raises(ValueError, match="prefix_choices"):
         model.add_sequence(1, [1, 2], {"prefix_choices": [[10**6]]})
     with pytest.raises(ValueError, match="prefix_choices"):

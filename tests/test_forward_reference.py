@@ -1,4 +1,4 @@
-"""The native forward pass (``fak._native.Model``) against a float64 numpy reference, and the
+"""The native forward pass (``fak._native.EngineCore``) against a float64 numpy reference, and the
 engine's batching, sampling and error contract.
 
 The reference (``reference_logits``) is written from the model definitions, not from fak's code:
@@ -425,7 +425,7 @@ def test_synth_models_match_reference(arch, tmp_path):
     from fak import synth
 
     path = synth.write_tiny_model(tmp_path / f"{arch}.gguf", arch, n_embd=256, n_ff=512, weight_type="Q4_K_M")
-    model = _native.Model(str(path), n_ctx=256, threads=2)
+    model = _native.EngineCore(str(path), n_ctx=256, threads=2)
     tokens = _prompt(100, model.n_vocab, 1)
     got = model.logits(tokens).astype(np.float64)
     for llama_rounding, bound in [(False, 0.999), (True, 0.9998)]:
@@ -448,7 +448,7 @@ def test_k_quantizers_round_trip():
 
 def test_logits_match_float64_reference(tiny):
     spec, path = tiny
-    model = _native.Model(str(path), n_ctx=256, threads=2)
+    model = _native.EngineCore(str(path), n_ctx=256, threads=2)
     assert model.n_vocab == spec.n_vocab
     cfg = model.config
     assert cfg["architecture"] == spec.arch
@@ -485,7 +485,7 @@ def test_logits_match_float64_reference(tiny):
 
 def test_logits_are_stateless_and_prefix_consistent(tiny):
     spec, path = tiny
-    model = _native.Model(str(path), n_ctx=256, threads=2)
+    model = _native.EngineCore(str(path), n_ctx=256, threads=2)
     tokens = _prompt(40, spec.n_vocab, 2)
     a = model.logits(tokens)
     b = model.logits(tokens[:25])
@@ -498,7 +498,7 @@ def test_logits_are_stateless_and_prefix_consistent(tiny):
 def test_step_prefill_then_decode_matches_logits(tiny):
     """Greedy tokens from step() equal the argmax of logits() over the growing sequence."""
     spec, path = tiny
-    model = _native.Model(str(path), n_ctx=256, threads=2)
+    model = _native.EngineCore(str(path), n_ctx=256, threads=2)
     prompt = _prompt(20, spec.n_vocab, 3)
     toks = _generate(model, {7: prompt}, 12)[7]
     seq = list(prompt)
@@ -514,7 +514,7 @@ def test_batched_step_equals_sequential(tiny):
     spec, path = tiny
     prompts = {i: _prompt(n, spec.n_vocab, 10 + i) for i, n in enumerate([5, 33, 1, 70, 17, 600])}
     n_new = 10
-    model = _native.Model(str(path), n_ctx=1024, threads=2, max_batch=8)
+    model = _native.EngineCore(str(path), n_ctx=1024, threads=2, max_batch=8)
     alone = {sid: _generate(model, {sid: p}, n_new)[sid] for sid, p in prompts.items()}
     assert model.kv_blocks_free == model.kv_blocks_total
     together = _generate(model, prompts, n_new)
@@ -527,7 +527,7 @@ def test_batched_step_equals_sequential(tiny):
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(tiny):
     spec, path = tiny
-    model = _native.Model(str(path), n_ctx=256, threads=2)
+    model = _native.EngineCore(str(path), n_ctx=256, threads=2)
     # A hot distribution (the tiny tied model is peaked, and top-p / min-p act before the
     # temperature as in llama.cpp, so they would leave one candidate): top-k and every penalty.
     samp = {"temperature": 8.0, "top_k": 50, "top_p": 1.0, "min_p": 0.0, "seed": 1234,
@@ -546,7 +546,7 @@ def test_seeded_sampling_is_reproducible_and_batch_independent(tiny):
 
 def test_logprobs_and_top_logprobs(tiny):
     spec, path = tiny
-    model = _native.Model(str(path), n_ctx=256, threads=2)
+    model = _native.EngineCore(str(path), n_ctx=256, threads=2)
     prompt = _prompt(12, spec.n_vocab, 8)
     model.add_sequence(1, prompt, {"temperature": 0.0, "n_logprobs": 5})
     [(sid, tok, lp, top, _fin)] = model.step()
@@ -564,12 +564,12 @@ def test_logprobs_and_top_logprobs(tiny):
 
 def test_errors():
     with pytest.raises(OSError):
-        _native.Model("/nonexistent/model.gguf")
+        _native.EngineCore("/nonexistent/model.gguf")
 
 
 def test_error_contract(tiny, tmp_path):
     spec, path = tiny
-    model = _native.Model(str(path), n_ctx=64, threads=1, max_batch=2)
+    model = _native.EngineCore(str(path), n_ctx=64, threads=1, max_batch=2)
     with pytest.raises(fak.ContextLengthError, match="64"):
         model.add_sequence(1, [1] * 64, {})
     model.add_sequence(1, [1] * 63, {})  # exactly fits: 63 + 1 = n_ctx
@@ -592,20 +592,20 @@ def test_error_contract(tiny, tmp_path):
     model.remove_sequence(1)
     assert model.kv_blocks_free == model.kv_blocks_total
     with pytest.raises(fak.BackendError, match="CUDA"):
-        _native.Model(str(path), backend="cuda")
+        _native.EngineCore(str(path), backend="cuda")
     with pytest.raises(ValueError, match="backend"):
-        _native.Model(str(path), backend="tpu")
+        _native.EngineCore(str(path), backend="tpu")
     with pytest.raises(ValueError, match="kv_cache_tokens"):
-        _native.Model(str(path), n_ctx=256, kv_cache_tokens=100)
+        _native.EngineCore(str(path), n_ctx=256, kv_cache_tokens=100)
     with pytest.raises(ValueError, match="threads"):
-        _native.Model(str(path), threads=0)
+        _native.EngineCore(str(path), threads=0)
     with pytest.raises(fak.BackendError, match="out of memory"):
-        _native.Model(str(path), n_ctx=10**13)  # a KV cache beyond any address space: an error, not an abort
+        _native.EngineCore(str(path), n_ctx=10**13)  # a KV cache beyond any address space: an error, not an abort
 
 
 def test_sequence_stops_at_context_end(tiny):
     spec, path = tiny
-    model = _native.Model(str(path), n_ctx=32, threads=1)
+    model = _native.EngineCore(str(path), n_ctx=32, threads=1)
     model.add_sequence(1, _prompt(28, spec.n_vocab, 9), {"temperature": 0.0})
     got = []
     for _ in range(10):
@@ -620,7 +620,7 @@ def test_kv_cache_pressure_preempts_and_recovers(tiny):
     recomputed, and the tokens are those of each sequence run alone."""
     spec, path = tiny
     # 8 blocks of 32 tokens; four sequences admitted with one block each grow to four blocks each.
-    model = _native.Model(str(path), n_ctx=128, threads=2, kv_cache_tokens=256, max_batch=4)
+    model = _native.EngineCore(str(path), n_ctx=128, threads=2, kv_cache_tokens=256, max_batch=4)
     assert model.kv_blocks_total == 8
     prompts = {i: _prompt(10, spec.n_vocab, 20 + i) for i in range(4)}
     alone = {sid: _generate(model, {sid: p}, 100)[sid] for sid, p in prompts.items()}
@@ -659,7 +659,7 @@ def test_concurrent_calls_are_serialized(tiny):
     import threading
 
     spec, path = tiny
-    model = _native.Model(str(path), n_ctx=256, threads=2)
+    model = _native.EngineCore(str(path), n_ctx=256, threads=2)
     tokens = _prompt(30, spec.n_vocab, 11)
     want = model.logits(tokens)
     errors: list[BaseException] = []
@@ -702,13 +702,13 @@ def test_unsupported_architecture_and_missing_tensor(tmp_path):
     w.add_tensor("token_embd.weight", np.zeros((8, 32), np.float32))
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     with pytest.raises(fak.UnsupportedError, match="mamba"):
-        _native.Model(str(tmp_path / "mamba.gguf"))
+        _native.EngineCore(str(tmp_path / "mamba.gguf"))
     longrope = write_tiny_model(tmp_path / "longrope.gguf", TinySpec("longrope", "qwen2", n_layer=1, rope_scaling_type="longrope"))
     with pytest.raises(fak.UnsupportedError, match="longrope"):
-        _native.Model(str(longrope))
+        _native.EngineCore(str(longrope))
     # YaRN is supported since issue 14 (tests/test_rope_scaling.py)
     yarn = write_tiny_model(tmp_path / "yarn.gguf", TinySpec("yarn", "qwen2", n_layer=1, rope_scaling_type="yarn"))
-    assert _native.Model(str(yarn)).config["rope_scaling"] == "yarn"
+    assert _native.EngineCore(str(yarn)).config["rope_scaling"] == "yarn"
     spec = TinySpec("broken", "llama", n_layer=1, tied=True)
     path = write_tiny_model(tmp_path / "ok.gguf", spec)
     # Rewrite without blk.0.ffn_up.weight.
@@ -726,7 +726,7 @@ def test_unsupported_architecture_and_missing_tensor(tmp_path):
                          raw_dtype=t.tensor_type)
     w.write_header_to_file(); w.write_kv_data_to_file(); w.write_tensors_to_file(); w.close()
     with pytest.raises(fak.ModelError, match=r"blk\.0\.ffn_up\.weight"):
-        _native.Model(str(tmp_path / "broken.gguf"))
+        _native.EngineCore(str(tmp_path / "broken.gguf"))
 
 
 # --------------------------------------------------------------------------------------------
@@ -758,7 +758,7 @@ class _Vocab:
 
 def test_real_model_logits_and_greedy_code(model_05b):
     vocab = _Vocab(model_05b)
-    model = _native.Model(str(model_05b), n_ctx=512, threads=2)
+    model = _native.EngineCore(str(model_05b), n_ctx=512, threads=2)
     assert model.config["architecture"] == "qwen2" and model.n_vocab == 151936
     prompt = vocab.encode("def fibonacci(n):\n")
     assert vocab.decode(prompt) == "def fibonacci(n):\n"

@@ -30,12 +30,12 @@ def hybrid(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     return str(write_tiny_model(tmp_path_factory.mktemp(arch) / f"{arch}.gguf", arch, weight_type="Q8_0", seed=11))
 
 
-def _prompts(model: _native.Model, lengths: list[int], seed: int = 0) -> list[list[int]]:
+def _prompts(model: _native.EngineCore, lengths: list[int], seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [[int(t) for t in rng.integers(10, model.n_vocab - 10, size=n)] for n in lengths]
 
 
-def _run(model: _native.Model, prompts: list[list[int]], n_new: int, base: int = 0) -> dict[int, list[int]]:
+def _run(model: _native.EngineCore, prompts: list[list[int]], n_new: int, base: int = 0) -> dict[int, list[int]]:
     """Greedy continuations of `prompts` decoded together."""
     out: dict[int, list[int]] = {base + i: [] for i in range(len(prompts))}
     for i, p in enumerate(prompts):
@@ -47,7 +47,7 @@ def _run(model: _native.Model, prompts: list[list[int]], n_new: int, base: int =
 
 
 def test_batch_equals_each_alone(hybrid: str) -> None:
-    m = _native.Model(hybrid, backend="cpu", n_ctx=512, max_batch=4)
+    m = _native.EngineCore(hybrid, backend="cpu", n_ctx=512, max_batch=4)
     prompts = _prompts(m, [40, 73, 120])
     together = _run(m, prompts, 10)
     for i, p in enumerate(prompts):
@@ -56,17 +56,17 @@ def test_batch_equals_each_alone(hybrid: str) -> None:
 
 
 def test_preemption_and_resume_give_the_same_tokens(hybrid: str) -> None:
-    prompts = _prompts(_native.Model(hybrid, backend="cpu", n_ctx=512), [60, 60, 60], seed=1)
-    ample = _native.Model(hybrid, backend="cpu", n_ctx=160, max_batch=3, kv_cache_tokens=2048)
+    prompts = _prompts(_native.EngineCore(hybrid, backend="cpu", n_ctx=512), [60, 60, 60], seed=1)
+    ample = _native.EngineCore(hybrid, backend="cpu", n_ctx=160, max_batch=3, kv_cache_tokens=2048)
     want = _run(ample, prompts, 80)
-    tight = _native.Model(hybrid, backend="cpu", n_ctx=160, max_batch=3, kv_cache_tokens=288)
+    tight = _native.EngineCore(hybrid, backend="cpu", n_ctx=160, max_batch=3, kv_cache_tokens=288)
     got = _run(tight, prompts, 80)
     assert tight.stats()["preemptions"] > 0, "the small cache should have preempted a sequence"
     assert got == want
 
 
 def test_quarantine_equals_never_saw_the_span(hybrid: str) -> None:
-    m = _native.Model(hybrid, backend="cpu", n_ctx=512)
+    m = _native.EngineCore(hybrid, backend="cpu", n_ctx=512)
     (p,) = _prompts(m, [90], seed=2)
     start, end = 30, 50
     m.add_sequence(1, p, {"temperature": 0.0, "max_tokens": 6, "n_logprobs": 5})
@@ -76,7 +76,7 @@ def test_quarantine_equals_never_saw_the_span(hybrid: str) -> None:
     while m.n_running:
         got += [(t, dict(top or [])) for _, t, _, top, _ in m.step()]
     clean = p[:start] + p[end:]
-    fresh = _native.Model(hybrid, backend="cpu", n_ctx=512)
+    fresh = _native.EngineCore(hybrid, backend="cpu", n_ctx=512)
     fresh.add_sequence(2, clean, {"temperature": 0.0, "max_tokens": 6, "n_logprobs": 5})
     want = []
     while fresh.n_running or fresh.n_waiting:
@@ -90,8 +90,8 @@ def test_quarantine_equals_never_saw_the_span(hybrid: str) -> None:
 
 
 def test_prefix_cache_resumes_from_a_state_checkpoint(hybrid: str) -> None:
-    cold = _native.Model(hybrid, backend="cpu", n_ctx=2048, prefix_cache=False)
-    warm = _native.Model(hybrid, backend="cpu", n_ctx=2048, prefix_cache=True)
+    cold = _native.EngineCore(hybrid, backend="cpu", n_ctx=2048, prefix_cache=False)
+    warm = _native.EngineCore(hybrid, backend="cpu", n_ctx=2048, prefix_cache=True)
     (turn1,) = _prompts(cold, [300], seed=3)
     turn2 = turn1 + _prompts(cold, [150], seed=4)[0]
     _run(warm, [turn1], 1, base=10)
@@ -113,15 +113,15 @@ def test_prefix_cache_resumes_from_a_state_checkpoint(hybrid: str) -> None:
 
 
 def test_logits_on_the_side_leave_running_sequences_alone(hybrid: str) -> None:
-    m = _native.Model(hybrid, backend="cpu", n_ctx=512, max_batch=2)
+    m = _native.EngineCore(hybrid, backend="cpu", n_ctx=512, max_batch=2)
     a, b = _prompts(m, [60, 45], seed=5)
-    want = _run(_native.Model(hybrid, backend="cpu", n_ctx=512, max_batch=2), [a], 8)[0]
+    want = _run(_native.EngineCore(hybrid, backend="cpu", n_ctx=512, max_batch=2), [a], 8)[0]
     m.add_sequence(0, a, {"temperature": 0.0, "max_tokens": 8})
     got: list[int] = []
     m.step()
     m.logits(b)  # a stateless forward on the spare state slot
     while m.n_running:
         got += [t for _, t, *_ in m.step()]
-    full = _run(_native.Model(hybrid, backend="cpu", n_ctx=512), [a], 8)[0]
+    full = _run(_native.EngineCore(hybrid, backend="cpu", n_ctx=512), [a], 8)[0]
     assert full == want
     assert got == want[len(want) - len(got):]

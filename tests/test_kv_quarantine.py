@@ -32,7 +32,7 @@ def tiny(tmp_path_factory):
 
 
 def _model(path, **kw):
-    return _native.Model(str(path), threads=1, n_ctx=1024, kv_cache_tokens=8192, **kw)
+    return _native.EngineCore(str(path), threads=1, n_ctx=1024, kv_cache_tokens=8192, **kw)
 
 
 def _tokens(n: int, seed: int) -> list[int]:

@@ -18,7 +18,7 @@ def tiny_moe(tmp_path_factory: pytest.TempPathFactory) -> str:
                                 n_embd=256, n_ff=512, seed=5))
 
 
-def _greedy(model: _native.Model, prompt: list[int], n: int) -> list[int]:
+def _greedy(model: _native.EngineCore, prompt: list[int], n: int) -> list[int]:
     model.add_sequence(1, prompt, {"temperature": 0.0, "max_tokens": n})
     toks: list[int] = []
     while model.n_running or model.n_waiting:
@@ -28,8 +28,8 @@ def _greedy(model: _native.Model, prompt: list[int], n: int) -> list[int]:
 
 @pytest.mark.parametrize("n_cpu_moe", [1, 1 << 30])
 def test_cpu_moe_on_the_cpu_build_changes_nothing(tiny_moe: str, n_cpu_moe: int) -> None:
-    plain = _native.Model(tiny_moe, backend="cpu", n_ctx=256)
-    placed = _native.Model(tiny_moe, backend="cpu", n_ctx=256, n_cpu_moe=n_cpu_moe)
+    plain = _native.EngineCore(tiny_moe, backend="cpu", n_ctx=256)
+    placed = _native.EngineCore(tiny_moe, backend="cpu", n_ctx=256, n_cpu_moe=n_cpu_moe)
     assert placed.config["host_expert_layers"] == 0 and placed.config["n_expert"] > 0
     prompt = [int(t) for t in np.random.default_rng(1).integers(10, plain.n_vocab - 10, size=40)]
     assert np.array_equal(plain.logits(prompt), placed.logits(prompt))

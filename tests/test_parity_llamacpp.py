@@ -104,7 +104,7 @@ def parity(request):
     golden, golden_logits = _golden(path)
     assert [r["id"] for r in golden["records"]] == [p["id"] for p in PROMPTS], "goldens are stale: re-run scripts/make_goldens.py"
     tok = Tokenizer.from_gguf(path)
-    model = _native.Model(str(path), backend="cpu", n_ctx=4096, threads=os.cpu_count())
+    model = _native.EngineCore(str(path), backend="cpu", n_ctx=4096, threads=os.cpu_count())
     return path, golden, golden_logits, tok, model
 
 
@@ -212,7 +212,7 @@ def _tiny_tol(spec: dict, golden: dict, arrays: dict[str, np.ndarray]) -> float:
 def tiny_model(tiny_file):
     """fak's CPU engine on the tiny model (fails, never skips, while fak cannot load the architecture)."""
     name, path, golden, arrays, tol = tiny_file
-    return _native.Model(str(path), backend="cpu", n_ctx=4096, threads=os.cpu_count())
+    return _native.EngineCore(str(path), backend="cpu", n_ctx=4096, threads=os.cpu_count())
 
 
 def _top2_margin(top10: dict) -> float:
@@ -303,7 +303,7 @@ def test_tiny_router_ties_every_position(name, tmp_path):
     golden, arrays = _tiny_golden(name)
     path = write_tiny_model(tmp_path / f"{name}.gguf", spec["arch"], **spec["args"])
     assert hashlib.sha256(path.read_bytes()).hexdigest() == golden["model_sha256"], "re-run make_goldens.py --tiny"
-    model = _native.Model(str(path), backend="cpu", n_ctx=4096, threads=os.cpu_count())
+    model = _native.EngineCore(str(path), backend="cpu", n_ctx=4096, threads=os.cpu_count())
     scale = max(float(np.abs(arrays[f"{r['id']}|all"]).max()) for r in golden["records"])
     bound = 1e-4 * scale
     flip = min(r["self_noise"] for r in golden["records"])
@@ -395,7 +395,7 @@ def test_tiny_hybrid_prefix_cache_turns(name, tmp_path):
     golden, arrays = _tiny_golden(name)
     tol = _tiny_tol(spec, golden, arrays)
     path = _rebuilt(name, tmp_path)
-    model = _native.Model(str(path), backend="cpu", n_ctx=4096, threads=os.cpu_count(), prefix_cache=True)
+    model = _native.EngineCore(str(path), backend="cpu", n_ctx=4096, threads=os.cpu_count(), prefix_cache=True)
     records = {r["id"]: r for r in golden["records"]}
     turns = [records[i] for i in spec.get("extra_prompts", []) if i.startswith("agent-turn")]
     report = {}

@@ -1,4 +1,4 @@
-"""Automatic prefix caching (rust/src/engine/kv_cache.rs, scheduler.rs) through ``fak._native.Model``
+"""Automatic prefix caching (rust/src/engine/kv_cache.rs, scheduler.rs) through ``fak._native.EngineCore``
 and ``fak.Engine``: outputs are the same bits with the cache on and off, the hit counters count
 exactly the full 32-token blocks that were reused, and the cache survives concurrency, KV pressure
 (preemption, eviction) and cancellation with the pool's blocks all accounted for.
@@ -44,7 +44,7 @@ def tiny(request, tmp_path_factory):
             types.update({f"blk.{i}.{kind}.weight": dtype for i in range(N_LAYER)})
     path = write_tiny_model(tmp_path_factory.mktemp("pc") / f"{request.param}.gguf", arch, n_layer=N_LAYER,
                             n_embd=256, n_head=8, n_head_kv=2, n_ff=512, tensor_types=types, seed=3)
-    return _native.Model(str(path), threads=1).n_vocab, path
+    return _native.EngineCore(str(path), threads=1).n_vocab, path
 
 
 def _tokens(n: int, n_vocab: int, seed: int) -> list[int]:
@@ -82,8 +82,8 @@ def _ids(steps: list[Step]) -> list[int]:
 
 def _pair(path, **kw):
     """The same model with the prefix cache on and off."""
-    return (_native.Model(str(path), prefix_cache=True, **kw),
-            _native.Model(str(path), prefix_cache=False, **kw))
+    return (_native.EngineCore(str(path), prefix_cache=True, **kw),
+            _native.EngineCore(str(path), prefix_cache=False, **kw))
 
 
 def _conversation(model, first: list[int], user_turns: list[list[int]], n_new: int) -> list[list[Step]]:
@@ -139,7 +139,7 @@ def test_conversation_turn_by_turn_is_identical_and_counted(tiny):
 
 def test_identical_prompt_recomputes_only_its_last_block(tiny):
     n_vocab, path = tiny
-    model = _native.Model(str(path), n_ctx=512, threads=2)
+    model = _native.EngineCore(str(path), n_ctx=512, threads=2)
     prompt = _tokens(3 * BLOCK, n_vocab, 5)
     a = _run(model, {1: prompt}, 4)[1]
     b = _run(model, {2: prompt}, 4)[2]
@@ -230,7 +230,7 @@ def test_cancel_mid_prefill(tiny):
 
 def test_prefix_cache_off_reuses_nothing(tiny):
     n_vocab, path = tiny
-    model = _native.Model(str(path), n_ctx=512, threads=1, prefix_cache=False)
+    model = _native.EngineCore(str(path), n_ctx=512, threads=1, prefix_cache=False)
     prompt = _tokens(100, n_vocab, 3)
     _run(model, {1: prompt}, 3)
     _run(model, {2: prompt}, 3)

@@ -64,7 +64,7 @@ def _script():
     return mod
 
 
-def _run(model: _native.Model, prompt: list[int], n_new: int) -> tuple[np.ndarray, list[int]]:
+def _run(model: _native.EngineCore, prompt: list[int], n_new: int) -> tuple[np.ndarray, list[int]]:
     """fak's next-token logits after prefilling ``prompt`` (the full row, through the engine's
     chunked prefill: no [n_tokens, n_vocab] array) and its greedy ``n_new``-token continuation."""
     model.add_sequence(1, prompt, {"temperature": 0.0, "n_logprobs": 1})
@@ -102,8 +102,8 @@ def _check(case: str, pid: str, rec: dict, ours: np.ndarray, cont: list[int]) ->
 
 @pytest.fixture(scope="module")
 def qwen(model_05b: Path):
-    def make(**rope) -> _native.Model:
-        return _native.Model(str(model_05b), backend="cpu", n_ctx=8192, threads=N_THREADS, max_batch=1,
+    def make(**rope) -> _native.EngineCore:
+        return _native.EngineCore(str(model_05b), backend="cpu", n_ctx=8192, threads=N_THREADS, max_batch=1,
                              kv_cache_tokens=8192, **rope)
     return model_05b, make
 
@@ -153,9 +153,9 @@ def test_llama3_matches_llamacpp(tiny_llama3) -> None:
     plain, with_freqs = tiny_llama3
     c = GOLDEN["cases"]["llama3"]
     assert hashlib.sha256(with_freqs.read_bytes()).hexdigest() == c["model_sha256"], "tiny model changed: re-run scripts/make_rope_goldens.py"
-    from_file = _native.Model(str(with_freqs), backend="cpu", n_ctx=4096, threads=N_THREADS, max_batch=1)
-    from_flag = _native.Model(str(plain), backend="cpu", n_ctx=4096, threads=N_THREADS, max_batch=1, **c["fak"])
-    unscaled = _native.Model(str(plain), backend="cpu", n_ctx=4096, threads=N_THREADS, max_batch=1)
+    from_file = _native.EngineCore(str(with_freqs), backend="cpu", n_ctx=4096, threads=N_THREADS, max_batch=1)
+    from_flag = _native.EngineCore(str(plain), backend="cpu", n_ctx=4096, threads=N_THREADS, max_batch=1, **c["fak"])
+    unscaled = _native.EngineCore(str(plain), backend="cpu", n_ctx=4096, threads=N_THREADS, max_batch=1)
     assert from_flag.config["rope_scaling"] == "llama3"
     report = {}
     for pid, rec in c["records"].items():
@@ -176,21 +176,21 @@ def test_unset_equals_explicit_unscaled(tiny_llama3) -> None:
     """No scaling given = ``rope_scaling="none"`` = linear with factor 1, bit for bit."""
     plain, _ = tiny_llama3
     toks = list(range(3, 300))
-    base = _native.Model(str(plain), backend="cpu", n_ctx=1024, threads=N_THREADS)
+    base = _native.EngineCore(str(plain), backend="cpu", n_ctx=1024, threads=N_THREADS)
     assert base.config["rope_freq_scale"] == 1.0 and base.config["rope_attn_factor"] == 1.0
     ref = base.logits(toks)
     for rope in ({"rope_scaling": "none"}, {"rope_scaling": "none", "rope_scale": 4.0},
                  {"rope_scaling": "linear", "rope_scale": 1.0}):
-        m = _native.Model(str(plain), backend="cpu", n_ctx=1024, threads=N_THREADS, **rope)
+        m = _native.EngineCore(str(plain), backend="cpu", n_ctx=1024, threads=N_THREADS, **rope)
         assert np.array_equal(m.logits(toks), ref), rope
 
 
 def test_bad_settings_raise(tiny_llama3) -> None:
     plain, _ = tiny_llama3
     with pytest.raises(ValueError, match="rope_scaling"):
-        _native.Model(str(plain), rope_scaling="longrope")
+        _native.EngineCore(str(plain), rope_scaling="longrope")
     with pytest.raises(ValueError, match="rope_scale"):
-        _native.Model(str(plain), rope_scaling="yarn", rope_scale=-1.0)
+        _native.EngineCore(str(plain), rope_scaling="yarn", rope_scale=-1.0)
 
 
 def test_engine_and_cli_pass_settings(tiny_llama3) -> None:
@@ -230,14 +230,14 @@ def test_scaling_read_from_gguf_metadata(tmp_path) -> None:
     # The benches' helper writes the same file.
     assert with_yarn(plain, tmp_path / "tiny-qwen2-yarn-2.gguf", 4.0, 1024).read_bytes() == yarn_file.read_bytes()
     toks = list(range(3, 400))
-    from_file = _native.Model(str(yarn_file), backend="cpu", n_ctx=1024, threads=N_THREADS)
+    from_file = _native.EngineCore(str(yarn_file), backend="cpu", n_ctx=1024, threads=N_THREADS)
     cfg = from_file.config
     assert (cfg["rope_scaling"], cfg["rope_scale"], cfg["rope_orig_ctx"], cfg["rope_ext_factor"]) == ("yarn", 4.0, 1024, 1.0)
-    from_flag = _native.Model(str(plain), backend="cpu", n_ctx=1024, threads=N_THREADS,
+    from_flag = _native.EngineCore(str(plain), backend="cpu", n_ctx=1024, threads=N_THREADS,
                               rope_scaling="yarn", rope_scale=4.0, yarn_orig_ctx=1024)
     a = from_file.logits(toks)
     assert np.array_equal(a, from_flag.logits(toks))
-    unscaled = _native.Model(str(plain), backend="cpu", n_ctx=1024, threads=N_THREADS).logits(toks)
+    unscaled = _native.EngineCore(str(plain), backend="cpu", n_ctx=1024, threads=N_THREADS).logits(toks)
     assert not np.array_equal(a, unscaled)
-    off = _native.Model(str(yarn_file), backend="cpu", n_ctx=1024, threads=N_THREADS, rope_scaling="none")
+    off = _native.EngineCore(str(yarn_file), backend="cpu", n_ctx=1024, threads=N_THREADS, rope_scaling="none")
     assert off.config["rope_freq_scale"] == 1.0 and np.array_equal(off.logits(toks), unscaled)

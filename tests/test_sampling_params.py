@@ -129,7 +129,7 @@ def test_python_and_core_agree_on_every_range(name: str, value: object, tiny_qwe
     except ValueError as e:
         py_error = str(e)
     native_name = {"logprobs": "n_logprobs"}.get(name, name)
-    model = _native.Model(tiny_qwen2, n_ctx=64, threads=1)
+    model = _native.EngineCore(tiny_qwen2, n_ctx=64, threads=1)
     try:
         model.add_sequence(1, [1, 2, 3], {native_name: value})
         core_error = None

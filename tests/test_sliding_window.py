@@ -15,7 +15,7 @@ positions, and KV blocks outside the window returned to the pool.
   checked after every step and at the forward's high-water mark.
 
 To add a case: build a model with ``fak.synth.write_tiny_model(..., sliding_window=W,
-sliding_window_pattern=...)`` and compare two ``_native.Model`` runs with ``_run``.
+sliding_window_pattern=...)`` and compare two ``_native.EngineCore`` runs with ``_run``.
 """
 
 from __future__ import annotations
@@ -127,17 +127,17 @@ def test_metadata_keys_and_config(tmp_path) -> None:
             key = "qwen2.attention.sliding_window_pattern"
             assert types[key] == ("UINT32" if isinstance(pattern, int) else "ARRAY[BOOL]")
             assert meta[key] == pattern
-        cfg = _native.Model(str(path), n_ctx=256, threads=1).config
+        cfg = _native.EngineCore(str(path), n_ctx=256, threads=1).config
         assert (cfg["sliding_window"], cfg["swa_layers"]) == (24, want), pattern
         assert cfg["kv_window"] == (24 if want == [0, 1, 2, 3] else 0)
-    plain = _native.Model(str(write_tiny_model(tmp_path / "plain.gguf", "qwen2", seed=1)), n_ctx=256, threads=1)
+    plain = _native.EngineCore(str(write_tiny_model(tmp_path / "plain.gguf", "qwen2", seed=1)), n_ctx=256, threads=1)
     assert (plain.config["sliding_window"], plain.config["swa_layers"], plain.config["kv_window"]) == (0, [], 0)
     with pytest.raises(ValueError, match="sliding_window_pattern has 3 entries for 4 layers"):
         write_tiny_model(tmp_path / "bad.gguf", "qwen2", n_layer=4, sliding_window=8, sliding_window_pattern=[True] * 3)
 
 
 def test_override_flows_from_engine_and_cli(tmp_path) -> None:
-    """``Model(sliding_window=)``, ``fak.Engine(sliding_window=)``, ``fak serve`` / ``generate`` /
+    """``EngineCore(sliding_window=)``, ``fak.Engine(sliding_window=)``, ``fak serve`` / ``generate`` /
     ``chat --sliding-window`` and ``fak synth --sliding-window`` reach the model."""
     from click.testing import CliRunner
 
@@ -150,20 +150,20 @@ def test_override_flows_from_engine_and_cli(tmp_path) -> None:
     r = CliRunner().invoke(synth_command, [str(out), "--tiny", "llama", "--n-layer", "3", "--sliding-window", "40",
                                            "--sliding-window-pattern", "1,0,1"])
     assert r.exit_code == 0, r.output
-    m = _native.Model(str(out), n_ctx=256, threads=1)
+    m = _native.EngineCore(str(out), n_ctx=256, threads=1)
     assert (m.config["n_layer"], m.config["sliding_window"], m.config["swa_layers"], m.config["kv_window"]) == (3, 40, [0, 2], 0)
     r = CliRunner().invoke(synth_command, [str(tmp_path / "p.gguf"), "--tiny", "qwen2", "--sliding-window", "8",
                                            "--sliding-window-pattern", "2"])
-    assert r.exit_code == 0 and _native.Model(str(tmp_path / "p.gguf"), threads=1).config["swa_layers"] == [0]
+    assert r.exit_code == 0 and _native.EngineCore(str(tmp_path / "p.gguf"), threads=1).config["swa_layers"] == [0]
     r = CliRunner().invoke(synth_command, [str(tmp_path / "x.gguf"), "--preset", "qwen2.5-7b-q4_k_m", "--sliding-window", "8"])
     assert r.exit_code != 0 and "apply to --tiny" in r.output
 
     plain = write_tiny_model(tmp_path / "plain.gguf", "qwen2", seed=2)
-    m = _native.Model(str(plain), n_ctx=256, threads=1, sliding_window=16)
+    m = _native.EngineCore(str(plain), n_ctx=256, threads=1, sliding_window=16)
     assert (m.config["sliding_window"], m.config["swa_layers"], m.config["kv_window"]) == (16, [0, 1], 16)
-    m = _native.Model(str(out), n_ctx=256, threads=1, sliding_window=0)
+    m = _native.EngineCore(str(out), n_ctx=256, threads=1, sliding_window=0)
     assert (m.config["sliding_window"], m.config["swa_layers"]) == (0, [])
-    m = _native.Model(str(plain), n_ctx=256, threads=1, sliding_window=16, free_window_blocks=False)
+    m = _native.EngineCore(str(plain), n_ctx=256, threads=1, sliding_window=16, free_window_blocks=False)
     assert m.config["kv_window"] == 0
     with Engine(plain, backend="cpu", n_ctx=256, sliding_window=24) as e:
         assert e._loop.model.config["sliding_window"] == 24
@@ -181,16 +181,16 @@ def test_kv_cache_only_needs_the_window(tmp_path) -> None:
     """With every layer windowed the KV cache only has to hold one sequence's windows: the
     default size follows, ``n_ctx`` may exceed it, and a cache below one window is refused."""
     plain = write_tiny_model(tmp_path / "plain.gguf", "qwen2", seed=2)
-    full = _native.Model(str(plain), n_ctx=8192, threads=1, max_batch=4)
+    full = _native.EngineCore(str(plain), n_ctx=8192, threads=1, max_batch=4)
     assert full.kv_blocks_total == 8192 * 4 // BLOCK
-    win = _native.Model(str(plain), n_ctx=8192, threads=1, max_batch=4, sliding_window=32, max_tokens_per_step=64)
+    win = _native.EngineCore(str(plain), n_ctx=8192, threads=1, max_batch=4, sliding_window=32, max_tokens_per_step=64)
     # ⌈(32 − 1 + 64)/32⌉ + 1 = 4 blocks per sequence, times min(max_batch, 8).
     assert win.kv_blocks_total == 4 * 4
-    _native.Model(str(plain), n_ctx=8192, threads=1, sliding_window=32, max_tokens_per_step=64, kv_cache_tokens=128)
+    _native.EngineCore(str(plain), n_ctx=8192, threads=1, sliding_window=32, max_tokens_per_step=64, kv_cache_tokens=128)
     with pytest.raises(ValueError, match="sliding window of 32"):
-        _native.Model(str(plain), n_ctx=8192, threads=1, sliding_window=32, max_tokens_per_step=64, kv_cache_tokens=96)
+        _native.EngineCore(str(plain), n_ctx=8192, threads=1, sliding_window=32, max_tokens_per_step=64, kv_cache_tokens=96)
     with pytest.raises(ValueError, match="n_ctx"):
-        _native.Model(str(plain), n_ctx=8192, threads=1, kv_cache_tokens=4096)
+        _native.EngineCore(str(plain), n_ctx=8192, threads=1, kv_cache_tokens=4096)
 
 
 # ------------------------------------------------------------------------------ unset = today
@@ -229,10 +229,10 @@ def test_window_past_the_context_changes_nothing(tmp_path) -> None:
     wide = write_tiny_model(tmp_path / "b.gguf", "qwen2", n_embd=64, seed=4, sliding_window=300)
     narrow = write_tiny_model(tmp_path / "c.gguf", "qwen2", n_embd=64, seed=4, sliding_window=20)
     toks = _tokens(300, 3)
-    ref = _native.Model(str(plain), n_ctx=512, threads=THREADS).logits(toks)
-    assert np.array_equal(_native.Model(str(wide), n_ctx=512, threads=THREADS).logits(toks), ref)
-    assert np.array_equal(_native.Model(str(narrow), n_ctx=512, threads=THREADS, sliding_window=0).logits(toks), ref)
-    windowed = _native.Model(str(narrow), n_ctx=512, threads=THREADS).logits(toks)
+    ref = _native.EngineCore(str(plain), n_ctx=512, threads=THREADS).logits(toks)
+    assert np.array_equal(_native.EngineCore(str(wide), n_ctx=512, threads=THREADS).logits(toks), ref)
+    assert np.array_equal(_native.EngineCore(str(narrow), n_ctx=512, threads=THREADS, sliding_window=0).logits(toks), ref)
+    windowed = _native.EngineCore(str(narrow), n_ctx=512, threads=THREADS).logits(toks)
     assert np.array_equal(windowed[:20], ref[:20]), "positions < W see their whole context"
     assert not np.array_equal(windowed[20:], ref[20:])
 
@@ -249,7 +249,7 @@ def test_logits_match_float64_reference_with_the_mask(tmp_path, pattern, window)
     path = write_tiny_model(tmp_path / "m.gguf", "llama", n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2,
                             sliding_window=window, sliding_window_pattern=pattern, seed=9)
     toks = _tokens(150, 12)
-    got = _native.Model(str(path), n_ctx=512, threads=THREADS).logits(toks).astype(np.float64)
+    got = _native.EngineCore(str(path), n_ctx=512, threads=THREADS).logits(toks).astype(np.float64)
     want = reference_logits(path, toks)
     full = reference_logits(path, toks, sliding_window=0)
     cos, cos_full = _cos(got, want), _cos(got, full)
@@ -274,7 +274,7 @@ def test_one_prefill_equals_prefill_and_decode(windowed) -> None:
     (``logits()``) over the growing sequence, and the logits rows agree (decode and prefill rows
     sum in llama.cpp's two orders, so only near ties may differ)."""
     _, path, w = windowed
-    model = _native.Model(str(path), n_ctx=1024, threads=THREADS)
+    model = _native.EngineCore(str(path), n_ctx=1024, threads=THREADS)
     prompt = _tokens(3 * w + 5, 21)
     n_new = 2 * w + 7
     model.add_sequence(1, prompt, dict(SAMPLING))
@@ -302,8 +302,8 @@ def test_chunking_and_batching_are_bit_identical(windowed) -> None:
     _, path, w = windowed
     prompts = {i: _tokens(n, 30 + i) for i, n in enumerate([5, w - 1, w, w + 1, 3 * w + 17, 600])}
     n_new = w + 9
-    big = _native.Model(str(path), n_ctx=1024, threads=THREADS, max_batch=8)
-    small = _native.Model(str(path), n_ctx=1024, threads=THREADS, max_batch=8, max_tokens_per_step=64,
+    big = _native.EngineCore(str(path), n_ctx=1024, threads=THREADS, max_batch=8)
+    small = _native.EngineCore(str(path), n_ctx=1024, threads=THREADS, max_batch=8, max_tokens_per_step=64,
                           kv_cache_tokens=4096)
     alone = {sid: _run(big, {sid: p}, n_new)[sid] for sid, p in prompts.items()}
     assert big.kv_blocks_free == big.kv_blocks_total
@@ -328,8 +328,8 @@ def test_stream_100x_the_window_runs_in_bounded_memory(tmp_path) -> None:
     prompt = _tokens(1600, 77)
     n_new = 1632
     common = dict(n_ctx=4096, threads=THREADS, max_tokens_per_step=64, prefix_cache=False)
-    bounded = _native.Model(str(path), kv_cache_tokens=8 * BLOCK, **common)
-    keeping = _native.Model(str(path), kv_cache_tokens=4096, free_window_blocks=False, **common)
+    bounded = _native.EngineCore(str(path), kv_cache_tokens=8 * BLOCK, **common)
+    keeping = _native.EngineCore(str(path), kv_cache_tokens=4096, free_window_blocks=False, **common)
     assert (bounded.config["kv_window"], keeping.config["kv_window"]) == (w, 0)
     used: list[int] = []
     got = _run(bounded, {1: prompt}, n_new, watch=lambda m: used.append(m.kv_blocks_total - m.kv_blocks_free))
@@ -355,9 +355,9 @@ def test_long_logits_through_a_small_pool(windowed) -> None:
     the same model keeping every block."""
     _, path, w = windowed
     toks = _tokens(20 * w, 5)
-    small = _native.Model(str(path), n_ctx=4096, threads=THREADS, max_tokens_per_step=64,
+    small = _native.EngineCore(str(path), n_ctx=4096, threads=THREADS, max_tokens_per_step=64,
                           kv_cache_tokens=(math.ceil((w + 63) / BLOCK) + 1) * BLOCK)
-    keep = _native.Model(str(path), n_ctx=4096, threads=THREADS, free_window_blocks=False)
+    keep = _native.EngineCore(str(path), n_ctx=4096, threads=THREADS, free_window_blocks=False)
     assert small.kv_blocks_total < len(toks) // BLOCK
     assert np.array_equal(small.logits(toks), keep.logits(toks))
     assert small.kv_blocks_free == small.kv_blocks_total
@@ -368,12 +368,12 @@ def test_mixed_layers_window_attention_but_keep_blocks(tmp_path) -> None:
     block is kept (that layer reads them), the outputs differ from the unwindowed model's."""
     path = write_tiny_model(tmp_path / "mixed.gguf", "llama", n_layer=3, n_embd=64, n_ff=128,
                             sliding_window=16, sliding_window_pattern=[True, False, True], seed=2)
-    m = _native.Model(str(path), n_ctx=1024, threads=THREADS)
+    m = _native.EngineCore(str(path), n_ctx=1024, threads=THREADS)
     assert (m.config["swa_layers"], m.config["kv_window"]) == ([0, 2], 0)
     used: list[int] = []
     got = _run(m, {1: _tokens(100, 1)}, 100, watch=lambda mm: used.append(mm.kv_blocks_total - mm.kv_blocks_free))
     assert max(used) == math.ceil(199 / BLOCK)
-    off = _native.Model(str(path), n_ctx=1024, threads=THREADS, sliding_window=0)
+    off = _native.EngineCore(str(path), n_ctx=1024, threads=THREADS, sliding_window=0)
     assert _run(off, {1: _tokens(100, 1)}, 100) != got
 
 
@@ -392,8 +392,8 @@ def test_prefix_cache_shares_a_windowed_prefix(windowed) -> None:
     shared = first[:common] + _tokens(50, 41)
     for kv_tokens, big in [(4096, True), ((math.ceil((w + 63) / BLOCK) + 1) * BLOCK, False)]:
         kw = dict(n_ctx=2048, threads=THREADS, kv_cache_tokens=kv_tokens, max_tokens_per_step=64)
-        on = _native.Model(str(path), prefix_cache=True, **kw)
-        off = _native.Model(str(path), prefix_cache=False, **kw)
+        on = _native.EngineCore(str(path), prefix_cache=True, **kw)
+        off = _native.EngineCore(str(path), prefix_cache=False, **kw)
         runs, hits = [], []
         for model in (on, off):
             out = [_run(model, {1: first}, 12)[1]]

@@ -46,9 +46,9 @@ PROMPTS = [
 
 def run_all(path: str, jobs: list[tuple[list[int], dict[str, Any]]], speculative: str | None = None,
             n_ctx: int = 256, max_steps: int = 400, **kw: Any) -> tuple[dict[int, list[tuple]], dict[str, Any]]:
-    """Runs every job concurrently through ``_native.Model`` until all finish; returns each
+    """Runs every job concurrently through ``_native.EngineCore`` until all finish; returns each
     sequence's ``(token, logprob, top, finish)`` list and the model's stats."""
-    m = _native.Model(path, n_ctx=n_ctx, threads=1, speculative=speculative, **kw)
+    m = _native.EngineCore(path, n_ctx=n_ctx, threads=1, speculative=speculative, **kw)
     for i, (prompt, sampling) in enumerate(jobs):
         m.add_sequence(i, prompt, sampling)
     out: dict[int, list[tuple]] = {i: [] for i in range(len(jobs))}
@@ -234,15 +234,15 @@ def test_sampled_distribution_unchanged(tiny: str, sampling: dict[str, Any]) -> 
 
 def test_bad_settings_are_refused(tiny: str) -> None:
     with pytest.raises(ValueError, match="speculative"):
-        _native.Model(tiny, n_ctx=64, threads=1, speculative="eagle")
-    m = _native.Model(tiny, n_ctx=64, threads=1)
+        _native.EngineCore(tiny, n_ctx=64, threads=1, speculative="eagle")
+    m = _native.EngineCore(tiny, n_ctx=64, threads=1)
     for bad in ["ngram:0", "suffix:99", {"method": "ngram", "k": "x"}, {"k": 3}, 7]:
         with pytest.raises(ValueError, match="speculative"):
             m.add_sequence(1, [1, 2, 3], {"speculative": bad})
     assert _native.check_sampling({"speculative": "ngram:40"})[0] == "speculative"
     assert _native.check_sampling({"speculative": "suffix:8"}) is None
     assert m.config["speculative"] == "none"
-    assert _native.Model(tiny, n_ctx=64, threads=1, speculative="suffix:6").config["speculative"] == "suffix:6"
+    assert _native.EngineCore(tiny, n_ctx=64, threads=1, speculative="suffix:6").config["speculative"] == "suffix:6"
 
 
 def test_hybrid_models_do_not_speculate(tmp_path: Any) -> None:
@@ -252,7 +252,7 @@ def test_hybrid_models_do_not_speculate(tmp_path: Any) -> None:
     base, _ = run_all(path, jobs)
     spec, stats = run_all(path, jobs, speculative="ngram")
     assert spec == base and stats["spec_steps"] == 0
-    assert _native.Model(path, n_ctx=64, threads=1, speculative="ngram").config["speculative"] == "none"
+    assert _native.EngineCore(path, n_ctx=64, threads=1, speculative="ngram").config["speculative"] == "none"
 
 
 @pytest.mark.parametrize("source", ["suffix:8", "draft"])
@@ -290,7 +290,7 @@ def test_conversation_outputs_feed_later_drafts(tiny: str) -> None:
             ([1, 2] + PROMPTS[2], {"temperature": 0.0, "max_tokens": 40})]
 
     def run(conversation: str | None) -> tuple[list[int], int]:
-        m = _native.Model(tiny, n_ctx=256, threads=1, speculative="suffix:8")
+        m = _native.EngineCore(tiny, n_ctx=256, threads=1, speculative="suffix:8")
         second: list[int] = []
         gained = 0
         for i, (prompt, sampling) in enumerate(jobs):  # one after the other

@@ -133,7 +133,7 @@ def test_per_request_sources(models: dict[str, str]) -> None:
     base, _ = run(models, [(p, {"temperature": 0.0, "max_tokens": 32}) for p in PROMPTS], None)
     spec, stats = run(models, jobs, "target", speculative="none")
     assert spec == base and stats["spec_accepted_tokens"] > 0
-    m = _native.Model(models["target"], n_ctx=64, threads=1)
+    m = _native.EngineCore(models["target"], n_ctx=64, threads=1)
     with pytest.raises(fak.InvalidArgumentError, match="draft model") as e:
         m.add_sequence(1, [1, 2, 3], {"speculative": "draft"})
     assert e.value.param == "speculative"
@@ -146,7 +146,7 @@ def test_quarantined_span_rolls_the_draft_back(models: dict[str, str]) -> None:
     prompt = PROMPTS[1]
     cut = prompt[:10] + prompt[16:]
     for draft in ["target", "layer0"]:
-        m = _native.Model(models["target"], n_ctx=256, threads=1, draft_model=models[draft])
+        m = _native.EngineCore(models["target"], n_ctx=256, threads=1, draft_model=models[draft])
         m.add_sequence(1, prompt, {"temperature": 0.0, "max_tokens": 40})
         got: list[int] = []
         while len(got) < 8:
@@ -176,7 +176,7 @@ def test_a_full_draft_cache_stops_drafting(models: dict[str, str]) -> None:
     kw: dict[str, Any] = dict(n_ctx=512, threads=1, max_batch=1, max_tokens_per_step=64, sliding_window=16)
 
     def go(draft: str | None) -> tuple[list[int], list[tuple[int, int]]]:
-        m = _native.Model(models["target"], **kw, **({"draft_model": models[draft]} if draft else {}))
+        m = _native.EngineCore(models["target"], **kw, **({"draft_model": models[draft]} if draft else {}))
         m.add_sequence(1, PROMPTS[0], {"temperature": 0.0, "max_tokens": 300})
         toks: list[int] = []
         drafted: list[tuple[int, int]] = []  # (tokens held, draft tokens so far) after each step
@@ -228,12 +228,12 @@ def test_mismatched_drafts_are_refused(models: dict[str, str]) -> None:
     ]
     for target, draft, kw, msg in cases:
         with pytest.raises(fak.InvalidArgumentError, match=msg) as e:
-            _native.Model(target, n_ctx=64, threads=2, draft_model=models[draft], **kw)
+            _native.EngineCore(target, n_ctx=64, threads=2, draft_model=models[draft], **kw)
         assert e.value.param == "draft_model", (draft, kw)
     with pytest.raises(fak.InvalidArgumentError, match="draft model") as e:
-        _native.Model(models["target"], n_ctx=64, threads=1, speculative="draft")
+        _native.EngineCore(models["target"], n_ctx=64, threads=1, speculative="draft")
     assert e.value.param == "speculative"
-    ok = _native.Model(models["target"], n_ctx=64, threads=1, draft_model=models["layer0"])
+    ok = _native.EngineCore(models["target"], n_ctx=64, threads=1, draft_model=models["layer0"])
     assert ok.config["speculative"] == "draft:4" and ok.config["draft_model"] == models["layer0"]
 
 

@@ -3,7 +3,7 @@ in-process communicator; docs/tensor-parallel.md).
 
 Checked on the real Qwen2.5-Coder-0.5B (and 1.5B at N = 2): logits of N = 2, 3, 4 shards against
 one shard within the CPU backend's own summation-order noise; greedy tokens identical over a
-batched decode through ``fak._native.Model`` (plain greedy and the host-sampler path); a sequence
+batched decode through ``fak._native.EngineCore`` (plain greedy and the host-sampler path); a sequence
 batched equals it alone under N = 2; ``fak.Engine(tensor_parallel=2)``. On synthetic models: both
 architectures (qwen2 with Q/K/V biases, llama with tied embeddings, so its LM head is a slice of
 ``token_embd``), qwen3 (per-head Q/K norms) and qwen3moe (experts divided whole or cut by columns,
@@ -60,10 +60,10 @@ def _tokens(path) -> list[list[int]]:  # type: ignore[no-untyped-def]
     return [tok.encode(t) for t in TEXTS]
 
 
-def _model(path, n: int, **kw) -> _native.Model:  # type: ignore[no-untyped-def]
+def _model(path, n: int, **kw) -> _native.EngineCore:  # type: ignore[no-untyped-def]
     kw.setdefault("n_ctx", 512)
     kw.setdefault("max_batch", 4)
-    return _native.Model(str(path), backend="cpu", threads=2, tensor_parallel=n, **kw)
+    return _native.EngineCore(str(path), backend="cpu", threads=2, tensor_parallel=n, **kw)
 
 
 def _within_noise(ref: np.ndarray, got: np.ndarray, what: str) -> None:
@@ -117,7 +117,7 @@ def test_15b_two_shards_within_cpu_noise(model_15b) -> None:  # type: ignore[no-
     assert cos.min() > 0.995, cos.min()
 
 
-def _decode(m: _native.Model, prompts: list[list[int]], max_tokens: int, n_logprobs: int) -> dict[int, list]:
+def _decode(m: _native.EngineCore, prompts: list[list[int]], max_tokens: int, n_logprobs: int) -> dict[int, list]:
     """Greedy batched decode of every prompt: per sequence, ``[(token, top_logprobs | None), ...]``."""
     for i, p in enumerate(prompts):
         m.add_sequence(i, p, {"temperature": 0.0, "max_tokens": max_tokens, "n_logprobs": n_logprobs})
@@ -136,7 +136,7 @@ def greedy_ref(model_05b):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("n,n_logprobs", [(2, 0), (2, 2), (4, 0)])
 def test_greedy_batched_decode_equals_one_shard(model_05b, greedy_ref, n: int, n_logprobs: int) -> None:  # type: ignore[no-untyped-def]
-    """Three sequences decoded together through ``_native.Model`` (plain greedy: the argmax of the
+    """Three sequences decoded together through ``_native.EngineCore`` (plain greedy: the argmax of the
     gathered logits; with logprobs: the host sampler) give one shard's tokens. Summation-order
     noise may flip a near tie: a sequence may leave the reference only where the reference's top
     two tokens are within 2 x MAX_ABS of each other (after that its context differs, so the rest
@@ -413,7 +413,7 @@ def test_cuda_with_tensor_parallel_fails_loudly(tmp_path) -> None:  # type: igno
     whether or not this machine has a GPU; ``fak serve`` refuses the flags before loading."""
     p = write_tiny_model(tmp_path / "t.gguf", "qwen2", n_layer=1, n_embd=64, n_head=4, n_head_kv=2, n_ff=128)
     with pytest.raises(fak.BackendError, match="cuda"):
-        _native.Model(str(p), backend="cuda", n_ctx=64, tensor_parallel=2)
+        _native.EngineCore(str(p), backend="cuda", n_ctx=64, tensor_parallel=2)
     r = CliRunner().invoke(main, ["serve", "--gguf", str(p), "--backend", "cuda", "--tensor-parallel", "2"])
     assert r.exit_code == 2 and "multi-GPU tensor parallelism" in r.output and "not built" in r.output, r.output
     r = CliRunner().invoke(main, ["serve", "--help"])

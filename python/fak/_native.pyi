@@ -25,7 +25,7 @@ __all__ = [
     "simd_level",
     "simd_levels",
     "quantize_q8",
-    "Model",
+    "EngineCore",
     "SAMPLING_LIMITS",
     "check_sampling",
     "cuda_available",
@@ -143,7 +143,7 @@ def quantize_q8(type_name: str, x: npt.NDArray[np.float32]) -> bytes:
 # --- engine (rust/src/python/model.rs; contract in ARCHITECTURE.md) ---------------------------
 
 @final
-class Model:
+class EngineCore:
     """A loaded model with its paged KV cache and batch engine; driven by ``fak.Engine``."""
 
     def __new__(
@@ -166,7 +166,7 @@ class Model:
         speculative: str | None = None,
         draft_model: str | None = None,
         speculative_max_batch: int = 16,
-    ) -> Model: ...
+    ) -> EngineCore: ...
     @property
     def backend(self) -> str: ...
     @property

@@ -3,7 +3,7 @@
 Semantics follow llama.cpp's sampler chain (``common/sampling.cpp``): repetition penalties
 (``repeat_penalty`` over the last ``repeat_last_n`` tokens, OpenAI ``presence_penalty`` /
 ``frequency_penalty``), then top-k, top-p, min-p, temperature; ``temperature == 0`` is greedy
-(argmax). The sampler runs in Rust (``fak._native.Model``), and so does the end of a request:
+(argmax). The sampler runs in Rust (``fak._native.EngineCore``), and so does the end of a request:
 the engine core finishes a sequence on an end-of-generation token or after ``max_tokens``;
 ``stop`` strings, which need the detokenized text, are matched in Python by ``fak.Engine``.
 Every range below is the core's (``fak._native.check_sampling``), checked once.
@@ -185,7 +185,7 @@ class SamplingParams(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_f
         return self.temperature == 0
 
     def to_native(self) -> dict[str, Any]:
-        """The ``sampling`` dict of ``fak._native.Model.add_sequence`` (ARCHITECTURE.md), without
+        """The ``sampling`` dict of ``fak._native.EngineCore.add_sequence`` (ARCHITECTURE.md), without
         ``max_tokens`` and ``stop_ids``: ``fak.Engine`` adds those (the budget it checked against
         the context window, the tokenizer's end-of-generation set).
 

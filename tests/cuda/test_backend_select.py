@@ -26,8 +26,8 @@ def test_without_gpu_cuda_raises_and_auto_is_cpu(model_05b: Path) -> None:
     if _native.cuda_available():
         pytest.skip("a GPU is usable here: the no-GPU path is checked on machines without one")
     with pytest.raises(fak.BackendError, match="cuda"):
-        _native.Model(str(model_05b), backend="cuda", n_ctx=64)
-    m = _native.Model(str(model_05b), backend="auto", n_ctx=64)
+        _native.EngineCore(str(model_05b), backend="cuda", n_ctx=64)
+    m = _native.EngineCore(str(model_05b), backend="auto", n_ctx=64)
     assert m.backend == "cpu"
     with pytest.raises(ValueError, match="backend"):
-        _native.Model(str(model_05b), backend="gpu", n_ctx=64)
+        _native.EngineCore(str(model_05b), backend="gpu", n_ctx=64)

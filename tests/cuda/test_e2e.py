@@ -68,7 +68,7 @@ def prompts(model_name: str) -> list[tuple[str, list[int]]]:
     return out
 
 
-def greedy(model: _native.Model, items: list[tuple[str, list[int]]]) -> dict[str, list[int]]:
+def greedy(model: _native.EngineCore, items: list[tuple[str, list[int]]]) -> dict[str, list[int]]:
     """Greedy continuations of every prompt, run as concurrent sequences (continuous batching)."""
     out: dict[str, list[int]] = {}
     ids = {}
@@ -137,7 +137,7 @@ def cpu_reference(path: str, model_name: str) -> tuple[dict[str, list[int]], dic
         src = f"precomputed CPU reference ({', '.join(levels)}; this machine's level: {mine}; noise between levels {noise['levels'] if noise else 'not known'})"
         return toks, logits, noise, src
     items = prompts(model_name)
-    m = _native.Model(path, backend="cpu", n_ctx=N_CTX, max_batch=len(items))
+    m = _native.EngineCore(path, backend="cpu", n_ctx=N_CTX, max_batch=len(items))
     toks = greedy(m, items)
     logits = {name: m.logits(ids)[-1].copy() for name, ids in items if len(ids) <= LOGITS_MAX_TOKENS}
     return toks, logits, None, f"CPU reference computed in this run ({_native.simd_level()})"
@@ -171,7 +171,7 @@ def test_cuda_matches_cpu(model: str, graphs: str, require_cuda: None, request: 
     old = os.environ.get("FAK_CUDA_GRAPHS")
     os.environ["FAK_CUDA_GRAPHS"] = "1" if graphs == "on" else "0"
     try:
-        m = _native.Model(path, backend="cuda", n_ctx=N_CTX, max_batch=4)
+        m = _native.EngineCore(path, backend="cuda", n_ctx=N_CTX, max_batch=4)
     finally:
         if old is None:
             os.environ.pop("FAK_CUDA_GRAPHS", None)
@@ -186,7 +186,7 @@ def test_cuda_matches_cpu(model: str, graphs: str, require_cuda: None, request: 
         a, b = ref_tokens[pname], toks[pname]
         if a != b:
             i = next(j for j in range(min(len(a), len(b))) if a[j] != b[j])
-            lg = _native.Model.logits(m, ids + b[:i])[-1]
+            lg = _native.EngineCore.logits(m, ids + b[:i])[-1]
             top = np.sort(lg)[-2:]
             margin = float(top[1] - top[0])
             line = f"{pname}: first difference at token {i} (cpu {a[i]}, cuda {b[i]}; cuda top-2 margin {margin:.4f}, near-tie bound {ties:.4f})"
@@ -221,7 +221,7 @@ import sys, numpy as np
 from fak import _native
 twin, out, spec = sys.argv[1], sys.argv[2], sys.argv[3]
 items = [(n, [int(t) for t in ids.split(",")]) for n, ids in (p.split(":") for p in spec.split(";"))]
-m = _native.Model(twin, backend="cpu", n_ctx=512, max_batch=1)
+m = _native.EngineCore(twin, backend="cpu", n_ctx=512, max_batch=1)
 np.savez(out, **{n: m.logits(ids)[-1] for n, ids in items})
 """
 
@@ -254,8 +254,8 @@ def test_cuda_matches_cpu_twin(require_cuda: None, tmp_path: Path) -> None:
 
         twin = str(write_twin(tmp_path / "twin-1.5b.gguf", preset="qwen2.5-coder-1.5b-q4_k_m"))
     items = [(n, ids) for n, ids in prompts("twin") if 4 <= len(ids) <= 40][:4]
-    cpu = _native.Model(twin, backend="cpu", n_ctx=512, max_batch=len(items))
-    gpu = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=len(items))
+    cpu = _native.EngineCore(twin, backend="cpu", n_ctx=512, max_batch=len(items))
+    gpu = _native.EngineCore(twin, backend="cuda", n_ctx=512, max_batch=len(items))
     scalar = cpu_logits_at("scalar", twin, items, tmp_path / "scalar.npz")
     n_new = 16
     out: dict[str, list[list[int]]] = {}
@@ -290,7 +290,7 @@ def test_cuda_matches_cpu_twin(require_cuda: None, tmp_path: Path) -> None:
 def test_backend_selection(require_cuda: None, model_05b: Path) -> None:
     """backend="auto" picks the GPU here; the engine reports it; memory is reported per kind."""
     before = _native.cuda_memory()
-    m = _native.Model(str(model_05b), backend="auto", n_ctx=512, max_batch=2)
+    m = _native.EngineCore(str(model_05b), backend="auto", n_ctx=512, max_batch=2)
     assert m.backend == "cuda"
     after = _native.cuda_memory()
     size = model_05b.stat().st_size

@@ -49,10 +49,10 @@ def _prompts(n: int, length: int) -> list[list[int]]:
 @pytest.mark.cuda
 def test_prefix_cache_reuses_blocks_on_cuda(require_cuda: None, twin: str) -> None:
     prompt = _prompts(1, 100)[0]  # three full 32-token blocks and a partial one
-    plain = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=4, prefix_cache=False)
+    plain = _native.EngineCore(twin, backend="cuda", n_ctx=512, max_batch=4, prefix_cache=False)
     want = greedy_batched(plain, [prompt], N_NEW)[0]
     del plain
-    cached = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=4, prefix_cache=True)
+    cached = _native.EngineCore(twin, backend="cuda", n_ctx=512, max_batch=4, prefix_cache=True)
     first = greedy_batched(cached, [prompt], N_NEW)[0]
     hits_before = cached.stats()["prefix_cache_hit_tokens"]
     second = greedy_batched(cached, [prompt], N_NEW)[0]
@@ -67,7 +67,7 @@ def test_prefix_cache_reuses_blocks_on_cuda(require_cuda: None, twin: str) -> No
 @pytest.mark.cuda
 def test_batched_equals_alone_on_cuda(require_cuda: None, twin: str) -> None:
     prompts = _prompts(4, 20)
-    model = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=8, prefix_cache=False)
+    model = _native.EngineCore(twin, backend="cuda", n_ctx=512, max_batch=8, prefix_cache=False)
     alone = [greedy_batched(model, [p], N_NEW)[0] for p in prompts]
     together = greedy_batched(model, prompts, N_NEW)
     assert together == alone
@@ -110,7 +110,7 @@ def test_batched_decode_same_bucket_is_exact_on_cuda(require_cuda: None, twin: s
     # 12..15 tokens each, and every sequence starts and ends decoding in the same step.
     rng = np.random.default_rng(11)
     prompts = [[int(t) for t in rng.integers(0, 150_000, size=12 + i % 4)] for i in range(16)]
-    model = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=16, prefix_cache=False)
+    model = _native.EngineCore(twin, backend="cuda", n_ctx=512, max_batch=16, prefix_cache=False)
     ten = greedy_batched(model, prompts[:10], N_NEW)
     sixteen = greedy_batched(model, prompts, N_NEW)
     assert sixteen[:10] == ten
@@ -119,7 +119,7 @@ def test_batched_decode_same_bucket_is_exact_on_cuda(require_cuda: None, twin: s
 @pytest.mark.cuda
 def test_batched_decode_matches_alone_on_cuda(require_cuda: None, twin: str) -> None:
     prompts = _prompts(40, 20)
-    model = _native.Model(twin, backend="cuda", n_ctx=512, max_batch=40, prefix_cache=False)
+    model = _native.EngineCore(twin, backend="cuda", n_ctx=512, max_batch=40, prefix_cache=False)
     together = _greedy_with_top(model, prompts, 2)
     same, worst, parted = 0, 0.0, []
     for i, p in enumerate(prompts):
@@ -142,7 +142,7 @@ def test_batched_decode_matches_alone_on_cuda(require_cuda: None, twin: str) -> 
 @pytest.mark.cuda
 def test_every_sequence_decodes_every_step_on_cuda(require_cuda: None, twin: str) -> None:
     n, prompt, steps = 33, 40, 16
-    model = _native.Model(twin, backend="cuda", n_ctx=prompt + steps + 64, kv_cache_tokens=n * (prompt + steps + 64), max_batch=n)
+    model = _native.EngineCore(twin, backend="cuda", n_ctx=prompt + steps + 64, kv_cache_tokens=n * (prompt + steps + 64), max_batch=n)
     rng = np.random.default_rng(3)
     for i in range(n):
         model.add_sequence(i, [int(t) for t in rng.integers(0, 150_000, prompt)], {"temperature": 0.0})

@@ -128,7 +128,7 @@ def _prompts(n_vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]
     return [[int(t) for t in rng.integers(10, n_vocab - 10, size=n)] for n in lengths]
 
 
-def _run(model: _native.Model, prompts: list[list[int]], n_new: int, base: int = 0) -> dict[int, list[int]]:
+def _run(model: _native.EngineCore, prompts: list[list[int]], n_new: int, base: int = 0) -> dict[int, list[int]]:
     """Greedy continuations of `prompts` decoded together."""
     out: dict[int, list[int]] = {base + i: [] for i in range(len(prompts))}
     for i, p in enumerate(prompts):
@@ -143,14 +143,14 @@ def _same_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _cuda_model(path: str, graphs: str | None = None, **kw) -> _native.Model:
+def _cuda_model(path: str, graphs: str | None = None, **kw) -> _native.EngineCore:
     """A CUDA model, with ``FAK_CUDA_GRAPHS`` set to `graphs` while it is created."""
     if graphs is None:
-        return _native.Model(path, backend="cuda", **kw)
+        return _native.EngineCore(path, backend="cuda", **kw)
     old = os.environ.get("FAK_CUDA_GRAPHS")
     os.environ["FAK_CUDA_GRAPHS"] = graphs
     try:
-        return _native.Model(path, backend="cuda", **kw)
+        return _native.EngineCore(path, backend="cuda", **kw)
     finally:
         if old is None:
             os.environ.pop("FAK_CUDA_GRAPHS", None)
@@ -165,8 +165,8 @@ def test_tiny_hybrid_cuda_matches_cpu(require_cuda: None, tiny_hybrids: dict[str
     """Logits of every position (``logits()`` runs in chunks of 64 tokens: the state carries over
     between chunks) and greedy decode on CUDA against the CPU."""
     path = tiny_hybrids[name]
-    cpu = _native.Model(path, backend="cpu", n_ctx=512)
-    gpu = _native.Model(path, backend="cuda", n_ctx=512)
+    cpu = _native.EngineCore(path, backend="cpu", n_ctx=512)
+    gpu = _native.EngineCore(path, backend="cuda", n_ctx=512)
     (prompt,) = _prompts(cpu.n_vocab, [n_prompt], seed=n_prompt)
     lc, lg = cpu.logits(prompt), gpu.logits(prompt)
     assert np.isfinite(lg).all(), f"{name}: non-finite CUDA logits"
@@ -228,7 +228,7 @@ def test_prefix_cache_resumes_from_a_state_checkpoint(require_cuda: None, tiny_h
     assert dict(warm.take_prefix_hits()).get(20, 0) > 0, "the same prompt again found nothing in the prefix cache"
     assert _same_prefix(again, first) >= 6, f"the same prompt twice: {first} then {again}"
 
-    def first_token(m: _native.Model, sid: int) -> tuple[int, dict[int, float]]:
+    def first_token(m: _native.EngineCore, sid: int) -> tuple[int, dict[int, float]]:
         m.add_sequence(sid, turn2, {"temperature": 0.0, "max_tokens": 1, "n_logprobs": 8})
         res = None
         while m.n_running or m.n_waiting:

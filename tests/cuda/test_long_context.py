@@ -29,7 +29,7 @@ YARN = {"rope_scaling": "yarn", "rope_scale": 4.0, "yarn_orig_ctx": 32768}
 NEEDLE = "The secret passphrase is violet-harbor-42."
 
 
-def _greedy(model: _native.Model, prompt: list[int], n_new: int) -> tuple[np.ndarray, list[int], float, float]:
+def _greedy(model: _native.EngineCore, prompt: list[int], n_new: int) -> tuple[np.ndarray, list[int], float, float]:
     t0 = time.perf_counter()
     model.add_sequence(1, prompt, {"temperature": 0.0, "n_logprobs": 1})
     first, toks, t_first = None, [], 0.0
@@ -47,7 +47,7 @@ def test_yarn_cuda_matches_llamacpp(require_cuda, model_05b: Path) -> None:
     golden = json.loads((DATA / "goldens" / "rope-scaling.json").read_text())["cases"]["yarn"]
     with np.load(DATA / "goldens" / "rope-scaling.logits.npz") as z:
         ref = {k: z[k].astype(np.float64) for k in z.files}
-    model = _native.Model(str(model_05b), backend="cuda", n_ctx=8192, max_batch=1, kv_cache_tokens=8192, **YARN)
+    model = _native.EngineCore(str(model_05b), backend="cuda", n_ctx=8192, max_batch=1, kv_cache_tokens=8192, **YARN)
     for pid, rec in golden["records"].items():
         ours, toks, _, _ = _greedy(model, rec["prompt_tokens"], 1)
         r = ref[f"yarn__{pid}"]
@@ -69,7 +69,7 @@ def test_yarn_needle_64k(require_cuda, model_15b: Path) -> None:
             + "\n\nWhat is the secret passphrase? Answer with the passphrase only.<|im_end|>\n<|im_start|>assistant\n")
     prompt = tok.encode(text, add_special=True, parse_special=True)
     assert 60000 <= len(prompt) <= 65536 - 32, len(prompt)
-    model = _native.Model(str(model_15b), backend="cuda", n_ctx=65536, max_batch=1, kv_cache_tokens=65536, **YARN)
+    model = _native.EngineCore(str(model_15b), backend="cuda", n_ctx=65536, max_batch=1, kv_cache_tokens=65536, **YARN)
     _, toks, t_prefill, t_decode = _greedy(model, prompt, 16)
     answer = b"".join(tok.token_bytes(t) for t in toks).decode("utf-8", "replace")
     print(f"needle at 64k: {len(prompt)} tokens, prefill {len(prompt) / t_prefill:.0f} tok/s, "

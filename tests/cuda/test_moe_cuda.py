@@ -145,8 +145,8 @@ def _greedy(model, prompt: list[int], n: int) -> list[int]:
 def test_tiny_model_cuda_matches_cpu(require_cuda: None, tiny_models: dict[str, str], name: str, n_prompt: int) -> None:
     path = tiny_models[name]
     rng = np.random.default_rng(n_prompt)
-    cpu = _native.Model(path, backend="cpu", n_ctx=512)
-    gpu = _native.Model(path, backend="cuda", n_ctx=512)
+    cpu = _native.EngineCore(path, backend="cpu", n_ctx=512)
+    gpu = _native.EngineCore(path, backend="cuda", n_ctx=512)
     prompt = [int(t) for t in rng.integers(10, cpu.n_vocab - 10, size=n_prompt)]
     lc, lg = cpu.logits(prompt), gpu.logits(prompt)
     cos = (lc * lg).sum(axis=1) / np.linalg.norm(lc, axis=1) / np.linalg.norm(lg, axis=1)
@@ -169,8 +169,8 @@ def test_cpu_moe_matches_all_on_gpu(require_cuda: None, tiny_models: dict[str, s
     the rest on the GPU; the logits stay those of the all-GPU run within the noise of one
     f32 summation order against another, greedy decode (no graphs then) the same tokens."""
     path = tiny_models["qwen3moe-Q4_K_M"]
-    gpu = _native.Model(path, backend="cuda", n_ctx=512)
-    mixed = _native.Model(path, backend="cuda", n_ctx=512, n_cpu_moe=n_cpu_moe)
+    gpu = _native.EngineCore(path, backend="cuda", n_ctx=512)
+    mixed = _native.EngineCore(path, backend="cuda", n_ctx=512, n_cpu_moe=n_cpu_moe)
     assert mixed.config["host_expert_layers"] == min(n_cpu_moe, mixed.config["n_layer"])
     rng = np.random.default_rng(3)
     for n_prompt in (5, 100):
@@ -200,7 +200,7 @@ def test_grouped_decode_graph_survives_scratch_growth(require_cuda: None, tiny_m
         old = os.environ.get("FAK_CUDA_GRAPHS")
         os.environ["FAK_CUDA_GRAPHS"] = graphs
         try:
-            m = _native.Model(path, backend="cuda", n_ctx=512, max_batch=n_seq, kv_cache_tokens=512 * n_seq)
+            m = _native.EngineCore(path, backend="cuda", n_ctx=512, max_batch=n_seq, kv_cache_tokens=512 * n_seq)
         finally:
             if old is None:
                 os.environ.pop("FAK_CUDA_GRAPHS", None)

@@ -97,8 +97,8 @@ def test_windowed_tiny_matches_cpu(require_cuda: None, graphs: str, pattern, tmp
     prompts = {i: _tokens(n, 50 + i) for i, n in enumerate([3, w - 1, w + 1, 2 * w + 9, 300, 700])}
     n_new = w + 20
     kw = dict(n_ctx=2048, max_batch=8, max_tokens_per_step=128)
-    cuda = _native.Model(str(path), backend="cuda", **kw)
-    cpu = _native.Model(str(path), backend="cpu", threads=2, **kw)
+    cuda = _native.EngineCore(str(path), backend="cuda", **kw)
+    cpu = _native.EngineCore(str(path), backend="cpu", threads=2, **kw)
     assert cuda.config["kv_window"] == (w if pattern is None else 0)
     got, got_first = _run(cuda, prompts, n_new)
     want, want_first = _run(cpu, prompts, n_new)
@@ -120,8 +120,8 @@ def test_stream_bounded_on_cuda(require_cuda: None, tmp_path: Path) -> None:
     prompt = _tokens(1600, 78)
     n_new = 1632
     common = dict(backend="cuda", n_ctx=4096, max_tokens_per_step=64, prefix_cache=False)
-    bounded = _native.Model(str(path), kv_cache_tokens=8 * BLOCK, **common)
-    keeping = _native.Model(str(path), kv_cache_tokens=4096, free_window_blocks=False, **common)
+    bounded = _native.EngineCore(str(path), kv_cache_tokens=8 * BLOCK, **common)
+    keeping = _native.EngineCore(str(path), kv_cache_tokens=4096, free_window_blocks=False, **common)
     used: list[int] = []
     got, _ = _run(bounded, {1: prompt}, n_new, watch=lambda m: used.append(m.kv_blocks_total - m.kv_blocks_free))
     want, _ = _run(keeping, {1: prompt}, n_new)
@@ -141,8 +141,8 @@ def _real_window_matches_cpu(model: Path, label: str) -> None:
     prompt = _tokens(3 * w + 17, 90, 151000)
     n_new = 24
     kw = dict(n_ctx=4096, max_batch=4, sliding_window=w)
-    cuda = _native.Model(str(model), backend="cuda", **kw)
-    cpu = _native.Model(str(model), backend="cpu", **kw)
+    cuda = _native.EngineCore(str(model), backend="cuda", **kw)
+    cpu = _native.EngineCore(str(model), backend="cpu", **kw)
     assert cuda.config["kv_window"] == w
     got, got_first = _run(cuda, {1: prompt}, n_new)
     want, want_first = _run(cpu, {1: prompt}, n_new)

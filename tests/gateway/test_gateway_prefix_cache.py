@@ -91,7 +91,7 @@ def test_a_resident_prefix_outlives_dead_tails(tmp_path_factory: pytest.TempPath
     from fak import _native
     from fak.engine import Engine
 
-    if "take_prefix_hits" not in dir(_native.Model):
+    if "take_prefix_hits" not in dir(_native.EngineCore):
         pytest.skip("the native extension predates per-sequence prefix hits (scripts/dev-build)")
     path = tmp_path_factory.mktemp("tiny") / "tiny.gguf"
     synth.write_tiny_model(path)

@@ -3,7 +3,7 @@
 The split follows vLLM v1's (EngineCore apart from the output processor on the consumer side):
 
 - ``client.py``: :class:`Engine`, the API: loads the model, checks each request once, builds it.
-- ``loop.py``: the engine-loop thread, the only caller of the native model (``fak._native.Model``,
+- ``loop.py``: the engine-loop thread, the only caller of the native model (``fak._native.EngineCore``,
   contract in ARCHITECTURE.md): admits requests between steps, steps, hands each sampled token to
   the request's reply channel; the core ends a request at an end-of-generation token or its
   token budget.

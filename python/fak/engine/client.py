@@ -133,7 +133,7 @@ class Engine:
         tokenizer = Tokenizer.from_gguf_metadata(metadata)
         template = _template_or_none(metadata, chat_template)
         resolved = _resolve_backend(backend)
-        model = _native.Model(str(path), backend=resolved, n_ctx=n_ctx, threads=threads,
+        model = _native.EngineCore(str(path), backend=resolved, n_ctx=n_ctx, threads=threads,
                               kv_cache_tokens=kv_cache_tokens, max_batch=max_batch,
                               prefix_cache=prefix_cache, rope_scaling=rope_scaling, rope_scale=rope_scale,
                               yarn_orig_ctx=yarn_orig_ctx, tensor_parallel=tensor_parallel,
@@ -155,7 +155,7 @@ class Engine:
         max_batch: int = 64,
     ) -> Engine:
         """An engine over an already built model object that follows the native contract (used by
-        tests and by embedders that construct ``fak._native.Model`` themselves)."""
+        tests and by embedders that construct ``fak._native.EngineCore`` themselves)."""
         engine = cls.__new__(cls)
         engine._init(model, tokenizer, chat_template, model_name, backend, max_batch)
         return engine

@@ -34,7 +34,7 @@ from fak.errors import FakError
 
 
 class NativeModel(Protocol):
-    """What :class:`fak.Engine` needs from a model: the ``fak._native.Model`` contract."""
+    """What :class:`fak.Engine` needs from a model: the ``fak._native.EngineCore`` contract."""
 
     @property
     def n_ctx(self) -> int: ...
@@ -91,7 +91,7 @@ class EngineLoop:
     """The engine-loop thread over ``model`` and its inbox; the only caller of the model.
 
     Args:
-        model: the native model (``fak._native.Model`` or an object following its contract).
+        model: the native model (``fak._native.EngineCore`` or an object following its contract).
         name: the thread's name suffix.
     """
 
@@ -102,7 +102,7 @@ class EngineLoop:
         # per-sequence prefix-cache hits and resident prefixes (native cores that have them)
         self._prefix_hits = callable(getattr(model, "take_prefix_hits", None))
         # conversations (drafts from a conversation's earlier outputs): fak's own native core
-        self._conversations = isinstance(model, _native.Model)
+        self._conversations = isinstance(model, _native.EngineCore)
         self._cond = threading.Condition()
         self._inbox: list[tuple[str, Any]] = []
         self._waiting: deque[CoreRequest] = deque()

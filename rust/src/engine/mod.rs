@@ -53,7 +53,7 @@ pub const DEFAULT_MAX_TOKENS: usize = 512;
 /// Most rows whose logits one forward computes (`logits()` runs in chunks of this many tokens).
 pub const LOGITS_CHUNK: usize = 64;
 
-/// Engine settings (the `fak._native.Model` constructor arguments).
+/// Engine settings (the `fak._native.EngineCore` constructor arguments).
 #[derive(Debug, Clone)]
 pub struct EngineOptions {
     /// Context window per sequence, in tokens (≥ 2).

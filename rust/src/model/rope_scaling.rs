@@ -88,7 +88,7 @@ impl RopeOverride {
     }
 }
 
-/// The scaling a model runs with, resolved ([`resolve`]); reported in `Model.config`.
+/// The scaling a model runs with, resolved ([`resolve`]); reported in `EngineCore.config`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RopeScaling {
     pub kind: RopeScalingKind,

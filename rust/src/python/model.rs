@@ -1,4 +1,4 @@
-//! Python binding of the engine: `fak._native.Model` (contract in ARCHITECTURE.md, "Native
+//! Python binding of the engine: `fak._native.EngineCore` (contract in ARCHITECTURE.md, "Native
 //! engine"). Conversions and locking only; every compute call releases the GIL.
 //!
 //! Thread safety: the engine sits behind a `Mutex`, taken only after the GIL is released, so a
@@ -22,8 +22,8 @@ use crate::model::{RopeOverride, RopeScalingKind};
 use crate::FakError;
 
 /// A model loaded into fak's engine: the KV cache, the running sequences and the sampler.
-#[pyclass(name = "Model", module = "fak._native", frozen)]
-pub struct PyModel {
+#[pyclass(name = "EngineCore", module = "fak._native", frozen)]
+pub struct PyEngineCore {
     engine: Mutex<Box<dyn EngineApi>>,
     backend: &'static str,
     n_ctx: usize,
@@ -56,7 +56,7 @@ enum ConfigValue {
     Ints(Vec<usize>),
 }
 
-impl PyModel {
+impl PyEngineCore {
     /// Runs `f` on the engine with the GIL released, then refreshes the mirrored counters.
     fn with_engine<T: Send>(
         &self,
@@ -172,8 +172,8 @@ type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>, Option<&'static str>);
 const _: () = assert!(crate::engine::speculative::DEFAULT_MAX_BATCH == 16);
 
 #[pymethods]
-impl PyModel {
-    /// Model(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
+impl PyEngineCore {
+    /// EngineCore(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
     ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None,
     ///       tensor_parallel=1, sliding_window=None, free_window_blocks=True, n_cpu_moe=0,
     ///       speculative=None, draft_model=None, speculative_max_batch=16)
@@ -246,7 +246,7 @@ impl PyModel {
         speculative: Option<&str>,
         draft_model: Option<PathBuf>,
         speculative_max_batch: usize,
-    ) -> PyResult<PyModel> {
+    ) -> PyResult<PyEngineCore> {
         let speculative = speculative
             .map(|v| SpecParams::parse(v, "speculative"))
             .transpose()
@@ -371,7 +371,7 @@ impl PyModel {
                     .collect()
             })
             .unwrap_or_default();
-        Ok(PyModel {
+        Ok(PyEngineCore {
             backend: engine.backend_name(),
             n_ctx: engine.n_ctx(),
             n_vocab: c.n_vocab,
@@ -716,7 +716,7 @@ fn cuda_usable(py: Python<'_>) -> bool {
 
 pub(crate) fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     use crate::engine::sampler::{MAX_LOGPROBS, MAX_PREFIX_CHOICES, MAX_PREFIX_CHOICE_TOKENS, MAX_STOP_IDS};
-    m.add_class::<PyModel>()?;
+    m.add_class::<PyEngineCore>()?;
     m.add_function(wrap_pyfunction!(check_sampling, m)?)?;
     let limits = PyDict::new(m.py());
     limits.set_item("max_logprobs", MAX_LOGPROBS)?;
