@@ -20,6 +20,9 @@ of sequences decoding from a state slot beside a fresh one (n_past == 0: its slo
 must be ignored) and prefills of several rows; and on each backend, one prefill split in two at
 any row (the second part from the state the first left) equals the whole.
 
+The CUDA path is opt-in until a GPU run has verified it (``FAK_CUDA_HYBRID=1``: without it the
+CUDA backend refuses a hybrid's KV cache); this module sets it for its own tests.
+
 The models cover both compiled state sizes of interest: 64 (the synth default) and 128 (the
 real models' ``ssm.state_size``, two threads per state row). To add a case, extend ``MODELS``:
 Q4_K_M needs ``n_embd=256, n_ff=512`` to get real k-quant tensors.
@@ -38,6 +41,8 @@ import pytest
 from fak import _native
 
 from cuda_util import BACKENDS, rel_err, runner
+
+os.environ["FAK_CUDA_HYBRID"] = "1"  # the CUDA hybrid path is opt-in until verified on a GPU
 
 # ---------------------------------------------------------------- the layer, op by op
 
