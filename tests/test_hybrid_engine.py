@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from fak import _native
+from engine_util import greedy_run as _run
 
 
 @pytest.fixture(scope="module", params=["qwen35", "qwen35moe"])
@@ -33,17 +34,6 @@ def hybrid(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 def _prompts(model: _native.EngineCore, lengths: list[int], seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [[int(t) for t in rng.integers(10, model.n_vocab - 10, size=n)] for n in lengths]
-
-
-def _run(model: _native.EngineCore, prompts: list[list[int]], n_new: int, base: int = 0) -> dict[int, list[int]]:
-    """Greedy continuations of `prompts` decoded together."""
-    out: dict[int, list[int]] = {base + i: [] for i in range(len(prompts))}
-    for i, p in enumerate(prompts):
-        model.add_sequence(base + i, p, {"temperature": 0.0, "max_tokens": n_new})
-    while model.n_running or model.n_waiting:
-        for sid, tok, *_ in model.step():
-            out[sid].append(tok)
-    return out
 
 
 def test_batch_equals_each_alone(hybrid: str) -> None:

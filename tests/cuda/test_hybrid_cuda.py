@@ -41,6 +41,7 @@ import pytest
 from fak import _native
 
 from cuda_util import BACKENDS, rel_err, runner
+from engine_util import greedy_run as _run
 
 os.environ["FAK_CUDA_HYBRID"] = "1"  # the CUDA hybrid path is opt-in until verified on a GPU
 
@@ -131,17 +132,6 @@ def tiny_hybrids(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 def _prompts(n_vocab: int, lengths: list[int], seed: int = 0) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return [[int(t) for t in rng.integers(10, n_vocab - 10, size=n)] for n in lengths]
-
-
-def _run(model: _native.EngineCore, prompts: list[list[int]], n_new: int, base: int = 0) -> dict[int, list[int]]:
-    """Greedy continuations of `prompts` decoded together."""
-    out: dict[int, list[int]] = {base + i: [] for i in range(len(prompts))}
-    for i, p in enumerate(prompts):
-        model.add_sequence(base + i, p, {"temperature": 0.0, "max_tokens": n_new})
-    while model.n_running or model.n_waiting:
-        for sid, tok, *_ in model.step():
-            out[sid].append(tok)
-    return out
 
 
 def _same_prefix(a: list[int], b: list[int]) -> int:
