@@ -165,7 +165,7 @@ class EngineCore:
         n_cpu_moe: int = 0,
         speculative: str | None = None,
         draft_model: str | None = None,
-        speculative_max_batch: int = 16,
+        speculative_max_batch: int = 8,
     ) -> EngineCore: ...
     @property
     def backend(self) -> str: ...

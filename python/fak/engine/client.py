@@ -118,7 +118,7 @@ class Engine:
         n_cpu_moe: int = 0,
         speculative: str | None = None,
         draft_model: str | Path | None = None,
-        speculative_max_batch: int = 16,
+        speculative_max_batch: int = 8,
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")

@@ -108,7 +108,7 @@ def _plan_context(gguf: Path, **kwargs: Any) -> Any:
               help="A smaller GGUF model with the same tokenizer (Qwen2.5-Coder-0.5B for the 1.5B) that drafts "
                    "tokens for speculative decoding in the same engine (docs/speculative.md); --speculative "
                    "defaults to draft with it.")
-@click.option("--speculative-max-batch", type=click.IntRange(min=0), default=16, show_default=True, metavar="N",
+@click.option("--speculative-max-batch", type=click.IntRange(min=0), default=8, show_default=True, metavar="N",
               help="Speculation's off-switch: a step with more than N decoding sequences drafts nothing (its "
                    "verification rows would cost more than the forwards they save). Each sequence's draft "
                    "length also adapts to its recent acceptance within K.")
@@ -155,7 +155,7 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
           replica_gpus: float = 0.0, tensor_parallel: int = 1, tool_call_format: str = "auto",
           cpu_moe: bool = False, n_cpu_moe: int | None = None, model_aliases: tuple[str, ...] = (),
           kv_memory: str | None = None, speculative: str | None = None,
-          draft_model: Path | None = None, speculative_max_batch: int = 16) -> None:
+          draft_model: Path | None = None, speculative_max_batch: int = 8) -> None:
     """Serve OpenAI's API (chat, completions, responses, models) and Anthropic's messages, with a tool-call policy."""
     if policy_check:
         if policy_path is None:
@@ -224,7 +224,7 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
                               rope={**rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx, sliding_window, cpu_moe, n_cpu_moe),
                                     **({"speculative": speculative} if speculative else {}),
                                     **({"draft_model": str(draft_model)} if draft_model else {}),
-                                    **({"speculative_max_batch": speculative_max_batch} if speculative_max_batch != 16 else {})})
+                                    **({"speculative_max_batch": speculative_max_batch} if speculative_max_batch != 8 else {})})
 
     from fak.gateway.app import GatewayConfig, create_app
     from fak.gateway.proxy import Upstream
@@ -253,7 +253,7 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
             rope["speculative"] = speculative
         if draft_model is not None:
             rope["draft_model"] = str(draft_model)
-        if speculative_max_batch != 16:
+        if speculative_max_batch != 8:
             rope["speculative_max_batch"] = speculative_max_batch
         context = plan()
         click.echo(f"fak serve: {context.describe()}", err=True)

@@ -169,14 +169,14 @@ pub(crate) fn check_sampling(sampling: &Bound<'_, PyDict>) -> PyResult<Option<(S
 type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>, Option<&'static str>);
 
 // The signature's literal default (a text signature shows a path as `...`).
-const _: () = assert!(crate::engine::speculative::DEFAULT_MAX_BATCH == 16);
+const _: () = assert!(crate::engine::speculative::DEFAULT_MAX_BATCH == 8);
 
 #[pymethods]
 impl PyEngineCore {
     /// EngineCore(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
     ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None,
     ///       tensor_parallel=1, sliding_window=None, free_window_blocks=True, n_cpu_moe=0,
-    ///       speculative=None, draft_model=None, speculative_max_batch=16)
+    ///       speculative=None, draft_model=None, speculative_max_batch=8)
     ///
     /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
     /// "auto" (cuda when a GPU is usable, else cpu).
@@ -224,7 +224,7 @@ impl PyEngineCore {
     /// fak.BackendError (`backend="cuda"` without a usable CUDA backend, or with
     /// `tensor_parallel > 1`: multi-GPU is not built), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0, speculative=None, draft_model=None, speculative_max_batch=16))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0, speculative=None, draft_model=None, speculative_max_batch=8))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,

@@ -198,9 +198,11 @@ pub fn copy_continuation(tokens: &[u32], start: usize, k: usize, out: &mut Vec<u
 
 /// Most decoding sequences in a step for which drafts are still scheduled, unless the engine is
 /// told otherwise (`speculative_max_batch`): past it a step's extra verification rows cost more
-/// than the forwards they save (issue 32's off-switch; the figure behind it in
-/// docs/speculative.md).
-pub const DEFAULT_MAX_BATCH: usize = 16;
+/// than the forwards they save. Measured on the CPU (2-core VM, the 0.5B, agent-trace prompts,
+/// `benches/bench_speculative_batch.py`): ngram/suffix drafts gave 1.34–1.43× at 1 sequence,
+/// 1.10–1.18× at 4 and 0.98× at 16, so the switch sits between; not yet measured on a GPU
+/// (docs/speculative.md).
+pub const DEFAULT_MAX_BATCH: usize = 8;
 
 /// A sequence's adaptive draft length (issue 32): the length it drafts this step, between 1 and
 /// its request's `k`, from how its recent drafts fared — doubled after a draft accepted whole,
