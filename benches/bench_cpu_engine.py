@@ -29,6 +29,9 @@ from conftest import MODEL_05B, MODEL_15B, real_model  # noqa: E402
 
 from fak import _native  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benches/machine.py, beside this script
+from machine import cpu_name  # noqa: E402
+
 THREADS = 2
 N_PROMPT = 512
 N_DECODE = 128
@@ -37,14 +40,7 @@ MODELS = [MODEL_05B, MODEL_15B]
 
 def machine() -> dict:
     """CPU model, logical cores and the load while the bench ran (the 2-core box is shared)."""
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name(platform.processor())
     return {"cpu": cpu, "logical_cores": os.cpu_count(), "loadavg_1m": os.getloadavg()[0], "threads": THREADS,
             "simd": _native.simd_level() if hasattr(_native, "simd_level") else None}
 

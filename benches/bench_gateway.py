@@ -51,20 +51,16 @@ sys.path.insert(0, str(REPO / "python"))
 import aiohttp
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benches/machine.py, beside this script
+from machine import cpu_name  # noqa: E402
+
 TEXT_PROMPTS = ["def add(a, b):", "import numpy as", "for i in range(", "class Stack:", "# sort a list",
                 "SELECT * FROM", "def fib(n):", "print('hello"]
 
 
 def machine() -> dict[str, Any]:
     """CPU model, cores, load average and Python version of this run."""
-    cpu = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name(platform.machine())
     return {"cpu": cpu, "cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 1),
             "python": platform.python_version(), "platform": platform.platform()}
 

@@ -58,6 +58,9 @@ from test_policy_evasions import build_evasion_workspace, load_evasions  # noqa:
 
 from fak.policy import Policy  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benches/machine.py, beside this script
+from machine import cpu_name  # noqa: E402
+
 REPEATS = 200
 LARGE_REPEATS = 20
 SMALL = 4096            # bytes of arguments JSON: the "up to 4 KB" bucket
@@ -66,14 +69,7 @@ SMALL = 4096            # bytes of arguments JSON: the "up to 4 KB" bucket
 def machine() -> dict:
     """What the numbers were measured on: CPU, cores, load, Python, and a calibration loop
     (``sum(range(1000))``, best of 50 x 2000, in microseconds) to compare machines."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_name(platform.processor() or platform.machine())
     import timeit
     calib = min(timeit.repeat("sum(range(1000))", number=2000, repeat=50)) / 2000 * 1e6
     return {"cpu": cpu, "cores": os.cpu_count(), "load_avg_1m": os.getloadavg()[0],

@@ -9,16 +9,20 @@ from pathlib import Path
 from typing import Any
 
 
-def machine() -> dict[str, Any]:
-    """``{"cpu": model name or "unknown", "cores": logical CPUs, "python": version, "load": the
-    1-minute load average at the call (None where the OS has none)}``."""
-    cpu = "unknown"
+def cpu_name(default: str = "unknown") -> str:
+    """The CPU's model name from ``/proc/cpuinfo`` (its first ``model name`` line), else ``default``."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
+                return line.split(":", 1)[1].strip()
     except OSError:
         pass
+    return default
+
+
+def machine() -> dict[str, Any]:
+    """``{"cpu": model name or "unknown", "cores": logical CPUs, "python": version, "load": the
+    1-minute load average at the call (None where the OS has none)}``."""
+    cpu = cpu_name()
     return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
             "load": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
