@@ -37,6 +37,10 @@ from fak import _native  # noqa: E402
 
 
 def run_fak(path: str, n_cpu_moe: int, n_decode: int, n_prefill: int) -> dict:
+    """fak on CUDA with the first ``n_cpu_moe`` layers' experts on the host: ``{"n_cpu_moe",
+    "host_expert_layers", "vram" (bytes by kind, fak._native.cuda_memory), "nvidia_smi_used"
+    (bytes), "prefill_tok_s" (best of 2 after a warm-up, time to the first token of an
+    ``n_prefill``-token prompt), "decode_tok_s" (``n_decode`` steps of one sequence, wall)}``."""
     rng = np.random.default_rng(0)
     n_ctx = n_prefill + n_decode + 64
     mem0 = _native.cuda_memory()
@@ -71,6 +75,9 @@ def run_fak(path: str, n_cpu_moe: int, n_decode: int, n_prefill: int) -> dict:
 
 
 def run_peer(bin_path: str, path: str, n_cpu_moe: int, n_decode: int, n_prefill: int) -> dict:
+    """``llama-bench -ngl 99 -fa 1 -ncmoe N -p n_prefill -n n_decode -r 2`` on the same file:
+    ``{"n_cpu_moe", "nvidia_smi_peak" (bytes, sampled every 0.2 s), "command", "decode_tok_s",
+    "prefill_tok_s"}`` (its ``avg_ts``), or ``"error"`` with its stderr's tail."""
     cmd = [bin_path, "-m", path, "-ngl", "99", "-fa", "1", "-ncmoe", str(n_cpu_moe), "-p", str(n_prefill), "-n", str(n_decode),
            "-r", "2", "-o", "json"]
     peak = [0]
@@ -99,6 +106,7 @@ def run_peer(bin_path: str, path: str, n_cpu_moe: int, n_decode: int, n_prefill:
 
 
 def table(rows: list[dict], peers: dict[int, dict], n_prefill: int) -> str:
+    """The markdown table of ``run_fak`` rows beside ``run_peer`` results by N (MiB, tok/s, ratios)."""
     mib = 2**20
     lines = [f"| n_cpu_moe | fak decode tok/s | llama.cpp tg | ratio | fak pp{n_prefill} tok/s | llama.cpp pp{n_prefill} | ratio "
              "| fak VRAM (weights / all, MiB) | nvidia-smi with fak loaded (MiB) | llama.cpp peak nvidia-smi (MiB) |",

@@ -58,7 +58,7 @@ fn stage_bytes(wtype: GgmlType, bn: usize) -> usize {
 /// Static shared memory the GEMM kernels may use besides the dynamic part (ptxas reports ≤ 21 KB
 /// for the staged ones; a launch whose total would pass the device's opt-in limit takes fewer
 /// stages).
-pub(crate) const MMQ_STATIC_SMEM: usize = 24 << 10;
+const MMQ_STATIC_SMEM: usize = 24 << 10;
 
 /// Largest split-K workspace (partial sums) a product may use; beyond it the split count drops.
 const MM_WS_MAX: usize = 256 << 20;
@@ -298,6 +298,12 @@ impl CudaBackend {
         Ok(s.ws.as_ref().expect("allocated above").ptr())
     }
 
+    /// Whether the staged (`frag`: fragment) GEMM of `stages` stages and `bn`-token tiles fits the
+    /// device's opt-in shared memory with the kernels' static part ([`MMQ_STATIC_SMEM`]).
+    pub(crate) fn mmq_q8_fits(&self, stages: usize, wtype: GgmlType, bn: usize, frag: bool) -> bool {
+        mmq_q8_smem(2, stages, wtype, bn, frag) as usize + MMQ_STATIC_SMEM <= self.dev.info.max_smem_optin as usize
+    }
+
     /// The int8 tensor-core GEMM `dst (+)= x·Wᵀ (+ bias)` with launch shape `t`.
     #[allow(clippy::too_many_arguments)]
     fn gemm_q8(&self, w: &CudaWeight, bias_ptr: u64, x: &CudaBuffer, n_rows: usize, dst: u64, accumulate: bool, t: Tc) -> Result<()> {
@@ -332,8 +338,7 @@ impl CudaBackend {
         if !k.is_multiple_of(256) {
             stages = 0;
         }
-        let smem_max = self.dev.info.max_smem_optin as usize;
-        let fits = |s: usize| mmq_q8_smem(2, s, w.wtype, t.bn, frag) as usize + MMQ_STATIC_SMEM <= smem_max;
+        let fits = |s: usize| self.mmq_q8_fits(s, w.wtype, t.bn, frag);
         while stages > 2 && !fits(stages) {
             stages -= 1;
         }

@@ -254,7 +254,7 @@ impl CudaBackend {
         out.written();
         let frag = matches!(w.wtype, GgmlType::Q4_K | GgmlType::Q6_K)
             && k_in.is_multiple_of(256)
-            && super::matmul::mmq_q8_smem(2, 2, w.wtype, bn, true) as usize + super::matmul::MMQ_STATIC_SMEM <= self.dev.info.max_smem_optin as usize;
+            && self.mmq_q8_fits(2, w.wtype, bn, true);
         let (name, smem) = if frag {
             (super::super::intern(format!("mmq_id_{fmt}_q8_n{bn}_f2")), super::matmul::mmq_q8_smem(2, 2, w.wtype, bn, true))
         } else {
