@@ -43,7 +43,12 @@ from fak import _native
 from cuda_util import BACKENDS, rel_err, runner
 from engine_util import greedy_run as _run
 
-os.environ["FAK_CUDA_HYBRID"] = "1"  # the CUDA hybrid path is opt-in until verified on a GPU
+
+@pytest.fixture(autouse=True)
+def _cuda_hybrids_opted_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA hybrid path is opt-in until a GPU run verifies it (``FAK_CUDA_HYBRID``); these
+    tests are that run. Read when a KV cache is allocated, i.e. inside each test."""
+    monkeypatch.setenv("FAK_CUDA_HYBRID", "1")
 
 # ---------------------------------------------------------------- the layer, op by op
 
