@@ -3,8 +3,9 @@ layers' experts stay in host memory and the CPU computes them) beside llama.cpp'
 ``llama-bench -ncmoe N`` on the same GGUF, at several N, with the GPU memory each holds — so that a
 user with a 24 GB card can read off what to expect.
 
-Per N: decode (``--decode`` greedy tokens of one sequence after a one-token prompt; the engine's
-step wall time) and prefill (one ``--prefill``-token prompt, time to the first token; best of 2);
+Per N: decode (``bench_cuda.decode``: 128 greedy tokens of one sequence, forward tok/s as
+llama-bench's tg128) and prefill (``bench_cuda.prefill``: one ``--prefill``-token prompt, time to
+the first token, best of 3 after a warm-up);
 fak's device memory by kind (``fak._native.cuda_memory()``) and ``nvidia-smi``'s used memory with
 the model loaded; llama.cpp's peak ``nvidia-smi`` used memory while its run lasts (sampled every
 0.2 s; the GPU is otherwise idle). The CPU that computes the offloaded experts is named in the
@@ -30,55 +31,38 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_cuda import nvidia_smi_used  # noqa: E402
+from bench_cuda import N_DECODE, decode, nvidia_smi_used, prefill  # noqa: E402
 from machine import machine as describe  # noqa: E402
 
 from fak import _native  # noqa: E402
 
 
-def run_fak(path: str, n_cpu_moe: int, n_decode: int, n_prefill: int) -> dict:
+def run_fak(path: str, n_cpu_moe: int, n_prefill: int) -> dict:
     """fak on CUDA with the first ``n_cpu_moe`` layers' experts on the host: ``{"n_cpu_moe",
     "host_expert_layers", "vram" (bytes by kind, fak._native.cuda_memory), "nvidia_smi_used"
-    (bytes), "prefill_tok_s" (best of 2 after a warm-up, time to the first token of an
-    ``n_prefill``-token prompt), "decode_tok_s" (``n_decode`` steps of one sequence, wall)}``."""
+    (bytes), "prefill_tok_s" (bench_cuda.prefill: best of 3 after a warm-up, time to the first
+    token of an ``n_prefill``-token prompt), "decode_tok_s" (bench_cuda.decode: N_DECODE greedy
+    steps of one sequence, forward tok/s as llama-bench's tg)}``."""
     rng = np.random.default_rng(0)
-    n_ctx = n_prefill + n_decode + 64
+    n_ctx = n_prefill + N_DECODE + 64
     mem0 = _native.cuda_memory()
     m = _native.EngineCore(path, backend="cuda", n_ctx=n_ctx, kv_cache_tokens=n_ctx, max_batch=1, n_cpu_moe=n_cpu_moe)
     mem = _native.cuda_memory()
     out: dict = {"n_cpu_moe": n_cpu_moe, "host_expert_layers": m.config.get("host_expert_layers"),
                  "vram": {k: mem[k] - mem0.get(k, 0) for k in mem}, "nvidia_smi_used": nvidia_smi_used()}
-    n_vocab = m.n_vocab
-    best = float("inf")
-    for r in range(3):  # the first is a warm-up
-        prompt = rng.integers(0, n_vocab, n_prefill).tolist()
-        t0 = time.perf_counter()
-        m.add_sequence(10 + r, prompt, {"temperature": 0.0})
-        while not m.step():
-            pass
-        if r:
-            best = min(best, time.perf_counter() - t0)
-        m.remove_sequence(10 + r)
-    out["prefill_tok_s"] = n_prefill / best
-    m.add_sequence(1, [int(rng.integers(0, n_vocab))], {"temperature": 0.0})
-    while not m.step():
-        pass
-    for _ in range(4):
-        m.step()
-    t0 = time.perf_counter()
-    for _ in range(n_decode):
-        m.step()
-    out["decode_tok_s"] = n_decode / (time.perf_counter() - t0)
+    prefill(m, m.n_vocab, n_prefill, rng, reps=1)  # warm-up
+    out["prefill_tok_s"] = prefill(m, m.n_vocab, n_prefill, rng)["tok_s"]
+    out["decode_tok_s"] = decode(m, m.n_vocab, 0, rng)["forward_tok_s"]
     del m
     gc.collect()
     return out
 
 
-def run_peer(bin_path: str, path: str, n_cpu_moe: int, n_decode: int, n_prefill: int) -> dict:
-    """``llama-bench -ngl 99 -fa 1 -ncmoe N -p n_prefill -n n_decode -r 2`` on the same file:
+def run_peer(bin_path: str, path: str, n_cpu_moe: int, n_prefill: int) -> dict:
+    """``llama-bench -ngl 99 -fa 1 -ncmoe N -p n_prefill -n N_DECODE -r 2`` on the same file:
     ``{"n_cpu_moe", "nvidia_smi_peak" (bytes, sampled every 0.2 s), "command", "decode_tok_s",
     "prefill_tok_s"}`` (its ``avg_ts``), or ``"error"`` with its stderr's tail."""
-    cmd = [bin_path, "-m", path, "-ngl", "99", "-fa", "1", "-ncmoe", str(n_cpu_moe), "-p", str(n_prefill), "-n", str(n_decode),
+    cmd = [bin_path, "-m", path, "-ngl", "99", "-fa", "1", "-ncmoe", str(n_cpu_moe), "-p", str(n_prefill), "-n", str(N_DECODE),
            "-r", "2", "-o", "json"]
     peak = [0]
     done = threading.Event()
@@ -130,7 +114,6 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--n-cpu-moe", default="0,12,24,48", help="comma list of N")
-    ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--llama-bench", default=None)
     ap.add_argument("--json", default=None)
@@ -140,12 +123,12 @@ def main() -> None:
     print(f"machine: {machine}", flush=True)
     rows = []
     for n in ns:
-        rows.append(run_fak(a.model, n, a.decode, a.prefill))
+        rows.append(run_fak(a.model, n, a.prefill))
         print(json.dumps(rows[-1]), flush=True)
     peers: dict[int, dict] = {}
     if a.llama_bench:
         for n in ns:
-            peers[n] = run_peer(a.llama_bench, a.model, n, a.decode, a.prefill)
+            peers[n] = run_peer(a.llama_bench, a.model, n, a.prefill)
             print(json.dumps(peers[n]), flush=True)
     print(table(rows, peers, a.prefill))
     if a.json:
