@@ -204,6 +204,73 @@ __device__ void mmvq_id(const u8* W0, const u8* W1, size_t rb, size_t estride, f
     }
 }
 
+// The expert GEMV over expert-sorted tiles (`moe_sort`'s table with tiles of at most 8 pairs):
+// tile t = blockIdx.y of `tiles` (expert e, first sorted position j0, rows nc ≤ 8) multiplies the
+// rows of expert e's matrix (W + e·estride) with the nc activation rows j0.. of the sorted
+// activations (laid out by `moe_gather_q8`) into dst[j0 + c, :]: each block reads its rows of an
+// expert once for every pair that chose it (the per-pair GEMV `mmvq_id` reads them once per
+// pair). blockIdx.z picks the matrix (0: W0 → d0, 1: W1 → d1). Blocks past the table's tile
+// count return. grid (⌈n_out/rpb⌉, max tiles, 1 or 2).
+template <bool KFORM, int NC>
+__device__ void mmvq_tile_nc(const u8* W, size_t rb, const i8* q, const void* a, const int* sm, float* dst, int K, int n_out, int rpb, int fmt) {
+    const int lb = blockIdx.x;
+    if (KFORM) {
+        switch (fmt) {
+            case T_Q4_K: mmvq_rows<T_Q4_K, NC>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+            case T_Q5_K: mmvq_rows<T_Q5_K, NC>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+            case T_Q6_K: mmvq_rows<T_Q6_K, NC>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+        }
+    } else {
+        switch (fmt) {
+            case T_Q4_0: mmvq_rows<T_Q4_0, NC>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+            case T_Q4_1: mmvq_rows<T_Q4_1, NC>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+            case T_Q5_0: mmvq_rows<T_Q5_0, NC>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+            case T_Q5_1: mmvq_rows<T_Q5_1, NC>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+            case T_Q8_0: mmvq_rows<T_Q8_0, NC>(W, rb, q, a, sm, nullptr, dst, K, n_out, rpb, lb, false); break;
+        }
+    }
+}
+
+template <bool KFORM, int MAXNC>
+__device__ void mmvq_tiles(const u8* W0, const u8* W1, size_t rb, size_t estride, float* d0, float* d1, int n_out, int rpb, int fmt,
+                           const u32* __restrict__ tiles, const i8* __restrict__ yq, const void* __restrict__ ya,
+                           const int* __restrict__ ys, int K) {
+    pdl_enter();  // the tile table comes from the kernel before
+    const int t = blockIdx.y;
+    if (t >= (int)tiles[0]) return;
+    const u32* tp = tiles + 1 + 3 * t;
+    const size_t e = tp[0], j0 = tp[1];
+    const int nc = (int)tp[2];
+    const u8* W = (blockIdx.z == 0 ? W0 : W1) + e * estride;
+    float* dst = (blockIdx.z == 0 ? d0 : d1) + j0 * n_out;
+    const i8* q = yq + j0 * K;
+    const int* sm = KFORM ? ys + j0 * (K / 32) : nullptr;
+    const void* a = KFORM ? (const void*)((const float*)ya + j0 * (K / 256)) : (const void*)((const float2*)ya + j0 * (K / 32));
+    // nc ≤ MAXNC (the table's tile size): one instantiation per row count
+    if (nc <= 1) mmvq_tile_nc<KFORM, 1>(W, rb, q, a, sm, dst, K, n_out, rpb, fmt);
+    else if (nc == 2) mmvq_tile_nc<KFORM, 2>(W, rb, q, a, sm, dst, K, n_out, rpb, fmt);
+    else if (MAXNC <= 2 || nc == 3) mmvq_tile_nc<KFORM, (MAXNC < 3 ? MAXNC : 3)>(W, rb, q, a, sm, dst, K, n_out, rpb, fmt);
+    else if (MAXNC <= 3 || nc == 4) mmvq_tile_nc<KFORM, (MAXNC < 4 ? MAXNC : 4)>(W, rb, q, a, sm, dst, K, n_out, rpb, fmt);
+    else if (MAXNC <= 4 || nc == 5) mmvq_tile_nc<KFORM, (MAXNC < 5 ? MAXNC : 5)>(W, rb, q, a, sm, dst, K, n_out, rpb, fmt);
+    else if (MAXNC <= 5 || nc == 6) mmvq_tile_nc<KFORM, (MAXNC < 6 ? MAXNC : 6)>(W, rb, q, a, sm, dst, K, n_out, rpb, fmt);
+    else if (MAXNC <= 6 || nc == 7) mmvq_tile_nc<KFORM, (MAXNC < 7 ? MAXNC : 7)>(W, rb, q, a, sm, dst, K, n_out, rpb, fmt);
+    else mmvq_tile_nc<KFORM, (MAXNC < 8 ? MAXNC : 8)>(W, rb, q, a, sm, dst, K, n_out, rpb, fmt);
+}
+
+// mmvq_tiles_<family>_n<MAXNC>: tiles of at most MAXNC (4 or 8) pairs; fewer rows per tile, fewer
+// registers (the largest row count's instantiation sets the kernel's register use).
+#define MMVQ_TILES(NAME, KFORM, MAXNC)                                                                                \
+    extern "C" __global__ void __launch_bounds__(128) mmvq_tiles_##NAME##_n##MAXNC(                                     \
+        const u8* W0, const u8* W1, size_t rb, size_t estride, float* d0, float* d1, int n_out, int rpb, int fmt,      \
+        const u32* __restrict__ tiles, const i8* __restrict__ yq, const void* __restrict__ ya,                         \
+        const int* __restrict__ ys, int K) {                                                                           \
+        mmvq_tiles<KFORM, MAXNC>(W0, W1, rb, estride, d0, d1, n_out, rpb, fmt, tiles, yq, ya, ys, K);                   \
+    }
+MMVQ_TILES(kquant_q8_K, true, 4)
+MMVQ_TILES(kquant_q8_K, true, 8)
+MMVQ_TILES(legacy_q8_0, false, 4)
+MMVQ_TILES(legacy_q8_0, false, 8)
+
 #define MMVQ_ID(NAME, KFORM)                                                                                          \
     extern "C" __global__ void __launch_bounds__(128) mmvq_id_##NAME(                                                   \
         const u8* W0, const u8* W1, size_t rb, size_t estride, float* d0, float* d1, int n_out, int rpb, int fmt,      \
