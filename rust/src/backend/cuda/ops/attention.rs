@@ -197,3 +197,25 @@ impl CudaBackend {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fattn_smem_per_variant() {
+        // d ≤ 128: Q passes through the K/V double buffer (the rule before head_dim 256).
+        for d in [16, 32, 64, 80, 96, 128] {
+            for nw in [1, 2, 4] {
+                assert_eq!(fattn_smem(d, nw, 1), 128 * (d + 8) * 2);
+                assert!(fattn_smem(d, nw, 1) + FATTN_STATIC_SMEM <= 48 * 1024, "d {d}: within the default limit");
+            }
+        }
+        // d = 256: Q's rows beside the K/V tiles; the in-kernel combine's weights of 128 splits fit.
+        assert_eq!([1, 2, 4].map(|nw| fattn_smem(256, nw, 128)), [76032, 84480, 101376]);
+        // A 99 KiB GPU (sm_86/89) takes two warps, not four.
+        let optin = 99 * 1024;
+        assert!(fattn_smem(256, 2, 128) + FATTN_STATIC_SMEM <= optin);
+        assert!(fattn_smem(256, 4, 1) + FATTN_STATIC_SMEM > optin);
+    }
+}
