@@ -34,6 +34,9 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
                       float* ws_o, float2* ws_ml, u32* counters, int n_head, int n_head_kv, int tiles_per_seq,
                       int split_len, float scale_log2, int ext_combine, int window) {
     constexpr int P = 16 * NW, LD = D + 8, NTH = 32 * NW, BS = 32;
+    // Q's A fragments (D/2 registers per thread) stay in shared memory beside the K/V tiles
+    // when D > 128: the O accumulator alone takes D/2 f32 per thread.
+    constexpr bool QS = D > 128;
     extern __shared__ __align__(16) u16 smem[];
     __shared__ u32 s_last;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -70,7 +73,8 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
     float m0 = NEG_INF, m1 = NEG_INF, l0 = 0.0f, l1 = 0.0f;
 
     if (kv_lo < kv_hi) {
-        // Q (f32) → f16 in shared memory → A fragments in registers.
+        // Q (f32) → f16 in shared memory → A fragments in registers, or (QS) read from there
+        // at each k-step.
         u16* sQ = smem;
         for (int i = threadIdx.x; i < P * (D / 4); i += NTH) {
             const int pi = i / (D / 4), d4 = i - pi * (D / 4);
@@ -83,13 +87,15 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
             *(uint2*)(sQ + pi * LD + 4 * d4) = make_uint2(pack_f16x2(v.x, v.y), pack_f16x2(v.z, v.w));
         }
         __syncthreads();
-        u32 qf[D / 16][4];
+        u32 qf[QS ? 1 : D / 16][4];
+        if constexpr (!QS) {
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ++ks) ldmatrix_x4(qf[ks], sQ + (warp * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8);
-        __syncthreads();
+            for (int ks = 0; ks < D / 16; ++ks) ldmatrix_x4(qf[ks], sQ + (warp * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8);
+            __syncthreads();  // K/V overwrite Q
+        }
 
-        u16* sK = smem;               // [2][BS][LD]
-        u16* sV = smem + 2 * BS * LD;  // [2][BS][LD]
+        u16* sK = smem + (QS ? P * LD : 0);  // [2][BS][LD]
+        u16* sV = sK + 2 * BS * LD;          // [2][BS][LD]
         const int t_lo = kv_lo / BS, t_hi = (kv_hi + BS - 1) / BS;
         auto issue = [&](int t, int buf) {
             const u32 blk = tables[s.table0 + t];
@@ -130,12 +136,15 @@ __device__ void fattn(const float* __restrict__ q, const u16* __restrict__ kc, c
             for (int i = 0; i < 4; ++i) sc[i][0] = sc[i][1] = sc[i][2] = sc[i][3] = 0.0f;
 #pragma unroll
             for (int ks = 0; ks < D / 16; ++ks) {
+                u32 qs[4];
+                if constexpr (QS) ldmatrix_x4(qs, sQ + (warp * 16 + (lane & 15)) * LD + ks * 16 + (lane >> 4) * 8);
+                const u32* a = QS ? qs : qf[QS ? 0 : ks];
 #pragma unroll
                 for (int nb = 0; nb < 2; ++nb) {
                     u32 b[4];
                     ldmatrix_x4(b, kt + (nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * LD + ks * 16 + ((lane >> 3) & 1) * 8);
-                    mma_f16(sc[2 * nb], qf[ks], b);
-                    mma_f16(sc[2 * nb + 1], qf[ks], b + 2);
+                    mma_f16(sc[2 * nb], a, b);
+                    mma_f16(sc[2 * nb + 1], a, b + 2);
                 }
             }
             // Causal (and window) mask and scale (log2 domain), online softmax. Slots of the tile
@@ -375,3 +384,6 @@ FATTN(80, 4)
 FATTN(96, 1)
 FATTN(96, 2)
 FATTN(96, 4)
+FATTN(256, 1)
+FATTN(256, 2)
+FATTN(256, 4)

@@ -24,7 +24,9 @@ The CUDA path is opt-in until a GPU run has verified it (``FAK_CUDA_HYBRID=1``: 
 CUDA backend refuses a hybrid's KV cache); this module sets it for its own tests.
 
 The models cover both compiled state sizes of interest: 64 (the synth default) and 128 (the
-real models' ``ssm.state_size``, two threads per state row). To add a case, extend ``MODELS``:
+real models' ``ssm.state_size``, two threads per state row), and the synth default head_dim
+(2·n_embd/n_head) beside the real models' 256 (``attention.key_length``, the attention kernel that
+reads Q from shared memory; RoPE on a quarter of it). To add a case, extend ``MODELS``:
 Q4_K_M needs ``n_embd=256, n_ff=512`` to get real k-quant tensors.
 
 The op test runs for ``cpu`` (CI) and ``cuda``; the rest is marked ``cuda`` and skips without a GPU
@@ -123,6 +125,11 @@ MODELS: dict[str, tuple[str, dict]] = {
     "qwen35-Q4_K_M": ("qwen35", dict(weight_type="Q4_K_M", n_embd=256, n_ff=512, ssm_state_size=128)),
     "qwen35moe-Q8_0": ("qwen35moe", dict(weight_type="Q8_0", ssm_state_size=128)),
     "qwen35moe-Q4_K_M": ("qwen35moe", dict(weight_type="Q4_K_M", n_embd=256, n_ff=512, n_ff_exp=256)),
+    # The real hybrids' attention head: head_dim 256 (key_length = value_length), a quarter of it
+    # rotated (rope.dimension_count 64); 16 query heads over 2 KV heads as Qwen3.6-35B-A3B.
+    "qwen35-hd256-Q8_0": ("qwen35", dict(weight_type="Q8_0", head_dim=256, ssm_state_size=128)),
+    "qwen35moe-hd256-Q4_K_M": ("qwen35moe", dict(weight_type="Q4_K_M", n_embd=256, n_ff=512, n_ff_exp=256, head_dim=256,
+                                                  n_head=16, n_head_kv=2)),
 }
 
 
@@ -183,7 +190,7 @@ def test_tiny_hybrid_cuda_matches_cpu(require_cuda: None, tiny_hybrids: dict[str
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["qwen35-Q8_0", "qwen35moe-Q8_0"])
+@pytest.mark.parametrize("name", ["qwen35-Q8_0", "qwen35moe-Q8_0", "qwen35-hd256-Q8_0"])
 def test_batch_equals_each_alone(require_cuda: None, tiny_hybrids: dict[str, str], name: str) -> None:
     """Three sequences prefilled and decoded together (one graph per decode step, three state
     slots) give each sequence's tokens alone."""
@@ -200,7 +207,7 @@ def test_batch_equals_each_alone(require_cuda: None, tiny_hybrids: dict[str, str
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("name", ["qwen35-Q4_K_M", "qwen35moe-Q8_0"])
+@pytest.mark.parametrize("name", ["qwen35-Q4_K_M", "qwen35moe-Q8_0", "qwen35moe-hd256-Q4_K_M"])
 def test_graphs_on_and_off_give_the_same_tokens(require_cuda: None, tiny_hybrids: dict[str, str], name: str) -> None:
     """Replayed decode graphs read each sequence's rows, n_past and state slot from the batch
     arrays: the same kernels launched one by one give the same tokens, bit for bit."""

@@ -208,6 +208,7 @@ ROPE_CASES = [
     ("neox", 14, 64, 64, 1000000.0, 1.0, False),    # 0.5B q
     ("norm", 8, 64, 64, 10000.0, 1.0, True),        # llama-style with rope_freqs
     ("norm", 3, 48, 32, 10000.0, 0.25, False),      # partial rotation, linear scaling
+    ("neox", 16, 256, 64, 10000000.0, 1.0, False),  # Qwen3.5/3.6 hybrid q: a quarter of 256 rotated
 ]
 
 
@@ -367,6 +368,16 @@ ATTN_CASES = [
     ("g32.decode", [(77, 1)], 32, 1, 128),
     ("tiny.d16", [(10, 9)], 4, 2, 16),
     ("d96", [(40, 3)], 6, 3, 96),
+    # head_dim 256 (the Qwen3.5/3.6 hybrids' gated attention: 16×2 heads in 35B-A3B, 24×4 in 27B;
+    # Gemma): Q read from shared memory, 1/2/4 warps by the group size (8, 24, 40 below).
+    ("hd256.decode.ctx1", [(0, 1)], 16, 2, 256),
+    ("hd256.decode.batch", [(5, 1), (300, 1), (32, 1), (2047, 1)], 16, 2, 256),
+    ("hd256.decode.g24", [(700, 1), (64, 1)], 24, 1, 256),
+    ("hd256.decode.g40", [(95, 1)], 40, 1, 256),
+    ("hd256.prefill.67", [(0, 67)], 16, 2, 256),
+    ("hd256.prefill.chunk", [(100, 40)], 24, 4, 256),
+    ("hd256.mixed", [(0, 20), (64, 1), (3, 33), (250, 70)], 24, 4, 256),
+    ("hd256.mha", [(200, 1), (31, 2)], 4, 4, 256),
 ]
 
 
@@ -414,6 +425,24 @@ def test_attention_long_context_decode(backend: str, ctx: int) -> None:
     assert rel_err(out.reshape(1, -1), ref) <= (5e-3 if backend == "cuda" else 1e-3)
 
 
+@pytest.mark.parametrize("backend,ctx", [("cpu", 8192), pytest.param("cuda", 8192, marks=pytest.mark.cuda),
+                                         pytest.param("cuda", 32768, marks=pytest.mark.cuda)])
+def test_attention_long_context_decode_hd256(backend: str, ctx: int) -> None:
+    """The split decode at head_dim 256 (Qwen3.6-35B-A3B's 16 query and 2 KV heads), with a
+    second, short sequence in the batch."""
+    rng = seed("attn-long-hd256", backend, ctx)
+    n_head, n_head_kv, head_dim = 16, 2, 256
+    seqs = [(ctx - 1, 1), (100, 1)]
+    total = sum(p + r for p, r in seqs)
+    q = rng.standard_normal((2, n_head * head_dim)).astype(np.float32)
+    k = (rng.standard_normal((total, n_head_kv * head_dim)) * 0.3).astype(np.float32)
+    v = rng.standard_normal((total, n_head_kv * head_dim)).astype(np.float32)
+    perm = rng.permutation(sum((p + r + 31) // 32 for p, r in seqs) + 1).astype(np.uint32)
+    out = runner(backend).attention(seqs, n_head, n_head_kv, head_dim, perm, q.reshape(-1), k.reshape(-1), v.reshape(-1))[0]
+    ref = attention_ref(seqs, n_head, n_head_kv, head_dim, q, k, v)
+    assert rel_err(out.reshape(2, -1), ref) <= (5e-3 if backend == "cuda" else 1e-3)
+
+
 # ---------------------------------------------------------------- sliding-window attention
 
 SWA_CASES = [
@@ -435,6 +464,9 @@ SWA_CASES = [
     ("w1", [(10, 9), (70, 1)], 4, 2, 64, 1),
     ("wide", [(40, 30), (7, 1)], 6, 3, 96, 1000),
     ("tiny.d16", [(100, 9)], 4, 2, 16, 8),
+    ("hd256.decode.batch", [(5, 1), (300, 1), (2047, 1), (95, 1)], 16, 2, 256, 96),
+    ("hd256.prefill.chunk", [(100, 140)], 8, 2, 256, 45),
+    ("hd256.mixed", [(0, 20), (64, 1), (500, 70)], 24, 4, 256, 1024),
 ]
 
 
@@ -495,18 +527,20 @@ r = _native.OpRunner("cuda")
 rng = np.random.default_rng(5)
 seqs = [(3000, 1), (40, 1), (2047, 1)]
 ctx = sum(p + n for p, n in seqs)
-q = rng.standard_normal((3, 12 * 128)).astype(np.float32)
-k = (rng.standard_normal((ctx, 256)) * 0.5).astype(np.float32)
-v = rng.standard_normal((ctx, 256)).astype(np.float32)
+hd = int(sys.argv[3])
+q = rng.standard_normal((3, 12 * hd)).astype(np.float32)
+k = (rng.standard_normal((ctx, 2 * hd)) * 0.5).astype(np.float32)
+v = rng.standard_normal((ctx, 2 * hd)).astype(np.float32)
 perm = rng.permutation(sum((p + n + 31) // 32 for p, n in seqs) + 2).astype(np.uint32)
-out = r.attention(seqs, 12, 2, 128, perm, q.reshape(-1), k.reshape(-1), v.reshape(-1), window=int(sys.argv[1]))[0]
+out = r.attention(seqs, 12, 2, hd, perm, q.reshape(-1), k.reshape(-1), v.reshape(-1), window=int(sys.argv[1]))[0]
 np.save(sys.argv[2], out)
 """
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("window", [0, 100, 1000])
-def test_sliding_window_in_kernel_combine(require_cuda: None, window: int, tmp_path) -> None:
+@pytest.mark.parametrize("window,head_dim", [(0, 128), (100, 128), (1000, 128), (0, 256), (1000, 256)],
+                         ids=["0", "100", "1000", "0-hd256", "1000-hd256"])
+def test_sliding_window_in_kernel_combine(require_cuda: None, window: int, head_dim: int, tmp_path) -> None:
     """``FAK_CUDA_SAFE=1`` (the split decode combined by the last block inside the attention
     kernel, read once per process: a child process) gives what the separate combine gives."""
     import subprocess
@@ -516,7 +550,7 @@ def test_sliding_window_in_kernel_combine(require_cuda: None, window: int, tmp_p
     for safe in ("0", "1"):
         path = tmp_path / f"out{safe}.npy"
         env = dict(os.environ, FAK_CUDA_SAFE=safe)
-        r = subprocess.run([sys.executable, "-c", SAFE_SWA, str(window), str(path)], env=env,
+        r = subprocess.run([sys.executable, "-c", SAFE_SWA, str(window), str(path), str(head_dim)], env=env,
                            capture_output=True, text=True, timeout=600, check=False)
         assert r.returncode == 0, r.stderr
         outs[safe] = np.load(path).astype(np.float64)
@@ -592,6 +626,8 @@ ROPE_KV_CASES = [
     (28, 4, 128, 128, "neox", 40, 67),
     (14, 2, 64, 64, "neox", 5, 3),
     (8, 8, 64, 32, "norm", 31, 4),
+    (16, 2, 256, 64, "neox", 0, 1),     # Qwen3.6-35B-A3B: head_dim 256, a quarter rotated
+    (24, 4, 256, 64, "neox", 700, 37),  # Qwen3.5-27B
 ]
 
 

@@ -431,7 +431,7 @@ pub fn op_paths() -> Vec<(&'static str, &'static str)> {
         ("rope", "rope_f32: NORM/NEOX, ggml angle rounding, freq factors"),
         ("rope + kv_write (forward)", "rope_qk_kv_write_f32: q and k RoPE and the f16 KV write in one launch"),
         ("kv_write", "kv_write_f16: paged f16 KV cache"),
-        ("attention", "fattn_f16_d<D>_w<warps>: flash attention (mma.sync), GQA, paged KV; decode splits long KV (flash-decoding) with an in-kernel combine"),
+        ("attention", "fattn_f16_d<D>_w<warps>: flash attention (mma.sync), GQA, paged KV, D 16 … 128 and 256 (Q fragments from shared memory); decode splits long KV (flash-decoding) with an in-kernel combine"),
         ("swiglu", "swiglu_f32_q8: SwiGLU fused with the 8-bit quantization for the down projection"),
         ("add", "add_f32: residual add (the forward's adds are fused into the o/down projections)"),
         ("gather_logit_rows", "gather_rows_f32"),

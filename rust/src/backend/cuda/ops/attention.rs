@@ -12,6 +12,12 @@
 //! `FAK_CUDA_SAFE`, the last block to finish) combines the partial softmaxes.
 //! Prefill: four warps (64 (row, head) pairs) per block, no split.
 //!
+//! Head dimension 256 (the Qwen3.5/3.6 hybrids' gated attention, Gemma): Q's fragments are read
+//! from shared memory at each k-step instead of being held in registers (the f32 O accumulator
+//! alone takes 128 registers per thread), so Q's rows sit beside the K/V double buffer:
+//! 74/83/99 KiB per block for 1/2/4 warps, above the default 48 KiB (the launch raises the
+//! function's limit). Prefill drops to fewer warps on a GPU whose limit is lower.
+//!
 //! Sliding window ([`AttnParams::window`], `W`): the kernel computes each row's window start from
 //! its position and starts at the tile holding it, so no key outside the window is loaded and the
 //! blocks before it may be released. A decode row's range is then at most `W + 31` positions (the
@@ -32,9 +38,27 @@ fn split_by_capacity() -> bool {
 }
 
 /// Head dimensions with a compiled attention kernel.
-pub const HEAD_DIMS: [usize; 6] = [16, 32, 64, 80, 96, 128];
+pub const HEAD_DIMS: [usize; 7] = [16, 32, 64, 80, 96, 128, 256];
+
+/// Static shared memory of the attention kernels (`s_last`, as ptxas reports it).
+const FATTN_STATIC_SMEM: usize = 16;
+
+/// Dynamic shared memory of `fattn_f16_d{d}_w{nw}` launched with `n_split` splits: the K/V double
+/// buffer (4 tiles of 32 rows of `d + 8` halves), beside it the warps' `16·nw` rows of Q when
+/// `d > 128` (the kernel's `QS`; smaller Q pass through the K/V space into registers), or the
+/// in-kernel combine's per-(pair, split) weights if larger.
+pub(crate) fn fattn_smem(d: usize, nw: usize, n_split: usize) -> usize {
+    let pairs = 16 * nw;
+    let q_rows = if d > 128 { pairs } else { 0 };
+    ((q_rows + 128) * (d + 8) * 2).max(pairs * (n_split + 1) * 4)
+}
 
 impl CudaBackend {
+    /// Whether `fattn_f16_d{d}_w{nw}` with `n_split` splits fits the GPU's shared memory per block.
+    fn fattn_fits(&self, d: usize, nw: usize, n_split: usize) -> bool {
+        fattn_smem(d, nw, n_split) + FATTN_STATIC_SMEM <= self.dev.info.max_smem_optin.max(0) as usize
+    }
+
     /// The split workspace (`ws_o` then `ws_ml`) of at least `bytes`; never shrinks, old ones stay
     /// alive for graphs captured with them.
     fn attn_workspace(&self, bytes: usize) -> Result<u64> {
@@ -95,9 +119,19 @@ impl CudaBackend {
                 (nw, 1, n_split, 0)
             }
         } else {
+            // Four warps, or fewer where their shared memory does not fit (d = 256 on a GPU with
+            // 99 KiB per block).
+            let nw = [4, 2, 1].into_iter().find(|&nw| self.fattn_fits(d, nw, 1)).unwrap_or(1);
             let max_rows = plan.seqs.iter().map(|s| s.n_rows as usize).max().unwrap_or(0);
-            (4, (max_rows * g).div_ceil(64), 1, 1 << 30)
+            (nw, (max_rows * g).div_ceil(16 * nw), 1, 1 << 30)
         };
+        if !self.fattn_fits(d, nw, n_split) {
+            return Err(FakError::Unsupported(format!(
+                "CUDA attention for head_dim {d} with {g} query heads per KV head: {} bytes of shared memory per block, the GPU has {}",
+                fattn_smem(d, nw, n_split) + FATTN_STATIC_SMEM,
+                self.dev.info.max_smem_optin
+            )));
+        }
         let pairs = 16 * nw;
         let (ws_o, ws_ml) = if n_split > 1 {
             let recs = n_seqs * n_kv * n_split * pairs;
@@ -110,8 +144,7 @@ impl CudaBackend {
         if n_split > 1 && n_seqs * n_kv > batch.counters_len {
             return Err(FakError::invalid("batch", format!("{n_seqs} sequences × {n_kv} KV heads exceed the attention counters ({})", batch.counters_len)));
         }
-        // K/V double buffer (or Q), and the combine's per-(pair, split) weights.
-        let smem = (pairs.max(128) * (d + 8) * 2).max(pairs * (n_split + 1) * 4) as u32;
+        let smem = fattn_smem(d, nw, n_split) as u32;
         let name = intern(format!("fattn_f16_d{d}_w{nw}"));
         // Decode splits are combined by a separate kernel (parallel over query heads) unless
         // FAK_CUDA_SAFE asks for the in-kernel combine by the last block.
@@ -162,5 +195,27 @@ impl CudaBackend {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fattn_smem_per_variant() {
+        // d ≤ 128: Q passes through the K/V double buffer (the rule before head_dim 256).
+        for d in [16, 32, 64, 80, 96, 128] {
+            for nw in [1, 2, 4] {
+                assert_eq!(fattn_smem(d, nw, 1), 128 * (d + 8) * 2);
+                assert!(fattn_smem(d, nw, 1) + FATTN_STATIC_SMEM <= 48 * 1024, "d {d}: within the default limit");
+            }
+        }
+        // d = 256: Q's rows beside the K/V tiles; the in-kernel combine's weights of 128 splits fit.
+        assert_eq!([1, 2, 4].map(|nw| fattn_smem(256, nw, 128)), [76032, 84480, 101376]);
+        // A 99 KiB GPU (sm_86/89) takes two warps, not four.
+        let optin = 99 * 1024;
+        assert!(fattn_smem(256, 2, 128) + FATTN_STATIC_SMEM <= optin);
+        assert!(fattn_smem(256, 4, 1) + FATTN_STATIC_SMEM > optin);
     }
 }
