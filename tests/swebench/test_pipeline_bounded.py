@@ -49,11 +49,13 @@ def test_parallel_workers_give_the_records_of_one_and_runs_go_cheapest_first(tmp
     assert [r["files"] for r in of(one, "regression_base")] == [[QUICK], [SLOW]]
 
     # one worker: the order is the schedule's: scripts on the original code, scripts on the
-    # candidates (their order), base runs (the smaller file first: nothing measured yet), then
-    # the candidates' runs of the file whose base run was quicker first
+    # candidates (their order; on each, the script quickest on the original code first), base
+    # runs (the smaller file first: nothing measured yet), then the candidates' runs of the file
+    # whose base run was quicker first
     runs = [(t["run"], t.get("candidate"), t.get("script") or t.get("file"))
             for t in sched1["timeline"]]
-    a, b = "r0", "r1"
+    a, b = sorted(["r0", "r1"], key=lambda sid: next(
+        r["seconds"] for r in of(one, "script_base") if r["script"] == sid))
     assert runs == [
         ("script_base", None, "r0"), ("script_base", None, "r1"), ("script_base", None, "r2"),
         ("script", "c0", a), ("script", "c0", b), ("script", "c1", a), ("script", "c1", b),
@@ -62,6 +64,21 @@ def test_parallel_workers_give_the_records_of_one_and_runs_go_cheapest_first(tmp
         ("regression", "c0", SLOW), ("regression", "c1", SLOW)]
     secs = {r["files"][0]: r["seconds"] for r in of(one, "regression_base")}
     assert secs[QUICK] < secs[SLOW]
+
+
+def test_scripts_run_on_a_candidate_quickest_first(tmp_path):
+    """On a candidate the kept scripts run in the order of their runs on the original code,
+    quickest first (the candidate's limit then cuts the slowest), whatever order they came in."""
+    calc = make_calc(tmp_path / "calc", slow_s=0, pad="slow")
+    scripts = [{"id": "r0", "code": "import time\ntime.sleep(1.5)\nfrom calc import double\n"
+                                    "assert double(1) == 2\n"},
+               {"id": "r1", "code": "from calc import double\nassert double(0) == 0\n"}]
+    records = stage(calc, tmp_path / "w", [calc["cands"]["right"]], scripts=scripts, workers=1,
+                    candidates=0)
+    assert [r["kept"] for r in of(records, "script_base")] == [True, True]
+    on_c0 = [t["script"] for t in of(records, "schedule")[0]["timeline"] if t["run"] == "script"]
+    assert on_c0 == ["r1", "r0"]
+    assert of(records, "candidate_test")[0]["repro"] == {"r0": 0, "r1": 0}
 
 
 def test_a_slow_suite_is_cut_by_the_budget_and_a_hanging_candidate_by_its_limit(tmp_path):
@@ -75,7 +92,8 @@ def test_a_slow_suite_is_cut_by_the_budget_and_a_hanging_candidate_by_its_limit(
     cuts = {(x["run"], x.get("candidate"), x.get("script") or x.get("file")): x for x in sched["cut"]}
     slow_base = cuts.pop(("regression_base", None, SLOW))
     assert slow_base["why"] == "budget" and "during the run" in slow_base["detail"]
-    first, second = "r0", "r1"
+    first, second = sorted(["r0", "r1"], key=lambda sid: next(  # quickest on the original code
+        r["seconds"] for r in of(records, "script_base") if r["script"] == sid))
     limit_cut = cuts.pop(("script", "c2", second))  # the hanging candidate's second script
     assert limit_cut["why"] == "candidate_limit"
     assert {k: v["why"] for k, v in cuts.items()} == {

@@ -21,7 +21,8 @@ regression run gives no ``regression_failures`` (``regression_env_error`` instea
   a module that cannot be imported (``evidence.UNFIXABLE``), not a ``NameError`` raised in the
   script's own code (a name the script never defined; ``evidence.SCRIPT_BUGS``).
 - Candidates, most votes first, at most ``repro_candidates``: applied with ``git apply``; each
-  kept script passes (exit 0) or not (``repro_fixed`` counts those that pass).
+  kept script (the quickest on the original code first) passes (exit 0) or not
+  (``repro_fixed`` counts those that pass).
 - Regression tests, for the best ``candidates`` of those (most scripts fixed, then most votes):
   the existing test files of the modules the candidate touches (``find_test_files``), run with
   the spec's ``test_cmd`` (``pytest`` as ``python -m pytest`` of the overlay's interpreter; host:
@@ -351,8 +352,8 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
 
     The runs go to ``cfg.workers`` workers, each with its own copy of the work tree, in three
     rounds, each cheapest and most discriminating first: the scripts on the original code; the
-    kept scripts on the candidates (one job per candidate, most votes first), as long as the
-    candidate's limit lasts; the test files of the best candidates on the original code (the
+    kept scripts on the candidates (one job per candidate, most votes first; the scripts
+    quickest on the original code first), as long as the candidate's limit lasts; the test files of the best candidates on the original code (the
     smallest file first) and, as each of these ends, the candidates' runs of that file (the
     file whose base run was quickest first, then the candidates' order). Whatever cannot start
     within ``cfg.budget_s`` is cut, as is a run the budget interrupts. A candidate whose kept
@@ -406,6 +407,8 @@ def _scheduled(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
         records.append(script_record(s["id"], r))
         if records[-1]["kept"]:
             kept.append(s["id"])
+    # on each candidate the quickest first: the candidate's limit then cuts the slowest
+    kept.sort(key=lambda sid: ran[sid].duration_s)
 
     # 2. the kept scripts on many candidates (cheap: one interpreter start each)
     def scripts_on(c: dict[str, Any], slot: Slot) -> dict[str, Any] | Cut:
