@@ -15,9 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 
+def _tested(result: dict[str, Any] | None) -> bool:
+    """Whether a ``candidate_test`` record is a result: applied, and not a record whose scripts
+    could none of them start (``repro_env_error`` without ``repro``)."""
+    return result is not None and bool(result.get("applied")) and (
+        "repro" in result or "repro_env_error" not in result)
+
+
 def rank_key(c: dict[str, Any], result: dict[str, Any] | None) -> tuple:
     """The sort key of candidate ``c`` with its ``candidate_test`` record (or ``None``)."""
-    tested = result is not None and bool(result.get("applied")) and "repro" in result
+    tested = _tested(result)
     fixed = int(result.get("repro_fixed", 0)) if tested else 0
     ran = tested and "regression_failures" in result
     # tests broken: those its regression runs showed, or, where some of its test files were cut
@@ -38,7 +45,7 @@ def rank(candidates: list[dict[str, Any]], tests: list[dict[str, Any]] | None) -
     records: list[dict[str, Any]] = []
     for i, c in enumerate(order):
         r = results.get(c["id"])
-        tested = r is not None and bool(r.get("applied")) and "repro" in r
+        tested = _tested(r)
         records.append({"kind": "ranked", "rank": i, "id": c["id"], "votes": c["votes"],
                         "tested": tested, "applied": None if r is None else bool(r.get("applied")),
                         "repro_fixed": r.get("repro_fixed") if tested else None,
