@@ -3,152 +3,106 @@ do not fit and records them, a per-candidate limit, parallel workers on copies o
 giving the same records as one, and the order (scripts before test files, test files by their
 measured base run, candidates in their order).
 
-The repository is ``fak-test/calc`` (``make_calc``): ``calc.core.double`` returns ``x + x + 1``
-(the bug); a quick test file next to it and one whose test sleeps (the slow suite); three
-candidates: the right fix, a wrong one that breaks a quick test, and one that hangs. Each test
-calls ``testing.test_stage`` on a real clone in fak's sandbox.
+The repository is ``fak-test/calc`` (``calc_repo.make_calc``): ``calc.core.double`` returns
+``x + x + 1`` (the bug); a quick test file next to it and one whose test sleeps (the slow suite);
+three candidates: the right fix, a wrong one that breaks a quick test, and one that hangs. Each
+test calls ``testing.test_stage`` on a real clone in fak's sandbox.
 
-To add a case: give ``make_calc`` the files, ``_cand`` the change, and read the records.
+To add a case: give ``make_calc`` the files and candidates (``files``, ``cands``), and read the
+records.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from calc_repo import CORE, QUICK, SLOW, make_calc, of, stage
 from pipeline_fixtures import RuleServer, ShapesModel, make_shapes, shapes_index
 from tiny import run_fak
 
+from fak.swebench.pipeline import testing
 from fak.swebench.pipeline.artifacts import _stable, digest
 from fak.swebench.pipeline.rank import rank
-from fak.swebench.pipeline.source import Repo
-from fak.swebench.pipeline import testing
-
-CORE = "def double(x):\n    return x + x + 1\n"
-QUICK = "calc/tests/test_core.py"  # nearest to calc/core.py: found first
-SLOW = "tests/test_core.py"
-SCRIPTS = [{"id": "r0", "code": "from calc import double\nassert double(1) == 2, double(1)\n"},
-           {"id": "r1", "code": "from calc import double\nassert double(0) == 0, double(0)\n"},
-           {"id": "r2", "code": "from calc import double\nassert double(1) > 0\n"}]  # passes
-
-
-def _git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", *args], cwd=cwd, check=True, capture_output=True,
-                          text=True).stdout
-
-
-def make_calc(root: Path, *, slow_s: float, pad: str) -> dict:
-    """The repo (``src``), its bare mirror and the three candidates; ``slow_s``: how long the slow
-    test sleeps; ``pad``: which test file is made the larger (``"quick"`` or ``"slow"``)."""
-    src = root / "src"
-    files = {
-        "calc/__init__.py": "from calc.core import double\n",
-        "calc/core.py": CORE,
-        "calc/tests/__init__.py": "",
-        QUICK: ("from calc.core import double\n\n\n"
-                "def test_zero():\n    assert double(0) in (0, 1)\n\n\n"
-                "def test_int():\n    assert isinstance(double(2), int)\n"),
-        SLOW: (f"import time\n\nfrom calc.core import double\n\n\n"
-               f"def test_big():\n    time.sleep({slow_s})\n    assert double(5) > 9\n"),
-    }
-    big = QUICK if pad == "quick" else SLOW
-    files[big] += "\n" + "# padding\n" * 200
-    for rel, text in files.items():
-        (src / rel).parent.mkdir(parents=True, exist_ok=True)
-        (src / rel).write_text(text)
-    _git(src, "init", "-q", "-b", "main")
-    _git(src, "-c", "user.email=t@example.invalid", "-c", "user.name=t", "add", "-A")
-    _git(src, "-c", "user.email=t@example.invalid", "-c", "user.name=t", "commit", "-qm", "calc")
-    base = _git(src, "rev-parse", "HEAD").strip()
-    mirror = root / "repos" / "fak-test" / "calc"
-    mirror.parent.mkdir(parents=True)
-    _git(root, "clone", "-q", "--bare", str(src), str(mirror))
-
-    def cand(cid: str, votes: int, body: str) -> dict:
-        (src / "calc/core.py").write_text(f"def double(x):\n{body}")
-        diff = _git(src, "diff")
-        (src / "calc/core.py").write_text(CORE)
-        return {"id": cid, "votes": votes, "diff_lines": diff.count("\n"),
-                "files": ["calc/core.py"], "diff": diff}
-
-    cands = {"right": cand("c0", 3, "    return x + x\n"),
-             "hang": cand("c2", 2, "    import time\n    time.sleep(30)\n    return x + x\n"),
-             "wrong": cand("c1", 1, "    return x + x + 2\n")}
-    task = {"instance_id": "fak-test__calc-1", "repo": "fak-test/calc", "base_commit": base,
-            "version": "0.1"}
-    return {"src": src, "mirror": mirror, "task": task, "cands": cands}
-
-
-def _stage(calc: dict, work: Path, cands: list[dict], **cfg) -> list[dict]:
-    task = calc["task"]
-    tenv = testing.prepare(task, calc["mirror"], work, task_env=False)
-    repo = Repo(calc["mirror"], task["base_commit"])
-    return testing.test_stage(repo, task, cands, SCRIPTS, tenv, testing.TestConfig(**cfg))
-
-
-def _of(records: list[dict], kind: str) -> list[dict]:
-    return [r for r in records if r["kind"] == kind]
 
 
 def test_parallel_workers_give_the_records_of_one_and_runs_go_cheapest_first(tmp_path):
     calc = make_calc(tmp_path / "calc", slow_s=1.5, pad="quick")  # the slow file is the smaller
     cands = [calc["cands"]["right"], calc["cands"]["wrong"]]
-    one = _stage(calc, tmp_path / "w1", cands, workers=1)
-    three = _stage(calc, tmp_path / "w3", cands, workers=3)
+    one = stage(calc, tmp_path / "w1", cands, workers=1)
+    three = stage(calc, tmp_path / "w3", cands, workers=3)
 
     # the same records, verdicts and all (timings, output excerpts and the timeline aside)
     assert digest(_stable(one)) == digest(_stable(three))
-    sched1, sched3 = _of(one, "schedule")[0], _of(three, "schedule")[0]
+    sched1, sched3 = of(one, "schedule")[0], of(three, "schedule")[0]
     assert (sched1["workers"], sched3["workers"]) == (1, 3)
     assert sched1["cut"] == sched3["cut"] == []
     assert len({t["worker"] for t in sched3["timeline"]}) > 1  # the copies did run
     assert not (tmp_path / "w3" / "slots").exists()  # the copies are gone
-    base = {r["script"]: r["kept"] for r in _of(one, "script_base")}
+    base = {r["script"]: r["kept"] for r in of(one, "script_base")}
     assert base == {"r0": True, "r1": True, "r2": False}
-    by_id = {r["id"]: r for r in _of(one, "candidate_test")}
+    by_id = {r["id"]: r for r in of(one, "candidate_test")}
     assert by_id["c0"]["repro"] == {"r0": 0, "r1": 0} and by_id["c0"]["regression_failures"] == []
     assert by_id["c1"]["repro_fixed"] == 0
     assert by_id["c1"]["regression_failures"] == [f"{QUICK}::test_zero"]
-    assert [r["files"] for r in _of(one, "regression_base")] == [[QUICK], [SLOW]]
+    assert [r["files"] for r in of(one, "regression_base")] == [[QUICK], [SLOW]]
 
     # one worker: the order is the schedule's: scripts on the original code, scripts on the
-    # candidates (their order), base runs (the smaller file first: nothing measured yet), then the
-    # candidates' runs of the file whose base run was quicker first
+    # candidates (their order; on each, the script quickest on the original code first), base
+    # runs (the smaller file first: nothing measured yet), then the candidates' runs of the file
+    # whose base run was quicker first
     runs = [(t["run"], t.get("candidate"), t.get("script") or t.get("file"))
             for t in sched1["timeline"]]
+    a, b = sorted(["r0", "r1"], key=lambda sid: next(
+        r["seconds"] for r in of(one, "script_base") if r["script"] == sid))
     assert runs == [
         ("script_base", None, "r0"), ("script_base", None, "r1"), ("script_base", None, "r2"),
-        ("script", "c0", "r0"), ("script", "c0", "r1"), ("script", "c1", "r0"), ("script", "c1", "r1"),
+        ("script", "c0", a), ("script", "c0", b), ("script", "c1", a), ("script", "c1", b),
         ("regression_base", None, SLOW), ("regression_base", None, QUICK),
         ("regression", "c0", QUICK), ("regression", "c1", QUICK),
         ("regression", "c0", SLOW), ("regression", "c1", SLOW)]
-    secs = {r["files"][0]: r["seconds"] for r in _of(one, "regression_base")}
+    secs = {r["files"][0]: r["seconds"] for r in of(one, "regression_base")}
     assert secs[QUICK] < secs[SLOW]
+
+
+def test_scripts_run_on_a_candidate_quickest_first(tmp_path):
+    """On a candidate the kept scripts run in the order of their runs on the original code,
+    quickest first (the candidate's limit then cuts the slowest), whatever order they came in."""
+    calc = make_calc(tmp_path / "calc", slow_s=0, pad="slow")
+    scripts = [{"id": "r0", "code": "import time\ntime.sleep(1.5)\nfrom calc import double\n"
+                                    "assert double(1) == 2\n"},
+               {"id": "r1", "code": "from calc import double\nassert double(0) == 0\n"}]
+    records = stage(calc, tmp_path / "w", [calc["cands"]["right"]], scripts=scripts, workers=1,
+                    candidates=0)
+    assert [r["kept"] for r in of(records, "script_base")] == [True, True]
+    on_c0 = [t["script"] for t in of(records, "schedule")[0]["timeline"] if t["run"] == "script"]
+    assert on_c0 == ["r1", "r0"]
+    assert of(records, "candidate_test")[0]["repro"] == {"r0": 0, "r1": 0}
 
 
 def test_a_slow_suite_is_cut_by_the_budget_and_a_hanging_candidate_by_its_limit(tmp_path):
     calc = make_calc(tmp_path / "calc", slow_s=120, pad="slow")  # the quick file runs first
     c = calc["cands"]
-    records = _stage(calc, tmp_path / "w", [c["right"], c["hang"], c["wrong"]], workers=2,
+    records = stage(calc, tmp_path / "w", [c["right"], c["hang"], c["wrong"]], workers=2,
                      budget_s=30.0, candidate_limit_s=3.0)
-    sched = _of(records, "schedule")[0]
+    sched = of(records, "schedule")[0]
     # the stage ended at its budget, not after the slow test's 120 s
     assert sched["wall_s"] < 45
     cuts = {(x["run"], x.get("candidate"), x.get("script") or x.get("file")): x for x in sched["cut"]}
     slow_base = cuts.pop(("regression_base", None, SLOW))
     assert slow_base["why"] == "budget" and "during the run" in slow_base["detail"]
-    limit_cut = cuts.pop(("script", "c2", "r1"))  # the hanging candidate's second script
+    first, second = sorted(["r0", "r1"], key=lambda sid: next(  # quickest on the original code
+        r["seconds"] for r in of(records, "script_base") if r["script"] == sid))
+    limit_cut = cuts.pop(("script", "c2", second))  # the hanging candidate's second script
     assert limit_cut["why"] == "candidate_limit"
     assert {k: v["why"] for k, v in cuts.items()} == {
         ("regression", cid, SLOW): "no_base" for cid in ("c0", "c1", "c2")}
 
-    assert [r["files"] for r in _of(records, "regression_base")] == [[QUICK]]
-    by_id = {r["id"]: r for r in _of(records, "candidate_test")}
+    assert [r["files"] for r in of(records, "regression_base")] == [[QUICK]]
+    by_id = {r["id"]: r for r in of(records, "candidate_test")}
     # the hanging candidate's first script was killed at its limit: a timeout, not a fix
-    assert by_id["c2"]["repro"] == {"r0": None} and by_id["c2"]["repro_fixed"] == 0
+    assert by_id["c2"]["repro"] == {first: None} and by_id["c2"]["repro_fixed"] == 0
     assert by_id["c0"]["repro_fixed"] == 2 and by_id["c1"]["repro_fixed"] == 0
     # a test file cut: no regression_failures (not ranked as run), what the quick file showed
     for r in by_id.values():

@@ -17,7 +17,8 @@ from fak.sandbox.config import GiB, Limits, MiB
 from fak.sandbox.detect import SandboxInfo, probe
 from fak.sandbox.errors import SandboxError, SandboxUnavailable
 from fak.sandbox.run import KILL_REASONS, Sandbox, SandboxResult, run_on_host
-from fak.sandbox.venv import venv_paths
+from fak.sandbox.venv import interpreter_paths, venv_paths
 
 __all__ = ["Sandbox", "SandboxResult", "SandboxInfo", "SandboxError", "SandboxUnavailable",
-           "Limits", "KILL_REASONS", "probe", "run_on_host", "venv_paths", "GiB", "MiB"]
+           "Limits", "KILL_REASONS", "probe", "run_on_host", "venv_paths",
+           "interpreter_paths", "GiB", "MiB"]

@@ -1,6 +1,7 @@
 """The paths a virtual environment needs inside the sandbox: the venv, the interpreter it was made
 from (``home`` in ``pyvenv.cfg``), and the shared env a fak overlay venv points at (its
-``_fak_shared_env.pth``), followed transitively.
+``_fak_shared_env.pth``), followed transitively (``venv_paths``); and the paths of the Python
+fak itself runs on, for a sandbox asked to run that interpreter (``interpreter_paths``).
 
 Only fak's own ``.pth`` file is followed: any other ``.pth`` line is something an install (model
 code, in ``eval --local``) may have written, and following it would bind a hidden folder of the
@@ -9,6 +10,9 @@ at the toolbox's start, right after an overlay is made)."""
 
 from __future__ import annotations
 
+import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 #: the ``.pth`` file of a fak overlay venv that names its shared env's site-packages
@@ -61,3 +65,46 @@ def venv_paths(venv: Path | str) -> list[Path]:
                     owner = _venv_of(Path(s))
                     todo.append(owner if owner is not None else Path(s))
     return out
+
+
+#: trees the sandbox hides (``fak.sandbox.config.plan_mounts``) besides the home directory
+HIDDEN_ROOTS = ("/tmp", "/run", "/var/run", "/dev/shm", "/root")
+
+
+def interpreter_paths(prefix: str | Path | None = None, base_prefix: str | Path | None = None,
+                      executable: str | Path | None = None, *,
+                      home: str | Path | None = None) -> list[Path]:
+    """The paths a sandbox must bind read-only to run the Python fak runs on (``sys.prefix``,
+    ``sys.base_prefix``, ``sys.executable`` by default), wherever it lives — a venv under
+    ``/tmp`` or ``$HOME``, pyenv, uv, conda — since the sandbox hides ``/tmp`` and ``$HOME``:
+    ``venv_paths(prefix)`` (the venv and the interpreter it was made from), the base prefix, and
+    the prefix of the executable once its links are resolved (``.../bin/python3`` →
+    ``...``). Paths that do not exist are left out, and so is any that would show a hidden tree
+    whole: ``/``, ``home`` (``$HOME`` by default) or one of ``HIDDEN_ROOTS``, or a folder above
+    one of them (an interpreter installed with ``--prefix=$HOME`` is not bound: the sandbox
+    cannot run it)."""
+    from fak.sandbox.config import host_home
+
+    prefix = Path(sys.prefix if prefix is None else prefix)
+    base_prefix = Path(sys.base_prefix if base_prefix is None else base_prefix)
+    real_exe = Path(os.path.realpath(sys.executable if executable is None else executable))
+    exe_prefix = real_exe.parent.parent if real_exe.parent.name == "bin" else real_exe.parent
+    hidden = [Path(h) for h in HIDDEN_ROOTS] + [Path(home) if home is not None else host_home()]
+    out: list[Path] = []
+    for p in [*venv_paths(prefix), base_prefix, exe_prefix]:
+        if p.exists() and p not in out and not _shows_hidden_tree(p, hidden):
+            out.append(p)
+    return out
+
+
+def _shows_hidden_tree(path: Path, hidden: Sequence[Path]) -> bool:
+    """Whether binding ``path`` would show ``/`` or a whole hidden tree (``path`` is one of
+    ``hidden`` or above one)."""
+    real = Path(os.path.realpath(path))
+    if real == Path("/"):
+        return True
+    for h in hidden:
+        rh = Path(os.path.realpath(h))
+        if rh == real or real in rh.parents:
+            return True
+    return False

@@ -87,7 +87,8 @@ def _counts(current: dict[str, Artifact]) -> dict[str, Any]:
             for cut in sched.get("cut", []):
                 why[cut["why"]] = why.get(cut["why"], 0) + 1
             c.update(test_runs=sched.get("runs", 0), test_cut=len(sched.get("cut", [])),
-                     test_cut_why=why, test_wall_s=sched.get("wall_s"))
+                     test_cut_why=why, test_wall_s=sched.get("wall_s"),
+                     test_env_errors=len(sched.get("env_errors", [])))
     if "rank" in current:
         chosen = current["rank"].of_kind("chosen")[0]
         ranked = {r["id"]: r for r in current["rank"].of_kind("ranked")}

@@ -1,7 +1,7 @@
 """Stage 5, ``rank``: order the candidates and choose one patch per instance.
 
 The order (best first), after Agentless's selection: candidates the ``test`` stage ran before
-those it did not (or that did not apply); then more reproduction scripts fixed (a kept script
+those it did not (or that did not apply, or whose scripts could not start: no ``repro``); then more reproduction scripts fixed (a kept script
 that now exits 0); then those whose regression tests ran before those whose did not (or not all
 of them: the test stage's budget cut a file); then fewer regression tests broken (a lower rank,
 never an exclusion: a right fix sometimes changes asserted behaviour); then more votes (answers
@@ -15,9 +15,16 @@ from __future__ import annotations
 from typing import Any
 
 
+def _tested(result: dict[str, Any] | None) -> bool:
+    """Whether a ``candidate_test`` record is a result: applied, and not a record whose scripts
+    could none of them start (``repro_env_error`` without ``repro``)."""
+    return result is not None and bool(result.get("applied")) and (
+        "repro" in result or "repro_env_error" not in result)
+
+
 def rank_key(c: dict[str, Any], result: dict[str, Any] | None) -> tuple:
     """The sort key of candidate ``c`` with its ``candidate_test`` record (or ``None``)."""
-    tested = result is not None and bool(result.get("applied"))
+    tested = _tested(result)
     fixed = int(result.get("repro_fixed", 0)) if tested else 0
     ran = tested and "regression_failures" in result
     # tests broken: those its regression runs showed, or, where some of its test files were cut
@@ -38,7 +45,7 @@ def rank(candidates: list[dict[str, Any]], tests: list[dict[str, Any]] | None) -
     records: list[dict[str, Any]] = []
     for i, c in enumerate(order):
         r = results.get(c["id"])
-        tested = r is not None and bool(r.get("applied"))
+        tested = _tested(r)
         records.append({"kind": "ranked", "rank": i, "id": c["id"], "votes": c["votes"],
                         "tested": tested, "applied": None if r is None else bool(r.get("applied")),
                         "repro_fixed": r.get("repro_fixed") if tested else None,

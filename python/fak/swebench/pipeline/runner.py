@@ -8,8 +8,9 @@ this run: the chosen patch (``""`` when there was no candidate); entries of othe
 already in the file are kept; the list is in dataset order (the same bytes for the same
 results, whatever order the workers finish in). ``summary.json``: the run's settings, per instance its result,
 per-stage seconds/requests/tokens (``reused`` when the artifact was current), candidate and
-script counts, the test stage's runs, cuts (``test_cut``, ``test_cut_why``: count per reason)
-and wall seconds, the chosen candidate; and totals per stage.
+script counts, the test stage's runs, cuts (``test_cut``, ``test_cut_why``: count per reason),
+runs that could not start (``test_env_errors``: no evidence) and wall seconds, the chosen
+candidate; and totals per stage.
 """
 
 from __future__ import annotations
@@ -163,6 +164,8 @@ class PipelineRun(Job):
         if "test_cut" in c:  # the test stage's runs, and those its bounds cut (and why)
             why = ", ".join(f"{k} {n}" for k, n in sorted(c["test_cut_why"].items()))
             cut = f" test-runs={c['test_runs']} cut={c['test_cut']}" + (f" ({why})" if why else "")
+            if c.get("test_env_errors"):  # runs that could not start: no evidence (issue 31)
+                cut += f" env-errors={c['test_env_errors']}"
         return (f"{markup_safe(key)}: {st.result} {stages} candidates={c.get('candidates', '-')} "
                 f"kept-scripts={c.get('scripts_kept', '-')}{cut} chosen={c.get('chosen', '-')}"
                 + (f" ({markup_safe(st.message.splitlines()[0][:300])})" if st.result != "done"

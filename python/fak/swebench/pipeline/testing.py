@@ -5,21 +5,24 @@ The task's environment (``prepare``): a clone of the mirror at ``base_commit`` a
 ``task_env``, the (repo, version) venv of the harness spec with a per-instance overlay in which
 the repository is installed (``fak.swebench.envs``, as ``fak swebench run --task-env`` does);
 without it, the host's Python (``sys.executable``'s folder first on ``PATH``; its venv and base
-interpreter bound read-only into the sandbox, which hides ``$HOME`` and ``/tmp``), for
-repositories that need nothing installed.
+interpreter bound read-only into the sandbox, which hides ``$HOME`` and ``/tmp``:
+``fak.sandbox.interpreter_paths``), for repositories that need nothing installed.
 
-Evidence only from runs that started: a run that could not start (exit 126/127, ``execvp``
-errors, the harness's interpreter without pytest: ``could_not_start``) is an environment error —
-a script is then never kept as a reproduction, a regression base has no passing tests, and a
-candidate's regression run gives no ``regression_failures`` (``regression_env_error`` instead).
+Evidence only from runs that started (``evidence.py`` has the rule): a run that could not start
+(exit 126/127, bwrap's own error such as ``bwrap: execvp python``, the harness module missing)
+is an environment error — a script is then never kept as a reproduction, a regression base has
+no passing tests, a candidate's script run is no result (``repro_env_error``) and its
+regression run gives no ``regression_failures`` (``regression_env_error`` instead); the
+``schedule`` record lists them all (``env_errors``).
 
 - Reproduction scripts (``reproduce``) run on the original code as ``python .fak/repro_ID.py``
   with the repository on ``PYTHONPATH``; a script is *kept* when it fails there (non-zero exit,
   not killed) with an error that a source change can fix — not a ``SyntaxError`` of its own, not
-  a module that cannot be imported (``UNFIXABLE``), not a ``NameError`` raised in the script's
-  own code (a name the script never defined; ``SCRIPT_BUGS``).
+  a module that cannot be imported (``evidence.UNFIXABLE``), not a ``NameError`` raised in the
+  script's own code (a name the script never defined; ``evidence.SCRIPT_BUGS``).
 - Candidates, most votes first, at most ``repro_candidates``: applied with ``git apply``; each
-  kept script passes (exit 0) or not (``repro_fixed`` counts those that pass).
+  kept script (the quickest on the original code first) passes (exit 0) or not
+  (``repro_fixed`` counts those that pass).
 - Regression tests, for the best ``candidates`` of those (most scripts fixed, then most votes):
   the existing test files of the modules the candidate touches (``find_test_files``), run with
   the spec's ``test_cmd`` (``pytest`` as ``python -m pytest`` of the overlay's interpreter; host:
@@ -54,19 +57,13 @@ from typing import Any
 
 from fak.gitsafe import git, patch_git_metadata
 from fak.swebench.envs import SYSTEM_PATH, overlay_test_command
+from fak.sandbox import interpreter_paths
+from fak.swebench.pipeline.evidence import could_not_start, script_record, tail
 from fak.swebench.pipeline.execute import RunResult, run_in_sandbox, sandbox_kind
 from fak.swebench.pipeline.schedule import Budget, Cut, Pool, Slot, budget_killed, limit
 from fak.swebench.pipeline.source import Repo, is_test_path, module_name
 
 PASS = ("PASSED", "XFAIL")
-UNFIXABLE = ("SyntaxError", "IndentationError", "TabError", "ModuleNotFoundError", "ImportError")
-#: errors that are the script's own bug when its own frame raised them (the last frame of the
-#: traceback is the script file): no change to the repository can fix them
-SCRIPT_BUGS = ("NameError", "UnboundLocalError")
-_FRAME = re.compile(r'^\s*File "([^"]+)", line \d+')
-#: the test runner itself missing from the interpreter (``python -m pytest`` with no pytest)
-_HARNESS_MISSING = re.compile(r"^(?:/\S+: )?No module named (pytest)\b", re.M)
-_EXC = re.compile(r"^(?:[\w.]+\.)?([A-Z]\w*(?:Error|Exception|Exit|Failure|Warning))\b")
 HOST_TEST_CMD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 python -m pytest -rA -p no:cacheprovider"
 
 
@@ -244,46 +241,9 @@ def prepare(task: dict[str, Any], mirror: Path, work_dir: Path, *, task_env: boo
         cmd, exports = HOST_TEST_CMD, []
         # the sandbox hides $HOME and /tmp: it must see the interpreter it is asked to run, its
         # venv and the base interpreter, wherever they live (/tmp, $HOME, pyenv, uv, conda)
-        readable = host_interpreter_paths()
+        readable = interpreter_paths()
         info.update(python=sys.version.split()[0])
     return TaskEnv(root, env, cmd, exports, pre, unsafe_no_sandbox, info, readable)
-
-
-def host_interpreter_paths() -> list[Path]:
-    """The paths the host's interpreter needs inside the sandbox, bound read-only: its venv
-    (``sys.prefix``) and what that venv was made from (``fak.sandbox.venv.venv_paths``), the base
-    prefix, and the folder of the executable itself once links are resolved."""
-    from fak.sandbox.venv import venv_paths
-
-    paths = venv_paths(Path(sys.prefix))
-    for extra in (Path(sys.base_prefix), Path(sys.executable).resolve().parent.parent):
-        if extra.exists() and extra not in paths:
-            paths.append(extra)
-    return paths
-
-
-def could_not_start(res: RunResult) -> str | None:
-    """Why a run is no evidence about the code, or None: the command could not start (exit 126 or
-    127: not executable, not found — the sandbox's ``bwrap: execvp`` among them) or the harness's
-    own interpreter lacks a module it needs. Such a run is an environment error, never a
-    reproduction or a regression result."""
-    if res.killed:
-        return None
-    if res.returncode in (126, 127):
-        return f"could not start (exit {res.returncode}): {_first_line(res.output)}"
-    if res.returncode not in (0, None) and "execvp" in res.output:
-        return f"could not start: {_first_line(res.output)}"
-    m = _HARNESS_MISSING.search(res.output)
-    if m and res.returncode not in (0, None):
-        return f"the harness's interpreter has no module {m.group(1)!r}"
-    return None
-
-
-def _first_line(text: str) -> str:
-    for ln in text.splitlines():
-        if ln.strip():
-            return ln.strip()[:200]
-    return "no output"
 
 
 def find_test_files(repo: Repo, path: str, limit: int = 2) -> list[str]:
@@ -339,52 +299,6 @@ def run_tests(tenv: TaskEnv, files: list[str], timeout_s: float) -> tuple[dict[s
     return dict(statuses), res, command
 
 
-def failure_kind(output: str) -> str | None:
-    """The exception class of the last traceback line of ``output`` (``AssertionError``, ...)."""
-    kind = None
-    for ln in output.splitlines():
-        m = _EXC.match(ln.strip())
-        if m:
-            kind = m.group(1)
-    return kind
-
-
-def raised_in(output: str) -> str | None:
-    """The file of the last traceback frame in ``output`` (where the error was raised)."""
-    last = None
-    for ln in output.splitlines():
-        m = _FRAME.match(ln)
-        if m:
-            last = m.group(1)
-    return last
-
-
-def _tail(text: str, n: int = 1500) -> str:
-    return text[-n:]
-
-
-def _script_record(sid: str, res: RunResult) -> dict[str, Any]:
-    """The ``script_base`` record of script ``sid``'s run on the original code: kept or not, and
-    why (see the module's docstring)."""
-    kind = failure_kind(res.output) if res.returncode not in (0, None) else None
-    env_error = could_not_start(res)
-    if env_error is not None:
-        why, keep = f"environment error: {env_error}", False
-    elif res.killed:
-        why, keep = "timeout", False
-    elif res.returncode == 0:
-        why, keep = "passes on the original code", False
-    elif kind in UNFIXABLE:
-        why, keep = f"fails with {kind}", False
-    elif kind in SCRIPT_BUGS and (raised_in(res.output) or "").endswith(f"repro_{sid}.py"):
-        why, keep = f"fails with {kind} in its own code", False
-    else:
-        why, keep = f"fails with {kind or f'exit status {res.returncode}'}", True
-    return {"kind": "script_base", "script": sid, "returncode": res.returncode,
-            "killed": res.killed, "kept": keep, "why": why, "env_error": env_error is not None,
-            "seconds": round(res.duration_s, 3), "output_tail": _tail(res.output)}
-
-
 def _slots_dir(tenv: TaskEnv) -> Path:
     return tenv.root.parent / "slots"
 
@@ -424,19 +338,22 @@ def _run_tests(slot: Slot, budget: Budget, what: dict[str, Any], files: list[str
 def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]],
                scripts: list[dict[str, Any]], tenv: TaskEnv, cfg: TestConfig) -> list[dict[str, Any]]:
     """The test stage's records: ``env``; ``script_base`` per script that ran on the original
-    code (``kept``, ``why``); ``regression_base`` per test file that ran on it (``files``,
-    ``passing``, ``failing``); ``candidate_test`` per candidate the kept scripts ran on
-    (``applied``, ``repro`` {script: exit status}, ``repro_fixed``; ``regression_failures`` for
-    those whose regression tests ran, ``regression_partial`` where some of their test files
-    were cut; ``cut``: its runs that were cut); last ``schedule``: ``workers``, ``budget_s``,
-    ``candidate_limit_s``, ``runs`` (started), ``cut`` (every run that was cut: ``run``, the
-    script/candidate/file, ``why`` one of ``schedule.CUT_REASONS``, ``detail``), ``wall_s`` and
-    ``timeline`` (each run started: what, worker, ``start_s``, ``seconds``).
+    code (``kept``, ``why``, ``env_error``); ``regression_base`` per test file that ran on it
+    (``files``, ``passing``, ``failing``, ``env_error``); ``candidate_test`` per candidate the
+    kept scripts ran on (``applied``, ``repro`` {script: exit status}, ``repro_fixed`` — no
+    ``repro`` when none of its scripts could start, ``repro_env_error`` {script: why};
+    ``regression_failures`` for those whose regression tests ran, ``regression_partial`` where
+    some of their test files were cut, ``regression_env_error``; ``cut``: its runs that were
+    cut); last ``schedule``: ``workers``, ``budget_s``, ``candidate_limit_s``, ``runs``
+    (started), ``cut`` (every run that was cut: ``run``, the script/candidate/file, ``why`` one
+    of ``schedule.CUT_REASONS``, ``detail``), ``env_errors`` (every run that could not start:
+    ``env_errors()``), ``wall_s`` and ``timeline`` (each run started: what, worker,
+    ``start_s``, ``seconds``).
 
     The runs go to ``cfg.workers`` workers, each with its own copy of the work tree, in three
     rounds, each cheapest and most discriminating first: the scripts on the original code; the
-    kept scripts on the candidates (one job per candidate, most votes first), as long as the
-    candidate's limit lasts; the test files of the best candidates on the original code (the
+    kept scripts on the candidates (one job per candidate, most votes first; the scripts
+    quickest on the original code first), as long as the candidate's limit lasts; the test files of the best candidates on the original code (the
     smallest file first) and, as each of these ends, the candidates' runs of that file (the
     file whose base run was quickest first, then the candidates' order). Whatever cannot start
     within ``cfg.budget_s`` is cut, as is a run the budget interrupts. A candidate whose kept
@@ -487,9 +404,11 @@ def _scheduled(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
         if isinstance(r, Cut):
             cuts.append(r.to_json(run="script_base", script=s["id"]))
             continue
-        records.append(_script_record(s["id"], r))
+        records.append(script_record(s["id"], r))
         if records[-1]["kept"]:
             kept.append(s["id"])
+    # on each candidate the quickest first: the candidate's limit then cuts the slowest
+    kept.sort(key=lambda sid: ran[sid].duration_s)
 
     # 2. the kept scripts on many candidates (cheap: one interpreter start each)
     def scripts_on(c: dict[str, Any], slot: Slot) -> dict[str, Any] | Cut:
@@ -501,6 +420,7 @@ def _scheduled(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
                                "applied": slot.checkout(c["id"], c["diff"], fresh=True)}
         if rec["applied"]:
             repro: dict[str, int | None] = {}
+            not_started: dict[str, str] = {}
             cut: list[dict[str, Any]] = []
             spent = 0.0
             for sid in kept:
@@ -515,11 +435,18 @@ def _scheduled(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
                 if interrupted is not None:
                     cut.append(interrupted.to_json(script=sid))
                     continue
+                env_error = could_not_start(res)
+                if env_error is not None:  # no result for this candidate, either way
+                    not_started[sid] = env_error
+                    continue
                 repro[sid] = res.returncode
-            if kept and not repro:  # nothing ran: no evidence about this candidate
+            if kept and not repro and not not_started:  # nothing ran: no evidence about it
                 return Cut(cut[0]["why"], cut[0]["detail"])
-            rec["repro"] = repro
-            rec["repro_fixed"] = sum(1 for rc in repro.values() if rc == 0)
+            if repro or not kept:  # without a result it ranks as a candidate not tested
+                rec["repro"] = repro
+                rec["repro_fixed"] = sum(1 for rc in repro.values() if rc == 0)
+            if not_started:
+                rec["repro_env_error"] = not_started
             if cut:
                 rec["cut"] = cut
         rec["seconds"] = round(time.perf_counter() - t0, 3)
@@ -595,7 +522,7 @@ def _scheduled(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
                         "returncode": res.returncode, "killed": res.killed, "env_error": env_error,
                         "passing": base[f], "failing": sorted(t for t, st in statuses.items()
                                                               if st not in PASS),
-                        "seconds": round(res.duration_s, 3), "output_tail": _tail(res.output)})
+                        "seconds": round(res.duration_s, 3), "output_tail": tail(res.output)})
     for c in best:
         rec = results[c["id"]]
         if not own[c["id"]]:
@@ -631,11 +558,31 @@ def _scheduled(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
     records += [results[c["id"]] for c in order if c["id"] in results]
     records.append({"kind": "schedule", "workers": len(slots), "budget_s": cfg.budget_s,
                     "candidate_limit_s": cfg.candidate_limit_s, "runs": len(budget.timeline),
-                    "cut": cuts, **({"slot_errors": slot_errors} if slot_errors else {}),
+                    "cut": cuts, "env_errors": env_errors(records),
+                    **({"slot_errors": slot_errors} if slot_errors else {}),
                     "wall_s": round(budget.elapsed(), 3),
                     "timeline": sorted(budget.timeline, key=lambda t: t["start_s"])})
     tenv.reset()
     return records
+
+
+def env_errors(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The runs of the stage's ``records`` that could not start (``evidence.could_not_start``):
+    ``run`` (``script_base``, ``script``, ``regression_base``, ``regression``), the
+    script/candidate/file, ``detail``."""
+    out: list[dict[str, Any]] = []
+    for r in records:
+        if r["kind"] == "script_base" and r.get("env_error"):
+            out.append({"run": "script_base", "script": r["script"], "detail": r["env_error"]})
+        elif r["kind"] == "regression_base" and r.get("env_error"):
+            out.append({"run": "regression_base", "file": r["files"][0], "detail": r["env_error"]})
+        elif r["kind"] == "candidate_test":
+            out += [{"run": "script", "candidate": r["id"], "script": sid, "detail": why}
+                    for sid, why in r.get("repro_env_error", {}).items()]
+            if r.get("regression_env_error"):
+                out.append({"run": "regression", "candidate": r["id"],
+                            "detail": r["regression_env_error"]})
+    return out
 
 
 def cleanup(work_dir: Path) -> None:
