@@ -54,6 +54,13 @@ SHAPES = [
     ("7b.down", "Q6_K", 18944, 3584),
     ("7b.down4", "Q4_K", 18944, 3584),
     ("7b.lm_head", "Q6_K", 3584, 152064),
+    # Qwen3-Coder-30B-A3B (qwen3moe: hidden 2048, 32 query heads and 4 KV heads of 128; the
+    # experts run their own kernels)
+    ("30b.q", "Q4_K", 2048, 4096),
+    ("30b.k", "Q4_K", 2048, 512),
+    ("30b.v", "Q6_K", 2048, 512),
+    ("30b.o", "Q4_K", 4096, 2048),
+    ("30b.lm_head", "Q6_K", 2048, 151936),
 ]
 ROWS = [1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 512]
 BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512]  # matmul_plan::ROW_BUCKETS (1: single-stream decode alone)

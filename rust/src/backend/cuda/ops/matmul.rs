@@ -222,9 +222,28 @@ impl CudaBackend {
         if n_rows == 0 {
             return Ok(());
         }
-        // Dense weights on few rows: the f32 GEMV. F32 weights (a MoE router: its top-k must not
-        // see f16 rounding) take it on any number of rows, 8 at a time.
-        if is_dense(w.wtype) && (n_rows <= MMVQ_MAX_ROWS || w.wtype == GgmlType::F32) {
+        // F32 weights (a MoE router: its top-k must not see f16 rounding) on more rows than the
+        // GEMV takes: the f32 SIMT GEMM (`sgemm.cu`).
+        if w.wtype == GgmlType::F32 && n_rows > MMVQ_MAX_ROWS {
+            return self.launch(
+                "sgemm",
+                "sgemm_f32",
+                (n_out.div_ceil(64) as u32, n_rows.div_ceil(64) as u32, 1),
+                256,
+                0,
+                Args::new()
+                    .ptr(w.mem.ptr())
+                    .ptr(x.ptr())
+                    .ptr(bias_ptr)
+                    .ptr(out.ptr())
+                    .i32(k as i32)
+                    .i32(n_out as i32)
+                    .i32(n_rows as i32)
+                    .i32(accumulate as i32),
+            );
+        }
+        // Dense weights on few rows: the f32 GEMV.
+        if is_dense(w.wtype) && n_rows <= MMVQ_MAX_ROWS {
             let rpb = gemv_shape(k, n_out);
             let mut r0 = 0;
             while r0 < n_rows {

@@ -23,27 +23,10 @@ use crate::{FakError, Result};
 /// this many sequences); above it, the expert-sorted grouped GEMM.
 pub const MOE_GEMV_MAX_ROWS: usize = 16;
 
-fn env_usize(name: &str) -> Option<usize> {
-    std::env::var(name).ok().and_then(|v| v.parse().ok())
-}
-
 /// [`MOE_GEMV_MAX_ROWS`], or `FAK_MOE_GEMV_MAX_ROWS` when set (a bench's A/B of the crossover).
-/// Read at each MoE FFN (host side, a few per step): tests switch paths within one process.
+/// Read at each MoE FFN (host side, once per layer): tests may switch paths within one process.
 fn gemv_max_rows() -> usize {
-    env_usize("FAK_MOE_GEMV_MAX_ROWS").unwrap_or(MOE_GEMV_MAX_ROWS)
-}
-
-/// Pairs per tile of the expert-sorted GEMV (`mmvq_tiles_*_n<N>`: 4 or 8), or 0 (off: the per-pair
-/// GEMV up to [`gemv_max_rows`] rows, the grouped GEMM above), from `FAK_MOE_TILE_GEMV`; with it
-/// on, the rows up to `FAK_MOE_TILE_MAX_ROWS` (default [`MOE_GEMV_MAX_ROWS`]) run the sorted GEMV,
-/// which reads each chosen expert's rows once per tile instead of once per pair.
-fn tile_gemv() -> (usize, usize) {
-    let n = match env_usize("FAK_MOE_TILE_GEMV") {
-        Some(n) if n >= 8 => 8,
-        Some(n) if n >= 1 => 4,
-        _ => 0,
-    };
-    (n, env_usize("FAK_MOE_TILE_MAX_ROWS").unwrap_or(MOE_GEMV_MAX_ROWS))
+    std::env::var("FAK_MOE_GEMV_MAX_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(MOE_GEMV_MAX_ROWS)
 }
 
 /// Pairs per tile of the grouped GEMM (`mmq_id_*_q8_n<BN>`): the smallest of 16, 32, 64 that holds
@@ -296,48 +279,6 @@ impl CudaBackend {
         )
     }
 
-    /// The expert GEMV over the sorted pairs' tiles (of at most `maxnc` pairs): `outs[j][q, :] =
-    /// ws[j]_e · a[q, :]` for sorted position `q` of a tile of expert `e`, one launch for up to two
-    /// stacked tensors of the same shape and format (gate and up).
-    #[allow(clippy::too_many_arguments)]
-    fn mmvq_tiles(&self, ws: &[&CudaWeight], (yq, ya, ys): (u64, u64, u64), tiles: u64, max_tiles: usize, maxnc: usize, outs: &mut [&mut CudaBuffer]) -> Result<()> {
-        let (k_in, n_out, _, estride) = experts(ws[0])?;
-        for w in &ws[1..] {
-            if experts(w)? != experts(ws[0])? || w.wtype != ws[0].wtype {
-                return Err(FakError::model(format!("{} and {} differ in shape or format", ws[0].name, w.name)));
-            }
-        }
-        for o in outs.iter_mut() {
-            o.written();
-        }
-        let tasks = k_in / 32;
-        let rpb = if tasks > 32 && tasks < 64 { 8 } else { 4 };
-        let family = if is_kquant(ws[0].wtype) { "kquant_q8_K" } else { "legacy_q8_0" };
-        let name = super::super::intern(format!("mmvq_tiles_{family}_n{maxnc}"));
-        self.launch(
-            "mmvq",
-            name,
-            (n_out.div_ceil(rpb) as u32, max_tiles as u32, ws.len() as u32),
-            128,
-            0,
-            Args::new()
-                .ptr(ws[0].mem.ptr())
-                .ptr(ws.get(1).map_or(0, |w| w.mem.ptr()))
-                .u64(ws[0].row_bytes as u64)
-                .u64(estride as u64)
-                .ptr(outs[0].ptr())
-                .ptr(outs.get(1).map_or(0, |o| o.ptr()))
-                .i32(n_out as i32)
-                .i32(rpb as i32)
-                .i32(ws[0].wtype as i32)
-                .ptr(tiles)
-                .ptr(yq)
-                .ptr(ya)
-                .ptr(ys)
-                .i32(k_in as i32),
-        )
-    }
-
     /// The experts of a `--cpu-moe` layer on the CPU: the rows `h`, the chosen ids and weights
     /// come to the host (one synchronisation), the CPU backend's expert matmuls, SwiGLU and
     /// weighted sum (`cpu::moe`, the same arithmetic as the CPU backend) make `Σ_s w_s·FFN_{e_s}`,
@@ -378,9 +319,7 @@ impl CudaBackend {
         if w.gate_exps.host.is_some() {
             return self.moe_experts_on_host(h, w, p, n_rows, s, res);
         }
-        let (tile_n, tile_max_rows) = tile_gemv();
-        let sorted_gemv = tile_n > 0 && n_rows <= tile_max_rows;
-        if n_rows <= gemv_max_rows() && !sorted_gemv {
+        if n_rows <= gemv_max_rows() {
             self.op_matmul_id(&[w.gate_exps, w.up_exps], h, s.ids, n_rows, k, false, &mut [&mut *s.gate, &mut *s.up])?;
             self.op_swiglu(s.gate, s.up, n_rows * k * p.n_ff_exp)?;
             self.op_matmul_id(&[w.down_exps], s.gate, s.ids, n_rows, k, true, &mut [&mut *s.experts])?;
@@ -392,7 +331,7 @@ impl CudaBackend {
             return Err(FakError::Unsupported(format!("gate and up experts of different formats ({} / {})", w.gate_exps.wtype.name(), w.up_exps.wtype.name())));
         }
         let kform = is_kquant(w.gate_exps.wtype);
-        let bn = if sorted_gemv { tile_n } else { tile_rows(n_pairs, n_expert) };
+        let bn = tile_rows(n_pairs, n_expert);
         // every tile holds at least one pair
         let max_tiles = (n_pairs.div_ceil(bn) + n_expert).min(n_pairs);
         let ((sorted, pos, tiles), xs) = self.moe_scratch(n_pairs, max_tiles, k_in)?;
@@ -418,13 +357,6 @@ impl CudaBackend {
             Args::new().ptr(sorted).i32(k as i32).i32(k_in as i32).i32(kform as i32).ptr(src_q).ptr(dk).ptr(sk).ptr(ds0).ptr(dst_q).ptr(odk).ptr(osk).ptr(ods0),
         )?;
         let a = if kform { (oqsk, odk, osk) } else { (oqs0, ods0, 0) };
-        if sorted_gemv {
-            self.mmvq_tiles(&[w.gate_exps, w.up_exps], a, tiles, max_tiles, bn, &mut [&mut *s.gate, &mut *s.up])?;
-            self.op_swiglu(s.gate, s.up, n_pairs * p.n_ff_exp)?;
-            let d = self.q8_operands(s.gate, n_pairs * p.n_ff_exp, is_kquant(w.down_exps.wtype))?;
-            self.mmvq_tiles(&[w.down_exps], d, tiles, max_tiles, bn, &mut [&mut *s.experts])?;
-            return self.op_moe_combine(s.experts, s.weights, pos, n_rows, k, p.n_embd, res);
-        }
         self.mmq_id(w.gate_exps, a, tiles, max_tiles, bn, s.gate)?;
         self.mmq_id(w.up_exps, a, tiles, max_tiles, bn, s.up)?;
         self.op_swiglu(s.gate, s.up, n_pairs * p.n_ff_exp)?;
