@@ -562,6 +562,16 @@ impl<'a> VChains<'a> {
     /// needed), for `isa`. A query's chains start at zero with its first position (`j0 = 0` in
     /// [`VChains::accumulate_group`]), so `buf` is not cleared here.
     fn new(buf: &'a mut Vec<f32>, orders: impl Iterator<Item = Chains>, hd: usize, isa: Isa) -> VChains<'a> {
+        #[cfg(target_arch = "x86_64")]
+        let wide = avx512f();
+        #[cfg(not(target_arch = "x86_64"))]
+        let wide = false;
+        VChains::with_width(buf, orders, hd, isa, wide)
+    }
+
+    /// [`VChains::new`] with the 512-bit kernels on or off (`wide`, only where the CPU has
+    /// AVX-512F; the tests run both on one machine).
+    fn with_width(buf: &'a mut Vec<f32>, orders: impl Iterator<Item = Chains>, hd: usize, isa: Isa, wide: bool) -> VChains<'a> {
         let mut at = vec![0];
         for o in orders {
             at.push(at.last().unwrap() + o.n() * hd);
@@ -572,13 +582,13 @@ impl<'a> VChains<'a> {
         }
         #[cfg(target_arch = "x86_64")]
         let (sw, simd) = match isa {
-            Isa::Avx2 if hd.is_multiple_of(16) && avx512f() => (16, true),
+            Isa::Avx2 if hd.is_multiple_of(16) && wide => (16, true),
             Isa::Avx2 if hd.is_multiple_of(8) => (8, true),
             _ => (hd, false),
         };
         #[cfg(not(target_arch = "x86_64"))]
         let (sw, simd) = {
-            let _ = isa;
+            let _ = (isa, wide);
             (hd, false)
         };
         VChains { c: &mut buf[..n], at, hd, sw, simd }
@@ -634,9 +644,11 @@ impl<'a> VChains<'a> {
                             avx512_chains_fma::<1, 16>([c[k]], hd, nc, j0, [p], v, finite);
                         }
                     }
+                    (_, 4) => avx2_chains_fma_q::<4, 2>(c, hd, nc, j0, [ps[0], ps[1], ps[2], ps[3]], v, finite),
+                    (_, 2) => avx2_chains_fma_q::<2, 4>([c[0], c[1]], hd, nc, j0, [ps[0], ps[1]], v, finite),
                     _ => {
                         for (k, p) in ps.iter().enumerate() {
-                            avx2_chains_fma(std::slice::from_raw_parts_mut(c[k], (nc - 1) * hd + sw), hd, nc, j0, p, v);
+                            avx2_chains_fma_q::<1, 8>([c[k]], hd, nc, j0, [p], v, finite);
                         }
                     }
                 }
@@ -833,6 +845,83 @@ unsafe fn avx2_chains_fma(c: &mut [f32], hd: usize, nc: usize, j0: usize, p: &[f
     }
     for (l, a) in acc.iter().enumerate().take(nc) {
         _mm256_storeu_ps(cp.add(l * hd), *a);
+    }
+}
+
+/// [`avx2_chains_fma`] for `Q` queries over the same positions (query `k`: chains at `c[k]`,
+/// chain `l` at `c[k] + l·hd`, weights `p[k]`), as [`avx512_chains_fma`] on 8-lane vectors: with
+/// 16 chains (the prompt order, [`Chains::TinyBlas`]) the positions from the first one of chain 0
+/// go in whole blocks of 16 through [`avx2_chains16_blocks`] (`CP` chains per register group,
+/// `Q·CP` = 8 accumulators), the positions before and after those blocks through
+/// [`avx2_chains_fma`], in order, so every chain still sums its positions in order: the same bits.
+///
+/// # Safety
+/// AVX2 + FMA; each `c[k]` valid for `(nc − 1)·hd + 8` values, `v` for `8·p[k].len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn avx2_chains_fma_q<const Q: usize, const CP: usize>(c: [*mut f32; Q], hd: usize, nc: usize, j0: usize, p: [&[f32]; Q], v: &[f32], finite: bool) {
+    let n = p[0].len();
+    let (pre, full) = if nc == 16 && n >= 32 {
+        let pre = (16 - j0 % 16) % 16;
+        (pre, (n - pre) / 16 * 16)
+    } else {
+        (n, 0)
+    };
+    let chains = |k: usize| std::slice::from_raw_parts_mut(c[k], (nc - 1) * hd + 8);
+    for k in 0..Q {
+        avx2_chains_fma(chains(k), hd, nc, j0, &p[k][..pre], v);
+    }
+    if full == 0 {
+        return;
+    }
+    let (pp, vb) = (std::array::from_fn(|k| p[k][pre..].as_ptr()), v[8 * pre..].as_ptr());
+    if finite {
+        avx2_chains16_blocks::<Q, CP, false>(c, hd, pp, full, vb);
+    } else {
+        avx2_chains16_blocks::<Q, CP, true>(c, hd, pp, full, vb);
+    }
+    let end = pre + full;
+    for k in 0..Q {
+        avx2_chains_fma(chains(k), hd, nc, j0 + end, &p[k][end..], &v[8 * end..]);
+    }
+}
+
+/// [`avx512_chains16_blocks`] on 8-lane vectors: the 16 chains of `Q` queries over `n` positions
+/// (whole blocks of 16, the first of them chain 0's), in groups of `CP` chains whose `Q·CP`
+/// accumulators stay in registers (16 `ymm`: 8 accumulators, a V slice loaded once for the `Q`
+/// queries, a broadcast weight); [`avx2_chains_fma`] kept its 16 (or 64) chains in memory, one
+/// load and one store per FMA. `SKIP0`: zero weights skipped (needed where `v` may hold an Inf
+/// or NaN); else every FMA runs (see [`VChains::accumulate_group`]).
+///
+/// # Safety
+/// AVX2 + FMA; `c[k]` valid for `15·hd + 8` values, `p[k]` for `n`, `v` for `8·n`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_chains16_blocks<const Q: usize, const CP: usize, const SKIP0: bool>(c: [*mut f32; Q], hd: usize, p: [*const f32; Q], n: usize, v: *const f32) {
+    use std::arch::x86_64::*;
+    debug_assert!(16 % CP == 0 && n % 16 == 0);
+    for g in 0..16 / CP {
+        let l0 = g * CP;
+        let mut acc: [[__m256; CP]; Q] = std::array::from_fn(|k| std::array::from_fn(|j| _mm256_loadu_ps(c[k].add((l0 + j) * hd))));
+        let mut i = 0;
+        while i < n {
+            for j in 0..CP {
+                let x = _mm256_loadu_ps(v.add(8 * (i + l0 + j)));
+                for k in 0..Q {
+                    let w = *p[k].add(i + l0 + j);
+                    if !SKIP0 || w != 0.0 {
+                        acc[k][j] = _mm256_fmadd_ps(_mm256_set1_ps(w), x, acc[k][j]);
+                    }
+                }
+            }
+            i += 16;
+        }
+        for (k, a) in acc.iter().enumerate() {
+            for (j, x) in a.iter().enumerate() {
+                _mm256_storeu_ps(c[k].add((l0 + j) * hd), *x);
+            }
+        }
     }
 }
 
@@ -1254,14 +1343,28 @@ mod tests {
         }
     }
 
+    /// The (ISA, 512-bit kernels) pairs [`VChains`] can run here: scalar; AVX2 with the 8-lane
+    /// kernels (what an AVX2-only CPU runs: `avx2_chains16_blocks`) and, where the CPU has
+    /// AVX-512F, the 16-lane ones.
+    fn isa_widths() -> Vec<(Isa, bool)> {
+        let mut v = vec![(Isa::Scalar, false)];
+        if vecops::isa() == Isa::Avx2 {
+            v.push((Isa::Avx2, false));
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx512f") {
+                v.push((Isa::Avx2, true));
+            }
+        }
+        v
+    }
+
     /// The chunked weighted sum of pass 3 ([`VChains`]) gives [`weighted_v`]'s bits for each query,
     /// however the context is cut into chunks and wherever a query's positions start (a window),
-    /// for both chain orders, at every ISA (scalar; AVX2 at hd 24; AVX-512 at 64, 128; hd 20 scalar
+    /// for both chain orders, at every ISA (scalar; AVX2 at hd 24, 64, 128; AVX-512 at 64, 128; hd 20 scalar
     /// only), with zero weights skipped: also where V holds an Inf (at a zero weight: never 0·Inf).
     #[test]
     fn chunked_v_chains_equal_weighted_v() {
-        let isas: Vec<Isa> = if vecops::isa() == Isa::Avx2 { vec![Isa::Scalar, Isa::Avx2] } else { vec![Isa::Scalar] };
-        for isa in isas {
+        for (isa, wide) in isa_widths() {
             for chains in [Chains::TinyBlas, Chains::VecDot] {
                 for hd in [20, 24, 64, 128] {
                     for (n, first, chunk, finite) in [(1, 0, 256, true), (17, 3, 5, true), (100, 0, 32, false), (300, 37, 256, true), (300, 37, 256, false), (600, 5, 64, true)] {
@@ -1276,7 +1379,7 @@ mod tests {
                         let mut want = vec![f32::NAN; hd];
                         weighted_v(chains, &p[first..], &v[first * hd..], hd, &mut want);
                         let mut buf = vec![f32::NAN; 128 * hd]; // stale: the chains must start at zero themselves
-                        let mut vc = VChains::new(&mut buf, [Chains::VecDot, chains].into_iter(), hd, isa);
+                        let mut vc = VChains::with_width(&mut buf, [Chains::VecDot, chains].into_iter(), hd, isa, wide);
                         let sw = vc.sw;
                         let mut c0 = 0;
                         while c0 < n {
@@ -1294,7 +1397,7 @@ mod tests {
                         let mut got = vec![f32::NAN; hd];
                         vc.combine(1, chains, &mut got);
                         let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
-                        assert_eq!(bits(&got), bits(&want), "{isa:?} {chains:?} hd {hd} n {n} first {first} chunk {chunk}");
+                        assert_eq!(bits(&got), bits(&want), "{isa:?} wide {wide} {chains:?} hd {hd} n {n} first {first} chunk {chunk}");
                     }
                 }
             }
@@ -1307,8 +1410,7 @@ mod tests {
     /// continued from earlier ones.
     #[test]
     fn grouped_v_chains_equal_one_query_at_a_time() {
-        let isas: Vec<Isa> = if vecops::isa() == Isa::Avx2 { vec![Isa::Scalar, Isa::Avx2] } else { vec![Isa::Scalar] };
-        for isa in isas {
+        for (isa, wide) in isa_widths() {
             for chains in [Chains::TinyBlas, Chains::VecDot] {
                 for hd in [64, 128] {
                     for q in [1, 2, 4] {
@@ -1325,7 +1427,7 @@ mod tests {
                                     .collect();
                                 let run = |grouped: bool| {
                                     let mut buf = vec![f32::NAN; 4 * 64 * hd];
-                                    let mut vc = VChains::new(&mut buf, std::iter::repeat_n(chains, q), hd, isa);
+                                    let mut vc = VChains::with_width(&mut buf, std::iter::repeat_n(chains, q), hd, isa, wide);
                                     let sw = vc.sw;
                                     // a first chunk of 40 positions one query at a time (the chains
                                     // start), then the chunk under test from phase j0 on
@@ -1356,7 +1458,7 @@ mod tests {
                                         })
                                         .collect::<Vec<u32>>()
                                 };
-                                assert_eq!(run(true), run(false), "{isa:?} {chains:?} hd {hd} q {q} j0 {j0} n {n} finite {finite}");
+                                assert_eq!(run(true), run(false), "{isa:?} wide {wide} {chains:?} hd {hd} q {q} j0 {j0} n {n} finite {finite}");
                             }
                         }
                     }
