@@ -126,10 +126,14 @@ __device__ void mmvq_multi(const u8* W0, size_t rb0, const float* b0, float* d0,
 }
 
 // Dense weights (F32, F16, BF16) against f32 activations: tasks of 8 values (K % 8 == 0).
+// blockIdx.y picks a chunk of NC activation rows (x and dst advanced by NC rows per chunk): many
+// rows in one launch, each row's sums as in a launch of its own.
 template <int FMT, int NC>
 __device__ void mmv_dense(const u8* __restrict__ W, size_t row_bytes, const float* __restrict__ x, const float* __restrict__ bias,
                           float* __restrict__ dst, int K, int n_out, int rpb, int accumulate) {
     __shared__ float sh[4][NC];
+    x += (size_t)blockIdx.y * NC * K;
+    dst += (size_t)blockIdx.y * NC * n_out;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int wpr = 4 / rpb;
     const int row = blockIdx.x * rpb + warp / wpr;

@@ -186,7 +186,18 @@ def test_tiny_hybrid_cuda_matches_cpu(require_cuda: None, tiny_hybrids: dict[str
     got = _run(gpu, [prompt], 16)[0]  # decode steps: CUDA graphs (FAK_CUDA_GRAPHS unset)
     same = _same_prefix(got, want)
     print(f"{name} n_prompt={n_prompt}: greedy tokens identical {same}/16")
-    assert same >= 8, f"{name}: greedy diverges at token {same}: {got} vs {want}"
+    if same < 8:
+        # A random tiny model's logits are flat: an early divergence must be a near-tie that the
+        # two backends' float noise at that position can flip (the 200-token qwen35 prompts of
+        # the H100 run of 2026-12-07 diverged at tokens 5 and 6 with every logit's cosine
+        # ≥ 0.9999), never a wrong state: the CPU's margin of its token over CUDA's there is
+        # within twice the largest difference of the two backends' logits at that position.
+        ctx = prompt + want[:same]
+        c_last, g_last = cpu.logits(ctx)[-1], gpu.logits(ctx)[-1]
+        noise = float(np.abs(c_last - g_last).max())
+        margin = float(c_last[want[same]] - c_last[got[same]])
+        print(f"  divergence at {same}: CPU margin {margin:.3g}, largest CPU/CUDA logit difference {noise:.3g}")
+        assert margin <= 2 * noise, f"{name}: greedy diverges at token {same} by {margin:.3g} (noise {noise:.3g}): {got} vs {want}"
 
 
 @pytest.mark.cuda

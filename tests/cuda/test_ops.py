@@ -99,6 +99,16 @@ def test_matmul_every_format_and_row_count(backend: str, wtype: str, n_rows: int
     check_matmul(backend, wtype, 259, k, n_rows, with_bias=n_rows % 2 == 1, tag="formats")
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("n_rows", [385, 2100])
+@pytest.mark.parametrize("k,n_out", [(2048, 128), (416, 259)])
+def test_matmul_f32_many_rows(backend: str, k: int, n_out: int, n_rows: int) -> None:
+    """F32 weights on many rows (a MoE router in a prefill: 2048 → 128): on CUDA the GEMV over
+    chunks of 8 rows in one launch (385: 48 chunks and a rest of 1) and, above SGEMM_MIN_ROWS
+    (2048), the f32 GEMM; odd shapes and partial tiles included, with and without bias."""
+    check_matmul(backend, "F32", n_out, k, n_rows, with_bias=n_rows % 2 == 1, tag="sgemm")
+
+
 # (name, k, n_out, wtype, bias): the projections of the real layouts.
 REAL_SHAPES = [
     ("1.5b.attn_q", 1536, 1536, "Q4_K", True),
@@ -599,7 +609,7 @@ def test_matmul_multi(backend: str, case: tuple[str, int, list[tuple[str, int, b
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("n_rows", [1, 5, 40])
+@pytest.mark.parametrize("n_rows", [1, 5, 40, 400])
 @pytest.mark.parametrize("shape", [(1536, 1536, "Q4_K", True), (8960, 1536, "Q6_K", False), (896, 896, "Q5_0", True), (256, 64, "F32", False)])
 def test_matmul_add(backend: str, shape: tuple[int, int, str, bool], n_rows: int) -> None:
     """A projection followed by the residual add (fused into the epilogue on CUDA)."""

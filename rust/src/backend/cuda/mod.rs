@@ -427,6 +427,7 @@ pub fn op_paths() -> Vec<(&'static str, &'static str)> {
         ("rmsnorm", "rmsnorm_f32_q8_c<n>: RMSNorm (f64 sum of squares, as the CPU) fused with the 8-bit quantization of its output (q8_0 and q8_K forms, bit-exact with the CPU's quantizers)"),
         ("matmul decode (≤ 8 rows)", "mmvq_<kquant_q8_K|legacy_q8_0>_c<rows>: int8 dp4a GEMV on the activations quantized as the CPU does (Q8_K for k-quants, Q8_0/Q8_1 for legacy formats), integer sub-block sums scaled as the CPU; Q/K/V and gate/up in one launch; bias and residual add fused"),
         ("matmul dense weights (≤ 8 rows)", "mmv_<f32|f16|bf16>_f32_c<rows>: f32 GEMV"),
+        ("matmul F32 weights (> 8 rows: MoE routers)", "mmv_f32_f32_c8 over chunks of 8 rows in one launch up to 2048 rows; above, sgemm_f32: tiled f32 SIMT GEMM (FMA, no f16/tf32 rounding)"),
         ("matmul prefill (> 8 rows)", "mmq_<fmt>_q8_n64: int8 tensor-core GEMM (mma.sync m16n8k32/k16 s8) on the CPU-faithful 8-bit activations, integer sub-block sums scaled as the CPU; bias and residual add fused (FAK_CUDA_MMQ=f16, and dense weights: mmq_<fmt>_f16_n<64|128>, f16 tiles)"),
         ("rope", "rope_f32: NORM/NEOX, ggml angle rounding, freq factors"),
         ("rope + kv_write (forward)", "rope_qk_kv_write_f32: q and k RoPE and the f16 KV write in one launch"),

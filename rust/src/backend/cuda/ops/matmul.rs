@@ -112,6 +112,17 @@ fn gemv_shape_q(k: usize, n_out: usize) -> usize {
     }
 }
 
+/// Rows above which F32-weight products (a MoE router: 2048 → 128 on the 30B-A3B) run the f32
+/// GEMM (`sgemm_f32`) instead of the GEMV over chunks of 8 rows. The GEMM's blocks of 64 rows ×
+/// 64 outputs step through K one global load at a time: on a router it is latency-bound at
+/// ≈ 180–240 µs per product from 16 to 8,192 rows (H100, 2026-12-07), where the GEMV in
+/// launches of 8 rows cost ≈ 4.2 µs per launch (with the GEMM from 9 rows on, decode at 16 / 64 /
+/// 128 sequences fell from 955 / 2,198 / 3,666 to 639 / 1,762 / 3,236 tok/s, and an 8192-token
+/// prefill's routers went from 277 ms in 48,128 launches to 11 ms). The GEMV reads a chunk's
+/// activations once per output row, so its traffic grows with rows × outputs: the GEMM takes
+/// the long prompts.
+pub const SGEMM_MIN_ROWS: usize = 2048;
+
 impl CudaBackend {
     fn bias_ptr(w: &CudaWeight, bias: Option<&CudaWeight>) -> Result<u64> {
         let n_out = w.n_out();
@@ -222,9 +233,9 @@ impl CudaBackend {
         if n_rows == 0 {
             return Ok(());
         }
-        // F32 weights (a MoE router: its top-k must not see f16 rounding) on more rows than the
-        // GEMV takes: the f32 SIMT GEMM (`sgemm.cu`).
-        if w.wtype == GgmlType::F32 && n_rows > MMVQ_MAX_ROWS {
+        // F32 weights (a MoE router: its top-k must not see f16 rounding) on many rows: the f32
+        // SIMT GEMM (`sgemm.cu`); on fewer, the GEMV in launches of 8 rows (below).
+        if w.wtype == GgmlType::F32 && n_rows > SGEMM_MIN_ROWS {
             return self.launch(
                 "sgemm",
                 "sgemm_f32",
@@ -242,17 +253,21 @@ impl CudaBackend {
                     .i32(accumulate as i32),
             );
         }
-        // Dense weights on few rows: the f32 GEMV.
-        if is_dense(w.wtype) && n_rows <= MMVQ_MAX_ROWS {
+        // Dense weights on few rows: the f32 GEMV; F32 weights on up to SGEMM_MIN_ROWS rows: the
+        // GEMV over chunks of 8 rows in one launch (grid.y), the rest in a second.
+        if is_dense(w.wtype) && (n_rows <= MMVQ_MAX_ROWS || w.wtype == GgmlType::F32) {
             let rpb = gemv_shape(k, n_out);
-            let mut r0 = 0;
-            while r0 < n_rows {
-                let n = (n_rows - r0).min(MMVQ_MAX_ROWS);
-                let name = intern(format!("mmv_{fmt}_f32_c{n}"));
+            let full = n_rows / MMVQ_MAX_ROWS;
+            let rest = n_rows % MMVQ_MAX_ROWS;
+            for (r0, nc, chunks) in [(0, MMVQ_MAX_ROWS, full), (full * MMVQ_MAX_ROWS, rest, 1)] {
+                if nc == 0 || chunks == 0 {
+                    continue;
+                }
+                let name = intern(format!("mmv_{fmt}_f32_c{nc}"));
                 self.launch(
                     "mmvq",
                     name,
-                    (n_out.div_ceil(rpb) as u32, 1, 1),
+                    (n_out.div_ceil(rpb) as u32, chunks as u32, 1),
                     128,
                     0,
                     Args::new()
@@ -266,7 +281,6 @@ impl CudaBackend {
                         .i32(rpb as i32)
                         .i32(accumulate as i32),
                 )?;
-                r0 += n;
             }
             return Ok(());
         }
