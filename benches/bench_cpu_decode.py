@@ -63,7 +63,9 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benches"))  # machine.py
 from conftest import MODEL_05B, MODEL_15B, real_model  # noqa: E402
+from machine import cpu_name  # noqa: E402
 
 from fak import _native  # noqa: E402
 from fak.gguf import GGUFFile  # noqa: E402
@@ -279,17 +281,6 @@ class Child:
         self.proc.join(timeout=60)
 
 
-def cpu_model() -> str:
-    """``lscpu``'s model name (the CPU every figure is recorded with)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int = THREADS,
             prefill: int = PREFILL, llama_bench: str | None = None, llama_cpp_python: bool = True,
             untiled: bool = False, baseline: str | None = None) -> dict:
@@ -333,7 +324,7 @@ def compare(name: str, rounds: int = ROUNDS, tokens: int = TOKENS, threads: int 
     series["fak matmuls net"] = Series(wall=[w - calls * ov_wall for w in series["fak matmuls"].wall],
                                        cpu=[c - calls * ov_cpu for c in series["fak matmuls"].cpu])
     return {
-        "model": name, "cpu": cpu_model(), "threads": threads, "prefill_tokens": prefill,
+        "model": name, "cpu": cpu_name(), "threads": threads, "prefill_tokens": prefill,
         "prefill_tok_s": {k: s.tok_s() for k, s in pre.items()} if prefill else {},
         "prefill_best_tok_s": {k: s.best_tok_s() for k, s in pre.items()} if prefill else {},
         "prefill_tok_cpu_s": {k: s.tok_cpu_s() for k, s in pre.items()} if prefill else {}, "rounds": rounds, "tokens_per_round": tokens,

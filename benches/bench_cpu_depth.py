@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -35,17 +34,11 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
+sys.path.insert(0, str(REPO / "benches"))  # machine.py
 from conftest import MODEL_15B, real_model  # noqa: E402
+from machine import cpu_name  # noqa: E402
 
 from fak import _native  # noqa: E402
-
-
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(ln.split(":", 1)[1].strip() for ln in out.splitlines() if ln.startswith("Model name"))
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown"
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -107,7 +100,7 @@ def main() -> None:
     ap.add_argument("--no-fa-auto", action="store_true", help="leave out llama-bench's default (-fa auto)")
     a = ap.parse_args()
     path = Path(a.model) if a.model else real_model(MODEL_15B)
-    print(f"# {path.name}, {a.threads} threads, {cpu_model()}, fak from {Path(_native.__file__).parent}")
+    print(f"# {path.name}, {a.threads} threads, {cpu_name()}, fak from {Path(_native.__file__).parent}")
     peers = [("llama.cpp -fa 0", "0")] + ([] if a.no_fa_auto else [("llama.cpp -fa auto", "auto")])
     if not a.llama_bench:
         peers = []

@@ -19,7 +19,7 @@ import fak
 from fak import _native
 from fak.engine import Engine
 
-pytestmark = pytest.mark.skipif(not hasattr(_native, "Model"),
+pytestmark = pytest.mark.skipif(not hasattr(_native, "EngineCore"),
                                 reason="fak._native.EngineCore is not built in this checkout")
 
 PROMPTS = [
