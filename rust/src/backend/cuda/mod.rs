@@ -301,13 +301,6 @@ pub(crate) struct AttnScratch {
     pub(crate) old: Vec<Tracked>,
 }
 
-/// Whether `FAK_CUDA_HYBRID=1` opts in to the CUDA Gated DeltaNet path, which is built and
-/// compile-checked but has not yet run on a GPU (issue 30): until a GPU run verifies it against
-/// the CPU, a hybrid model's KV cache on CUDA is refused without it.
-fn hybrid_opted_in() -> bool {
-    matches!(std::env::var("FAK_CUDA_HYBRID").as_deref(), Ok("1" | "on" | "true" | "yes"))
-}
-
 /// The CUDA backend on one GPU.
 pub struct CudaBackend {
     pub dev: Arc<Device>,
@@ -579,13 +572,6 @@ impl Backend for CudaBackend {
             .checked_mul(layout.state_slots)
             .and_then(|x| x.checked_mul(layout.state_len))
             .ok_or_else(|| FakError::invalid("max_batch", "recurrent state size overflows"))?;
-        if state_elems > 0 && !hybrid_opted_in() {
-            return Err(FakError::Unsupported(
-                "hybrid (Gated DeltaNet) models on the CUDA backend: the kernels are built but have not yet run on a GPU \
-                 (docs/hybrid.md); run them with --backend cpu, or set FAK_CUDA_HYBRID=1 to try the CUDA path"
-                    .into(),
-            ));
-        }
         let state = if state_elems > 0 {
             let t = self.alloc_tracked(state_elems * 4, &MEMORY.kv_cache)?;
             t.mem.memset(0)?;
