@@ -173,3 +173,17 @@ def test_bad_state_checkpoints_are_refused(hybrid: str, bad: int, says: str) -> 
     with pytest.raises(fak.InvalidArgumentError, match=says) as err:
         _native.EngineCore(hybrid, backend="cpu", n_ctx=512, kv_cache_tokens=512, state_checkpoints=bad)
     assert err.value.param == "state_checkpoints"
+
+
+def test_a_long_prompts_chunk_checkpoints_give_way_to_other_conversations_ends(hybrid: str) -> None:
+    """Conversation A's 100-token turn, then B's 1,200-token prompt (prefilled in 512-token
+    chunks: checkpoints at 512 and 1024, and its end at 1184) with 2 checkpoints: B's chunk ends are
+    evicted before A's end (and B's end takes one of theirs), so A's next turn still resumes at
+    96, and so does B's."""
+    m = _native.EngineCore(hybrid, backend="cpu", n_ctx=2048, max_batch=2, state_checkpoints=2)
+    a1, b1 = _prompts(m, [100, 1200], seed=9)
+    a2, b2 = a1 + [11, 12, 13], b1 + [14, 15]
+    _resume(m, 1, a1)
+    _resume(m, 2, b1)
+    assert _resume(m, 3, a2)[0] == 96
+    assert _resume(m, 4, b2)[0] == 1184
