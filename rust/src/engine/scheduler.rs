@@ -105,7 +105,7 @@ pub struct Scheduler {
 /// to it first. So a slot taken is a free one, else the least recently used of the others, else
 /// the least recently used of the prompt ends. Without that order a 30k-token prompt's 60 chunk
 /// checkpoints pushed every other conversation's end out (`benches/results/agent-prefix.md`,
-/// 2026-12-08).
+/// 2026-12-07, hybrid section).
 #[derive(Debug, Default)]
 struct Checkpoints {
     first: usize,
