@@ -167,6 +167,29 @@ def test_kv_memory_flag_errors() -> None:
     assert result.exit_code == 2 and "--kv-memory sizes the engine" in result.output
 
 
+def test_fak_serve_state_checkpoints_reach_the_engine_and_the_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--state-checkpoints N`` goes to the engine and to the KV-memory plan it prints; a
+    negative count is refused by the flag."""
+    import click
+    from fak.gateway import cli
+    from fak.synth import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "h.gguf", "qwen35")
+    seen: dict = {}
+
+    def load(*args: object, **kwargs: object) -> None:
+        seen.update(kwargs)
+        raise click.ClickException("stopped before serving")
+
+    monkeypatch.setattr(cli, "_load_engine", load)
+    result = CliRunner().invoke(main, ["serve", "--gguf", str(path), "--addr", "127.0.0.1:0", "--n-ctx", "256",
+                                       "--state-checkpoints", "3"])
+    assert "stopped before serving" in result.output and seen["state_checkpoints"] == 3
+    assert "recurrent state" in result.output and "(3 prefix-cache checkpoints)" in result.output
+    result = CliRunner().invoke(main, ["serve", "--gguf", str(path), "--state-checkpoints", "-1"])
+    assert result.exit_code == 2 and "--state-checkpoints" in result.output
+
+
 def test_fak_serve_default_window_is_printed_and_served(tmp_path: Path) -> None:
     """``fak serve`` without ``--n-ctx`` on the tiny model: the window is the model's trained
     context (the KV memory here holds it), printed at start, and ``/v1/models`` and ``/health``
