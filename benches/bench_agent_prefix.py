@@ -29,14 +29,22 @@ sends its opening events at once). Hit rate = Σ cached / Σ prompt tokens.
 is left is the gateway), ``--overhead-rounds`` requests each; reported as the median latency and
 its difference from chat completions.
 
+**Hybrid models** (qwen35 / qwen35moe: docs/hybrid.md): a prompt resumes from the prefix cache
+only up to a block with a checkpoint of the recurrent state. ``--state-checkpoints 0,1,2,4,8``
+replays ``after`` once per checkpoint count (the engine's ``state_checkpoints``), each on a fresh
+engine, and reports the state memory beside the hit rate.
+
 Run: ``PYTHONPATH=python python benches/bench_agent_prefix.py --model PATH.gguf --json out.json``
-(``--model tiny`` writes the tiny synthetic model). Results: ``benches/results/agent-prefix.md``.
+(``--model tiny`` writes the tiny synthetic qwen2 model, ``--model tiny-ARCH`` the tiny synthetic
+model of ``ARCH``: ``tiny-qwen35``, ``tiny-qwen35moe``, ``tiny-qwen3``, with ``--tiny-layers`` /
+``--tiny-embd``). Results: ``benches/results/agent-prefix.md``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import secrets
 import statistics
 import sys
@@ -208,7 +216,12 @@ def overhead(rounds: int) -> dict[str, Any]:
 def main() -> None:
     """See the module doc."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="tiny", help="GGUF path, or 'tiny' (the synthetic tiny model)")
+    ap.add_argument("--model", default="tiny",
+                    help="GGUF path, 'tiny' (the synthetic tiny qwen2) or 'tiny-ARCH' (e.g. tiny-qwen35)")
+    ap.add_argument("--tiny-layers", type=int, default=None, help="n_layer of a tiny-ARCH model")
+    ap.add_argument("--tiny-embd", type=int, default=64, help="n_embd of a tiny-ARCH model")
+    ap.add_argument("--state-checkpoints", default=None,
+                    help="comma-separated checkpoint counts: replay 'after' once per count (hybrid models)")
     ap.add_argument("--max-tokens", type=int, default=4)
     ap.add_argument("--n-ctx", type=int, default=32768)
     ap.add_argument("--tight-kv", type=int, default=None,
@@ -233,6 +246,13 @@ def main() -> None:
 
         model = str(Path(tempfile.mkdtemp()) / "tiny.gguf")
         write_tiny_model(model)
+    elif model.startswith("tiny-"):
+        from fak.synth import write_tiny_model
+
+        arch = model.removeprefix("tiny-")
+        model = str(Path(tempfile.mkdtemp()) / f"{model}.gguf")
+        write_tiny_model(model, arch, n_layer=args.tiny_layers, n_embd=args.tiny_embd, ctx=max(args.n_ctx, 2048))
+        result["tiny"] = {"arch": arch, "n_layer": args.tiny_layers, "n_embd": args.tiny_embd}
     if not args.skip_replay:
         wanted = set(args.conditions.split(","))
         conditions = [c for c in [("before", True, False, True, None), ("after", True, True, True, None)]
@@ -240,13 +260,26 @@ def main() -> None:
         if args.tight_kv and "tight" in wanted:
             conditions += [("after, tight KV, resident off", True, True, False, args.tight_kv),
                            ("after, tight KV, resident on", True, True, True, args.tight_kv)]
+        counts: list[int | None] = [None]
+        if args.state_checkpoints:
+            counts = [int(n) for n in args.state_checkpoints.split(",")]
+            conditions = [c for c in conditions if c[0] == "after"] or [("after", True, True, True, None)]
         result["replay"] = {}
-        for name, _, normalise, resident, kv in conditions:
-            with Engine(model, backend="cpu", n_ctx=args.n_ctx, kv_cache_tokens=kv, max_batch=4) as eng:
-                with serving(eng, normalise=normalise, resident=resident) as srv:
-                    rows = replay(srv, args.max_tokens, args.limit, args.sessions if kv else 1)
-            result["replay"][name] = {"kv_cache_tokens": kv, "rows": rows, "summary": summarize(rows)}
-            print(name, json.dumps(result["replay"][name]["summary"]["all"]), flush=True)
+        for count in counts:
+            extra = {} if count is None else {"state_checkpoints": count}
+            for name, _, normalise, resident, kv in conditions:
+                if count is not None:
+                    name = f"{name}, {count} state checkpoints"
+                t0 = time.perf_counter()
+                with Engine(model, backend="cpu", n_ctx=args.n_ctx, kv_cache_tokens=kv, max_batch=4, **extra) as eng:
+                    config = dict(eng._loop.model.config)  # the native config (state memory)
+                    with serving(eng, normalise=normalise, resident=resident) as srv:
+                        rows = replay(srv, args.max_tokens, args.limit, args.sessions if kv else 1)
+                state = {k: config.get(k) for k in ("state_checkpoints", "state_slot_bytes", "state_bytes")}
+                result["replay"][name] = {"kv_cache_tokens": kv, **extra, "state": state, "rows": rows,
+                                          "summary": summarize(rows), "wall_s": round(time.perf_counter() - t0, 1),
+                                          "loadavg": list(os.getloadavg())}
+                print(name, json.dumps(result["replay"][name]["summary"]["all"]), json.dumps(state), flush=True)
     result["overhead"] = overhead(args.overhead_rounds)
     print(json.dumps(result["overhead"], indent=1))
     if args.json:

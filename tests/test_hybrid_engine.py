@@ -115,3 +115,75 @@ def test_logits_on_the_side_leave_running_sequences_alone(hybrid: str) -> None:
     full = _run(_native.EngineCore(hybrid, backend="cpu", n_ctx=512), [a], 8)[0]
     assert full == want
     assert got == want[len(want) - len(got):]
+
+
+def _resume(m: _native.EngineCore, seq_id: int, prompt: list[int]) -> tuple[int, tuple[int, dict[int, float]] | None]:
+    """Runs ``prompt`` for one greedy token on ``m``: (its prefix-cache hit in tokens, (token,
+    top log-probabilities))."""
+    m.take_prefix_hits()
+    m.add_sequence(seq_id, prompt, {"temperature": 0.0, "max_tokens": 1, "n_logprobs": 8})
+    out = None
+    while m.n_running or m.n_waiting:
+        for _, t, _, top, _ in m.step():
+            out = (t, dict(top or []))
+    return dict(m.take_prefix_hits()).get(seq_id, 0), out
+
+
+@pytest.mark.parametrize("n", [1, 4])
+def test_state_checkpoints_option_sets_how_many_conversations_resume(hybrid: str, n: int) -> None:
+    """Conversations A, B, A: each 100-token prompt leaves one checkpoint (at token 96, the last
+    block boundary before its last token). With one checkpoint B's takes A's slot, so A's second
+    turn finds its KV blocks but no state to resume from (no hit); with four it resumes at 96
+    with the logits of a cold prefill, bit for bit."""
+    m = _native.EngineCore(hybrid, backend="cpu", n_ctx=1024, max_batch=2, state_checkpoints=n)
+    assert m.config["state_checkpoints"] == n
+    a1, b = _prompts(m, [100, 100], seed=6)
+    a2 = a1 + _prompts(m, [60], seed=7)[0]
+    assert _resume(m, 1, a1)[0] == 0
+    assert _resume(m, 2, b)[0] == 0
+    hit, got = _resume(m, 3, a2)
+    assert hit == (0 if n == 1 else 96), f"with {n} checkpoints A's second turn found {hit} tokens"
+    cold = _native.EngineCore(hybrid, backend="cpu", n_ctx=1024, prefix_cache=False)
+    assert got == _resume(cold, 4, a2)[1], "resuming from the checkpoint changed the logits"
+
+
+def test_state_checkpoints_memory_is_reported(hybrid: str) -> None:
+    """The state slots (one per sequence of ``max_batch``, one for ``logits()``, the checkpoints)
+    are reported with the KV cache; none without the prefix cache."""
+    for n, cache in [(0, True), (3, True), (5, False)]:
+        m = _native.EngineCore(hybrid, backend="cpu", n_ctx=512, max_batch=2, state_checkpoints=n, prefix_cache=cache)
+        c = m.config
+        want = n if cache else 0
+        assert c["state_checkpoints"] == want
+        assert c["state_slot_bytes"] > 0
+        assert c["state_bytes"] == (2 + 1 + want) * c["state_slot_bytes"]
+
+
+def test_state_checkpoints_zero_never_resumes(hybrid: str) -> None:
+    m = _native.EngineCore(hybrid, backend="cpu", n_ctx=512, state_checkpoints=0)
+    (p,) = _prompts(m, [100], seed=8)
+    assert _resume(m, 1, p)[0] == 0
+    assert _resume(m, 2, p + [11, 12])[0] == 0
+
+
+@pytest.mark.parametrize("bad, says", [(-1, "must be ≥ 0"), (17, "more than the KV cache's 16 blocks")])
+def test_bad_state_checkpoints_are_refused(hybrid: str, bad: int, says: str) -> None:
+    import fak
+
+    with pytest.raises(fak.InvalidArgumentError, match=says) as err:
+        _native.EngineCore(hybrid, backend="cpu", n_ctx=512, kv_cache_tokens=512, state_checkpoints=bad)
+    assert err.value.param == "state_checkpoints"
+
+
+def test_a_long_prompts_chunk_checkpoints_give_way_to_other_conversations_ends(hybrid: str) -> None:
+    """Conversation A's 100-token turn, then B's 1,200-token prompt (prefilled in 512-token
+    chunks: checkpoints at 512 and 1024, and its end at 1184) with 2 checkpoints: B's chunk ends are
+    evicted before A's end (and B's end takes one of theirs), so A's next turn still resumes at
+    96, and so does B's."""
+    m = _native.EngineCore(hybrid, backend="cpu", n_ctx=2048, max_batch=2, state_checkpoints=2)
+    a1, b1 = _prompts(m, [100, 1200], seed=9)
+    a2, b2 = a1 + [11, 12, 13], b1 + [14, 15]
+    _resume(m, 1, a1)
+    _resume(m, 2, b1)
+    assert _resume(m, 3, a2)[0] == 96
+    assert _resume(m, 4, b2)[0] == 1184

@@ -23,6 +23,7 @@ from fak.gateway.context_window import (
     memory_budget,
     parse_size,
     plan_context,
+    state_bytes_per_slot,
     trained_context,
 )
 from fak.swebench.serve import free_port
@@ -107,6 +108,41 @@ def test_the_budget_caps_the_window(weights: Path) -> None:
     assert plan.n_ctx == plan.kv_cache_tokens == (int(3 * GIB // 2 * 0.9) - (1 << 20) - GIB) // 2 // PER_TOKEN // 32 * 32
 
 
+#: Qwen3.6-35B-A3B's hybrid keys (40 layers, every 4th full attention; Gated DeltaNet 16 q/k and 32
+#: v heads of 128, 4 taps; attention 2 KV heads of 256).
+QWEN36_A3B = {"general.architecture": "qwen35moe", "qwen35moe.block_count": 40, "qwen35moe.context_length": 262144,
+              "qwen35moe.embedding_length": 2048, "qwen35moe.attention.head_count": 16,
+              "qwen35moe.attention.head_count_kv": 2, "qwen35moe.attention.key_length": 256,
+              "qwen35moe.attention.value_length": 256, "qwen35moe.full_attention_interval": 4,
+              "qwen35moe.ssm.conv_kernel": 4, "qwen35moe.ssm.state_size": 128, "qwen35moe.ssm.group_count": 16,
+              "qwen35moe.ssm.time_step_rank": 32, "qwen35moe.ssm.inner_size": 4096}
+
+
+def test_a_hybrids_state_slots_come_off_the_budget(weights: Path) -> None:
+    # 30 Gated DeltaNet layers x (3 x 8192 conv inputs + 32 x 128 x 128) f32: 62.8 MiB
+    slot = state_bytes_per_slot(QWEN36_A3B)
+    assert slot == 30 * (3 * (2 * 16 * 128 + 32 * 128) + 32 * 128 * 128) * 4
+    assert state_bytes_per_slot(QWEN05) == 0
+    per_token = kv_bytes_per_token(QWEN36_A3B)
+    budget = 8 * GIB
+    plan = plan_context(weights, meta=QWEN36_A3B, backend="cpu", max_concurrency=4, kv_memory=budget, state_checkpoints=16)
+    assert (plan.state_slots, plan.state_checkpoints, plan.state_slot_bytes) == (4 + 1 + 16, 16, slot)
+    assert plan.kv_cache_tokens == (budget - 21 * slot) // per_token // 32 * 32
+    assert "recurrent state 21 slots (16 prefix-cache checkpoints) × 62.8 MiB = 1.3 GiB" in plan.describe()
+    default = plan_context(weights, meta=QWEN36_A3B, backend="cpu", max_concurrency=4, kv_memory=budget)
+    assert default.state_checkpoints == 8
+
+
+def test_state_bytes_per_slot_is_the_engines(tmp_path: Path) -> None:
+    from fak import _native
+    from fak.synth import write_tiny_model
+    from fak.tokenizer import read_gguf_metadata
+
+    path = write_tiny_model(tmp_path / "h.gguf", "qwen35", n_layer=8, full_attention_interval=3)
+    m = _native.EngineCore(str(path), n_ctx=256, max_batch=2)
+    assert state_bytes_per_slot(read_gguf_metadata(path)) == m.config["state_slot_bytes"] > 0
+
+
 def test_a_given_window_is_kept(weights: Path) -> None:
     plan = plan_context(weights, meta=QWEN05, backend="cpu", max_concurrency=8, n_ctx=4096, kv_memory=1)
     assert (plan.n_ctx, plan.kv_cache_tokens, plan.source) == (4096, None, "--n-ctx")
@@ -129,6 +165,29 @@ def test_kv_memory_flag_errors() -> None:
     assert result.exit_code == 2 and "not a size" in result.output
     result = CliRunner().invoke(main, ["serve", "--base-url", "http://x/v1", "--kv-memory", "1G"])
     assert result.exit_code == 2 and "--kv-memory sizes the engine" in result.output
+
+
+def test_fak_serve_state_checkpoints_reach_the_engine_and_the_plan(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``--state-checkpoints N`` goes to the engine and to the KV-memory plan it prints; a
+    negative count is refused by the flag."""
+    import click
+    from fak.gateway import cli
+    from fak.synth import write_tiny_model
+
+    path = write_tiny_model(tmp_path / "h.gguf", "qwen35")
+    seen: dict = {}
+
+    def load(*args: object, **kwargs: object) -> None:
+        seen.update(kwargs)
+        raise click.ClickException("stopped before serving")
+
+    monkeypatch.setattr(cli, "_load_engine", load)
+    result = CliRunner().invoke(main, ["serve", "--gguf", str(path), "--addr", "127.0.0.1:0", "--n-ctx", "256",
+                                       "--state-checkpoints", "3"])
+    assert "stopped before serving" in result.output and seen["state_checkpoints"] == 3
+    assert "recurrent state" in result.output and "(3 prefix-cache checkpoints)" in result.output
+    result = CliRunner().invoke(main, ["serve", "--gguf", str(path), "--state-checkpoints", "-1"])
+    assert result.exit_code == 2 and "--state-checkpoints" in result.output
 
 
 def test_fak_serve_default_window_is_printed_and_served(tmp_path: Path) -> None:

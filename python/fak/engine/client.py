@@ -89,6 +89,11 @@ class Engine:
             proposes its greedy tokens (docs/speculative.md). ``fak.InvalidArgumentError``
             (``param`` "draft_model") for a different vocabulary, a hybrid model or
             ``tensor_parallel > 1``.
+        state_checkpoints: a hybrid model's (qwen35 / qwen35moe) checkpoints of recurrent state
+            for the prefix cache (docs/hybrid.md): a prompt resumes from the cache only up to a
+            block whose state is checkpointed. 0 up to the KV cache's blocks; each takes the
+            native config's ``state_slot_bytes`` (all state slots: ``state_bytes``). No effect on
+            dense models or with ``prefix_cache=False``.
 
     Raises:
         OSError / fak.GGUFError: unreadable or invalid file.
@@ -119,6 +124,7 @@ class Engine:
         speculative: str | None = None,
         draft_model: str | Path | None = None,
         speculative_max_batch: int = 8,
+        state_checkpoints: int = 8,
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")
@@ -140,7 +146,8 @@ class Engine:
                               sliding_window=sliding_window, n_cpu_moe=n_cpu_moe,
                               speculative=speculative,
                               draft_model=str(draft_model) if draft_model is not None else None,
-                              speculative_max_batch=speculative_max_batch)
+                              speculative_max_batch=speculative_max_batch,
+                              state_checkpoints=state_checkpoints)
         self._init(model, tokenizer, template, path.stem, resolved, max_batch)
 
     @classmethod

@@ -112,6 +112,11 @@ def _plan_context(gguf: Path, **kwargs: Any) -> Any:
               help="Speculation's off-switch: a step with more than N decoding sequences drafts nothing (its "
                    "verification rows would cost more than the forwards they save). Each sequence's draft "
                    "length also adapts to its recent acceptance within K.")
+@click.option("--state-checkpoints", type=click.IntRange(min=0), default=None, metavar="N",
+              help="A hybrid model's (Qwen3.5/3.6) checkpoints of recurrent state for the prefix cache: a prompt "
+                   "resumes from the cache only up to a block whose state is checkpointed (docs/hybrid.md) "
+                   "[default: the engine's, 8]. Each takes one sequence's state (63 MiB for Qwen3.6-35B-A3B), "
+                   "counted in the KV memory. No effect on dense models.")
 @click.option("--prefix-cache/--no-prefix-cache", default=True, show_default=True,
               help="Automatic prefix caching: reuse the KV cache of a shared prompt prefix (system prompt, earlier turns).")
 @click.option("--tool-call-retries", type=click.IntRange(min=0), default=2, show_default=True,
@@ -155,7 +160,8 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
           replica_gpus: float = 0.0, tensor_parallel: int = 1, tool_call_format: str = "auto",
           cpu_moe: bool = False, n_cpu_moe: int | None = None, model_aliases: tuple[str, ...] = (),
           kv_memory: str | None = None, speculative: str | None = None,
-          draft_model: Path | None = None, speculative_max_batch: int = 8) -> None:
+          draft_model: Path | None = None, speculative_max_batch: int = 8,
+          state_checkpoints: int | None = None) -> None:
     """Serve OpenAI's API (chat, completions, responses, models) and Anthropic's messages, with a tool-call policy."""
     if policy_check:
         if policy_path is None:
@@ -197,7 +203,8 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
         assert gguf is not None
         return _plan_context(gguf, backend=backend, max_concurrency=max_concurrency, n_ctx=n_ctx,
                              kv_cache_tokens=kv_cache_tokens, kv_memory=kv_memory_bytes, replicas=replicas,
-                             rope_scaling=rope_scaling, rope_scale=rope_scale, yarn_orig_ctx=yarn_orig_ctx)
+                             rope_scaling=rope_scaling, rope_scale=rope_scale, yarn_orig_ctx=yarn_orig_ctx,
+                             state_checkpoints=state_checkpoints if prefix_cache else 0)
     if replicas > 1 or ray_address is not None:
         if gguf is None:
             raise click.UsageError("--replicas and --ray serve a --gguf model (engine mode).")
@@ -224,7 +231,8 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
                               rope={**rope_kwargs(rope_scaling, rope_scale, yarn_orig_ctx, sliding_window, cpu_moe, n_cpu_moe),
                                     **({"speculative": speculative} if speculative else {}),
                                     **({"draft_model": str(draft_model)} if draft_model else {}),
-                                    **({"speculative_max_batch": speculative_max_batch} if speculative_max_batch != 8 else {})})
+                                    **({"speculative_max_batch": speculative_max_batch} if speculative_max_batch != 8 else {}),
+                                    **({"state_checkpoints": state_checkpoints} if state_checkpoints is not None else {})})
 
     from fak.gateway.app import GatewayConfig, create_app
     from fak.gateway.proxy import Upstream
@@ -255,6 +263,8 @@ def serve(gguf: Path | None, engine_kind: str, backend: str, addr: str, policy_p
             rope["draft_model"] = str(draft_model)
         if speculative_max_batch != 8:
             rope["speculative_max_batch"] = speculative_max_batch
+        if state_checkpoints is not None:
+            rope["state_checkpoints"] = state_checkpoints
         context = plan()
         click.echo(f"fak serve: {context.describe()}", err=True)
         engine = _load_engine(gguf, backend, context.n_ctx, threads, max_batch=max_concurrency,

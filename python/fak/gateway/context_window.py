@@ -14,6 +14,12 @@ model and the KV memory allow (vLLM's ``max_model_len`` is chosen the same way: 
    head_dim × 2 bytes`` (fak's KV cache is f16 on both backends, ``rust/src/backend/*/kv.rs``);
    ``--kv-cache-tokens N`` is such a budget in tokens.
 
+A hybrid model's (``qwen35`` / ``qwen35moe``) recurrent state is counted in the same budget:
+``max_concurrency + 1 + state_checkpoints`` slots (one per running sequence, one for
+``logits()``, the prefix cache's checkpoints: ``--state-checkpoints``, docs/hybrid.md) of
+``state_bytes_per_slot`` (f32, every Gated DeltaNet layer's convolution and recurrent state) come
+off the budget before it is divided into KV tokens.
+
 The KV cache then holds ``min(budget, n_ctx × min(8, max_concurrency))`` tokens (the engine's
 default sharing, never past the budget), and at least one whole window. ``fak serve`` prints
 the choice at start (``ContextPlan.describe``); ``/v1/models`` (``max_model_len``,
@@ -31,11 +37,13 @@ __all__ = [
     "ContextPlan",
     "ContextPlanError",
     "DEFAULT_N_CTX",
+    "DEFAULT_STATE_CHECKPOINTS",
     "MIN_AUTO_N_CTX",
     "kv_bytes_per_token",
     "memory_budget",
     "parse_size",
     "plan_context",
+    "state_bytes_per_slot",
     "trained_context",
 ]
 
@@ -45,6 +53,9 @@ DEFAULT_N_CTX = 4096
 MIN_AUTO_N_CTX = 512
 #: KV cache granularity (``rust/src/engine/mod.rs`` ``BLOCK_SIZE``).
 BLOCK_TOKENS = 32
+#: A hybrid model's prefix-cache checkpoints of recurrent state when ``--state-checkpoints`` is
+#: not given (the engine's ``DEFAULT_STATE_CHECKPOINTS``, ``rust/src/engine/mod.rs``).
+DEFAULT_STATE_CHECKPOINTS = 8
 #: Bytes of one f16 K or V element.
 KV_ELEMENT_BYTES = 2
 GIB = 1 << 30
@@ -68,6 +79,9 @@ class ContextPlan:
         budget_bytes: the KV-memory budget in bytes (``None`` with ``--n-ctx``).
         budget_from: where the budget came from (``--kv-memory``, ``--kv-cache-tokens``, ``GPU
             memory``, ``MemAvailable``).
+        state_slots: a hybrid model's recurrent-state slots (0 for dense models).
+        state_checkpoints: of them, the prefix cache's checkpoints.
+        state_slot_bytes: bytes of one slot.
     """
 
     n_ctx: int
@@ -77,6 +91,14 @@ class ContextPlan:
     kv_bytes_per_token: int | None = None
     budget_bytes: int | None = None
     budget_from: str | None = None
+    state_slots: int = 0
+    state_checkpoints: int = 0
+    state_slot_bytes: int = 0
+
+    @property
+    def state_bytes(self) -> int:
+        """Bytes of the recurrent state's slots (hybrid models), counted with the KV cache."""
+        return self.state_slots * self.state_slot_bytes
 
     def describe(self) -> str:
         """One line for the start-up message: the window, why, and the KV cache it sits in."""
@@ -90,8 +112,11 @@ class ContextPlan:
         if self.kv_cache_tokens is not None and self.kv_bytes_per_token:
             text += (f"; KV cache {self.kv_cache_tokens} tokens, "
                      f"{_gib(self.kv_cache_tokens * self.kv_bytes_per_token)}")
-            if self.budget_bytes is not None:
-                text += f" of a {_gib(self.budget_bytes)} budget from {self.budget_from}"
+        if self.state_slots:
+            text += (f"; recurrent state {self.state_slots} slots ({self.state_checkpoints} prefix-cache "
+                     f"checkpoints) × {self.state_slot_bytes / (1 << 20):.1f} MiB = {_gib(self.state_bytes)}")
+        if self.kv_cache_tokens is not None and self.kv_bytes_per_token and self.budget_bytes is not None:
+            text += f" of a {_gib(self.budget_bytes)} budget from {self.budget_from}"
         return text + ")"
 
 
@@ -162,6 +187,24 @@ def kv_bytes_per_token(meta: dict[str, Any]) -> int | None:
     return heads * (k_len + v_len) * KV_ELEMENT_BYTES or None
 
 
+def state_bytes_per_slot(meta: dict[str, Any]) -> int:
+    """Bytes of one recurrent-state slot of a hybrid model (``{arch}.ssm.*`` keys): per Gated
+    DeltaNet layer (all but every ``full_attention_interval``-th, default 4) the convolution's last
+    ``conv_kernel − 1`` inputs of ``2·group_count·state_size + time_step_rank·state_size`` channels
+    and ``time_step_rank`` matrices of ``state_size²``, f32 (``HybridConfig::state_len``). 0 for
+    dense models."""
+    vals = [_arch_key(meta, f"ssm.{k}") for k in ("conv_kernel", "state_size", "group_count", "time_step_rank")]
+    n_layer = _arch_key(meta, "block_count")
+    if not all(isinstance(v, int) and v > 0 for v in vals) or not isinstance(n_layer, int):
+        return 0
+    d_conv, d_state, n_k, n_v = vals
+    every = _arch_key(meta, "full_attention_interval")
+    every = every if isinstance(every, int) and every > 0 else 4
+    recurrent = sum(1 for i in range(n_layer) if (i + 1) % every != 0)
+    state_len = (d_conv - 1) * (2 * n_k * d_state + n_v * d_state) + n_v * d_state * d_state
+    return recurrent * state_len * 4
+
+
 def _mem_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
@@ -205,7 +248,8 @@ def plan_context(gguf: str | Path, *, backend: str, max_concurrency: int, n_ctx:
                  kv_cache_tokens: int | None = None, kv_memory: int | None = None,
                  rope_scaling: str | None = None, rope_scale: float | None = None,
                  yarn_orig_ctx: int | None = None, replicas: int = 1, meta: dict[str, Any] | None = None,
-                 mem_available: int | None = None, gpu_total: int | None = None, **_: Any) -> ContextPlan:
+                 mem_available: int | None = None, gpu_total: int | None = None,
+                 state_checkpoints: int | None = None, **_: Any) -> ContextPlan:
     """The window and KV cache of ``fak serve`` (see the module doc).
 
     Args:
@@ -219,6 +263,8 @@ def plan_context(gguf: str | Path, *, backend: str, max_concurrency: int, n_ctx:
         replicas: servers sharing this machine's memory (the automatic budget is divided).
         meta: the GGUF's metadata when already read; ``mem_available`` / ``gpu_total``: the
             memory probes' answers (tests).
+        state_checkpoints: ``--state-checkpoints`` (``None``: the engine's default,
+            ``DEFAULT_STATE_CHECKPOINTS``); a hybrid model's state slots come off the budget.
 
     Raises:
         ContextPlanError: the budget holds fewer than ``MIN_AUTO_N_CTX`` tokens.
@@ -230,8 +276,13 @@ def plan_context(gguf: str | Path, *, backend: str, max_concurrency: int, n_ctx:
         meta = read_gguf_metadata(gguf)
     trained = trained_context(meta, rope_scaling=rope_scaling, rope_scale=rope_scale, yarn_orig_ctx=yarn_orig_ctx)
     per_token = kv_bytes_per_token(meta)
+    slot_bytes = state_bytes_per_slot(meta)
+    checkpoints = DEFAULT_STATE_CHECKPOINTS if state_checkpoints is None else state_checkpoints
+    state = {"state_slots": max(1, max_concurrency) + 1 + checkpoints, "state_checkpoints": checkpoints,
+             "state_slot_bytes": slot_bytes} if slot_bytes else {}
+    state_bytes = slot_bytes * state["state_slots"] if state else 0
     if n_ctx is not None:
-        return ContextPlan(n_ctx, kv_cache_tokens, "--n-ctx", trained, per_token)
+        return ContextPlan(n_ctx, kv_cache_tokens, "--n-ctx", trained, per_token, **state)
     want = trained or DEFAULT_N_CTX
     if kv_cache_tokens is not None:
         budget_tokens, budget_from = kv_cache_tokens, "--kv-cache-tokens"
@@ -249,9 +300,9 @@ def plan_context(gguf: str | Path, *, backend: str, max_concurrency: int, n_ctx:
             if found is not None and replicas > 1:
                 found = (found[0] // replicas, f"{found[1]} / {replicas} replicas")
         if found is None or not per_token:  # nothing to size against: the model's window
-            return ContextPlan(want, None, "trained", trained, per_token)
+            return ContextPlan(want, None, "trained", trained, per_token, **state)
         budget_bytes, budget_from = found
-        budget_tokens = budget_bytes // per_token
+        budget_tokens = max(0, budget_bytes - state_bytes) // per_token
     budget_tokens -= budget_tokens % BLOCK_TOKENS
     if budget_tokens < min(want, MIN_AUTO_N_CTX):
         have = f"{budget_tokens} tokens" + (f" ({_gib(budget_bytes)})" if budget_bytes is not None else "")
@@ -261,4 +312,4 @@ def plan_context(gguf: str | Path, *, backend: str, max_concurrency: int, n_ctx:
     window = min(want, budget_tokens)
     kv = kv_cache_tokens if kv_cache_tokens is not None else min(budget_tokens, window * min(8, max(1, max_concurrency)))
     return ContextPlan(window, kv, "trained" if window == want else "kv-memory", trained, per_token,
-                       budget_bytes, budget_from)
+                       budget_bytes, budget_from, **state)

@@ -96,6 +96,10 @@ pub struct EngineOptions {
     /// Speculation's off-switch: a step with more decoding sequences than this drafts nothing
     /// ([`speculative::DEFAULT_MAX_BATCH`]).
     pub speculative_max_batch: usize,
+    /// A hybrid model's checkpoints of recurrent state for the prefix cache
+    /// ([`DEFAULT_STATE_CHECKPOINTS`]; 0: none, so its prompts never resume from the cache; at
+    /// most the KV cache's blocks, each checkpoint being keyed by one). No effect on dense models.
+    pub state_checkpoints: usize,
 }
 
 impl Default for EngineOptions {
@@ -115,6 +119,7 @@ impl Default for EngineOptions {
             speculative: speculative::SpecParams::NONE,
             draft_model: None,
             speculative_max_batch: speculative::DEFAULT_MAX_BATCH,
+            state_checkpoints: DEFAULT_STATE_CHECKPOINTS,
         }
     }
 }
@@ -211,6 +216,34 @@ pub struct EngineStats {
     pub draft_kv_blocks_free: u64,
 }
 
+/// The recurrent-state memory of a hybrid model's engine, counted with the KV cache: one slot per
+/// running sequence, one for `Engine::logits`, and the prefix cache's checkpoints (all zero for
+/// dense models).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StateMemory {
+    /// State slots in all (`KvLayout::state_slots`).
+    pub slots: usize,
+    /// Of them, checkpoints for the prefix cache.
+    pub checkpoints: usize,
+    /// Bytes of one slot: every Gated DeltaNet layer's convolution and recurrent state, f32.
+    pub slot_bytes: usize,
+}
+
+impl StateMemory {
+    fn of(layout: &KvLayout, checkpoints: usize) -> StateMemory {
+        StateMemory {
+            slots: layout.state_slots,
+            checkpoints: if layout.state_slots > 0 { checkpoints } else { 0 },
+            slot_bytes: layout.state_layers * layout.state_len * std::mem::size_of::<f32>(),
+        }
+    }
+
+    /// Bytes of every slot.
+    pub fn bytes(&self) -> usize {
+        self.slots * self.slot_bytes
+    }
+}
+
 /// The object-safe face of an engine on any backend (what the Python binding holds).
 pub trait EngineApi: Send {
     fn backend_name(&self) -> &'static str;
@@ -218,6 +251,8 @@ pub trait EngineApi: Send {
     fn n_ctx(&self) -> usize;
     fn kv_blocks_total(&self) -> usize;
     fn kv_blocks_free(&self) -> usize;
+    /// The recurrent state's slots and bytes beside the KV blocks (hybrid models).
+    fn state_memory(&self) -> StateMemory;
     fn n_running(&self) -> usize;
     fn n_waiting(&self) -> usize;
     fn add_sequence(&mut self, seq_id: u64, prompt: Vec<u32>, params: SamplingParams)
@@ -299,10 +334,11 @@ impl<B: Backend> Core<B> {
     }
 }
 
-/// Checkpoints of recurrent state a hybrid model keeps for its prefix cache (each a whole
-/// sequence's state of every Gated DeltaNet layer: 63 MiB for Qwen3.6-35B-A3B, 150 MiB for the
-/// 27B; on the CPU the pages are committed as they are written).
-pub const STATE_CHECKPOINTS: usize = 8;
+/// Checkpoints of recurrent state a hybrid model keeps for its prefix cache by default
+/// ([`EngineOptions::state_checkpoints`]; each a whole sequence's state of every Gated DeltaNet
+/// layer: 63 MiB for Qwen3.6-35B-A3B, 150 MiB for the 27B; on the CPU the pages are committed as
+/// they are written).
+pub const DEFAULT_STATE_CHECKPOINTS: usize = 8;
 
 /// Sizes of the KV cache and the batches, from the options (checked).
 struct Sizes {
@@ -312,6 +348,8 @@ struct Sizes {
     /// The sliding window whose outside blocks sequences return to the pool (every layer
     /// windowed and `free_window_blocks`), else `None`.
     kv_window: Option<usize>,
+    /// Checkpoint slots of recurrent state (hybrid models; `EngineOptions::state_checkpoints`).
+    state_checkpoints: usize,
 }
 
 impl Sizes {
@@ -342,8 +380,15 @@ impl Sizes {
                 Some(w) => format!("{kv_tokens} is smaller than {seq_tokens}, what one sequence holds with a sliding window of {w} and {max_tokens}-token steps"),
             }));
         }
+        let n_blocks = kv_tokens.div_ceil(BLOCK_SIZE);
+        if opts.state_checkpoints > n_blocks {
+            return Err(FakError::invalid(
+                "state_checkpoints",
+                format!("{} is more than the KV cache's {n_blocks} blocks (each checkpoint is kept for one cached block)", opts.state_checkpoints),
+            ));
+        }
         Ok(Sizes {
-            n_blocks: kv_tokens.div_ceil(BLOCK_SIZE),
+            n_blocks,
             limits: BatchLimits {
                 max_tokens,
                 max_seqs: opts.max_batch.max(1),
@@ -351,6 +396,7 @@ impl Sizes {
             },
             max_logits: opts.max_batch.max(LOGITS_CHUNK),
             kv_window,
+            state_checkpoints: if opts.prefix_cache { opts.state_checkpoints } else { 0 },
         })
     }
 
@@ -363,7 +409,7 @@ impl Sizes {
             head_dim: c.head_dim,
             state_layers: c.hybrid.as_ref().map_or(0, |h| h.recurrent.iter().filter(|&&r| r).count()),
             // one slot per running sequence, one for `Engine::logits`, and the checkpoints
-            state_slots: if c.hybrid.is_some() { self.limits.max_seqs + 1 + STATE_CHECKPOINTS } else { 0 },
+            state_slots: if c.hybrid.is_some() { self.limits.max_seqs + 1 + self.state_checkpoints } else { 0 },
             state_len: c.hybrid.as_ref().map_or(0, |h| h.state_len()),
         }
     }
@@ -398,6 +444,7 @@ pub struct Engine<B: Backend> {
     spec_default: Option<speculative::SpecParams>,
     /// The `draft` source's model ([`Engine::attach_draft`]).
     draft: Option<speculative::DraftModel<B>>,
+    state_memory: StateMemory,
 }
 
 impl Engine<CpuBackend> {
@@ -535,6 +582,7 @@ impl<B: Backend> Engine<B> {
         // A hybrid model's recurrent state is not in the KV blocks: a prefix-cache hit resumes
         // from a checkpoint of the state at the hit's last block (`Scheduler::enable_checkpoints`).
         let hybrid = core.config().hybrid.is_some();
+        let state_memory = StateMemory::of(&sizes.kv_layout(core.config()), sizes.state_checkpoints);
         let mut sched = Scheduler::new(
             SchedulerConfig {
                 n_ctx: opts.n_ctx,
@@ -546,8 +594,8 @@ impl<B: Backend> Engine<B> {
         );
         if hybrid {
             sched.enable_state_slots(sizes.limits.max_seqs + 1);
-            if opts.prefix_cache {
-                sched.enable_checkpoints(sizes.limits.max_seqs + 1, STATE_CHECKPOINTS);
+            if sizes.state_checkpoints > 0 {
+                sched.enable_checkpoints(sizes.limits.max_seqs + 1, sizes.state_checkpoints);
             }
         }
         // Speculative decoding rolls back past rejected draft tokens: not a recurrent state
@@ -579,6 +627,7 @@ impl<B: Backend> Engine<B> {
             max_logits: sizes.max_logits,
             spec_default,
             draft: None,
+            state_memory,
         })
     }
 
@@ -1212,6 +1261,9 @@ impl<B: Backend> EngineApi for Engine<B> {
     }
     fn kv_blocks_free(&self) -> usize {
         self.sched.pool.n_free()
+    }
+    fn state_memory(&self) -> StateMemory {
+        self.state_memory
     }
     fn n_running(&self) -> usize {
         self.sched.n_running()

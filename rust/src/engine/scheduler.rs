@@ -97,12 +97,21 @@ pub struct Scheduler {
 
 /// Checkpoints of a hybrid model's recurrent state, each in a state slot after the sequences'
 /// (`first + i`): the state after the block whose chained hash keys it, so that a later sequence
-/// whose prefix-cache hit ends at that block resumes from it. Least recently used first out.
+/// whose prefix-cache hit ends at that block resumes from it.
+///
+/// Eviction: a prompt's checkpoint at its end (the last block boundary before its last token,
+/// where the prefill forward is cut) is what the next turn of its conversation resumes from; the
+/// others (the ends of earlier prefill chunks, decode steps crossing a block boundary) give way
+/// to it first. So a slot taken is a free one, else the least recently used of the others, else
+/// the least recently used of the prompt ends. Without that order a 30k-token prompt's 60 chunk
+/// checkpoints pushed every other conversation's end out (`benches/results/agent-prefix.md`,
+/// 2026-12-07, hybrid section).
 #[derive(Debug, Default)]
 struct Checkpoints {
     first: usize,
-    /// Per checkpoint slot: the block hash it holds, and when it was last used.
-    slots: Vec<Option<(BlockHash, u64)>>,
+    /// Per checkpoint slot: the block hash it holds, when it was last used, and whether it is
+    /// a prompt's end.
+    slots: Vec<Option<(BlockHash, u64, bool)>>,
     clock: u64,
     /// Copies the engine runs before the next forward: `(from slot, to slot)`.
     copies: Vec<(usize, usize)>,
@@ -112,21 +121,34 @@ impl Checkpoints {
     fn find(&mut self, h: BlockHash) -> Option<usize> {
         self.clock += 1;
         let clock = self.clock;
-        let i = self.slots.iter().position(|e| e.is_some_and(|(x, _)| x == h))?;
-        self.slots[i] = Some((h, clock));
+        let i = self.slots.iter().position(|e| e.is_some_and(|(x, _, _)| x == h))?;
+        let end = self.slots[i].is_some_and(|(_, _, e)| e);
+        self.slots[i] = Some((h, clock, end));
         Some(self.first + i)
     }
 
-    /// A slot for `h` (a free one, else the least recently used), or `None` when `h` has one.
-    fn take(&mut self, h: BlockHash) -> Option<usize> {
-        if self.slots.is_empty() || self.slots.iter().any(|e| e.is_some_and(|(x, _)| x == h)) {
+    /// A slot for `h` (see the eviction order above; `prompt_end`: the checkpoint is a prompt's
+    /// end), or `None` when `h` has one (marked a prompt's end if `prompt_end`).
+    fn take(&mut self, h: BlockHash, prompt_end: bool) -> Option<usize> {
+        if let Some(e) = self.slots.iter_mut().flatten().find(|(x, _, _)| *x == h) {
+            e.2 |= prompt_end;
+            return None;
+        }
+        if self.slots.is_empty() {
             return None;
         }
         self.clock += 1;
-        let i = self.slots.iter().position(Option::is_none).unwrap_or_else(|| {
-            (0..self.slots.len()).min_by_key(|&i| self.slots[i].map_or(0, |(_, t)| t)).expect("non-empty")
-        });
-        self.slots[i] = Some((h, self.clock));
+        let lru = |slots: &[Option<(BlockHash, u64, bool)>], ends: bool| {
+            (0..slots.len()).filter(|&i| slots[i].is_some_and(|(_, _, e)| e == ends)).min_by_key(|&i| slots[i].map_or(0, |(_, t, _)| t))
+        };
+        let i = self
+            .slots
+            .iter()
+            .position(Option::is_none)
+            .or_else(|| lru(&self.slots, false))
+            .or_else(|| lru(&self.slots, true))
+            .expect("non-empty");
+        self.slots[i] = Some((h, self.clock, prompt_end));
         Some(self.first + i)
     }
 }
@@ -392,7 +414,9 @@ impl Scheduler {
         if !self.ckpt.slots.is_empty() && s.n_cached > 0 && s.n_cached % bs == 0 && self.pool.prefix_caching() {
             let h = s.block_hash(&self.pool, s.n_cached / bs - 1).0;
             let from = self.state_slots.iter().position(|&x| x == Some(id));
-            if let (Some(from), Some(to)) = (from, self.ckpt.take(h)) {
+            // the prompt's end: where `schedule` cut its prefill
+            let prompt_end = s.n_sampled == 0 && s.n_cached == (s.tokens.len() - 1) / bs * bs;
+            if let (Some(from), Some(to)) = (from, self.ckpt.take(h, prompt_end)) {
                 self.ckpt.copies.push((from, to));
             }
         }
@@ -659,6 +683,23 @@ impl Scheduler {
 mod tests {
     use super::*;
     use crate::engine::sampler::{Sampler, SamplingParams};
+
+    #[test]
+    fn checkpoints_evict_other_checkpoints_before_prompt_ends() {
+        let mut c = Checkpoints { first: 10, slots: vec![None; 3], ..Default::default() };
+        assert_eq!(c.take(1, true), Some(10)); // conversation A's prompt end
+        assert_eq!(c.take(2, false), Some(11)); // chunk ends of B's long prompt
+        assert_eq!(c.take(3, false), Some(12));
+        assert_eq!(c.take(4, false), Some(11), "a chunk end takes the oldest chunk end's slot, not A's end");
+        assert_eq!(c.take(5, true), Some(12), "B's prompt end takes a chunk end's slot");
+        assert_eq!(c.find(1), Some(10), "A's end outlived B's chunks");
+        assert_eq!(c.take(6, true), Some(11));
+        assert_eq!(c.take(7, true), Some(12), "with only prompt ends left, the least recently used goes");
+        assert_eq!(c.find(5), None);
+        assert_eq!(c.take(1, false), None, "a block already checkpointed takes no slot");
+        assert_eq!(c.take(8, false), Some(10), "still all prompt ends: the least recently used (A's) goes");
+        assert_eq!(c.take(9, false), Some(10), "then the chunk end, before the prompt ends");
+    }
 
     fn seq(id: u64, n: usize) -> Sequence {
         seq_of(id, (0..n as u32).collect())

@@ -168,15 +168,16 @@ pub(crate) fn check_sampling(sampling: &Bound<'_, PyDict>) -> PyResult<Option<(S
 /// `(seq_id, token, logprob, top_logprobs, finish)`; `finish` is `"stop"`, `"length"` or None.
 type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>, Option<&'static str>);
 
-// The signature's literal default (a text signature shows a path as `...`).
+// The signature's literal defaults (a text signature shows a path as `...`).
 const _: () = assert!(crate::engine::speculative::DEFAULT_MAX_BATCH == 8);
+const _: () = assert!(crate::engine::DEFAULT_STATE_CHECKPOINTS == 8);
 
 #[pymethods]
 impl PyEngineCore {
     /// EngineCore(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
     ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None,
     ///       tensor_parallel=1, sliding_window=None, free_window_blocks=True, n_cpu_moe=0,
-    ///       speculative=None, draft_model=None, speculative_max_batch=8)
+    ///       speculative=None, draft_model=None, speculative_max_batch=8, state_checkpoints=8)
     ///
     /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
     /// "auto" (cuda when a GPU is usable, else cpu).
@@ -213,6 +214,12 @@ impl PyEngineCore {
     /// whatever is asked. Each sequence's draft length adapts to its recent acceptance within K.
     /// `speculative_max_batch`: a step with more decoding sequences than this drafts nothing
     /// (speculation's off-switch for large batches).
+    /// `state_checkpoints`: a hybrid model's (qwen35 / qwen35moe) checkpoints of recurrent state
+    /// for the prefix cache (docs/hybrid.md): a prompt resumes from the cache only up to a block
+    /// whose state is checkpointed, so fewer checkpoints than interleaved conversations ×
+    /// checkpoints each prompt leaves lose hits. 0..=the KV cache's blocks; each takes
+    /// `config["state_slot_bytes"]` (counted in `config["state_bytes"]`). No effect on dense
+    /// models or with `prefix_cache=False`.
     /// `draft_model`: a GGUF path of a smaller model with the same tokenizer (Qwen2.5-Coder-0.5B
     /// for the 1.5B), loaded on the same backend with its own KV cache, for the `draft` source;
     /// fak.InvalidArgumentError (`param` "draft_model") for a different vocabulary, a hybrid
@@ -224,7 +231,7 @@ impl PyEngineCore {
     /// fak.BackendError (`backend="cuda"` without a usable CUDA backend, or with
     /// `tensor_parallel > 1`: multi-GPU is not built), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0, speculative=None, draft_model=None, speculative_max_batch=8))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0, speculative=None, draft_model=None, speculative_max_batch=8, state_checkpoints=8))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -246,7 +253,10 @@ impl PyEngineCore {
         speculative: Option<&str>,
         draft_model: Option<PathBuf>,
         speculative_max_batch: usize,
+        state_checkpoints: i64,
     ) -> PyResult<PyEngineCore> {
+        let state_checkpoints = usize::try_from(state_checkpoints)
+            .map_err(|_| super::to_py(FakError::invalid("state_checkpoints", format!("{state_checkpoints} (must be ≥ 0)"))))?;
         let speculative = speculative
             .map(|v| SpecParams::parse(v, "speculative"))
             .transpose()
@@ -287,6 +297,7 @@ impl PyEngineCore {
             speculative,
             draft_model: draft_model.clone(),
             speculative_max_batch,
+            state_checkpoints,
         };
         let engine: Box<dyn EngineApi> = match backend {
             "cpu" => Box::new(detach(py, || Engine::open_cpu(&path, opts))?),
@@ -301,6 +312,7 @@ impl PyEngineCore {
             other => return Err(super::to_py(FakError::invalid("backend", format!("{other:?} (must be \"cpu\", \"cuda\" or \"auto\")")))),
         };
         let c = engine.config().clone();
+        let state = engine.state_memory();
         let config = vec![
             ("architecture", ConfigValue::Str(c.arch.name().to_string())),
             ("n_layer", ConfigValue::Int(c.n_layer)),
@@ -353,6 +365,9 @@ impl PyEngineCore {
                     format!("{}:{}", speculative.method.name(), speculative.k)
                 }),
             ),
+            ("state_checkpoints", ConfigValue::Int(state.checkpoints)),
+            ("state_slot_bytes", ConfigValue::Int(state.slot_bytes)),
+            ("state_bytes", ConfigValue::Int(state.bytes())),
             ("draft_model", ConfigValue::Str(draft_model.as_ref().map_or(String::new(), |p| p.display().to_string()))),
         ];
         let shard_plan = engine
