@@ -20,9 +20,6 @@ of sequences decoding from a state slot beside a fresh one (n_past == 0: its slo
 must be ignored) and prefills of several rows; and on each backend, one prefill split in two at
 any row (the second part from the state the first left) equals the whole.
 
-The CUDA path is opt-in until a GPU run has verified it (``FAK_CUDA_HYBRID=1``: without it the
-CUDA backend refuses a hybrid's KV cache); this module sets it for its own tests.
-
 The models cover both compiled state sizes of interest: 64 (the synth default) and 128 (the
 real models' ``ssm.state_size``, two threads per state row), and the synth default head_dim
 (2·n_embd/n_head) beside the real models' 256 (``attention.key_length``, the attention kernel that
@@ -45,12 +42,6 @@ from fak import _native
 from cuda_util import BACKENDS, rel_err, runner
 from engine_util import greedy_run as _run
 
-
-@pytest.fixture(autouse=True)
-def _cuda_hybrids_opted_in(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The CUDA hybrid path is opt-in until a GPU run verifies it (``FAK_CUDA_HYBRID``); these
-    tests are that run. Read when a KV cache is allocated, i.e. inside each test."""
-    monkeypatch.setenv("FAK_CUDA_HYBRID", "1")
 
 # ---------------------------------------------------------------- the layer, op by op
 
