@@ -234,7 +234,7 @@ impl CudaBackend {
             return Ok(());
         }
         // F32 weights (a MoE router: its top-k must not see f16 rounding) on many rows: the f32
-        // SIMT GEMM (`sgemm.cu`); on fewer, the GEMV in launches of 8 rows (below).
+        // SIMT GEMM (`sgemm.cu`); on fewer, the GEMV over chunks of 8 rows (below).
         if w.wtype == GgmlType::F32 && n_rows > SGEMM_MIN_ROWS {
             return self.launch(
                 "sgemm",
