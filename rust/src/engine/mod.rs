@@ -381,11 +381,17 @@ impl Sizes {
             }));
         }
         let n_blocks = kv_tokens.div_ceil(BLOCK_SIZE);
-        if opts.state_checkpoints > n_blocks {
-            return Err(FakError::invalid(
-                "state_checkpoints",
-                format!("{} is more than the KV cache's {n_blocks} blocks (each checkpoint is kept for one cached block)", opts.state_checkpoints),
-            ));
+        // At most one checkpoint per cached block: the default gives way to a small cache (a
+        // dense model has no state at all), a larger count asked for is an error.
+        let mut state_checkpoints = opts.state_checkpoints;
+        if state_checkpoints > n_blocks {
+            if state_checkpoints != DEFAULT_STATE_CHECKPOINTS {
+                return Err(FakError::invalid(
+                    "state_checkpoints",
+                    format!("{state_checkpoints} is more than the KV cache's {n_blocks} blocks (each checkpoint is kept for one cached block)"),
+                ));
+            }
+            state_checkpoints = n_blocks;
         }
         Ok(Sizes {
             n_blocks,
@@ -396,7 +402,7 @@ impl Sizes {
             },
             max_logits: opts.max_batch.max(LOGITS_CHUNK),
             kv_window,
-            state_checkpoints: if opts.prefix_cache { opts.state_checkpoints } else { 0 },
+            state_checkpoints: if opts.prefix_cache { state_checkpoints } else { 0 },
         })
     }
 
