@@ -407,8 +407,9 @@ def _scheduled(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
         records.append(script_record(s["id"], r))
         if records[-1]["kept"]:
             kept.append(s["id"])
-    # on each candidate the quickest first: the candidate's limit then cuts the slowest
-    kept.sort(key=lambda sid: ran[sid].duration_s)
+    # on each candidate the quickest first: the candidate's limit then cuts the slowest (by the
+    # seconds the script_base record shows, ties in the scripts' order, so the record explains it)
+    kept.sort(key=lambda sid: round(ran[sid].duration_s, 3))
 
     # 2. the kept scripts on many candidates (cheap: one interpreter start each)
     def scripts_on(c: dict[str, Any], slot: Slot) -> dict[str, Any] | Cut:
