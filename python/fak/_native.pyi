@@ -166,7 +166,7 @@ class EngineCore:
         speculative: str | None = None,
         draft_model: str | None = None,
         speculative_max_batch: int = 8,
-        state_checkpoints: int = 8,
+        state_checkpoints: int | None = None,
     ) -> EngineCore: ...
     @property
     def backend(self) -> str: ...

@@ -91,7 +91,8 @@ class Engine:
             ``tensor_parallel > 1``.
         state_checkpoints: a hybrid model's (qwen35 / qwen35moe) checkpoints of recurrent state
             for the prefix cache (docs/hybrid.md): a prompt resumes from the cache only up to a
-            block whose state is checkpointed. 0 up to the KV cache's blocks; each takes the
+            block whose state is checkpointed. 0 up to the KV cache's blocks (``None``: 8, fewer
+            on a cache of fewer blocks); each takes the
             native config's ``state_slot_bytes`` (all state slots: ``state_bytes``). No effect on
             dense models or with ``prefix_cache=False``.
 
@@ -124,7 +125,7 @@ class Engine:
         speculative: str | None = None,
         draft_model: str | Path | None = None,
         speculative_max_batch: int = 8,
-        state_checkpoints: int = 8,
+        state_checkpoints: int | None = None,
     ) -> None:
         if n_ctx < 1:
             raise ValueError(f"n_ctx must be >= 1, got {n_ctx}")

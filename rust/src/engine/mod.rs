@@ -96,10 +96,11 @@ pub struct EngineOptions {
     /// Speculation's off-switch: a step with more decoding sequences than this drafts nothing
     /// ([`speculative::DEFAULT_MAX_BATCH`]).
     pub speculative_max_batch: usize,
-    /// A hybrid model's checkpoints of recurrent state for the prefix cache
-    /// ([`DEFAULT_STATE_CHECKPOINTS`]; 0: none, so its prompts never resume from the cache; at
-    /// most the KV cache's blocks, each checkpoint being keyed by one). No effect on dense models.
-    pub state_checkpoints: usize,
+    /// A hybrid model's checkpoints of recurrent state for the prefix cache (0: none, so its
+    /// prompts never resume from the cache; at most the KV cache's blocks, each checkpoint being
+    /// keyed by one; `None`: [`DEFAULT_STATE_CHECKPOINTS`], fewer on a cache of fewer blocks).
+    /// No effect on dense models.
+    pub state_checkpoints: Option<usize>,
 }
 
 impl Default for EngineOptions {
@@ -119,7 +120,7 @@ impl Default for EngineOptions {
             speculative: speculative::SpecParams::NONE,
             draft_model: None,
             speculative_max_batch: speculative::DEFAULT_MAX_BATCH,
-            state_checkpoints: DEFAULT_STATE_CHECKPOINTS,
+            state_checkpoints: None,
         }
     }
 }
@@ -383,16 +384,16 @@ impl Sizes {
         let n_blocks = kv_tokens.div_ceil(BLOCK_SIZE);
         // At most one checkpoint per cached block: the default gives way to a small cache (a
         // dense model has no state at all), a larger count asked for is an error.
-        let mut state_checkpoints = opts.state_checkpoints;
-        if state_checkpoints > n_blocks {
-            if state_checkpoints != DEFAULT_STATE_CHECKPOINTS {
+        let state_checkpoints = match opts.state_checkpoints {
+            None => DEFAULT_STATE_CHECKPOINTS.min(n_blocks),
+            Some(n) if n > n_blocks => {
                 return Err(FakError::invalid(
                     "state_checkpoints",
-                    format!("{state_checkpoints} is more than the KV cache's {n_blocks} blocks (each checkpoint is kept for one cached block)"),
+                    format!("{n} is more than the KV cache's {n_blocks} blocks (each checkpoint is kept for one cached block)"),
                 ));
             }
-            state_checkpoints = n_blocks;
-        }
+            Some(n) => n,
+        };
         Ok(Sizes {
             n_blocks,
             limits: BatchLimits {

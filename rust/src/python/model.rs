@@ -170,14 +170,13 @@ type StepTuple = (u64, u32, f32, Option<Vec<(u32, f32)>>, Option<&'static str>);
 
 // The signature's literal defaults (a text signature shows a path as `...`).
 const _: () = assert!(crate::engine::speculative::DEFAULT_MAX_BATCH == 8);
-const _: () = assert!(crate::engine::DEFAULT_STATE_CHECKPOINTS == 8);
 
 #[pymethods]
 impl PyEngineCore {
     /// EngineCore(path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=True,
     ///       max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None,
     ///       tensor_parallel=1, sliding_window=None, free_window_blocks=True, n_cpu_moe=0,
-    ///       speculative=None, draft_model=None, speculative_max_batch=8, state_checkpoints=8)
+    ///       speculative=None, draft_model=None, speculative_max_batch=8, state_checkpoints=None)
     ///
     /// `backend`: "cpu", "cuda" (fak's CUDA kernels; fak.BackendError without a usable GPU) or
     /// "auto" (cuda when a GPU is usable, else cpu).
@@ -217,7 +216,8 @@ impl PyEngineCore {
     /// `state_checkpoints`: a hybrid model's (qwen35 / qwen35moe) checkpoints of recurrent state
     /// for the prefix cache (docs/hybrid.md): a prompt resumes from the cache only up to a block
     /// whose state is checkpointed, so fewer checkpoints than interleaved conversations ×
-    /// checkpoints each prompt leaves lose hits. 0..=the KV cache's blocks; each takes
+    /// checkpoints each prompt leaves lose hits. 0..=the KV cache's blocks (None: 8, fewer on a
+    /// cache of fewer blocks); each takes
     /// `config["state_slot_bytes"]` (counted in `config["state_bytes"]`). No effect on dense
     /// models or with `prefix_cache=False`.
     /// `draft_model`: a GGUF path of a smaller model with the same tokenizer (Qwen2.5-Coder-0.5B
@@ -231,7 +231,7 @@ impl PyEngineCore {
     /// fak.BackendError (`backend="cuda"` without a usable CUDA backend, or with
     /// `tensor_parallel > 1`: multi-GPU is not built), ValueError (bad argument).
     #[new]
-    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0, speculative=None, draft_model=None, speculative_max_batch=8, state_checkpoints=8))]
+    #[pyo3(signature = (path, backend="cpu", n_ctx=4096, threads=None, kv_cache_tokens=None, max_batch=64, prefix_cache=true, max_tokens_per_step=None, rope_scaling=None, rope_scale=None, yarn_orig_ctx=None, tensor_parallel=1, sliding_window=None, free_window_blocks=true, n_cpu_moe=0, speculative=None, draft_model=None, speculative_max_batch=8, state_checkpoints=None))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -253,10 +253,11 @@ impl PyEngineCore {
         speculative: Option<&str>,
         draft_model: Option<PathBuf>,
         speculative_max_batch: usize,
-        state_checkpoints: i64,
+        state_checkpoints: Option<i64>,
     ) -> PyResult<PyEngineCore> {
-        let state_checkpoints = usize::try_from(state_checkpoints)
-            .map_err(|_| super::to_py(FakError::invalid("state_checkpoints", format!("{state_checkpoints} (must be ≥ 0)"))))?;
+        let state_checkpoints = state_checkpoints
+            .map(|n| usize::try_from(n).map_err(|_| super::to_py(FakError::invalid("state_checkpoints", format!("{n} (must be ≥ 0)")))))
+            .transpose()?;
         let speculative = speculative
             .map(|v| SpecParams::parse(v, "speculative"))
             .transpose()
