@@ -139,6 +139,11 @@ def _real(path: Path | str) -> str:
     return str(Path(path).resolve())
 
 
+#: the trees a sandbox hides besides the home directory (each an empty private tmpfs): ``/root``
+#: for root only, ``/var/run`` where it is a folder of its own (not the usual link to ``/run``)
+HIDDEN_ROOTS = ("/tmp", "/run", "/dev/shm", "/var/run", "/root")
+
+
 def plan_mounts(workspace: Path, *, writable: Sequence[Path] = (), readable: Sequence[Path] = (),
                 readonly: Sequence[Path] = (), home: Path, limits: Limits, net: str,
                 euid: int | None = None) -> list[Mount]:
@@ -148,11 +153,8 @@ def plan_mounts(workspace: Path, *, writable: Sequence[Path] = (), readable: Seq
     euid = os.geteuid() if euid is None else euid
     size = limits.tmpfs_bytes
     items: list[tuple[str, Mount]] = []
-    hidden = {"/tmp", "/run", "/dev/shm", _real(home)}
-    if euid == 0:
-        hidden.add("/root")
-    if os.path.isdir("/var/run") and not os.path.islink("/var/run"):
-        hidden.add("/var/run")
+    hidden = {h for h in HIDDEN_ROOTS if (h != "/root" or euid == 0)
+              and (h != "/var/run" or (os.path.isdir(h) and not os.path.islink(h)))} | {_real(home)}
     hidden.discard("/")
     for d in sorted(h for h in hidden if h in ("/tmp", "/dev/shm") or os.path.isdir(h)):
         items.append(("tmpfs", Mount("tmpfs", d, size=size, mode=0o1777 if d in (

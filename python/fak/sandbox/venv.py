@@ -67,10 +67,6 @@ def venv_paths(venv: Path | str) -> list[Path]:
     return out
 
 
-#: trees the sandbox hides (``fak.sandbox.config.plan_mounts``) besides the home directory
-HIDDEN_ROOTS = ("/tmp", "/run", "/var/run", "/dev/shm", "/root")
-
-
 def interpreter_paths(prefix: str | Path | None = None, base_prefix: str | Path | None = None,
                       executable: str | Path | None = None, *,
                       home: str | Path | None = None) -> list[Path]:
@@ -80,10 +76,10 @@ def interpreter_paths(prefix: str | Path | None = None, base_prefix: str | Path 
     ``venv_paths(prefix)`` (the venv and the interpreter it was made from), the base prefix, and
     the prefix of the executable once its links are resolved (``.../bin/python3`` →
     ``...``). Paths that do not exist are left out, and so is any that would show a hidden tree
-    whole: ``/``, ``home`` (``$HOME`` by default) or one of ``HIDDEN_ROOTS``, or a folder above
+    whole: ``/``, ``home`` (``$HOME`` by default) or one of ``config.HIDDEN_ROOTS``, or a folder above
     one of them (an interpreter installed with ``--prefix=$HOME`` is not bound: the sandbox
     cannot run it)."""
-    from fak.sandbox.config import host_home
+    from fak.sandbox.config import HIDDEN_ROOTS, host_home
 
     prefix = Path(sys.prefix if prefix is None else prefix)
     base_prefix = Path(sys.base_prefix if base_prefix is None else base_prefix)
