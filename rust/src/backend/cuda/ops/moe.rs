@@ -23,10 +23,11 @@ use crate::{FakError, Result};
 /// this many sequences); above it, the expert-sorted grouped GEMM.
 pub const MOE_GEMV_MAX_ROWS: usize = 16;
 
-/// [`MOE_GEMV_MAX_ROWS`], or `FAK_MOE_GEMV_MAX_ROWS` when set (a bench's A/B of the crossover).
-/// Read at each MoE FFN (host side, once per layer): tests may switch paths within one process.
+/// [`MOE_GEMV_MAX_ROWS`], or `FAK_MOE_GEMV_MAX_ROWS` when set (a bench's A/B of the crossover;
+/// read once).
 fn gemv_max_rows() -> usize {
-    std::env::var("FAK_MOE_GEMV_MAX_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(MOE_GEMV_MAX_ROWS)
+    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *ROWS.get_or_init(|| std::env::var("FAK_MOE_GEMV_MAX_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(MOE_GEMV_MAX_ROWS))
 }
 
 /// Pairs per tile of the grouped GEMM (`mmq_id_*_q8_n<BN>`): the smallest of 16, 32, 64 that holds
