@@ -257,7 +257,10 @@ def cuda_devices() -> dict[str, Any]:
     Never raises for a missing GPU or driver."""
 
 def cuda_memory() -> dict[str, int]:
-    """Device bytes fak holds now, by kind: ``weights``, ``kv_cache``, ``activations``, ``total``."""
+    """Device bytes fak holds now, by kind: ``weights``, ``kv_cache``, ``activations``, ``total``;
+    and the experts of ``--cpu-moe`` layers in host memory: ``host_experts`` (bytes), of them
+    ``host_experts_pinned`` (page-locked in place), ``expert_uploads`` (bytes of them copied to the
+    GPU for large batches so far). Empty in a build without CUDA."""
 
 def cuda_kernel_families() -> list[str]:
     """The kernel families (``rust/kernels/*.cu``) embedded in this build."""

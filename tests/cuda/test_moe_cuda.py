@@ -184,6 +184,55 @@ def test_cpu_moe_matches_all_on_gpu(require_cuda: None, tiny_models: dict[str, s
 
 
 @pytest.mark.cuda
+@pytest.mark.parametrize("pin", ["1", "0"])
+def test_host_experts_run_on_gpu_for_large_batches(require_cuda: None, tiny_models: dict[str, str], pin: str) -> None:
+    """At 32 rows and more (``UPLOAD_MIN_ROWS``) a host layer's experts are copied to the GPU (a
+    copy stream, two staging slots used in turn) and the GPU's expert kernels run on the copies:
+    the logits are those of the all-GPU engine (the same kernels on the same bytes), not merely
+    near them as the CPU's are, and ``expert_uploads`` counts every layer's three tensors.
+    Below 32 rows nothing is uploaded (the CPU computes the experts). With the host pages
+    page-locked (``FAK_MOE_HOST_PIN=1``: the copies are DMAs from the file's map) and pageable
+    (``0``: the driver stages them) alike."""
+    path = tiny_models["qwen3moe-Q4_K_M"]
+    gpu = _native.EngineCore(path, backend="cuda", n_ctx=512)
+    old = os.environ.get("FAK_MOE_HOST_PIN")
+    os.environ["FAK_MOE_HOST_PIN"] = pin
+    try:
+        m0 = _native.cuda_memory()
+        mixed = _native.EngineCore(path, backend="cuda", n_ctx=512, n_cpu_moe=1 << 30)
+        m1 = _native.cuda_memory()
+    finally:
+        if old is None:
+            os.environ.pop("FAK_MOE_HOST_PIN", None)
+        else:
+            os.environ["FAK_MOE_HOST_PIN"] = old
+    host = m1["host_experts"] - m0["host_experts"]
+    pinned = m1["host_experts_pinned"] - m0["host_experts_pinned"]
+    print(f"\npin={pin}: host experts {host} bytes, page-locked {pinned}")
+    assert host > 0
+    if pin == "0":
+        assert pinned == 0
+    else:
+        # whole pages only, and the driver may refuse (the copies are then staged): never more
+        assert 0 <= pinned <= host
+    rng = np.random.default_rng(5)
+    short = [int(t) for t in rng.integers(10, gpu.n_vocab - 10, size=5)]
+    before = _native.cuda_memory()["expert_uploads"]
+    mixed.logits(short)
+    assert _native.cuda_memory()["expert_uploads"] == before, "a 5-row forward uploaded experts"
+    for n_prompt in (32, 200):
+        prompt = [int(t) for t in rng.integers(10, gpu.n_vocab - 10, size=n_prompt)]
+        before = _native.cuda_memory()["expert_uploads"]
+        lm = mixed.logits(prompt)
+        uploaded = _native.cuda_memory()["expert_uploads"] - before
+        # once per forward (a prompt longer than a step's rows takes several)
+        assert uploaded > 0 and uploaded % host == 0, f"{n_prompt} rows: {uploaded} bytes uploaded, the host experts are {host}"
+        lg = gpu.logits(prompt)
+        err = float(np.abs(lg - lm).max() / np.abs(lg).max())
+        assert err <= 1e-5, f"{n_prompt} rows: staged experts' logits differ from the all-GPU run by {err:.2e}"
+
+
+@pytest.mark.cuda
 def test_grouped_decode_graph_survives_scratch_growth(require_cuda: None, tiny_models: dict[str, str]) -> None:
     """A decode step past the expert GEMV's rows (the expert-sorted grouped GEMM) is captured as a
     CUDA graph; a later, longer prefill grows the grouped GEMM's index and gathered activations;

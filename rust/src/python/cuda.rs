@@ -157,7 +157,8 @@ fn cuda_devices<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
 }
 
 /// cuda_memory() -> dict: device bytes fak holds now, by kind (`weights`, `kv_cache`,
-/// `activations`, `total`).
+/// `activations`, `total`), and the host experts of `--cpu-moe` layers (`host_experts`, of them
+/// `host_experts_pinned`; `expert_uploads`: bytes of them copied to the GPU so far).
 #[pyfunction]
 fn cuda_memory<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
     let d = PyDict::new(py);
@@ -170,6 +171,11 @@ fn cuda_memory<'py>(py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         d.set_item("kv_cache", k)?;
         d.set_item("activations", a)?;
         d.set_item("total", w + k + a)?;
+        // host memory: the experts of --cpu-moe layers, the part of them page-locked, and the
+        // bytes of them copied to the GPU for large batches so far
+        d.set_item("host_experts", crate::backend::cuda::HOST_EXPERT_BYTES.load(Relaxed))?;
+        d.set_item("host_experts_pinned", crate::backend::cuda::HOST_EXPERT_PINNED.load(Relaxed))?;
+        d.set_item("expert_uploads", crate::backend::cuda::EXPERT_UPLOAD_BYTES.load(Relaxed))?;
     }
     Ok(d)
 }

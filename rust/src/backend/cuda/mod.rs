@@ -2,7 +2,8 @@
 //! driver API (no cuBLAS, cuDNN or runtime library). The driver and NVRTC libraries are loaded at
 //! run time, so the extension builds and imports on machines without CUDA.
 //!
-//! Parts: [`device`] (context, stream, memory), [`module`] (kernel images: embedded cubins,
+//! Parts: [`device`] (context, stream, memory), [`copy`] (a copy stream, events, host memory
+//! page-locked in place), [`module`] (kernel images: embedded cubins,
 //! NVRTC with a disk cache, PTX JIT), [`graph`] (decode graphs), [`launch`] (argument packing),
 //! and `ops/<family>.rs`, one file per kernel family, each implementing its ops of the
 //! [`Backend`] trait.
@@ -13,6 +14,7 @@
 //! the CPU backend's layout; the batch in persistent device buffers refreshed by one copy per
 //! forward.
 
+pub mod copy;
 pub mod device;
 pub mod graph;
 pub mod launch;
@@ -25,6 +27,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 pub use device::{Device, DeviceInfo};
+pub(crate) use ops::EXPERT_UPLOAD_BYTES;
 pub use module::{ImageOrigin, Kernels};
 
 use crate::backend::{AttnParams, Backend, BatchLimits, BatchPlan, GraphKey, HostTensor, KvLayout, RopeParams};
@@ -79,10 +82,13 @@ pub struct CudaWeight {
     pub(crate) host: Option<HostBlocks>,
 }
 
-/// GGUF blocks in host memory (the file's map), kept alive by `owner`.
+/// GGUF blocks in host memory (the file's map), kept alive by `owner`; their whole pages
+/// page-locked (`pinned`) when [`may_pin`] allows, for uploads at the link's speed.
 pub struct HostBlocks {
     ptr: *const u8,
     len: usize,
+    // declared before `_owner`: unregistered before the map can go
+    pinned: Option<copy::HostRegistration>,
     _owner: std::sync::Arc<dyn std::any::Any + Send + Sync>,
 }
 
@@ -97,16 +103,46 @@ impl HostBlocks {
         // SAFETY: `ptr..ptr + len` was a valid slice of memory owned by `_owner`, held here.
         unsafe { std::slice::from_raw_parts(self.ptr, self.len) }
     }
+
+    /// The page-locked part `(offset, bytes)` of [`Self::bytes`] (`(0, 0)`: none).
+    pub fn pinned_span(&self) -> (usize, usize) {
+        self.pinned.as_ref().map_or((0, 0), |r| r.span(self.ptr))
+    }
 }
 
 impl Drop for HostBlocks {
     fn drop(&mut self) {
         HOST_EXPERT_BYTES.fetch_sub(self.len, Ordering::Relaxed);
+        if let Some(r) = &self.pinned {
+            HOST_EXPERT_PINNED.fetch_sub(r.len(), Ordering::Relaxed);
+        }
     }
 }
 
 /// Bytes of MoE experts held in host memory (`--cpu-moe`), process-wide.
 pub static HOST_EXPERT_BYTES: AtomicUsize = AtomicUsize::new(0);
+/// Of those, the bytes page-locked in place.
+pub static HOST_EXPERT_PINNED: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether `len` more bytes of host experts may be page-locked: `FAK_MOE_HOST_PIN` = `0`/`off`
+/// never, `1`/`on` always; unset, while all of them stay within half the machine's memory
+/// (`MemTotal`), so that locking never starves the host (a file larger than that stays pageable,
+/// as llama.cpp's map without `--mlock`).
+fn may_pin(len: usize) -> bool {
+    match std::env::var("FAK_MOE_HOST_PIN").as_deref() {
+        Ok("0" | "off" | "false" | "no") => false,
+        Ok("1" | "on" | "true" | "yes") => true,
+        _ => {
+            static TOTAL: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+            let total = *TOTAL.get_or_init(|| {
+                let info = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+                let kib = info.lines().find_map(|l| l.strip_prefix("MemTotal:")).and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok());
+                kib.unwrap_or(0) * 1024
+            });
+            HOST_EXPERT_PINNED.load(Ordering::Relaxed) + len <= total / 2
+        }
+    }
+}
 
 impl CudaWeight {
     /// Elements per row (`dims[0]`).
@@ -312,6 +348,8 @@ pub struct CudaBackend {
     pub(crate) mm: Mutex<AttnScratch>,
     /// The MoE grouped GEMM's expert index and gathered activations (`ops::moe`).
     pub(crate) moe: Mutex<ops::MoeScratch>,
+    /// The copy stream and staging slots of host experts run on the GPU (`ops::moe_host`).
+    pub(crate) moe_staging: Mutex<ops::ExpertStaging>,
     /// The Gated DeltaNet layers' intermediate rows (`ops::deltanet`).
     pub(crate) gdn: Mutex<ops::GdnScratch>,
     /// Arrival counters of the split-K GEMM, one per output tile, zero between launches.
@@ -345,6 +383,7 @@ impl CudaBackend {
             small: Mutex::new(None),
             mm: Mutex::new(AttnScratch::default()),
             moe: Mutex::new(ops::MoeScratch::default()),
+            moe_staging: Mutex::new(ops::ExpertStaging::default()),
             gdn: Mutex::new(ops::GdnScratch::default()),
             mm_counters,
             decode_step: std::sync::atomic::AtomicBool::new(false),
@@ -542,7 +581,12 @@ impl Backend for CudaBackend {
         }
         HOST_EXPERT_BYTES.fetch_add(t.data.len(), Ordering::Relaxed);
         let mem = Tracked::new(self.dev.alloc(256)?, &MEMORY.weights);
-        let host = HostBlocks { ptr: t.data.as_ptr(), len: t.data.len(), _owner: t.owner.clone() };
+        // Page-locking is an optimisation of the uploads: a refusal leaves the bytes pageable.
+        let pinned = if may_pin(t.data.len()) { copy::HostRegistration::new(&self.dev, t.data.as_ptr(), t.data.len()).ok().flatten() } else { None };
+        if let Some(r) = &pinned {
+            HOST_EXPERT_PINNED.fetch_add(r.len(), Ordering::Relaxed);
+        }
+        let host = HostBlocks { ptr: t.data.as_ptr(), len: t.data.len(), pinned, _owner: t.owner.clone() };
         Ok(CudaWeight { name: t.name.to_string(), wtype: t.wtype, dims: t.dims.to_vec(), row_bytes, mem, host: Some(host) })
     }
 

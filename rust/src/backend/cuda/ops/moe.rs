@@ -12,6 +12,8 @@
 //!   GEMM — the gate/up outputs, the SwiGLU and the down outputs staying in sorted order;
 //! - `moe_combine_f32`: the weighted sum in slot order added to the residual (through the sorted
 //!   positions in the grouped path).
+//!
+//! The experts of `--cpu-moe` layers (blocks in host memory): `moe_host.rs`.
 
 use super::super::launch::Args;
 use super::super::{is_dense, kernel_fmt, CudaBackend, CudaBuffer, CudaWeight, Tracked, MEMORY};
@@ -79,12 +81,6 @@ fn experts(w: &CudaWeight) -> Result<(usize, usize, usize, usize)> {
 }
 
 impl CudaBackend {
-    /// Copies the first `out.len()` values of `buf` to the host after the queued work finished.
-    fn read_f32_sync(&self, buf: &CudaBuffer, out: &mut [f32]) -> Result<()> {
-        self.dev.synchronize()?;
-        buf.mem.mem.read(0, out)
-    }
-
     /// RMSNorm of `n_rows` rows of `dim` in place (no 8-bit forms: RoPE rewrites the rows next).
     pub(crate) fn op_rmsnorm_inplace(&self, x: &mut CudaBuffer, w: &CudaWeight, eps: f32, n_rows: usize, dim: usize) -> Result<()> {
         if w.wtype != GgmlType::F32 || w.k() != dim || !w.is_vector() {
@@ -280,46 +276,21 @@ impl CudaBackend {
         )
     }
 
-    /// The experts of a `--cpu-moe` layer on the CPU: the rows `h`, the chosen ids and weights
-    /// come to the host (one synchronisation), the CPU backend's expert matmuls, SwiGLU and
-    /// weighted sum (`cpu::moe`, the same arithmetic as the CPU backend) make `Σ_s w_s·FFN_{e_s}`,
-    /// which goes back into `s.experts` and is added to `res` on the device.
-    fn moe_experts_on_host(&self, h: &CudaBuffer, w: &MoeWeights<'_, CudaWeight>, p: &MoeParams, n_rows: usize, s: MoeBuffers<'_, CudaBuffer>, res: &mut CudaBuffer) -> Result<()> {
-        use crate::backend::cpu::{moe as cmoe, vecops};
-        let (k, d, f) = (p.k, p.n_embd, p.n_ff_exp);
-        fn host(wt: &CudaWeight) -> Result<cmoe::ExpertMatmul<'_>> {
-            let hb = wt.host.as_ref().ok_or_else(|| FakError::model(format!("{}: a layer's experts must all be on the host or all on the device", wt.name)))?;
-            Ok(cmoe::ExpertMatmul { wtype: wt.wtype, w: hb.bytes(), k_in: wt.dims[0], n_out: wt.dims[1], n_expert: wt.dims[2] })
-        }
-        let (gate, up, down) = (host(w.gate_exps)?, host(w.up_exps)?, host(w.down_exps)?);
-        let mut hx = vec![0f32; n_rows * d];
-        let mut ids = vec![0f32; n_rows * k];
-        let mut ws = vec![0f32; n_rows * k];
-        self.read_f32_sync(h, &mut hx)?;
-        self.read_f32_sync(s.ids, &mut ids)?;
-        self.read_f32_sync(s.weights, &mut ws)?;
-        let mut g = vec![0f32; n_rows * k * f];
-        let mut u = vec![0f32; n_rows * k * f];
-        let mut e = vec![0f32; n_rows * k * d];
-        up.run(&hx, false, &ids, k, None, &mut u)?;
-        gate.run(&hx, false, &ids, k, None, &mut g)?;
-        vecops::swiglu(&mut g, &u);
-        down.run(&g, true, &ids, k, None, &mut e)?;
-        let mut moe_out = vec![0f32; n_rows * d];
-        cmoe::combine(&e, &ws, n_rows, k, d, &mut moe_out);
-        s.experts.written();
-        s.experts.mem.mem.write(0, &moe_out)?;
-        self.op_add(res, s.experts, n_rows * d)
-    }
-
     /// The whole MoE FFN of `n_rows` rows (see the module doc): `res += Σ_s w_s · FFN_{e_s}(h)`.
     pub(crate) fn op_moe_ffn(&self, h: &CudaBuffer, w: &MoeWeights<'_, CudaWeight>, p: &MoeParams, n_rows: usize, s: MoeBuffers<'_, CudaBuffer>, res: &mut CudaBuffer) -> Result<()> {
         let k = p.k;
         self.op_matmul(w.gate_inp, None, h, n_rows, s.router, false)?;
         self.op_moe_route(s.router, n_rows, p.n_expert, k, p.norm_w, p.w_scale, s.ids, s.weights)?;
         if w.gate_exps.host.is_some() {
-            return self.moe_experts_on_host(h, w, p, n_rows, s, res);
+            return self.moe_host_experts(h, w, p, n_rows, s, res);
         }
+        self.moe_experts_on_gpu(h, w, p, n_rows, s, res)
+    }
+
+    /// The experts' FFN of `n_rows` routed rows (`s.ids`, `s.weights`) from device weights:
+    /// `res += Σ_s w_s · FFN_{e_s}(h)`.
+    pub(super) fn moe_experts_on_gpu(&self, h: &CudaBuffer, w: &MoeWeights<'_, CudaWeight>, p: &MoeParams, n_rows: usize, s: MoeBuffers<'_, CudaBuffer>, res: &mut CudaBuffer) -> Result<()> {
+        let k = p.k;
         if n_rows <= gemv_max_rows() {
             self.op_matmul_id(&[w.gate_exps, w.up_exps], h, s.ids, n_rows, k, false, &mut [&mut *s.gate, &mut *s.up])?;
             self.op_swiglu(s.gate, s.up, n_rows * k * p.n_ff_exp)?;
