@@ -5,9 +5,11 @@ user with a 24 GB card can read off what to expect.
 
 Per N: decode (``bench_cuda.decode``: 128 greedy tokens of one sequence, forward tok/s as
 llama-bench's tg128) and prefill (``bench_cuda.prefill``: one ``--prefill``-token prompt, time to
-the first token, best of 3 after a warm-up; from 32 rows the host layers' experts are copied to the
-GPU and run there, ``ops/moe_host.rs``), with ``--pageable`` also the prefill with the host experts
-left pageable (``FAK_MOE_HOST_PIN=0``: the driver stages each copy) beside page-locked;
+the first token, best of 3 after a warm-up; with ``--upload-min-rows R`` (default 32, 0: off) the
+host layers' experts are copied to the GPU and run there from R rows, ``ops/moe_host.rs``,
+``FAK_MOE_UPLOAD_MIN_ROWS``), with ``--compare`` also the prefill with the host experts left
+pageable (``FAK_MOE_HOST_PIN=0``: the driver stages each copy) and with the upload off (the CPU
+computes the host experts at every row count, as before 2026-12-08);
 fak's device memory by kind (``fak._native.cuda_memory()``) and ``nvidia-smi``'s used memory with
 the model loaded; llama.cpp's peak ``nvidia-smi`` used memory while its run lasts (sampled every
 0.2 s; the GPU is otherwise idle). The CPU that computes the offloaded experts is named in the
@@ -16,7 +18,7 @@ output (``benches/machine.py``): it decides the speed as much as the GPU does.
 Run on the GPU machine::
 
     python benches/bench_cuda_cpu_moe.py --model twin.gguf --n-cpu-moe 0,12,24,48 \\
-        [--pageable] [--llama-bench DIR/llama-bench] [--json out.json]
+        [--upload-min-rows 32] [--compare] [--llama-bench DIR/llama-bench] [--json out.json]
 """
 
 from __future__ import annotations
@@ -96,9 +98,9 @@ def table(rows: list[dict], peers: dict[int, dict], n_prefill: int) -> str:
     """The markdown table of ``run_fak`` rows beside ``run_peer`` results by N (MiB, tok/s, ratios)."""
     mib = 2**20
     lines = [f"| n_cpu_moe | fak decode tok/s | llama.cpp tg | ratio | fak pp{n_prefill} tok/s | llama.cpp pp{n_prefill} | ratio "
-             "| fak pp, host experts pageable | page-locked (MiB) "
+             "| fak pp, pageable | fak pp, CPU experts | page-locked (MiB) "
              "| fak VRAM (weights / all, MiB) | nvidia-smi with fak loaded (MiB) | llama.cpp peak nvidia-smi (MiB) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def ratio(a: float | None, b: float | None) -> str:
         return f"{a / b:.2f}" if a and b else "-"
@@ -110,7 +112,7 @@ def table(rows: list[dict], peers: dict[int, dict], n_prefill: int) -> str:
         lines.append(
             f"| {f['n_cpu_moe']} | {f['decode_tok_s']:.1f} | {p.get('decode_tok_s', 0):.1f} | {ratio(f['decode_tok_s'], p.get('decode_tok_s'))} "
             f"| {f['prefill_tok_s']:.0f} | {p.get('prefill_tok_s', 0):.0f} | {ratio(f['prefill_tok_s'], p.get('prefill_tok_s'))} "
-            f"| {f.get('prefill_tok_s_pageable', 0):.0f} | {v.get('host_experts_pinned', 0) // mib:,} "
+            f"| {f.get('prefill_tok_s_pageable', 0):.0f} | {f.get('prefill_tok_s_cpu', 0):.0f} | {v.get('host_experts_pinned', 0) // mib:,} "
             f"| {v.get('weights', 0) // mib:,} / {total // mib:,} | {(f['nvidia_smi_used'] or 0) // mib:,} | {p.get('nvidia_smi_peak', 0) // mib:,} |")
     return "\n".join(lines)
 
@@ -121,21 +123,34 @@ def main() -> None:
     ap.add_argument("--n-cpu-moe", default="0,12,24,48", help="comma list of N")
     ap.add_argument("--prefill", type=int, default=512)
     ap.add_argument("--llama-bench", default=None)
-    ap.add_argument("--pageable", action="store_true", help="also the prefill with the host experts pageable (FAK_MOE_HOST_PIN=0)")
+    ap.add_argument("--upload-min-rows", type=int, default=32, help="FAK_MOE_UPLOAD_MIN_ROWS for fak's rows (0: unset, the upload off)")
+    ap.add_argument("--compare", action="store_true",
+                    help="per N > 0 also the prefill with the host experts pageable (FAK_MOE_HOST_PIN=0) and with the upload off")
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     ns = [int(x) for x in a.n_cpu_moe.split(",")]
     machine = describe()
     print(f"machine: {machine}", flush=True)
     rows = []
+    def with_env(env: dict[str, str], n: int) -> dict:
+        old = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        try:
+            return run_fak(a.model, n, a.prefill)
+        finally:
+            for k, v in old.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+
+    upload = {"FAK_MOE_UPLOAD_MIN_ROWS": str(a.upload_min_rows)} if a.upload_min_rows > 0 else {}
     for n in ns:
-        rows.append(run_fak(a.model, n, a.prefill))
-        if a.pageable and n > 0:
-            os.environ["FAK_MOE_HOST_PIN"] = "0"
-            try:
-                rows[-1]["prefill_tok_s_pageable"] = run_fak(a.model, n, a.prefill)["prefill_tok_s"]
-            finally:
-                del os.environ["FAK_MOE_HOST_PIN"]
+        rows.append(with_env(upload, n))
+        rows[-1]["upload_min_rows"] = a.upload_min_rows
+        if a.compare and n > 0 and upload:
+            rows[-1]["prefill_tok_s_pageable"] = with_env({**upload, "FAK_MOE_HOST_PIN": "0"}, n)["prefill_tok_s"]
+            rows[-1]["prefill_tok_s_cpu"] = with_env({"FAK_MOE_UPLOAD_MIN_ROWS": str(2**62)}, n)["prefill_tok_s"]
         print(json.dumps(rows[-1]), flush=True)
     peers: dict[int, dict] = {}
     if a.llama_bench:

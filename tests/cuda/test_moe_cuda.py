@@ -186,8 +186,10 @@ def test_cpu_moe_matches_all_on_gpu(require_cuda: None, tiny_models: dict[str, s
 @pytest.mark.cuda
 @pytest.mark.parametrize("pin", ["1", "0"])
 def test_host_experts_run_on_gpu_for_large_batches(require_cuda: None, tiny_models: dict[str, str], pin: str) -> None:
-    """At 32 rows and more (``UPLOAD_MIN_ROWS``) a host layer's experts are copied to the GPU (a
-    copy stream, two staging slots used in turn) and the GPU's expert kernels run on the copies:
+    """With the upload on (``FAK_MOE_UPLOAD_MIN_ROWS=32``, read when the engine's backend is made;
+    off by default until this has run on a GPU), at 32 rows and more a host layer's experts are
+    copied to the GPU (a copy stream, two staging slots used in turn) and the GPU's expert kernels
+    run on the copies:
     the logits are those of the all-GPU engine (the same kernels on the same bytes), not merely
     near them as the CPU's are, and ``expert_uploads`` counts every layer's three tensors.
     Below 32 rows nothing is uploaded (the CPU computes the experts). With the host pages
@@ -195,17 +197,19 @@ def test_host_experts_run_on_gpu_for_large_batches(require_cuda: None, tiny_mode
     (``0``: the driver stages them) alike."""
     path = tiny_models["qwen3moe-Q4_K_M"]
     gpu = _native.EngineCore(path, backend="cuda", n_ctx=512)
-    old = os.environ.get("FAK_MOE_HOST_PIN")
-    os.environ["FAK_MOE_HOST_PIN"] = pin
+    env = {"FAK_MOE_HOST_PIN": pin, "FAK_MOE_UPLOAD_MIN_ROWS": "32"}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
     try:
         m0 = _native.cuda_memory()
         mixed = _native.EngineCore(path, backend="cuda", n_ctx=512, n_cpu_moe=1 << 30)
         m1 = _native.cuda_memory()
     finally:
-        if old is None:
-            os.environ.pop("FAK_MOE_HOST_PIN", None)
-        else:
-            os.environ["FAK_MOE_HOST_PIN"] = old
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
     host = m1["host_experts"] - m0["host_experts"]
     pinned = m1["host_experts_pinned"] - m0["host_experts_pinned"]
     print(f"\npin={pin}: host experts {host} bytes, page-locked {pinned}")
@@ -230,6 +234,19 @@ def test_host_experts_run_on_gpu_for_large_batches(require_cuda: None, tiny_mode
         lg = gpu.logits(prompt)
         err = float(np.abs(lg - lm).max() / np.abs(lg).max())
         assert err <= 1e-5, f"{n_prompt} rows: staged experts' logits differ from the all-GPU run by {err:.2e}"
+
+
+@pytest.mark.cuda
+def test_host_experts_stay_on_the_cpu_without_the_upload(require_cuda: None, tiny_models: dict[str, str]) -> None:
+    """``FAK_MOE_UPLOAD_MIN_ROWS`` unset: a 100-row forward computes the host experts on the CPU
+    (nothing uploaded, nothing page-locked) — the default until the upload has run on a GPU."""
+    assert "FAK_MOE_UPLOAD_MIN_ROWS" not in os.environ
+    m0 = _native.cuda_memory()
+    mixed = _native.EngineCore(tiny_models["qwen3moe-Q4_K_M"], backend="cuda", n_ctx=512, n_cpu_moe=1 << 30)
+    assert _native.cuda_memory()["host_experts_pinned"] == m0["host_experts_pinned"]
+    before = _native.cuda_memory()["expert_uploads"]
+    mixed.logits([int(t) for t in np.random.default_rng(2).integers(10, mixed.n_vocab - 10, size=100)])
+    assert _native.cuda_memory()["expert_uploads"] == before
 
 
 @pytest.mark.cuda

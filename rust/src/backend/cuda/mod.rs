@@ -350,6 +350,8 @@ pub struct CudaBackend {
     pub(crate) moe: Mutex<ops::MoeScratch>,
     /// The copy stream and staging slots of host experts run on the GPU (`ops::moe_host`).
     pub(crate) moe_staging: Mutex<ops::ExpertStaging>,
+    /// Rows from which host experts run on the GPU (`ops::moe_host`; `usize::MAX`: never).
+    pub(crate) moe_upload_min_rows: usize,
     /// The Gated DeltaNet layers' intermediate rows (`ops::deltanet`).
     pub(crate) gdn: Mutex<ops::GdnScratch>,
     /// Arrival counters of the split-K GEMM, one per output tile, zero between launches.
@@ -384,6 +386,7 @@ impl CudaBackend {
             mm: Mutex::new(AttnScratch::default()),
             moe: Mutex::new(ops::MoeScratch::default()),
             moe_staging: Mutex::new(ops::ExpertStaging::default()),
+            moe_upload_min_rows: ops::upload_min_rows_from_env(),
             gdn: Mutex::new(ops::GdnScratch::default()),
             mm_counters,
             decode_step: std::sync::atomic::AtomicBool::new(false),
@@ -581,8 +584,9 @@ impl Backend for CudaBackend {
         }
         HOST_EXPERT_BYTES.fetch_add(t.data.len(), Ordering::Relaxed);
         let mem = Tracked::new(self.dev.alloc(256)?, &MEMORY.weights);
-        // Page-locking is an optimisation of the uploads: a refusal leaves the bytes pageable.
-        let pinned = if may_pin(t.data.len()) { copy::HostRegistration::new(&self.dev, t.data.as_ptr(), t.data.len()).ok().flatten() } else { None };
+        // Page-locking serves the uploads (none while they are off); a refusal leaves the bytes
+        // pageable.
+        let pinned = if self.moe_upload_min_rows != usize::MAX && may_pin(t.data.len()) { copy::HostRegistration::new(&self.dev, t.data.as_ptr(), t.data.len()).ok().flatten() } else { None };
         if let Some(r) = &pinned {
             HOST_EXPERT_PINNED.fetch_add(r.len(), Ordering::Relaxed);
         }

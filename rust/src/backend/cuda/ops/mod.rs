@@ -18,4 +18,4 @@ mod sampling;
 pub(crate) use deltanet::GdnScratch;
 pub(crate) use matmul::MM_COUNTERS;
 pub(crate) use moe::MoeScratch;
-pub(crate) use moe_host::{ExpertStaging, EXPERT_UPLOAD_BYTES};
+pub(crate) use moe_host::{upload_min_rows_from_env, ExpertStaging, EXPERT_UPLOAD_BYTES};

@@ -2,7 +2,8 @@
 //! file's map; [`HostBlocks`]):
 //! - few rows (decode, below [`UPLOAD_MIN_ROWS`]): the CPU backend computes the chosen experts —
 //!   a few experts' rows read where they lie beat copying the layer's 128;
-//! - many rows (prefill, large batches): the layer's three expert tensors are copied to the GPU
+//! - many rows (prefill, large batches; opt-in until run on a GPU: [`upload_min_rows_from_env`]):
+//!   the layer's three expert tensors are copied to the GPU
 //!   and the GPU's expert kernels run on the copies, as llama.cpp does for weights in host memory
 //!   at batches of 32 rows and more. The copies go on a stream of their own into two staging
 //!   slots used in turn, so that one layer's upload overlaps the layers before it; events order
@@ -20,14 +21,17 @@ use super::super::{CudaBackend, CudaBuffer, CudaWeight, HostBlocks, Tracked, MEM
 use crate::backend::{MoeBuffers, MoeParams, MoeWeights};
 use crate::{FakError, Result};
 
-/// Rows of a forward from which a host layer's experts are uploaded and run on the GPU
-/// (llama.cpp: `GGML_OP_OFFLOAD_MIN_BATCH`, 32).
+/// Rows of a forward from which a host layer's experts are uploaded and run on the GPU when
+/// the upload is on (llama.cpp: `GGML_OP_OFFLOAD_MIN_BATCH`, 32).
 pub const UPLOAD_MIN_ROWS: usize = 32;
 
-/// [`UPLOAD_MIN_ROWS`], or `FAK_MOE_UPLOAD_MIN_ROWS` when set (tests and benches; read once).
-pub(crate) fn upload_min_rows() -> usize {
-    static ROWS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *ROWS.get_or_init(|| std::env::var("FAK_MOE_UPLOAD_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(UPLOAD_MIN_ROWS))
+/// The rows from which a backend made now uploads host experts: `FAK_MOE_UPLOAD_MIN_ROWS` (read
+/// when the backend is made, so that a test or bench can set it per engine). Unset: **off**
+/// (`usize::MAX`, the CPU computes every row) until the path has run on a GPU — written
+/// 2026-12-08 in a session that got no GPU; `FAK_MOE_UPLOAD_MIN_ROWS=32` (= [`UPLOAD_MIN_ROWS`])
+/// turns it on, as the op tests and `benches/bench_cuda_cpu_moe.py` do.
+pub(crate) fn upload_min_rows_from_env() -> usize {
+    std::env::var("FAK_MOE_UPLOAD_MIN_ROWS").ok().and_then(|v| v.parse().ok()).unwrap_or(usize::MAX)
 }
 
 /// Bytes of host experts copied to the GPU so far, process-wide (`fak.cuda_memory()`).
@@ -51,9 +55,9 @@ pub(crate) struct ExpertStaging {
 
 impl CudaBackend {
     /// The experts of a host layer for `n_rows` rows: on the GPU from staged copies at
-    /// [`upload_min_rows`] rows and more, else on the CPU.
+    /// `moe_upload_min_rows` rows and more ([`upload_min_rows_from_env`]), else on the CPU.
     pub(super) fn moe_host_experts(&self, h: &CudaBuffer, w: &MoeWeights<'_, CudaWeight>, p: &MoeParams, n_rows: usize, s: MoeBuffers<'_, CudaBuffer>, res: &mut CudaBuffer) -> Result<()> {
-        if n_rows < upload_min_rows() {
+        if n_rows < self.moe_upload_min_rows {
             return self.moe_experts_on_cpu(h, w, p, n_rows, s, res);
         }
         let mut g = self.moe_staging.lock().unwrap_or_else(|e| e.into_inner());
