@@ -32,7 +32,9 @@ its difference from chat completions.
 **Hybrid models** (qwen35 / qwen35moe: docs/hybrid.md): a prompt resumes from the prefix cache
 only up to a block with a checkpoint of the recurrent state. ``--state-checkpoints 0,1,2,4,8``
 replays ``after`` once per checkpoint count (the engine's ``state_checkpoints``), each on a fresh
-engine, and reports the state memory beside the hit rate.
+engine, and reports the state memory beside the hit rate; with ``--sessions N`` each replays N
+sessions of the task back to back (``as_session``: they share each agent's system turn and tools,
+so a later session's agents resume where an earlier session's prompts branched).
 
 Run: ``PYTHONPATH=python python benches/bench_agent_prefix.py --model PATH.gguf --json out.json``
 (``--model tiny`` writes the tiny synthetic qwen2 model, ``--model tiny-ARCH`` the tiny synthetic
@@ -230,7 +232,8 @@ def main() -> None:
     ap.add_argument("--skip-replay", action="store_true")
     ap.add_argument("--limit", type=int, default=None, help="replay the first N requests only")
     ap.add_argument("--sessions", type=int, default=1,
-                    help="sessions of the task replayed back to back in the tight-KV conditions")
+                    help="sessions of the task replayed back to back in the tight-KV conditions and the "
+                         "--state-checkpoints replays")
     ap.add_argument("--conditions", default="before,after,tight",
                     help="which replays: before, after, tight (the two tight-KV ones, with --tight-kv)")
     ap.add_argument("--json", type=Path)
@@ -274,7 +277,7 @@ def main() -> None:
                 with Engine(model, backend="cpu", n_ctx=args.n_ctx, kv_cache_tokens=kv, max_batch=4, **extra) as eng:
                     config = dict(eng._loop.model.config)  # the native config (state memory)
                     with serving(eng, normalise=normalise, resident=resident) as srv:
-                        rows = replay(srv, args.max_tokens, args.limit, args.sessions if kv else 1)
+                        rows = replay(srv, args.max_tokens, args.limit, args.sessions if kv or count is not None else 1)
                 state = {k: config.get(k) for k in ("state_checkpoints", "state_slot_bytes", "state_bytes")}
                 result["replay"][name] = {"kv_cache_tokens": kv, **extra, "state": state, "rows": rows,
                                           "summary": summarize(rows), "wall_s": round(time.perf_counter() - t0, 1),
