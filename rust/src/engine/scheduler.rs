@@ -100,9 +100,11 @@ pub struct Scheduler {
 /// whose prefix-cache hit ends at that block resumes from it.
 ///
 /// Eviction: a prompt's checkpoint at its end (the last block boundary before its last token,
-/// where the prefill forward is cut) is what the next turn of its conversation resumes from; the
+/// where the prefill forward is cut) is what the next turn of its conversation resumes from, and
+/// one at its branch point (where its KV hit ended, [`Sequence::branch_at`]: the prefix it shares
+/// with another conversation) what a third conversation with that prefix resumes from; the
 /// others (the ends of earlier prefill chunks, decode steps crossing a block boundary) give way
-/// to it first. So a slot taken is a free one, else the least recently used of the others, else
+/// to those first. So a slot taken is a free one, else the least recently used of the others, else
 /// the least recently used of the prompt ends. Without that order a 30k-token prompt's 60 chunk
 /// checkpoints pushed every other conversation's end out (`benches/results/agent-prefix.md`,
 /// 2026-12-07, hybrid section).
