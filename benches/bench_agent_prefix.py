@@ -239,7 +239,7 @@ def main() -> None:
                     help="replay only this agent's requests (main, sub:Explore, sub:general-purpose); with "
                          "--limit 1 --sessions N: N sub-agents of one kind started one after another")
     ap.add_argument("--sessions", type=int, default=1,
-                    help="sessions of the task replayed back to back in the tight-KV conditions and the "
+                    help="sessions of the task replayed back to back in the tight-KV conditions, with --agent, and the "
                          "--state-checkpoints replays")
     ap.add_argument("--conditions", default="before,after,tight",
                     help="which replays: before, after, tight (the two tight-KV ones, with --tight-kv)")
@@ -284,7 +284,7 @@ def main() -> None:
                 with Engine(model, backend="cpu", n_ctx=args.n_ctx, kv_cache_tokens=kv, max_batch=4, **extra) as eng:
                     config = dict(eng._loop.model.config)  # the native config (state memory)
                     with serving(eng, normalise=normalise, resident=resident) as srv:
-                        rows = replay(srv, args.max_tokens, args.limit, args.sessions if kv or count is not None else 1,
+                        rows = replay(srv, args.max_tokens, args.limit, args.sessions if kv or count is not None or args.agent else 1,
                                       args.agent)
                 state = {k: config.get(k) for k in ("state_checkpoints", "state_slot_bytes", "state_bytes")}
                 result["replay"][name] = {"kv_cache_tokens": kv, **extra, "state": state, "rows": rows,
