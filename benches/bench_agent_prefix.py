@@ -32,7 +32,11 @@ its difference from chat completions.
 **Hybrid models** (qwen35 / qwen35moe: docs/hybrid.md): a prompt resumes from the prefix cache
 only up to a block with a checkpoint of the recurrent state. ``--state-checkpoints 0,1,2,4,8``
 replays ``after`` once per checkpoint count (the engine's ``state_checkpoints``), each on a fresh
-engine, and reports the state memory beside the hit rate.
+engine, and reports the state memory beside the hit rate; with ``--sessions N`` each replays N
+sessions of the task back to back (``as_session``: they share each agent's system turn and tools,
+so a later session's agents resume where an earlier session's prompts branched). ``--agent
+sub:general-purpose --limit 1 --sessions 3``: three sub-agents of one kind (same system prompt and
+tools, their own tasks) started one after another, the case a branch checkpoint is for.
 
 Run: ``PYTHONPATH=python python benches/bench_agent_prefix.py --model PATH.gguf --json out.json``
 (``--model tiny`` writes the tiny synthetic qwen2 model, ``--model tiny-ARCH`` the tiny synthetic
@@ -131,12 +135,14 @@ def as_session(body: dict[str, Any], session: int) -> dict[str, Any]:
     return body
 
 
-def replay(srv: Any, max_tokens: int, limit: int | None = None, sessions: int = 1) -> list[dict[str, Any]]:
-    """Send every fixture (the first ``limit``), each with a fresh ``cch``, ``sessions`` times
-    (``as_session``), and measure each (see the module doc)."""
+def replay(srv: Any, max_tokens: int, limit: int | None = None, sessions: int = 1,
+           agent: str | None = None) -> list[dict[str, Any]]:
+    """Send every fixture (the first ``limit``; only ``agent``'s, ``who``, when given), each with a
+    fresh ``cch``, ``sessions`` times (``as_session``), and measure each (see the module doc)."""
     rows = []
+    chosen = [fx for fx in fixtures() if agent is None or who(fx["body"]) == agent][:limit]
     with httpx.Client(timeout=3600) as http:
-        for session, fx in ((k, fx) for k in range(sessions) for fx in fixtures()[:limit]):
+        for session, fx in ((k, fx) for k in range(sessions) for fx in chosen):
             body = with_cch(as_session(fx["body"], session))
             body.update(stream=True, max_tokens=max_tokens, temperature=0)
             headers = {k: v for k, v in fx["headers"].items() if k.startswith("anthropic-")}
@@ -229,8 +235,12 @@ def main() -> None:
     ap.add_argument("--overhead-rounds", type=int, default=200)
     ap.add_argument("--skip-replay", action="store_true")
     ap.add_argument("--limit", type=int, default=None, help="replay the first N requests only")
+    ap.add_argument("--agent", default=None,
+                    help="replay only this agent's requests (main, sub:Explore, sub:general-purpose); with "
+                         "--limit 1 --sessions N: N sub-agents of one kind started one after another")
     ap.add_argument("--sessions", type=int, default=1,
-                    help="sessions of the task replayed back to back in the tight-KV conditions")
+                    help="sessions of the task replayed back to back in the tight-KV conditions, with --agent, and the "
+                         "--state-checkpoints replays")
     ap.add_argument("--conditions", default="before,after,tight",
                     help="which replays: before, after, tight (the two tight-KV ones, with --tight-kv)")
     ap.add_argument("--json", type=Path)
@@ -238,7 +248,7 @@ def main() -> None:
     from fak.engine import Engine
 
     result: dict[str, Any] = {"machine": machine(), "model": args.model, "fixtures": str(FIXTURES.relative_to(REPO)),
-                              "max_tokens": args.max_tokens, "limit": args.limit, "n_ctx": args.n_ctx,
+                              "max_tokens": args.max_tokens, "limit": args.limit, "agent": args.agent, "sessions": args.sessions, "n_ctx": args.n_ctx,
                               "date": time.strftime("%Y-%m-%d %H:%M")}
     model = args.model
     if model == "tiny":
@@ -274,7 +284,8 @@ def main() -> None:
                 with Engine(model, backend="cpu", n_ctx=args.n_ctx, kv_cache_tokens=kv, max_batch=4, **extra) as eng:
                     config = dict(eng._loop.model.config)  # the native config (state memory)
                     with serving(eng, normalise=normalise, resident=resident) as srv:
-                        rows = replay(srv, args.max_tokens, args.limit, args.sessions if kv else 1)
+                        rows = replay(srv, args.max_tokens, args.limit, args.sessions if kv or count is not None or args.agent else 1,
+                                      args.agent)
                 state = {k: config.get(k) for k in ("state_checkpoints", "state_slot_bytes", "state_bytes")}
                 result["replay"][name] = {"kv_cache_tokens": kv, **extra, "state": state, "rows": rows,
                                           "summary": summarize(rows), "wall_s": round(time.perf_counter() - t0, 1),

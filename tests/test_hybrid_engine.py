@@ -187,3 +187,49 @@ def test_a_long_prompts_chunk_checkpoints_give_way_to_other_conversations_ends(h
     _resume(m, 2, b1)
     assert _resume(m, 3, a2)[0] == 96
     assert _resume(m, 4, b2)[0] == 1184
+
+
+def _branches(model: _native.EngineCore) -> list[list[int]]:
+    """Prompts A, B, C: a shared 200-token prefix (6 whole blocks and 8 tokens) then 40, 50 and
+    60 tokens of their own."""
+    (p,) = _prompts(model, [200], seed=10)
+    return [p + t for t in _prompts(model, [40, 50, 60], seed=11)]
+
+
+def _steps(m: _native.EngineCore, seq_id: int, prompt: list[int]) -> tuple[int, int, tuple[int, dict[int, float]] | None]:
+    """``_resume`` and the forwards it took: (forwards, hit tokens, (token, top log-probs))."""
+    before = m.stats()["steps"]
+    hit, out = _resume(m, seq_id, prompt)
+    return m.stats()["steps"] - before, hit, out
+
+
+def test_a_third_prompt_resumes_where_two_others_branched(hybrid: str) -> None:
+    """A, B, C share 200 tokens. B finds A's first 6 blocks (192 tokens) in the KV cache but no
+    state checkpoint there (A's is at its end, 224): it computes from 0, its prefill cut at its
+    branch point 192 (a checkpoint taken) and at its end cut 224, then its last rows. C resumes
+    at 192 from B's branch checkpoint. B's and C's logits equal a cold run's, bit for bit."""
+    m = _native.EngineCore(hybrid, backend="cpu", n_ctx=2048, max_batch=2)
+    a, b, c = _branches(m)
+    assert _steps(m, 1, a)[:2] == (2, 0)  # to its end cut (224), then its last 16 rows
+    n_b, hit_b, got_b = _steps(m, 2, b)
+    assert (n_b, hit_b) == (3, 0), f"B: {n_b} forwards, {hit_b} tokens from the cache"
+    n_c, hit_c, got_c = _steps(m, 3, c)
+    assert hit_c == 192, f"C resumed at {hit_c}, not at the shared prefix's last block"
+    assert n_c == 2  # 192 → its end cut 256, then its last 3 rows
+    cold = _native.EngineCore(hybrid, backend="cpu", n_ctx=2048, prefix_cache=False)
+    assert got_b == _resume(cold, 12, b)[1], "cutting B's prefill at its branch point changed its logits"
+    assert got_c == _resume(cold, 13, c)[1], "resuming C from B's branch checkpoint changed its logits"
+
+
+def test_no_branch_cut_without_checkpoints_or_on_a_dense_model(hybrid: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The branch cut is a hybrid's with checkpoints: a hybrid with ``state_checkpoints=0`` and a
+    dense model prefill B in one forward, as before (the dense model from its 192-token hit)."""
+    from fak.synth import write_tiny_model
+
+    dense = str(write_tiny_model(tmp_path_factory.mktemp("dense") / "qwen3.gguf", "qwen3", weight_type="Q8_0", seed=11))
+    for path, kw, want_hit in [(hybrid, {"state_checkpoints": 0}, 0), (dense, {}, 192)]:
+        m = _native.EngineCore(path, backend="cpu", n_ctx=2048, max_batch=2, **kw)
+        a, b, c = _branches(m)
+        _steps(m, 1, a)
+        assert _steps(m, 2, b)[:2] == (1, want_hit), path
+        assert _steps(m, 3, c)[:2] == (1, want_hit), path

@@ -100,9 +100,11 @@ pub struct Scheduler {
 /// whose prefix-cache hit ends at that block resumes from it.
 ///
 /// Eviction: a prompt's checkpoint at its end (the last block boundary before its last token,
-/// where the prefill forward is cut) is what the next turn of its conversation resumes from; the
+/// where the prefill forward is cut) is what the next turn of its conversation resumes from, and
+/// one at its branch point (where its KV hit ended, [`Sequence::branch_at`]: the prefix it shares
+/// with another conversation) what a third conversation with that prefix resumes from; the
 /// others (the ends of earlier prefill chunks, decode steps crossing a block boundary) give way
-/// to it first. So a slot taken is a free one, else the least recently used of the others, else
+/// to those first. So a slot taken is a free one, else the least recently used of the others, else
 /// the least recently used of the prompt ends. Without that order a 30k-token prompt's 60 chunk
 /// checkpoints pushed every other conversation's end out (`benches/results/agent-prefix.md`,
 /// 2026-12-07, hybrid section).
@@ -414,8 +416,9 @@ impl Scheduler {
         if !self.ckpt.slots.is_empty() && s.n_cached > 0 && s.n_cached % bs == 0 && self.pool.prefix_caching() {
             let h = s.block_hash(&self.pool, s.n_cached / bs - 1).0;
             let from = self.state_slots.iter().position(|&x| x == Some(id));
-            // the prompt's end: where `schedule` cut its prefill
-            let prompt_end = s.n_sampled == 0 && s.n_cached == (s.tokens.len() - 1) / bs * bs;
+            // the prompt's end or its branch point: where `schedule` cut its prefill
+            let prompt_end = (s.n_sampled == 0 && s.n_cached == (s.tokens.len() - 1) / bs * bs)
+                || s.branch_at == Some(s.n_cached);
             if let (Some(from), Some(to)) = (from, self.ckpt.take(h, prompt_end)) {
                 self.ckpt.copies.push((from, to));
             }
@@ -470,6 +473,7 @@ impl Scheduler {
             let mut seq = self.waiting.pop_front().expect("front exists");
             self.prefix_query_tokens += seq.tokens.len() as u64;
             let mut hits = hits;
+            let kv_hit = hits.len();
             let mut restore = None;
             if self.recurrent() {
                 // A hybrid resumes only where a checkpoint of its recurrent state exists: the
@@ -482,6 +486,9 @@ impl Scheduler {
                     }
                     hits.pop();
                 }
+            }
+            if seq.branch_at.is_none() {
+                seq.branch_at = Some(self.branch_point(&seq, kv_hit, hits.len()));
             }
             let hit = seq.take_cached(&mut self.pool, &hits);
             if let Some(from) = restore {
@@ -497,6 +504,19 @@ impl Scheduler {
             }
             self.running.push(seq);
         }
+    }
+
+    /// A hybrid's branch point ([`Sequence::branch_at`]) for `seq`, whose KV hit of `kv_hit`
+    /// blocks was cut back to `resumed` (the last with a checkpoint): the end of its KV hit when
+    /// its state resumes before it and it lies before the prompt's end cut (where a checkpoint
+    /// is taken anyway), else 0. Always 0 without checkpoints (dense models among them).
+    fn branch_point(&self, seq: &Sequence, kv_hit: usize, resumed: usize) -> usize {
+        let bs = self.pool.block_size();
+        let end = (seq.tokens.len() - 1) / bs * bs;
+        if self.ckpt.slots.is_empty() || kv_hit <= resumed || kv_hit * bs >= end {
+            return 0;
+        }
+        kv_hit * bs
     }
 
     fn preempt_last(&mut self) -> u64 {
@@ -586,12 +606,16 @@ impl Scheduler {
                     }
                 }
                 if !self.state_slots.is_empty() && !self.ckpt.slots.is_empty() && n > 1 {
-                    // A hybrid's prefill ends one forward at the last block boundary before its
-                    // last token, where a checkpoint of the recurrent state is taken.
+                    // A hybrid's prefill ends one forward at its branch point (the end of the
+                    // prefix it shares with cached prompts, `Sequence::branch_at`) and one at the
+                    // last block boundary before its last token: checkpoints of the recurrent
+                    // state are taken there.
                     let bs = self.pool.block_size();
-                    let b = (s.tokens.len() - 1) / bs * bs;
-                    if s.n_cached < b && s.n_cached + n > b {
-                        n = b - s.n_cached;
+                    let end = (s.tokens.len() - 1) / bs * bs;
+                    for b in [s.branch_at.unwrap_or(0), end] {
+                        if b > 0 && s.n_cached < b && s.n_cached + n > b {
+                            n = b - s.n_cached;
+                        }
                     }
                 }
                 budget -= n;
@@ -1537,6 +1561,126 @@ mod tests {
         assert_eq!(s.n_preempted, 0);
         complete(&mut s, &out);
         check_pool(&s);
+    }
+
+    /// A hybrid's scheduler (block size 4): state slots, and `n_ckpt` checkpoints when > 0.
+    fn hybrid_scheduler(n_ckpt: usize) -> Scheduler {
+        let mut s = cached_scheduler(64, 64);
+        s.enable_state_slots(9);
+        if n_ckpt > 0 {
+            s.enable_checkpoints(9, n_ckpt);
+        }
+        s
+    }
+
+    /// A shared 3-block prefix followed by 6 tokens of `x`.
+    fn branch_of(x: u32) -> Vec<u32> {
+        let mut p: Vec<u32> = (100..112).collect();
+        p.extend([x; 6]);
+        p
+    }
+
+    /// The first step of a new sequence `id` over `prompt`: its tokens in that forward, and the
+    /// state copies run before it.
+    fn first_step(s: &mut Scheduler, id: u64, prompt: Vec<u32>) -> (usize, Vec<(usize, usize)>) {
+        s.take_state_copies();
+        s.add(seq_of(id, prompt));
+        let out = step(s);
+        let copies = s.take_state_copies();
+        (out.iter().find(|e| e.seq_id == id).unwrap().n_tokens, copies)
+    }
+
+    #[test]
+    fn a_hybrids_prefill_is_cut_where_its_kv_hit_ends_and_a_third_prompt_resumes_there() {
+        let mut s = hybrid_scheduler(8);
+        stream_into_cache(&mut s, 1, &branch_of(1)); // A: cut at its end (16), checkpoint there
+        s.take_state_copies();
+        // B shares A's first 3 blocks (KV), but no state checkpoint at 12: it computes from 0,
+        // cut at its branch point 12, where a checkpoint is taken (kept like a prompt's end).
+        s.add(seq_of(2, branch_of(2)));
+        let out = step(&mut s);
+        assert_eq!(out[0].n_tokens, 12, "B's first forward ends at its branch point");
+        assert_eq!(s.running()[0].branch_at, Some(12));
+        let copies = s.take_state_copies();
+        assert_eq!(copies.len(), 1, "a checkpoint of B's state at 12: {copies:?}");
+        let (from, at12) = copies[0];
+        assert_eq!(from, s.state_slots.iter().position(|&x| x == Some(2)).unwrap());
+        let h12 = (0..3).fold(None, |parent, i| Some(s.pool.hash_block(parent, &branch_of(2)[i * 4..i * 4 + 4]))).unwrap();
+        let i = at12 - s.ckpt.first;
+        assert_eq!(s.ckpt.slots[i].map(|(h, _, end)| (h, end)), Some((h12, true)), "keyed by block 2's hash, a prompt end's class");
+        assert_eq!(step(&mut s)[0].n_tokens, 4, "then to its prompt's end cut (16)");
+        assert_eq!(step(&mut s)[0].n_tokens, 2);
+        s.remove(2);
+        // C resumes from B's branch checkpoint: 12 tokens from the cache, the state copied in.
+        s.take_admitted_hits();
+        let (n, copies) = first_step(&mut s, 3, branch_of(3));
+        assert_eq!(s.take_admitted_hits(), vec![(3, 12)]);
+        assert_eq!(n, 4, "C computes from 12 to its end cut");
+        assert_eq!(copies.first(), Some(&(at12, s.state_slots.iter().position(|&x| x == Some(3)).unwrap())));
+        assert_eq!(s.running()[0].branch_at, Some(0), "C's hit was restored whole: no branch cut");
+        // B's branch checkpoint outlives the checkpoints that are not prompt ends: five ends
+        // (A's, B's branch and end, C's, D's) and D's decode steps crossing blocks (which evict
+        // one another in the three other slots) leave it.
+        s.remove(3);
+        let mut long = branch_of(4);
+        long[0] = 9; // shares nothing
+        s.add(seq_of(4, long));
+        step(&mut s);
+        step(&mut s);
+        for _ in 0..20 {
+            step(&mut s);
+        }
+        assert!(s.ckpt.slots.iter().flatten().any(|&(h, _, _)| h == h12), "the branch checkpoint was evicted before decode checkpoints");
+    }
+
+    #[test]
+    fn no_branch_cut_where_none_is_needed() {
+        // Dense: B's hit is taken whole, its rest in one forward (no cut at all).
+        let mut d = cached_scheduler(64, 64);
+        stream_into_cache(&mut d, 1, &branch_of(1));
+        assert_eq!(first_step(&mut d, 2, branch_of(2)).0, 6);
+        assert_eq!(d.running()[0].branch_at, Some(0));
+        // A hybrid without checkpoints: no hit, the whole prompt in one forward.
+        let mut h0 = hybrid_scheduler(0);
+        stream_into_cache(&mut h0, 1, &branch_of(1));
+        assert_eq!(first_step(&mut h0, 2, branch_of(2)).0, 18);
+        assert_eq!(h0.running()[0].branch_at, Some(0));
+        // A hybrid whose hit is restored whole (the conversation grows): cut at its end only.
+        let mut h = hybrid_scheduler(4);
+        stream_into_cache(&mut h, 1, &branch_of(1));
+        let mut grown = branch_of(1);
+        grown.extend([7, 5, 5, 5, 5, 5, 5]);
+        assert_eq!(first_step(&mut h, 2, grown).0, 8, "from A's end checkpoint (16) to its end cut (24)");
+        assert_eq!(h.running()[0].branch_at, Some(0));
+        h.remove(2);
+        // A branch point at the prompt's end cut: that cut takes the checkpoint, no extra one.
+        let mut short: Vec<u32> = (100..112).collect();
+        short.push(3);
+        let mut h = hybrid_scheduler(4);
+        stream_into_cache(&mut h, 1, &branch_of(1));
+        assert_eq!(first_step(&mut h, 2, short).0, 12);
+        assert_eq!(h.running()[0].branch_at, Some(0));
+    }
+
+    #[test]
+    fn a_branch_point_survives_preemption_and_goes_with_a_quarantined_span() {
+        let mut s = hybrid_scheduler(4);
+        stream_into_cache(&mut s, 1, &branch_of(1));
+        s.add(seq_of(2, branch_of(2)));
+        assert_eq!(step(&mut s)[0].n_tokens, 12);
+        // Preempted after its branch point: re-admitted, it resumes from its own branch
+        // checkpoint, keeps its first branch point (not where its own blocks end) and cuts only
+        // at its end.
+        s.take_state_copies();
+        assert_eq!(s.preempt_last(), 2);
+        assert_eq!(first_step(&mut s, 99, vec![50; 3]).0, 3); // another sequence, to step
+        let q = s.running().iter().find(|q| q.id == 2).unwrap();
+        assert_eq!((q.n_cached, q.branch_at), (16, Some(12)), "resumed at 12, cut at its end 16");
+        // A span cut out before the branch point drops it; after it, keeps it.
+        s.quarantine_span(2, 14, 15).unwrap();
+        assert_eq!(s.running().iter().find(|q| q.id == 2).unwrap().branch_at, Some(12));
+        s.quarantine_span(2, 5, 6).unwrap();
+        assert_eq!(s.running().iter().find(|q| q.id == 2).unwrap().branch_at, Some(0));
     }
 
     /// Drafts stop short of the context window and of `max_tokens`, and recurrent models never

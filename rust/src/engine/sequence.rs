@@ -55,6 +55,13 @@ pub struct Sequence {
     /// The conversation it belongs to (the gateway's `X-Fak-Conversation`, hashed): its output
     /// joins the conversation's draft index when it ends, and it drafts from that index.
     pub conversation: Option<u64>,
+    /// A hybrid model's branch point (tokens, a block boundary): where its prompt's KV
+    /// prefix-cache hit ended at its first admission, i.e. the prefix it shares with cached
+    /// prompts, when its recurrent state resumed before it (no checkpoint there). Its prefill is
+    /// cut there and a checkpoint taken, kept like a prompt's end: a third prompt with that
+    /// prefix resumes from it. `None` before its first admission (a preempted sequence keeps
+    /// its first one), `Some(0)` for none.
+    pub branch_at: Option<usize>,
 }
 
 impl Sequence {
@@ -79,6 +86,7 @@ impl Sequence {
             draft_ctl: DraftControl::new(1),
             spec: SpecCounts::default(),
             conversation: None,
+            branch_at: None,
         }
     }
 
@@ -300,6 +308,10 @@ impl Sequence {
         self.n_cached = self.n_cached.min(keep * pool.block_size());
         self.n_registered = self.n_registered.min(keep);
         self.block_hashes.truncate(keep);
+        if self.branch_at.is_some_and(|b| b > keep * bs) {
+            // the tokens after `keep` changed: that point shares nothing known any more
+            self.branch_at = Some(0);
+        }
     }
 
     /// Offers every full block computed since the last call to the prefix cache.
