@@ -14,6 +14,6 @@ mod norm;
 mod rope;
 mod sampling;
 
-pub(crate) use deltanet::GdnScratch;
+pub(crate) use deltanet::{gdn_chunk_min_rows, GdnScratch};
 pub(crate) use matmul::MM_COUNTERS;
 pub(crate) use moe::MoeScratch;
