@@ -361,7 +361,7 @@ __device__ void gdn_chunk(const float* __restrict__ conv, const float* __restric
 #pragma unroll
                 for (int a = 0; a < TM; ++a)
 #pragma unroll
-                    for (int b = 0; b < TM; ++b) {
+                    for (int b = 0; b <= a; ++b) {  // b > a: u > t everywhere in the tile, masked
                         kk[a][b] = fmaf(kt[a].x, ku[b].x, kk[a][b]);
                         kk[a][b] = fmaf(kt[a].y, ku[b].y, kk[a][b]);
                         kk[a][b] = fmaf(kt[a].z, ku[b].z, kk[a][b]);
@@ -379,7 +379,7 @@ __device__ void gdn_chunk(const float* __restrict__ conv, const float* __restric
 #pragma unroll
                 for (int b = 0; b < TM; ++b) {
                     const int u = tc + 16 * b;
-                    const float dec = u <= t ? expf(gt - sG[u]) : 0.0f;
+                    const float dec = b <= a && u <= t ? expf(gt - sG[u]) : 0.0f;
                     sA[t * L::CP + u] = u < t ? bt * (dec * kk[a][b]) : 0.0f;
                     sQK[t * L::CP + u] = dec * qk[a][b];
                 }
