@@ -52,7 +52,7 @@ fn chunk_jb(d: usize) -> usize {
 /// three vectors of 64.
 fn chunk_smem(d: usize) -> usize {
     let jb = chunk_jb(d);
-    let sp = jb + if jb % 32 == 0 { 16 } else { 0 };
+    let sp = jb + if jb.is_multiple_of(32) { 16 } else { 0 };
     4 * (2 * CHUNK * (d + 4) + d * sp + CHUNK * (jb + 4) + 2 * CHUNK * (CHUNK + 1) + 3 * CHUNK)
 }
 
