@@ -214,6 +214,330 @@ GDN_RECURRENCE(32, 1)
 GDN_RECURRENCE(64, 1)
 GDN_RECURRENCE(128, 2)
 
+// ---- chunked prefill -------------------------------------------------------------------------
+//
+// gdn_chunk_d<D>: the same recurrence over chunks of GDN_CHUNK rows (the WY form of the gated
+// delta rule, flash-linear-attention's chunk_gated_delta_rule). With S the head's state as
+// `S[i][j]` (key i, value j) at the chunk's start, G_t = Σ_{u ≤ t} g_u the cumulative log-decay
+// inside the chunk, and the per-token rule S_t = e^{g_t}·S_{t−1} + k_t·δ_tᵀ,
+// δ_t = β_t·(v_t − e^{g_t}·S_{t−1}ᵀk_t):
+//   (I + A)·Δ = R,  A[t][u] = β_t·e^{G_t − G_u}·(k_t·k_u) (u < t),  R_t = β_t·(v_t − e^{G_t}·S_0ᵀk_t),
+//   o_t = (e^{G_t}·S_0ᵀq_t + Σ_{u ≤ t} e^{G_t − G_u}·(q_t·k_u)·δ_u)/√D,
+//   S_C = e^{G_last}·S_0 + Σ_u e^{G_last − G_u}·k_u·δ_uᵀ.
+// Δ is solved by forward substitution on R itself (the same as flash-linear-attention's
+// U − W·S_0 with U = T·(β·V), W = T·(β·e^G·K), T = (I + A)⁻¹, with fewer products). Value
+// columns are independent, so a block holds a slice of GDN_CHUNK_JB(D) of them: grid (n_seqs,
+// n_v_heads, D/JB), GDN_CHUNK_THREADS threads, gdn_chunk_smem(D) bytes of dynamic shared memory
+// (ops/deltanet.rs computes the same). Rows past a sequence's last row are zero (β = g = 0), so a
+// partial chunk needs no other care. The outputs are o_t before the gated RMSNorm, which spans the
+// whole head: gdn_gated_norm_f32 applies it afterwards. tests/test_gdn_chunk_model.py models this
+// arithmetic in numpy.
+#define GDN_CHUNK 64
+#define GDN_CHUNK_THREADS 256
+
+template <int D, int JB>
+struct GdnChunkLayout {
+    static constexpr int C = GDN_CHUNK;
+    static constexpr int DP = D + 4;                           // row stride of q, k (float4 rows, no bank conflicts)
+    static constexpr int SP = JB + (JB % 32 == 0 ? 16 : 0);    // row stride of the state slice S[i][jj]
+    static constexpr int VP = JB + 4;                          // row stride of R / Δ
+    static constexpr int CP = C + 1;                           // row stride of A and Q·Kᵀ
+    static constexpr int Q = 0, K = Q + C * DP, S = K + C * DP, R = S + D * SP, A = R + C * VP, QK = A + C * CP;
+    static constexpr int G = QK + C * CP, B = G + C, F = B + C, FLOATS = F + C;
+};
+
+template <int D, int JB>
+__device__ void gdn_chunk(const float* __restrict__ conv, const float* __restrict__ alpha, const float* __restrict__ beta,
+                          const float* __restrict__ dt_bias, const float* __restrict__ ssm_a, float* __restrict__ state,
+                          const u32* __restrict__ seqs, const u32* __restrict__ states, float* __restrict__ out, int n_k, int n_v,
+                          long long ssm_off, long long state_len, float eps) {
+    using L = GdnChunkLayout<D, JB>;
+    constexpr int C = GDN_CHUNK, NT = GDN_CHUNK_THREADS, NW = NT / 32;
+    constexpr int TM = C / 16;    // rows t per thread in the C×C and C×JB tiles
+    constexpr int TJ = JB / 16;   // value columns per thread
+    constexpr int TI = D / 16;    // state rows i per thread in the state update
+    constexpr int TPC = NT / JB;  // threads per value column in the forward substitution
+    constexpr int QW = (D + 31) / 32;
+    static_assert(C == 64 && NT == 256, "the scan and the 16×16 tiles assume 64 rows, 256 threads");
+    static_assert(JB % 16 == 0 && D % JB == 0 && D % 16 == 0 && TPC <= 32 && 32 % TPC == 0, "slices");
+    extern __shared__ __align__(16) float gdn_smem[];
+    float* const sQ = gdn_smem + L::Q;
+    float* const sK = gdn_smem + L::K;
+    float* const sS = gdn_smem + L::S;
+    float* const sR = gdn_smem + L::R;
+    float* const sA = gdn_smem + L::A;
+    float* const sQK = gdn_smem + L::QK;
+    float* const sG = gdn_smem + L::G;
+    float* const sB = gdn_smem + L::B;
+    float* const sF = gdn_smem + L::F;
+    pdl_enter();
+    const int s = blockIdx.x, iv = blockIdx.y, j0 = blockIdx.z * JB, tid = threadIdx.x;
+    const int lane = tid & 31, warp = tid >> 5, tc = tid & 15, tr = tid >> 4;
+    const u32 row0 = seqs[5 * s], n_rows = seqs[5 * s + 1], n_past = seqs[5 * s + 2];
+    if (n_rows == 0) return;  // the whole block
+    const int ik = iv % n_k;
+    const int conv_dim = (2 * n_k + n_v) * D, vd = n_v * D;
+    float* mp = state + (size_t)states[s] * (size_t)state_len + (size_t)ssm_off + (size_t)iv * D * D;
+    for (int e = tid; e < D * JB; e += NT) {
+        const int jj = e / D, i = e % D;
+        sS[i * L::SP + jj] = n_past != 0 ? mp[(size_t)(j0 + jj) * D + i] : 0.0f;
+    }
+    const float inv_sqrt_d = 1.0f / sqrtf((float)D);
+    const float l2_eps = eps / (float)D;
+    const float dt = dt_bias[iv], av = ssm_a[iv];
+    for (u32 c0 = 0; c0 < n_rows; c0 += C) {
+        const int nc = (int)min((u32)C, n_rows - c0);
+        // 1. q and k L2-normalized, the gates; zeros past the last row
+        for (int t = warp; t < C; t += NW) {
+            const size_t row = (size_t)row0 + c0 + t;
+            float qv[QW], kv[QW];
+            float sq = 0.0f, sk = 0.0f;
+#pragma unroll
+            for (int u = 0; u < QW; ++u) {
+                const int i = lane + 32 * u;
+                const bool in = t < nc && i < D;
+                qv[u] = in ? conv[row * conv_dim + ik * D + i] : 0.0f;
+                kv[u] = in ? conv[row * conv_dim + n_k * D + ik * D + i] : 0.0f;
+                sq = fmaf(qv[u], qv[u], sq);
+                sk = fmaf(kv[u], kv[u], sk);
+            }
+            sq = warp_sum(sq);
+            sk = warp_sum(sk);
+            const float qs = 1.0f / sqrtf(sq / (float)D + l2_eps), ks = 1.0f / sqrtf(sk / (float)D + l2_eps);
+#pragma unroll
+            for (int u = 0; u < QW; ++u) {
+                const int i = lane + 32 * u;
+                if (i < D) {
+                    sQ[t * L::DP + i] = (qv[u] * qs) * inv_sqrt_d;
+                    sK[t * L::DP + i] = (kv[u] * ks) * inv_sqrt_d;
+                }
+            }
+            if (lane == 0) {
+                float b = 0.0f, g = 0.0f;
+                if (t < nc) {
+                    b = 1.0f / (1.0f + expf(-beta[row * n_v + iv]));
+                    const float ax = alpha[row * n_v + iv] + dt;
+                    g = (ax > 20.0f ? ax : logf(1.0f + expf(ax))) * av;
+                }
+                sB[t] = b;
+                sG[t] = g;
+            }
+        }
+        __syncthreads();
+        // 2. G: the cumulative log-decay (an inclusive scan by warp 0); F_u = e^{G_last − G_u}
+        if (warp == 0) {
+            float lo = sG[lane], hi = sG[lane + 32];
+#pragma unroll
+            for (int o = 1; o < 32; o <<= 1) {
+                const float a = __shfl_up_sync(0xffffffffu, lo, o), b = __shfl_up_sync(0xffffffffu, hi, o);
+                if (lane >= o) {
+                    lo += a;
+                    hi += b;
+                }
+            }
+            hi += __shfl_sync(0xffffffffu, lo, 31);
+            const float last = __shfl_sync(0xffffffffu, hi, 31);
+            sG[lane] = lo;
+            sG[lane + 32] = hi;
+            sF[lane] = expf(last - lo);
+            sF[lane + 32] = expf(last - hi);
+        }
+        __syncthreads();
+        // 3. A and the decayed causal Q·Kᵀ (C×C), R and e^G·Q·S_0 (C×JB)
+        {
+            float kk[TM][TM], qk[TM][TM];
+#pragma unroll
+            for (int a = 0; a < TM; ++a)
+#pragma unroll
+                for (int b = 0; b < TM; ++b) kk[a][b] = qk[a][b] = 0.0f;
+            for (int i = 0; i < D; i += 4) {
+                float4 kt[TM], qt[TM], ku[TM];
+#pragma unroll
+                for (int a = 0; a < TM; ++a) {
+                    kt[a] = *(const float4*)(sK + (tr + 16 * a) * L::DP + i);
+                    qt[a] = *(const float4*)(sQ + (tr + 16 * a) * L::DP + i);
+                    ku[a] = *(const float4*)(sK + (tc + 16 * a) * L::DP + i);
+                }
+#pragma unroll
+                for (int a = 0; a < TM; ++a)
+#pragma unroll
+                    for (int b = 0; b <= a; ++b) {  // b > a: u > t everywhere in the tile, masked
+                        kk[a][b] = fmaf(kt[a].x, ku[b].x, kk[a][b]);
+                        kk[a][b] = fmaf(kt[a].y, ku[b].y, kk[a][b]);
+                        kk[a][b] = fmaf(kt[a].z, ku[b].z, kk[a][b]);
+                        kk[a][b] = fmaf(kt[a].w, ku[b].w, kk[a][b]);
+                        qk[a][b] = fmaf(qt[a].x, ku[b].x, qk[a][b]);
+                        qk[a][b] = fmaf(qt[a].y, ku[b].y, qk[a][b]);
+                        qk[a][b] = fmaf(qt[a].z, ku[b].z, qk[a][b]);
+                        qk[a][b] = fmaf(qt[a].w, ku[b].w, qk[a][b]);
+                    }
+            }
+#pragma unroll
+            for (int a = 0; a < TM; ++a) {
+                const int t = tr + 16 * a;
+                const float gt = sG[t], bt = sB[t];
+#pragma unroll
+                for (int b = 0; b < TM; ++b) {
+                    const int u = tc + 16 * b;
+                    const float dec = b <= a && u <= t ? expf(gt - sG[u]) : 0.0f;
+                    sA[t * L::CP + u] = u < t ? bt * (dec * kk[a][b]) : 0.0f;
+                    sQK[t * L::CP + u] = dec * qk[a][b];
+                }
+            }
+        }
+        float qs[TM][TJ];
+        {
+            float ks[TM][TJ];
+#pragma unroll
+            for (int a = 0; a < TM; ++a)
+#pragma unroll
+                for (int b = 0; b < TJ; ++b) ks[a][b] = qs[a][b] = 0.0f;
+            for (int i = 0; i < D; i += 4) {
+                float4 kt[TM], qt[TM];
+                float sv[4][TJ];
+#pragma unroll
+                for (int a = 0; a < TM; ++a) {
+                    kt[a] = *(const float4*)(sK + (tr + 16 * a) * L::DP + i);
+                    qt[a] = *(const float4*)(sQ + (tr + 16 * a) * L::DP + i);
+                }
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+#pragma unroll
+                    for (int b = 0; b < TJ; ++b) sv[e][b] = sS[(i + e) * L::SP + tc + 16 * b];
+#pragma unroll
+                for (int a = 0; a < TM; ++a)
+#pragma unroll
+                    for (int b = 0; b < TJ; ++b) {
+                        ks[a][b] = fmaf(kt[a].x, sv[0][b], ks[a][b]);
+                        ks[a][b] = fmaf(kt[a].y, sv[1][b], ks[a][b]);
+                        ks[a][b] = fmaf(kt[a].z, sv[2][b], ks[a][b]);
+                        ks[a][b] = fmaf(kt[a].w, sv[3][b], ks[a][b]);
+                        qs[a][b] = fmaf(qt[a].x, sv[0][b], qs[a][b]);
+                        qs[a][b] = fmaf(qt[a].y, sv[1][b], qs[a][b]);
+                        qs[a][b] = fmaf(qt[a].z, sv[2][b], qs[a][b]);
+                        qs[a][b] = fmaf(qt[a].w, sv[3][b], qs[a][b]);
+                    }
+            }
+#pragma unroll
+            for (int a = 0; a < TM; ++a) {
+                const int t = tr + 16 * a;
+                const float e = expf(sG[t]), bt = sB[t];
+                const size_t vrow = ((size_t)row0 + c0 + t) * conv_dim + 2 * n_k * D + iv * D + j0;
+#pragma unroll
+                for (int b = 0; b < TJ; ++b) {
+                    const int jj = tc + 16 * b;
+                    const float v = t < nc ? conv[vrow + jj] : 0.0f;
+                    sR[t * L::VP + jj] = bt * (v - e * ks[a][b]);
+                    qs[a][b] *= e;
+                }
+            }
+        }
+        __syncthreads();
+        // 4. (I + A)·Δ = R by forward substitution, in place; each column within one warp
+        {
+            const int col = warp * (32 / TPC) + lane / TPC, part = lane % TPC;
+            for (int t = 1; t < nc; ++t) {
+                float acc = 0.0f;
+                for (int u = part; u < t; u += TPC) acc = fmaf(sA[t * L::CP + u], sR[u * L::VP + col], acc);
+#pragma unroll
+                for (int l = 1; l < TPC; l <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, l);
+                if (part == 0) sR[t * L::VP + col] -= acc;
+                __syncwarp();
+            }
+        }
+        __syncthreads();
+        // 5. the outputs (before the gated RMSNorm) and the state at the chunk's end
+        {
+            float o[TM][TJ];
+#pragma unroll
+            for (int a = 0; a < TM; ++a)
+#pragma unroll
+                for (int b = 0; b < TJ; ++b) o[a][b] = qs[a][b];
+            for (int u = 0; u < nc; ++u) {
+                float q[TM], d[TJ];
+#pragma unroll
+                for (int a = 0; a < TM; ++a) q[a] = sQK[(tr + 16 * a) * L::CP + u];
+#pragma unroll
+                for (int b = 0; b < TJ; ++b) d[b] = sR[u * L::VP + tc + 16 * b];
+#pragma unroll
+                for (int a = 0; a < TM; ++a)
+#pragma unroll
+                    for (int b = 0; b < TJ; ++b) o[a][b] = fmaf(q[a], d[b], o[a][b]);
+            }
+#pragma unroll
+            for (int a = 0; a < TM; ++a) {
+                const int t = tr + 16 * a;
+                if (t < nc) {
+#pragma unroll
+                    for (int b = 0; b < TJ; ++b) out[((size_t)row0 + c0 + t) * vd + (size_t)iv * D + j0 + tc + 16 * b] = o[a][b] * inv_sqrt_d;
+                }
+            }
+        }
+        {
+            const float el = expf(sG[C - 1]);
+            float sv[TI][TJ];
+#pragma unroll
+            for (int a = 0; a < TI; ++a)
+#pragma unroll
+                for (int b = 0; b < TJ; ++b) sv[a][b] = sS[(tr + 16 * a) * L::SP + tc + 16 * b] * el;
+            for (int u = 0; u < nc; ++u) {
+                const float f = sF[u];
+                float k[TI], d[TJ];
+#pragma unroll
+                for (int a = 0; a < TI; ++a) k[a] = sK[u * L::DP + tr + 16 * a];
+#pragma unroll
+                for (int b = 0; b < TJ; ++b) d[b] = sR[u * L::VP + tc + 16 * b] * f;
+#pragma unroll
+                for (int a = 0; a < TI; ++a)
+#pragma unroll
+                    for (int b = 0; b < TJ; ++b) sv[a][b] = fmaf(k[a], d[b], sv[a][b]);
+            }
+#pragma unroll
+            for (int a = 0; a < TI; ++a)
+#pragma unroll
+                for (int b = 0; b < TJ; ++b) sS[(tr + 16 * a) * L::SP + tc + 16 * b] = sv[a][b];
+        }
+        __syncthreads();
+    }
+    for (int e = tid; e < D * JB; e += NT) {
+        const int jj = e / D, i = e % D;
+        mp[(size_t)(j0 + jj) * D + i] = sS[i * L::SP + jj];
+    }
+}
+
+// Value columns per block of gdn_chunk_d<D>: GDN_CHUNK_JB(D); dynamic shared memory:
+// GdnChunkLayout<D, JB>::FLOATS floats.
+#define GDN_CHUNK_JB(D) ((D) < 32 ? (D) : 32)
+#define GDN_CHUNK_KERNEL(D)                                                                                                       \
+    extern "C" __global__ void __launch_bounds__(GDN_CHUNK_THREADS, 1) gdn_chunk_d##D(                                          \
+        const float* __restrict__ conv, const float* __restrict__ alpha, const float* __restrict__ beta,                          \
+        const float* __restrict__ dt_bias, const float* __restrict__ ssm_a, float* __restrict__ state, const u32* __restrict__ seqs, \
+        const u32* __restrict__ states, float* __restrict__ out, int n_k, int n_v, long long ssm_off, long long state_len,        \
+        float eps) {                                                                                                              \
+        gdn_chunk<D, GDN_CHUNK_JB(D)>(conv, alpha, beta, dt_bias, ssm_a, state, seqs, states, out, n_k, n_v, ssm_off, state_len,  \
+                                      eps);                                                                                       \
+    }
+GDN_CHUNK_KERNEL(16)
+GDN_CHUNK_KERNEL(32)
+GDN_CHUNK_KERNEL(64)
+GDN_CHUNK_KERNEL(128)
+
+// The gated RMSNorm of the chunked path, in place on `x` `[n_rows, n_v·d]` (o before the norm):
+// rms_norm(o)·w_norm ⊙ silu(z) per head, as the end of gdn_recurrence. Grid (n_rows,
+// ⌈n_v/4⌉), 128 threads: one warp per (row, head).
+extern "C" __global__ void gdn_gated_norm_f32(float* __restrict__ x, const float* __restrict__ z, const float* __restrict__ norm_w,
+                                              int n_v, int d, float eps) {
+    pdl_enter();
+    const int head = blockIdx.y * 4 + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (head >= n_v) return;
+    const size_t base = (size_t)blockIdx.x * n_v * d + (size_t)head * d;
+    float ss = 0.0f;
+    for (int i = lane; i < d; i += 32) ss = fmaf(x[base + i], x[base + i], ss);
+    ss = warp_sum(ss);
+    const float sc = 1.0f / sqrtf(ss / (float)d + eps);
+    for (int i = lane; i < d; i += 32) x[base + i] = ((x[base + i] * sc) * norm_w[i]) * gdn_silu(z[base + i]);
+}
+
 // Copies slot `from` of every state layer to slot `to`. `state` is `[n_layers][n_slots][len]`.
 // Grid (blocks, n_layers).
 extern "C" __global__ void gdn_copy_state_f32(float* __restrict__ state, long long n_slots, long long len, long long from, long long to) {

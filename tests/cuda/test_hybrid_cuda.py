@@ -26,6 +26,14 @@ real models' ``ssm.state_size``, two threads per state row), and the synth defau
 reads Q from shared memory; RoPE on a quarter of it). To add a case, extend ``MODELS``:
 Q4_K_M needs ``n_embd=256, n_ff=512`` to get real k-quant tensors.
 
+The chunked prefill (``gdn_chunk_d<D>``, taken when a sequence of the batch has at least
+``FAK_GDN_CHUNK_MIN_ROWS`` rows, 64 by default; the variable is read when a backend is created, so
+each test makes its runner or engine with the value it needs): op by op against the CPU, forced on
+(1) and off (a huge value), at chunk boundaries and in a batch beside decoding sequences; whole
+models against the CPU with it forced on, chunked against per-token on CUDA, and a decoding
+sequence batched with a long prefill. Its arithmetic is modelled in numpy by
+tests/test_gdn_chunk_model.py (CPU, CI).
+
 The op test runs for ``cpu`` (CI) and ``cuda``; the rest is marked ``cuda`` and skips without a GPU
 (a failure under FAK_REQUIRE_CUDA=1). To add an op case, extend ``GDN_CASES`` (``d`` and
 ``n_v·d_state`` multiples of 32; ``d_state`` one of 16, 32, 64, 128).
@@ -108,6 +116,73 @@ def test_delta_net_op(backend: str, case: tuple) -> None:
         assert rel_err(s2, sw.astype(np.float64)) <= 1e-5
 
 
+# The chunked prefill, op by op: (d, d_conv, d_state, n_k, n_v, seqs) as GDN_CASES.
+GDN_CHUNK_CASES = [
+    (64, 4, 16, 2, 4, [(200, 0, 0)]),                         # D = 16, four chunks and a part
+    (64, 4, 32, 1, 2, [(63, 0, 1), (64, 5, 0), (65, 9, 2)]),  # around one chunk, from stored states
+    (64, 4, 64, 2, 4, [(1, 3, 2), (130, 0, 0), (1, 8, 1)]),   # decoding beside a prefill
+    (128, 4, 128, 2, 4, [(300, 0, 1), (1, 12, 2)]),           # the real state size
+    (128, 4, 128, 4, 8, [(70, 40, 0)]),                       # GQA 2:1, a prefill from a state
+    (96, 3, 64, 2, 2, [(1, 0, 2), (2, 4, 0)]),               # few rows, three taps
+]
+_CHUNK_RUNNERS: dict[str, _native.OpRunner] = {}
+
+
+def _chunk_runner(min_rows: str) -> _native.OpRunner:
+    """A CUDA runner whose backend was created under ``FAK_GDN_CHUNK_MIN_ROWS=min_rows``."""
+    runner("cuda")  # skips without a GPU
+    if min_rows not in _CHUNK_RUNNERS:
+        _CHUNK_RUNNERS[min_rows] = _with_env("FAK_GDN_CHUNK_MIN_ROWS", min_rows, lambda: _native.OpRunner("cuda"))
+    return _CHUNK_RUNNERS[min_rows]
+
+
+def _gdn_on(r: _native.OpRunner, case: tuple, w: dict, h: np.ndarray, state0: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    d, dc, ds, nk, nv, seqs = case
+    return r.delta_net(h, d, dc, ds, nk, nv, 1e-6, w["qkv"], w["gate"], w["beta"], w["alpha"], w["conv"],
+                       w["dt_bias"], w["a"], w["norm"], w["out"], seqs, N_SLOTS, state0)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", GDN_CHUNK_CASES, ids=lambda c: f"D{c[2]}-k{c[3]}v{c[4]}-" + "+".join(str(s[0]) for s in c[5]))
+def test_delta_net_op_chunked(require_cuda: None, case: tuple) -> None:
+    """The chunked kernel (forced on) against the CPU and against the per-token kernel (forced
+    on): outputs and states within float noise, untouched slots untouched; the two CUDA paths
+    are not bit-identical (so the variable did select another kernel)."""
+    w, h, state0 = _gdn_inputs(case, seed=3)
+    yc, sc = _gdn("cpu", case, w, h, state0)
+    y1, s1 = _gdn_on(_chunk_runner("1"), case, w, h, state0)
+    yt, st = _gdn_on(_chunk_runner("1000000000"), case, w, h, state0)
+    eo, es = rel_err(y1, yc.astype(np.float64)), rel_err(s1, sc.astype(np.float64))
+    to, ts = rel_err(y1, yt.astype(np.float64)), rel_err(s1, st.astype(np.float64))
+    print(f"chunked delta_net {case[2:5]} {case[5]}: vs CPU out {eo:.2e} state {es:.2e}; vs per-token out {to:.2e} state {ts:.2e}")
+    assert eo <= 1e-4 and es <= 1e-4
+    assert to <= 1e-4 and ts <= 1e-4
+    state_len = s1.size // N_SLOTS
+    used = {slot for _, _, slot in case[5]}
+    for slot in set(range(N_SLOTS)) - used:
+        assert np.array_equal(s1[slot * state_len:(slot + 1) * state_len], state0[slot * state_len:(slot + 1) * state_len])
+    if max(s[0] for s in case[5]) >= 8:
+        assert not np.array_equal(y1, yt), "FAK_GDN_CHUNK_MIN_ROWS=1 gave the per-token kernel's bits: not chunked?"
+
+
+@pytest.mark.cuda
+def test_delta_net_op_default_threshold(require_cuda: None) -> None:
+    """With the default threshold (64), a batch whose longest sequence has 64 rows runs chunked
+    and one of 63 rows per token: a step of each, against the forced runners, bit for bit."""
+    for rows, forced in ((64, "1"), (63, "1000000000")):
+        case = (64, 4, 64, 2, 4, [(rows, 0, 0), (1, 6, 1)])
+        w, h, state0 = _gdn_inputs(case, seed=4)
+        old = os.environ.pop("FAK_GDN_CHUNK_MIN_ROWS", None)
+        try:
+            default = _native.OpRunner("cuda")
+        finally:
+            if old is not None:
+                os.environ["FAK_GDN_CHUNK_MIN_ROWS"] = old
+        y, s = _gdn_on(default, case, w, h, state0)
+        yf, sf = _gdn_on(_chunk_runner(forced), case, w, h, state0)
+        assert np.array_equal(y, yf) and np.array_equal(s, sf), f"{rows} rows did not take the {forced} path"
+
+
 # ---------------------------------------------------------------- whole tiny models
 
 # name → (arch, write_tiny_model keyword arguments)
@@ -141,19 +216,26 @@ def _same_prefix(a: list[int], b: list[int]) -> int:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
 
 
-def _cuda_model(path: str, graphs: str | None = None, **kw) -> _native.EngineCore:
-    """A CUDA model, with ``FAK_CUDA_GRAPHS`` set to `graphs` while it is created."""
-    if graphs is None:
-        return _native.EngineCore(path, backend="cuda", **kw)
-    old = os.environ.get("FAK_CUDA_GRAPHS")
-    os.environ["FAK_CUDA_GRAPHS"] = graphs
+def _with_env(name: str, value: str | None, make):
+    """``make()`` with the environment variable `name` set to `value` (None: as it is)."""
+    if value is None:
+        return make()
+    old = os.environ.get(name)
+    os.environ[name] = value
     try:
-        return _native.EngineCore(path, backend="cuda", **kw)
+        return make()
     finally:
         if old is None:
-            os.environ.pop("FAK_CUDA_GRAPHS", None)
+            os.environ.pop(name, None)
         else:
-            os.environ["FAK_CUDA_GRAPHS"] = old
+            os.environ[name] = old
+
+
+def _cuda_model(path: str, graphs: str | None = None, chunk_min_rows: str | None = None, **kw) -> _native.EngineCore:
+    """A CUDA model, with ``FAK_CUDA_GRAPHS`` set to `graphs` and ``FAK_GDN_CHUNK_MIN_ROWS`` to
+    `chunk_min_rows` while it is created (None: unset / as it is)."""
+    return _with_env("FAK_GDN_CHUNK_MIN_ROWS", chunk_min_rows,
+                     lambda: _with_env("FAK_CUDA_GRAPHS", graphs, lambda: _native.EngineCore(path, backend="cuda", **kw)))
 
 
 @pytest.mark.cuda
@@ -272,3 +354,86 @@ def test_logits_on_the_side_leave_running_sequences_alone(require_cuda: None, ti
     while m.n_running:
         got += [t for _, t, *_ in m.step()]
     assert got == want
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["qwen35-Q8_0", "qwen35-Q4_K_M", "qwen35moe-Q8_0", "qwen35moe-hd256-Q4_K_M"])
+def test_chunked_prefill_matches_cpu(require_cuda: None, tiny_hybrids: dict[str, str], name: str) -> None:
+    """A 300-token prompt with the chunked path forced on (every forward, decode steps too): the
+    logits of every position against the CPU as test_tiny_hybrid_cuda_matches_cpu, and greedy
+    decode (prefill chunks of 512 rows: 300 rows in one forward, five chunks of the kernel)."""
+    path = tiny_hybrids[name]
+    cpu = _native.EngineCore(path, backend="cpu", n_ctx=512)
+    gpu = _cuda_model(path, chunk_min_rows="1", n_ctx=512)
+    (prompt,) = _prompts(cpu.n_vocab, [300], seed=30)
+    lc, lg = cpu.logits(prompt), gpu.logits(prompt)
+    assert np.isfinite(lg).all()
+    cos = (lc * lg).sum(axis=1) / np.linalg.norm(lc, axis=1) / np.linalg.norm(lg, axis=1)
+    agree = (lc.argmax(axis=1) == lg.argmax(axis=1)).mean()
+    print(f"{name} chunked: min cos {cos.min():.7f} (at {int(cos.argmin())}), argmax agrees {agree:.1%}")
+    assert cos.min() >= 0.999, f"{name}: min cosine {cos.min():.6f} at position {int(cos.argmin())}"
+    assert agree >= 0.9
+    want, got = _run(cpu, [prompt], 16)[0], _run(gpu, [prompt], 16)[0]
+    same = _same_prefix(got, want)
+    print(f"{name} chunked: greedy tokens identical to the CPU's {same}/16")
+    if same < 8:  # only a near-tie may flip (see test_tiny_hybrid_cuda_matches_cpu)
+        ctx = prompt + want[:same]
+        c_last, g_last = cpu.logits(ctx)[-1], gpu.logits(ctx)[-1]
+        noise = float(np.abs(c_last - g_last).max())
+        assert float(c_last[want[same]] - c_last[got[same]]) <= 2 * noise, f"{name}: {got} vs {want}"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["qwen35-hd256-Q8_0", "qwen35moe-Q8_0", "qwen35-Q8_0"])
+def test_chunked_equals_per_token_on_cuda(require_cuda: None, tiny_hybrids: dict[str, str], name: str) -> None:
+    """The same 300-token prompt chunked (FAK_GDN_CHUNK_MIN_ROWS=1) and token by token (a huge
+    threshold) on CUDA: every position's logits with cosine ≥ 0.99999, the same greedy tokens
+    (the rest of the forward is the same kernels; only a near-tie at float noise may flip one)."""
+    path = tiny_hybrids[name]
+    chunked = _cuda_model(path, chunk_min_rows="1", n_ctx=1024, max_tokens_per_step=512)
+    per_token = _cuda_model(path, chunk_min_rows="1000000000", n_ctx=1024, max_tokens_per_step=512)
+    (prompt,) = _prompts(chunked.n_vocab, [300], seed=31)
+    lc, lt = chunked.logits(prompt), per_token.logits(prompt)
+    cos = (lc * lt).sum(axis=1) / np.linalg.norm(lc, axis=1) / np.linalg.norm(lt, axis=1)
+    print(f"{name}: chunked vs per-token min cos {cos.min():.8f}, max |Δ logit| {np.abs(lc - lt).max():.2e}")
+    assert cos.min() >= 0.99999, f"{name}: min cosine {cos.min():.8f} at {int(cos.argmin())}"
+    assert not np.array_equal(lc, lt), "the two thresholds gave identical bits: did one path run twice?"
+    a, b = _run(chunked, [prompt], 16)[0], _run(per_token, [prompt], 16)[0]
+    same = _same_prefix(a, b)
+    print(f"{name}: chunked and per-token greedy identical {same}/16")
+    if same < 16:
+        ctx = prompt + a[:same]
+        la, lb = chunked.logits(ctx)[-1], per_token.logits(ctx)[-1]
+        noise = float(np.abs(la - lb).max())
+        margin = float(abs(lb[a[same]] - lb[b[same]]))
+        assert margin <= 2 * noise, f"{name}: chunked {a} vs per-token {b} (margin {margin:.3g}, noise {noise:.3g})"
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("name", ["qwen35-Q8_0", "qwen35moe-hd256-Q4_K_M"])
+def test_decode_batched_with_a_chunked_prefill(require_cuda: None, tiny_hybrids: dict[str, str], name: str) -> None:
+    """A sequence decoding while a 300-token prompt arrives: the steps that prefill the newcomer
+    (chunked, default threshold) carry the decoding sequence's row too (a partial chunk of one
+    row from its state slot). Both sequences' tokens equal each run alone."""
+    path = tiny_hybrids[name]
+    # no prefix cache: the runs alone must not leave the prompts cached (b would then prefill a
+    # few rows from a checkpoint, not chunks)
+    m = _cuda_model(path, n_ctx=1024, max_batch=4, prefix_cache=False)
+    a, b = _prompts(m.n_vocab, [20, 300], seed=32)
+    alone_a = _run(m, [a], 24, base=50)[50]
+    alone_b = _run(m, [b], 12, base=60)[60]
+    got: dict[int, list[int]] = {0: [], 1: []}
+    m.add_sequence(0, a, {"temperature": 0.0, "max_tokens": 24})
+    for _ in range(4):  # prefill of a, then decoding
+        for sid, t, *_ in m.step():
+            got[sid].append(t)
+    assert 1 <= len(got[0]) < 24
+    m.add_sequence(1, b, {"temperature": 0.0, "max_tokens": 12})
+    while m.n_running or m.n_waiting:
+        for sid, t, *_ in m.step():
+            got[sid].append(t)
+    sa, sb = _same_prefix(got[0], alone_a), _same_prefix(got[1], alone_b)
+    print(f"{name}: decoding beside the chunked prefill {sa}/24, the prefilled sequence {sb}/12")
+    # a state slot mixed up or a decode row lost diverges at once; only float noise (other GEMM
+    # shapes in a mixed step) may flip a late near-tie
+    assert sa >= 16 and sb >= 8, f"{name}: {got} vs alone {alone_a} / {alone_b}"

@@ -7,7 +7,10 @@
 //! causal convolution + SiLU (`gdn_conv_silu_f32`, one thread per channel), the recurrence with
 //! the L2 norms, gates and gated RMSNorm (`gdn_recurrence_d<D>`, one block per (sequence, value
 //! head), the head's f32 state in registers, each sequence's rows in order), then the output
-//! projection. Per-sequence rows, `n_past` and state slots come from the batch's device arrays
+//! projection. When a sequence of the batch has at least [`gdn_chunk_min_rows`] rows (a prefill),
+//! the recurrence runs chunked instead (`gdn_chunk_d<D>`: chunks of 64 rows in the WY form, one
+//! block per (sequence, value head, slice of 32 value columns); then `gdn_gated_norm_f32`), for
+//! every sequence of that batch (a decoding one is a partial chunk of one row). Per-sequence rows, `n_past` and state slots come from the batch's device arrays
 //! (`seqs`, `states`), so a decode step stays one capturable graph; the intermediate rows live in
 //! backend scratch sized for the batch limits on first use and never shrunk (superseded
 //! allocations stay alive for graphs captured with them).
@@ -23,6 +26,35 @@ use crate::{FakError, Result};
 /// State sizes `D` (`ssm.state_size`) with a compiled recurrence kernel, and the threads per row
 /// of the state (`P` in `deltanet.cu`).
 const STATE_DIMS: [(usize, usize); 4] = [(16, 1), (32, 1), (64, 1), (128, 2)];
+
+/// Rows of one chunk of `gdn_chunk_d<D>` (`GDN_CHUNK`) and its threads (`GDN_CHUNK_THREADS`).
+const CHUNK: usize = 64;
+const CHUNK_THREADS: u32 = 256;
+
+/// A batch runs the chunked recurrence when one of its sequences has at least this many rows
+/// (one whole chunk); fewer run token by token (decode steps always: one row each).
+pub const GDN_CHUNK_MIN_ROWS: usize = CHUNK;
+
+/// The chunked path's threshold of a backend created now: [`GDN_CHUNK_MIN_ROWS`], or
+/// `FAK_GDN_CHUNK_MIN_ROWS` when set (1: always chunked; a huge value: never — tests' and
+/// benches' A/B). Read by `CudaBackend::new`, so that each engine made after setting it uses it.
+pub(crate) fn gdn_chunk_min_rows() -> usize {
+    std::env::var("FAK_GDN_CHUNK_MIN_ROWS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(GDN_CHUNK_MIN_ROWS).max(1)
+}
+
+/// Value columns per block of `gdn_chunk_d<D>` (`GDN_CHUNK_JB`).
+fn chunk_jb(d: usize) -> usize {
+    d.min(32)
+}
+
+/// Dynamic shared memory of `gdn_chunk_d<D>` in bytes (`GdnChunkLayout<D, JB>::FLOATS` floats):
+/// q and k `[64][D + 4]`, the state slice `[D][SP]`, R `[64][JB + 4]`, A and Q·Kᵀ `[64][65]`, and
+/// three vectors of 64.
+fn chunk_smem(d: usize) -> usize {
+    let jb = chunk_jb(d);
+    let sp = jb + if jb.is_multiple_of(32) { 16 } else { 0 };
+    4 * (2 * CHUNK * (d + 4) + d * sp + CHUNK * (jb + 4) + 2 * CHUNK * (CHUNK + 1) + 3 * CHUNK)
+}
 
 /// Most convolution taps (`GDN_MAX_CONV` in `deltanet.cu`).
 const MAX_CONV: usize = 8;
@@ -132,6 +164,41 @@ impl CudaBackend {
                 .u64(state_len as u64),
         )?;
         s.core.written();
+        let max_rows = batch.plan.seqs.iter().map(|q| q.n_rows as usize).max().unwrap_or(0);
+        // (sm_86/89 opt in to 99 KiB of shared memory per block: too little for D = 128)
+        if max_rows >= self.gdn_chunk_min_rows && chunk_smem(ds) <= self.dev.info.max_smem_optin.max(0) as usize {
+            self.launch(
+                "deltanet",
+                intern(format!("gdn_chunk_d{ds}")),
+                (n_seqs as u32, nv as u32, (ds / chunk_jb(ds)) as u32),
+                CHUNK_THREADS,
+                chunk_smem(ds) as u32,
+                Args::new()
+                    .ptr(s.conv.ptr())
+                    .ptr(s.alpha.ptr())
+                    .ptr(s.beta.ptr())
+                    .ptr(dt)
+                    .ptr(a)
+                    .ptr(state)
+                    .ptr(batch.seqs())
+                    .ptr(batch.states())
+                    .ptr(s.core.ptr())
+                    .i32(nk as i32)
+                    .i32(nv as i32)
+                    .u64(((dc - 1) * cd) as u64)
+                    .u64(state_len as u64)
+                    .f32(p.eps),
+            )?;
+            self.launch(
+                "deltanet",
+                "gdn_gated_norm_f32",
+                (n as u32, nv.div_ceil(4) as u32, 1),
+                128,
+                0,
+                Args::new().ptr(s.core.ptr()).ptr(s.z.ptr()).ptr(norm).i32(nv as i32).i32(ds as i32).f32(p.eps),
+            )?;
+            return self.op_matmul(w.out, None, &s.core, n, out, false);
+        }
         self.launch(
             "deltanet",
             intern(format!("gdn_recurrence_d{ds}")),

@@ -15,7 +15,7 @@ mod norm;
 mod rope;
 mod sampling;
 
-pub(crate) use deltanet::GdnScratch;
+pub(crate) use deltanet::{gdn_chunk_min_rows, GdnScratch};
 pub(crate) use matmul::MM_COUNTERS;
 pub(crate) use moe::MoeScratch;
 pub(crate) use moe_host::{upload_min_rows_from_env, ExpertStaging, EXPERT_UPLOAD_BYTES};
