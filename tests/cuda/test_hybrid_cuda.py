@@ -27,7 +27,8 @@ reads Q from shared memory; RoPE on a quarter of it). To add a case, extend ``MO
 Q4_K_M needs ``n_embd=256, n_ff=512`` to get real k-quant tensors.
 
 The chunked prefill (``gdn_chunk_d<D>``, taken when a sequence of the batch has at least
-``FAK_GDN_CHUNK_MIN_ROWS`` rows, 64 by default; the variable is read when a backend is created, so
+``FAK_GDN_CHUNK_MIN_ROWS`` rows — unset: off until the kernel has run on a GPU, then 64 is meant to
+be the default; the variable is read when a backend is created, so
 each test makes its runner or engine with the value it needs): op by op against the CPU, forced on
 (1) and off (a huge value), at chunk boundaries and in a batch beside decoding sequences; whole
 models against the CPU with it forced on, chunked against per-token on CUDA, and a decoding
@@ -167,18 +168,20 @@ def test_delta_net_op_chunked(require_cuda: None, case: tuple) -> None:
 
 @pytest.mark.cuda
 def test_delta_net_op_default_threshold(require_cuda: None) -> None:
-    """With the default threshold (64), a batch whose longest sequence has 64 rows runs chunked
-    and one of 63 rows per token: a step of each, against the forced runners, bit for bit."""
-    for rows, forced in ((64, "1"), (63, "1000000000")):
+    """At the threshold meant as the default (``FAK_GDN_CHUNK_MIN_ROWS=64``), a batch whose longest
+    sequence has 64 rows runs chunked and one of 63 rows per token; with the variable unset (the
+    chunked path off until it has run on a GPU) 64 rows run per token: a step of each, against the
+    forced runners, bit for bit."""
+    old = os.environ.pop("FAK_GDN_CHUNK_MIN_ROWS", None)
+    try:
+        unset = _native.OpRunner("cuda")
+    finally:
+        if old is not None:
+            os.environ["FAK_GDN_CHUNK_MIN_ROWS"] = old
+    for runner_, rows, forced in ((_chunk_runner("64"), 64, "1"), (_chunk_runner("64"), 63, "1000000000"), (unset, 64, "1000000000")):
         case = (64, 4, 64, 2, 4, [(rows, 0, 0), (1, 6, 1)])
         w, h, state0 = _gdn_inputs(case, seed=4)
-        old = os.environ.pop("FAK_GDN_CHUNK_MIN_ROWS", None)
-        try:
-            default = _native.OpRunner("cuda")
-        finally:
-            if old is not None:
-                os.environ["FAK_GDN_CHUNK_MIN_ROWS"] = old
-        y, s = _gdn_on(default, case, w, h, state0)
+        y, s = _gdn_on(runner_, case, w, h, state0)
         yf, sf = _gdn_on(_chunk_runner(forced), case, w, h, state0)
         assert np.array_equal(y, yf) and np.array_equal(s, sf), f"{rows} rows did not take the {forced} path"
 
@@ -413,12 +416,12 @@ def test_chunked_equals_per_token_on_cuda(require_cuda: None, tiny_hybrids: dict
 @pytest.mark.parametrize("name", ["qwen35-Q8_0", "qwen35moe-hd256-Q4_K_M"])
 def test_decode_batched_with_a_chunked_prefill(require_cuda: None, tiny_hybrids: dict[str, str], name: str) -> None:
     """A sequence decoding while a 300-token prompt arrives: the steps that prefill the newcomer
-    (chunked, default threshold) carry the decoding sequence's row too (a partial chunk of one
+    (chunked, at the threshold 64) carry the decoding sequence's row too (a partial chunk of one
     row from its state slot). Both sequences' tokens equal each run alone."""
     path = tiny_hybrids[name]
     # no prefix cache: the runs alone must not leave the prompts cached (b would then prefill a
     # few rows from a checkpoint, not chunks)
-    m = _cuda_model(path, n_ctx=1024, max_batch=4, prefix_cache=False)
+    m = _cuda_model(path, chunk_min_rows="64", n_ctx=1024, max_batch=4, prefix_cache=False)
     a, b = _prompts(m.n_vocab, [20, 300], seed=32)
     alone_a = _run(m, [a], 24, base=50)[50]
     alone_b = _run(m, [b], 12, base=60)[60]

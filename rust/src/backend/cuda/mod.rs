@@ -475,7 +475,7 @@ pub fn op_paths() -> Vec<(&'static str, &'static str)> {
         ("swiglu", "swiglu_f32_q8: SwiGLU fused with the 8-bit quantization for the down projection"),
         ("add", "add_f32: residual add (the forward's adds are fused into the o/down projections)"),
         ("gather_logit_rows", "gather_rows_f32"),
-        ("delta_net (hybrids)", "the projections on the matmul kernels; gdn_conv_silu_f32: causal conv + SiLU per channel and the conv state; gdn_recurrence_d<D>: per (sequence, value head) the L2 norms, gates, delta rule on the f32 state in registers, token by token, and the gated RMSNorm; when a sequence of the batch has ≥ 64 rows (FAK_GDN_CHUNK_MIN_ROWS) gdn_chunk_d<D>: chunks of 64 rows in the WY form (forward substitution of (I + A)·Δ = R), one block per (sequence, value head, 32 value columns), then gdn_gated_norm_f32"),
+        ("delta_net (hybrids)", "the projections on the matmul kernels; gdn_conv_silu_f32: causal conv + SiLU per channel and the conv state; gdn_recurrence_d<D>: per (sequence, value head) the L2 norms, gates, delta rule on the f32 state in registers, token by token, and the gated RMSNorm; with FAK_GDN_CHUNK_MIN_ROWS=64 (opt-in) and a sequence of the batch of ≥ 64 rows, gdn_chunk_d<D>: chunks of 64 rows in the WY form (forward substitution of (I + A)·Δ = R), one block per (sequence, value head, 32 value columns), then gdn_gated_norm_f32"),
         ("split_q_gate / mul_sigmoid / mul_rows_sigmoid (hybrids)", "split_q_gate_f32, mul_sigmoid_f32, mul_rows_sigmoid_f32: gated attention and the shared expert's gate"),
         ("copy_state (hybrids)", "gdn_copy_state_f32: a recurrent-state slot of every state layer"),
         ("argmax", "argmax_f32: on-device argmax (+ log-sum-exp)"),

@@ -7,8 +7,8 @@
 //! causal convolution + SiLU (`gdn_conv_silu_f32`, one thread per channel), the recurrence with
 //! the L2 norms, gates and gated RMSNorm (`gdn_recurrence_d<D>`, one block per (sequence, value
 //! head), the head's f32 state in registers, each sequence's rows in order), then the output
-//! projection. When a sequence of the batch has at least [`gdn_chunk_min_rows`] rows (a prefill),
-//! the recurrence runs chunked instead (`gdn_chunk_d<D>`: chunks of 64 rows in the WY form, one
+//! projection. When a sequence of the batch has at least [`gdn_chunk_min_rows`] rows (a prefill;
+//! opt-in until run on a GPU), the recurrence runs chunked instead (`gdn_chunk_d<D>`: chunks of 64 rows in the WY form, one
 //! block per (sequence, value head, slice of 32 value columns); then `gdn_gated_norm_f32`), for
 //! every sequence of that batch (a decoding one is a partial chunk of one row). Per-sequence rows, `n_past` and state slots come from the batch's device arrays
 //! (`seqs`, `states`), so a decode step stays one capturable graph; the intermediate rows live in
@@ -31,15 +31,19 @@ const STATE_DIMS: [(usize, usize); 4] = [(16, 1), (32, 1), (64, 1), (128, 2)];
 const CHUNK: usize = 64;
 const CHUNK_THREADS: u32 = 256;
 
-/// A batch runs the chunked recurrence when one of its sequences has at least this many rows
-/// (one whole chunk); fewer run token by token (decode steps always: one row each).
+/// With the chunked path on, a batch runs the chunked recurrence when one of its sequences has at
+/// least this many rows (one whole chunk); fewer run token by token (decode steps always: one row
+/// each).
 pub const GDN_CHUNK_MIN_ROWS: usize = CHUNK;
 
-/// The chunked path's threshold of a backend created now: [`GDN_CHUNK_MIN_ROWS`], or
-/// `FAK_GDN_CHUNK_MIN_ROWS` when set (1: always chunked; a huge value: never — tests' and
-/// benches' A/B). Read by `CudaBackend::new`, so that each engine made after setting it uses it.
+/// The chunked path's threshold of a backend created now: `FAK_GDN_CHUNK_MIN_ROWS` (1: always
+/// chunked; [`GDN_CHUNK_MIN_ROWS`] the intended default; a huge value: never — tests' and benches'
+/// A/B). Unset: **off** (`usize::MAX`) until the kernel has run on a GPU — written 2026-12-08 in a
+/// session that got no GPU, its arithmetic proved only by the numpy model
+/// (`tests/test_gdn_chunk_model.py`). Read by `CudaBackend::new`, so that each engine made after
+/// setting it uses it.
 pub(crate) fn gdn_chunk_min_rows() -> usize {
-    std::env::var("FAK_GDN_CHUNK_MIN_ROWS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(GDN_CHUNK_MIN_ROWS).max(1)
+    std::env::var("FAK_GDN_CHUNK_MIN_ROWS").ok().and_then(|v| v.trim().parse().ok()).unwrap_or(usize::MAX).max(1)
 }
 
 /// Value columns per block of `gdn_chunk_d<D>` (`GDN_CHUNK_JB`).
