@@ -52,6 +52,7 @@ from fak.agent.prompts import render
 from fak.agent.protocols import Action, AgentProtocol
 from fak.agent.tools import ToolResult, call_key, truncate_middle
 from fak.agent.trajectory import Trajectory
+from fak.agent.verify import OUTPUT_CHARS, EditVerifier
 from fak.toolcalls import verdict_for
 
 REPEAT_POLICIES = ("resample", "tell", "run")
@@ -86,8 +87,10 @@ class AgentConfig:
     module docstring; ``"resample"`` also resamples a reply whose only calls the gateway denied
     before and removed); ``repeat_resamples``: new samples asked for one turn before telling;
     ``resample_temperature`` and ``seed`` (the n-th resample of step s uses seed
-    ``seed + 1000 * s + n``) are sent with a resample. Raises ``ValueError`` for an unknown
-    ``on_repeat`` or a negative count."""
+    ``seed + 1000 * s + n``) are sent with a resample. ``verify_on_edit``: after each successful
+    ``edit``, run the model's own reproduction script again (``fak.agent.verify``) and show its
+    output with the edit's result. Raises ``ValueError`` for an unknown ``on_repeat`` or a
+    negative count."""
 
     max_steps: int = 30
     observation_window: int = 0
@@ -98,6 +101,7 @@ class AgentConfig:
     repeat_resamples: int = 2
     resample_temperature: float = 0.7
     seed: int = 0
+    verify_on_edit: bool = True
 
     def __post_init__(self) -> None:
         if self.on_repeat not in REPEAT_POLICIES:
@@ -164,6 +168,7 @@ class Agent:
         self._calls: dict[tuple[str, Any], dict[str, Any]] = {}
         self._mutations = 0  # state for an environment without state_token()
         self._denials: dict[tuple[str, str], int] = {}  # (tool, digest) → step first denied
+        self._verifier = EditVerifier()
         self.messages: list[dict[str, Any]] = self.trajectory.data["messages"]
         self.trajectory.data["config"] = asdict(self.config)
         self.trajectory.data["protocol"] = protocol.name
@@ -183,7 +188,7 @@ class Agent:
         workspace = task.get("workspace")
         if workspace:
             context = prompt_variables(workspace, str(task.get("repo") or ""), seed_locations)
-        self.protocol.context = {**context, **task}
+        self.protocol.context = {**context, "verify_on_edit": self.config.verify_on_edit, **task}
         data["info"]["seed_locations"] = context.get("seeds", [])
         data["info"]["prompt_examples"] = {k: v for k, v in context.items()
                                            if k.startswith("example_")}
@@ -427,10 +432,37 @@ class Agent:
         else:
             self._calls[(call_key(action.name, action.arguments), state)] = {
                 "step": self.stats.step, "ok": result.ok}
+        if self.config.verify_on_edit:
+            self._verifier.observe(action.name, action.arguments, result.ok)
+            again = self._verifier.after_edit(action.name, action.arguments, result.ok)
+            if again is not None:
+                output += self._verify(again, entry)
         if note:
             output = f"{note}\n{output}"
         self.messages.append(self.protocol.observation(action, output, result.returncode,
                                                        steps_left))
+
+    def _verify(self, command: str, entry: dict[str, Any]) -> str:
+        """Runs ``command`` (the model's own script run, allowed by the policy when the model
+        made it) again after an edit, in the same environment; returns the text added to the
+        edit's observation and records the run in ``entry["verify"]``."""
+        self.stats.status = "tool:verify"
+        try:
+            result = self.env.execute("bash", {"command": command})
+        except ToolError as e:
+            result = ToolResult(f"Error: {e}", ok=False)
+        finally:
+            self.stats.status = "running"
+            self._mutations += 1
+        entry["verify"] = {"command": command, "ok": result.ok, "returncode": result.returncode,
+                           "output": result.output, "duration_s": round(result.duration_s, 3)}
+        data = self.trajectory.data
+        data["n_verify_runs"] = data.get("n_verify_runs", 0) + 1
+        t = data["timings"]
+        t["tools_s"] = round(t["tools_s"] + result.duration_s, 3)
+        status = "" if result.returncode is None else f", exit status {result.returncode}"
+        return (f"\n\n[After this edit `{command}` ran again{status}:]\n"
+                f"{truncate_middle(result.output, OUTPUT_CHARS)}")
 
     def _messages_to_send(self) -> list[dict[str, Any]]:
         window = self.config.observation_window

@@ -30,6 +30,7 @@ PROMPT_DEFAULTS: dict[str, Any] = {
     "problem_statement": "", "repo": "", "listing": None, "python_note": None,
     "example_path": None, "example_symbol": "main", "example_dir": ".", "example_test": None,
     "example_old": None, "example_new": None, "seeds": [], "seed_lines": [],
+    "verify_on_edit": False,
 }
 
 

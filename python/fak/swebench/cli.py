@@ -119,6 +119,10 @@ def swebench() -> None:
                    "would be the same without running it (tell), or run it anyway (run).")
 @click.option("--repeat-resamples", type=click.IntRange(min=0), default=2, show_default=True,
               help="With --on-repeat resample: new samples per repeated turn before telling.")
+@click.option("--verify-on-edit/--no-verify-on-edit", default=True, show_default=True,
+              help="With --allow-exec and the tools protocol: after each edit, run the model's own "
+                   "reproduction script again (its last plain `python SCRIPT.py` run of a script it "
+                   "wrote) and show the output with the edit's result.")
 @click.option("--live/--no-live", default=None, help="Live table (default: when on a terminal).")
 @click.option("--ray", "ray_address", is_flag=False, flag_value="local", default=None,
               help="Run the instances as Ray tasks on the cluster at ADDRESS (auto, ray://host:10001), "
@@ -141,7 +145,7 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
             exec_timeout: float, temperature: float, max_tokens: int, observation_window: int,
             keep_workspaces: bool, task_env: bool, envs_dir: Path | None, specs: Path | None,
             on_repeat: str, repeat_resamples: int, live: bool | None,
-            ray_address: str | None = None, ray_cpus: float = 1.0, ray_memory_mb: int = 0,
+            verify_on_edit: bool = True, ray_address: str | None = None, ray_cpus: float = 1.0, ray_memory_mb: int = 0,
             ray_attempts: int = 3, **pipeline_opts) -> None:
     """Run the fleet agent on SWE-bench instances; writes predictions.json, trajectories and a
     summary under --output.
@@ -210,7 +214,7 @@ def run_cmd(agent_name: str, gateway: str | None, gguf: Path | None, backend: st
                    output, workers, max_steps, allow_exec, unsafe_no_sandbox, protocol,
                    tool_choice, repos_dir, run_id, exec_timeout, temperature, max_tokens,
                    observation_window, keep_workspaces, live, dataset, task_env, envs_dir, specs,
-                   on_repeat, repeat_resamples, attempts=attempts,
+                   on_repeat, repeat_resamples, attempts=attempts, verify_on_edit=verify_on_edit,
                    ray=RaySettings(ray_address, ray_cpus, ray_memory_mb * 2**20 or None,
                                    ray_attempts) if ray_address is not None else None)
 
@@ -232,7 +236,7 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
                observation_window: int, keep_workspaces: bool, live: bool | None, dataset: str,
                task_env: bool, envs_dir: Path | None, specs: Path | None,
                on_repeat: str = "resample", repeat_resamples: int = 2, attempts: int = 1,
-               ray: RaySettings | None = None) -> None:
+               ray: RaySettings | None = None, verify_on_edit: bool = True) -> None:
     """The fleet over ``rows`` (with ``ray``: as Ray tasks on the cluster at ``ray.address``, or
     on a local one of ``workers x ray.num_cpus`` CPUs), then its summary on the console."""
     from fak.agent.exceptions import SandboxError
@@ -254,7 +258,7 @@ def _run_fleet(gateway: str, server, model: str | None, rows: list, labels: dict
                       observation_window=observation_window, keep_workspaces=keep_workspaces,
                       live=live, dataset=str(dataset), labels=labels, task_env=task_env,
                       envs_dir=envs_dir, on_repeat=on_repeat, repeat_resamples=repeat_resamples,
-                      attempts=attempts)
+                      attempts=attempts, verify_on_edit=verify_on_edit)
     if specs:
         from fak.swebench.envs import register_specs
 

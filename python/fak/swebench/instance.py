@@ -96,6 +96,7 @@ class FleetConfig:
     on_repeat: str = "resample"  # AgentConfig.on_repeat: "resample" | "tell" | "run"
     repeat_resamples: int = 2
     resample_temperature: float = 0.7
+    verify_on_edit: bool = True  # AgentConfig.verify_on_edit: the model's script runs after each edit
     localizer: Localizer | None = None  # seed locations per instance (None: none)
     pick_python: bool = True  # without task_env: bash on a Python that imports the package
     attempts: int = 1  # independent agents per instance (fleet.py's docstring; > 1 needs temperature > 0)
@@ -276,7 +277,8 @@ def _run(row: dict[str, Any], cfg: FleetConfig, attempt: int, state: InstanceSta
                                   on_repeat=cfg.on_repeat,
                                   repeat_resamples=cfg.repeat_resamples,
                                   resample_temperature=cfg.resample_temperature,
-                                  seed=int(sampling.get("seed") or 0)),
+                                  seed=int(sampling.get("seed") or 0),
+                                  verify_on_edit=cfg.verify_on_edit),
                       traj, stop=ctx.stop)
         agent.stats = state.stats
         data = agent.run(problem_statement=row.get("problem_statement", ""),
