@@ -185,7 +185,8 @@ def test_cpu_moe_matches_all_on_gpu(require_cuda: None, tiny_models: dict[str, s
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("pin", ["1", "0"])
-def test_host_experts_run_on_gpu_for_large_batches(require_cuda: None, tiny_models: dict[str, str], pin: str) -> None:
+def test_host_experts_run_on_gpu_for_large_batches(require_cuda: None, tiny_models: dict[str, str], pin: str,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """With the upload on (``FAK_MOE_UPLOAD_MIN_ROWS=32``, read when the engine's backend is made;
     off by default until this has run on a GPU), at 32 rows and more a host layer's experts are
     copied to the GPU (a copy stream, two staging slots used in turn) and the GPU's expert kernels
@@ -197,19 +198,12 @@ def test_host_experts_run_on_gpu_for_large_batches(require_cuda: None, tiny_mode
     (``0``: the driver stages them) alike."""
     path = tiny_models["qwen3moe-Q4_K_M"]
     gpu = _native.EngineCore(path, backend="cuda", n_ctx=512)
-    env = {"FAK_MOE_HOST_PIN": pin, "FAK_MOE_UPLOAD_MIN_ROWS": "32"}
-    old = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        m0 = _native.cuda_memory()
-        mixed = _native.EngineCore(path, backend="cuda", n_ctx=512, n_cpu_moe=1 << 30)
-        m1 = _native.cuda_memory()
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    # read when the mixed engine's backend is made (the all-GPU one above has no host experts)
+    monkeypatch.setenv("FAK_MOE_HOST_PIN", pin)
+    monkeypatch.setenv("FAK_MOE_UPLOAD_MIN_ROWS", "32")
+    m0 = _native.cuda_memory()
+    mixed = _native.EngineCore(path, backend="cuda", n_ctx=512, n_cpu_moe=1 << 30)
+    m1 = _native.cuda_memory()
     host = m1["host_experts"] - m0["host_experts"]
     pinned = m1["host_experts_pinned"] - m0["host_experts_pinned"]
     print(f"\npin={pin}: host experts {host} bytes, page-locked {pinned}")
