@@ -1,7 +1,9 @@
 """A deterministic stand-in for ``fak._native.EngineCore`` (tests only), and a tiny byte-level tokenizer.
 
-The fake follows the native contract of ARCHITECTURE.md (``add_sequence`` / ``remove_sequence`` /
-``step`` / ``logits``, paged-KV accounting with ``kv_blocks_total`` / ``kv_blocks_free``) and
+The fake follows the native contract of ARCHITECTURE.md (``request_limits`` / ``add_sequence`` /
+``remove_sequence`` / ``step`` / ``logits``, paged-KV accounting with ``kv_blocks_total`` /
+``kv_blocks_free``; requests are checked by the core's own rules, ``request_limits``, a
+``fak._native.RequestLimits``) and
 records what the engine did to it, so tests can check continuous batching, cancellation and error
 isolation without a real model. Its "model" continues each sequence with the UTF-8 bytes of a
 fixed text (multi-byte characters split across byte tokens), starting at an offset given by the
@@ -17,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from fak.errors import ContextLengthError, KVCacheFullError
+from fak import _native
 from fak.tokenizer import Tokenizer, _BYTE_ENCODER
 
 TEXT = "Hello, wörld! 日本語 😀 code: x = 1\n"
@@ -80,6 +82,7 @@ class FakeModel:
         self.joined_running_batch = 0  # prefills done in a step that also decoded other sequences
         self.thread_ids: set[int] = set()
         self.sampling: dict[int, dict[str, Any]] = {}
+        self.request_limits = _native.RequestLimits(n_ctx, self.n_vocab, kv_blocks, block_size)
 
     @property
     def kv_blocks_free(self) -> int:
@@ -100,12 +103,9 @@ class FakeModel:
         self.thread_ids.add(threading.get_ident())
         if seq_id in self.seqs:
             raise ValueError(f"sequence {seq_id} exists")
-        if len(prompt_ids) >= self.n_ctx:
-            raise ContextLengthError(f"{len(prompt_ids)} tokens, context {self.n_ctx}")
         if self.fail_prompt_token is not None and self.fail_prompt_token in prompt_ids:
             raise ValueError("injected add_sequence failure")
-        if self._blocks(len(prompt_ids) + 1) > self.kv_blocks_total:  # as the native: can never fit
-            raise KVCacheFullError("the prompt needs more KV blocks than the whole cache")
+        self.request_limits.check(prompt_ids, sampling)  # as the native: the same rules again
         offset = sum(prompt_ids) % len(self.text)
         if sampling["temperature"] > 0:
             offset = random.Random(sampling["seed"]).randrange(len(self.text))
@@ -159,6 +159,7 @@ class FakeModel:
 
     def logits(self, token_ids: list[int]) -> np.ndarray:
         self.thread_ids.add(threading.get_ident())
+        self.request_limits.check_logits(token_ids)
         out = np.zeros((len(token_ids), self.n_vocab), dtype=np.float32)
         for i, t in enumerate(token_ids):
             out[i, (t + 1) % self.n_vocab] = 1.0

@@ -2,6 +2,7 @@
 # module by tests/test_native_stubs.py (mypy.stubtest); names whose Rust binding has not landed in
 # this checkout are listed in tests/data/native_stubtest_allowlist.txt.
 
+from collections.abc import Sequence
 from typing import Any, final
 
 import numpy as np
@@ -26,6 +27,7 @@ __all__ = [
     "simd_levels",
     "quantize_q8",
     "EngineCore",
+    "RequestLimits",
     "SAMPLING_LIMITS",
     "check_sampling",
     "cuda_available",
@@ -185,6 +187,14 @@ class EngineCore:
     @property
     def n_waiting(self) -> int: ...
     @property
+    def request_limits(self) -> RequestLimits:
+        """What requests are checked against (its sliding window and speculation included),
+        fixed at open."""
+    def check_request(self, prompt_ids: Sequence[int], sampling: dict[str, Any] | None = None) -> None:
+        """Raises what ``add_sequence`` would for the request, from the same rules, without the
+        engine's lock (never waits for a step): InvalidArgumentError, ContextLengthError,
+        KVCacheFullError (more blocks than the whole cache)."""
+    @property
     def shard_plan(self) -> list[dict[str, Any]]:
         """One dict per tensor-parallel shard: ``rank`` and the ``[start, end)`` ranges it holds
         (``q_heads``, ``kv_heads``, ``ffn``, ``vocab``; ``experts``: the MoE experts it holds whole,
@@ -230,6 +240,27 @@ class EngineCore:
         """``[n_vocab]`` logits of the last step's token for ``seq_id`` (host copy) or None."""
     def prefix_cache_contents(self) -> list[tuple[int, int | None, list[int]]]:
         """``(hash, parent hash, token ids)`` of every block in the prefix cache."""
+
+@final
+class RequestLimits:
+    """The request rules of ``EngineCore.add_sequence`` over a snapshot of its limits
+    (rust/src/python/limits.rs); ``check`` takes no lock."""
+
+    def __new__(cls, n_ctx: int, n_vocab: int, kv_blocks: int, block_size: int = 32) -> RequestLimits: ...
+    @property
+    def n_ctx(self) -> int: ...
+    @property
+    def n_vocab(self) -> int: ...
+    @property
+    def kv_blocks(self) -> int: ...
+    @property
+    def block_size(self) -> int: ...
+    def check(self, prompt_ids: Sequence[int], sampling: dict[str, Any] | None = None) -> None:
+        """Raises what ``add_sequence(seq_id, prompt_ids, sampling)`` would for the request:
+        InvalidArgumentError, ContextLengthError, KVCacheFullError."""
+    def check_logits(self, token_ids: Sequence[int]) -> None:
+        """Raises what ``EngineCore.logits(token_ids)`` would for the list: InvalidArgumentError,
+        ContextLengthError (``param`` "token_ids")."""
 
 # --- CUDA backend (rust/src/python/cuda.rs) -------------------------------------------------
 

@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fak.errors import KVCacheFullError, context_length_error, invalid_argument
+from fak import _native
+from fak.errors import KVCacheFullError
 from fak.sampling import SamplingParams
 from litestar import Litestar, Request, Response, get, post
 from litestar.response import Stream
@@ -307,20 +308,11 @@ class FakeEngine:
 
     def _check(self, ids: list[int], sampling: dict[str, Any]) -> None:
         """``fak.Engine``'s checks, with its typed errors: the sampling keywords
-        (``SamplingParams``: kinds, ranges, stop strings), the token ids and the context window."""
-        SamplingParams.from_kwargs(**{k: v for k, v in sampling.items() if k not in ("resident_prefix", "conversation")})
-        if not ids:
-            raise invalid_argument("prompt_ids", "the prompt is empty (no tokens); give at least one token")
-        bad = [t for t in ids if not 0 <= t < self.n_vocab]
-        if bad:
-            raise invalid_argument("prompt_ids", f"prompt token ids outside the vocabulary [0, {self.n_vocab}): {bad[:8]}")
-        if len(ids) >= self.n_ctx:
-            raise context_length_error(f"prompt of {len(ids)} tokens does not fit the context of {self.n_ctx}",
-                                       n_prompt=len(ids), n_ctx=self.n_ctx)
-        max_tokens = sampling.get("max_tokens")
-        if max_tokens is not None and len(ids) + max_tokens > self.n_ctx:
-            raise context_length_error(f"prompt of {len(ids)} tokens and {max_tokens} more do not fit the context "
-                                       f"of {self.n_ctx}", n_prompt=len(ids), n_ctx=self.n_ctx, max_tokens=max_tokens)
+        (``SamplingParams``: kinds, ranges, stop strings), then the core's rules (token ids, the
+        context window: ``fak._native.RequestLimits``, as ``fak.Engine._prepare``)."""
+        params = SamplingParams.from_kwargs(**{k: v for k, v in sampling.items() if k not in ("resident_prefix", "conversation")})
+        limits = _native.RequestLimits(self.n_ctx, self.n_vocab, self.kv_blocks_total, self.kv_block_size)
+        limits.check(ids, {**params.to_native(), "max_tokens": params.max_tokens})
 
     @staticmethod
     def _constrained(text: str, choices: list[str]) -> str:

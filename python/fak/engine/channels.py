@@ -66,9 +66,11 @@ class AsyncSink:
     """
 
     def __init__(self) -> None:
+        self._asyncio: asyncio.AbstractEventLoop | None = None
         try:
             loop: Any = asyncio.get_running_loop()
             self._schedule = loop.call_soon_threadsafe
+            self._asyncio = loop
         except RuntimeError:  # not asyncio: anyio's other backend is trio
             try:
                 import trio
@@ -79,6 +81,8 @@ class AsyncSink:
                 raise RuntimeError("Engine.astream needs a running asyncio or trio event loop") from None
         self.loop_key = id(loop)
         self._items: deque[Any] = deque()
+        # the consumer's wait: a bare future of its asyncio loop (an anyio.Event costs an
+        # async-library lookup per wait, once per token per stream), an anyio.Event under trio
         self._event: Any = None
 
     def put(self, item: Any) -> None:
@@ -99,17 +103,26 @@ class AsyncSink:
 
     def _wake(self) -> None:
         event, self._event = self._event, None
-        if event is not None:
+        if event is None:
+            return
+        if isinstance(event, asyncio.Future):
+            if not event.done():  # not cancelled with its waiting task
+                event.set_result(None)
+        else:
             event.set()
 
     async def get_all(self) -> list[Any]:
         """Waits for one item; returns every item queued."""
-        import anyio
-
         while not self._items:
-            self._event = anyio.Event()
-            await self._event.wait()
+            if self._asyncio is not None:
+                self._event = self._asyncio.create_future()
+                await self._event
+            else:
+                import anyio
+
+                self._event = anyio.Event()
+                await self._event.wait()
         items = []
-        while self._items:
+        while self._items:  # popleft: the engine thread may append meanwhile
             items.append(self._items.popleft())
         return items

@@ -17,7 +17,7 @@ from fak.engine.loop import CoreRequest, EngineLoop, NativeModel
 from fak.engine.request import RequestState
 from fak.engine.results import Completion, collect
 from fak.engine.streams import AsyncTokenStream, TokenStream, _Stream
-from fak.errors import FakError, context_length_error, invalid_argument
+from fak.errors import FakError
 from fak.sampling import SamplingParams
 from fak.tokenizer import Tokenizer, read_gguf_metadata
 
@@ -178,6 +178,9 @@ class Engine:
         self.max_batch = max_batch
         # The tokens that end a generation (EOS, EOT, ...), decided by the engine core per step.
         self._stop_ids: list[int] = sorted(tokenizer.eog_ids)
+        # The core's request rules over its limits, fixed at open: checked on the caller's thread,
+        # never waiting for the engine thread.
+        self._limits = model.request_limits
         self._ids = itertools.count(1)
         self._loop = EngineLoop(model, name)
 
@@ -239,27 +242,15 @@ class Engine:
             ids = self.tokenize(prompt, add_special=add_special, parse_special=True)
         else:
             ids = [int(t) for t in prompt]
-            bad = [t for t in ids if not 0 <= t < self.tokenizer.n_vocab]
-            if bad:
-                raise invalid_argument("prompt_ids", f"prompt token ids outside the vocabulary [0, {self.tokenizer.n_vocab}): {bad[:8]}")
-        if not ids:
-            raise invalid_argument("prompt_ids", "the prompt is empty (no tokens); give at least one token")
-        for choice in params.prefix_choices or ():
-            if any(t >= self.tokenizer.n_vocab for t in choice):
-                raise invalid_argument("prefix_choices", f"prefix_choices hold token ids outside the vocabulary [0, {self.tokenizer.n_vocab})")
+        native = {**params.to_native(), "max_tokens": params.max_tokens, "stop_ids": self._stop_ids}
+        # The core's own rules (token ids, the context window, a prompt the KV cache can hold,
+        # sampling ranges), checked here without waiting for the engine thread, so that stream()
+        # raises at the call, before a caller answers anything.
+        self._limits.check(ids, native)
         n = len(ids)
-        if n >= self.n_ctx:
-            raise context_length_error(
-                f"the prompt has {n} tokens but the context holds {self.n_ctx} tokens (one must be left "
-                "to generate); shorten the prompt or raise n_ctx", n_prompt=n, n_ctx=self.n_ctx)
-        if params.max_tokens is not None and n + params.max_tokens > self.n_ctx:
-            raise context_length_error(
-                f"the prompt has {n} tokens and max_tokens asks for {params.max_tokens} more: "
-                f"{n + params.max_tokens} tokens, but the context holds {self.n_ctx}; shorten the prompt, "
-                "lower max_tokens or raise n_ctx", n_prompt=n, n_ctx=self.n_ctx, max_tokens=params.max_tokens)
         max_new = self.n_ctx - n if params.max_tokens is None else params.max_tokens
         # The core ends the request: at an end-of-generation token or after max_new tokens.
-        core = CoreRequest(next(self._ids), ids, {**params.to_native(), "max_tokens": max_new, "stop_ids": self._stop_ids})
+        core = CoreRequest(next(self._ids), ids, {**native, "max_tokens": max_new})
         core.resident = min(resident, n)
         core.conversation = conversation
         return RequestState(core, params, self.tokenizer)
@@ -346,13 +337,7 @@ class Engine:
             outside the vocabulary.
         """
         ids = self.tokenize(tokens) if isinstance(tokens, str) else [int(t) for t in tokens]
-        if not ids:
-            raise ValueError("logits of an empty token list")
-        if any(not 0 <= t < self.tokenizer.n_vocab for t in ids):
-            raise ValueError(f"token ids outside the vocabulary [0, {self.tokenizer.n_vocab})")
-        if len(ids) > self.n_ctx:
-            raise context_length_error(f"{len(ids)} tokens but the context holds {self.n_ctx} tokens",
-                                       n_prompt=len(ids), n_ctx=self.n_ctx, param="token_ids")
+        self._limits.check_logits(ids)  # the core's rules, raised here
         return self._loop.call(lambda m: m.logits(ids))
 
     # --- KV quarantine ------------------------------------------------------------------------

@@ -16,7 +16,7 @@ OpenAI's form, and hands both to ``EngineServing.prepare``. From there everythin
   protocol converts, or the filtered events (``Generation.groups``) that a protocol streams;
 - streams that answer at once: ``stream_response`` sends the status line, headers and the
   protocol's opening event when the first token is not there within
-  ``GatewayConfig.stream_headers_after_s``, and a keep-alive (``keepalive``) whenever nothing else
+  ``GatewayConfig.stream_headers_after_s``, and a keep-alive (``keepalive.py``) whenever nothing else
   was sent for ``GatewayConfig.stream_keepalive_s`` (long prefills, held forced calls), while
   errors that come at once (queue full, KV cache) keep their HTTP status;
 - cancellation when the client goes away (``run_until_disconnect``, Litestar's stream).
@@ -83,6 +83,7 @@ from fak.gateway.chat_completions.protocol import (
 from fak.gateway.disconnect import ClientDisconnected, cancel_and_wait, run_until_disconnect
 from fak.gateway.engine_client import EngineRun, TokenLogprobs, sampling_kwargs, token_logprobs
 from fak.gateway.errors import APIError, bad_request
+from fak.gateway.keepalive import keepalive
 from fak.gateway.policy_filter import (
     CONVERSATION_HEADER,
     AssistantOutputFilter,
@@ -485,42 +486,6 @@ def finish_reason_of(engine_reason: str | None, has_calls: bool) -> str:
     if has_calls and reason == "stop":
         return "tool_calls"
     return reason
-
-
-async def keepalive(source: AsyncIterator[bytes], interval: float, ping: bytes) -> AsyncIterator[bytes]:
-    """``source``'s chunks, with ``ping`` sent whenever ``interval`` seconds pass without one.
-
-    Server-sent-event clients ignore comment lines (``: keep-alive``) and Anthropic's ``ping``
-    events; both keep proxies and clients with idle timeouts from closing a stream whose prompt is
-    still in prefill, or whose forced tool call is held until it is decided. Closing the returned
-    iterator closes ``source``.
-    """
-    it = source.__aiter__()
-    pending: asyncio.Future[bytes] | None = None
-    try:
-        while True:
-            if pending is None:
-                pending = asyncio.ensure_future(it.__anext__())
-            done, _ = await asyncio.wait({pending}, timeout=interval)
-            if not done:
-                yield ping
-                continue
-            task, pending = pending, None
-            try:
-                chunk = task.result()
-            except StopAsyncIteration:
-                return
-            yield chunk
-    finally:
-        if pending is not None:
-            await cancel_and_wait(pending)
-        close = getattr(it, "aclose", None)
-        if close is not None:
-            with anyio.CancelScope(shield=True):
-                try:
-                    await close()
-                except RuntimeError:  # already running: closed by its own cancellation
-                    pass
 
 
 class EngineServing:

@@ -24,6 +24,7 @@
 
 mod device_sample;
 pub mod kv_cache;
+mod limits;
 mod open;
 pub mod sampler;
 pub mod scheduler;
@@ -42,6 +43,7 @@ use crate::parallel::{ShardPlan, ShardedModel};
 use crate::{FakError, Result};
 
 pub use kv_cache::BlockPool;
+pub use limits::RequestLimits;
 pub use sampler::{Sampled, Sampler, SamplingParams};
 pub use scheduler::{Scheduled, Scheduler, SchedulerConfig};
 pub use sequence::Sequence;
@@ -256,6 +258,8 @@ pub trait EngineApi: Send {
     fn state_memory(&self) -> StateMemory;
     fn n_running(&self) -> usize;
     fn n_waiting(&self) -> usize;
+    /// What a request is checked against ([`Engine::request_limits`]).
+    fn request_limits(&self) -> RequestLimits;
     fn add_sequence(&mut self, seq_id: u64, prompt: Vec<u32>, params: SamplingParams)
         -> Result<()>;
     fn remove_sequence(&mut self, seq_id: u64) -> bool;
@@ -670,24 +674,26 @@ impl<B: Backend> Engine<B> {
         self.draft.is_some()
     }
 
-    fn check_tokens(&self, tokens: &[u32], param: &str) -> Result<()> {
-        let n_vocab = self.core.config().n_vocab;
-        if tokens.is_empty() {
-            return Err(FakError::invalid(param, "empty token list"));
+    /// What a request is checked against ([`RequestLimits`]): fixed once the engine is open
+    /// (and its draft model attached).
+    pub fn request_limits(&self) -> RequestLimits {
+        RequestLimits {
+            n_ctx: self.n_ctx,
+            n_vocab: self.core.config().n_vocab,
+            kv_blocks: self.sched.pool.n_total(),
+            block_size: BLOCK_SIZE,
+            live_blocks: None,
+            spec_default: self.spec_default,
+            has_draft: self.draft.is_some(),
         }
-        if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
-            return Err(FakError::invalid(
-                param,
-                format!("token id {bad} is out of range for a vocabulary of {n_vocab}"),
-            ));
-        }
-        Ok(())
+        .with_window(self.sched.cfg.kv_window, self.sched.cfg.max_tokens)
     }
 
     /// Queues a new sequence. It is prefilled by the next step that has room for it.
     ///
-    /// Errors: [`FakError::InvalidArgument`] for a duplicate id, an empty prompt, a token outside
-    /// the vocabulary or a bad sampling value; [`FakError::ContextLength`] when
+    /// Errors: [`FakError::InvalidArgument`] for a duplicate id; then those of
+    /// [`RequestLimits::check`] (the one place of the request's rules): an empty prompt, a token
+    /// outside the vocabulary or a bad sampling value; [`FakError::ContextLength`] when
     /// `len(prompt) + 1 > n_ctx` (`param` `"prompt_ids"`) or `len(prompt) + max_tokens > n_ctx`
     /// (`param` `"max_tokens"`); [`FakError::KvCacheFull`] when the prompt needs more blocks than
     /// the whole cache has (it could never run).
@@ -703,33 +709,9 @@ impl<B: Backend> Engine<B> {
                 format!("sequence {seq_id} already exists"),
             ));
         }
-        self.check_tokens(&prompt, "prompt_ids")?;
-        if prompt.len() + 1 > self.n_ctx {
-            return Err(FakError::context_length(prompt.len(), None, self.n_ctx));
-        }
-        if let Some(m) = params.max_tokens.filter(|&m| prompt.len() + m > self.n_ctx) {
-            return Err(FakError::context_length(prompt.len(), Some(m), self.n_ctx));
-        }
-        let mut need = self.sched.pool.blocks_for(prompt.len() + 1);
-        if let Some(w) = self.sched.cfg.kv_window {
-            need = need.min(max_live_blocks(w, self.sched.cfg.max_tokens));
-        }
-        if need > self.sched.pool.n_total() {
-            return Err(FakError::KvCacheFull {
-                needed: need,
-                free: self.sched.pool.n_total(),
-            });
-        }
-        for choice in &params.prefix_choices {
-            self.check_tokens(choice, "prefix_choices")?;
-        }
-        if !params.stop_ids.is_empty() {
-            self.check_tokens(&params.stop_ids, "stop_ids")?;
-        }
-        let spec = self.spec_default.map(|d| params.speculative.unwrap_or(d));
-        if spec.is_some_and(|p| p.method == speculative::SpecMethod::Draft && p.is_on()) && self.draft.is_none() {
-            return Err(FakError::invalid("speculative", "\"draft\" needs a draft model: this engine has none (draft_model=PATH, --draft-model FILE)"));
-        }
+        let limits = self.request_limits();
+        limits.check(&prompt, &params)?;
+        let spec = limits.speculation(&params);
         let sampler = Sampler::new(params)?;
         let mut seq = Sequence::new(seq_id, prompt, sampler);
         if let Some(spec) = spec {
@@ -993,15 +975,7 @@ impl<B: Backend> Engine<B> {
     }
 
     fn logits_inner(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        self.check_tokens(tokens, "token_ids")?;
-        if tokens.len() > self.n_ctx {
-            return Err(FakError::ContextLength {
-                param: "token_ids".into(),
-                n_prompt: tokens.len(),
-                max_tokens: None,
-                n_ctx: self.n_ctx,
-            });
-        }
+        self.request_limits().check_logits(tokens)?;
         let n_vocab = self.core.config().n_vocab;
         let mut out: Vec<f32> =
             crate::backend::cpu::zeroed_vec(tokens.len() * n_vocab, "the logits array")?;
@@ -1277,6 +1251,9 @@ impl<B: Backend> EngineApi for Engine<B> {
     }
     fn n_waiting(&self) -> usize {
         self.sched.n_waiting()
+    }
+    fn request_limits(&self) -> RequestLimits {
+        Engine::request_limits(self)
     }
     fn add_sequence(
         &mut self,

@@ -6,6 +6,7 @@ use pyo3::prelude::*;
 mod cuda;
 mod errors;
 mod gguf;
+mod limits;
 mod model;
 mod ops;
 
@@ -29,6 +30,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     gguf::register(m)?;
     ops::register(m)?;
     model::register(m)?;
+    limits::register(m)?;
     cuda::register(m)?;
     Ok(())
 }

@@ -15,9 +15,10 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use super::detach;
+use super::limits::{check_request, token_ids_of, PyRequestLimits};
 use crate::backend::RopeStyle;
 use crate::engine::speculative::{SpecMethod, SpecParams};
-use crate::engine::{Engine, EngineApi, EngineOptions, SamplingParams};
+use crate::engine::{Engine, EngineApi, EngineOptions, RequestLimits, SamplingParams};
 use crate::model::{RopeOverride, RopeScalingKind};
 use crate::FakError;
 
@@ -28,6 +29,8 @@ pub struct PyEngineCore {
     backend: &'static str,
     n_ctx: usize,
     n_vocab: usize,
+    /// The request rules' limits, fixed at open: checked without the lock (`check_request`).
+    limits: RequestLimits,
     config: Vec<(&'static str, ConfigValue)>,
     shard_plan: Vec<ShardRow>,
     kv_total: usize,
@@ -77,7 +80,7 @@ impl PyEngineCore {
 
 /// The core's sampling params from an `add_sequence` dict, range-checked; a bad key, kind or
 /// value is a [`FakError::InvalidArgument`] naming it.
-fn parse_sampling(d: Option<&Bound<'_, PyDict>>) -> crate::Result<SamplingParams> {
+pub(super) fn parse_sampling(d: Option<&Bound<'_, PyDict>>) -> crate::Result<SamplingParams> {
     let mut p = SamplingParams::default();
     let Some(d) = d else { return Ok(p) };
     for (k, v) in d.iter() {
@@ -391,6 +394,7 @@ impl PyEngineCore {
             backend: engine.backend_name(),
             n_ctx: engine.n_ctx(),
             n_vocab: c.n_vocab,
+            limits: engine.request_limits(),
             kv_total: engine.kv_blocks_total(),
             kv_free: AtomicUsize::new(engine.kv_blocks_free()),
             running: AtomicUsize::new(0),
@@ -439,6 +443,25 @@ impl PyEngineCore {
     #[getter]
     fn n_vocab(&self) -> usize {
         self.n_vocab
+    }
+
+    /// What requests are checked against (`RequestLimits`: `n_ctx`, `n_vocab`, the KV cache's
+    /// blocks, with this engine's sliding window and speculation), fixed at open.
+    #[getter]
+    fn request_limits(&self) -> PyRequestLimits {
+        PyRequestLimits { limits: self.limits }
+    }
+
+    /// check_request(prompt_ids, sampling=None) -> None
+    ///
+    /// Raises what `add_sequence(seq_id, prompt_ids, sampling)` would raise for the request, from
+    /// the same rules (`RequestLimits.check`), without the engine's lock: it never waits for a
+    /// step. fak.InvalidArgumentError, fak.ContextLengthError, fak.KVCacheFullError (the prompt
+    /// needs more blocks than the whole cache); a duplicate id or a cache full now are
+    /// `add_sequence`'s alone.
+    #[pyo3(signature = (prompt_ids, sampling=None))]
+    fn check_request(&self, prompt_ids: &Bound<'_, PyAny>, sampling: Option<&Bound<'_, PyDict>>) -> PyResult<()> {
+        check_request(&self.limits, prompt_ids, sampling)
     }
 
     /// Hyper-parameters (architecture, n_layer, n_embd, n_ff, n_head, n_head_kv, head_dim,
@@ -502,8 +525,9 @@ impl PyEngineCore {
     /// the `suffix` draft source it also drafts from the outputs of the conversation's earlier
     /// requests, and its own output joins them when it ends (docs/speculative.md).
     ///
-    /// Raises: fak.InvalidArgumentError, a ValueError (duplicate id, empty prompt, token id ≥
-    /// n_vocab, bad or unknown sampling value; `.param` names it: `"seq_id"`, `"prompt_ids"`,
+    /// Raises (the rules of `check_request`, `RequestLimits.check`, plus a duplicate id):
+    /// fak.InvalidArgumentError, a ValueError (duplicate id, empty prompt, a token id outside
+    /// `[0, n_vocab)`, bad or unknown sampling value; `.param` names it: `"seq_id"`, `"prompt_ids"`,
     /// `"temperature"`, ...), fak.ContextLengthError (`len(prompt_ids) + 1 > n_ctx`: `.param`
     /// `"prompt_ids"`; `len(prompt_ids) + max_tokens > n_ctx`: `.param` `"max_tokens"`; with
     /// `.n_prompt`, `.max_tokens`, `.n_tokens`, `.n_ctx`), fak.KVCacheFullError (the prompt needs
@@ -513,12 +537,13 @@ impl PyEngineCore {
         &self,
         py: Python<'_>,
         seq_id: u64,
-        prompt_ids: Vec<u32>,
+        prompt_ids: &Bound<'_, PyAny>,
         sampling: Option<&Bound<'_, PyDict>>,
         resident_tokens: usize,
         conversation: Option<&str>,
     ) -> PyResult<()> {
         let params = sampling_from_dict(sampling)?;
+        let prompt_ids = token_ids_of(&self.limits, prompt_ids, "prompt_ids")?;
         let conversation = conversation.map(|c| {
             use std::hash::{Hash, Hasher};
             let mut h = std::collections::hash_map::DefaultHasher::new();
