@@ -8,7 +8,8 @@ none does, weighs 0), and the clusters ordered by the weighted scripts they pass
 regressions, then cluster size (votes summed), then the representative's diff size
 (``selection.py``). The chosen patch is the best cluster's representative (most votes, then the
 smallest diff). Candidates follow cluster by cluster; then those the ``test`` stage did not
-test (not run, did not apply, or whose scripts could none start), by votes then diff size.
+test (not run, or whose scripts could none start), by votes then diff size; last those that did
+not apply.
 
 ``order`` (the previous rank, after Agentless's selection): tested before untested; then more
 reproduction scripts fixed (a kept script that now exits 0); then those whose regression tests
@@ -55,6 +56,10 @@ def rank_key(c: dict[str, Any], result: dict[str, Any] | None) -> tuple:
         if is_tested else 0
     return (0 if is_tested else 1, -fixed, 0 if ran else 1, broken, -int(c["votes"]),
             int(c["diff_lines"]), int(str(c["id"]).lstrip("c") or 0))
+
+
+def _not_applied(result: dict[str, Any] | None) -> bool:
+    return result is not None and not result.get("applied")
 
 
 def _kept(tests: list[dict[str, Any]] | None) -> list[str]:
@@ -104,7 +109,9 @@ def rank(candidates: list[dict[str, Any]], tests: list[dict[str, Any]] | None,
         weights = script_weights(found, kept)
         ordered = order_clusters(found, weights)
         member_of = {c["id"]: cl.index for cl in ordered for c in cl.members}
-        rest = sorted((c for c in candidates if c["id"] not in member_of), key=candidate_order)
+        # then the untested: a candidate that did not apply on the original code last
+        rest = sorted((c for c in candidates if c["id"] not in member_of),
+                      key=lambda c: (_not_applied(results.get(c["id"])), *candidate_order(c)))
         order = [c for cl in ordered for c in cl.members] + rest
         records += [_cluster_record(cl) for cl in ordered]
         why = reason(ordered) if ordered else ("no candidate" if not candidates
