@@ -341,7 +341,8 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
     """The test stage's records: ``env``; ``script_base`` per script that ran on the original
     code (``kept``, ``why``, ``env_error``); ``regression_base`` per test file that ran on it
     (``files``, ``passing``, ``failing``, ``env_error``); ``candidate_test`` per candidate the
-    kept scripts ran on (``applied``, ``repro`` {script: exit status}, ``repro_fixed`` — no
+    kept scripts ran on (``applied``, ``repro`` {script: exit status}, ``repro_out`` {script:
+    outcome class, ``behaviour.outcome``}, ``repro_fixed`` — no
     ``repro`` when none of its scripts could start, ``repro_env_error`` {script: why};
     ``regression_failures`` for those whose regression tests ran, ``regression_partial`` where
     some of their test files were cut, ``regression_env_error``; ``cut``: its runs that were
