@@ -41,7 +41,6 @@ class RankConfig:
     method: str = "behaviour"
 
 
-
 def rank_key(c: dict[str, Any], result: dict[str, Any] | None) -> tuple:
     """The ``order`` method's sort key of candidate ``c`` with its ``candidate_test`` record
     (or ``None``)."""
