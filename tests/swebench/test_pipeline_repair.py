@@ -147,7 +147,7 @@ def _cand(cid: str, votes: int, lines: int) -> dict:
     return {"id": cid, "votes": votes, "diff_lines": lines, "files": ["m.py"], "diff": f"P{cid}"}
 
 
-def test_rank_order_repro_then_regressions_then_votes_then_size():
+def test_rank_order_method_repro_then_regressions_then_votes_then_size():
     cands = [_cand("c0", 9, 2), _cand("c1", 1, 8), _cand("c2", 1, 2), _cand("c3", 3, 2),
              _cand("c4", 5, 1), _cand("c5", 20, 1)]
     tests = [{"kind": "script_base", "script": "r0", "kept": True},
@@ -160,7 +160,7 @@ def test_rank_order_repro_then_regressions_then_votes_then_size():
              {"kind": "candidate_test", "id": "c3", "applied": True, "repro_fixed": 1,
               "regression_failures": []},
              {"kind": "candidate_test", "id": "c5", "applied": False}]
-    records = rank(cands, tests)
+    records = rank(cands, tests, "order")
     order = [r["id"] for r in records if r["kind"] == "ranked"]
     # c3, c2 fix the reproduction with no regression (c3 has more votes); c1 fixes it but breaks
     # a test (ranked lower, not excluded); c0 does not fix it; c4 (untested) and c5 (did not
@@ -171,6 +171,10 @@ def test_rank_order_repro_then_regressions_then_votes_then_size():
 
 
 def test_rank_without_tests_is_votes_then_diff_size_and_empty_without_candidates():
-    records = rank([_cand("c0", 2, 5), _cand("c1", 2, 3), _cand("c2", 1, 1)], None)
-    assert [r["id"] for r in records if r["kind"] == "ranked"] == ["c1", "c0", "c2"]
-    assert rank([], None) == [{"kind": "chosen", "id": None, "diff": ""}]
+    for method in ("behaviour", "order"):
+        records = rank([_cand("c0", 2, 5), _cand("c1", 2, 3), _cand("c2", 1, 1)], None, method)
+        assert [r["id"] for r in records if r["kind"] == "ranked"] == ["c1", "c0", "c2"]
+        assert records[-1] == {"kind": "chosen", "id": "c1", "diff": "Pc1"}
+        assert rank([], None, method)[-1] == {"kind": "chosen", "id": None, "diff": ""}
+        assert [r["kind"] for r in rank([], None, method)] == \
+            (["selection", "chosen"] if method == "behaviour" else ["chosen"])

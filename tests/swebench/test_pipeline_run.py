@@ -103,6 +103,10 @@ def test_generate_then_test_and_rank_elsewhere_then_resume(shapes, rules, tmp_pa
     assert reg["files"] == ["shapes/tests/test_geometry.py"] and len(reg["passing"]) == 4
     by_id = {r["id"]: r for r in tests if r["kind"] == "candidate_test"}
     assert by_id["c0"]["repro_fixed"] == 0 and by_id["c1"]["repro_fixed"] == 1
+    # each run's outcome class (selection by behaviour): the work tree's path never in it
+    assert by_id["c1"]["repro_out"] == {"r0": "pass"}
+    assert by_id["c0"]["repro_out"]["r0"].startswith("fail: AssertionError")
+    assert str(out) not in json.dumps([r.get("repro_out") for r in by_id.values()])
     # the right fix breaks the test that asserted the bug: a lower rank, not an exclusion
     assert by_id["c1"]["regression_failures"] == ["shapes/tests/test_geometry.py::test_scale_y_unchanged"]
     ranked = [r for r in _records(out, iid, "rank") if r["kind"] == "ranked"]
@@ -111,6 +115,8 @@ def test_generate_then_test_and_rank_elsewhere_then_resume(shapes, rules, tmp_pa
     assert summary["agent"] == "pipeline" and summary["results"] == {"done": 2}
     line = next(i for i in summary["instances"] if i["instance_id"] == iid)
     assert line["chosen"] == "c1" and line["scripts_kept"] == 1 and line["candidates"] == 3
+    assert line["chosen_reason"] == "scripts" and line["script_weights"]["r0"] > 0
+    assert line["clusters"] == len(line["cluster_sizes"]) >= 2
     preds_bytes = (out / "predictions.json").read_bytes()
     mtimes = {p: p.stat().st_mtime_ns for p in (out / "pipeline").rglob("*.jsonl")}
 

@@ -91,6 +91,12 @@ def pipeline_options(fn: Callable) -> Callable:
                      help="pipeline: seconds one candidate's kept scripts may take together; "
                           "also the least a candidate's run of a test file may take (else "
                           "4x the file's run on the original code) before it is a timeout."),
+        click.option("--rank-select", "pl_rank_select", type=click.Choice(["behaviour", "order"]),
+                     default="behaviour", show_default=True,
+                     help="pipeline: how rank chooses: behaviour (clusters of candidates by their "
+                          "scripts' outcomes and regression tests, scripts weighed by how they "
+                          "separate candidates, then cluster size, then diff size) or order "
+                          "(scripts fixed, regressions, votes, diff size)."),
         click.option("--test-workers", "pl_test_workers", type=click.IntRange(min=1),
                      default=None,
                      help="pipeline: test runs at once per instance, each in its own copy of "
@@ -200,6 +206,7 @@ def _config(cls: type, opts: dict[str, Any], **kw: Any) -> Any:
     cfg.test.timeout_s = opts["pl_test_timeout"]
     cfg.test.budget_s = opts["pl_test_budget"]
     cfg.test.candidate_limit_s = opts["pl_test_candidate_limit"]
+    cfg.rank.method = opts.get("pl_rank_select") or "behaviour"
     from fak.swebench.pipeline.testing import default_workers
 
     cfg.test.workers = opts["pl_test_workers"] or default_workers(cfg.workers)

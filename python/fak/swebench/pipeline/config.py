@@ -8,6 +8,7 @@ from typing import Any
 
 from fak.swebench.pipeline.choose import ChooseConfig
 from fak.swebench.pipeline.locate import LocateConfig
+from fak.swebench.pipeline.rank import RankConfig
 from fak.swebench.pipeline.repair import RepairConfig
 from fak.swebench.pipeline.reproduce import ReproduceConfig
 from fak.swebench.pipeline.testing import TestConfig
@@ -69,6 +70,7 @@ class PipelineConfig:
     repair: RepairConfig = field(default_factory=RepairConfig)
     reproduce: ReproduceConfig = field(default_factory=ReproduceConfig)
     test: TestConfig = field(default_factory=TestConfig)
+    rank: RankConfig = field(default_factory=RankConfig)
     task_env: bool = False
     envs_dir: Path | None = None
     unsafe_no_sandbox: bool = False
@@ -91,7 +93,7 @@ class PipelineConfig:
             return {**{k: v for k, v in asdict(self.test).items() if k != "workers"},
                     "task_env": self.task_env}
         if stage == "rank":
-            return {}
+            return asdict(self.rank)
         sub = {"choose": self.choose, "repair": self.repair, "reproduce": self.reproduce}[stage]
         return {**asdict(sub), **issue, "model": self.model, "mode": self.mode,
                 "template": self.template_source}
@@ -102,5 +104,5 @@ class PipelineConfig:
                 "concurrency": self.concurrency, "hints": self.hints,
                 "issue_chars": self.issue_chars, "locate": asdict(self.locate),
                 "choose": asdict(self.choose), "repair": asdict(self.repair),
-                "reproduce": asdict(self.reproduce), "test": asdict(self.test),
+                "reproduce": asdict(self.reproduce), "test": asdict(self.test), "rank": asdict(self.rank),
                 "task_env": self.task_env, "dataset": self.dataset, "server": self.server}

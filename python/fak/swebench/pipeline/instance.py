@@ -97,6 +97,11 @@ def _counts(current: dict[str, Artifact]) -> dict[str, Any]:
             r = ranked[chosen["id"]]
             c.update(chosen_votes=r["votes"], chosen_repro_fixed=r["repro_fixed"],
                      chosen_regression_failures=r["regression_failures"])
+        for sel in current["rank"].of_kind("selection")[:1]:  # selection by behaviour (issue 31)
+            c.update(clusters=sel["clusters"], cluster_sizes=sel["cluster_sizes"],
+                     script_weights={s["script"]: s["weight"] for s in sel["scripts"]},
+                     chosen_cluster=sel["chosen_cluster"], chosen_reason=sel["reason"],
+                     runner_up=sel["runner_up"])
     return c
 
 
@@ -209,5 +214,5 @@ def _run_stage(stage: str, task: dict[str, Any], issue: str, cfg: PipelineConfig
                 testing.cleanup(work)
     if stage == "rank":
         tests = current["test"].records if "test" in current else None
-        return rank(candidates, tests)
+        return rank(candidates, tests, cfg.rank.method)
     raise ValueError(f"unknown stage {stage}")

@@ -58,6 +58,7 @@ from typing import Any
 from fak.gitsafe import git, patch_git_metadata
 from fak.swebench.envs import SYSTEM_PATH, overlay_test_command
 from fak.sandbox import interpreter_paths
+from fak.swebench.pipeline.behaviour import outcome
 from fak.swebench.pipeline.evidence import could_not_start, script_record, tail
 from fak.swebench.pipeline.execute import RunResult, run_in_sandbox, sandbox_kind
 from fak.swebench.pipeline.schedule import Budget, Cut, Pool, Slot, budget_killed, limit
@@ -340,7 +341,8 @@ def test_stage(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
     """The test stage's records: ``env``; ``script_base`` per script that ran on the original
     code (``kept``, ``why``, ``env_error``); ``regression_base`` per test file that ran on it
     (``files``, ``passing``, ``failing``, ``env_error``); ``candidate_test`` per candidate the
-    kept scripts ran on (``applied``, ``repro`` {script: exit status}, ``repro_fixed`` — no
+    kept scripts ran on (``applied``, ``repro`` {script: exit status}, ``repro_out`` {script:
+    outcome class, ``behaviour.outcome``}, ``repro_fixed`` — no
     ``repro`` when none of its scripts could start, ``repro_env_error`` {script: why};
     ``regression_failures`` for those whose regression tests ran, ``regression_partial`` where
     some of their test files were cut, ``regression_env_error``; ``cut``: its runs that were
@@ -421,6 +423,7 @@ def _scheduled(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
                                "applied": slot.checkout(c["id"], c["diff"], fresh=True)}
         if rec["applied"]:
             repro: dict[str, int | None] = {}
+            outs: dict[str, str] = {}
             not_started: dict[str, str] = {}
             cut: list[dict[str, Any]] = []
             spent = 0.0
@@ -441,10 +444,12 @@ def _scheduled(repo: Repo, task: dict[str, Any], candidates: list[dict[str, Any]
                     not_started[sid] = env_error
                     continue
                 repro[sid] = res.returncode
+                outs[sid] = outcome(res, slot.tenv.root)
             if kept and not repro and not not_started:  # nothing ran: no evidence about it
                 return Cut(cut[0]["why"], cut[0]["detail"])
             if repro or not kept:  # without a result it ranks as a candidate not tested
                 rec["repro"] = repro
+                rec["repro_out"] = outs  # the outcome class of each run (behaviour.outcome)
                 rec["repro_fixed"] = sum(1 for rc in repro.values() if rc == 0)
             if not_started:
                 rec["repro_env_error"] = not_started
