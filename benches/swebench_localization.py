@@ -3,7 +3,7 @@ do"): an OFFLINE analysis of a run's recorded artifacts against the gold patches
 a run (nothing in ``fak swebench run`` reads a gold patch; this reads them afterwards, as
 ``eval`` does).
 
-Per instance, the gold patch's source files (test files left out) and the line ranges its hunks
+Per instance, the gold patch's files (test files left out: ``fak.agent.search.path_kind``) and the line ranges its hunks
 replace in them (``@@ -a,b``), then, stage by stage:
 
 - ``locate`` (no model): the rank of the first gold file among its scored files (hit@1/@3/@8);
@@ -30,14 +30,10 @@ import json
 import re
 from pathlib import Path
 
+from fak.agent.search import path_kind
+
 _FILE = re.compile(r"^\+\+\+ b/(.+)$", re.MULTILINE)
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,\d+)? @@", re.MULTILINE)
-
-
-def is_test(path: str) -> bool:
-    parts = path.split("/")
-    name = parts[-1]
-    return any(p in ("tests", "test", "testing") for p in parts[:-1]) or name.startswith("test_") or name.endswith("_test.py")
 
 
 def hunks(diff: str) -> dict[str, list[tuple[int, int]]]:
@@ -67,7 +63,7 @@ def _overlaps(a: tuple[int, int], b: tuple[int, int]) -> bool:
 
 
 def analyse(inst_dir: Path, row: dict) -> dict:
-    gold = {p: r for p, r in hunks(row["patch"]).items() if not is_test(p)}
+    gold = {p: r for p, r in hunks(row["patch"]).items() if path_kind(p) != "test"}
     out: dict = {"instance_id": row["instance_id"], "gold_files": sorted(gold)}
     files = [r for r in _records(inst_dir / "locate.jsonl") if r.get("kind") == "file"]
     ranks = [r.get("rank", i) for i, r in enumerate(files) if r.get("path") in gold]

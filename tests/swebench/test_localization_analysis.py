@@ -29,10 +29,9 @@ diff --git a/pkg/tests/test_mod.py b/pkg/tests/test_mod.py
 """
 
 
-def test_hunks_and_test_files():
+def test_hunks():
     h = loc.hunks(GOLD)
     assert h == {"pkg/mod.py": [(40, 45), (90, 90)], "pkg/tests/test_mod.py": [(1, 2)]}
-    assert loc.is_test("pkg/tests/test_mod.py") and loc.is_test("a/test_x.py") and not loc.is_test("pkg/mod.py")
 
 
 def _write(d: Path, stage: str, records: list[dict]) -> None:

@@ -11,8 +11,11 @@ itself does not run it. Nothing runs before the model has run its script once.
 
 from __future__ import annotations
 
+import os
 import shlex
 from typing import Any
+
+from fak.agent.tools import normalize_arguments
 
 #: characters that make a command more than one plain program run
 _SHELL_META = set(";&|<>$`\n\\(){}*?[]~!#")
@@ -21,16 +24,10 @@ _PYTHONS = {"python", "python3"}
 OUTPUT_CHARS = 1500
 
 
-def _norm(path: str) -> str:
-    p = path.strip()
-    while p.startswith("./"):
-        p = p[2:]
-    return p
-
-
 def script_of(command: str) -> str | None:
-    """The ``.py`` file a plain ``python [OPTIONS] FILE.py [ARGS]`` command runs, else ``None``
-    (``-c``/``-m``, anything with shell syntax, another program)."""
+    """The ``.py`` file a plain ``python [OPTIONS] FILE.py [ARGS]`` command runs (its path
+    normalized as the tools' ``path`` arguments are), else ``None`` (``-c``/``-m``, anything with
+    shell syntax, another program)."""
     if not command or any(c in _SHELL_META for c in command):
         return None
     try:
@@ -44,8 +41,13 @@ def script_of(command: str) -> str | None:
             return None
         if w.startswith("-"):
             continue
-        return _norm(w) if w.endswith(".py") else None
+        return os.path.normpath(w) if w.endswith(".py") else None
     return None
+
+
+def _path(name: str, arguments: dict[str, Any]) -> str:
+    """The call's ``path`` as ``normalize_arguments`` gives it (``.`` for the root or none)."""
+    return str(normalize_arguments(name, arguments).get("path", "."))
 
 
 class EditVerifier:
@@ -60,7 +62,7 @@ class EditVerifier:
         """After a tool call that ran (and that the policy allowed): remember scripts the model
         wrote and the last plain run of one of them."""
         if name == "write" and ok:
-            self.written.add(_norm(str(arguments.get("path") or "")))
+            self.written.add(_path(name, arguments))
         elif name == "bash":
             command = str(arguments.get("command") or "").strip()
             script = script_of(command)
@@ -72,6 +74,6 @@ class EditVerifier:
         the script, once a script has run; else ``None``."""
         if name != "edit" or not ok or self.command is None:
             return None
-        if _norm(str(arguments.get("path") or "")) == self.script:
+        if _path(name, arguments) == self.script:
             return None
         return self.command
