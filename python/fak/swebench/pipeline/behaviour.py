@@ -130,10 +130,12 @@ class Cluster:
 
 def candidate_order(c: dict[str, Any]) -> tuple:
     """Within a cluster: most votes, then the smallest diff, then the earlier candidate."""
-    return (-int(c["votes"]), int(c["diff_lines"]), _num(c["id"]))
+    return (-int(c["votes"]), int(c["diff_lines"]), candidate_number(c["id"]))
 
 
-def _num(cid: Any) -> int:
+def candidate_number(cid: Any) -> int:
+    """The number of candidate id ``cN`` (``repair``'s ids; 0 for anything else): the last
+    tie-break of every order of candidates."""
     s = str(cid).lstrip("c")
     return int(s) if s.isdigit() else 0
 

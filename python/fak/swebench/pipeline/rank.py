@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from fak.swebench.pipeline.behaviour import Cluster, candidate_order, clusters, tested
+from fak.swebench.pipeline.behaviour import Cluster, candidate_number, candidate_order, clusters, tested
 from fak.swebench.pipeline.selection import order_clusters, reason, script_weights
 
 #: the selection methods of ``RankConfig.method``
@@ -52,7 +52,7 @@ def rank_key(c: dict[str, Any], result: dict[str, Any] | None) -> tuple:
     broken = len(result.get("regression_failures", result.get("regression_partial", []))) \
         if is_tested else 0
     return (0 if is_tested else 1, -fixed, 0 if ran else 1, broken, -int(c["votes"]),
-            int(c["diff_lines"]), int(str(c["id"]).lstrip("c") or 0))
+            int(c["diff_lines"]), candidate_number(c["id"]))
 
 
 def _not_applied(result: dict[str, Any] | None) -> bool:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from fak.swebench.pipeline.behaviour import Cluster, _num
+from fak.swebench.pipeline.behaviour import Cluster, candidate_number
 
 #: the criteria of ``cluster_key``, in order (a ``reason``)
 CRITERIA = ("scripts", "regressions", "cluster size", "diff size", "order")
@@ -70,7 +70,7 @@ def cluster_key(cl: Cluster) -> tuple:
     """The sort key of a scored cluster (``cl.score`` set): the criteria of ``CRITERIA``."""
     rep = cl.representative
     return (-round(cl.score, 9) + 0.0, regression_rank(cl), -cl.votes,
-            int(rep["diff_lines"]), _num(rep["id"]))
+            int(rep["diff_lines"]), candidate_number(rep["id"]))
 
 
 def order_clusters(clusters: list[Cluster], weights: dict[str, dict[str, Any]]) -> list[Cluster]:
