@@ -26,6 +26,9 @@ unsafe impl Send for CopyStream {}
 unsafe impl Sync for CopyStream {}
 
 impl CopyStream {
+    /// A new non-blocking stream on `dev`'s context.
+    ///
+    /// Errors: [`crate::FakError::Backend`] when the driver refuses (`cuStreamCreate`).
     pub fn new(dev: &Arc<Device>) -> Result<CopyStream> {
         dev.bind()?;
         let mut stream = std::ptr::null_mut();
@@ -41,7 +44,10 @@ impl CopyStream {
         drv("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.stream) })
     }
 
-    /// Queues a copy of `len` bytes at `src` to `dst` + `offset` on this stream.
+    /// Queues a copy of `len` bytes at `src` to `dst` + `offset` (bytes) on this stream: a DMA from
+    /// page-locked host memory, a copy staged by the driver from pageable memory.
+    ///
+    /// Errors: [`crate::FakError::Backend`] when the range overruns `dst` or the driver refuses.
     ///
     /// # Safety
     /// `src..src + len` must stay valid and unchanged until the copy has run (until an event
@@ -81,6 +87,9 @@ unsafe impl Send for Event {}
 unsafe impl Sync for Event {}
 
 impl Event {
+    /// A new event on `dev`'s context, without timing (`CU_EVENT_DISABLE_TIMING`).
+    ///
+    /// Errors: [`crate::FakError::Backend`] when the driver refuses (`cuEventCreate`).
     pub fn new(dev: &Arc<Device>) -> Result<Event> {
         dev.bind()?;
         let mut ev = std::ptr::null_mut();
@@ -159,6 +168,7 @@ impl HostRegistration {
         (self.base - ptr as usize, self.len)
     }
 
+    /// Bytes page-locked (whole 4 KiB pages).
     pub fn len(&self) -> usize {
         self.len
     }
